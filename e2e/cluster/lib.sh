@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# shellcheck disable=SC2034 # variables are used by the scripts that source this file
 # Common settings for the local single-node cluster scripts (sourced, not run).
 # Everything the scripts create lives outside the repository:
 #   $KG_CACHE   builds and tools, keyed by version (kept between runs)
@@ -18,7 +19,13 @@ KG_ETCD_DIR=$KG_CACHE/etcd-$KG_ETCD_VERSION
 KG_HELM_DIR=$KG_CACHE/helm-$KG_HELM_VERSION
 KG_CRICTL_DIR=$KG_CACHE/crictl-$KG_CRICTL_VERSION
 KG_BIN=$KG_CACHE/bin            # stable paths: kubectl, helm, crictl (symlinks)
-KG_IMAGES=$KG_CACHE/images      # OCI archives built by e2e/cluster/images
+
+# Images: OCI archives written by e2e/cluster/images (next to the cargo output, so that the
+# kind path works without root), loaded into containerd or kind.
+KG_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+KG_IMAGES=${KG_IMAGES:-${CARGO_TARGET_DIR:-$KG_REPO/target}/e2e-images}
+KG_IMAGE_PREFIX=${KG_IMAGE_PREFIX:-localhost/kubegrace}
+KG_IMAGE_TAG=${KG_IMAGE_TAG:-e2e}
 
 KG_STATE=${KG_STATE:-/var/lib/kubegrace-e2e}
 KG_PKI=$KG_STATE/pki

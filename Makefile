@@ -1,0 +1,59 @@
+# kubegrace: the two commands that matter are `make demo` and `make test`.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+CARGO ?= cargo
+CACHE ?= /var/cache/kubegrace
+
+.PHONY: all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
+
+all: build
+
+help: ## this list
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+build: ## debug build of every crate
+	$(CARGO) build --workspace --all-targets
+
+test: lint test-unit test-cluster ## every test: lint, unit + in-process, then the cluster suite
+
+test-unit: ## unit and in-process integration tests (loopback only, no cluster)
+	$(CARGO) test --workspace --exclude kubegrace-e2e
+	$(CARGO) test -p kubegrace-e2e --lib --bins
+
+test-cluster: ## cluster tests on $$KUBECONFIG, or on the local single-node cluster (booted and torn down here)
+	e2e/run-cluster-tests
+
+lint: fmt-check clippy crd-check ## formatting, clippy -D warnings, CRD drift
+
+fmt: ## format the code
+	$(CARGO) fmt --all
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+crds: ## regenerate crds/ from the Rust types
+	$(CARGO) run -q -p kubegrace-operator -- crd > crds/graceroutes.kubegrace.io.yaml
+
+crd-check: ## fail when crds/ differs from what the Rust types print
+	@if [ -f crds/graceroutes.kubegrace.io.yaml ]; then \
+	  $(CARGO) run -q -p kubegrace-operator -- crd | diff -u crds/graceroutes.kubegrace.io.yaml - \
+	  || { echo "crds/ is stale: run 'make crds' and commit" >&2; exit 1; }; \
+	else echo "crd-check: no CRD yet"; fi
+
+cluster-up: ## boot the local single-node cluster (prints the kubeconfig)
+	e2e/cluster/up
+
+cluster-down: ## remove everything the local cluster created
+	e2e/cluster/down
+
+images: ## build static images and import them into the cluster
+	e2e/cluster/images
+
+demo: ## roll a Deployment under load with and without kubegrace; print the table
+	e2e/demo
+
+bench: ## the sidecar against nginx, HAProxy and Caddy, side by side (under 10 min)
+	bench/run

@@ -1,0 +1,1 @@
+//! kubegrace benchmark harness.

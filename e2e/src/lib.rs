@@ -1,0 +1,122 @@
+//! Shared helpers for kubegrace's cluster tests.
+//!
+//! Tests find the cluster through `KUBEGRACE_E2E_KUBECONFIG` (else `KUBECONFIG`); without
+//! either they print a message and skip. `make test` boots the local cluster
+//! (`e2e/cluster/up`) and sets it. Every test works in its own temporary namespace,
+//! labelled `kubegrace.io/e2e=true`, that is deleted afterwards (also when the test fails).
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::{Condition, await_condition};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+
+/// Label on every namespace a test creates.
+pub const E2E_LABEL: &str = "kubegrace.io/e2e";
+
+/// The demo app image (built by `e2e/cluster/images`).
+pub fn demo_image() -> String {
+    std::env::var("KUBEGRACE_E2E_DEMO_IMAGE").unwrap_or_else(|_| "localhost/kubegrace/demo-app:e2e".into())
+}
+
+/// The kubeconfig the tests should use, if any.
+pub fn kubeconfig_path() -> Option<PathBuf> {
+    ["KUBEGRACE_E2E_KUBECONFIG", "KUBECONFIG"]
+        .iter()
+        .filter_map(|var| std::env::var_os(var))
+        .find(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// A client for the e2e cluster, or `None` (with a message) when no cluster is configured.
+pub async fn client_or_skip(test: &str) -> Result<Option<Client>> {
+    let Some(path) = kubeconfig_path() else {
+        eprintln!("SKIPPED {test}: no cluster (set KUBEGRACE_E2E_KUBECONFIG or KUBECONFIG; `make test` does)");
+        return Ok(None);
+    };
+    let kubeconfig = Kubeconfig::read_from(&path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(Some(Client::try_from(config)?))
+}
+
+/// Runs `body` in a fresh namespace `kg-e2e-<prefix>-xxxxx` and deletes the namespace
+/// afterwards, whether `body` succeeded, failed or panicked.
+pub async fn with_namespace<F, Fut>(client: &Client, prefix: &str, body: F) -> Result<()>
+where
+    F: FnOnce(Client, String) -> Fut,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut ns = Namespace::default();
+    ns.metadata.generate_name = Some(format!("kg-e2e-{prefix}-"));
+    ns.metadata.labels = Some([(E2E_LABEL.to_owned(), "true".to_owned())].into());
+    let ns = namespaces.create(&PostParams::default(), &ns).await.context("creating test namespace")?;
+    let name = ns.metadata.name.clone().ok_or_else(|| anyhow!("namespace without a name"))?;
+    eprintln!("test namespace {name}");
+
+    let outcome = tokio::spawn(body(client.clone(), name.clone())).await;
+
+    if std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some() {
+        eprintln!("keeping namespace {name} (KUBEGRACE_E2E_KEEP_NAMESPACE)");
+    } else if let Err(e) = namespaces.delete(&name, &DeleteParams::background()).await {
+        eprintln!("warning: could not delete namespace {name}: {e}");
+    }
+    match outcome {
+        Ok(result) => result,
+        Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+        Err(join) => Err(anyhow!("test task failed: {join}")),
+    }
+}
+
+/// Waits until `cond` holds for the named object, at most `timeout`.
+pub async fn wait_for<K>(api: &Api<K>, name: &str, what: &str, timeout: Duration, cond: impl Condition<K>) -> Result<K>
+where
+    K: Clone + std::fmt::Debug + Send + DeserializeOwned + Resource + 'static,
+{
+    match tokio::time::timeout(timeout, await_condition(api.clone(), name, cond)).await {
+        Ok(Ok(Some(obj))) => Ok(obj),
+        Ok(Ok(None)) => bail!("{what}: {name} does not exist"),
+        Ok(Err(e)) => Err(e).context(format!("waiting for {what}")),
+        Err(_) => bail!("timed out after {timeout:?} waiting for {what} ({name})"),
+    }
+}
+
+/// Polls `probe` every `interval` until it returns `Some`, at most `timeout`.
+pub async fn poll<T, Fut>(what: &str, timeout: Duration, interval: Duration, mut probe: impl FnMut() -> Fut) -> Result<T>
+where
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe().await {
+            return Ok(v);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// A plain HTTP/1.1 GET (one connection, no proxy); returns status and body.
+pub async fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<(u16, String)> {
+    let fut = async {
+        let stream = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        let req = hyper::Request::get(path).header(hyper::header::HOST, addr).body(Empty::<Bytes>::new())?;
+        let resp = sender.send_request(req).await?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await?.to_bytes();
+        Ok::<_, anyhow::Error>((status, String::from_utf8_lossy(&body).into_owned()))
+    };
+    tokio::time::timeout(timeout, fut).await.map_err(|_| anyhow!("GET http://{addr}{path}: no answer within {timeout:?}"))?
+}

@@ -1,0 +1,1 @@
+//! kubegrace-operator: GraceRoute controller and sidecar-injection webhook.

@@ -1,0 +1,37 @@
+//! The one error type of the sidecar crate.
+
+use crate::config::ConfigError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("cannot read {path}: {source}")]
+    ReadConfig {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot bind {what} on {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// Process exit code: 64 (EX_USAGE) for anything the user must fix in
+    /// flags, environment or file; 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::Config(_) | Self::ReadConfig { .. } => 64,
+            _ => 1,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("kubegrace-sidecar: under construction");
+    std::process::exit(1);
+}

@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""Checks a rendered kubegrace chart (`helm template` output on stdin).
+
+What `helm lint` cannot see:
+- every pod template meets the restricted Pod Security Standard (plus our own
+  readOnlyRootFilesystem rule);
+- the webhook configuration says what the design says (pods, CREATE only,
+  sideEffects None, v1, reinvocation IfNeeded, path /mutate, no caBundle from
+  the chart, cert-manager annotation in that mode) and its selectors send each
+  pod to the webhook the right number of times (0 or 1), evaluated on a table
+  of namespace/pod label combinations;
+- the names the operator is given as flags are the names the chart creates.
+
+Usage: check-rendered.py --namespace NS --failure-policy Ignore|Fail \
+           [--cert-manager] [--expect-prestop] < rendered.yaml
+Needs PyYAML (Debian: python3-yaml).
+"""
+
+import argparse
+import sys
+
+import yaml
+
+INJECT = "kubegrace.io/inject"
+NS_NAME = "kubernetes.io/metadata.name"
+
+errors = []
+
+
+def check(cond, msg):
+    if not cond:
+        errors.append(msg)
+
+
+def by_kind(docs, kind):
+    return [d for d in docs if d.get("kind") == kind]
+
+
+def one(docs, kind):
+    found = by_kind(docs, kind)
+    check(len(found) == 1, f"expected exactly one {kind}, found {len(found)}")
+    return found[0] if found else {}
+
+
+def arg_value(args, flag):
+    for a in args:
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+# --- restricted Pod Security Standard -------------------------------------
+
+
+def check_pod_security(where, spec):
+    psc = spec.get("securityContext") or {}
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        check(not spec.get(key), f"{where}: {key} is set")
+    for vol in spec.get("volumes") or []:
+        check("hostPath" not in vol, f"{where}: hostPath volume {vol.get('name')}")
+    containers = (spec.get("initContainers") or []) + (spec.get("containers") or [])
+    check(containers, f"{where}: no containers")
+    for c in containers:
+        cw = f"{where} container {c.get('name')}"
+        sc = c.get("securityContext") or {}
+        run_as_non_root = sc.get("runAsNonRoot", psc.get("runAsNonRoot"))
+        check(run_as_non_root is True, f"{cw}: runAsNonRoot is not true")
+        check(sc.get("runAsUser", psc.get("runAsUser")) != 0, f"{cw}: runs as UID 0")
+        seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+        check(seccomp in ("RuntimeDefault", "Localhost"), f"{cw}: seccompProfile is {seccomp!r}")
+        check(sc.get("allowPrivilegeEscalation") is False, f"{cw}: allowPrivilegeEscalation is not false")
+        check(not sc.get("privileged"), f"{cw}: privileged")
+        caps = sc.get("capabilities") or {}
+        check("ALL" in (caps.get("drop") or []), f"{cw}: capabilities do not drop ALL")
+        check(set(caps.get("add") or []) <= {"NET_BIND_SERVICE"}, f"{cw}: adds capabilities {caps.get('add')}")
+        check(sc.get("readOnlyRootFilesystem") is True, f"{cw}: readOnlyRootFilesystem is not true")
+        for p in c.get("ports") or []:
+            check("hostPort" not in p, f"{cw}: hostPort {p.get('hostPort')}")
+
+
+# --- webhook selectors ------------------------------------------------------
+
+
+def matches(selector, labels):
+    """Evaluates a LabelSelector the way the API server does."""
+    selector = selector or {}
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def times_sent(webhooks, ns_name, ns_inject, pod_inject):
+    ns_labels = {NS_NAME: ns_name}
+    if ns_inject is not None:
+        ns_labels[INJECT] = ns_inject
+    pod_labels = {"app": "web"}
+    if pod_inject is not None:
+        pod_labels[INJECT] = pod_inject
+    return sum(
+        1
+        for w in webhooks
+        if matches(w.get("namespaceSelector"), ns_labels) and matches(w.get("objectSelector"), pod_labels)
+    )
+
+
+def check_webhook(docs, opts, names):
+    mwc = one(docs, "MutatingWebhookConfiguration")
+    webhooks = mwc.get("webhooks") or []
+    check(len(webhooks) == 2, f"expected 2 webhook entries, found {len(webhooks)}")
+    annotations = (mwc.get("metadata") or {}).get("annotations") or {}
+    if opts.cert_manager:
+        want = f"{opts.namespace}/{names['certificate']}"
+        got = annotations.get("cert-manager.io/inject-ca-from")
+        check(got == want, f"cert-manager.io/inject-ca-from is {got!r}, want {want!r}")
+    else:
+        check("cert-manager.io/inject-ca-from" not in annotations, "inject-ca-from set without cert-manager")
+    for w in webhooks:
+        ww = f"webhook {w.get('name')}"
+        check(w.get("admissionReviewVersions") == ["v1"], f"{ww}: admissionReviewVersions")
+        check(w.get("sideEffects") == "None", f"{ww}: sideEffects")
+        check(w.get("failurePolicy") == opts.failure_policy, f"{ww}: failurePolicy {w.get('failurePolicy')}")
+        check(w.get("reinvocationPolicy") == "IfNeeded", f"{ww}: reinvocationPolicy")
+        check(isinstance(w.get("timeoutSeconds"), int), f"{ww}: timeoutSeconds")
+        rules = w.get("rules") or []
+        check(
+            [(r.get("operations"), r.get("resources"), r.get("apiGroups")) for r in rules]
+            == [(["CREATE"], ["pods"], [""])],
+            f"{ww}: rules must be pods CREATE only, got {rules}",
+        )
+        svc = (w.get("clientConfig") or {}).get("service") or {}
+        check(svc.get("name") == names["service"], f"{ww}: service {svc.get('name')}")
+        check(svc.get("namespace") == opts.namespace, f"{ww}: service namespace {svc.get('namespace')}")
+        check(svc.get("path") == "/mutate", f"{ww}: path {svc.get('path')}")
+        # helm template has no cluster to look up: a caBundle here was
+        # written by hand and would fight the operator or cainjector.
+        check("caBundle" not in (w.get("clientConfig") or {}), f"{ww}: chart renders a caBundle")
+
+    # (namespace, namespace label, pod label) -> times the pod is sent.
+    table = [
+        ("shop", "enabled", None, 1),
+        ("shop", "enabled", "enabled", 1),  # both opt in: still once
+        ("shop", "enabled", "disabled", 0),
+        ("shop", None, "enabled", 1),
+        ("shop", None, None, 0),
+        ("shop", None, "disabled", 0),
+        ("shop", "disabled", "enabled", 0),  # namespace opt-out wins
+        ("shop", "disabled", None, 0),
+        ("shop", "bogus", None, 0),
+        ("kube-system", "enabled", "enabled", 0),
+        ("kube-public", "enabled", None, 0),
+        ("kube-node-lease", None, "enabled", 0),
+        (opts.namespace, "enabled", "enabled", 0),  # never the operator itself
+    ]
+    for ns, ns_inject, pod_inject, want in table:
+        got = times_sent(webhooks, ns, ns_inject, pod_inject)
+        check(
+            got == want,
+            f"selectors: pod labelled {INJECT}={pod_inject} in namespace {ns} ({INJECT}={ns_inject}) "
+            f"is sent {got} time(s), want {want}",
+        )
+
+
+# --- names shared with the operator ----------------------------------------
+
+
+def check_wiring(docs, opts, names):
+    dep = one(docs, "Deployment")
+    tmpl = ((dep.get("spec") or {}).get("template")) or {}
+    pod_labels = (tmpl.get("metadata") or {}).get("labels") or {}
+    spec = tmpl.get("spec") or {}
+    check_pod_security(f"Deployment {dep.get('metadata', {}).get('name')}", spec)
+    check(pod_labels.get(INJECT) == "disabled", "operator pods are not labelled kubegrace.io/inject=disabled")
+
+    op = next((c for c in spec.get("containers") or [] if c.get("name") == "operator"), {})
+    args = op.get("args") or []
+    check(args[:1] == ["run"], f"operator args must start with 'run': {args[:1]}")
+    check(arg_value(args, "--webhook-service") == names["service"], "--webhook-service != Service name")
+    check(arg_value(args, "--webhook-config") == names["mwc"], "--webhook-config != webhook configuration name")
+    check(arg_value(args, "--namespace") == "$(POD_NAMESPACE)", "--namespace is not the downward-API namespace")
+    env = {e["name"]: e for e in op.get("env") or []}
+    check(
+        ((env.get("POD_NAMESPACE") or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
+        == "metadata.namespace",
+        "POD_NAMESPACE is not from the downward API",
+    )
+    for flag in ("--webhook-addr", "--admin-addr", "--sidecar-image", "--sidecar-image-pull-policy",
+                 "--sidecar-cpu-request", "--sidecar-memory-request", "--sidecar-cpu-limit",
+                 "--sidecar-memory-limit", "--leader-election-lease", "--log-format"):
+        check(arg_value(args, flag) is not None, f"operator flag {flag} missing")
+    ports = {p["name"]: p["containerPort"] for p in op.get("ports") or []}
+    check(arg_value(args, "--webhook-addr") == f"0.0.0.0:{ports.get('webhook')}", "--webhook-addr != webhook port")
+    check(arg_value(args, "--admin-addr") == f"0.0.0.0:{ports.get('admin')}", "--admin-addr != admin port")
+    has_prestop = bool(((op.get("lifecycle") or {}).get("preStop") or {}).get("sleep"))
+    check(has_prestop == opts.expect_prestop, f"preStop sleep rendered: {has_prestop}, want {opts.expect_prestop}")
+
+    role = one(docs, "Role")
+    rules = role.get("rules") or []
+
+    def named(resource):
+        return [n for r in rules if resource in (r.get("resources") or []) for n in r.get("resourceNames") or []]
+
+    check(named("leases") == [arg_value(args, "--leader-election-lease")], "Lease name in Role != --leader-election-lease")
+    cluster_rules = [r for cr in by_kind(docs, "ClusterRole") for r in cr.get("rules") or []]
+    for r in rules + cluster_rules:
+        check("*" not in (r.get("verbs") or []) + (r.get("resources") or []) + (r.get("apiGroups") or []),
+              f"RBAC wildcard in {r}")
+    op_cr = next((cr for cr in by_kind(docs, "ClusterRole")
+                  if cr["metadata"]["name"] == dep["metadata"]["name"]), {})
+    op_cluster_rules = op_cr.get("rules") or []
+    check(op_cluster_rules, "no ClusterRole for the operator")
+    check(not any("secrets" in (r.get("resources") or []) for r in op_cluster_rules),
+          "the ClusterRole grants secrets (cluster-wide)")
+    mwc_rules = [r for r in op_cluster_rules if "mutatingwebhookconfigurations" in (r.get("resources") or [])]
+
+    volumes = {v["name"]: v for v in spec.get("volumes") or []}
+    mounts = {m["mountPath"]: m for m in op.get("volumeMounts") or []}
+    if opts.cert_manager:
+        cert = one(docs, "Certificate")
+        check(arg_value(args, "--cert-secret") is None, "--cert-secret set in cert-manager mode")
+        cert_dir = arg_value(args, "--cert-dir")
+        check(cert_dir in mounts, f"--cert-dir {cert_dir} is not mounted")
+        vol = volumes.get((mounts.get(cert_dir) or {}).get("name"), {})
+        check((vol.get("secret") or {}).get("secretName") == cert.get("spec", {}).get("secretName"),
+              "the mounted Secret is not the Certificate's")
+        dns = cert.get("spec", {}).get("dnsNames") or []
+        check(f"{names['service']}.{opts.namespace}.svc" in dns, f"Certificate dnsNames {dns}")
+        check(named("secrets") == [], "secrets granted in cert-manager mode")
+        check(mwc_rules == [], "webhook configuration patch granted in cert-manager mode")
+    else:
+        check(not by_kind(docs, "Certificate") and not by_kind(docs, "Issuer"), "cert-manager objects rendered")
+        check(arg_value(args, "--cert-dir") is None, "--cert-dir set without cert-manager")
+        check(named("secrets") == [arg_value(args, "--cert-secret")], "Secret name in Role != --cert-secret")
+        check([n for r in mwc_rules for n in r.get("resourceNames") or []] == [names["mwc"]],
+              "webhook configuration rule is not restricted to the chart's configuration")
+
+    svc = next((s for s in by_kind(docs, "Service") if s["metadata"]["name"] == names["service"]), {})
+    sel = (svc.get("spec") or {}).get("selector") or {}
+    check(sel and all(pod_labels.get(k) == v for k, v in sel.items()), "webhook Service does not select the operator pods")
+    for pdb in by_kind(docs, "PodDisruptionBudget"):
+        check(matches(pdb["spec"]["selector"], pod_labels), "PDB does not select the operator pods")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--namespace", required=True)
+    p.add_argument("--failure-policy", required=True)
+    p.add_argument("--cert-manager", action="store_true")
+    p.add_argument("--expect-prestop", action="store_true")
+    opts = p.parse_args()
+
+    docs = [d for d in yaml.safe_load_all(sys.stdin) if d]
+    for d in docs:
+        md = d.get("metadata") or {}
+        cluster_scoped = d.get("kind") in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration")
+        check(cluster_scoped or md.get("namespace") == opts.namespace,
+              f"{d.get('kind')} {md.get('name')} is not in the release namespace")
+
+    mwc = one(docs, "MutatingWebhookConfiguration")
+    svc = (((mwc.get("webhooks") or [{}])[0]).get("clientConfig") or {}).get("service") or {}
+    names = {
+        "mwc": (mwc.get("metadata") or {}).get("name"),
+        "service": svc.get("name"),
+        "certificate": (one(docs, "Certificate").get("metadata") or {}).get("name") if opts.cert_manager else None,
+    }
+    check_webhook(docs, opts, names)
+    check_wiring(docs, opts, names)
+
+    if errors:
+        for e in errors:
+            print(f"  FAIL {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

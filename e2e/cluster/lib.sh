@@ -51,6 +51,9 @@ KG_CTRD_SOCK=/run/kubegrace-e2e/containerd/containerd.sock
 KG_CNI_CONF_DIR=$KG_STATE/cni/net.d
 KG_CNI_BIN_DIR=/usr/lib/cni
 KG_KUBELET_ROOT=$KG_STATE/kubelet
+# Created at fixed paths by the kubelet (device plugins, pod logs) and libcni (result cache);
+# `down` removes those that did not exist before `up`.
+KG_HOST_DIRS=(/var/lib/kubelet /var/log/pods /var/log/containers /var/lib/cni)
 
 KG_GO=${KG_GO:-}
 if [[ -z $KG_GO ]]; then

@@ -84,3 +84,18 @@ kg_kubectl() { "$KG_BIN/kubectl" --kubeconfig="$KG_KUBECONFIG" "$@"; }
 
 # The interface of the default route (the real uplink), if any.
 kg_uplink() { ip -4 route show default 2>/dev/null | awk '{for (i=1;i<NF;i++) if ($i=="dev") {print $(i+1); exit}}'; }
+
+# True when every component of the local cluster runs and the node is Ready.
+kg_cluster_healthy() {
+  local f pid n=0
+  [[ -f $KG_KUBECONFIG && -d $KG_PIDS && -x $KG_BIN/kubectl ]] || return 1
+  for f in "$KG_PIDS"/*.pid; do
+    [[ -e $f ]] || return 1
+    pid=$(cat "$f"); kill -0 "$pid" 2>/dev/null || return 1
+    n=$((n + 1))
+  done
+  ((n == 7)) || return 1
+  kg_kubectl get --raw /readyz >/dev/null 2>&1 || return 1
+  kg_kubectl get node "$KG_NODE_NAME" \
+    -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True
+}

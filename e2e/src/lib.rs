@@ -5,6 +5,7 @@
 //! (`e2e/cluster/up`) and sets it. Every test works in its own temporary namespace,
 //! labelled `kubegrace.io/e2e=true`, that is deleted afterwards (also when the test fails).
 
+pub mod load;
 
 use std::future::Future;
 use std::path::PathBuf;

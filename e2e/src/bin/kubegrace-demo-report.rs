@@ -1,0 +1,71 @@
+//! kubegrace-demo-report: the demo's verdict from two loadgen results (a rolling update
+//! with and without kubegrace). Prints the table, writes `result.json` and `rollout.svg`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use kubegrace_e2e::load::report::{self, DemoResult, DemoRun};
+
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "Render the kubegrace demo result (table, result.json, rollout.svg)"
+)]
+struct Args {
+    /// Loadgen summary of the rollout with kubegrace (JSON file or captured Job log).
+    #[arg(long = "with")]
+    with: PathBuf,
+    /// Loadgen summary of the rollout without kubegrace.
+    #[arg(long)]
+    without: PathBuf,
+    /// How long the rollout with kubegrace took, in seconds.
+    #[arg(long)]
+    with_rollout_s: f64,
+    /// How long the rollout without kubegrace took, in seconds.
+    #[arg(long)]
+    without_rollout_s: f64,
+    /// When the rollout with kubegrace started, seconds after the load started.
+    #[arg(long)]
+    with_rollout_start_s: Option<f64>,
+    /// When the rollout without kubegrace started, seconds after the load started.
+    #[arg(long)]
+    without_rollout_start_s: Option<f64>,
+    /// Where result.json and rollout.svg go.
+    #[arg(long, default_value = "target/demo")]
+    out_dir: PathBuf,
+    /// Exit 1 when the run with kubegrace lost any request.
+    #[arg(long)]
+    fail_if_with_failed: bool,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let run = |path: &PathBuf, rollout_s: f64, rollout_start_s: Option<f64>| -> Result<DemoRun> {
+        let summary =
+            report::load_summary(path).with_context(|| format!("loading {}", path.display()))?;
+        Ok(DemoRun {
+            summary,
+            rollout_s,
+            rollout_start_s,
+        })
+    };
+    let result = DemoResult {
+        with: run(&args.with, args.with_rollout_s, args.with_rollout_start_s)?,
+        without: run(
+            &args.without,
+            args.without_rollout_s,
+            args.without_rollout_start_s,
+        )?,
+    };
+    print!("{}", report::table(&result));
+    let (json, svg) = report::write(&args.out_dir, &result)?;
+    eprintln!("wrote {} and {}", json.display(), svg.display());
+    if args.fail_if_with_failed && result.with.summary.failed > 0 {
+        bail!(
+            "{} requests failed with kubegrace",
+            result.with.summary.failed
+        );
+    }
+    Ok(())
+}

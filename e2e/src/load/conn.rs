@@ -1,0 +1,250 @@
+//! Connection pools: keep-alive HTTP/1.1 and multiplexed HTTP/2 (h2c prior knowledge).
+//!
+//! The pools behave like a real client, because the point is to measure what a real client
+//! sees during a rollout:
+//! - connections are reused (keep-alive / multiplexing), and a connection the server closed
+//!   is replaced by a new TCP connect through the Service address (kube-proxy picks a new
+//!   endpoint for it);
+//! - the only retry is the one every real client does: a request that was **never written**
+//!   because the reused connection had been closed by the server between requests is sent on
+//!   a new connection. hyper's `try_send_request` hands such a request back, so "never
+//!   written" is known, not guessed. A request written and then cut is a failure (`reset`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+use super::outcome::{Failure, Phase, PhaseCell, Reason, classify_error, classify_status};
+use super::target::Target;
+
+/// Connection counters of a pool, reported in the summary.
+#[derive(Debug, Default)]
+pub struct ConnStats {
+    /// TCP connections opened.
+    pub connects: AtomicU64,
+    /// Requests moved to a new connection because the reused one had been closed by the
+    /// server before the request was written (not failures; see the module doc).
+    pub stale_reconnects: AtomicU64,
+}
+
+/// How many times one request may move to another connection before it is written. Each
+/// move needs the server to have closed a connection, so this only bounds pathological loops.
+const MAX_SEND_ATTEMPTS: usize = 4;
+
+const USER_AGENT: &str = "kubegrace-loadgen";
+
+/// A pool of at most `size` keep-alive HTTP/1.1 connections, one request at a time on each.
+/// A request waits (phase `Pool`) when every connection is busy, like a client with a
+/// connection limit per host.
+pub struct Http1Pool {
+    target: Target,
+    idle: std::sync::Mutex<Vec<http1::SendRequest<Empty<Bytes>>>>,
+    slots: tokio::sync::Semaphore,
+    stats: Arc<ConnStats>,
+}
+
+impl Http1Pool {
+    pub fn new(target: Target, size: usize, stats: Arc<ConnStats>) -> Self {
+        Http1Pool {
+            target,
+            idle: std::sync::Mutex::new(Vec::with_capacity(size)),
+            slots: tokio::sync::Semaphore::new(size.max(1)),
+            stats,
+        }
+    }
+
+    /// One GET of `path`; the response body is read to the end.
+    pub async fn get(&self, path: &str, phase: &PhaseCell) -> Result<(), Failure> {
+        phase.set(Phase::Pool);
+        let _slot = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| Failure::new(Reason::Other, "pool closed"))?;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let (mut sender, reused) = match self.take_idle() {
+                Some(sender) => (sender, true),
+                None => {
+                    phase.set(Phase::Connect);
+                    (self.connect().await?, false)
+                }
+            };
+            if reused && sender.ready().await.is_err() {
+                // Closed by the server while idle; nothing was written on it.
+                self.stats.stale_reconnects.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            phase.set(Phase::Response);
+            let req = Request::get(path)
+                .header(http::header::HOST, self.target.authority.as_str())
+                .header(http::header::USER_AGENT, USER_AGENT)
+                .body(Empty::<Bytes>::new())
+                .map_err(|e| Failure::new(Reason::Other, format!("building request: {e}")))?;
+            match sender.try_send_request(req).await {
+                Ok(resp) => {
+                    let status = resp.status().as_u16();
+                    phase.set(Phase::Body);
+                    resp.into_body()
+                        .collect()
+                        .await
+                        .map_err(|e| classify_error(&e))?;
+                    self.put_idle(sender);
+                    return classify_status(status);
+                }
+                Err(mut e) => {
+                    if e.take_message().is_some() && reused && attempts < MAX_SEND_ATTEMPTS {
+                        self.stats.stale_reconnects.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    return Err(classify_error(e.error()));
+                }
+            }
+        }
+    }
+
+    fn take_idle(&self) -> Option<http1::SendRequest<Empty<Bytes>>> {
+        let mut idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        while let Some(sender) = idle.pop() {
+            if !sender.is_closed() {
+                return Some(sender);
+            }
+            self.stats.stale_reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        None
+    }
+
+    fn put_idle(&self, sender: http1::SendRequest<Empty<Bytes>>) {
+        // hyper closes the connection itself after `Connection: close`; don't keep it then.
+        if !sender.is_closed() {
+            self.idle
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .push(sender);
+        }
+    }
+
+    async fn connect(&self) -> Result<http1::SendRequest<Empty<Bytes>>, Failure> {
+        let stream = self.target.connect(&self.stats.connects).await?;
+        let (sender, conn) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| classify_error(&e))?;
+        // The connection's own error also reaches the request that was on it; nothing to do here.
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+}
+
+/// The request body type of the HTTP/2 pool: tonic's body, so plain HTTP/2 requests
+/// (empty body) and gRPC calls share one pool implementation.
+pub type H2Body = tonic::body::Body;
+
+/// `size` multiplexed HTTP/2 connections (h2c prior knowledge); requests go round-robin.
+pub struct Http2Pool {
+    target: Target,
+    slots: Vec<tokio::sync::Mutex<Option<http2::SendRequest<H2Body>>>>,
+    next: AtomicUsize,
+    stats: Arc<ConnStats>,
+}
+
+impl Http2Pool {
+    pub fn new(target: Target, size: usize, stats: Arc<ConnStats>) -> Self {
+        let slots = (0..size.max(1))
+            .map(|_| tokio::sync::Mutex::new(None))
+            .collect();
+        Http2Pool {
+            target,
+            slots,
+            next: AtomicUsize::new(0),
+            stats,
+        }
+    }
+
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// One GET of `path`; the response body is read to the end.
+    pub async fn get(&self, path: &str, phase: &PhaseCell) -> Result<(), Failure> {
+        let uri = format!("http://{}{path}", self.target.authority);
+        let req = Request::get(uri)
+            .header(http::header::USER_AGENT, USER_AGENT)
+            .body(H2Body::default())
+            .map_err(|e| Failure::new(Reason::Other, format!("building request: {e}")))?;
+        let resp = self.send(req, phase).await?;
+        let status = resp.status().as_u16();
+        phase.set(Phase::Body);
+        resp.into_body()
+            .collect()
+            .await
+            .map_err(|e| classify_error(&e))?;
+        classify_status(status)
+    }
+
+    /// Sends one request and returns the response head (the body is the caller's).
+    pub async fn send(
+        &self,
+        mut req: Request<H2Body>,
+        phase: &PhaseCell,
+    ) -> Result<Response<Incoming>, Failure> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let (mut sender, reused) = self.sender(phase).await?;
+            phase.set(Phase::Response);
+            match sender.try_send_request(req).await {
+                Ok(resp) => return Ok(resp),
+                Err(mut e) => match e.take_message() {
+                    // Never written: the connection was going away (GOAWAY, close) before
+                    // this request got a stream. Same rule as HTTP/1: only a reused one.
+                    Some(unsent) if reused && attempts < MAX_SEND_ATTEMPTS => {
+                        self.stats.stale_reconnects.fetch_add(1, Ordering::Relaxed);
+                        req = unsent;
+                    }
+                    _ => return Err(classify_error(e.error())),
+                },
+            }
+        }
+    }
+
+    /// A usable connection of the next slot, opened if the slot has none or its connection
+    /// was closed (GOAWAY or EOF). Returns whether it was reused.
+    async fn sender(
+        &self,
+        phase: &PhaseCell,
+    ) -> Result<(http2::SendRequest<H2Body>, bool), Failure> {
+        phase.set(Phase::Pool);
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let mut slot = self.slots[i].lock().await;
+        if let Some(sender) = slot.as_ref() {
+            if !sender.is_closed() {
+                return Ok((sender.clone(), true));
+            }
+            self.stats.stale_reconnects.fetch_add(1, Ordering::Relaxed);
+            *slot = None;
+        }
+        phase.set(Phase::Connect);
+        let stream = self.target.connect(&self.stats.connects).await?;
+        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| classify_error(&e))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        *slot = Some(sender.clone());
+        Ok((sender, false))
+    }
+}

@@ -1,0 +1,438 @@
+//! The demo's report: two loadgen results (a rolling update with and without kubegrace),
+//! rendered as a text table, `result.json` and `rollout.svg` (hand-written SVG, no deps).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::Error;
+use super::outcome::Reason;
+use super::summary::Summary;
+
+/// One run of the demo: the load result and how long the rollout took.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DemoRun {
+    #[serde(flatten)]
+    pub summary: Summary,
+    /// Wall time of the rollout (`kubectl rollout status` returning), in seconds.
+    pub rollout_s: f64,
+    /// When the rollout started, in seconds since the load started (draws the window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_start_s: Option<f64>,
+}
+
+/// `result.json`: `{"with": DemoRun, "without": DemoRun}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DemoResult {
+    pub with: DemoRun,
+    pub without: DemoRun,
+}
+
+/// Reads a loadgen result: a JSON file, or a captured log (`kubectl logs` of the loadgen
+/// Job mixes stderr in) whose last line starting with `{` is the summary.
+pub fn load_summary(path: &Path) -> Result<Summary, Error> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    match serde_json::from_str(&text) {
+        Ok(summary) => Ok(summary),
+        Err(whole) => text
+            .lines()
+            .rev()
+            .find(|l| l.trim_start().starts_with('{'))
+            .map(serde_json::from_str)
+            .unwrap_or(Err(whole))
+            .map_err(|source| Error::Parse {
+                path: path.to_owned(),
+                source,
+            }),
+    }
+}
+
+fn pct(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+/// The side-by-side table printed by `make demo`.
+pub fn table(result: &DemoResult) -> String {
+    let (a, b) = (&result.without, &result.with);
+    let mut rows: Vec<(String, String, String)> = vec![
+        (
+            "requests".into(),
+            a.summary.requests.to_string(),
+            b.summary.requests.to_string(),
+        ),
+        (
+            "failed".into(),
+            format!(
+                "{} ({:.2}%)",
+                a.summary.failed,
+                pct(a.summary.failed, a.summary.requests)
+            ),
+            format!(
+                "{} ({:.2}%)",
+                b.summary.failed,
+                pct(b.summary.failed, b.summary.requests)
+            ),
+        ),
+    ];
+    for reason in Reason::FAILURES {
+        rows.push((
+            format!("  {reason}"),
+            a.summary.by_reason.get(reason).to_string(),
+            b.summary.by_reason.get(reason).to_string(),
+        ));
+    }
+    rows.push((
+        "p50 latency".into(),
+        format!("{:.1} ms", a.summary.p50_ms),
+        format!("{:.1} ms", b.summary.p50_ms),
+    ));
+    rows.push((
+        "p99 latency".into(),
+        format!("{:.1} ms", a.summary.p99_ms),
+        format!("{:.1} ms", b.summary.p99_ms),
+    ));
+    rows.push((
+        "rollout duration".into(),
+        format!("{:.1} s", a.rollout_s),
+        format!("{:.1} s", b.rollout_s),
+    ));
+
+    let head = (
+        "".to_owned(),
+        "without kubegrace".to_owned(),
+        "with kubegrace".to_owned(),
+    );
+    let w0 = rows
+        .iter()
+        .chain([&head])
+        .map(|r| r.0.len())
+        .max()
+        .unwrap_or(0);
+    let w1 = rows
+        .iter()
+        .chain([&head])
+        .map(|r| r.1.len())
+        .max()
+        .unwrap_or(0);
+    let w2 = rows
+        .iter()
+        .chain([&head])
+        .map(|r| r.2.len())
+        .max()
+        .unwrap_or(0);
+    let mut out = String::new();
+    let mut line = |r: &(String, String, String)| {
+        let _ = writeln!(out, "{:<w0$}  {:>w1$}  {:>w2$}", r.0, r.1, r.2);
+    };
+    line(&head);
+    line(&("-".repeat(w0), "-".repeat(w1), "-".repeat(w2)));
+    for r in &rows {
+        line(r);
+    }
+    // Failure details tell *why*; list them under the table (the few that exist).
+    for (label, run) in [("without", a), ("with", b)] {
+        for (detail, n) in &run.summary.by_detail {
+            let _ = writeln!(out, "{label}: {n} x {detail}");
+        }
+    }
+    out
+}
+
+/// Colors per reason (ok green; failures warm and distinct).
+fn color(reason: Reason) -> &'static str {
+    match reason {
+        Reason::Ok => "#43a047",
+        Reason::Refused => "#e53935",
+        Reason::Reset => "#fb8c00",
+        Reason::Http5xx => "#8e24aa",
+        Reason::Timeout => "#6d4c41",
+        Reason::Other => "#757575",
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// 1, 2, 5 x 10^k at or above `v` (axis maximum).
+fn nice_ceil(v: f64) -> f64 {
+    if v <= 1.0 {
+        return 1.0;
+    }
+    let mag = 10f64.powf(v.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|c| *c >= v)
+        .unwrap_or(10.0 * mag)
+}
+
+const WIDTH: f64 = 960.0;
+const LEFT: f64 = 64.0;
+const RIGHT: f64 = 24.0;
+const PLOT_H: f64 = 170.0;
+/// Panel title above the plot, axis labels and the failure strip below it.
+const PANEL_H: f64 = PLOT_H + 84.0;
+const TOP: f64 = 76.0;
+
+/// `rollout.svg`: per-second outcomes of both runs, stacked bars, one panel each, on the
+/// same axes so the two are comparable. Failures are a thin share of a second's requests,
+/// so every second with a failure is also marked in a red strip under the axis.
+pub fn svg(result: &DemoResult) -> String {
+    let runs = [
+        ("without kubegrace", &result.without),
+        ("with kubegrace", &result.with),
+    ];
+    let seconds = runs
+        .iter()
+        .map(|(_, r)| r.summary.timeline.len())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let peak = runs
+        .iter()
+        .flat_map(|(_, r)| r.summary.timeline.iter().map(|s| s.ok + s.failed))
+        .max()
+        .unwrap_or(0);
+    let y_max = nice_ceil(peak as f64);
+    let height = TOP + 2.0 * PANEL_H + 8.0;
+    let plot_w = WIDTH - LEFT - RIGHT;
+    let bar_w = plot_w / seconds as f64;
+
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="Helvetica, Arial, sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(
+        s,
+        r##"<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="#ffffff"/>"##
+    );
+    let _ = writeln!(
+        s,
+        r##"<text x="{LEFT}" y="26" font-size="17" font-weight="bold" fill="#212121">Requests per second during a rolling update, by outcome</text>"##
+    );
+    // Legend.
+    let mut x = LEFT;
+    for reason in Reason::ALL {
+        let _ = writeln!(
+            s,
+            r#"<rect x="{x}" y="42" width="12" height="12" fill="{}"/>"#,
+            color(reason)
+        );
+        let _ = writeln!(
+            s,
+            r##"<text x="{}" y="52" fill="#212121">{}</text>"##,
+            x + 16.0,
+            reason
+        );
+        x += 24.0 + 8.0 * reason.as_str().len() as f64 + 16.0;
+    }
+    let _ = writeln!(
+        s,
+        r##"<rect x="{x}" y="42" width="12" height="12" fill="#1e88e5" fill-opacity="0.15" stroke="#1e88e5"/>"##
+    );
+    let _ = writeln!(
+        s,
+        r##"<text x="{}" y="52" fill="#212121">rollout</text>"##,
+        x + 16.0
+    );
+
+    for (i, (label, run)) in runs.iter().enumerate() {
+        let top = TOP + i as f64 * PANEL_H;
+        let plot_top = top + 24.0;
+        let base = plot_top + PLOT_H;
+        let sm = &run.summary;
+        let mut reasons = String::new();
+        for reason in Reason::FAILURES {
+            let n = sm.by_reason.get(reason);
+            if n > 0 {
+                let _ = write!(
+                    reasons,
+                    "{}{reason} {n}",
+                    if reasons.is_empty() { "" } else { ", " }
+                );
+            }
+        }
+        let title = format!(
+            "{label}: {} of {} requests failed{}; rollout {:.1} s; p99 {:.1} ms",
+            sm.failed,
+            sm.requests,
+            if reasons.is_empty() {
+                String::new()
+            } else {
+                format!(" ({reasons})")
+            },
+            run.rollout_s,
+            sm.p99_ms
+        );
+        let title_color = if sm.failed > 0 { "#c62828" } else { "#2e7d32" };
+        let _ = writeln!(
+            s,
+            r#"<text x="{LEFT}" y="{}" font-size="14" font-weight="bold" fill="{title_color}">{}</text>"#,
+            top + 16.0,
+            esc(&title)
+        );
+        // Rollout window, behind the bars.
+        if let Some(start) = run.rollout_start_s {
+            let x0 = LEFT + (start.max(0.0) * bar_w).min(plot_w);
+            let x1 = LEFT + ((start + run.rollout_s).max(0.0) * bar_w).min(plot_w);
+            let _ = writeln!(
+                s,
+                r##"<rect x="{x0:.1}" y="{plot_top}" width="{:.1}" height="{PLOT_H}" fill="#1e88e5" fill-opacity="0.12" stroke="#1e88e5" stroke-opacity="0.5"/>"##,
+                (x1 - x0).max(1.0)
+            );
+            let _ = writeln!(
+                s,
+                r##"<text x="{:.1}" y="{}" fill="#1565c0" font-size="11">rollout</text>"##,
+                x0 + 4.0,
+                plot_top + 13.0
+            );
+        }
+        // Grid and y labels.
+        for k in 0..=4 {
+            let v = y_max * k as f64 / 4.0;
+            let y = base - PLOT_H * k as f64 / 4.0;
+            let _ = writeln!(
+                s,
+                r##"<line x1="{LEFT}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#e0e0e0"/>"##,
+                LEFT + plot_w
+            );
+            let _ = writeln!(
+                s,
+                r##"<text x="{}" y="{:.1}" text-anchor="end" fill="#616161" font-size="11">{v}</text>"##,
+                LEFT - 6.0,
+                y + 4.0
+            );
+        }
+        let _ = writeln!(
+            s,
+            r##"<text x="14" y="{:.1}" fill="#616161" font-size="11" transform="rotate(-90 14 {:.1})" text-anchor="middle">requests/s</text>"##,
+            plot_top + PLOT_H / 2.0,
+            plot_top + PLOT_H / 2.0
+        );
+        // Bars: ok at the bottom, failures stacked on top, each at least 2 px tall so a
+        // single failure stays visible next to hundreds of successes.
+        let gap = if bar_w > 4.0 { 1.0 } else { 0.0 };
+        for sec in &sm.timeline {
+            let x = LEFT + sec.t as f64 * bar_w;
+            let mut y = base;
+            let ok_h = PLOT_H * sec.ok as f64 / y_max;
+            if sec.ok > 0 {
+                y -= ok_h;
+                let _ = writeln!(
+                    s,
+                    r#"<rect x="{x:.1}" y="{y:.1}" width="{:.1}" height="{ok_h:.1}" fill="{}"><title>t={}s ok {}</title></rect>"#,
+                    (bar_w - gap).max(0.5),
+                    color(Reason::Ok),
+                    sec.t,
+                    sec.ok
+                );
+            }
+            for reason in Reason::FAILURES {
+                let n = sec.failed_by_reason.get(reason);
+                if n == 0 {
+                    continue;
+                }
+                let h = (PLOT_H * n as f64 / y_max).max(2.0);
+                y -= h;
+                let _ = writeln!(
+                    s,
+                    r#"<rect x="{x:.1}" y="{y:.1}" width="{:.1}" height="{h:.1}" fill="{}"><title>t={}s {reason} {n}</title></rect>"#,
+                    (bar_w - gap).max(0.5),
+                    color(reason),
+                    sec.t
+                );
+            }
+            if sec.failed > 0 {
+                let _ = writeln!(
+                    s,
+                    r##"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="6" fill="#e53935"/>"##,
+                    base + 3.0,
+                    bar_w.max(1.0)
+                );
+            }
+        }
+        // Axes and x labels (about ten ticks whatever the length).
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" y1="{base}" x2="{}" y2="{base}" stroke="#424242"/>"##,
+            LEFT + plot_w
+        );
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" y1="{plot_top}" x2="{LEFT}" y2="{base}" stroke="#424242"/>"##
+        );
+        let step = nice_ceil(seconds as f64 / 10.0).max(1.0) as usize;
+        for t in (0..=seconds).step_by(step) {
+            let x = LEFT + t as f64 * bar_w;
+            let _ = writeln!(
+                s,
+                r##"<line x1="{x:.1}" y1="{base}" x2="{x:.1}" y2="{}" stroke="#424242"/>"##,
+                base + 3.0
+            );
+            let _ = writeln!(
+                s,
+                r##"<text x="{x:.1}" y="{}" text-anchor="middle" fill="#616161" font-size="11">{t}s</text>"##,
+                base + 22.0
+            );
+        }
+        let _ = writeln!(
+            s,
+            r##"<text x="{}" y="{}" text-anchor="end" fill="#616161" font-size="11">seconds since the load started (red strip: seconds with failures)</text>"##,
+            LEFT + plot_w,
+            base + 38.0
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Writes `result.json` and `rollout.svg` into `dir` (created if needed).
+pub fn write(dir: &Path, result: &DemoResult) -> Result<(PathBuf, PathBuf), Error> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::Write {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let json_path = dir.join("result.json");
+    let json = serde_json::to_string_pretty(result)?;
+    std::fs::write(&json_path, json + "\n").map_err(|source| Error::Write {
+        path: json_path.clone(),
+        source,
+    })?;
+    let svg_path = dir.join("rollout.svg");
+    std::fs::write(&svg_path, svg(result)).map_err(|source| Error::Write {
+        path: svg_path.clone(),
+        source,
+    })?;
+    Ok((json_path, svg_path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nice_axis_maxima() {
+        assert_eq!(nice_ceil(0.0), 1.0);
+        assert_eq!(nice_ceil(87.0), 100.0);
+        assert_eq!(nice_ceil(101.0), 200.0);
+        assert_eq!(nice_ceil(3.0), 5.0);
+    }
+
+    #[test]
+    fn escapes_text() {
+        assert_eq!(esc(r#"a<b & "c">"#), "a&lt;b &amp; &quot;c&quot;&gt;");
+    }
+}

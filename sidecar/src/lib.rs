@@ -4,6 +4,7 @@
 //! The binary (`main.rs`) only parses arguments; everything lives here so the
 //! in-process integration tests run the real proxy.
 
+pub mod circuit;
 pub mod config;
 pub mod error;
 

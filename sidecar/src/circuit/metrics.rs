@@ -1,0 +1,173 @@
+//! Prometheus text and the `/breakers` JSON for the route table.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::Route;
+use super::breaker::BreakerState;
+
+/// Renders every route's series, each family with its HELP and TYPE once.
+///
+/// Breaker, limiter and rejection series exist only for routes with a
+/// `circuitBreaker`; `kubegrace_route_inflight` exists for every route.
+pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, out: &mut String) {
+    let guarded = || routes.clone().filter(|route| route.guard.is_some());
+
+    family(
+        out,
+        "kubegrace_breaker_state",
+        "gauge",
+        "Circuit breaker state per route: 0 closed, 1 open, 2 half-open.",
+    );
+    for route in guarded() {
+        if let Some(guard) = &route.guard {
+            let state = guard.current_state() as u8;
+            let _ = writeln!(
+                out,
+                "kubegrace_breaker_state{{route=\"{}\"}} {state}",
+                escape(&route.name)
+            );
+        }
+    }
+
+    family(
+        out,
+        "kubegrace_breaker_transitions_total",
+        "counter",
+        "Circuit breaker state changes per route, by the state entered.",
+    );
+    for route in guarded() {
+        let stats = &route.stats;
+        for (to, counter) in [
+            (BreakerState::Closed, &stats.transitions_to_closed),
+            (BreakerState::Open, &stats.transitions_to_open),
+            (BreakerState::HalfOpen, &stats.transitions_to_half_open),
+        ] {
+            let _ = writeln!(
+                out,
+                "kubegrace_breaker_transitions_total{{route=\"{}\",to=\"{}\"}} {}",
+                escape(&route.name),
+                to.as_str(),
+                counter.load(Ordering::Relaxed)
+            );
+        }
+    }
+
+    family(
+        out,
+        "kubegrace_rejections_total",
+        "counter",
+        "Requests answered with the fallback instead of the app, by reason.",
+    );
+    for route in guarded() {
+        let stats = &route.stats;
+        for (reason, counter) in [
+            ("breaker_open", &stats.rejected_breaker_open),
+            ("queue_full", &stats.rejected_queue_full),
+            ("queue_timeout", &stats.rejected_queue_timeout),
+        ] {
+            let _ = writeln!(
+                out,
+                "kubegrace_rejections_total{{route=\"{}\",reason=\"{reason}\"}} {}",
+                escape(&route.name),
+                counter.load(Ordering::Relaxed)
+            );
+        }
+    }
+
+    family(
+        out,
+        "kubegrace_concurrency_limit",
+        "gauge",
+        "Requests a route lets through to the app at once (moves when adaptive).",
+    );
+    for route in guarded() {
+        if let Some(guard) = &route.guard {
+            let _ = writeln!(
+                out,
+                "kubegrace_concurrency_limit{{route=\"{}\"}} {}",
+                escape(&route.name),
+                guard.limit()
+            );
+        }
+    }
+
+    family(
+        out,
+        "kubegrace_queue_depth",
+        "gauge",
+        "Requests waiting for a concurrency slot.",
+    );
+    for route in guarded() {
+        if let Some(guard) = &route.guard {
+            let _ = writeln!(
+                out,
+                "kubegrace_queue_depth{{route=\"{}\"}} {}",
+                escape(&route.name),
+                guard.queued()
+            );
+        }
+    }
+
+    family(
+        out,
+        "kubegrace_route_inflight",
+        "gauge",
+        "Requests admitted to the app and not finished, per route.",
+    );
+    for route in routes {
+        let _ = writeln!(
+            out,
+            "kubegrace_route_inflight{{route=\"{}\"}} {}",
+            escape(&route.name),
+            route.inflight()
+        );
+    }
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Label values escape backslash, quote and newline (exposition format).
+fn escape(value: &str) -> std::borrow::Cow<'_, str> {
+    if value.contains(['\\', '"', '\n']) {
+        value
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n")
+            .into()
+    } else {
+        value.into()
+    }
+}
+
+/// One route's entry in `GET /breakers`.
+pub(crate) fn route_snapshot(route: &Route) -> serde_json::Value {
+    let stats = &route.stats;
+    let mut value = serde_json::json!({
+        "name": route.name,
+        "timeoutMs": route.timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        "inflight": route.inflight(),
+        "breaker": null,
+        "limiter": null,
+    });
+    if let Some(guard) = &route.guard {
+        let live = guard.snapshot();
+        value["breaker"] = live["breaker"].clone();
+        value["limiter"] = live["limiter"].clone();
+        value["rejections"] = serde_json::json!({
+            "breaker_open": stats.rejected_breaker_open.load(Ordering::Relaxed),
+            "queue_full": stats.rejected_queue_full.load(Ordering::Relaxed),
+            "queue_timeout": stats.rejected_queue_timeout.load(Ordering::Relaxed),
+        });
+        value["transitions"] = serde_json::json!({
+            "closed": stats.transitions_to_closed.load(Ordering::Relaxed),
+            "open": stats.transitions_to_open.load(Ordering::Relaxed),
+            "half_open": stats.transitions_to_half_open.load(Ordering::Relaxed),
+        });
+    }
+    value
+}

@@ -1,0 +1,267 @@
+//! Issue 2, scenario 2: HTTP/2 and gRPC streams in flight when the drain
+//! starts complete; the client is told with GOAWAY and moves its new streams
+//! to a new connection; no stream is reset before the drain timeout
+//! (pitfall 6: GOAWAY stops new streams, it must not cut the old ones).
+
+mod common;
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use bytes::Bytes;
+use common::apps::TestApp;
+use common::grpc::{ProstCodec, TICKS_PATH, Tick, TicksRequest};
+use common::sidecar::{Sidecar, SidecarSpec};
+use common::within;
+use h2::client::SendRequest;
+use http::{Method, Request, StatusCode};
+use tokio::net::TcpStream;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Streams last ~1.5s; the drain timeout is well above that, so nothing may
+/// be cut.
+const DRAIN: &[&str] = &[
+    "--drain-min-delay",
+    "300ms",
+    "--drain-quiet",
+    "200ms",
+    "--drain-max-delay",
+    "3s",
+    "--drain-timeout",
+    "10s",
+];
+
+async fn h2_connect(
+    addr: std::net::SocketAddr,
+) -> Result<(
+    SendRequest<Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+)> {
+    let tcp = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connect {addr}"))?;
+    let (send, conn) = h2::client::handshake(tcp).await.context("h2 handshake")?;
+    Ok((send, tokio::spawn(conn)))
+}
+
+fn get(path: &str) -> Result<Request<()>> {
+    Request::builder()
+        .method(Method::GET)
+        .uri(format!("http://app.test{path}"))
+        .body(())
+        .context("build request")
+}
+
+/// Reads a whole response body; fails on any stream error (RST_STREAM).
+async fn read_body(mut body: h2::RecvStream) -> Result<Vec<u8>, h2::Error> {
+    let mut out = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        out.extend_from_slice(&chunk);
+    }
+    // Trailers (if any) also end the stream; an error here is a reset.
+    body.trailers().await?;
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_streams_in_flight_complete_and_new_streams_move_after_goaway() -> Result<()> {
+    let app_a = TestApp::start("a").await?;
+    let app_b = TestApp::start("b").await?;
+    let a = Sidecar::start(SidecarSpec::new(app_a.addr).args(DRAIN)).await?;
+    let b = Sidecar::start(SidecarSpec::new(app_b.addr).args(DRAIN)).await?;
+
+    let (mut send, conn) = h2_connect(a.listen).await?;
+    // In flight when the drain starts: bodies half sent, and heads not yet sent.
+    let mut streaming = Vec::new();
+    for _ in 0..3 {
+        let (resp, _) = send.send_request(get("/stream?chunks=15&ms=100")?, true)?;
+        streaming.push(resp);
+    }
+    let mut waiting = Vec::new();
+    for _ in 0..2 {
+        let (resp, _) = send.send_request(get("/work?ms=1500")?, true)?;
+        waiting.push(tokio::spawn(async move {
+            let resp = resp.await?;
+            let status = resp.status();
+            let body = read_body(resp.into_body()).await?;
+            Ok::<_, h2::Error>((status, body))
+        }));
+    }
+    let mut bodies = Vec::new();
+    for resp in streaming {
+        let resp = within("stream head", WAIT, resp).await??;
+        ensure!(
+            resp.status() == StatusCode::OK,
+            "stream answered {}",
+            resp.status()
+        );
+        let mut body = resp.into_body();
+        // The first chunk proves the stream is mid-body.
+        let first = within("first chunk", WAIT, body.data())
+            .await?
+            .context("stream ended early")??;
+        let _ = body.flow_control().release_capacity(first.len());
+        bodies.push(tokio::spawn(async move {
+            let mut all = first.to_vec();
+            all.extend(read_body(body).await?);
+            Ok::<_, h2::Error>(all)
+        }));
+    }
+
+    let resp = a.admin(Method::POST, "/drain").await?;
+    ensure!(
+        resp.status == StatusCode::ACCEPTED,
+        "/drain answered {}",
+        resp.status
+    );
+
+    // Keep opening short streams on the old connection, like a client with
+    // a steady trickle of calls: each must succeed until GOAWAY arrives;
+    // after it, new streams go to a new connection (pod b).
+    let mut served_while_draining = 0;
+    let goaway = loop {
+        match send.send_request(get("/work")?, true) {
+            Ok((resp, _)) => {
+                let resp = within("short stream while draining", WAIT, resp)
+                    .await?
+                    .context("a new stream sent before GOAWAY was reset")?;
+                ensure!(
+                    resp.status() == StatusCode::OK,
+                    "short stream answered {}",
+                    resp.status()
+                );
+                read_body(resp.into_body())
+                    .await
+                    .context("short stream body reset")?;
+                served_while_draining += 1;
+            }
+            Err(e) if e.is_go_away() => break e,
+            Err(e) => bail!("new stream refused without GOAWAY: {e} ({e:?})"),
+        }
+        ensure!(
+            served_while_draining < 2_000,
+            "no GOAWAY after {served_while_draining} streams"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    ensure!(
+        goaway.reason() == Some(h2::Reason::NO_ERROR),
+        "GOAWAY was not graceful: {goaway:?}"
+    );
+    let (mut send_b, _conn_b) = h2_connect(b.listen).await?;
+    let (resp, _) = send_b.send_request(get("/work")?, true)?;
+    let resp = within("stream on the new connection", WAIT, resp).await??;
+    ensure!(
+        resp.status() == StatusCode::OK,
+        "pod b answered {}",
+        resp.status()
+    );
+
+    // Every stream that was in flight completes, none reset.
+    for body in bodies {
+        let body = within("in-flight stream", WAIT, body)
+            .await??
+            .context("in-flight stream was reset")?;
+        let text = String::from_utf8_lossy(&body);
+        ensure!(text.lines().count() == 15, "stream was cut short: {text:?}");
+    }
+    for resp in waiting {
+        let (status, body) = within("in-flight request", WAIT, resp)
+            .await??
+            .context("in-flight request was reset")?;
+        ensure!(
+            status == StatusCode::OK,
+            "in-flight request answered {status}"
+        );
+        ensure!(
+            body.starts_with(b"ok a"),
+            "unexpected body {:?}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    // Then the server closes the connection cleanly.
+    within("old connection to close", WAIT, conn)
+        .await??
+        .context("old connection ended with an error")?;
+
+    a.wait_metric("kubegrace_drain_phase", WAIT, |p| p >= 3.0)
+        .await?;
+    let metrics = a.metrics().await?;
+    ensure!(
+        metrics.sum("kubegrace_drain_force_closed_total") == Some(0.0),
+        "streams were force-closed: {:?}",
+        metrics.series
+    );
+    println!(
+        "h2: {served_while_draining} new streams served on the old connection between the drain trigger and GOAWAY"
+    );
+    drop(b);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_server_streams_in_flight_complete_on_sigterm() -> Result<()> {
+    let app = TestApp::start("a").await?;
+    let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", sidecar.listen))?
+        .connect()
+        .await
+        .context("gRPC connect through the sidecar")?;
+    const TICKS: u32 = 20;
+    let mut calls = Vec::new();
+    for _ in 0..3 {
+        let mut client = tonic::client::Grpc::new(channel.clone());
+        within("gRPC client ready", WAIT, client.ready()).await??;
+        let request = tonic::Request::new(TicksRequest {
+            count: TICKS,
+            interval_ms: 75,
+        });
+        let response = within(
+            "gRPC call",
+            WAIT,
+            client.server_streaming(
+                request,
+                http::uri::PathAndQuery::from_static(TICKS_PATH),
+                ProstCodec::<TicksRequest, Tick>::default(),
+            ),
+        )
+        .await??;
+        let mut stream = response.into_inner();
+        // The first message proves the stream is in flight.
+        let first = within("first tick", WAIT, stream.message())
+            .await??
+            .context("no first tick")?;
+        calls.push(tokio::spawn(async move {
+            let mut seqs = vec![first.seq];
+            while let Some(tick) = stream.message().await? {
+                seqs.push(tick.seq);
+            }
+            Ok::<_, tonic::Status>(seqs)
+        }));
+    }
+
+    sidecar.signal("TERM")?;
+    for call in calls {
+        let seqs = within("gRPC stream", WAIT, call)
+            .await??
+            .map_err(|status| anyhow::anyhow!("gRPC stream failed: {status:?}"))?;
+        ensure!(
+            seqs == (0..TICKS).collect::<Vec<_>>(),
+            "stream was cut or reordered: {seqs:?}"
+        );
+    }
+    let status = sidecar.wait_exit(WAIT).await?;
+    ensure!(
+        status.success(),
+        "sidecar exited with {status}:\n{}",
+        sidecar.logs_text()
+    );
+    match sidecar.drain_summary() {
+        Some((_, 0)) => Ok(()),
+        other => bail!("drain summary {other:?}; logs:\n{}", sidecar.logs_text()),
+    }
+}

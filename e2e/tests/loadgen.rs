@@ -68,6 +68,57 @@ async fn app_server() -> Result<SocketAddr> {
     Ok(addr)
 }
 
+/// A server that drains connections the way kubegrace does: HTTP/1.1 answers with
+/// `Connection: close` (every response), HTTP/2 connections get a graceful two-phase
+/// GOAWAY after `per_conn` requests. A well-behaved client loses nothing to either.
+async fn draining_server(per_conn: usize) -> Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut preface = [0u8; 3];
+                if stream.peek(&mut preface).await.is_err() {
+                    return;
+                }
+                let io = TokioIo::new(stream);
+                if &preface != b"PRI" {
+                    let service = service_fn(|_req: Request<Incoming>| async {
+                        Ok::<_, Infallible>(text(StatusCode::OK, "ok\n"))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(false)
+                        .serve_connection(io, service)
+                        .await;
+                    return;
+                }
+                let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+                let drain = Arc::new(tokio::sync::Notify::new());
+                let service = {
+                    let (served, drain) = (served.clone(), drain.clone());
+                    service_fn(move |req: Request<Incoming>| {
+                        let n = served.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                        if n == per_conn {
+                            drain.notify_one();
+                        }
+                        let echo = EchoServer::new("draining");
+                        handle(echo, req)
+                    })
+                };
+                let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(io, service);
+                tokio::pin!(conn);
+                tokio::select! {
+                    _ = conn.as_mut() => return,
+                    _ = drain.notified() => conn.as_mut().graceful_shutdown(),
+                }
+                let _ = conn.await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
 /// Reads one request head (up to the blank line), or fails at EOF.
 async fn read_head(stream: &mut TcpStream) -> std::io::Result<()> {
     let mut buf = Vec::new();
@@ -250,6 +301,23 @@ async fn a_keepalive_connection_closed_between_requests_is_not_a_failure() -> Re
     // Every request after the first found its pooled connection closed and reconnected.
     assert!(s.stale_reconnects > 0, "no reconnect counted: {s:?}");
     assert_eq!(s.connects, 10);
+    Ok(())
+}
+
+#[tokio::test]
+async fn connection_close_and_graceful_goaway_lose_nothing() -> Result<()> {
+    let addr = draining_server(5).await?;
+    for protocol in [Protocol::Http1, Protocol::Http2, Protocol::Grpc] {
+        let s = load::run(&config(addr, protocol, 100.0, 500)).await?;
+        only_reason(&s, Reason::Ok)?;
+        assert_eq!(s.requests, 50);
+        // The server really closed connections: the pools had to open new ones.
+        assert!(
+            s.connects >= 5,
+            "{protocol:?}: only {} connections",
+            s.connects
+        );
+    }
     Ok(())
 }
 

@@ -183,7 +183,7 @@ const LEFT: f64 = 64.0;
 const RIGHT: f64 = 24.0;
 const PLOT_H: f64 = 170.0;
 /// Panel title above the plot, axis labels and the failure strip below it.
-const PANEL_H: f64 = PLOT_H + 84.0;
+const PANEL_H: f64 = PLOT_H + 98.0;
 const TOP: f64 = 76.0;
 
 /// `rollout.svg`: per-second outcomes of both runs, stacked bars, one panel each, on the
@@ -241,7 +241,11 @@ pub fn svg(result: &DemoResult) -> String {
     }
     let _ = writeln!(
         s,
-        r##"<rect x="{x}" y="42" width="12" height="12" fill="#1e88e5" fill-opacity="0.15" stroke="#1e88e5"/>"##
+        r##"<rect x="{x}" y="42" width="12" height="12" fill="#1e88e5" fill-opacity="0.25"/>"##
+    );
+    let _ = writeln!(
+        s,
+        r##"<rect x="{x}" y="42" width="12" height="4" fill="#1e88e5"/>"##
     );
     let _ = writeln!(
         s,
@@ -251,7 +255,7 @@ pub fn svg(result: &DemoResult) -> String {
 
     for (i, (label, run)) in runs.iter().enumerate() {
         let top = TOP + i as f64 * PANEL_H;
-        let plot_top = top + 24.0;
+        let plot_top = top + 38.0;
         let base = plot_top + PLOT_H;
         let sm = &run.summary;
         let mut reasons = String::new();
@@ -284,26 +288,12 @@ pub fn svg(result: &DemoResult) -> String {
             top + 16.0,
             esc(&title)
         );
-        // Rollout window, behind the bars.
-        if let Some(start) = run.rollout_start_s {
-            let x0 = LEFT + (start.max(0.0) * bar_w).min(plot_w);
-            let x1 = LEFT + ((start + run.rollout_s).max(0.0) * bar_w).min(plot_w);
-            let _ = writeln!(
-                s,
-                r##"<rect x="{x0:.1}" y="{plot_top}" width="{:.1}" height="{PLOT_H}" fill="#1e88e5" fill-opacity="0.12" stroke="#1e88e5" stroke-opacity="0.5"/>"##,
-                (x1 - x0).max(1.0)
-            );
-            let _ = writeln!(
-                s,
-                r##"<text x="{:.1}" y="{}" fill="#1565c0" font-size="11">rollout</text>"##,
-                x0 + 4.0,
-                plot_top + 13.0
-            );
-        }
         // Grid and y labels.
-        for k in 0..=4 {
-            let v = y_max * k as f64 / 4.0;
-            let y = base - PLOT_H * k as f64 / 4.0;
+        let y_step = nice_ceil(y_max / 5.0);
+        let ticks = (y_max / y_step).round().max(1.0) as usize;
+        for k in 0..=ticks {
+            let v = y_step * k as f64;
+            let y = base - PLOT_H * v / y_max;
             let _ = writeln!(
                 s,
                 r##"<line x1="{LEFT}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#e0e0e0"/>"##,
@@ -363,6 +353,36 @@ pub fn svg(result: &DemoResult) -> String {
                     bar_w.max(1.0)
                 );
             }
+        }
+        // Rollout window, drawn over the bars (a constant rate fills the plot, so anything
+        // behind them would be hidden): a tint, dashed edges, and a band above the plot.
+        if let Some(start) = run.rollout_start_s {
+            let x0 = LEFT + (start.max(0.0) * bar_w).min(plot_w);
+            let x1 = LEFT + ((start + run.rollout_s).max(0.0) * bar_w).min(plot_w);
+            let w = (x1 - x0).max(1.0);
+            let _ = writeln!(
+                s,
+                r##"<rect x="{x0:.1}" y="{plot_top}" width="{w:.1}" height="{PLOT_H}" fill="#1e88e5" fill-opacity="0.12"/>"##
+            );
+            for x in [x0, x0 + w] {
+                let _ = writeln!(
+                    s,
+                    r##"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{base}" stroke="#1565c0" stroke-width="2" stroke-dasharray="6 4"/>"##,
+                    plot_top - 10.0
+                );
+            }
+            let _ = writeln!(
+                s,
+                r##"<rect x="{x0:.1}" y="{:.1}" width="{w:.1}" height="6" fill="#1e88e5"/>"##,
+                plot_top - 10.0
+            );
+            let _ = writeln!(
+                s,
+                r##"<text x="{:.1}" y="{:.1}" fill="#1565c0" font-size="11">rollout {:.1} s</text>"##,
+                x0 + w + 4.0,
+                plot_top - 3.0,
+                run.rollout_s
+            );
         }
         // Axes and x labels (about ten ticks whatever the length).
         let _ = writeln!(

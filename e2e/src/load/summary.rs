@@ -184,7 +184,7 @@ impl Summary {
                 kind.failed += 1;
                 bucket.failed += 1;
                 bucket.failed_by_reason.add(o.reason);
-                let t = o.t_ms / 1000.0;
+                let t = round3(o.t_ms / 1000.0);
                 s.first_failure_s = Some(s.first_failure_s.map_or(t, |f| f.min(t)));
                 s.last_failure_s = Some(s.last_failure_s.map_or(t, |l| l.max(t)));
                 let key = format!("{}: {}", o.reason, o.detail);

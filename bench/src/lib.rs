@@ -1,1 +1,13 @@
-//! kubegrace benchmark harness.
+//! kubegrace benchmark harness: kubegrace-sidecar against nginx, HAProxy
+//! and Caddy, side by side, on loopback (see bench/README.md).
+//!
+//! The binaries are thin: `bench-upstream` (the app), `bench-client`
+//! (fixed-rate and drain loads) and `bench-harness` (runs everything and
+//! writes the report). The parts worth testing without load live here.
+
+pub mod parse;
+pub mod peers;
+pub mod procfs;
+pub mod report;
+pub mod scenario;
+pub mod stats;

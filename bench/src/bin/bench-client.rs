@@ -1,0 +1,324 @@
+//! The two loads wrk and h2load cannot make:
+//!
+//! - `rate`: a constant request rate well below saturation, for latency
+//!   (wrk has no constant-rate mode; wrk2 is not packaged). Latency counts
+//!   from the time a request was *due*, not when it was sent, whenever the
+//!   connection was still busy with the previous one, so a stalled proxy
+//!   cannot hide its stall by delaying our sends (coordinated omission).
+//! - `drain`: holds idle keep-alive connections or slow in-flight requests
+//!   open while the harness tells the proxy to stop, and reports what the
+//!   proxy did to them.
+//!
+//! Both print one JSON object on stdout for the harness.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use clap::{Parser, Subcommand};
+use http_body_util::{BodyExt as _, Empty};
+use hyper::Request;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use kubegrace_bench::stats::percentile_sorted;
+use serde::Serialize;
+use tokio::io::AsyncBufReadExt as _;
+use tokio::net::TcpStream;
+
+#[derive(Parser, Debug)]
+#[command(about = "Constant-rate latency client and drain client for the kubegrace benchmark")]
+struct Args {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Send requests at a fixed rate over keep-alive connections.
+    Rate {
+        #[arg(long)]
+        target: SocketAddr,
+        /// Requests per second, spread evenly over the connections.
+        #[arg(long, default_value_t = 2000)]
+        rate: u32,
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        #[arg(long, default_value_t = 32)]
+        connections: u32,
+    },
+    /// Open connections, print `ready`, then wait until the proxy closes
+    /// them (idle) or the slow requests finish, and report.
+    Drain {
+        #[arg(long)]
+        target: SocketAddr,
+        /// Idle keep-alive connections: one request each, then silence.
+        #[arg(long, default_value_t = 0)]
+        idle: u32,
+        /// Slow requests in flight, one per connection.
+        #[arg(long, default_value_t = 0)]
+        slow: u32,
+        /// How long the upstream holds each slow request.
+        #[arg(long, default_value_t = 1000)]
+        slow_ms: u64,
+        /// Give up waiting after this long.
+        #[arg(long, default_value_t = 30.0)]
+        timeout_seconds: f64,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    // One thread: the client shares a core with the upstream and must not
+    // take more of it than it needs.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")?;
+    match args.command {
+        Cmd::Rate {
+            target,
+            rate,
+            seconds,
+            connections,
+        } => runtime.block_on(rate_run(target, rate, seconds, connections)),
+        Cmd::Drain {
+            target,
+            idle,
+            slow,
+            slow_ms,
+            timeout_seconds,
+        } => runtime.block_on(drain_run(target, idle, slow, slow_ms, timeout_seconds)),
+    }
+}
+
+async fn connect(target: SocketAddr) -> anyhow::Result<SendRequest<Empty<Bytes>>> {
+    let stream = TcpStream::connect(target)
+        .await
+        .with_context(|| format!("connecting to {target}"))?;
+    stream.set_nodelay(true)?;
+    let (sender, conn) = http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        // Ends when either side closes; errors are seen on the next send.
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+fn get(target: SocketAddr, path: &str) -> anyhow::Result<Request<Empty<Bytes>>> {
+    Ok(Request::get(path)
+        .header("host", target.to_string())
+        .body(Empty::new())?)
+}
+
+/// Sends one request and reads the whole body; true on a 2xx.
+async fn exchange(
+    sender: &mut SendRequest<Empty<Bytes>>,
+    req: Request<Empty<Bytes>>,
+) -> anyhow::Result<bool> {
+    sender.ready().await?;
+    let response = sender.send_request(req).await?;
+    let ok = response.status().is_success();
+    response.into_body().collect().await?;
+    Ok(ok)
+}
+
+#[derive(Serialize)]
+struct RateReport {
+    requests: u64,
+    errors: u64,
+    /// Requests whose due time passed while their connection was busy: their
+    /// latency includes the wait.
+    late: u64,
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    p999_ms: f64,
+    max_ms: f64,
+}
+
+async fn rate_run(
+    target: SocketAddr,
+    rate: u32,
+    seconds: f64,
+    connections: u32,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        rate > 0 && connections > 0,
+        "rate and connections must be above 0"
+    );
+    let errors = Arc::new(AtomicU64::new(0));
+    let late = Arc::new(AtomicU64::new(0));
+    let mut senders = Vec::new();
+    for _ in 0..connections {
+        senders.push(connect(target).await?);
+    }
+    let start = Instant::now() + Duration::from_millis(50);
+    let end = start + Duration::from_secs_f64(seconds);
+    // Each connection owns every `connections`-th slot of one global
+    // schedule, so the whole client sends at `rate` with even spacing.
+    let slot = Duration::from_secs_f64(1.0 / f64::from(rate));
+    let period = slot * connections;
+    let mut tasks = Vec::new();
+    for (i, mut sender) in senders.into_iter().enumerate() {
+        let (errors, late) = (errors.clone(), late.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies_us: Vec<u64> = Vec::new();
+            let mut due = start + slot * i as u32;
+            let mut free_at = Instant::now();
+            while due < end {
+                tokio::time::sleep_until(due.into()).await;
+                let sent = Instant::now();
+                // Busy past the due time: the wait is the server's doing and
+                // counts. Free at the due time: any gap is our timer's
+                // millisecond granularity and does not.
+                let from = if free_at > due {
+                    late.fetch_add(1, Ordering::Relaxed);
+                    due
+                } else {
+                    sent
+                };
+                let outcome = match get(target, "/") {
+                    Ok(req) => exchange(&mut sender, req).await,
+                    Err(e) => Err(e),
+                };
+                match outcome {
+                    Ok(true) => latencies_us.push(from.elapsed().as_micros() as u64),
+                    Ok(false) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        // The proxy closed the connection: open another so
+                        // the rate holds.
+                        if let Ok(fresh) = connect(target).await {
+                            sender = fresh;
+                        }
+                    }
+                }
+                free_at = Instant::now();
+                due += period;
+            }
+            latencies_us
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await?);
+    }
+    all.sort_unstable();
+    let ms = |q: f64| percentile_sorted(&all, q).map_or(f64::NAN, |us| us as f64 / 1000.0);
+    let report = RateReport {
+        requests: all.len() as u64,
+        errors: errors.load(Ordering::Relaxed),
+        late: late.load(Ordering::Relaxed),
+        rps: all.len() as f64 / seconds,
+        p50_ms: ms(50.0),
+        p99_ms: ms(99.0),
+        p999_ms: ms(99.9),
+        max_ms: ms(100.0),
+    };
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+#[derive(Serialize, Default)]
+struct DrainReport {
+    connections: u32,
+    /// Idle connections the proxy closed (EOF or reset) before we gave up.
+    closed_by_proxy: u32,
+    /// Slow requests answered 2xx with their whole body.
+    ok: u32,
+    failed: u32,
+    /// From `go` on stdin to the last close or answer, in milliseconds.
+    last_event_ms: f64,
+}
+
+async fn drain_run(
+    target: SocketAddr,
+    idle: u32,
+    slow: u32,
+    slow_ms: u64,
+    timeout_seconds: f64,
+) -> anyhow::Result<()> {
+    let timeout = Duration::from_secs_f64(timeout_seconds);
+    let mut report = DrainReport {
+        connections: idle + slow,
+        ..DrainReport::default()
+    };
+    let mut waits = tokio::task::JoinSet::new();
+    // Idle: one request each so the connection is a real HTTP keep-alive
+    // connection, then keep it open and watch for the proxy's close.
+    // Opened in batches: a thousand SYNs at once overflow small backlogs
+    // and turn into one-second SYN retries that have nothing to do with drain.
+    for batch in 0..idle.div_ceil(50) {
+        let mut opening = tokio::task::JoinSet::new();
+        for _ in 0..50.min(idle - batch * 50) {
+            opening.spawn(async move {
+                let stream = TcpStream::connect(target).await?;
+                let (mut sender, conn) =
+                    http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream)).await?;
+                let conn = tokio::spawn(conn);
+                exchange(&mut sender, get(target, "/")?).await?;
+                anyhow::Ok((sender, conn))
+            });
+        }
+        while let Some(opened) = opening.join_next().await {
+            let (sender, conn) = opened??;
+            waits.spawn(async move {
+                // Keep the sender alive, or hyper closes the connection itself.
+                let _sender = sender;
+                let _ = conn.await;
+                Outcome::Closed
+            });
+        }
+    }
+    // Slow: one request per connection, held by the upstream for slow_ms.
+    for _ in 0..slow {
+        let mut sender = connect(target).await?;
+        let req = get(target, &format!("/slow/{slow_ms}"))?;
+        waits.spawn(async move {
+            match exchange(&mut sender, req).await {
+                Ok(true) => Outcome::Answered,
+                _ => Outcome::Failed,
+            }
+        });
+    }
+    if slow > 0 {
+        // Let the requests reach the upstream before the proxy is told to stop.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("ready");
+    let mut stdin = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    stdin.next_line().await?;
+    let go = Instant::now();
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            next = waits.join_next() => match next {
+                None => break,
+                Some(outcome) => {
+                    match outcome.unwrap_or(Outcome::Failed) {
+                        Outcome::Closed => report.closed_by_proxy += 1,
+                        Outcome::Answered => report.ok += 1,
+                        Outcome::Failed => report.failed += 1,
+                    }
+                    report.last_event_ms = go.elapsed().as_secs_f64() * 1000.0;
+                }
+            },
+            () = &mut deadline => break,
+        }
+    }
+    println!("{}", serde_json::to_string(&report)?);
+    // Connections still open are dropped with the runtime.
+    std::process::exit(0)
+}
+
+enum Outcome {
+    Closed,
+    Answered,
+    Failed,
+}

@@ -1,0 +1,853 @@
+//! Runs the whole benchmark: starts the upstream and every peer pinned to
+//! their CPUs, drives each scenario round by round with all peers side by
+//! side (so machine noise hits them alike), runs the drain tests, and
+//! writes bench/results/latest.json, the README tables and the plot.
+//!
+//! `bench/run` installs the tools and builds the binaries first; run that.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use kubegrace_bench::parse::{self, LoadResult};
+use kubegrace_bench::peers::{DrainTimers, Env, Peer};
+use kubegrace_bench::procfs;
+use kubegrace_bench::report::{
+    self, Cell, DrainResult, Memory, Report, Sample, ScenarioResult, Settings,
+};
+use kubegrace_bench::scenario::{KEEPALIVE_256, Load, SCENARIOS, Scenario};
+use kubegrace_bench::stats::Spread;
+
+#[derive(Parser, Debug)]
+#[command(about = "kubegrace-sidecar against nginx, HAProxy and Caddy, side by side")]
+struct Args {
+    /// Length of one load round, whole seconds (wrk takes no fractions).
+    #[arg(long, env = "BENCH_SECONDS", default_value_t = 5)]
+    seconds: u32,
+    /// Rounds per scenario; every figure is the median of these.
+    #[arg(long, env = "BENCH_ROUNDS", default_value_t = 3)]
+    rounds: u32,
+    /// The fixed rate of the latency scenario, requests/s: well below what
+    /// the slowest proxy saturates at on one core.
+    #[arg(long, env = "BENCH_RATE", default_value_t = 2000)]
+    rate: u32,
+    /// Peers to run, comma separated (direct is always run: it is the floor).
+    #[arg(
+        long,
+        env = "BENCH_PEERS",
+        default_value = "direct,kubegrace,kubegrace+cb,nginx,haproxy,caddy"
+    )]
+    peers: String,
+    /// First of the loopback ports used (upstream; peers at +10, +20, ...).
+    #[arg(long, env = "BENCH_PORT", default_value_t = 18080)]
+    base_port: u16,
+    #[arg(long, env = "BENCH_PROXY_CPUS", default_value = "1")]
+    proxy_cpus: String,
+    #[arg(long, env = "BENCH_LOAD_CPUS", default_value = "0")]
+    load_cpus: String,
+    /// Skip the drain tests.
+    #[arg(long, env = "BENCH_NO_DRAIN", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    no_drain: bool,
+    /// Skip the load scenarios (drain tests only).
+    #[arg(long, env = "BENCH_NO_LOAD", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    no_load: bool,
+    #[arg(long, default_value_t = 1000)]
+    drain_idle: u32,
+    #[arg(long, default_value_t = 100)]
+    drain_slow: u32,
+    #[arg(long, default_value_t = 1000)]
+    drain_slow_ms: u64,
+    /// A proxy still running this long after its stop command counts as
+    /// "did not exit" and is killed.
+    #[arg(long, default_value_t = 15)]
+    drain_bound_seconds: u64,
+    /// Where bench-upstream, bench-client and kubegrace-sidecar are.
+    #[arg(long, default_value = "target/release")]
+    bin_dir: PathBuf,
+    #[arg(long, default_value = "bench/results/latest.json")]
+    json: PathBuf,
+    #[arg(long, default_value = "bench/results/latest.svg")]
+    svg: PathBuf,
+    #[arg(long, default_value = "bench/README.md")]
+    readme: PathBuf,
+    /// Re-render the README and plot from the JSON; run nothing.
+    #[arg(long)]
+    render_only: bool,
+}
+
+/// A process this harness started; dropping it stops it and its children.
+struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> anyhow::Result<Proc> {
+        let out =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {name}: {cmd:?}"))?;
+        Ok(Proc {
+            name: name.to_string(),
+            child,
+            log,
+        })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(5)..].join(" | ")
+    }
+
+    /// Polls until the process exits or `bound` passes.
+    fn wait_exit(&mut self, bound: Duration) -> Option<Duration> {
+        let start = Instant::now();
+        while start.elapsed() < bound {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return Some(start.elapsed());
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        // TERM the whole tree (nginx workers too), then KILL what is left.
+        let tree = procfs::process_tree(self.pid());
+        signal(&tree, "-TERM");
+        if self.wait_exit(Duration::from_secs(3)).is_none() {
+            eprintln!("  {} did not stop on SIGTERM in 3 s; killing it", self.name);
+        }
+        signal(&tree, "-KILL");
+        let _ = self.child.wait();
+    }
+}
+
+/// Signals processes by id (only ones this harness started).
+fn signal(pids: &[u32], sig: &str) {
+    let alive: Vec<String> = pids
+        .iter()
+        .filter(|p| procfs::read_stat(**p).is_ok_and(|s| s.state != 'Z'))
+        .map(u32::to_string)
+        .collect();
+    if !alive.is_empty() {
+        let _ = Command::new("kill")
+            .arg(sig)
+            .args(&alive)
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// One plain HTTP/1.1 request; Ok when the answer is 200.
+fn http_ok(port: u16, path: &str) -> anyhow::Result<()> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)?;
+    if !answer.starts_with("HTTP/1.1 200") {
+        bail!("answered {:?}", answer.lines().next().unwrap_or(""));
+    }
+    Ok(())
+}
+
+fn wait_ready(proc: &mut Proc, port: u16) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let mut last = anyhow::anyhow!("no attempt");
+    while start.elapsed() < Duration::from_secs(10) {
+        if let Ok(Some(status)) = proc.child.try_wait() {
+            bail!("exited with {status} at start-up: {}", proc.log_tail());
+        }
+        match http_ok(port, "/") {
+            Ok(()) => return Ok(()),
+            Err(e) => last = e,
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    bail!("not proxying after 10 s ({last}); log: {}", proc.log_tail())
+}
+
+/// Output of a bounded child process.
+fn run_bounded(
+    mut cmd: Command,
+    bound: Duration,
+    during: impl FnOnce(),
+) -> anyhow::Result<(String, String)> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {cmd:?}"))?;
+    let mut out = child.stdout.take().context("stdout")?;
+    let mut err = child.stderr.take().context("stderr")?;
+    let out_reader = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_reader = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    during();
+    loop {
+        if child.try_wait()?.is_some() {
+            break;
+        }
+        if start.elapsed() > bound {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{cmd:?} ran past {bound:?}; killed");
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let out = out_reader.join().unwrap_or_default();
+    let err = err_reader.join().unwrap_or_default();
+    Ok((out, err))
+}
+
+struct Harness {
+    args: Args,
+    env: Env,
+    clk_tck: f64,
+    started: Instant,
+    proxies: BTreeMap<Peer, Proc>,
+}
+
+impl Harness {
+    fn bin(&self, name: &str) -> PathBuf {
+        self.args.bin_dir.join(name)
+    }
+
+    fn pinned_load(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("taskset");
+        cmd.arg("-c").arg(&self.args.load_cpus).arg(program);
+        cmd
+    }
+
+    fn progress(&self, text: &str) {
+        eprintln!("[{:>4.0}s] {text}", self.started.elapsed().as_secs_f64());
+    }
+
+    fn start_peer(&self, peer: Peer, timers: DrainTimers, label: &str) -> anyhow::Result<Proc> {
+        let cmd = self
+            .env
+            .command(peer, timers)?
+            .context("direct has no process")?;
+        let log = self
+            .env
+            .dir
+            .join(format!("{}.log", label.replace(['+', ' ', '(', ')'], "-")));
+        let mut proc = Proc::spawn(label, cmd, log)?;
+        wait_ready(&mut proc, self.env.port(peer))?;
+        Ok(proc)
+    }
+
+    /// One load run against one peer.
+    fn run_load(&self, scenario: &Scenario, peer: Peer) -> anyhow::Result<Sample> {
+        let secs = self.args.seconds;
+        let port = if scenario.is_h2() {
+            self.env.h2_port(peer)
+        } else {
+            self.env.port(peer)
+        };
+        let url = format!("http://127.0.0.1:{port}/");
+        let h2_log = self.env.dir.join("h2load.log");
+        let cmd = match scenario.load {
+            Load::Wrk { connections, close } => {
+                let mut c = self.pinned_load("wrk");
+                c.args(["-t1", "--latency", "--timeout", "2s"])
+                    .arg(format!("-c{connections}"))
+                    .arg(format!("-d{secs}s"));
+                if close {
+                    c.args(["-H", "Connection: close"]);
+                }
+                c.arg(&url);
+                c
+            }
+            Load::H2load { clients, streams } => {
+                let mut c = self.pinned_load("h2load");
+                c.args(["-t1", &format!("-c{clients}"), &format!("-m{streams}")])
+                    .arg(format!("-D{secs}"))
+                    .arg(format!("--log-file={}", h2_log.display()))
+                    .arg(&url);
+                c
+            }
+            Load::Rate { connections } => {
+                let mut c = self.pinned_load(self.bin("bench-client"));
+                c.args(["rate", "--target", &format!("127.0.0.1:{port}")])
+                    .args(["--rate", &self.args.rate.to_string()])
+                    .args(["--seconds", &secs.to_string()])
+                    .args(["--connections", &connections.to_string()]);
+                c
+            }
+        };
+        let proxy_pid = self.proxies.get(&peer).map(Proc::pid);
+        let ticks_before = proxy_pid.map(procfs::tree_cpu_ticks);
+        let start = Instant::now();
+        let mut rss = None;
+        let (out, err) = run_bounded(cmd, Duration::from_secs(u64::from(secs) + 20), || {
+            // Loaded memory: near the end of the round, connections open.
+            thread::sleep(Duration::from_secs_f64(f64::from(secs) * 0.8));
+            rss = proxy_pid.map(procfs::tree_rss_kib);
+        })?;
+        let wall = start.elapsed().as_secs_f64();
+        let cpu_s = match (proxy_pid, ticks_before) {
+            (Some(pid), Some(before)) => {
+                Some(procfs::tree_cpu_ticks(pid).saturating_sub(before) as f64 / self.clk_tck)
+            }
+            _ => None,
+        };
+        let result: LoadResult = match scenario.load {
+            Load::Wrk { .. } => {
+                parse::wrk(&out).with_context(|| format!("wrk said: {out}{err}"))?
+            }
+            Load::H2load { .. } => {
+                let mut r = parse::h2load_summary(&out)
+                    .with_context(|| format!("h2load said: {out}{err}"))?;
+                let log = std::fs::read_to_string(&h2_log).unwrap_or_default();
+                let mut lat = parse::h2load_log_latencies_us(&log);
+                let _ = std::fs::remove_file(&h2_log);
+                lat.sort_unstable();
+                let ms = |q| {
+                    kubegrace_bench::stats::percentile_sorted(&lat, q).map(|us| us as f64 / 1000.0)
+                };
+                r.p50_ms = ms(50.0).context("h2load logged no requests")?;
+                r.p99_ms = ms(99.0).unwrap_or(f64::NAN);
+                r.p999_ms = ms(99.9);
+                r
+            }
+            Load::Rate { .. } => {
+                let v: serde_json::Value = serde_json::from_str(out.trim())
+                    .with_context(|| format!("bench-client said: {out}{err}"))?;
+                let f = |k: &str| {
+                    v.get(k)
+                        .and_then(serde_json::Value::as_f64)
+                        .unwrap_or(f64::NAN)
+                };
+                LoadResult {
+                    requests: f("requests") as u64,
+                    errors: f("errors") as u64,
+                    rps: f("rps"),
+                    p50_ms: f("p50_ms"),
+                    p99_ms: f("p99_ms"),
+                    p999_ms: Some(f("p999_ms")),
+                }
+            }
+        };
+        Ok(Sample {
+            rps: result.rps,
+            p50_ms: result.p50_ms,
+            p99_ms: result.p99_ms,
+            p999_ms: result.p999_ms,
+            requests: result.requests,
+            errors: result.errors,
+            cpu_s,
+            // The tool's own run time, not our spawn overhead.
+            wall_s: if result.rps > 0.0 {
+                result.requests as f64 / result.rps
+            } else {
+                wall
+            },
+            rss_kib: rss,
+        })
+    }
+
+    /// One drain round: a fresh proxy, connections or slow requests held
+    /// open, the documented stop command, time to exit.
+    fn drain_round(
+        &self,
+        peer: Peer,
+        timers: DrainTimers,
+        label: &str,
+        idle: bool,
+    ) -> anyhow::Result<DrainRound> {
+        let mut proc = self.start_peer(peer, timers, label)?;
+        let port = self.env.port(peer);
+        let mut client = self.pinned_load(self.bin("bench-client"));
+        client
+            .args(["drain", "--target", &format!("127.0.0.1:{port}")])
+            .args([
+                "--timeout-seconds",
+                &self.args.drain_bound_seconds.to_string(),
+            ]);
+        if idle {
+            client.args(["--idle", &self.args.drain_idle.to_string()]);
+        } else {
+            client
+                .args(["--slow", &self.args.drain_slow.to_string()])
+                .args(["--slow-ms", &self.args.drain_slow_ms.to_string()]);
+        }
+        let mut client = client
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting bench-client drain")?;
+        let mut lines = BufReader::new(client.stdout.take().context("stdout")?).lines();
+        let ready = lines.next().transpose()?.unwrap_or_default();
+        if ready.trim() != "ready" {
+            let _ = client.kill();
+            let _ = client.wait();
+            bail!("drain client did not get ready: {ready:?}");
+        }
+        let mut stop = self.env.graceful_stop(peer, proc.pid());
+        let start = Instant::now();
+        let status = stop.status().context("running the stop command")?;
+        if let Some(stdin) = client.stdin.as_mut() {
+            let _ = writeln!(stdin, "go");
+        }
+        if !status.success() {
+            bail!("stop command {stop:?} failed: {status}");
+        }
+        let bound = Duration::from_secs(self.args.drain_bound_seconds);
+        let exit = proc
+            .wait_exit(bound.saturating_sub(start.elapsed()))
+            .map(|_| start.elapsed());
+        drop(proc);
+        let report = lines.next().transpose()?.unwrap_or_default();
+        let _ = client.wait();
+        let v: serde_json::Value = serde_json::from_str(report.trim())
+            .with_context(|| format!("drain client said {report:?}"))?;
+        let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0) as u32;
+        Ok(DrainRound {
+            exit_ms: exit.map(|d| d.as_secs_f64() * 1000.0),
+            closed_by_proxy: n("closed_by_proxy"),
+            ok: n("ok"),
+            failed: n("failed"),
+            connections: n("connections"),
+        })
+    }
+}
+
+struct DrainRound {
+    exit_ms: Option<f64>,
+    closed_by_proxy: u32,
+    ok: u32,
+    failed: u32,
+    connections: u32,
+}
+
+fn command_output(program: &str, args: &[&str]) -> String {
+    Command::new(program)
+        .args(args)
+        .output()
+        .map(|o| {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            text.lines().next().unwrap_or("").trim().to_string()
+        })
+        .unwrap_or_else(|e| format!("not available ({e})"))
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn median_u32(mut v: Vec<u32>) -> u32 {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or(0)
+}
+
+fn write_outputs(args: &Args, report: &Report) -> anyhow::Result<()> {
+    let readme = std::fs::read_to_string(&args.readme)
+        .with_context(|| format!("reading {}", args.readme.display()))?;
+    let spliced = report::splice_readme(&readme, &report::markdown(report))
+        .context("bench/README.md lacks the <!-- results:begin/end --> markers")?;
+    std::fs::write(&args.readme, spliced)?;
+    std::fs::write(&args.svg, report::svg(report))?;
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.render_only {
+        let text = std::fs::read_to_string(&args.json)
+            .with_context(|| format!("reading {}", args.json.display()))?;
+        let report: Report = serde_json::from_str(&text)?;
+        write_outputs(&args, &report)?;
+        eprintln!(
+            "rendered {} and {}",
+            args.readme.display(),
+            args.svg.display()
+        );
+        return Ok(());
+    }
+    anyhow::ensure!(
+        args.seconds >= 1 && args.rounds >= 1,
+        "BENCH_SECONDS and BENCH_ROUNDS must be at least 1"
+    );
+    let mut peers: Vec<Peer> = vec![Peer::Direct];
+    for name in args
+        .peers
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        let peer = Peer::from_name(name)
+            .with_context(|| format!("unknown peer {name:?} in BENCH_PEERS"))?;
+        if !peers.contains(&peer) {
+            peers.push(peer);
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("kubegrace-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let env = Env {
+        dir: dir.clone(),
+        base_port: args.base_port,
+        proxy_cpus: args.proxy_cpus.clone(),
+        sidecar_bin: args.bin_dir.join("kubegrace-sidecar"),
+    };
+    let mut h = Harness {
+        env,
+        clk_tck: procfs::clock_ticks_per_second(),
+        started: Instant::now(),
+        proxies: BTreeMap::new(),
+        args,
+    };
+    let result = run(&mut h, &peers);
+    // Stop everything before reporting, then remove the scratch directory.
+    h.proxies.clear();
+    if result.is_ok() {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        eprintln!("logs kept in {}", dir.display());
+    }
+    result
+}
+
+fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
+    let loadavg_start = loadavg();
+    let scenarios: Vec<Scenario> = if h.args.no_load {
+        Vec::new()
+    } else {
+        SCENARIOS.to_vec()
+    };
+    let load_runs = scenarios.len() * peers.len() * h.args.rounds as usize;
+    h.progress(&format!(
+        "{} peers x {} scenarios x {} rounds of {} s: about {:.0} s of load, then the drain tests",
+        peers.len(),
+        scenarios.len(),
+        h.args.rounds,
+        h.args.seconds,
+        load_runs as f64 * (f64::from(h.args.seconds) + 0.4)
+    ));
+
+    // The upstream lives for the whole run, on the load generator's CPU.
+    let mut up = h.pinned_load(h.bin("bench-upstream"));
+    up.args(["--listen", &format!("127.0.0.1:{}", h.env.upstream_port())]);
+    let mut upstream = Proc::spawn("bench-upstream", up, h.env.dir.join("upstream.log"))?;
+    wait_ready(&mut upstream, h.env.upstream_port()).context("bench-upstream")?;
+
+    let mut unavailable = BTreeMap::new();
+    let mut no_h2 = Vec::new();
+    let mut memory = BTreeMap::new();
+    let mut live: Vec<Peer> = vec![Peer::Direct];
+    for &peer in peers.iter().filter(|p| p.is_proxy()) {
+        if matches!(peer, Peer::Kubegrace | Peer::KubegraceCb) && !h.env.sidecar_bin.exists() {
+            unavailable.insert(
+                peer.name().to_string(),
+                format!("{} is not built", h.env.sidecar_bin.display()),
+            );
+            continue;
+        }
+        match h.start_peer(peer, DrainTimers::Defaults, peer.name()) {
+            Ok(proc) => {
+                thread::sleep(Duration::from_millis(300));
+                memory.insert(peer.name().to_string(), procfs::tree_rss_kib(proc.pid()));
+                h.proxies.insert(peer, proc);
+                live.push(peer);
+            }
+            Err(e) => {
+                h.progress(&format!("{}: not measured: {e:#}", peer.name()));
+                unavailable.insert(peer.name().to_string(), format!("{e:#}"));
+            }
+        }
+    }
+    for &peer in &live {
+        let probe = h
+            .pinned_load("h2load")
+            .args(["-n20", "-c1", "-m1"])
+            .arg(format!("http://127.0.0.1:{}/", h.env.h2_port(peer)))
+            .output();
+        let ok = probe
+            .ok()
+            .and_then(|o| parse::h2load_summary(&String::from_utf8_lossy(&o.stdout)).ok())
+            .is_some_and(|r| r.requests == 20 && r.errors == 0);
+        if !ok {
+            h.progress(&format!(
+                "{}: h2c prior knowledge does not work; HTTP/2 scenario skipped",
+                peer.name()
+            ));
+            no_h2.push(peer);
+        }
+    }
+    let mut versions = BTreeMap::new();
+    versions.insert("nginx".into(), command_output("nginx", &["-v"]));
+    versions.insert("haproxy".into(), command_output("haproxy", &["-v"]));
+    versions.insert("caddy".into(), command_output("caddy", &["version"]));
+    versions.insert("wrk".into(), command_output("wrk", &["-v"]));
+    versions.insert("h2load".into(), command_output("h2load", &["--version"]));
+    versions.insert(
+        "kubegrace".into(),
+        command_output(&h.env.sidecar_bin.display().to_string(), &["--version"]),
+    );
+
+    // Warm-up: fills every upstream pool and pages in the code paths.
+    if !scenarios.is_empty() {
+        for &peer in &live {
+            let mut c = h.pinned_load("wrk");
+            c.args(["-t1", "-c64", "-d1s", "--latency"])
+                .arg(format!("http://127.0.0.1:{}/", h.env.port(peer)));
+            let _ = run_bounded(c, Duration::from_secs(10), || {});
+        }
+    }
+
+    let mut samples: BTreeMap<(usize, Peer), Vec<Sample>> = BTreeMap::new();
+    for round in 0..h.args.rounds {
+        for (si, scenario) in scenarios.iter().enumerate() {
+            // Rotate the order each round so no peer always runs first
+            // (or always right after the heaviest one).
+            let mut order = live.clone();
+            let shift = round as usize % order.len().max(1);
+            order.rotate_left(shift);
+            for peer in order {
+                if scenario.is_h2() && no_h2.contains(&peer) {
+                    continue;
+                }
+                match h.run_load(scenario, peer) {
+                    Ok(s) => {
+                        h.progress(&format!(
+                            "round {}/{} {:<18} {:<13} {:>9.0} req/s  p50 {:.3} ms  p99 {:.3} ms{}{}",
+                            round + 1,
+                            h.args.rounds,
+                            scenario.id,
+                            peer.name(),
+                            s.rps,
+                            s.p50_ms,
+                            s.p99_ms,
+                            s.cpu_s.map_or(String::new(), |c| format!(
+                                "  proxy cpu {:.0}%",
+                                c / s.wall_s * 100.0
+                            )),
+                            if s.errors > 0 { format!("  {} errors", s.errors) } else { String::new() },
+                        ));
+                        samples.entry((si, peer)).or_default().push(s);
+                    }
+                    Err(e) => {
+                        h.progress(&format!("{} {}: failed: {e:#}", scenario.id, peer.name()))
+                    }
+                }
+                thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+    let mut peaks = BTreeMap::new();
+    for (peer, proc) in &h.proxies {
+        peaks.insert(
+            peer.name().to_string(),
+            procfs::tree_peak_rss_kib(proc.pid()),
+        );
+    }
+    h.proxies.clear();
+
+    let mut results: Vec<ScenarioResult> = Vec::new();
+    for (si, scenario) in scenarios.iter().enumerate() {
+        let mut cells = BTreeMap::new();
+        for &peer in &live {
+            if let Some(cell) = samples.remove(&(si, peer)).and_then(Cell::from_samples) {
+                cells.insert(peer.name().to_string(), cell);
+            }
+        }
+        results.push(ScenarioResult {
+            id: scenario.id.to_string(),
+            title: scenario.title.to_string(),
+            peers: cells,
+        });
+    }
+    report::add_comparisons(&mut results);
+    let loaded = |name: &str| {
+        results
+            .iter()
+            .find(|s| s.id == KEEPALIVE_256)
+            .and_then(|s| s.peers.get(name)?.rss_kib)
+    };
+    let memory: BTreeMap<String, Memory> = memory
+        .into_iter()
+        .map(|(name, idle)| {
+            let m = Memory {
+                idle_rss_kib: idle,
+                loaded_rss_kib: loaded(&name),
+                peak_rss_kib: peaks.get(&name).copied().unwrap_or(0),
+            };
+            (name, m)
+        })
+        .collect();
+
+    let mut drain = Vec::new();
+    if !h.args.no_drain {
+        let mut subjects: Vec<(Peer, DrainTimers, String)> = Vec::new();
+        for &peer in &live {
+            match peer {
+                Peer::Kubegrace => {
+                    subjects.push((
+                        peer,
+                        DrainTimers::Zero,
+                        "kubegrace (drain timers 0s)".into(),
+                    ));
+                    subjects.push((
+                        peer,
+                        DrainTimers::Defaults,
+                        "kubegrace (default drain timers)".into(),
+                    ));
+                }
+                Peer::Nginx | Peer::Haproxy | Peer::Caddy => {
+                    subjects.push((peer, DrainTimers::Defaults, peer.name().into()));
+                }
+                Peer::Direct | Peer::KubegraceCb => {}
+            }
+        }
+        for idle in [true, false] {
+            let test = if idle {
+                format!("{} idle keep-alive", h.args.drain_idle)
+            } else {
+                format!("{} slow in flight", h.args.drain_slow)
+            };
+            for (peer, timers, label) in &subjects {
+                let mut rounds = Vec::new();
+                for round in 0..h.args.rounds {
+                    match h.drain_round(*peer, *timers, label, idle) {
+                        Ok(r) => {
+                            h.progress(&format!(
+                                "drain {}/{} {test:<22} {label:<34} exit {}  closed {} ok {} failed {}",
+                                round + 1,
+                                h.args.rounds,
+                                r.exit_ms.map_or("did not exit".into(), |m| format!("{m:.0} ms")),
+                                r.closed_by_proxy,
+                                r.ok,
+                                r.failed
+                            ));
+                            rounds.push(r);
+                        }
+                        Err(e) => h.progress(&format!("drain {test} {label}: failed: {e:#}")),
+                    }
+                }
+                if rounds.is_empty() {
+                    continue;
+                }
+                let how = format!("{:?}", h.env.graceful_stop(*peer, 0))
+                    .replace('"', "")
+                    .replace(&h.env.dir.display().to_string(), "$TMP");
+                let how = match peer {
+                    Peer::Nginx => "nginx -s quit".to_string(),
+                    Peer::Haproxy => "kill -USR1 (soft stop)".to_string(),
+                    _ if how.contains("TERM") => "kill -TERM".to_string(),
+                    _ => how,
+                };
+                drain.push(DrainResult {
+                    test: test.clone(),
+                    peer: label.clone(),
+                    how,
+                    exit_ms: Spread::of(
+                        &rounds.iter().filter_map(|r| r.exit_ms).collect::<Vec<_>>(),
+                    ),
+                    timed_out: rounds.iter().filter(|r| r.exit_ms.is_none()).count() as u32,
+                    rounds: rounds.len() as u32,
+                    closed_by_proxy: median_u32(rounds.iter().map(|r| r.closed_by_proxy).collect()),
+                    ok: median_u32(rounds.iter().map(|r| r.ok).collect()),
+                    failed: median_u32(rounds.iter().map(|r| r.failed).collect()),
+                    connections: rounds.first().map_or(0, |r| r.connections),
+                });
+            }
+        }
+    }
+    drop(upstream);
+
+    let mut machine = BTreeMap::new();
+    machine.insert("cpus".into(), command_output("nproc", &[]));
+    machine.insert("kernel".into(), command_output("uname", &["-r"]));
+    machine.insert(
+        "cpu_model".into(),
+        std::fs::read_to_string("/proc/cpuinfo")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|r| r.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+            .unwrap_or_default(),
+    );
+    machine.insert("loadavg_start".into(), loadavg_start);
+    machine.insert("loadavg_end".into(), loadavg());
+    let mut report = Report {
+        generated_at: command_output("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
+        git_rev: command_output("git", &["rev-parse", "--short", "HEAD"]),
+        machine,
+        settings: Settings {
+            seconds: h.args.seconds,
+            rounds: h.args.rounds,
+            rate: h.args.rate,
+            proxy_cpus: h.args.proxy_cpus.clone(),
+            load_cpus: h.args.load_cpus.clone(),
+            drain_idle: h.args.drain_idle,
+            drain_slow: h.args.drain_slow,
+            drain_slow_ms: h.args.drain_slow_ms,
+        },
+        versions,
+        unavailable,
+        scenarios: results,
+        memory,
+        drain,
+        verdicts: Vec::new(),
+        wall_seconds: h.started.elapsed().as_secs_f64(),
+    };
+    report.verdicts = report.judge();
+    if let Some(parent) = h.args.json.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(&h.args.json, serde_json::to_string_pretty(&report)? + "\n")?;
+    write_outputs(&h.args, &report)?;
+    for v in &report.verdicts {
+        eprintln!("  {v}");
+    }
+    h.progress(&format!(
+        "wrote {}, {} and {}",
+        h.args.json.display(),
+        h.args.readme.display(),
+        h.args.svg.display()
+    ));
+    Ok(())
+}

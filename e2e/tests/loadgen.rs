@@ -253,6 +253,23 @@ async fn max_requests_caps_the_schedule() -> Result<()> {
 }
 
 #[tokio::test]
+async fn a_stopped_run_reports_what_it_sent() -> Result<()> {
+    let addr = app_server().await?;
+    let cfg = config(addr, Protocol::Http1, 100.0, 60_000);
+    let stop = tokio::time::sleep(Duration::from_millis(300));
+    let (outcomes, s) = load::run_outcomes_until(&cfg, stop).await?;
+    assert_eq!(s.scheduled, 6_000);
+    assert!(
+        s.requests > 0 && s.requests < s.scheduled,
+        "sent {}",
+        s.requests
+    );
+    assert_eq!(outcomes.len() as u64, s.requests);
+    assert_eq!(s.failed, 0);
+    Ok(())
+}
+
+#[tokio::test]
 async fn http2_and_mixed_all_ok() -> Result<()> {
     let addr = app_server().await?;
     let s = load::run(&config(addr, Protocol::Http2, 100.0, 500)).await?;

@@ -98,7 +98,17 @@ async fn main() -> Result<()> {
         cfg.timeout,
         cfg.target
     );
-    let (mut outcomes, summary) = load::run_outcomes(&cfg).await?;
+    // SIGTERM (the Job deleted) or Ctrl-C: stop sending, let in-flight requests finish,
+    // and still print what was measured.
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let stop = async move {
+        tokio::select! {
+            _ = sigterm.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        eprintln!("loadgen: interrupted, waiting for the requests in flight");
+    };
+    let (mut outcomes, summary) = load::run_outcomes_until(&cfg, stop).await?;
 
     if let Some(path) = &args.outcomes {
         outcomes.sort_by_key(|o| o.seq);

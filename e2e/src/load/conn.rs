@@ -225,7 +225,9 @@ impl Http2Pool {
         &self,
         phase: &PhaseCell,
     ) -> Result<(http2::SendRequest<H2Body>, bool), Failure> {
-        phase.set(Phase::Pool);
+        // The slot lock is only contended while another request opens its connection, so
+        // waiting for it is waiting for a connect.
+        phase.set(Phase::Connect);
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         let mut slot = self.slots[i].lock().await;
         if let Some(sender) = slot.as_ref() {
@@ -235,7 +237,6 @@ impl Http2Pool {
             self.stats.stale_reconnects.fetch_add(1, Ordering::Relaxed);
             *slot = None;
         }
-        phase.set(Phase::Connect);
         let stream = self.target.connect(&self.stats.connects).await?;
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .handshake(TokioIo::new(stream))

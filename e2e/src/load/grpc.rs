@@ -246,8 +246,10 @@ pub async fn stream(
         replies.push(reply);
     }
     if replies.len() < expected {
+        // Status OK but messages missing: not a transport failure (that would have
+        // surfaced as an error), so not attributed to one.
         return Err(Failure::new(
-            Reason::Reset,
+            Reason::Other,
             format!("grpc stream ended early ({}/{expected})", replies.len()),
         ));
     }

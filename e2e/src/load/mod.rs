@@ -281,8 +281,18 @@ impl Clients {
 }
 
 /// Runs the schedule to the end and returns every outcome (in completion order) and the
-/// connection counters.
+/// summary.
 pub async fn run_outcomes(cfg: &Config) -> Result<(Vec<Outcome>, Summary), Error> {
+    run_outcomes_until(cfg, std::future::pending()).await
+}
+
+/// Like [`run_outcomes`], but stops sending when `stop` completes (e.g. on SIGTERM): the
+/// requests in flight still finish (each within the timeout) and are counted, and the
+/// summary's `requests` is then less than `scheduled`.
+pub async fn run_outcomes_until(
+    cfg: &Config,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(Vec<Outcome>, Summary), Error> {
     cfg.validate()?;
     let clients = Arc::new(Clients::new(cfg)?);
     let scheduled = cfg.scheduled();
@@ -291,6 +301,8 @@ pub async fn run_outcomes(cfg: &Config) -> Result<(Vec<Outcome>, Summary), Error
     let mut tasks = JoinSet::new();
     let start = Instant::now();
 
+    tokio::pin!(stop);
+    let mut stopped = false;
     for seq in 0..scheduled {
         // Absolute deadlines (not sleep(interval)), so scheduling delays don't accumulate;
         // if the process falls behind it sends the overdue requests at once (open loop).
@@ -298,9 +310,16 @@ pub async fn run_outcomes(cfg: &Config) -> Result<(Vec<Outcome>, Summary), Error
         loop {
             tokio::select! {
                 biased;
+                _ = &mut stop, if !stopped => {
+                    stopped = true;
+                    break;
+                }
                 _ = tokio::time::sleep_until(due) => break,
                 Some(done) = tasks.join_next() => collect(done, &mut outcomes),
             }
+        }
+        if stopped {
+            break;
         }
         let clients = clients.clone();
         let timeout = cfg.timeout;

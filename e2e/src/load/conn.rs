@@ -104,7 +104,15 @@ impl Http1Pool {
                         self.stats.stale_reconnects.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
-                    return Err(classify_error(e.error()));
+                    let mut failure = classify_error(e.error());
+                    if reused && failure.reason == Reason::Reset {
+                        // Written on a connection that had served earlier requests. With a
+                        // near-zero latency that is the keep-alive idle race (the server
+                        // closed it as the request arrived); the tag keeps it apart from
+                        // failures of fresh connections in `by_detail`.
+                        failure.detail.push_str(" (reused keep-alive connection)");
+                    }
+                    return Err(failure);
                 }
             }
         }

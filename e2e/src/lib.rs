@@ -26,14 +26,15 @@ pub const E2E_LABEL: &str = "kubegrace.io/e2e";
 
 /// The demo app image (built by `e2e/cluster/images`).
 pub fn demo_image() -> String {
-    std::env::var("KUBEGRACE_E2E_DEMO_IMAGE").unwrap_or_else(|_| "localhost/kubegrace/demo-app:e2e".into())
+    std::env::var("KUBEGRACE_E2E_DEMO_IMAGE")
+        .unwrap_or_else(|_| "localhost/kubegrace/demo-app:e2e".into())
 }
 
 /// The kubeconfig the tests should use, if any.
 pub fn kubeconfig_path() -> Option<PathBuf> {
     ["KUBEGRACE_E2E_KUBECONFIG", "KUBECONFIG"]
         .iter()
-        .filter_map(|var| std::env::var_os(var))
+        .filter_map(std::env::var_os)
         .find(|v| !v.is_empty())
         .map(PathBuf::from)
 }
@@ -41,11 +42,15 @@ pub fn kubeconfig_path() -> Option<PathBuf> {
 /// A client for the e2e cluster, or `None` (with a message) when no cluster is configured.
 pub async fn client_or_skip(test: &str) -> Result<Option<Client>> {
     let Some(path) = kubeconfig_path() else {
-        eprintln!("SKIPPED {test}: no cluster (set KUBEGRACE_E2E_KUBECONFIG or KUBECONFIG; `make test` does)");
+        eprintln!(
+            "SKIPPED {test}: no cluster (set KUBEGRACE_E2E_KUBECONFIG or KUBECONFIG; `make test` does)"
+        );
         return Ok(None);
     };
-    let kubeconfig = Kubeconfig::read_from(&path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    let kubeconfig = Kubeconfig::read_from(&path)
+        .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
     Ok(Some(Client::try_from(config)?))
 }
 
@@ -60,8 +65,15 @@ where
     let mut ns = Namespace::default();
     ns.metadata.generate_name = Some(format!("kg-e2e-{prefix}-"));
     ns.metadata.labels = Some([(E2E_LABEL.to_owned(), "true".to_owned())].into());
-    let ns = namespaces.create(&PostParams::default(), &ns).await.context("creating test namespace")?;
-    let name = ns.metadata.name.clone().ok_or_else(|| anyhow!("namespace without a name"))?;
+    let ns = namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .context("creating test namespace")?;
+    let name = ns
+        .metadata
+        .name
+        .clone()
+        .ok_or_else(|| anyhow!("namespace without a name"))?;
     eprintln!("test namespace {name}");
 
     let outcome = tokio::spawn(body(client.clone(), name.clone())).await;
@@ -79,7 +91,13 @@ where
 }
 
 /// Waits until `cond` holds for the named object, at most `timeout`.
-pub async fn wait_for<K>(api: &Api<K>, name: &str, what: &str, timeout: Duration, cond: impl Condition<K>) -> Result<K>
+pub async fn wait_for<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    cond: impl Condition<K>,
+) -> Result<K>
 where
     K: Clone + std::fmt::Debug + Send + DeserializeOwned + Resource + 'static,
 {
@@ -91,8 +109,34 @@ where
     }
 }
 
+/// Waits until the object with this `uid` is gone (deleted, finalizers done), at most `timeout`.
+pub async fn wait_deleted<K>(api: &Api<K>, name: &str, uid: &str, timeout: Duration) -> Result<()>
+where
+    K: Clone + std::fmt::Debug + Send + DeserializeOwned + Resource + 'static,
+{
+    match tokio::time::timeout(
+        timeout,
+        await_condition(
+            api.clone(),
+            name,
+            kube::runtime::conditions::is_deleted(uid),
+        ),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e).context(format!("waiting for {name} to be deleted")),
+        Err(_) => bail!("timed out after {timeout:?} waiting for {name} to be deleted"),
+    }
+}
+
 /// Polls `probe` every `interval` until it returns `Some`, at most `timeout`.
-pub async fn poll<T, Fut>(what: &str, timeout: Duration, interval: Duration, mut probe: impl FnMut() -> Fut) -> Result<T>
+pub async fn poll<T, Fut>(
+    what: &str,
+    timeout: Duration,
+    interval: Duration,
+    mut probe: impl FnMut() -> Fut,
+) -> Result<T>
 where
     Fut: Future<Output = Option<T>>,
 {
@@ -111,14 +155,21 @@ where
 /// A plain HTTP/1.1 GET (one connection, no proxy); returns status and body.
 pub async fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<(u16, String)> {
     let fut = async {
-        let stream = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
         tokio::spawn(conn);
-        let req = hyper::Request::get(path).header(hyper::header::HOST, addr).body(Empty::<Bytes>::new())?;
+        let req = hyper::Request::get(path)
+            .header(hyper::header::HOST, addr)
+            .body(Empty::<Bytes>::new())?;
         let resp = sender.send_request(req).await?;
         let status = resp.status().as_u16();
         let body = resp.into_body().collect().await?.to_bytes();
         Ok::<_, anyhow::Error>((status, String::from_utf8_lossy(&body).into_owned()))
     };
-    tokio::time::timeout(timeout, fut).await.map_err(|_| anyhow!("GET http://{addr}{path}: no answer within {timeout:?}"))?
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| anyhow!("GET http://{addr}{path}: no answer within {timeout:?}"))?
 }

@@ -15,7 +15,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 use kube::runtime::conditions;
 use kube::{Api, Client};
-use kubegrace_e2e::{client_or_skip, demo_image, http_get, poll, wait_for, with_namespace};
+use kubegrace_e2e::{
+    client_or_skip, demo_image, http_get, poll, wait_deleted, wait_for, with_namespace,
+};
 use serde_json::json;
 
 const APP_PORT: u16 = 8080;
@@ -45,7 +47,12 @@ fn service(name: &str, app: &str) -> Result<Service> {
     }))?)
 }
 
-fn pod(name: &str, grace_seconds: i64, args: &[&str], pre_stop_hold_ms: Option<u64>) -> Result<Pod> {
+fn pod(
+    name: &str,
+    grace_seconds: i64,
+    args: &[&str],
+    pre_stop_hold_ms: Option<u64>,
+) -> Result<Pod> {
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"app": name}},
         "spec": {
@@ -57,20 +64,35 @@ fn pod(name: &str, grace_seconds: i64, args: &[&str], pre_stop_hold_ms: Option<u
 }
 
 async fn pod_ip(pods: &Api<Pod>, name: &str) -> Result<String> {
-    let pod = wait_for(pods, name, "pod ready", Duration::from_secs(90), |p: Option<&Pod>| {
-        p.and_then(|p| p.status.as_ref())
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-    })
+    let pod = wait_for(
+        pods,
+        name,
+        "pod ready",
+        Duration::from_secs(90),
+        |p: Option<&Pod>| {
+            p.and_then(|p| p.status.as_ref())
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        },
+    )
     .await?;
-    pod.status.and_then(|s| s.pod_ip).ok_or_else(|| anyhow!("pod {name} has no IP"))
+    pod.status
+        .and_then(|s| s.pod_ip)
+        .ok_or_else(|| anyhow!("pod {name} has no IP"))
 }
 
 /// Collects the container's log lines until it exits (follow), at most `limit`.
-fn follow_logs(pods: Api<Pod>, name: String, limit: Duration) -> tokio::task::JoinHandle<Vec<String>> {
+fn follow_logs(
+    pods: Api<Pod>,
+    name: String,
+    limit: Duration,
+) -> tokio::task::JoinHandle<Vec<String>> {
     tokio::spawn(async move {
         let mut lines = Vec::new();
-        let params = LogParams { follow: true, ..LogParams::default() };
+        let params = LogParams {
+            follow: true,
+            ..LogParams::default()
+        };
         let collect = async {
             match pods.log_stream(&name, &params).await {
                 Ok(stream) => {
@@ -88,20 +110,36 @@ fn follow_logs(pods: Api<Pod>, name: String, limit: Duration) -> tokio::task::Jo
 }
 
 /// The conditions (ready, serving, terminating) of the endpoint that belongs to `pod_name`.
-async fn endpoint_conditions(slices: &Api<EndpointSlice>, service: &str, pod_name: &str) -> Option<(bool, bool, bool)> {
-    let list = slices.list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service}"))).await.ok()?;
-    list.items.iter().flat_map(|s| s.endpoints.iter()).find_map(|ep| {
-        let target = ep.target_ref.as_ref()?.name.as_deref()?;
-        (target == pod_name).then(|| {
-            let c = ep.conditions.clone().unwrap_or_default();
-            (c.ready.unwrap_or(false), c.serving.unwrap_or(false), c.terminating.unwrap_or(false))
+async fn endpoint_conditions(
+    slices: &Api<EndpointSlice>,
+    service: &str,
+    pod_name: &str,
+) -> Option<(bool, bool, bool)> {
+    let list = slices
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service}")))
+        .await
+        .ok()?;
+    list.items
+        .iter()
+        .flat_map(|s| s.endpoints.iter())
+        .find_map(|ep| {
+            let target = ep.target_ref.as_ref()?.name.as_deref()?;
+            (target == pod_name).then(|| {
+                let c = ep.conditions.clone().unwrap_or_default();
+                (
+                    c.ready.unwrap_or(false),
+                    c.serving.unwrap_or(false),
+                    c.terminating.unwrap_or(false),
+                )
+            })
         })
-    })
 }
 
 #[tokio::test]
 async fn service_cluster_ip_reaches_demo_deployment() -> Result<()> {
-    let Some(client) = client_or_skip("service_cluster_ip_reaches_demo_deployment").await? else { return Ok(()) };
+    let Some(client) = client_or_skip("service_cluster_ip_reaches_demo_deployment").await? else {
+        return Ok(());
+    };
     with_namespace(&client, "svc", |client: Client, ns: String| async move {
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
         let services: Api<Service> = Api::namespaced(client.clone(), &ns);
@@ -153,7 +191,9 @@ async fn service_cluster_ip_reaches_demo_deployment() -> Result<()> {
 #[tokio::test]
 async fn pod_deletion_runs_prestop_then_sigterm_and_endpoint_terminates() -> Result<()> {
     let test = "pod_deletion_runs_prestop_then_sigterm_and_endpoint_terminates";
-    let Some(client) = client_or_skip(test).await? else { return Ok(()) };
+    let Some(client) = client_or_skip(test).await? else {
+        return Ok(());
+    };
     with_namespace(&client, "stop", |client: Client, ns: String| async move {
         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
         let services: Api<Service> = Api::namespaced(client.clone(), &ns);
@@ -189,8 +229,9 @@ async fn pod_deletion_runs_prestop_then_sigterm_and_endpoint_terminates() -> Res
         ensure!(!ready && serving && terminating, "endpoint conditions ready={ready} serving={serving} terminating={terminating}");
 
         // SIGTERM comes after the hook; the naive app exits at once, well before the grace period ends.
-        wait_for(&pods, "naive", "pod deleted", Duration::from_secs(GRACE as u64 + 30), conditions::is_deleted(&uid)).await?;
+        wait_deleted(&pods, "naive", &uid, Duration::from_secs(GRACE as u64 + 30)).await?;
         let elapsed = started.elapsed();
+        eprintln!("pod gone {elapsed:?} after deletion (preStop hold {HOLD_MS} ms, grace {GRACE}s)");
         let lines = logs.await?;
         let prestop = lines.iter().position(|l| l.contains("prestop hook ran"));
         let sigterm = lines.iter().position(|l| l.contains("SIGTERM received"));
@@ -209,19 +250,33 @@ async fn pod_deletion_runs_prestop_then_sigterm_and_endpoint_terminates() -> Res
 
 #[tokio::test]
 async fn grace_period_is_honoured_before_sigkill() -> Result<()> {
-    let Some(client) = client_or_skip("grace_period_is_honoured_before_sigkill").await? else { return Ok(()) };
+    let Some(client) = client_or_skip("grace_period_is_honoured_before_sigkill").await? else {
+        return Ok(());
+    };
     with_namespace(&client, "grace", |client: Client, ns: String| async move {
         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
         const GRACE: i64 = 5;
-        let created = pods.create(&PostParams::default(), &pod("stubborn", GRACE, &["--on-sigterm", "ignore"], None)?).await?;
+        let created = pods
+            .create(
+                &PostParams::default(),
+                &pod("stubborn", GRACE, &["--on-sigterm", "ignore"], None)?,
+            )
+            .await?;
         let uid = created.metadata.uid.context("pod without uid")?;
         pod_ip(&pods, "stubborn").await?;
 
         let logs = follow_logs(pods.clone(), "stubborn".into(), Duration::from_secs(60));
         let started = Instant::now();
         pods.delete("stubborn", &DeleteParams::default()).await?;
-        wait_for(&pods, "stubborn", "pod deleted", Duration::from_secs(GRACE as u64 + 30), conditions::is_deleted(&uid)).await?;
+        wait_deleted(
+            &pods,
+            "stubborn",
+            &uid,
+            Duration::from_secs(GRACE as u64 + 30),
+        )
+        .await?;
         let elapsed = started.elapsed();
+        eprintln!("pod gone {elapsed:?} after deletion (grace {GRACE}s, SIGTERM ignored)");
         let lines = logs.await?;
         ensure!(
             lines.iter().any(|l| l.contains("ignoring SIGTERM")),
@@ -233,7 +288,8 @@ async fn grace_period_is_honoured_before_sigkill() -> Result<()> {
         );
         // SIGKILL only when the grace period is over (a little slack for clock granularity).
         ensure!(
-            elapsed >= Duration::from_millis(GRACE as u64 * 1000 - 500) && elapsed < Duration::from_secs(GRACE as u64 + 20),
+            elapsed >= Duration::from_millis(GRACE as u64 * 1000 - 500)
+                && elapsed < Duration::from_secs(GRACE as u64 + 20),
             "pod took {elapsed:?} to go with a grace period of {GRACE}s"
         );
         Ok(())

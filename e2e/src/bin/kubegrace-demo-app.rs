@@ -43,7 +43,12 @@ struct Args {
     #[arg(long, env = "KUBEGRACE_DEMO_LISTEN", default_value = "0.0.0.0:8080")]
     listen: SocketAddr,
     /// What to do on SIGTERM.
-    #[arg(long, env = "KUBEGRACE_DEMO_ON_SIGTERM", value_enum, default_value = "exit")]
+    #[arg(
+        long,
+        env = "KUBEGRACE_DEMO_ON_SIGTERM",
+        value_enum,
+        default_value = "exit"
+    )]
     on_sigterm: OnSigterm,
     /// Name reported by `GET /` (defaults to the host name, which is the pod name).
     #[arg(long, env = "POD_NAME")]
@@ -58,10 +63,17 @@ struct State {
 const MAX_DELAY_MS: u64 = 600_000;
 
 fn query_ms(req: &Request<Incoming>, key: &str) -> Result<u64, String> {
-    let Some(query) = req.uri().query() else { return Ok(0) };
+    let Some(query) = req.uri().query() else {
+        return Ok(0);
+    };
     for pair in query.split('&') {
-        if let Some(value) = pair.strip_prefix(key).and_then(|rest| rest.strip_prefix('=')) {
-            let ms: u64 = value.parse().map_err(|_| format!("{key} must be a number of milliseconds"))?;
+        if let Some(value) = pair
+            .strip_prefix(key)
+            .and_then(|rest| rest.strip_prefix('='))
+        {
+            let ms: u64 = value
+                .parse()
+                .map_err(|_| format!("{key} must be a number of milliseconds"))?;
             return Ok(ms.min(MAX_DELAY_MS));
         }
     }
@@ -71,12 +83,17 @@ fn query_ms(req: &Request<Incoming>, key: &str) -> Result<u64, String> {
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(body.into()));
     *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"));
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     resp
 }
 
-async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n"));
     }
@@ -86,7 +103,10 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Fu
         "/delay" => match query_ms(&req, "ms") {
             Ok(ms) => {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
-                text(StatusCode::OK, format!("pod={} delayed_ms={ms}\n", state.pod_name))
+                text(
+                    StatusCode::OK,
+                    format!("pod={} delayed_ms={ms}\n", state.pod_name),
+                )
             }
             Err(e) => text(StatusCode::BAD_REQUEST, e + "\n"),
         },
@@ -99,7 +119,10 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Fu
             }
             Err(e) => text(StatusCode::BAD_REQUEST, e + "\n"),
         },
-        "/prestop-seen" => text(StatusCode::OK, format!("{}\n", state.prestop_seen.load(Ordering::SeqCst))),
+        "/prestop-seen" => text(
+            StatusCode::OK,
+            format!("{}\n", state.prestop_seen.load(Ordering::SeqCst)),
+        ),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     };
     Ok(resp)
@@ -118,7 +141,10 @@ async fn serve(listener: TcpListener, state: Arc<State>) {
         let state = state.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| handle(state.clone(), req));
-            if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
+            if let Err(e) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
                 eprintln!("connection error: {e}");
             }
         });
@@ -131,11 +157,22 @@ async fn main() -> anyhow::Result<()> {
     let pod_name = args
         .pod_name
         .filter(|n| !n.is_empty())
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_owned()))
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
         .unwrap_or_else(|| "unknown".to_owned());
-    let state = Arc::new(State { pod_name, prestop_seen: AtomicBool::new(false) });
+    let state = Arc::new(State {
+        pod_name,
+        prestop_seen: AtomicBool::new(false),
+    });
     let listener = TcpListener::bind(args.listen).await?;
-    println!("kubegrace-demo-app listening on {} as {}", listener.local_addr()?, state.pod_name);
+    println!(
+        "kubegrace-demo-app listening on {} as {}",
+        listener.local_addr()?,
+        state.pod_name
+    );
 
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;

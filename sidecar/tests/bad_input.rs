@@ -1,0 +1,377 @@
+//! Issue 2, scenario 5: bad input is refused cleanly and never takes the
+//! proxy down: malformed requests get 400, oversized heads 431, a slow
+//! header sender (slowloris) is cut, bad flags and bad config files exit 64
+//! naming what to fix, and a bad file on reload keeps the last good config.
+
+mod common;
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use bytes::Bytes;
+use common::apps::TestApp;
+use common::http::get;
+use common::sidecar::{Sidecar, SidecarSpec, run_to_exit, scratch_dir};
+use common::{wait_for, within};
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const WAIT: Duration = Duration::from_secs(30);
+/// Exit status for anything the user must fix (BSD EX_USAGE).
+const EX_USAGE: i32 = 64;
+
+async fn sidecar_with(config: Option<&str>) -> Result<(TestApp, Sidecar)> {
+    let app = TestApp::start("a").await?;
+    let mut spec = SidecarSpec::new(app.addr);
+    if let Some(yaml) = config {
+        spec = spec.config(yaml);
+    }
+    let sidecar = Sidecar::start(spec).await?;
+    Ok((app, sidecar))
+}
+
+/// Writes `bytes` on a fresh connection and reads until the server closes
+/// it (bounded); returns what came back.
+async fn raw_exchange(addr: std::net::SocketAddr, bytes: &[u8]) -> Result<String> {
+    let mut tcp = TcpStream::connect(addr).await?;
+    // The server may answer and close before it read everything; a failed
+    // write is fine as long as the answer arrived.
+    let _ = tcp.write_all(bytes).await;
+    let mut out = Vec::new();
+    let _ = within(
+        "the server to answer and close",
+        WAIT,
+        tcp.read_to_end(&mut out),
+    )
+    .await?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+fn status_line(answer: &str) -> &str {
+    answer.lines().next().unwrap_or("")
+}
+
+#[tokio::test]
+async fn malformed_requests_get_400_and_the_proxy_keeps_serving() -> Result<()> {
+    let (_app, sidecar) = sidecar_with(None).await?;
+    for garbage in [
+        &b"THIS IS NOT HTTP\r\n\r\n"[..],
+        b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: banana\r\n\r\n",
+        b"GET / HTTP/1.1\r\nBad Header Name: x\r\n\r\n",
+    ] {
+        let answer = raw_exchange(sidecar.listen, garbage).await?;
+        ensure!(
+            status_line(&answer).starts_with("HTTP/1.1 400"),
+            "{:?} got {:?}",
+            String::from_utf8_lossy(garbage),
+            status_line(&answer)
+        );
+    }
+    let ok = get(sidecar.listen, "/work").await?;
+    ensure!(
+        ok.status == StatusCode::OK,
+        "proxy stopped serving: {}",
+        ok.status
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn oversized_request_heads_get_431() -> Result<()> {
+    let (_app, sidecar) = sidecar_with(None).await?;
+    // One header far beyond limits.maxHeaderBytes (64 KiB by default).
+    let big = format!(
+        "GET /work HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n",
+        "x".repeat(128 * 1024)
+    );
+    let answer = raw_exchange(sidecar.listen, big.as_bytes()).await?;
+    ensure!(
+        status_line(&answer).starts_with("HTTP/1.1 431"),
+        "a 128 KiB header got {:?}",
+        status_line(&answer)
+    );
+    // More headers than limits.maxHeaders (100 by default).
+    let mut many = String::from("GET /work HTTP/1.1\r\nHost: a\r\n");
+    for i in 0..200 {
+        many.push_str(&format!("X-H{i}: v\r\n"));
+    }
+    many.push_str("\r\n");
+    let answer = raw_exchange(sidecar.listen, many.as_bytes()).await?;
+    ensure!(
+        status_line(&answer).starts_with("HTTP/1.1 431"),
+        "200 headers got {:?}",
+        status_line(&answer)
+    );
+    let ok = get(sidecar.listen, "/work").await?;
+    ensure!(
+        ok.status == StatusCode::OK,
+        "proxy stopped serving: {}",
+        ok.status
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_slow_header_sender_is_cut_after_the_header_read_timeout() -> Result<()> {
+    let (_app, sidecar) = sidecar_with(Some("limits: {headerReadTimeout: 500ms}\n")).await?;
+    let mut tcp = TcpStream::connect(sidecar.listen).await?;
+    tcp.write_all(b"GET /work HTTP/1.1\r\nHost: a\r\n").await?;
+    let (mut rd, mut wr) = tcp.into_split();
+    // One header line every 200ms for up to 20s: 40x the timeout. The head
+    // never completes, so only the timeout can end this.
+    let trickle = tokio::spawn(async move {
+        for i in 0..100 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if wr
+                .write_all(format!("X-Slow-{i}: v\r\n").as_bytes())
+                .await
+                .is_err()
+            {
+                return Some(i);
+            }
+        }
+        None
+    });
+    let mut answer = Vec::new();
+    let read = within(
+        "the slow sender to be cut",
+        Duration::from_secs(25),
+        rd.read_to_end(&mut answer),
+    )
+    .await?;
+    let lines_sent = trickle.await?;
+    let answer = String::from_utf8_lossy(&answer);
+    println!(
+        "slowloris: connection ended ({}) after {:?} header lines, answer {:?}",
+        read.map(|n| format!("EOF after {n} bytes"))
+            .unwrap_or_else(|e| e.to_string()),
+        lines_sent,
+        status_line(&answer)
+    );
+    ensure!(
+        answer.is_empty() || status_line(&answer).starts_with("HTTP/1.1 408"),
+        "a cut slow sender got {:?}",
+        status_line(&answer)
+    );
+    // Cut while still sending: the trickle ended on a failed write, not by
+    // running out of lines (which would close our side and end the read).
+    ensure!(
+        lines_sent.is_some(),
+        "the slow sender was never cut: all 100 header lines (20s) went through"
+    );
+    let ok = get(sidecar.listen, "/work").await?;
+    ensure!(
+        ok.status == StatusCode::OK,
+        "proxy stopped serving: {}",
+        ok.status
+    );
+    Ok(())
+}
+
+/// Flags that name a real upstream but are otherwise fine.
+fn base_args() -> Vec<&'static str> {
+    vec![
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        "127.0.0.1:9",
+        "--admin",
+        "127.0.0.1:0",
+    ]
+}
+
+#[tokio::test]
+async fn bad_flags_exit_64_naming_the_flag() -> Result<()> {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--drain-timeout", "banana"], "drain-timeout"),
+        (&["--drain-min-delay=3parsecs"], "drain-min-delay"),
+        (&["--listen", "nowhere"], "listen"),
+        (&["--protocol", "quic"], "protocol"),
+        (&["--no-such-flag"], "no-such-flag"),
+        // Valid one by one, invalid together: minDelay must be <= maxDelay.
+        (
+            &["--drain-min-delay", "20s", "--drain-max-delay", "5s"],
+            "minDelay",
+        ),
+    ];
+    for (extra, key) in cases {
+        let mut args = base_args();
+        args.extend_from_slice(extra);
+        let (status, output) = run_to_exit(&args, WAIT).await?;
+        ensure!(
+            status.code() == Some(EX_USAGE),
+            "{extra:?}: exit {status}, output:\n{output}"
+        );
+        ensure!(
+            output.contains(key),
+            "{extra:?}: the message does not name {key:?}:\n{output}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_config_files_exit_64_naming_the_key() -> Result<()> {
+    let dir = scratch_dir("bad-config")?;
+    let cases = [
+        ("drain: {minDelay: 20s, maxDelay: 5s}\n", "drain.minDelay"),
+        ("drian: {timeout: 5s}\n", "drian"),
+        (
+            "limits: {headerReadTimeout: 0s}\n",
+            "limits.headerReadTimeout",
+        ),
+        ("drain: {timeout: soon}\n", "soon"),
+        (
+            "routes: [{name: a, circuitBreaker: {errorRatio: 1.5}}]\n",
+            "routes[0].circuitBreaker.errorRatio",
+        ),
+        ("drain: [not, a, map\n", "line"),
+    ];
+    for (i, (yaml, key)) in cases.iter().enumerate() {
+        let path = dir.join(format!("bad-{i}.yaml"));
+        std::fs::write(&path, yaml)?;
+        let path_text = path.display().to_string();
+        let mut args = base_args();
+        args.extend_from_slice(&["--config", &path_text]);
+        let (status, output) = run_to_exit(&args, WAIT).await?;
+        ensure!(
+            status.code() == Some(EX_USAGE),
+            "{yaml:?}: exit {status}, output:\n{output}"
+        );
+        ensure!(
+            output.contains(key),
+            "{yaml:?}: the message does not name {key:?}:\n{output}"
+        );
+    }
+    let missing = dir.join("missing.yaml").display().to_string();
+    let mut args = base_args();
+    args.extend_from_slice(&["--config", &missing]);
+    let (status, output) = run_to_exit(&args, WAIT).await?;
+    ensure!(
+        status.code() == Some(EX_USAGE),
+        "missing file: exit {status}, output:\n{output}"
+    );
+    ensure!(
+        output.contains("missing.yaml"),
+        "missing file not named:\n{output}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// One request on the connection kept open across reloads.
+async fn keep_alive_request(conn: &mut SendRequest<Empty<Bytes>>) -> Result<()> {
+    conn.ready()
+        .await
+        .context("the kept connection was closed")?;
+    let req = Request::get("/work")
+        .header("host", "a")
+        .body(Empty::<Bytes>::new())?;
+    let resp = conn
+        .send_request(req)
+        .await
+        .context("request on the kept connection")?;
+    ensure!(
+        resp.status() == StatusCode::OK,
+        "kept connection got {}",
+        resp.status()
+    );
+    resp.into_body().collect().await?;
+    Ok(())
+}
+
+/// `GET /config` as JSON.
+async fn config_json(sidecar: &Sidecar) -> Result<serde_json::Value> {
+    let resp = sidecar.admin_get("/config").await?;
+    ensure!(
+        resp.status == StatusCode::OK,
+        "/config answered {}",
+        resp.status
+    );
+    serde_json::from_slice(&resp.body)
+        .with_context(|| format!("/config is not JSON: {}", resp.text()))
+}
+
+fn drain_timeout(config: &serde_json::Value) -> Option<String> {
+    config
+        .pointer("/config/drain/timeout")?
+        .as_str()
+        .map(str::to_string)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_file_on_reload_keeps_the_last_good_config_and_traffic_flows() -> Result<()> {
+    let (_app, sidecar) = sidecar_with(Some("drain: {timeout: 7s}\n")).await?;
+    let path = sidecar.config_path.clone().context("config path")?;
+    ensure!(drain_timeout(&config_json(&sidecar).await?).as_deref() == Some("7s"));
+
+    // One keep-alive connection kept across every reload.
+    let tcp = TcpStream::connect(sidecar.listen).await?;
+    let (mut conn, driver) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+    tokio::spawn(driver);
+    keep_alive_request(&mut conn).await?;
+
+    // A broken file, then SIGHUP (the file watcher may also see it first).
+    std::fs::write(&path, "drain: {minDelay: 20s, maxDelay: 5s}\n")?;
+    sidecar.signal("HUP")?;
+    let shown = wait_for("/config to report the bad file", WAIT, || async {
+        let resp = sidecar.admin_get("/config").await.ok()?;
+        resp.text().contains("drain.minDelay").then(|| resp.text())
+    })
+    .await
+    .with_context(|| sidecar.logs_text())?;
+    let config = config_json(&sidecar).await?;
+    ensure!(
+        drain_timeout(&config).as_deref() == Some("7s"),
+        "the last good config is no longer in force: {shown}"
+    );
+    let metrics = sidecar.metrics().await?;
+    ensure!(
+        metrics
+            .with_label("kubegrace_config_reloads_total", "result=\"error\"")
+            .unwrap_or(0.0)
+            >= 1.0,
+        "failed reload not counted: {:?}",
+        metrics.series
+    );
+    keep_alive_request(&mut conn).await?;
+    let fresh = get(sidecar.listen, "/work").await?;
+    ensure!(
+        fresh.status == StatusCode::OK,
+        "new connection got {}",
+        fresh.status
+    );
+    ensure!(
+        sidecar.ready_status().await == Some(StatusCode::OK),
+        "a bad reload made the pod unready"
+    );
+
+    // A good file again is taken (the watcher alone, no SIGHUP this time).
+    std::fs::write(&path, "drain: {timeout: 9s}\n")?;
+    wait_for("the fixed file to be in force", WAIT, || async {
+        let config = config_json(&sidecar).await.ok()?;
+        (drain_timeout(&config).as_deref() == Some("9s")).then_some(())
+    })
+    .await
+    .with_context(|| sidecar.logs_text())?;
+    let shown = sidecar.admin_get("/config").await?.text();
+    ensure!(
+        !shown.contains("drain.minDelay"),
+        "the old error is still reported: {shown}"
+    );
+    keep_alive_request(&mut conn).await?;
+    Ok(())
+}
+
+#[test]
+fn status_line_is_the_first_line() {
+    assert_eq!(
+        status_line("HTTP/1.1 400 Bad Request\r\nx: y\r\n"),
+        "HTTP/1.1 400 Bad Request"
+    );
+    assert_eq!(status_line(""), "");
+}

@@ -455,6 +455,26 @@ async fn grpc_unary_and_stream_against_the_echo_server() -> Result<()> {
 }
 
 #[tokio::test]
+async fn the_echo_server_mounts_on_a_tonic_server() -> Result<()> {
+    // How the demo app can serve it: tonic's own server, no routing code.
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(EchoServer::new("pod-t"))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let cfg = Config {
+        connections: 1,
+        ..config(addr, Protocol::Grpc, 40.0, 500)
+    };
+    let s = load::run(&cfg).await?;
+    only_reason(&s, Reason::Ok)?;
+    assert_eq!(s.requests, 20);
+    Ok(())
+}
+
+#[tokio::test]
 async fn an_unknown_grpc_method_is_unimplemented() -> Result<()> {
     let mut server = EchoServer::new("p");
     let req = http::Request::post("/kubegrace.demo.Echo/Nope")

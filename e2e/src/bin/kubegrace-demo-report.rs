@@ -31,6 +31,13 @@ struct Args {
     /// When the rollout without kubegrace started, seconds after the load started.
     #[arg(long)]
     without_rollout_start_s: Option<f64>,
+    /// When the rollout with kubegrace started, as UNIX time in seconds (`date +%s.%N`);
+    /// placed on the timeline with the loadgen's `started_at_unix_s`.
+    #[arg(long, conflicts_with = "with_rollout_start_s")]
+    with_rollout_at: Option<f64>,
+    /// When the rollout without kubegrace started, as UNIX time in seconds.
+    #[arg(long, conflicts_with = "without_rollout_start_s")]
+    without_rollout_at: Option<f64>,
     /// Where result.json and rollout.svg go.
     #[arg(long, default_value = "target/demo")]
     out_dir: PathBuf,
@@ -41,21 +48,18 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let run = |path: &PathBuf, rollout_s: f64, rollout_start_s: Option<f64>| -> Result<DemoRun> {
-        let summary =
-            report::load_summary(path).with_context(|| format!("loading {}", path.display()))?;
-        Ok(DemoRun {
-            summary,
-            rollout_s,
-            rollout_start_s,
-        })
-    };
     let result = DemoResult {
-        with: run(&args.with, args.with_rollout_s, args.with_rollout_start_s)?,
+        with: run(
+            &args.with,
+            args.with_rollout_s,
+            args.with_rollout_start_s,
+            args.with_rollout_at,
+        )?,
         without: run(
             &args.without,
             args.without_rollout_s,
             args.without_rollout_start_s,
+            args.without_rollout_at,
         )?,
     };
     print!("{}", report::table(&result));
@@ -68,4 +72,29 @@ fn main() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// One run: the loadgen summary, the rollout's duration and where it starts on the timeline
+/// (given in seconds since the load started, or as UNIX time).
+fn run(
+    path: &PathBuf,
+    rollout_s: f64,
+    start_s: Option<f64>,
+    at_unix_s: Option<f64>,
+) -> Result<DemoRun> {
+    let summary =
+        report::load_summary(path).with_context(|| format!("loading {}", path.display()))?;
+    let rollout_start_s = match at_unix_s {
+        Some(at) if summary.started_at_unix_s > 0.0 => Some(at - summary.started_at_unix_s),
+        Some(_) => bail!(
+            "{} has no started_at_unix_s; give the rollout start in seconds instead",
+            path.display()
+        ),
+        None => start_s,
+    };
+    Ok(DemoRun {
+        summary,
+        rollout_s,
+        rollout_start_s,
+    })
 }

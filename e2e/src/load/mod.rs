@@ -300,6 +300,9 @@ pub async fn run_outcomes_until(
     let mut outcomes = Vec::with_capacity(scheduled as usize);
     let mut tasks = JoinSet::new();
     let start = Instant::now();
+    let started_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
 
     tokio::pin!(stop);
     let mut stopped = false;
@@ -359,6 +362,7 @@ pub async fn run_outcomes_until(
     summary.rate = cfg.rate;
     summary.connections = cfg.connections;
     summary.scheduled = scheduled;
+    summary.started_at_unix_s = summary::round3(started_at);
     summary.connects = clients.stats.connects.load(Ordering::Relaxed);
     summary.stale_reconnects = clients.stats.stale_reconnects.load(Ordering::Relaxed);
     Ok((outcomes, summary))

@@ -146,6 +146,10 @@ pub struct Summary {
     pub max_ms: f64,
     /// Wall time from the first send to the last completion.
     pub duration_s: f64,
+    /// When the run started (`t = 0` of the timeline), in seconds since the UNIX epoch, so
+    /// events recorded elsewhere (a rollout's start) can be placed on the timeline.
+    #[serde(default)]
+    pub started_at_unix_s: f64,
     /// Send time of the first and last failure, seconds since start (null when none).
     pub first_failure_s: Option<f64>,
     pub last_failure_s: Option<f64>,

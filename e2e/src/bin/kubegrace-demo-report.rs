@@ -1,7 +1,7 @@
 //! kubegrace-demo-report: the demo's verdict from two loadgen results (a rolling update
 //! with and without kubegrace). Prints the table, writes `result.json` and `rollout.svg`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
@@ -77,7 +77,7 @@ fn main() -> Result<()> {
 /// One run: the loadgen summary, the rollout's duration and where it starts on the timeline
 /// (given in seconds since the load started, or as UNIX time).
 fn run(
-    path: &PathBuf,
+    path: &Path,
     rollout_s: f64,
     start_s: Option<f64>,
     at_unix_s: Option<f64>,

@@ -10,10 +10,10 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
 use common::apps::TestApp;
-use common::http::get;
+use common::http::{get, request};
 use common::sidecar::{Sidecar, SidecarSpec, run_to_exit, scratch_dir};
 use common::{wait_for, within};
-use http::{Request, StatusCode};
+use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -374,4 +374,63 @@ fn status_line_is_the_first_line() {
         "HTTP/1.1 400 Bad Request"
     );
     assert_eq!(status_line(""), "");
+}
+
+#[tokio::test]
+async fn drain_requires_the_token_when_one_is_configured() -> Result<()> {
+    let app = TestApp::start("a").await?;
+    let sidecar =
+        Sidecar::start(SidecarSpec::new(app.addr).args(&["--drain-token", "s3cret-t0ken"])).await?;
+    let limit = Duration::from_secs(10);
+    for (path, headers) in [
+        ("/drain", &[][..]),
+        ("/drain?wait=true", &[][..]),
+        ("/drain", &[("X-Kubegrace-Drain-Token", "wrong")][..]),
+    ] {
+        let resp = request(sidecar.admin, Method::POST, path, headers, limit).await?;
+        ensure!(
+            resp.status == StatusCode::UNAUTHORIZED || resp.status == StatusCode::FORBIDDEN,
+            "{path} with {headers:?} answered {}",
+            resp.status
+        );
+    }
+    ensure!(
+        sidecar.ready_status().await == Some(StatusCode::OK),
+        "an unauthorized /drain took the pod out of rotation"
+    );
+    // Read-only endpoints stay open, and never show the token.
+    for path in ["/live", "/ready", "/metrics", "/config"] {
+        let resp = sidecar.admin_get(path).await?;
+        ensure!(
+            resp.status == StatusCode::OK,
+            "{path} answered {}",
+            resp.status
+        );
+        ensure!(
+            !resp.text().contains("s3cret-t0ken"),
+            "{path} shows the drain token"
+        );
+    }
+    ensure!(
+        !sidecar.logs_text().contains("s3cret-t0ken"),
+        "the logs show the drain token"
+    );
+    let resp = request(
+        sidecar.admin,
+        Method::POST,
+        "/drain",
+        &[("X-Kubegrace-Drain-Token", "s3cret-t0ken")],
+        limit,
+    )
+    .await?;
+    ensure!(
+        resp.status == StatusCode::ACCEPTED,
+        "/drain with the token answered {}",
+        resp.status
+    );
+    ensure!(
+        sidecar.ready_status().await == Some(StatusCode::SERVICE_UNAVAILABLE),
+        "draining, yet /ready does not fail"
+    );
+    Ok(())
 }

@@ -157,6 +157,13 @@ async fn the_adaptive_limit_follows_capacity_and_keeps_latency_bounded() -> Resu
         .count();
     let shed = adaptive.samples.iter().filter(|s| s.fallback).count();
     let other = adaptive.samples.len() - ok - shed;
+    // A new route warms up without a limit: nothing may be shed while the
+    // app still has capacity to spare (a new pod in a rollout).
+    let shed_before_halving = adaptive
+        .samples
+        .iter()
+        .filter(|s| s.fallback && s.sent_at < BEFORE_HALVING)
+        .count();
     let limit_before = adaptive
         .limits
         .iter()
@@ -191,7 +198,7 @@ async fn the_adaptive_limit_follows_capacity_and_keeps_latency_bounded() -> Resu
         .count();
 
     println!(
-        "adaptive: {ok} ok, {shed} shed, {other} other; limit before halving {limit_before}, \
+        "adaptive: {ok} ok, {shed} shed ({shed_before_halving} before halving), {other} other; limit before halving {limit_before}, \
          late {limit_late:?}, followed within {followed_after:?}; admitted p50 in the last 2s {adaptive_late:?}\n\
          baseline: {baseline_ok} ok; p50 just after halving {baseline_early:?}, in the last 2s {baseline_late:?}"
     );
@@ -205,6 +212,10 @@ async fn the_adaptive_limit_follows_capacity_and_keeps_latency_bounded() -> Resu
     );
 
     ensure!(other == 0, "only 200s and fallbacks: {other} other answers");
+    ensure!(
+        shed_before_halving == 0,
+        "{shed_before_halving} shed while the app had capacity to spare"
+    );
     ensure!(
         baseline_ok == baseline.samples.len(),
         "the baseline serves everything, eventually"

@@ -5,8 +5,14 @@
 //! - The baseline (`minRtt`) is measured, not guessed: for a short probe
 //!   the limit drops to `minConcurrent`, so the app has no queue, and the
 //!   median latency of requests admitted during the probe is the app's own
-//!   service time. The probe runs at start and again every
-//!   [`PROBE_EVERY`] (jittered), because the app's service time can drift.
+//!   service time. The probe runs every [`PROBE_EVERY`] (jittered),
+//!   because the app's service time can drift.
+//! - A freshly started route does not probe at once: a new pod gets its
+//!   first traffic during a rolling update, exactly when shedding would
+//!   hurt most. It warms up unlimited (up to `maxConcurrent`) and takes the
+//!   low decile of its first latencies as the baseline, which is right
+//!   unless the app is already overloaded then; the first real probe,
+//!   [`FIRST_PROBE_AFTER`] later, corrects it either way.
 //! - Between probes, every [`UPDATE_EVERY`] the median latency of the
 //!   requests that finished is compared with the baseline:
 //!   `gradient = minRtt * (1 + BUFFER) / sampleRtt`, kept in [0.5, 2].
@@ -31,6 +37,8 @@ use tokio::time::Instant;
 pub(crate) const UPDATE_EVERY: Duration = Duration::from_millis(100);
 /// How often the baseline is measured again.
 pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(30);
+/// When the first real probe follows the warm-up estimate.
+pub(crate) const FIRST_PROBE_AFTER: Duration = Duration::from_secs(10);
 /// Latency this much above the baseline is still "not queueing".
 const BUFFER: f64 = 0.25;
 /// Samples that make a probe's median trustworthy.
@@ -46,6 +54,8 @@ const MAX_SAMPLES: usize = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Phase {
+    /// Estimating the baseline from the first requests, unlimited.
+    Warmup,
     /// Measuring the baseline at `minConcurrent`.
     Probing,
     /// Following the gradient.
@@ -68,16 +78,15 @@ pub(crate) struct GradientLimit {
 }
 
 impl GradientLimit {
-    /// Starts with a probe: the baseline has to be measured before the
-    /// limit can be trusted to grow.
+    /// Starts warming up at `maxConcurrent`.
     pub(crate) fn new(min_limit: u32, max_limit: u32, now: Instant) -> Self {
         let min_limit = f64::from(min_limit.max(1));
         let max_limit = f64::from(max_limit).max(min_limit);
         Self {
             min_limit,
             max_limit,
-            limit: min_limit,
-            phase: Phase::Probing,
+            limit: max_limit,
+            phase: Phase::Warmup,
             phase_started: now,
             min_rtt: None,
             last_sample_rtt: None,
@@ -118,6 +127,23 @@ impl GradientLimit {
     ) -> Option<u32> {
         let before = self.limit();
         match self.phase {
+            Phase::Warmup => {
+                if self.samples.len() < MAX_SAMPLES {
+                    self.samples.push(rtt);
+                }
+                self.peak_inflight = self.peak_inflight.max(inflight);
+                let long_enough =
+                    now.saturating_duration_since(self.phase_started) >= PROBE_LONGEST;
+                if self.samples.len() >= PROBE_SAMPLES || (long_enough && !self.samples.is_empty())
+                {
+                    self.min_rtt = low_decile(&mut self.samples);
+                    self.last_sample_rtt = self.min_rtt;
+                    // What the app demonstrably took, with room to grow.
+                    self.limit =
+                        (2.0 * f64::from(self.peak_inflight)).clamp(self.min_limit, self.max_limit);
+                    self.start_tracking(now, FIRST_PROBE_AFTER);
+                }
+            }
             Phase::Probing => {
                 // Requests admitted before the probe ran against the old,
                 // higher limit and may have queued inside the app.
@@ -130,13 +156,8 @@ impl GradientLimit {
                 {
                     self.min_rtt = median(&mut self.samples);
                     self.last_sample_rtt = self.min_rtt;
-                    self.phase = Phase::Tracking;
-                    self.phase_started = now;
-                    self.samples.clear();
-                    self.samples_since = now;
-                    self.peak_inflight = 0;
-                    self.next_probe_at =
-                        now + PROBE_EVERY.mul_f64(0.85 + 0.3 * jitter.clamp(0.0, 1.0));
+                    let next = PROBE_EVERY.mul_f64(0.85 + 0.3 * jitter.clamp(0.0, 1.0));
+                    self.start_tracking(now, next);
                 }
             }
             Phase::Tracking => {
@@ -177,6 +198,15 @@ impl GradientLimit {
         self.limit = (scaled + scaled.sqrt()).clamp(self.min_limit, self.max_limit);
     }
 
+    fn start_tracking(&mut self, now: Instant, next_probe_in: Duration) {
+        self.phase = Phase::Tracking;
+        self.phase_started = now;
+        self.samples.clear();
+        self.samples_since = now;
+        self.peak_inflight = 0;
+        self.next_probe_at = now + next_probe_in;
+    }
+
     fn start_probe(&mut self, now: Instant) {
         self.phase = Phase::Probing;
         self.phase_started = now;
@@ -186,11 +216,20 @@ impl GradientLimit {
 }
 
 fn median(samples: &mut [Duration]) -> Option<Duration> {
+    quantile(samples, 0.5)
+}
+
+/// Robust to a lucky outlier, unlike the minimum.
+fn low_decile(samples: &mut [Duration]) -> Option<Duration> {
+    quantile(samples, 0.1)
+}
+
+fn quantile(samples: &mut [Duration], q: f64) -> Option<Duration> {
     if samples.is_empty() {
         return None;
     }
-    let middle = samples.len() / 2;
-    let (_, value, _) = samples.select_nth_unstable(middle);
+    let index = ((samples.len() - 1) as f64 * q).round() as usize;
+    let (_, value, _) = samples.select_nth_unstable(index.min(samples.len() - 1));
     Some(*value)
 }
 
@@ -234,14 +273,38 @@ mod tests {
     }
 
     #[test]
-    fn the_first_probe_measures_the_baseline_then_the_limit_grows_to_capacity() {
+    fn a_new_route_warms_up_unlimited_and_estimates_the_baseline() {
         let mut now = Instant::now();
         let mut limiter = GradientLimit::new(2, 500, now);
-        assert_eq!(limiter.phase(), Phase::Probing);
-        assert_eq!(limiter.limit(), 2);
-        let limit = drive(&mut limiter, &mut now, Duration::from_secs(5), 40);
+        assert_eq!(limiter.phase(), Phase::Warmup);
+        assert_eq!(limiter.limit(), 500, "no shedding while a new pod warms up");
+        for i in 0..PROBE_SAMPLES {
+            now += Duration::from_millis(2);
+            // Mostly 20ms, a few slower: the low decile ignores the tail.
+            let rtt = Duration::from_millis(if i % 5 == 0 { 60 } else { 20 });
+            limiter.sample(rtt, now - rtt, 10, now, 0.5);
+        }
         assert_eq!(limiter.phase(), Phase::Tracking);
         assert_eq!(limiter.min_rtt(), Some(Duration::from_millis(20)));
+        assert_eq!(limiter.limit(), 20, "twice the concurrency seen");
+    }
+
+    #[test]
+    fn an_overloaded_start_is_corrected_by_the_first_probe() {
+        let mut now = Instant::now();
+        let mut limiter = GradientLimit::new(2, 500, now);
+        // Saturating from the first request: the warm-up sees queueing.
+        drive(&mut limiter, &mut now, FIRST_PROBE_AFTER / 2, 40);
+        assert!(
+            limiter.min_rtt() > Some(Duration::from_millis(100)),
+            "an overestimate"
+        );
+        let limit = drive(&mut limiter, &mut now, FIRST_PROBE_AFTER, 40);
+        assert_eq!(
+            limiter.min_rtt(),
+            Some(Duration::from_millis(20)),
+            "the probe measured it"
+        );
         assert!(
             (40..=70).contains(&limit),
             "limit {limit} should settle a little above capacity 40"
@@ -252,7 +315,7 @@ mod tests {
     fn the_limit_follows_when_capacity_halves() {
         let mut now = Instant::now();
         let mut limiter = GradientLimit::new(2, 500, now);
-        let before = drive(&mut limiter, &mut now, Duration::from_secs(5), 40);
+        let before = drive(&mut limiter, &mut now, FIRST_PROBE_AFTER * 2, 40);
         let after = drive(&mut limiter, &mut now, Duration::from_secs(3), 20);
         assert!(
             (20..=36).contains(&after),
@@ -283,7 +346,12 @@ mod tests {
     fn the_baseline_is_measured_again_periodically() {
         let mut now = Instant::now();
         let mut limiter = GradientLimit::new(2, 500, now);
-        drive(&mut limiter, &mut now, PROBE_EVERY + PROBE_EVERY / 2, 40);
+        drive(
+            &mut limiter,
+            &mut now,
+            FIRST_PROBE_AFTER + PROBE_EVERY + Duration::from_secs(5),
+            40,
+        );
         // By now a second probe ran (and has finished under this load).
         assert!(limiter.next_probe_at > now, "a later probe is scheduled");
         assert_eq!(limiter.min_rtt(), Some(Duration::from_millis(20)));

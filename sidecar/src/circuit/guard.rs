@@ -185,6 +185,7 @@ impl Guard {
         if let Some(adaptive) = &self.adaptive {
             let gradient = adaptive.lock().unwrap_or_else(PoisonError::into_inner);
             limiter_json["phase"] = match gradient.phase() {
+                Phase::Warmup => "warmup",
                 Phase::Probing => "probing_min_rtt",
                 Phase::Tracking => "tracking",
             }

@@ -51,6 +51,8 @@ pub struct AppStats {
     pub connections: AtomicU64,
     /// WebSocket messages echoed.
     pub ws_echoed: AtomicU64,
+    /// Keep-alive connections the app closed because they sat idle.
+    pub idle_closed: AtomicU64,
 }
 
 pub struct TestApp {
@@ -334,4 +336,92 @@ fn websocket(
         headers.insert("sec-websocket-accept", value);
     }
     resp
+}
+
+/// A bare-bones HTTP/1.1 app that closes a keep-alive connection after it
+/// sat idle for `idle`, the way Node.js (`keepAliveTimeout`, 5s) does: a
+/// request that arrives as the app gives up on the connection is lost with
+/// it (pitfall 7). Only what the test needs: GET without a body.
+pub struct IdleClosingApp {
+    pub addr: SocketAddr,
+    pub stats: Arc<AppStats>,
+    accept: JoinHandle<()>,
+}
+
+impl IdleClosingApp {
+    pub async fn start(idle: Duration) -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await.context("bind app")?;
+        let addr = listener.local_addr()?;
+        let stats = Arc::new(AppStats::default());
+        let stats2 = stats.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                stats2.connections.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(idle_closing_connection(tcp, idle, stats2.clone()));
+            }
+        });
+        Ok(Self {
+            addr,
+            stats,
+            accept,
+        })
+    }
+
+    /// Connections the app closed because they sat idle.
+    pub fn idle_closes(&self) -> u64 {
+        self.stats.idle_closed.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for IdleClosingApp {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+async fn idle_closing_connection(
+    mut tcp: tokio::net::TcpStream,
+    idle: Duration,
+    stats: Arc<AppStats>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = tcp.set_nodelay(true);
+    let mut buf = Vec::with_capacity(4096);
+    loop {
+        // Wait for the next request head; the idle clock runs only while
+        // nothing has arrived.
+        let head_end = loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end + 4;
+            }
+            let mut chunk = [0u8; 4096];
+            let read = if buf.is_empty() {
+                match tokio::time::timeout(idle, tcp.read(&mut chunk)).await {
+                    Ok(read) => read,
+                    Err(_) => {
+                        // Idle too long: close, as Node does.
+                        stats.idle_closed.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                }
+            } else {
+                tcp.read(&mut chunk).await
+            };
+            match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        buf.drain(..head_end);
+        stats.served.fetch_add(1, Ordering::SeqCst);
+        let answer =
+            b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-type: text/plain\r\n\r\nok\n";
+        if tcp.write_all(answer).await.is_err() {
+            return;
+        }
+    }
 }

@@ -1,1 +1,48 @@
-//! kubegrace-operator: GraceRoute controller and sidecar-injection webhook.
+//! kubegrace-operator: the GraceRoute controller and the sidecar-injection
+//! webhook, as a library; `main.rs` only parses the command line.
+//!
+//! Pipeline of the route controller (see [`controller`]):
+//! dereference targets -> validate -> build (pure, [`build`]) -> apply
+//! (server-side apply, field manager `kubegrace-operator`) -> status.
+//! The webhook's pod mutation is pure too ([`inject`]), so both are unit
+//! tested from inline YAML without an API server.
+
+pub mod admin;
+pub mod build;
+pub mod certs;
+pub mod cli;
+pub mod controller;
+pub mod crd;
+pub mod error;
+pub mod inject;
+pub mod lease;
+pub mod run;
+pub mod webhook;
+pub mod workload;
+
+pub use error::{Error, Result};
+
+/// Field manager for everything the route controller applies.
+pub const FIELD_MANAGER: &str = "kubegrace-operator";
+/// Field manager for the inject setting copied into pod templates. Kept
+/// apart from [`FIELD_MANAGER`] because the two are applied by different
+/// controllers, and an apply drops every field its manager no longer sends.
+pub const INJECT_FIELD_MANAGER: &str = "kubegrace-operator-inject";
+/// Field manager for restoring the original values on route deletion.
+pub const RESTORE_FIELD_MANAGER: &str = "kubegrace-operator-restore";
+pub const FINALIZER: &str = "kubegrace.io/cleanup";
+
+/// Annotation and label keys (DESIGN.md "Names").
+pub mod keys {
+    pub const INJECT: &str = "kubegrace.io/inject";
+    pub const INJECTED: &str = "kubegrace.io/injected";
+    pub const ROUTE: &str = "kubegrace.io/route";
+    /// Why the webhook left a pod that asked for the sidecar alone.
+    pub const INJECT_SKIPPED: &str = "kubegrace.io/inject-skipped";
+    /// The values of the target's rollout fields before a route changed them.
+    pub const ORIGINAL: &str = "kubegrace.io/original-rollout";
+    pub const CONFIG_HASH: &str = "kubegrace.io/config-hash";
+    pub const SIDECAR_MODE: &str = "kubegrace.io/sidecar-mode";
+    pub const ROUTE_LABEL: &str = "kubegrace.io/route";
+    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+}

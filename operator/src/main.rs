@@ -1,4 +1,23 @@
-fn main() {
-    eprintln!("kubegrace-operator: under construction");
-    std::process::exit(1);
+//! kubegrace-operator: parses the command line; the library does the work.
+
+use clap::Parser;
+use kube::CustomResourceExt;
+use kubegrace_operator::cli::{Cli, Command};
+use kubegrace_operator::crd::GraceRoute;
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Crd => match serde_yaml::to_string(&GraceRoute::crd()) {
+            Ok(yaml) => {
+                print!("{yaml}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("kubegrace-operator: rendering the CRD: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        },
+        Command::Run(args) => kubegrace_operator::run::main(*args),
+    }
 }

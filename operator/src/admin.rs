@@ -1,0 +1,240 @@
+//! Admin port: `/healthz` (process up), `/readyz` (serving certificate
+//! loaded and webhook listening), `/metrics` (Prometheus text).
+//!
+//! Metrics are a handful of counters and two histograms; a registry crate
+//! would be more code than this.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+
+use crate::{Error, Result};
+
+const BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+#[derive(Default)]
+pub struct Histogram {
+    counts: [AtomicU64; 12],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if secs <= *b {
+                self.counts[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros.fetch_add(
+            u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (i, b) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{b}\"}} {}",
+                self.counts[i].load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        #[allow(clippy::cast_precision_loss)] // a sum of microseconds fits f64 for centuries
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+    }
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    reconciles: Mutex<BTreeMap<&'static str, u64>>,
+    reconcile_errors: Mutex<BTreeMap<&'static str, u64>>,
+    pub reconcile_duration: Histogram,
+    webhook: Mutex<BTreeMap<&'static str, u64>>,
+    pub webhook_duration: Histogram,
+    pub leader: AtomicBool,
+    /// Serving certificate loaded and webhook listening.
+    pub ready: AtomicBool,
+}
+
+fn bump(map: &Mutex<BTreeMap<&'static str, u64>>, key: &'static str) {
+    // A poisoned lock only means another thread panicked mid-increment; the
+    // counts are still usable.
+    let mut m = map
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *m.entry(key).or_default() += 1;
+}
+
+impl Metrics {
+    pub fn reconciled(&self, took: Duration, error: Option<&'static str>) {
+        self.reconcile_duration.observe(took);
+        bump(
+            &self.reconciles,
+            if error.is_some() { "error" } else { "ok" },
+        );
+        if let Some(kind) = error {
+            bump(&self.reconcile_errors, kind);
+        }
+    }
+
+    /// `result`: injected, skipped, ignored, error.
+    pub fn webhook(&self, took: Duration, result: &'static str) {
+        self.webhook_duration.observe(took);
+        bump(&self.webhook, result);
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let counters = |out: &mut String,
+                        name: &str,
+                        help: &str,
+                        label: &str,
+                        map: &Mutex<BTreeMap<&'static str, u64>>| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            let m = map
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for (k, v) in m.iter() {
+                let _ = writeln!(out, "{name}{{{label}=\"{k}\"}} {v}");
+            }
+        };
+        counters(
+            &mut out,
+            "kubegrace_operator_reconcile_total",
+            "Reconciles by result.",
+            "result",
+            &self.reconciles,
+        );
+        counters(
+            &mut out,
+            "kubegrace_operator_reconcile_errors_total",
+            "Failed reconciles by error kind.",
+            "kind",
+            &self.reconcile_errors,
+        );
+        self.reconcile_duration.render(
+            "kubegrace_operator_reconcile_duration_seconds",
+            "Time per reconcile.",
+            &mut out,
+        );
+        counters(
+            &mut out,
+            "kubegrace_operator_webhook_requests_total",
+            "Admission requests by outcome.",
+            "result",
+            &self.webhook,
+        );
+        self.webhook_duration.render(
+            "kubegrace_operator_webhook_duration_seconds",
+            "Time to answer an admission request.",
+            &mut out,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP kubegrace_operator_leader 1 if this replica runs the controllers.\n# TYPE kubegrace_operator_leader gauge\nkubegrace_operator_leader {}",
+            u8::from(self.leader.load(Ordering::Relaxed))
+        );
+        out
+    }
+}
+
+fn respond(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    metrics: Arc<Metrics>,
+) -> std::result::Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    Ok(match req.uri().path() {
+        "/healthz" => respond(StatusCode::OK, "ok\n".into()),
+        "/readyz" if metrics.ready.load(Ordering::Relaxed) => {
+            respond(StatusCode::OK, "ok\n".into())
+        }
+        "/readyz" => respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "webhook not serving yet\n".into(),
+        ),
+        "/metrics" => respond(StatusCode::OK, metrics.render()),
+        _ => respond(StatusCode::NOT_FOUND, "not found\n".into()),
+    })
+}
+
+/// Binds the admin port; serves until `shutdown` resolves.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(Error::io(format!("binding admin port {addr}")))?;
+    tracing::info!(%addr, "admin port listening");
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let metrics = metrics.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| handle(req, metrics.clone()));
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_render_as_prometheus_text() {
+        let m = Metrics::default();
+        m.reconciled(Duration::from_millis(3), None);
+        m.reconciled(Duration::from_millis(30), Some("kube"));
+        m.webhook(Duration::from_micros(800), "injected");
+        let text = m.render();
+        assert!(
+            text.contains("kubegrace_operator_reconcile_total{result=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kubegrace_operator_reconcile_errors_total{kind=\"kube\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kubegrace_operator_webhook_duration_seconds_bucket{le=\"0.001\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kubegrace_operator_reconcile_duration_seconds_count 2"),
+            "{text}"
+        );
+    }
+}

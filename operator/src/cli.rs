@@ -1,0 +1,126 @@
+//! Command line: `crd` and `run`. Every flag has a `KUBEGRACE_<FLAG>`
+//! environment twin (the Helm chart sets either); `--namespace` reads
+//! `POD_NAMESPACE` (the downward API).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kubegrace-operator",
+    version,
+    about = "GraceRoute controller and sidecar-injection webhook"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the GraceRoute CustomResourceDefinition as YAML.
+    Crd,
+    /// Run the controller (leader only) and the webhook (every replica).
+    Run(Box<RunArgs>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// The operator's own namespace (Lease, cert Secret, webhook Service).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kubegrace-system")]
+    pub namespace: String,
+    #[arg(long, env = "KUBEGRACE_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
+    pub webhook_addr: SocketAddr,
+    /// /healthz, /readyz, /metrics.
+    #[arg(long, env = "KUBEGRACE_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
+    pub admin_addr: SocketAddr,
+    /// Service in front of the webhook; its DNS names go into the certificate.
+    #[arg(
+        long,
+        env = "KUBEGRACE_WEBHOOK_SERVICE",
+        default_value = "kubegrace-webhook"
+    )]
+    pub webhook_service: String,
+    /// MutatingWebhookConfiguration whose caBundle the operator keeps current.
+    #[arg(
+        long,
+        env = "KUBEGRACE_WEBHOOK_CONFIG",
+        default_value = "kubegrace-sidecar-injector"
+    )]
+    pub webhook_config: String,
+    /// Secret (in --namespace) holding the self-managed CA and serving cert.
+    #[arg(
+        long,
+        env = "KUBEGRACE_CERT_SECRET",
+        default_value = "kubegrace-webhook-cert"
+    )]
+    pub cert_secret: String,
+    /// Use tls.crt/tls.key from this directory (cert-manager), re-read when
+    /// they change; no self-management, no caBundle patching.
+    #[arg(long, env = "KUBEGRACE_CERT_DIR")]
+    pub cert_dir: Option<PathBuf>,
+    /// Extra subject alternative names (DNS names or IPs) for the
+    /// self-managed certificate, e.g. when the API server reaches the
+    /// webhook by URL (development, tests).
+    #[arg(long, env = "KUBEGRACE_WEBHOOK_EXTRA_SAN", value_delimiter = ',')]
+    pub webhook_extra_san: Vec<String>,
+    #[arg(
+        long,
+        env = "KUBEGRACE_SIDECAR_IMAGE",
+        default_value = "localhost/kubegrace/sidecar:e2e"
+    )]
+    pub sidecar_image: String,
+    #[arg(
+        long,
+        env = "KUBEGRACE_SIDECAR_IMAGE_PULL_POLICY",
+        default_value = "IfNotPresent"
+    )]
+    pub sidecar_image_pull_policy: String,
+    #[arg(long, env = "KUBEGRACE_SIDECAR_CPU_REQUEST", default_value = "50m")]
+    pub sidecar_cpu_request: String,
+    #[arg(long, env = "KUBEGRACE_SIDECAR_MEMORY_REQUEST", default_value = "32Mi")]
+    pub sidecar_memory_request: String,
+    /// Empty: no CPU limit (throttling a proxy adds latency to every request).
+    #[arg(long, env = "KUBEGRACE_SIDECAR_CPU_LIMIT", default_value = "")]
+    pub sidecar_cpu_limit: String,
+    #[arg(long, env = "KUBEGRACE_SIDECAR_MEMORY_LIMIT", default_value = "128Mi")]
+    pub sidecar_memory_limit: String,
+    /// Lease (in --namespace) for controller leader election.
+    #[arg(
+        long,
+        env = "KUBEGRACE_LEADER_ELECTION_LEASE",
+        default_value = "kubegrace-operator"
+    )]
+    pub leader_election_lease: String,
+    #[arg(long, env = "KUBEGRACE_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+impl RunArgs {
+    /// Parses `run` flags from an argument list (tests start the operator
+    /// in-process with these).
+    pub fn from_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let cli = Cli::try_parse_from(
+            ["kubegrace-operator", "run"]
+                .into_iter()
+                .map(std::ffi::OsString::from)
+                .chain(args.into_iter().map(Into::into)),
+        )?;
+        match cli.command {
+            Command::Run(a) => Ok(*a),
+            Command::Crd => Err(clap::Error::new(clap::error::ErrorKind::InvalidSubcommand)),
+        }
+    }
+}

@@ -1,0 +1,940 @@
+//! The GraceRoute controller.
+//!
+//! Level-triggered and idempotent; every pass runs the whole pipeline:
+//! dereference (targets, overlapping routes, pods) -> validate -> build
+//! (pure, [`crate::build`]) -> apply (server-side apply as
+//! `kubegrace-operator`: the sidecar ConfigMap, owned by the route, and the
+//! target's rollout fields) -> status (+ Events on changes).
+//!
+//! A finalizer restores what the route changed on its targets when it is
+//! deleted (the originals live in an annotation on the target); the
+//! ConfigMap goes with the route through its owner reference.
+//!
+//! Errors: an invalid route is not an error, it is a status (`Accepted=False`)
+//! and waits for a change; API failures are errors and are retried.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams};
+use kube::core::{Selector, SelectorExt};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::admin::Metrics;
+use crate::build::{self, Budget, Invalid, Originals, Target};
+use crate::crd::{GraceRoute, GraceRouteStatus, TargetKind};
+use crate::{Error, FIELD_MANAGER, FINALIZER, RESTORE_FIELD_MANAGER, Result, keys};
+
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    /// All routes, for overlap detection and for mapping watched objects.
+    pub routes: Store<GraceRoute>,
+}
+
+/// The condition types.
+pub const ACCEPTED: &str = "Accepted";
+pub const READY: &str = "Ready";
+pub const DEGRADED: &str = "Degraded";
+
+fn selector_of(ls: &LabelSelector) -> Option<Selector> {
+    Selector::try_from(ls.clone()).ok()
+}
+
+fn template_labels(t: &Target) -> BTreeMap<String, String> {
+    t.template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default()
+}
+
+/// A workload's selector as a label-selector string for listing its pods.
+fn pod_selector(ls: Option<&LabelSelector>) -> Option<String> {
+    let s = selector_of(ls?)?;
+    // An empty selector would select every pod in the namespace.
+    (!s.selects_all()).then(|| s.to_string())
+}
+
+pub fn deployment_target(d: &Deployment) -> Option<(Target, Option<String>)> {
+    let spec = d.spec.as_ref()?;
+    let strategy = spec.strategy.as_ref();
+    let ru = strategy.and_then(|s| s.rolling_update.as_ref());
+    let current = Originals {
+        // The API server defaults these; None only for Recreate.
+        max_surge: ru.and_then(|r| r.max_surge.clone()),
+        max_unavailable: ru.and_then(|r| r.max_unavailable.clone()),
+        min_ready_seconds: Some(spec.min_ready_seconds.unwrap_or(0)),
+        termination_grace_period_seconds: Some(
+            spec.template
+                .spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
+                .unwrap_or(30),
+        ),
+    };
+    let annotations = d.annotations().clone();
+    Some((
+        Target {
+            kind: TargetKind::Deployment,
+            name: d.name_any(),
+            template: spec.template.clone(),
+            strategy_type: strategy.and_then(|s| s.type_.clone()),
+            current,
+            recorded: annotations.get(keys::ORIGINAL).cloned(),
+            annotations,
+        },
+        pod_selector(Some(&spec.selector)),
+    ))
+}
+
+pub fn statefulset_target(s: &StatefulSet) -> Option<(Target, Option<String>)> {
+    let spec = s.spec.as_ref()?;
+    let current = Originals {
+        max_surge: None,
+        max_unavailable: None,
+        min_ready_seconds: Some(spec.min_ready_seconds.unwrap_or(0)),
+        termination_grace_period_seconds: Some(
+            spec.template
+                .spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
+                .unwrap_or(30),
+        ),
+    };
+    let annotations = s.annotations().clone();
+    Some((
+        Target {
+            kind: TargetKind::StatefulSet,
+            name: s.name_any(),
+            template: spec.template.clone(),
+            strategy_type: spec.update_strategy.as_ref().and_then(|u| u.type_.clone()),
+            current,
+            recorded: annotations.get(keys::ORIGINAL).cloned(),
+            annotations,
+        },
+        pod_selector(Some(&spec.selector)),
+    ))
+}
+
+/// The workloads of one namespace, with the selectors of their pods.
+struct Workloads(Vec<(Target, Option<String>)>);
+
+impl Workloads {
+    async fn list(client: &Client, ns: &str) -> Result<Self> {
+        let lp = ListParams::default();
+        let deployments = Api::<Deployment>::namespaced(client.clone(), ns)
+            .list(&lp)
+            .await
+            .map_err(Error::kube(format!("listing Deployments in {ns}")))?;
+        let statefulsets = Api::<StatefulSet>::namespaced(client.clone(), ns)
+            .list(&lp)
+            .await
+            .map_err(Error::kube(format!("listing StatefulSets in {ns}")))?;
+        Ok(Self(
+            deployments
+                .iter()
+                .filter_map(deployment_target)
+                .chain(statefulsets.iter().filter_map(statefulset_target))
+                .collect(),
+        ))
+    }
+
+    /// The targets a route selects.
+    fn of(&self, route: &GraceRoute) -> Vec<&(Target, Option<String>)> {
+        if let Some(r) = &route.spec.target_ref {
+            return self
+                .0
+                .iter()
+                .filter(|(t, _)| t.kind == r.kind && t.name == r.name)
+                .collect();
+        }
+        let Some(sel) = route.spec.selector.as_ref().and_then(selector_of) else {
+            return Vec::new();
+        };
+        if sel.selects_all() {
+            return Vec::new();
+        }
+        self.0
+            .iter()
+            .filter(|(t, _)| sel.matches(&template_labels(t)))
+            .collect()
+    }
+}
+
+/// Routes earlier in this order win a contested target.
+fn precedence(r: &GraceRoute) -> (Option<jiff::Timestamp>, String) {
+    (
+        r.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        r.name_any(),
+    )
+}
+
+/// Maps a Deployment/StatefulSet to the routes that may target it.
+fn routes_for_workload(
+    store: &Store<GraceRoute>,
+    kind: TargetKind,
+    ns: &str,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+) -> Vec<ObjectRef<GraceRoute>> {
+    store
+        .state()
+        .iter()
+        .filter(|r| r.namespace().as_deref() == Some(ns))
+        .filter(|r| match (&r.spec.target_ref, &r.spec.selector) {
+            (Some(t), _) => t.kind == kind && t.name == name,
+            (None, Some(s)) => {
+                selector_of(s).is_some_and(|s| !s.selects_all() && s.matches(labels))
+            }
+            _ => false,
+        })
+        .map(|r| ObjectRef::from_obj(r.as_ref()))
+        .collect()
+}
+
+/// Maps a pod to the route it is pinned to, or the routes selecting it.
+fn routes_for_pod(store: &Store<GraceRoute>, pod: &Pod) -> Vec<ObjectRef<GraceRoute>> {
+    let ns = pod.namespace().unwrap_or_default();
+    if let Some(name) = pod.annotations().get(keys::ROUTE) {
+        return vec![ObjectRef::new(name).within(&ns)];
+    }
+    let labels = pod.labels();
+    store
+        .state()
+        .iter()
+        .filter(|r| r.namespace().as_deref() == Some(ns.as_str()))
+        .filter(|r| {
+            r.spec
+                .selector
+                .as_ref()
+                .and_then(selector_of)
+                .is_some_and(|s| !s.selects_all() && s.matches(labels))
+        })
+        .map(|r| ObjectRef::from_obj(r.as_ref()))
+        .collect()
+}
+
+fn condition(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: impl Into<String>,
+    generation: Option<i64>,
+) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: Time(jiff::Timestamp::now()),
+    }
+}
+
+/// Keeps lastTransitionTime when a condition's status did not change.
+fn carry_transitions(old: Option<&GraceRouteStatus>, new: &mut GraceRouteStatus) {
+    let Some(old) = old else { return };
+    for c in &mut new.conditions {
+        if let Some(prev) = old.conditions.iter().find(|p| p.type_ == c.type_)
+            && prev.status == c.status
+        {
+            c.last_transition_time = prev.last_transition_time.clone();
+        }
+    }
+}
+
+/// Status equality that ignores timestamps (no write when nothing changed).
+fn same_status(a: &GraceRouteStatus, b: &GraceRouteStatus) -> bool {
+    let strip = |s: &GraceRouteStatus| {
+        let mut s = s.clone();
+        for c in &mut s.conditions {
+            c.last_transition_time = Time(jiff::Timestamp::UNIX_EPOCH);
+        }
+        s
+    };
+    strip(a) == strip(b)
+}
+
+/// Pods fronted vs pods that should be.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PodCount {
+    pub expected: i32,
+    pub injected: i32,
+    /// Pods that asked for the sidecar and do not have it, with the reason
+    /// the webhook left on them if it saw them at all.
+    pub missing: Vec<(String, Option<String>)>,
+}
+
+/// Counts pods (pure): `expected` are live pods asking for the sidecar.
+pub fn count_pods<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+    ns_labels: &BTreeMap<String, String>,
+) -> PodCount {
+    let mut c = PodCount::default();
+    for p in pods {
+        if p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let injected = crate::inject::is_injected(p);
+        if injected {
+            c.injected += 1;
+        }
+        if crate::inject::wants_injection(p, ns_labels) {
+            c.expected += 1;
+            if !injected {
+                c.missing.push((
+                    p.name_any(),
+                    p.annotations().get(keys::INJECT_SKIPPED).cloned(),
+                ));
+            }
+        }
+    }
+    c
+}
+
+pub async fn reconcile(route: Arc<GraceRoute>, ctx: Arc<Context>) -> Result<Action> {
+    let start = Instant::now();
+    let ns = route
+        .namespace()
+        .ok_or_else(|| Error::MissingField("GraceRoute without namespace".into()))?;
+    let api: Api<GraceRoute> = Api::namespaced(ctx.client.clone(), &ns);
+    let result = finalizer(&api, FINALIZER, route, |event| async {
+        match event {
+            Finalizer::Apply(r) => apply(&r, &ctx).await,
+            Finalizer::Cleanup(r) => cleanup(&r, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    ctx.metrics
+        .reconciled(start.elapsed(), result.as_ref().err().map(Error::kind));
+    result
+}
+
+pub fn error_policy(_route: Arc<GraceRoute>, err: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(error = %err, kind = err.kind(), "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(10))
+}
+
+async fn publish(
+    ctx: &Context,
+    route: &GraceRoute,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &route.object_ref(&())).await {
+        // Events are for people; a failed one must not fail the reconcile.
+        tracing::debug!(error = %e, "publishing event");
+    }
+}
+
+async fn write_status(
+    api: &Api<GraceRoute>,
+    route: &GraceRoute,
+    mut status: GraceRouteStatus,
+) -> Result<()> {
+    carry_transitions(route.status.as_ref(), &mut status);
+    if route
+        .status
+        .as_ref()
+        .is_some_and(|old| same_status(old, &status))
+    {
+        return Ok(());
+    }
+    api.patch_status(
+        &route.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": status })),
+    )
+    .await
+    .map_err(Error::kube(format!(
+        "writing status of GraceRoute {}",
+        route.name_any()
+    )))?;
+    Ok(())
+}
+
+fn inject_hint(t: Option<&Target>, ns: &str) -> String {
+    let how = match t {
+        Some(t) if t.kind == TargetKind::Deployment => {
+            format!(
+                "kubectl annotate deployment {} {}=enabled",
+                t.name,
+                keys::INJECT
+            )
+        }
+        Some(t) => format!(
+            "kubectl annotate statefulset {} {}=enabled",
+            t.name,
+            keys::INJECT
+        ),
+        None => format!("label the pods {}=enabled", keys::INJECT),
+    };
+    format!(
+        "config applied, but no pod asks for the sidecar: {how} (or label namespace {ns} {}=enabled)",
+        keys::INJECT
+    )
+}
+
+async fn apply(route: &GraceRoute, ctx: &Context) -> Result<Action> {
+    let client = &ctx.client;
+    let ns = route.namespace().unwrap_or_default();
+    let name = route.name_any();
+    let api: Api<GraceRoute> = Api::namespaced(client.clone(), &ns);
+    let generation = route.metadata.generation;
+    let old = route.status.clone().unwrap_or_default();
+
+    // ---- dereference: targets, minus those an older route already holds
+    let workloads = Workloads::list(client, &ns).await?;
+    let mut overlaps = Vec::new();
+    let mut targets: Vec<&(Target, Option<String>)> = Vec::new();
+    for t in workloads.of(route) {
+        let holder = ctx.routes.state().into_iter().find(|other| {
+            other.name_any() != name
+                && other.namespace().as_deref() == Some(ns.as_str())
+                && other.metadata.deletion_timestamp.is_none()
+                && precedence(other) < precedence(route)
+                && workloads.of(other).iter().any(|o| o.0.id() == t.0.id())
+        });
+        match holder {
+            Some(other) => overlaps.push(format!(
+                "{} is also targeted by GraceRoute {} (older, in force)",
+                t.0.id(),
+                other.name_any()
+            )),
+            None => targets.push(t),
+        }
+    }
+
+    // ---- validate + build (pure)
+    let validated = (|| -> Result<(Budget, kubegrace_sidecar::config::Config), Invalid> {
+        let budget = build::budget(&route.spec)?;
+        let mut plan = None;
+        for (t, _) in &targets {
+            let p = build::check_template(&route.spec, &t.id(), &t.template)?;
+            plan.get_or_insert(p);
+        }
+        let config = build::sidecar_config(&route.spec, &budget, plan)?;
+        Ok((budget, config))
+    })();
+    let (budget, config) = match validated {
+        Ok(v) => v,
+        Err(invalid) => {
+            let status = GraceRouteStatus {
+                observed_generation: generation,
+                conditions: vec![
+                    condition(
+                        ACCEPTED,
+                        false,
+                        invalid.reason,
+                        &invalid.message,
+                        generation,
+                    ),
+                    condition(
+                        READY,
+                        false,
+                        invalid.reason,
+                        "the route is not applied; see the Accepted condition",
+                        generation,
+                    ),
+                    condition(DEGRADED, false, "NotApplied", "", generation),
+                ],
+                targets: targets.iter().map(|t| t.0.id()).collect(),
+                target_count: i32::try_from(targets.len()).unwrap_or(i32::MAX),
+                ..old.clone()
+            };
+            if route
+                .condition(ACCEPTED)
+                .is_none_or(|c| c.message != invalid.message)
+            {
+                publish(
+                    ctx,
+                    route,
+                    EventType::Warning,
+                    invalid.reason,
+                    "Validate",
+                    invalid.message.clone(),
+                )
+                .await;
+            }
+            write_status(&api, route, status).await?;
+            // Nothing changes until the route or a target does; watches bring us back.
+            return Ok(Action::await_change());
+        }
+    };
+    let (yaml, hash) = build::render(&config).map_err(|i| Error::Config(i.message))?;
+
+    // ---- apply: ConfigMap (owned by the route; hot-reloaded by the sidecars)
+    let cm_name = build::config_map_name(&name);
+    let owner = route
+        .controller_owner_ref(&())
+        .ok_or_else(|| Error::MissingField("GraceRoute without uid".into()))?;
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(cm_name.clone()),
+            namespace: Some(ns.clone()),
+            labels: Some(BTreeMap::from([
+                (keys::MANAGED_BY.to_string(), FIELD_MANAGER.to_string()),
+                (keys::ROUTE_LABEL.to_string(), name.clone()),
+            ])),
+            annotations: Some(BTreeMap::from([(
+                keys::CONFIG_HASH.to_string(),
+                hash.clone(),
+            )])),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([("config.yaml".to_string(), yaml)])),
+        ..Default::default()
+    };
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .patch(&cm_name, &pp, &Patch::Apply(&cm))
+        .await
+        .map_err(Error::kube(format!("applying ConfigMap {ns}/{cm_name}")))?;
+
+    // ---- apply: the targets' rollout fields and time budget
+    let mut notes = Vec::new();
+    for (t, _) in &targets {
+        let (body, n) = build::target_apply(&name, &route.spec.rollout, &budget, t);
+        notes.extend(n);
+        let result = match t.kind {
+            TargetKind::Deployment => Api::<Deployment>::namespaced(client.clone(), &ns)
+                .patch(&t.name, &pp, &Patch::Apply(&body))
+                .await
+                .map(drop),
+            TargetKind::StatefulSet => Api::<StatefulSet>::namespaced(client.clone(), &ns)
+                .patch(&t.name, &pp, &Patch::Apply(&body))
+                .await
+                .map(drop),
+        };
+        result.map_err(Error::kube(format!(
+            "applying rollout fields to {}",
+            t.id()
+        )))?;
+    }
+
+    // ---- observe: pods fronted vs expected
+    let ns_labels = Api::<Namespace>::all(client.clone())
+        .get_opt(&ns)
+        .await
+        .map_err(Error::kube(format!("reading namespace {ns}")))?
+        .map(|n| n.labels().clone())
+        .unwrap_or_default();
+    let pods_api = Api::<Pod>::namespaced(client.clone(), &ns);
+    let mut selectors: BTreeSet<String> = targets.iter().filter_map(|t| t.1.clone()).collect();
+    if let Some(s) = pod_selector(route.spec.selector.as_ref()) {
+        selectors.insert(s);
+    }
+    let mut pods: BTreeMap<String, Pod> = BTreeMap::new();
+    for s in &selectors {
+        let list = pods_api
+            .list(&ListParams::default().labels(s))
+            .await
+            .map_err(Error::kube(format!("listing pods {s} in {ns}")))?;
+        for p in list {
+            pods.insert(p.name_any(), p);
+        }
+    }
+    let count = count_pods(pods.values(), &ns_labels);
+
+    // ---- status
+    let target_ids: Vec<String> = targets.iter().map(|t| t.0.id()).collect();
+    let mut accepted_msg = format!("time budget {}s: {}", budget.seconds, budget.explain());
+    if budget.seconds != budget.required_seconds {
+        accepted_msg.push_str(&format!(
+            " (terminationGracePeriodSeconds pinned to {})",
+            budget.seconds
+        ));
+    }
+    if let Some((r, t)) = &budget.longest_route {
+        accepted_msg.push_str(&format!(
+            "; drain.timeout raised to {} for route {r:?}",
+            kubegrace_sidecar::config::HumanDuration(*t)
+        ));
+    }
+    for n in &notes {
+        accepted_msg.push_str("; ");
+        accepted_msg.push_str(n);
+    }
+    let (ready, ready_reason, ready_msg) = if targets.is_empty() && route.spec.target_ref.is_some()
+    {
+        let t = route
+            .spec
+            .target_ref
+            .as_ref()
+            .map(|t| format!("{}/{}", t.kind, t.name))
+            .unwrap_or_default();
+        if overlaps.is_empty() {
+            (
+                false,
+                "TargetNotFound",
+                format!("{t} does not exist in namespace {ns}; create it or fix spec.targetRef"),
+            )
+        } else {
+            (false, "Overlap", overlaps.join("; "))
+        }
+    } else if targets.is_empty() && count.expected == 0 && count.injected == 0 {
+        (
+            false,
+            "NoTargets",
+            "no Deployment, StatefulSet or pod matches spec.selector".to_string(),
+        )
+    } else if count.expected == 0 {
+        (
+            false,
+            "InjectionNotEnabled",
+            inject_hint(targets.first().map(|t| &t.0), &ns),
+        )
+    } else if let Some((pod, why)) = count.missing.first() {
+        let why = why
+            .clone()
+            .unwrap_or_else(|| "the webhook never saw it (down, or failurePolicy Ignore)".into());
+        (
+            false,
+            "PodsNotInjected",
+            format!(
+                "{} of {} pods lack the sidecar, e.g. {pod}: {why}; fix the cause, then delete those pods or roll the workload",
+                count.missing.len(),
+                count.expected
+            ),
+        )
+    } else {
+        (
+            true,
+            "Fronted",
+            format!(
+                "{}/{} pods carry the sidecar with config {hash}",
+                count.injected, count.expected
+            ),
+        )
+    };
+    let (degraded, degraded_reason, degraded_msg) = if !overlaps.is_empty() {
+        (
+            true,
+            "Overlap",
+            format!(
+                "{}; delete one route or narrow its selector",
+                overlaps.join("; ")
+            ),
+        )
+    } else if !count.missing.is_empty() {
+        (true, "PodsNotInjected", ready_msg.clone())
+    } else {
+        (false, "AsExpected", String::new())
+    };
+    let status = GraceRouteStatus {
+        observed_generation: generation,
+        conditions: vec![
+            condition(ACCEPTED, true, "Valid", accepted_msg, generation),
+            condition(READY, ready, ready_reason, ready_msg.clone(), generation),
+            condition(
+                DEGRADED,
+                degraded,
+                degraded_reason,
+                degraded_msg,
+                generation,
+            ),
+        ],
+        targets: target_ids.clone(),
+        target_count: i32::try_from(target_ids.len()).unwrap_or(i32::MAX),
+        pods_injected: count.injected,
+        pods_expected: count.expected,
+        injected: Some(format!("{}/{}", count.injected, count.expected)),
+        budget_seconds: Some(budget.seconds),
+        budget: Some(format!("{}s", budget.seconds)),
+        config_map: Some(cm_name),
+        config_hash: Some(hash.clone()),
+    };
+
+    // ---- events, on changes only
+    if old.budget_seconds != Some(budget.seconds) && !targets.is_empty() {
+        publish(
+            ctx,
+            route,
+            EventType::Normal,
+            "BudgetApplied",
+            "Apply",
+            format!(
+                "terminationGracePeriodSeconds {} on {} ({}); their pods roll once",
+                budget.seconds,
+                target_ids.join(", "),
+                budget.explain()
+            ),
+        )
+        .await;
+    }
+    if old.config_hash.as_deref() != Some(hash.as_str()) {
+        publish(
+            ctx,
+            route,
+            EventType::Normal,
+            "ConfigApplied",
+            "Apply",
+            format!(
+                "sidecar config {hash} written to ConfigMap {}; running sidecars reload it",
+                build::config_map_name(&name)
+            ),
+        )
+        .await;
+    }
+    let was_missing = route
+        .condition(READY)
+        .is_some_and(|c| c.reason == "PodsNotInjected" && c.message == ready_msg);
+    if !count.missing.is_empty() && !was_missing {
+        publish(
+            ctx,
+            route,
+            EventType::Warning,
+            "PodsNotInjected",
+            "Observe",
+            ready_msg.clone(),
+        )
+        .await;
+    }
+    if !overlaps.is_empty()
+        && route
+            .condition(DEGRADED)
+            .is_none_or(|c| c.reason != "Overlap")
+    {
+        publish(
+            ctx,
+            route,
+            EventType::Warning,
+            "Overlap",
+            "Validate",
+            overlaps.join("; "),
+        )
+        .await;
+    }
+    write_status(&api, route, status).await?;
+    // Pods and workloads are watched; the periodic pass only catches drift
+    // a watch could have missed.
+    Ok(Action::requeue(Duration::from_secs(if ready {
+        300
+    } else {
+        30
+    })))
+}
+
+/// Route deleted: put back what it changed on its targets (in one write per
+/// target, so pods roll at most once), then let go of the fields.
+async fn cleanup(route: &GraceRoute, ctx: &Context) -> Result<Action> {
+    let client = &ctx.client;
+    let ns = route.namespace().unwrap_or_default();
+    let name = route.name_any();
+    let workloads = Workloads::list(client, &ns).await?;
+    for (t, _) in workloads.of(route) {
+        // Only targets this route pinned: an overlapping, newer route never
+        // wrote anything.
+        if t.pinned_route() != Some(name.as_str()) {
+            continue;
+        }
+        let empty = json!({
+            "apiVersion": "apps/v1",
+            "kind": t.kind.to_string(),
+            "metadata": {"name": t.name},
+        });
+        let restore = build::restore_patch(t);
+        let res = match t.kind {
+            TargetKind::Deployment => {
+                restore_one(
+                    Api::<Deployment>::namespaced(client.clone(), &ns),
+                    &t.name,
+                    restore.as_ref(),
+                    &empty,
+                )
+                .await
+            }
+            TargetKind::StatefulSet => {
+                restore_one(
+                    Api::<StatefulSet>::namespaced(client.clone(), &ns),
+                    &t.name,
+                    restore.as_ref(),
+                    &empty,
+                )
+                .await
+            }
+        };
+        match res {
+            Ok(()) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => continue,
+            Err(e) => return Err(Error::kube(format!("restoring {}", t.id()))(e)),
+        }
+        publish(
+            ctx,
+            route,
+            EventType::Normal,
+            "Restored",
+            "Cleanup",
+            format!(
+                "{} got its original rollout fields and grace period back",
+                t.id()
+            ),
+        )
+        .await;
+    }
+    Ok(Action::await_change())
+}
+
+/// Puts the originals back (merge patch, its own field manager), then
+/// releases every field `kubegrace-operator` applied (an empty apply).
+async fn restore_one<K>(
+    api: Api<K>,
+    name: &str,
+    restore: Option<&serde_json::Value>,
+    empty: &serde_json::Value,
+) -> std::result::Result<(), kube::Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    if let Some(p) = restore {
+        let merge = PatchParams {
+            field_manager: Some(RESTORE_FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        api.patch(name, &merge, &Patch::Merge(p)).await?;
+    }
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(empty),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Runs the route controller until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    metrics: Arc<Metrics>,
+    identity: String,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let routes = Api::<GraceRoute>::all(client.clone());
+    let controller = Controller::new(routes, watcher::Config::default().any_semantic());
+    let store = controller.store();
+    let (s1, s2, s3) = (store.clone(), store.clone(), store.clone());
+    let managed =
+        watcher::Config::default().labels(&format!("{}={}", keys::MANAGED_BY, FIELD_MANAGER));
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: Some(identity),
+            },
+        ),
+        client: client.clone(),
+        metrics,
+        routes: store,
+    });
+    let tpl_labels = |m: Option<&ObjectMeta>| m.and_then(|m| m.labels.clone()).unwrap_or_default();
+    controller
+        .owns(Api::<ConfigMap>::all(client.clone()), managed)
+        .watches(
+            Api::<Deployment>::all(client.clone()),
+            watcher::Config::default(),
+            move |d| {
+                let labels = tpl_labels(d.spec.as_ref().and_then(|s| s.template.metadata.as_ref()));
+                let ns = d.namespace().unwrap_or_default();
+                routes_for_workload(&s1, TargetKind::Deployment, &ns, &d.name_any(), &labels)
+            },
+        )
+        .watches(
+            Api::<StatefulSet>::all(client.clone()),
+            watcher::Config::default(),
+            move |s| {
+                let labels = tpl_labels(s.spec.as_ref().and_then(|s| s.template.metadata.as_ref()));
+                let ns = s.namespace().unwrap_or_default();
+                routes_for_workload(&s2, TargetKind::StatefulSet, &ns, &s.name_any(), &labels)
+            },
+        )
+        .watches(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default(),
+            move |p| routes_for_pod(&s3, &p),
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => tracing::debug!(route = %obj, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "reconcile error"),
+            }
+        })
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(yaml: &str) -> Pod {
+        serde_yaml::from_str(yaml).expect("pod")
+    }
+
+    #[test]
+    fn drift_counts_pods_that_asked_and_did_not_get_the_sidecar() {
+        let injected = pod(
+            "metadata: {name: a, labels: {kubegrace.io/inject: enabled}, annotations: {kubegrace.io/injected: 'true'}}",
+        );
+        let bare = pod("metadata: {name: b, labels: {kubegrace.io/inject: enabled}}");
+        let skipped = pod(
+            "metadata: {name: c, labels: {kubegrace.io/inject: enabled}, annotations: {kubegrace.io/inject-skipped: no port}}",
+        );
+        let not_asking = pod("metadata: {name: d}");
+        let c = count_pods([&injected, &bare, &skipped, &not_asking], &BTreeMap::new());
+        assert_eq!((c.expected, c.injected), (3, 1));
+        assert_eq!(
+            c.missing,
+            vec![
+                ("b".to_string(), None),
+                ("c".to_string(), Some("no port".to_string()))
+            ]
+        );
+        let ns_on = BTreeMap::from([(keys::INJECT.to_string(), "enabled".to_string())]);
+        assert_eq!(count_pods([&not_asking], &ns_on).expected, 1);
+    }
+
+    #[test]
+    fn unchanged_conditions_keep_their_transition_time() {
+        let mut old = GraceRouteStatus {
+            conditions: vec![condition(READY, true, "Fronted", "1/1", Some(1))],
+            ..Default::default()
+        };
+        old.conditions[0].last_transition_time = Time(jiff::Timestamp::UNIX_EPOCH);
+        let mut new = GraceRouteStatus {
+            conditions: vec![condition(READY, true, "Fronted", "1/1", Some(1))],
+            ..Default::default()
+        };
+        carry_transitions(Some(&old), &mut new);
+        assert!(same_status(&old, &new));
+        assert_eq!(
+            new.conditions[0].last_transition_time,
+            old.conditions[0].last_transition_time
+        );
+    }
+}

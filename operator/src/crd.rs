@@ -1,0 +1,505 @@
+//! The `GraceRoute` API (kubegrace.io/v1alpha1).
+//!
+//! The schema carries everything the API server can check on its own:
+//! defaults, bounds, enums, duration syntax (pattern) and the relations
+//! between fields (CEL `x-kubernetes-validations`), so a bad route is refused
+//! at `kubectl apply` time with a message that says what to fix. What needs
+//! other objects (does the port exist on the target? does the budget fit a
+//! grace period the user pinned?) is checked by the reconciler and reported
+//! as the `Accepted` condition.
+//!
+//! Defaults come from the sidecar's own `Default` impls so the schema, the
+//! ConfigMap and a bare sidecar agree.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{CustomResource, KubeSchema};
+use kubegrace_sidecar::config::{CircuitBreakerConfig, DrainConfig, FallbackConfig, HumanDuration};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Go-style durations limited to what both CEL `duration()` and the sidecar
+/// parse: whole numbers of h, m, s, ms (`300ms`, `15s`, `1m30s`).
+pub const DURATION_PATTERN: &str = "^([0-9]+(h|m|s|ms))+$";
+
+/// A duration in the CRD: a string in the schema (pattern-checked by the API
+/// server), a typed [`HumanDuration`] in Rust.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Duration(pub HumanDuration);
+
+impl Duration {
+    pub const fn from_secs(s: u64) -> Self {
+        Self(HumanDuration::from_secs(s))
+    }
+    pub fn get(self) -> std::time::Duration {
+        self.0.get()
+    }
+}
+
+impl fmt::Display for Duration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl Serialize for Duration {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Duration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        HumanDuration::deserialize(d).map(Self)
+    }
+}
+
+impl JsonSchema for Duration {
+    fn schema_name() -> Cow<'static, str> {
+        "Duration".into()
+    }
+    fn inline_schema() -> bool {
+        true
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "pattern": DURATION_PATTERN,
+            // Bounded so CEL cost estimation stays small.
+            "maxLength": 32,
+        })
+    }
+}
+
+/// Routes the operator fronts with the sidecar and times.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "kubegrace.io",
+    version = "v1alpha1",
+    kind = "GraceRoute",
+    plural = "graceroutes",
+    shortname = "groute",
+    category = "kubegrace",
+    namespaced,
+    status = "GraceRouteStatus",
+    derive = "PartialEq",
+    doc = "GraceRoute fronts the pods of a workload with the kubegrace sidecar and derives safe rollout timing from its drain settings.",
+    // Raw JSON: kube-derive 5 merges structured printcolumn(...) entries
+    // that carry a description into their neighbours.
+    printcolumn = r#"{"name":"Targets","type":"integer","jsonPath":".status.targetCount","description":"workloads this route applies to"}"#,
+    printcolumn = r#"{"name":"Injected","type":"string","jsonPath":".status.injected","description":"pods carrying the sidecar / pods that should"}"#,
+    printcolumn = r#"{"name":"Budget","type":"string","jsonPath":".status.budget","description":"terminationGracePeriodSeconds in force"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new("has(self.targetRef) != has(self.selector)").message("set exactly one of targetRef (a Deployment or StatefulSet) and selector (pod labels)"))]
+#[serde(rename_all = "camelCase")]
+pub struct GraceRouteSpec {
+    /// The workload whose pods get the sidecar. Set this or `selector`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_ref: Option<TargetRef>,
+    /// Pods (and the Deployments/StatefulSets whose pod template matches)
+    /// selected by label. Set this or `targetRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+    /// The named pod port the sidecar takes over. The sidecar listens under
+    /// this name (so a Service with `targetPort: <name>` reaches it); the app
+    /// keeps its port number under a new name. One port per route in v1alpha1:
+    /// the sidecar has one listener.
+    #[schemars(length(min = 1, max = 1))]
+    pub ports: Vec<PortSpec>,
+    #[serde(default)]
+    pub drain: DrainSpec,
+    /// Breaker for every route without its own, and for all other traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker: Option<CircuitBreakerSpec>,
+    /// Per-route policy; first match wins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("self.all(r, self.exists_one(o, o.name == r.name))").message("route names must be unique"))]
+    pub routes: Vec<RouteSpec>,
+    #[serde(default)]
+    pub rollout: RolloutSpec,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetRef {
+    pub kind: TargetKind,
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum TargetKind {
+    Deployment,
+    StatefulSet,
+}
+
+impl fmt::Display for TargetKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Deployment => "Deployment",
+            Self::StatefulSet => "StatefulSet",
+        })
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortSpec {
+    /// Name of a container port of the target's pods (IANA service name).
+    #[schemars(
+        length(min = 1, max = 15),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    #[serde(default)]
+    pub protocol: PortProtocol,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PortProtocol {
+    /// HTTP/1.1; HTTP/2 prior knowledge (h2c) is detected too.
+    #[default]
+    Http,
+    Http2,
+    Grpc,
+    Tcp,
+}
+
+fn d_min_delay() -> Duration {
+    Duration(DrainConfig::default().min_delay)
+}
+fn d_quiet() -> Duration {
+    Duration(DrainConfig::default().quiet)
+}
+fn d_max_delay() -> Duration {
+    Duration(DrainConfig::default().max_delay)
+}
+fn d_timeout() -> Duration {
+    Duration(DrainConfig::default().timeout)
+}
+
+/// The drain timers (see the sidecar's drain protocol).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[x_kube(validation = Rule::new("duration(self.minDelay) <= duration(self.maxDelay)").message(Message::Expression("'minDelay ' + self.minDelay + ' is longer than maxDelay ' + self.maxDelay + '; minDelay must be <= maxDelay'".into())).field_path(".minDelay"))]
+#[x_kube(validation = Rule::new("duration(self.timeout) > duration('0s')").message("timeout must be more than 0s, or every in-flight request is cut at once").field_path(".timeout"))]
+#[x_kube(validation = Rule::new("duration(self.maxDelay) + duration(self.timeout) <= duration('1h')").message("maxDelay + timeout must stay within 1h: that sum becomes the pods' terminationGracePeriodSeconds"))]
+#[serde(rename_all = "camelCase")]
+pub struct DrainSpec {
+    /// Keep serving at least this long after the drain starts (routers lag).
+    #[serde(default = "d_min_delay")]
+    pub min_delay: Duration,
+    /// After minDelay, stop accepting once no new connection came for this long.
+    #[serde(default = "d_quiet")]
+    pub quiet: Duration,
+    /// Stop accepting after this long at the latest.
+    #[serde(default = "d_max_delay")]
+    pub max_delay: Duration,
+    /// Then wait at most this long for in-flight requests.
+    #[serde(default = "d_timeout")]
+    pub timeout: Duration,
+}
+
+impl Default for DrainSpec {
+    fn default() -> Self {
+        Self {
+            min_delay: d_min_delay(),
+            quiet: d_quiet(),
+            max_delay: d_max_delay(),
+            timeout: d_timeout(),
+        }
+    }
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("!has(self.match) || !has(self.match.path) || !has(self.match.pathPrefix)").message("set match.path (exact) or match.pathPrefix, not both"))]
+#[serde(rename_all = "camelCase")]
+pub struct RouteSpec {
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
+    pub matcher: Option<RouteMatchSpec>,
+    /// Upstream request timeout. The drain waits at least this long for
+    /// in-flight requests, so it also raises the time budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    /// Overrides the route-wide `circuitBreaker`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker: Option<CircuitBreakerSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<FallbackSpec>,
+    /// What counts as a failure: 5xx, a 5xx status such as 503, connect-error, timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub fail_on: Option<Vec<FailOn>>,
+}
+
+/// A failure kind: `5xx`, `connect-error`, `timeout` or a 5xx status code.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct FailOn(pub String);
+
+impl JsonSchema for FailOn {
+    fn schema_name() -> Cow<'static, str> {
+        "FailOn".into()
+    }
+    fn inline_schema() -> bool {
+        true
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "pattern": "^(5xx|connect-error|timeout|5[0-9][0-9])$",
+        })
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteMatchSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024), regex(pattern = "^/"))]
+    pub path_prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024), regex(pattern = "^/"))]
+    pub path: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub methods: Vec<HttpMethod>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub host: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct HttpMethod(pub String);
+
+impl JsonSchema for HttpMethod {
+    fn schema_name() -> Cow<'static, str> {
+        "HttpMethod".into()
+    }
+    fn inline_schema() -> bool {
+        true
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "string", "pattern": "^[A-Z]+$", "maxLength": 32})
+    }
+}
+
+fn cb_default() -> CircuitBreakerConfig {
+    CircuitBreakerConfig::default()
+}
+fn cb_max_concurrent() -> u32 {
+    cb_default().max_concurrent
+}
+fn cb_max_queue() -> u32 {
+    cb_default().max_queue
+}
+fn cb_queue_timeout() -> Duration {
+    Duration(cb_default().queue_timeout)
+}
+fn cb_error_ratio() -> f64 {
+    cb_default().error_ratio
+}
+fn cb_min_requests() -> u32 {
+    cb_default().min_requests
+}
+fn cb_window() -> Duration {
+    Duration(cb_default().window)
+}
+fn cb_consecutive_failures() -> u32 {
+    cb_default().consecutive_failures
+}
+fn cb_open_for() -> Duration {
+    Duration(cb_default().open_for)
+}
+fn cb_max_open_for() -> Duration {
+    Duration(cb_default().max_open_for)
+}
+fn cb_half_open_probes() -> u32 {
+    cb_default().half_open_probes
+}
+fn cb_min_concurrent() -> u32 {
+    cb_default().min_concurrent
+}
+
+/// Concurrency limit, queue and breaker (the sidecar's `circuitBreaker`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("duration(self.maxOpenFor) >= duration(self.openFor)").message("maxOpenFor must be >= openFor").field_path(".maxOpenFor"))]
+#[x_kube(validation = Rule::new("!self.adaptive || self.minConcurrent <= self.maxConcurrent").message("minConcurrent must be <= maxConcurrent when adaptive is on").field_path(".minConcurrent"))]
+#[x_kube(validation = Rule::new("duration(self.openFor) > duration('0s')").message("openFor must be more than 0s").field_path(".openFor"))]
+#[serde(rename_all = "camelCase")]
+pub struct CircuitBreakerSpec {
+    #[serde(default = "cb_max_concurrent")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub max_concurrent: u32,
+    #[serde(default = "cb_max_queue")]
+    #[schemars(range(max = 1_000_000))]
+    pub max_queue: u32,
+    #[serde(default = "cb_queue_timeout")]
+    pub queue_timeout: Duration,
+    /// Open when failures/requests reach this over `window`; 0 disables.
+    #[serde(default = "cb_error_ratio")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub error_ratio: f64,
+    #[serde(default = "cb_min_requests")]
+    pub min_requests: u32,
+    #[serde(default = "cb_window")]
+    pub window: Duration,
+    /// Open on this many failures in a row; 0 disables.
+    #[serde(default = "cb_consecutive_failures")]
+    pub consecutive_failures: u32,
+    #[serde(default = "cb_open_for")]
+    pub open_for: Duration,
+    #[serde(default = "cb_max_open_for")]
+    pub max_open_for: Duration,
+    #[serde(default = "cb_half_open_probes")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub half_open_probes: u32,
+    #[serde(default)]
+    pub adaptive: bool,
+    #[serde(default = "cb_min_concurrent")]
+    #[schemars(range(min = 1))]
+    pub min_concurrent: u32,
+}
+
+fn fb_status() -> u16 {
+    FallbackConfig::default().status
+}
+fn fb_content_type() -> String {
+    FallbackConfig::default().content_type
+}
+fn fb_body() -> String {
+    FallbackConfig::default().body
+}
+
+/// The response served while the breaker is open or the queue overflows.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FallbackSpec {
+    #[serde(default = "fb_status")]
+    #[schemars(range(min = 200, max = 599))]
+    pub status: u16,
+    #[serde(default = "fb_content_type")]
+    #[schemars(length(max = 256))]
+    pub content_type: String,
+    #[serde(default = "fb_body")]
+    #[schemars(length(max = 65536))]
+    pub body: String,
+}
+
+fn r_max_surge() -> IntOrString {
+    IntOrString::String("25%".into())
+}
+fn r_max_unavailable() -> IntOrString {
+    // Never take a serving pod away before its replacement is ready: the
+    // old pod then drains while the new one already takes traffic.
+    IntOrString::Int(0)
+}
+fn r_min_ready_seconds() -> i32 {
+    // Give routers time to add a new endpoint before the next old one goes.
+    5
+}
+fn r_grace() -> IntOrString {
+    IntOrString::String("auto".into())
+}
+
+fn int_or_percent(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": "^[0-9]+%$"}],
+    })
+}
+
+fn grace_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "anyOf": [{"type": "integer", "minimum": 1, "maximum": 86400}, {"type": "string", "enum": ["auto"]}],
+    })
+}
+
+/// Rollout timing written into the target (Deployment `spec.strategy`,
+/// `spec.minReadySeconds`, pod template `terminationGracePeriodSeconds`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("!(self.maxSurge == 0 || self.maxSurge == '0%') || !(self.maxUnavailable == 0 || self.maxUnavailable == '0%')").message("maxSurge and maxUnavailable cannot both be 0: the rollout could never progress"))]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutSpec {
+    /// Deployments only (StatefulSets have no surge).
+    #[serde(default = "r_max_surge")]
+    #[schemars(schema_with = "int_or_percent")]
+    pub max_surge: IntOrString,
+    #[serde(default = "r_max_unavailable")]
+    #[schemars(schema_with = "int_or_percent")]
+    pub max_unavailable: IntOrString,
+    #[serde(default = "r_min_ready_seconds")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub min_ready_seconds: i32,
+    /// `auto` (derived from drain and route timeouts) or a number of seconds,
+    /// which must be at least the derived budget.
+    #[serde(default = "r_grace")]
+    #[schemars(schema_with = "grace_schema")]
+    pub termination_grace_period_seconds: IntOrString,
+}
+
+impl Default for RolloutSpec {
+    fn default() -> Self {
+        Self {
+            max_surge: r_max_surge(),
+            max_unavailable: r_max_unavailable(),
+            min_ready_seconds: r_min_ready_seconds(),
+            termination_grace_period_seconds: r_grace(),
+        }
+    }
+}
+
+/// What the operator found and did.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GraceRouteStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Workloads this route applies to, as `Kind/name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<String>,
+    #[serde(default)]
+    pub target_count: i32,
+    /// Pods carrying the sidecar.
+    #[serde(default)]
+    pub pods_injected: i32,
+    /// Pods that should carry the sidecar (their workload opted in).
+    #[serde(default)]
+    pub pods_expected: i32,
+    /// `injected/expected`, for the printer column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub injected: Option<String>,
+    /// terminationGracePeriodSeconds in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_seconds: Option<i64>,
+    /// The budget in seconds with unit, for the printer column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<String>,
+    /// The sidecar ConfigMap and the sha256 of its `config.yaml`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_hash: Option<String>,
+}
+
+impl GraceRoute {
+    /// The condition of this type, if the status has one.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+    }
+}

@@ -1,0 +1,181 @@
+//! Leader election on a coordination.k8s.io Lease: only the leader runs the
+//! controllers (two writers would fight over status and events); every
+//! replica serves the webhook.
+//!
+//! The holder renews every `renew`; others take over once `renewTime +
+//! leaseDurationSeconds` has passed. Updates carry the Lease's
+//! resourceVersion, so two candidates can never both win a round.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+
+use crate::{Error, Result};
+
+pub struct LeaderElector {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    duration: Duration,
+    renew: Duration,
+}
+
+/// Whether `spec` is held by someone else whose lease has not run out.
+pub fn held_by_other(spec: &LeaseSpec, identity: &str, now: jiff::Timestamp) -> bool {
+    let Some(holder) = spec.holder_identity.as_deref().filter(|h| !h.is_empty()) else {
+        return false;
+    };
+    if holder == identity {
+        return false;
+    }
+    let secs = i64::from(spec.lease_duration_seconds.unwrap_or(15));
+    match spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) {
+        Some(t) => t.0 + jiff::SignedDuration::from_secs(secs) > now,
+        None => false,
+    }
+}
+
+impl LeaderElector {
+    pub fn new(client: Client, namespace: &str, name: &str, identity: &str) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            name: name.into(),
+            identity: identity.into(),
+            duration: Duration::from_secs(15),
+            renew: Duration::from_secs(5),
+        }
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// One round: Ok(true) if we hold the lease afterwards.
+    pub async fn try_acquire_or_renew(&self) -> Result<bool> {
+        let now = jiff::Timestamp::now();
+        let secs = i32::try_from(self.duration.as_secs()).unwrap_or(15);
+        let current = self
+            .api
+            .get_opt(&self.name)
+            .await
+            .map_err(Error::kube(format!("reading Lease {}", self.name)))?;
+        let Some(mut lease) = current else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(self.identity.clone()),
+                    lease_duration_seconds: Some(secs),
+                    acquire_time: Some(MicroTime(now)),
+                    renew_time: Some(MicroTime(now)),
+                    lease_transitions: Some(0),
+                    ..Default::default()
+                }),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                Err(e) => Err(Error::kube(format!("creating Lease {}", self.name))(e)),
+            };
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if held_by_other(spec, &self.identity, now) {
+            return Ok(false);
+        }
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            spec.holder_identity = Some(self.identity.clone());
+            spec.acquire_time = Some(MicroTime(now));
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        }
+        spec.renew_time = Some(MicroTime(now));
+        spec.lease_duration_seconds = Some(secs);
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(e) => Err(Error::kube(format!("renewing Lease {}", self.name))(e)),
+        }
+    }
+
+    /// Waits until we lead.
+    pub async fn acquire(&self) {
+        loop {
+            match self.try_acquire_or_renew().await {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "leader election"),
+            }
+            tokio::time::sleep(self.renew).await;
+        }
+    }
+
+    /// Renews until leadership is lost (someone else holds the lease, or
+    /// renewals failed for nearly a lease duration); then returns.
+    pub async fn hold(&self) {
+        let mut last_ok = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(self.renew).await;
+            match self.try_acquire_or_renew().await {
+                Ok(true) => last_ok = tokio::time::Instant::now(),
+                Ok(false) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "renewing leadership");
+                    // Another replica may take over once our lease runs out:
+                    // stop leading a little before that.
+                    if last_ok.elapsed() + self.renew >= self.duration {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives the lease up so a successor need not wait for it to expire.
+    pub async fn release(&self) {
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else {
+            return;
+        };
+        let Some(spec) = lease.spec.as_mut() else {
+            return;
+        };
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        if let Err(e) = self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            tracing::debug!(error = %e, "releasing lease");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_free_when_unheld_expired_or_ours() {
+        let now = jiff::Timestamp::now();
+        let spec = |holder: Option<&str>, ago: i64| LeaseSpec {
+            holder_identity: holder.map(Into::into),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(MicroTime(now - jiff::SignedDuration::from_secs(ago))),
+            ..Default::default()
+        };
+        assert!(!held_by_other(&spec(None, 0), "me", now));
+        assert!(!held_by_other(&spec(Some("me"), 0), "me", now));
+        assert!(held_by_other(&spec(Some("other"), 5), "me", now));
+        assert!(!held_by_other(&spec(Some("other"), 20), "me", now));
+    }
+}

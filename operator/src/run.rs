@@ -1,0 +1,234 @@
+//! `kubegrace-operator run`: wires the parts together.
+//!
+//! One shutdown signal (SIGTERM/SIGINT, or the future a test passes) is
+//! fanned out through a watch channel to the controllers
+//! (`Controller::graceful_shutdown_on`), the webhook server, the admin
+//! server and the certificate loop. Every replica serves the webhook; only
+//! the Lease holder runs the controllers.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use kube::Client;
+use tokio::sync::watch;
+
+use crate::admin::{self, Metrics};
+use crate::certs::{self, CertResolver, SelfManaged};
+use crate::cli::{LogFormat, RunArgs};
+use crate::lease::LeaderElector;
+use crate::webhook::{self, SidecarSettings, Webhook};
+use crate::{Error, Result, controller, workload};
+
+pub fn main(args: RunArgs) -> std::process::ExitCode {
+    init_tracing(args.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kubegrace-operator: starting the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async {
+        let client = Client::try_default().await.map_err(|e| {
+            Error::Config(format!("no usable kubeconfig or in-cluster config: {e}"))
+        })?;
+        run(client, args, signal()).await
+    });
+    match outcome {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "kubegrace-operator stopped");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "kubegrace-operator".into());
+    let suffix: u32 = rand::random();
+    format!("{host}-{suffix:08x}")
+}
+
+/// Resolves once the shutdown flag is set.
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+/// Runs everything until `shutdown` resolves (tests call this in-process).
+pub async fn run(
+    client: Client,
+    args: RunArgs,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let metrics = Arc::new(Metrics::default());
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = tx.send(true);
+    });
+
+    let version = client
+        .apiserver_version()
+        .await
+        .map_err(Error::kube("reading the API server version"))?;
+    let native = webhook::supports_native(&version.major, &version.minor);
+    tracing::info!(version = %version.git_version, native_sidecars = native, "connected");
+
+    // Serving certificate first: the webhook cannot answer without it.
+    let resolver = Arc::new(CertResolver::default());
+    let mut tasks = tokio::task::JoinSet::new();
+    match &args.cert_dir {
+        Some(dir) => {
+            certs::load_dir(dir, &resolver)?;
+            tasks.spawn(certs::watch_dir(dir.clone(), resolver.clone(), rx.clone()));
+        }
+        None => {
+            let m = SelfManaged {
+                client: client.clone(),
+                namespace: args.namespace.clone(),
+                secret: args.cert_secret.clone(),
+                webhook_config: args.webhook_config.clone(),
+                sans: certs::service_sans(
+                    &args.webhook_service,
+                    &args.namespace,
+                    &args.webhook_extra_san,
+                ),
+                resolver: resolver.clone(),
+            };
+            if let Err(e) = m.round().await {
+                // Keep going if we at least have a certificate (the
+                // MutatingWebhookConfiguration may come later).
+                if !resolver.is_loaded() {
+                    return Err(e);
+                }
+                tracing::warn!(error = %e, "webhook certificate");
+            }
+            tasks.spawn(m.maintain(rx.clone()));
+        }
+    }
+
+    let hook = Arc::new(Webhook {
+        client: client.clone(),
+        metrics: metrics.clone(),
+        settings: SidecarSettings {
+            image: args.sidecar_image.clone(),
+            pull_policy: args.sidecar_image_pull_policy.clone(),
+            resources: webhook::resources(
+                &args.sidecar_cpu_request,
+                &args.sidecar_memory_request,
+                &args.sidecar_cpu_limit,
+                &args.sidecar_memory_limit,
+            ),
+            native,
+        },
+    });
+    let webhook_task = tokio::spawn(webhook::serve(
+        args.webhook_addr,
+        resolver.clone(),
+        hook,
+        rx.clone(),
+    ));
+    let admin_task = tokio::spawn(admin::serve(
+        args.admin_addr,
+        metrics.clone(),
+        stopped(rx.clone()),
+    ));
+
+    // Controllers: leader only. Losing the lease stops them; we then stand
+    // in line again.
+    let elector = LeaderElector::new(
+        client.clone(),
+        &args.namespace,
+        &args.leader_election_lease,
+        &identity(),
+    );
+    loop {
+        tokio::select! {
+            () = elector.acquire() => {}
+            () = stopped(rx.clone()) => break,
+        }
+        tracing::info!(identity = elector.identity(), "leading: controllers start");
+        metrics.leader.store(true, Ordering::Relaxed);
+        let (lead_tx, lead_rx) = watch::channel(false);
+        let stop = || {
+            let (a, b) = (rx.clone(), lead_rx.clone());
+            async move {
+                tokio::select! {
+                    () = stopped(a) => {}
+                    () = stopped(b) => {}
+                }
+            }
+        };
+        let controllers = futures_util::future::join3(
+            controller::run(
+                client.clone(),
+                metrics.clone(),
+                elector.identity().to_string(),
+                stop(),
+            ),
+            workload::run::<Deployment>(client.clone(), metrics.clone(), stop()),
+            workload::run::<StatefulSet>(client.clone(), metrics.clone(), stop()),
+        );
+        tokio::pin!(controllers);
+        let finished = tokio::select! {
+            _ = &mut controllers => true,
+            () = elector.hold() => false,
+        };
+        if !finished {
+            tracing::warn!("lost leadership: controllers stop");
+            let _ = lead_tx.send(true);
+            controllers.await;
+        }
+        metrics.leader.store(false, Ordering::Relaxed);
+        if *rx.borrow() {
+            elector.release().await;
+            break;
+        }
+    }
+    let (w, a) = tokio::join!(webhook_task, admin_task);
+    tasks.shutdown().await;
+    w.map_err(|e| Error::Config(format!("webhook task: {e}")))??;
+    a.map_err(|e| Error::Config(format!("admin task: {e}")))??;
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,482 @@
+//! The sidecar-injection webhook: HTTPS (rustls), `POST /mutate`, served by
+//! every replica. Pods only, CREATE only; the decision is [`decide`] (pure),
+//! the pod edit is [`crate::inject`] (pure), the answer is a JSON patch
+//! from the difference.
+//!
+//! The webhook never fails a pod creation for its own reasons: a pod that
+//! cannot be injected is admitted bare with a warning and an annotation
+//! saying why, and the route reports it.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::ListParams;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::{DynamicObject, Selector, SelectorExt};
+use kube::{Api, Client, ResourceExt};
+use rand::Rng;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use crate::admin::Metrics;
+use crate::build::config_map_name;
+use crate::certs::CertResolver;
+use crate::crd::GraceRoute;
+use crate::inject::{self, InjectPlan, Skip};
+use crate::{Error, Result, keys};
+
+/// Largest AdmissionReview we read (pods are far smaller).
+const MAX_BODY: usize = 4 * 1024 * 1024;
+
+/// What the operator's flags say about every sidecar.
+#[derive(Debug, Clone)]
+pub struct SidecarSettings {
+    pub image: String,
+    pub pull_policy: String,
+    pub resources: ResourceRequirements,
+    pub native: bool,
+}
+
+/// Requests and limits from the flags; an empty flag leaves it out.
+pub fn resources(
+    cpu_req: &str,
+    mem_req: &str,
+    cpu_lim: &str,
+    mem_lim: &str,
+) -> ResourceRequirements {
+    let map = |pairs: [(&str, &str); 2]| {
+        let m: BTreeMap<String, Quantity> = pairs
+            .iter()
+            .filter(|(_, v)| !v.trim().is_empty())
+            .map(|(k, v)| ((*k).to_string(), Quantity(v.trim().to_string())))
+            .collect();
+        (!m.is_empty()).then_some(m)
+    };
+    ResourceRequirements {
+        requests: map([("cpu", cpu_req), ("memory", mem_req)]),
+        limits: map([("cpu", cpu_lim), ("memory", mem_lim)]),
+        ..Default::default()
+    }
+}
+
+/// Native sidecars (init containers with restartPolicy Always) are on by
+/// default from Kubernetes 1.29.
+pub fn supports_native(major: &str, minor: &str) -> bool {
+    let major: u32 = major.trim_end_matches('+').parse().unwrap_or(0);
+    let minor: u32 = minor.trim_end_matches('+').parse().unwrap_or(0);
+    major > 1 || (major == 1 && minor >= 29)
+}
+
+/// The outcome for one pod.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Not asking for the sidecar, or already has it.
+    Ignore,
+    Inject(Box<Pod>),
+    /// Asked, but cannot be injected: admitted bare, marked with the reason.
+    Skip(Box<Pod>, String),
+}
+
+/// Picks the route for a pod: the one it is pinned to, else the oldest
+/// whose selector matches its labels (pure).
+pub fn pick_route<'a>(pod: &Pod, routes: &'a [GraceRoute]) -> Option<&'a GraceRoute> {
+    let mut live = routes
+        .iter()
+        .filter(|r| r.metadata.deletion_timestamp.is_none());
+    if let Some(pinned) = pod.annotations().get(keys::ROUTE) {
+        return live.find(|r| &r.name_any() == pinned);
+    }
+    live.filter(|r| {
+        r.spec
+            .selector
+            .clone()
+            .and_then(|s| Selector::try_from(s).ok())
+            .is_some_and(|s| !s.selects_all() && s.matches(pod.labels()))
+    })
+    .min_by_key(|r| {
+        (
+            r.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            r.name_any(),
+        )
+    })
+}
+
+/// Decides and edits (pure; the token comes from the caller).
+pub fn decide(
+    pod: &Pod,
+    ns_labels: &BTreeMap<String, String>,
+    routes: &[GraceRoute],
+    s: &SidecarSettings,
+    token: String,
+) -> Decision {
+    if inject::is_injected(pod) || !inject::wants_injection(pod, ns_labels) {
+        return Decision::Ignore;
+    }
+    let skip =
+        |why: String| Decision::Skip(Box::new(inject::mark_skipped(pod, &Skip(why.clone()))), why);
+    let Some(route) = pick_route(pod, routes) else {
+        return skip(match pod.annotations().get(keys::ROUTE) {
+            Some(r) => format!(
+                "GraceRoute {r} (from the {} annotation) does not exist",
+                keys::ROUTE
+            ),
+            None => {
+                "no GraceRoute selects this pod; create one with targetRef or selector".to_string()
+            }
+        });
+    };
+    let Some(port) = route.spec.ports.first() else {
+        return skip(format!("GraceRoute {} names no port", route.name_any()));
+    };
+    let plan = InjectPlan {
+        route: route.name_any(),
+        config_map: config_map_name(&route.name_any()),
+        port: port.name.clone(),
+        image: s.image.clone(),
+        pull_policy: s.pull_policy.clone(),
+        resources: s.resources.clone(),
+        native: s.native,
+        token,
+        budget_seconds: route.status.as_ref().and_then(|st| st.budget_seconds),
+    };
+    match inject::inject(pod, &plan) {
+        Ok(p) => Decision::Inject(Box::new(p)),
+        Err(Skip(why)) => skip(why),
+    }
+}
+
+/// The JSON patch turning `before` into `after`.
+pub fn patch_for(before: &Pod, after: &Pod) -> Result<json_patch::Patch> {
+    let a = serde_json::to_value(before).map_err(Error::serde("pod"))?;
+    let b = serde_json::to_value(after).map_err(Error::serde("pod"))?;
+    Ok(json_patch::diff(&a, &b))
+}
+
+fn token() -> String {
+    let bytes: [u8; 16] = rand::rng().random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub struct Webhook {
+    pub client: Client,
+    pub metrics: Arc<Metrics>,
+    pub settings: SidecarSettings,
+}
+
+impl Webhook {
+    async fn lookup(&self, ns: &str) -> Result<(BTreeMap<String, String>, Vec<GraceRoute>)> {
+        let labels = Api::<Namespace>::all(self.client.clone())
+            .get_opt(ns)
+            .await
+            .map_err(Error::kube(format!("reading namespace {ns}")))?
+            .map(|n| n.labels().clone())
+            .unwrap_or_default();
+        let routes = Api::<GraceRoute>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .map_err(Error::kube(format!("listing GraceRoutes in {ns}")))?
+            .items;
+        Ok((labels, routes))
+    }
+
+    /// Answers one AdmissionReview, and names the outcome for the metrics.
+    pub async fn review(&self, body: &[u8]) -> (AdmissionReview<DynamicObject>, &'static str) {
+        let review: AdmissionReview<Pod> = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => {
+                return (
+                    AdmissionResponse::invalid(format!("not an AdmissionReview: {e}"))
+                        .into_review(),
+                    "error",
+                );
+            }
+        };
+        let req: AdmissionRequest<Pod> = match review.try_into() {
+            Ok(r) => r,
+            Err(e) => {
+                return (
+                    AdmissionResponse::invalid(e.to_string()).into_review(),
+                    "error",
+                );
+            }
+        };
+        let resp = AdmissionResponse::from(&req);
+        let (Operation::Create, Some(pod)) = (&req.operation, req.object.as_ref()) else {
+            return (resp.into_review(), "ignored");
+        };
+        // Cheap checks first: most pods never need the API lookups.
+        if inject::is_injected(pod) {
+            return (resp.into_review(), "ignored");
+        }
+        let ns = req
+            .namespace
+            .clone()
+            .or_else(|| pod.namespace())
+            .unwrap_or_default();
+        let (labels, routes) = match self.lookup(&ns).await {
+            Ok(v) => v,
+            Err(e) => {
+                // Admit bare: the route reports the pod as not injected.
+                tracing::warn!(error = %e, "webhook lookup failed; admitting the pod unchanged");
+                let mut r = resp;
+                r.warnings = Some(vec![format!("kubegrace: sidecar not injected: {e}")]);
+                return (r.into_review(), "error");
+            }
+        };
+        let (after, result, warning) = match decide(pod, &labels, &routes, &self.settings, token())
+        {
+            Decision::Ignore => return (resp.into_review(), "ignored"),
+            Decision::Inject(p) => (p, "injected", None),
+            Decision::Skip(p, why) => (
+                p,
+                "skipped",
+                Some(format!("kubegrace: sidecar not injected: {why}")),
+            ),
+        };
+        let patched = patch_for(pod, &after).and_then(|p| {
+            resp.clone()
+                .with_patch(p)
+                .map_err(|e| Error::Config(format!("serialising patch: {e}")))
+        });
+        match patched {
+            Ok(mut r) => {
+                r.warnings = warning.map(|w| vec![w]);
+                (r.into_review(), result)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "building the patch; admitting the pod unchanged");
+                (resp.into_review(), "error")
+            }
+        }
+    }
+}
+
+fn respond(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    hook: Arc<Webhook>,
+) -> std::result::Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    if req.uri().path() != "/mutate" || req.method() != hyper::Method::POST {
+        return Ok(respond(StatusCode::NOT_FOUND, b"{}".to_vec()));
+    }
+    let start = Instant::now();
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return Ok(respond(StatusCode::PAYLOAD_TOO_LARGE, b"{}".to_vec())),
+    };
+    let (review, result) = hook.review(&body).await;
+    hook.metrics.webhook(start.elapsed(), result);
+    Ok(match serde_json::to_vec(&review) {
+        Ok(b) => respond(StatusCode::OK, b),
+        Err(_) => respond(StatusCode::INTERNAL_SERVER_ERROR, b"{}".to_vec()),
+    })
+}
+
+/// Binds and serves until `shutdown`; in-flight reviews get up to 5s.
+pub async fn serve(
+    addr: SocketAddr,
+    resolver: Arc<CertResolver>,
+    hook: Arc<Webhook>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<()> {
+    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| Error::Tls(e.to_string()))?
+    .with_no_client_auth()
+    .with_cert_resolver(resolver);
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(Error::io(format!("binding webhook port {addr}")))?;
+    tracing::info!(%addr, "webhook listening");
+    hook.metrics.ready.store(true, Ordering::Relaxed);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let acceptor = acceptor.clone();
+                let hook = hook.clone();
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    let Ok(Ok(tls)) = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await else {
+                        return;
+                    };
+                    let svc = hyper::service::service_fn(move |req| handle(req, hook.clone()));
+                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let conn = builder.serve_connection(TokioIo::new(tls), svc);
+                    let _ = watcher.watch(conn.into_owned()).await;
+                });
+            }
+        }
+    }
+    hook.metrics.ready.store(false, Ordering::Relaxed);
+    let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> SidecarSettings {
+        SidecarSettings {
+            image: "sidecar:test".into(),
+            pull_policy: "IfNotPresent".into(),
+            resources: resources("50m", "32Mi", "", "128Mi"),
+            native: true,
+        }
+    }
+
+    fn route(yaml: &str) -> GraceRoute {
+        serde_yaml::from_str(yaml).expect("route")
+    }
+
+    const POD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: web-1, namespace: shop, labels: {app: web, kubegrace.io/inject: enabled}, annotations: {kubegrace.io/route: web}}
+spec:
+  containers:
+  - {name: app, image: app, ports: [{name: http, containerPort: 8080}]}
+"#;
+
+    #[test]
+    fn resources_leave_out_empty_flags() {
+        let r = resources("50m", "32Mi", "", "128Mi");
+        assert_eq!(r.limits.as_ref().map(BTreeMap::len), Some(1));
+        assert_eq!(r.requests.as_ref().map(BTreeMap::len), Some(2));
+    }
+
+    #[test]
+    fn native_sidecars_from_1_29() {
+        assert!(supports_native("1", "34"));
+        assert!(supports_native("1", "29+"));
+        assert!(!supports_native("1", "28"));
+    }
+
+    #[test]
+    fn a_pinned_pod_is_injected_and_the_patch_reproduces_it() {
+        let pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let routes = vec![route(
+            "metadata: {name: web, namespace: shop}\nspec: {targetRef: {kind: Deployment, name: web}, ports: [{name: http}]}\nstatus: {budgetSeconds: 50}",
+        )];
+        let Decision::Inject(after) =
+            decide(&pod, &BTreeMap::new(), &routes, &settings(), "tok".into())
+        else {
+            panic!("expected injection");
+        };
+        assert_eq!(
+            after
+                .spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds),
+            Some(50)
+        );
+        let patch = patch_for(&pod, &after).expect("patch");
+        let mut doc = serde_json::to_value(&pod).expect("json");
+        json_patch::patch(&mut doc, &patch).expect("applies");
+        assert_eq!(doc, serde_json::to_value(&*after).expect("json"));
+        // A second call (reinvocation) changes nothing.
+        assert_eq!(
+            decide(
+                &after,
+                &BTreeMap::new(),
+                &routes,
+                &settings(),
+                "tok2".into()
+            ),
+            Decision::Ignore
+        );
+    }
+
+    #[test]
+    fn without_a_route_the_pod_is_admitted_bare_and_marked() {
+        let pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let Decision::Skip(after, why) =
+            decide(&pod, &BTreeMap::new(), &[], &settings(), "tok".into())
+        else {
+            panic!("expected skip");
+        };
+        assert!(why.contains("GraceRoute web"), "{why}");
+        assert!(after.annotations().contains_key(keys::INJECT_SKIPPED));
+    }
+
+    #[test]
+    fn selector_routes_match_by_label_oldest_first() {
+        let mut pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        pod.metadata.annotations = None;
+        let routes = vec![
+            route(
+                "metadata: {name: b, namespace: shop, creationTimestamp: '2026-01-02T00:00:00Z'}\nspec: {selector: {matchLabels: {app: web}}, ports: [{name: http}]}",
+            ),
+            route(
+                "metadata: {name: a, namespace: shop, creationTimestamp: '2026-01-01T00:00:00Z'}\nspec: {selector: {matchLabels: {app: web}}, ports: [{name: http}]}",
+            ),
+            route(
+                "metadata: {name: c, namespace: shop}\nspec: {selector: {matchLabels: {app: db}}, ports: [{name: http}]}",
+            ),
+        ];
+        assert_eq!(
+            pick_route(&pod, &routes).map(ResourceExt::name_any),
+            Some("a".to_string())
+        );
+    }
+
+    /// The least powerful test of "no API call for what needs none": a
+    /// scripted API server that answers nothing would time the test out.
+    #[tokio::test]
+    async fn a_review_that_is_not_a_create_is_allowed_untouched_without_api_calls() {
+        let pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let review = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "operation": "UPDATE", "userInfo": {}, "object": pod, "oldObject": pod,
+                "namespace": "shop", "name": "web-1"
+            }
+        });
+        let (svc, _handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        let hook = Webhook {
+            client: Client::new(svc, "default"),
+            metrics: Arc::new(Metrics::default()),
+            settings: settings(),
+        };
+        let (out, result) = tokio::time::timeout(
+            Duration::from_secs(1),
+            hook.review(&serde_json::to_vec(&review).expect("json")),
+        )
+        .await
+        .expect("answered without the API server");
+        assert_eq!(result, "ignored");
+        let resp = out.response.expect("response");
+        assert!(resp.allowed && resp.patch.is_none());
+        assert_eq!(resp.uid, "1");
+    }
+}

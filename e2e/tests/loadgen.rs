@@ -17,7 +17,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use kubegrace_e2e::load::conn::{ConnStats, Http2Pool};
 use kubegrace_e2e::load::grpc::{self, EchoRequest, EchoServer};
-use kubegrace_e2e::load::outcome::PhaseCell;
+use kubegrace_e2e::load::outcome::RequestCtx;
 use kubegrace_e2e::load::report::{self, DemoResult, DemoRun};
 use kubegrace_e2e::load::target::Target;
 use kubegrace_e2e::load::{self, Config, Protocol, Reason, Summary};
@@ -47,7 +47,8 @@ async fn handle(echo: EchoServer, req: Request<Incoming>) -> Result<Response<Bod
             tokio::time::sleep(Duration::from_secs(30)).await;
             text(StatusCode::OK, "late\n")
         }
-        _ => text(StatusCode::OK, "ok\n"),
+        // Like the demo app: the body names the pod, which the loadgen tallies.
+        _ => text(StatusCode::OK, "pod=pod-a\n"),
     })
 }
 
@@ -141,6 +142,9 @@ enum Misbehave {
     ResetMidRequest,
     /// Answer one request as keep-alive, then close the idle connection.
     CloseWhenIdle,
+    /// Answer one request as keep-alive (naming pod `p1`), then read the next one and
+    /// close without answering: a pod dying with a request in flight.
+    AnswerOnceThenCut,
 }
 
 async fn raw_server(mode: Misbehave) -> Result<SocketAddr> {
@@ -156,6 +160,13 @@ async fn raw_server(mode: Misbehave) -> Result<SocketAddr> {
                     Misbehave::CloseMidRequest => drop(stream),
                     Misbehave::ResetMidRequest => {
                         let _ = stream.set_zero_linger();
+                        drop(stream);
+                    }
+                    Misbehave::AnswerOnceThenCut => {
+                        let _ = stream
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\npod=p1\n")
+                            .await;
+                        let _ = read_head(&mut stream).await;
                         drop(stream);
                     }
                     Misbehave::CloseWhenIdle => {
@@ -284,6 +295,8 @@ async fn http2_and_mixed_all_ok() -> Result<()> {
     let s = load::run(&config(addr, Protocol::Mixed, 90.0, 1_000)).await?;
     only_reason(&s, Reason::Ok)?;
     assert_eq!(s.requests, 90);
+    assert_eq!(s.by_pod.keys().collect::<Vec<_>>(), ["pod-a"]);
+    assert_eq!(s.by_pod["pod-a"].requests, 90);
     for kind in ["http1", "http2", "grpc-unary", "grpc-stream"] {
         ensure!(
             s.by_kind.get(kind).is_some_and(|k| k.requests > 0),
@@ -302,6 +315,28 @@ async fn a_connection_cut_mid_request_is_reset() -> Result<()> {
         assert_eq!(s.requests, 10);
         only_reason(&s, Reason::Reset)?;
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failure_is_attributed_to_the_pod_its_connection_talked_to() -> Result<()> {
+    let addr = raw_server(Misbehave::AnswerOnceThenCut).await?;
+    let cfg = Config {
+        connections: 1,
+        ..config(addr, Protocol::Http1, 20.0, 500)
+    };
+    let s = load::run(&cfg).await?;
+    assert_eq!((s.requests, s.ok, s.by_reason.reset), (10, 5, 5), "{s:?}");
+    assert_eq!(s.by_pod.keys().collect::<Vec<_>>(), ["p1"]);
+    assert_eq!(s.by_pod["p1"].failed, 5);
+    assert_eq!(
+        s.by_detail.get(
+            "reset: connection closed before the response completed (reused keep-alive connection)"
+        ),
+        Some(&5),
+        "{:?}",
+        s.by_detail
+    );
     Ok(())
 }
 
@@ -411,11 +446,11 @@ async fn grpc_unary_and_stream_against_the_echo_server() -> Result<()> {
         1,
         Arc::new(ConnStats::default()),
     ));
-    let phase = Arc::new(PhaseCell::default());
+    let ctx = Arc::new(RequestCtx::default());
 
     let reply = grpc::unary(
         &pool,
-        &phase,
+        &ctx,
         EchoRequest {
             message: "hi".into(),
             ..Default::default()
@@ -434,7 +469,7 @@ async fn grpc_unary_and_stream_against_the_echo_server() -> Result<()> {
         interval_ms: 1,
         ..Default::default()
     };
-    let replies = grpc::stream(&pool, &phase, req).await.context("stream")?;
+    let replies = grpc::stream(&pool, &ctx, req).await.context("stream")?;
     assert_eq!(
         replies.iter().map(|r| r.seq).collect::<Vec<_>>(),
         [0, 1, 2, 3]
@@ -517,6 +552,7 @@ fn fixture(failures: &[(u64, &str)]) -> Result<Summary> {
         "target": "http://10.96.0.10:80", "protocol": "http1", "rate": 50.0, "connections": 4,
         "scheduled": requests, "requests": requests, "ok": requests - failed, "failed": failed,
         "by_reason": by_reason, "by_detail": {}, "by_kind": {},
+        "by_pod": {"web-old": {"requests": requests, "failed": failed, "by_reason": by_reason}},
         "p50_ms": 1.25, "p90_ms": 2.0, "p99_ms": 7.5, "max_ms": 12.0, "duration_s": 20.0,
         "first_failure_s": null, "last_failure_s": null, "connects": 4, "stale_reconnects": 0,
         "timeline": timeline,
@@ -653,6 +689,11 @@ fn report_renders_table_json_and_svg() -> Result<()> {
         Some(vec!["rollout", "duration", "11.2", "s", "24.5", "s"])
     );
     assert!(table.contains("p99 latency"));
+    assert!(
+        table.contains("without: failed by pod: web-old 9"),
+        "{table}"
+    );
+    assert!(!table.contains("with: failed by pod"), "{table}");
 
     let svg = report::svg(&result);
     let elements = check_xml(&svg)?;

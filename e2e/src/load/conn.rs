@@ -20,7 +20,9 @@ use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-use super::outcome::{Failure, Phase, PhaseCell, Reason, classify_error, classify_status};
+use super::outcome::{
+    ConnInfo, Failure, Phase, Reason, RequestCtx, classify_error, classify_status, pod_from_body,
+};
 use super::target::Target;
 
 /// Connection counters of a pool, reported in the summary.
@@ -42,9 +44,11 @@ const USER_AGENT: &str = "kubegrace-loadgen";
 /// A pool of at most `size` keep-alive HTTP/1.1 connections, one request at a time on each.
 /// A request waits (phase `Pool`) when every connection is busy, like a client with a
 /// connection limit per host.
+type H1Conn = (http1::SendRequest<Empty<Bytes>>, Arc<ConnInfo>);
+
 pub struct Http1Pool {
     target: Target,
-    idle: std::sync::Mutex<Vec<http1::SendRequest<Empty<Bytes>>>>,
+    idle: std::sync::Mutex<Vec<H1Conn>>,
     slots: tokio::sync::Semaphore,
     stats: Arc<ConnStats>,
 }
@@ -60,8 +64,8 @@ impl Http1Pool {
     }
 
     /// One GET of `path`; the response body is read to the end.
-    pub async fn get(&self, path: &str, phase: &PhaseCell) -> Result<(), Failure> {
-        phase.set(Phase::Pool);
+    pub async fn get(&self, path: &str, ctx: &RequestCtx) -> Result<(), Failure> {
+        ctx.set(Phase::Pool);
         let _slot = self
             .slots
             .acquire()
@@ -70,10 +74,10 @@ impl Http1Pool {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let (mut sender, reused) = match self.take_idle() {
-                Some(sender) => (sender, true),
+            let ((mut sender, info), reused) = match self.take_idle() {
+                Some(conn) => (conn, true),
                 None => {
-                    phase.set(Phase::Connect);
+                    ctx.set(Phase::Connect);
                     (self.connect().await?, false)
                 }
             };
@@ -82,7 +86,8 @@ impl Http1Pool {
                 self.stats.stale_reconnects.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            phase.set(Phase::Response);
+            ctx.use_conn(&info);
+            ctx.set(Phase::Response);
             let req = Request::get(path)
                 .header(http::header::HOST, self.target.authority.as_str())
                 .header(http::header::USER_AGENT, USER_AGENT)
@@ -91,12 +96,15 @@ impl Http1Pool {
             match sender.try_send_request(req).await {
                 Ok(resp) => {
                     let status = resp.status().as_u16();
-                    phase.set(Phase::Body);
-                    resp.into_body()
+                    ctx.set(Phase::Body);
+                    let body = resp
+                        .into_body()
                         .collect()
                         .await
-                        .map_err(|e| classify_error(&e))?;
-                    self.put_idle(sender);
+                        .map_err(|e| classify_error(&e))?
+                        .to_bytes();
+                    ctx.answered(pod_from_body(&body));
+                    self.put_idle((sender, info));
                     return classify_status(status);
                 }
                 Err(mut e) => {
@@ -118,31 +126,31 @@ impl Http1Pool {
         }
     }
 
-    fn take_idle(&self) -> Option<http1::SendRequest<Empty<Bytes>>> {
+    fn take_idle(&self) -> Option<H1Conn> {
         let mut idle = self
             .idle
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        while let Some(sender) = idle.pop() {
-            if !sender.is_closed() {
-                return Some(sender);
+        while let Some(conn) = idle.pop() {
+            if !conn.0.is_closed() {
+                return Some(conn);
             }
             self.stats.stale_reconnects.fetch_add(1, Ordering::Relaxed);
         }
         None
     }
 
-    fn put_idle(&self, sender: http1::SendRequest<Empty<Bytes>>) {
+    fn put_idle(&self, conn: H1Conn) {
         // hyper closes the connection itself after `Connection: close`; don't keep it then.
-        if !sender.is_closed() {
+        if !conn.0.is_closed() {
             self.idle
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .push(sender);
+                .push(conn);
         }
     }
 
-    async fn connect(&self) -> Result<http1::SendRequest<Empty<Bytes>>, Failure> {
+    async fn connect(&self) -> Result<H1Conn, Failure> {
         let stream = self.target.connect(&self.stats.connects).await?;
         let (sender, conn) = http1::handshake(TokioIo::new(stream))
             .await
@@ -151,7 +159,7 @@ impl Http1Pool {
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        Ok(sender)
+        Ok((sender, Arc::new(ConnInfo::default())))
     }
 }
 
@@ -159,10 +167,12 @@ impl Http1Pool {
 /// (empty body) and gRPC calls share one pool implementation.
 pub type H2Body = tonic::body::Body;
 
+type H2Conn = (http2::SendRequest<H2Body>, Arc<ConnInfo>);
+
 /// `size` multiplexed HTTP/2 connections (h2c prior knowledge); requests go round-robin.
 pub struct Http2Pool {
     target: Target,
-    slots: Vec<tokio::sync::Mutex<Option<http2::SendRequest<H2Body>>>>,
+    slots: Vec<tokio::sync::Mutex<Option<H2Conn>>>,
     next: AtomicUsize,
     stats: Arc<ConnStats>,
 }
@@ -185,19 +195,22 @@ impl Http2Pool {
     }
 
     /// One GET of `path`; the response body is read to the end.
-    pub async fn get(&self, path: &str, phase: &PhaseCell) -> Result<(), Failure> {
+    pub async fn get(&self, path: &str, ctx: &RequestCtx) -> Result<(), Failure> {
         let uri = format!("http://{}{path}", self.target.authority);
         let req = Request::get(uri)
             .header(http::header::USER_AGENT, USER_AGENT)
             .body(H2Body::default())
             .map_err(|e| Failure::new(Reason::Other, format!("building request: {e}")))?;
-        let resp = self.send(req, phase).await?;
+        let resp = self.send(req, ctx).await?;
         let status = resp.status().as_u16();
-        phase.set(Phase::Body);
-        resp.into_body()
+        ctx.set(Phase::Body);
+        let body = resp
+            .into_body()
             .collect()
             .await
-            .map_err(|e| classify_error(&e))?;
+            .map_err(|e| classify_error(&e))?
+            .to_bytes();
+        ctx.answered(pod_from_body(&body));
         classify_status(status)
     }
 
@@ -205,13 +218,14 @@ impl Http2Pool {
     pub async fn send(
         &self,
         mut req: Request<H2Body>,
-        phase: &PhaseCell,
+        ctx: &RequestCtx,
     ) -> Result<Response<Incoming>, Failure> {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let (mut sender, reused) = self.sender(phase).await?;
-            phase.set(Phase::Response);
+            let (mut sender, info, reused) = self.sender(ctx).await?;
+            ctx.use_conn(&info);
+            ctx.set(Phase::Response);
             match sender.try_send_request(req).await {
                 Ok(resp) => return Ok(resp),
                 Err(mut e) => match e.take_message() {
@@ -231,16 +245,16 @@ impl Http2Pool {
     /// was closed (GOAWAY or EOF). Returns whether it was reused.
     async fn sender(
         &self,
-        phase: &PhaseCell,
-    ) -> Result<(http2::SendRequest<H2Body>, bool), Failure> {
+        ctx: &RequestCtx,
+    ) -> Result<(http2::SendRequest<H2Body>, Arc<ConnInfo>, bool), Failure> {
         // The slot lock is only contended while another request opens its connection, so
         // waiting for it is waiting for a connect.
-        phase.set(Phase::Connect);
+        ctx.set(Phase::Connect);
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         let mut slot = self.slots[i].lock().await;
-        if let Some(sender) = slot.as_ref() {
+        if let Some((sender, info)) = slot.as_ref() {
             if !sender.is_closed() {
-                return Ok((sender.clone(), true));
+                return Ok((sender.clone(), info.clone(), true));
             }
             self.stats.stale_reconnects.fetch_add(1, Ordering::Relaxed);
             *slot = None;
@@ -253,7 +267,8 @@ impl Http2Pool {
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        *slot = Some(sender.clone());
-        Ok((sender, false))
+        let info = Arc::new(ConnInfo::default());
+        *slot = Some((sender.clone(), info.clone()));
+        Ok((sender, info, false))
     }
 }

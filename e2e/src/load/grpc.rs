@@ -44,7 +44,7 @@ use tonic::codegen::{BoxFuture, BoxStream, StdError};
 use tonic::{Code, Status};
 
 use super::conn::Http2Pool;
-use super::outcome::{Failure, Phase, PhaseCell, Reason, classify_error};
+use super::outcome::{Failure, Phase, Reason, RequestCtx, classify_error, pod_from_name};
 
 /// The fully qualified service name.
 pub const SERVICE: &str = "kubegrace.demo.Echo";
@@ -145,7 +145,7 @@ impl<D: Message + Default> Decoder for ProstDecoder<D> {
 #[derive(Clone)]
 struct PoolTransport {
     pool: Arc<Http2Pool>,
-    phase: Arc<PhaseCell>,
+    ctx: Arc<RequestCtx>,
 }
 
 type MappedBody = MapErr<Incoming, fn(hyper::Error) -> Failure>;
@@ -164,19 +164,19 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for PoolTransport
     }
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let (pool, phase) = (self.pool.clone(), self.phase.clone());
+        let (pool, ctx) = (self.pool.clone(), self.ctx.clone());
         Box::pin(async move {
-            let resp = pool.send(req, &phase).await?;
-            phase.set(Phase::Body);
+            let resp = pool.send(req, &ctx).await?;
+            ctx.set(Phase::Body);
             Ok(resp.map(|body| body.map_err(body_failure as fn(hyper::Error) -> Failure)))
         })
     }
 }
 
-fn client(pool: &Arc<Http2Pool>, phase: &Arc<PhaseCell>) -> tonic::client::Grpc<PoolTransport> {
+fn client(pool: &Arc<Http2Pool>, ctx: &Arc<RequestCtx>) -> tonic::client::Grpc<PoolTransport> {
     let transport = PoolTransport {
         pool: pool.clone(),
-        phase: phase.clone(),
+        ctx: ctx.clone(),
     };
     tonic::client::Grpc::with_origin(transport, pool.target().origin.clone())
 }
@@ -210,10 +210,10 @@ pub fn classify_status(status: &Status) -> Failure {
 /// One unary call.
 pub async fn unary(
     pool: &Arc<Http2Pool>,
-    phase: &Arc<PhaseCell>,
+    ctx: &Arc<RequestCtx>,
     req: EchoRequest,
 ) -> Result<EchoReply, Failure> {
-    let mut grpc = client(pool, phase);
+    let mut grpc = client(pool, ctx);
     grpc.ready().await?;
     let path = http::uri::PathAndQuery::from_static(UNARY_PATH);
     let codec = ProstCodec::<EchoRequest, EchoReply>::default();
@@ -221,18 +221,20 @@ pub async fn unary(
         .unary(tonic::Request::new(req), path, codec)
         .await
         .map_err(|s| classify_status(&s))?;
-    Ok(resp.into_inner())
+    let reply = resp.into_inner();
+    ctx.answered(pod_from_name(&reply.pod));
+    Ok(reply)
 }
 
 /// One server-streaming call, read to the end; returns the replies. Fewer replies than
 /// asked for with an OK status is still a failure (the stream was cut short).
 pub async fn stream(
     pool: &Arc<Http2Pool>,
-    phase: &Arc<PhaseCell>,
+    ctx: &Arc<RequestCtx>,
     req: EchoRequest,
 ) -> Result<Vec<EchoReply>, Failure> {
     let expected = req.count.max(1) as usize;
-    let mut grpc = client(pool, phase);
+    let mut grpc = client(pool, ctx);
     grpc.ready().await?;
     let path = http::uri::PathAndQuery::from_static(STREAM_PATH);
     let codec = ProstCodec::<EchoRequest, EchoReply>::default();
@@ -243,6 +245,10 @@ pub async fn stream(
     let mut messages = resp.into_inner();
     let mut replies = Vec::with_capacity(expected);
     while let Some(reply) = messages.message().await.map_err(|s| classify_status(&s))? {
+        if replies.is_empty() {
+            // Remember the pod as soon as it answers, so a stream cut later is attributed.
+            ctx.answered(pod_from_name(&reply.pod));
+        }
         replies.push(reply);
     }
     if replies.len() < expected {

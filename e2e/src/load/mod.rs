@@ -29,7 +29,7 @@ pub use outcome::{Failure, Reason};
 pub use summary::{Outcome, Summary};
 
 use conn::{ConnStats, Http1Pool, Http2Pool};
-use outcome::PhaseCell;
+use outcome::RequestCtx;
 use target::Target;
 
 /// Errors of the load module (per-request failures are data, [`Failure`], not errors).
@@ -238,21 +238,21 @@ impl Clients {
         }
     }
 
-    async fn request(&self, kind: Kind, seq: u64, phase: &Arc<PhaseCell>) -> Result<(), Failure> {
+    async fn request(&self, kind: Kind, seq: u64, ctx: &Arc<RequestCtx>) -> Result<(), Failure> {
         let missing = || Failure::new(Reason::Other, "no client for this protocol");
         match kind {
             Kind::Http1 => {
                 self.http1
                     .as_ref()
                     .ok_or_else(missing)?
-                    .get(&self.cfg.path, phase)
+                    .get(&self.cfg.path, ctx)
                     .await
             }
             Kind::Http2 => {
                 self.http2
                     .as_ref()
                     .ok_or_else(missing)?
-                    .get(&self.cfg.path, phase)
+                    .get(&self.cfg.path, ctx)
                     .await
             }
             Kind::GrpcUnary => {
@@ -260,7 +260,7 @@ impl Clients {
                     message: format!("req-{seq}"),
                     ..Default::default()
                 };
-                grpc::unary(self.grpc.as_ref().ok_or_else(missing)?, phase, req)
+                grpc::unary(self.grpc.as_ref().ok_or_else(missing)?, ctx, req)
                     .await
                     .map(drop)
             }
@@ -272,7 +272,7 @@ impl Clients {
                         .unwrap_or(u32::MAX),
                     ..Default::default()
                 };
-                grpc::stream(self.grpc.as_ref().ok_or_else(missing)?, phase, req)
+                grpc::stream(self.grpc.as_ref().ok_or_else(missing)?, ctx, req)
                     .await
                     .map(drop)
             }
@@ -329,15 +329,15 @@ pub async fn run_outcomes_until(
         tasks.spawn(async move {
             let kind = clients.kind(seq);
             let sent = Instant::now();
-            let phase = Arc::new(PhaseCell::default());
-            let result =
-                match tokio::time::timeout(timeout, clients.request(kind, seq, &phase)).await {
-                    Ok(result) => result,
-                    Err(_) => Err(Failure::new(
-                        Reason::Timeout,
-                        format!("no answer in time ({})", phase.get().describe()),
-                    )),
-                };
+            let ctx = Arc::new(RequestCtx::default());
+            let result = match tokio::time::timeout(timeout, clients.request(kind, seq, &ctx)).await
+            {
+                Ok(result) => result,
+                Err(_) => Err(Failure::new(
+                    Reason::Timeout,
+                    format!("no answer in time ({})", ctx.phase().describe()),
+                )),
+            };
             let (reason, detail) = match result {
                 Ok(()) => (Reason::Ok, String::new()),
                 Err(f) => (f.reason, f.detail),
@@ -349,6 +349,7 @@ pub async fn run_outcomes_until(
                 latency_ms: summary::round3(sent.elapsed().as_secs_f64() * 1000.0),
                 reason,
                 detail,
+                pod: ctx.pod().map(|p| p.to_string()),
             }
         });
     }
@@ -385,6 +386,7 @@ fn collect(done: Result<Outcome, tokio::task::JoinError>, outcomes: &mut Vec<Out
             latency_ms: 0.0,
             reason: Reason::Other,
             detail: format!("request task failed: {e}"),
+            pod: None,
         }),
     }
 }

@@ -17,6 +17,7 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -124,24 +125,89 @@ impl Phase {
     }
 }
 
-/// The phase of one in-flight request, shared with the code that runs it. An atomic because
-/// the request future is dropped by the timeout and the runner reads the phase afterwards.
+/// What the client knows about one connection: the pod that answered on it last (through
+/// a Service, the client cannot see the endpoint a connection reached, only who answers).
 #[derive(Debug, Default)]
-pub struct PhaseCell(AtomicU8);
+pub struct ConnInfo {
+    pod: Mutex<Option<Arc<str>>>,
+}
 
-impl PhaseCell {
+impl ConnInfo {
+    pub fn pod(&self) -> Option<Arc<str>> {
+        lock(&self.pod).clone()
+    }
+}
+
+/// The state of one in-flight request, shared with the code that runs it: the phase it is
+/// in, the connection it uses and who answered. Shared (atomics and mutexes, not locals)
+/// because the timeout drops the request future and the runner reads this afterwards.
+#[derive(Debug, Default)]
+pub struct RequestCtx {
+    phase: AtomicU8,
+    conn: Mutex<Option<Arc<ConnInfo>>>,
+    answered_by: Mutex<Option<Arc<str>>>,
+}
+
+impl RequestCtx {
     pub fn set(&self, phase: Phase) {
-        self.0.store(phase as u8, Ordering::Relaxed);
+        self.phase.store(phase as u8, Ordering::Relaxed);
     }
 
-    pub fn get(&self) -> Phase {
-        match self.0.load(Ordering::Relaxed) {
+    pub fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::Relaxed) {
             0 => Phase::Pool,
             1 => Phase::Connect,
             2 => Phase::Response,
             _ => Phase::Body,
         }
     }
+
+    /// The request now runs on this connection.
+    pub fn use_conn(&self, conn: &Arc<ConnInfo>) {
+        *lock(&self.conn) = Some(conn.clone());
+    }
+
+    /// A complete answer came from `pod` (when the response named one); the connection
+    /// remembers it, so a later failure on that connection is attributed to that pod.
+    pub fn answered(&self, pod: Option<Arc<str>>) {
+        let Some(pod) = pod else { return };
+        if let Some(conn) = lock(&self.conn).as_ref() {
+            *lock(&conn.pod) = Some(pod.clone());
+        }
+        *lock(&self.answered_by) = Some(pod);
+    }
+
+    /// The pod that answered, else the pod last seen on the request's connection.
+    pub fn pod(&self) -> Option<Arc<str>> {
+        lock(&self.answered_by)
+            .clone()
+            .or_else(|| lock(&self.conn).as_ref().and_then(|c| c.pod()))
+    }
+}
+
+/// A poisoned lock here only means another request panicked mid-update of a plain value;
+/// the value is still usable.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The pod named by a demo-app response body (`pod=<name>...`), if any.
+pub fn pod_from_body(body: &[u8]) -> Option<Arc<str>> {
+    let rest = body.strip_prefix(b"pod=")?;
+    let end = rest
+        .iter()
+        .position(|b| b.is_ascii_whitespace())
+        .unwrap_or(rest.len());
+    // A pod name is a DNS label (at most 253 bytes); anything else isn't one.
+    let name = std::str::from_utf8(&rest[..end])
+        .ok()
+        .filter(|n| !n.is_empty() && n.len() <= 253)?;
+    Some(Arc::from(name))
+}
+
+/// The pod named by a gRPC reply, if any.
+pub fn pod_from_name(name: &str) -> Option<Arc<str>> {
+    (!name.is_empty() && name.len() <= 253).then(|| Arc::from(name))
 }
 
 /// Classifies an HTTP status of a complete response.
@@ -295,6 +361,29 @@ mod tests {
         struct Wrapper(#[source] Failure);
         let f = Failure::new(Reason::Timeout, "x");
         assert_eq!(classify_error(&Wrapper(f.clone())), f);
+    }
+
+    #[test]
+    fn pods_are_read_from_demo_app_bodies() {
+        assert_eq!(pod_from_body(b"pod=web-1\n").as_deref(), Some("web-1"));
+        assert_eq!(
+            pod_from_body(b"pod=web-2 delayed_ms=5\n").as_deref(),
+            Some("web-2")
+        );
+        assert_eq!(pod_from_body(b"ok\n"), None);
+        assert_eq!(pod_from_body(b"pod=\n"), None);
+    }
+
+    #[test]
+    fn a_failure_is_attributed_to_the_pod_last_seen_on_its_connection() {
+        let conn = Arc::new(ConnInfo::default());
+        let first = RequestCtx::default();
+        first.use_conn(&conn);
+        first.answered(pod_from_body(b"pod=web-1\n"));
+        let second = RequestCtx::default();
+        assert_eq!(second.pod(), None);
+        second.use_conn(&conn);
+        assert_eq!(second.pod().as_deref(), Some("web-1"));
     }
 
     #[test]

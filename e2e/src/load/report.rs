@@ -142,6 +142,16 @@ pub fn table(result: &DemoResult) -> String {
         for (detail, n) in &run.summary.by_detail {
             let _ = writeln!(out, "{label}: {n} x {detail}");
         }
+        let pods: Vec<String> = run
+            .summary
+            .by_pod
+            .iter()
+            .filter(|(_, p)| p.failed > 0)
+            .map(|(pod, p)| format!("{pod} {}", p.failed))
+            .collect();
+        if !pods.is_empty() {
+            let _ = writeln!(out, "{label}: failed by pod: {}", pods.join(", "));
+        }
     }
     out
 }

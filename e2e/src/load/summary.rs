@@ -21,6 +21,10 @@ pub struct Outcome {
     /// Why it failed (empty when ok).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,
+    /// The pod that answered (demo app: `pod=<name>` bodies, gRPC `EchoReply.pod`); for a
+    /// failure, the pod last seen on its connection. Absent when unknown (e.g. refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
 }
 
 /// A count per reason, every reason present (zero-filled) so consumers can index any key.
@@ -139,6 +143,10 @@ pub struct Summary {
     /// Failure details, `"<reason>: <detail>"` -> count (at most [`MAX_DETAILS`] keys).
     pub by_detail: BTreeMap<String, u64>,
     pub by_kind: BTreeMap<String, KindSummary>,
+    /// Per pod (see [`Outcome::pod`]): who served the load and who dropped it. Requests
+    /// with no known pod are under `"(unknown)"`; at most [`MAX_PODS`] keys.
+    #[serde(default)]
+    pub by_pod: BTreeMap<String, KindSummary>,
     /// Latency percentiles of the successful requests, in ms (0 when none succeeded).
     pub p50_ms: f64,
     pub p90_ms: f64,
@@ -161,6 +169,9 @@ pub struct Summary {
     pub timeline: Vec<Second>,
 }
 
+/// Distinct pods kept; the rest are folded into `"(other pods)"`.
+pub const MAX_PODS: usize = 100;
+
 /// Distinct failure details kept; the rest are folded into `"<reason>: (other details)"`.
 pub const MAX_DETAILS: usize = 40;
 
@@ -178,6 +189,21 @@ impl Summary {
             let kind = s.by_kind.entry(o.kind.clone()).or_default();
             kind.requests += 1;
             kind.by_reason.add(o.reason);
+            let kind_failed = o.reason.is_failure();
+            if kind_failed {
+                kind.failed += 1;
+            }
+            let pod_key = match &o.pod {
+                Some(p) if s.by_pod.len() < MAX_PODS || s.by_pod.contains_key(p) => p.clone(),
+                Some(_) => "(other pods)".to_owned(),
+                None => "(unknown)".to_owned(),
+            };
+            let pod = s.by_pod.entry(pod_key).or_default();
+            pod.requests += 1;
+            pod.by_reason.add(o.reason);
+            if kind_failed {
+                pod.failed += 1;
+            }
             end_ms = end_ms.max(o.t_ms + o.latency_ms);
             let sec = (o.t_ms.max(0.0) / 1000.0) as usize;
             if s.timeline.len() <= sec {
@@ -185,7 +211,6 @@ impl Summary {
             }
             let bucket = &mut s.timeline[sec];
             if o.reason.is_failure() {
-                kind.failed += 1;
                 bucket.failed += 1;
                 bucket.failed_by_reason.add(o.reason);
                 let t = round3(o.t_ms / 1000.0);
@@ -244,6 +269,7 @@ mod tests {
             latency_ms,
             reason,
             detail: detail.into(),
+            pod: (reason != Reason::Refused).then(|| format!("web-{}", seq % 2)),
         }
     }
 
@@ -286,6 +312,9 @@ mod tests {
         assert_eq!(s.by_detail.get("reset: io: connection reset"), Some(&1));
         assert_eq!(s.first_failure_s, Some(1.5));
         assert_eq!(s.by_kind["http1"].failed, 2);
+        assert_eq!(s.by_pod["web-0"].requests, 51);
+        assert_eq!(s.by_pod["web-0"].failed, 1);
+        assert_eq!(s.by_pod["(unknown)"].by_reason.refused, 1);
     }
 
     #[test]

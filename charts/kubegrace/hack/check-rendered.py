@@ -154,7 +154,7 @@ def check_webhook(docs, opts, names):
         ("shop", None, "enabled", 1),
         ("shop", None, None, 0),
         ("shop", None, "disabled", 0),
-        ("shop", "disabled", "enabled", 0),  # namespace opt-out wins
+        ("shop", "disabled", "enabled", 1),  # the more specific setting wins
         ("shop", "disabled", None, 0),
         ("shop", "bogus", None, 0),
         ("kube-system", "enabled", "enabled", 0),

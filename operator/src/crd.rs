@@ -412,17 +412,26 @@ fn r_grace() -> IntOrString {
     IntOrString::String("auto".into())
 }
 
+// Int-or-string values cannot carry typed anyOf branches in a structural
+// schema (and `minimum`/`pattern` would each pass the other type), so the
+// rules are CEL.
 fn int_or_percent(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "x-kubernetes-int-or-string": true,
-        "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": "^[0-9]+%$"}],
+        "x-kubernetes-validations": [{
+            "rule": "type(self) == string ? self.matches('^[0-9]+%$') : self >= 0",
+            "message": "must be a number >= 0 or a percentage like 25%",
+        }],
     })
 }
 
 fn grace_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "x-kubernetes-int-or-string": true,
-        "anyOf": [{"type": "integer", "minimum": 1, "maximum": 86400}, {"type": "string", "enum": ["auto"]}],
+        "x-kubernetes-validations": [{
+            "rule": "type(self) == string ? self == 'auto' : (self >= 1 && self <= 86400)",
+            "message": "must be auto or a number of seconds from 1 to 86400",
+        }],
     })
 }
 

@@ -1,0 +1,628 @@
+//! API integration tests against a real kube-apiserver (the local cluster of
+//! `e2e/cluster/up`, or any cluster in `KUBEGRACE_E2E_KUBECONFIG` /
+//! `KUBECONFIG`). Without one they print "skipped: no cluster" and pass.
+//!
+//! The operator runs in-process on this host; the API server reaches its
+//! webhook by URL (`https://127.0.0.1:<port>/mutate`), with the caBundle the
+//! operator itself patches in. Each test has its own labelled namespace,
+//! webhook configuration, Lease and ports, and removes them at the end; the
+//! tests run one at a time because every operator watches all namespaces.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, CustomResourceExt, ResourceExt};
+use kubegrace_operator::cli::RunArgs;
+use kubegrace_operator::crd::GraceRoute;
+use serde_json::json;
+
+/// Tests share the cluster-wide watches of their operators: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+const TEST_LABEL: &str = "kubegrace.io/test";
+
+async fn client() -> Option<Client> {
+    let path = std::env::var("KUBEGRACE_E2E_KUBECONFIG")
+        .or_else(|_| std::env::var("KUBECONFIG"))
+        .ok()
+        .filter(|p| !p.is_empty())?;
+    let kc = Kubeconfig::read_from(&path).expect("readable kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("usable kubeconfig");
+    Some(Client::try_from(config).expect("client"))
+}
+
+/// Polls `check` every 250ms until it returns Some, for at most `secs`.
+async fn wait_for<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {secs}s waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+async fn install_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = GraceRoute::crd();
+    crds.patch(
+        "graceroutes.kubegrace.io",
+        &PatchParams::apply("kubegrace-operator-tests").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("the generated CRD installs");
+    wait_for(60, "CRD Established", || async {
+        let c = crds.get("graceroutes.kubegrace.io").await.ok()?;
+        let established = c
+            .status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        established.then_some(())
+    })
+    .await;
+}
+
+struct TestNs {
+    client: Client,
+    name: String,
+}
+
+impl TestNs {
+    async fn new(client: &Client, prefix: &str, inject_label: bool) -> Self {
+        let name = format!("{prefix}-{:06x}", rand::random::<u32>() & 0xff_ffff);
+        let mut labels = BTreeMap::from([(TEST_LABEL.to_string(), "true".to_string())]);
+        if inject_label {
+            labels.insert("kubegrace.io/inject".into(), "enabled".into());
+        }
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))
+                .expect("ns");
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create namespace");
+        Self {
+            client: client.clone(),
+            name,
+        }
+    }
+
+    async fn cleanup(self) {
+        let _ = Api::<MutatingWebhookConfiguration>::all(self.client.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await;
+        // Routes first, while their finalizer's operator may still run.
+        let _ = Api::<Namespace>::all(self.client.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await;
+    }
+}
+
+/// A webhook configuration for this namespace only, calling the operator on
+/// this host.
+async fn webhook_config(client: &Client, ns: &str, port: u16, failure_policy: &str) {
+    let mwc: MutatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": ns, "labels": {TEST_LABEL: "true"}},
+        "webhooks": [{
+            "name": "pod.inject.kubegrace.io",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}/mutate")},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "failurePolicy": failure_policy,
+            "sideEffects": "None",
+            "timeoutSeconds": 5,
+            "reinvocationPolicy": "IfNeeded",
+        }]
+    }))
+    .expect("mwc");
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &mwc)
+        .await
+        .expect("create webhook configuration");
+}
+
+/// Starts the operator in-process; returns its shutdown trigger and task.
+fn start_operator(
+    client: &Client,
+    ns: &str,
+    webhook_port: u16,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<kubegrace_operator::Result<()>>,
+) {
+    let args = RunArgs::from_args([
+        "--namespace".to_string(),
+        ns.to_string(),
+        "--webhook-addr".into(),
+        format!("127.0.0.1:{webhook_port}"),
+        "--admin-addr".into(),
+        format!("127.0.0.1:{}", free_port()),
+        "--webhook-config".into(),
+        ns.to_string(),
+        "--webhook-extra-san".into(),
+        "127.0.0.1".into(),
+        "--leader-election-lease".into(),
+        format!("kubegrace-test-{ns}"),
+        "--sidecar-image".into(),
+        "localhost/kubegrace/sidecar:e2e".into(),
+    ])
+    .expect("valid flags");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(kubegrace_operator::run::run(
+        client.clone(),
+        args,
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    (tx, task)
+}
+
+fn deployment(name: &str) -> Deployment {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{
+                    "name": "app", "image": "localhost/kubegrace/pause:e2e", "imagePullPolicy": "Never",
+                    "ports": [{"name": "http", "containerPort": 8080}]
+                }]}
+            }
+        }
+    }))
+    .expect("deployment")
+}
+
+fn condition(r: &GraceRoute, type_: &str) -> Option<(String, String, String)> {
+    r.condition(type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+fn has_sidecar(p: &Pod) -> bool {
+    p.spec.as_ref().is_some_and(|s| {
+        s.init_containers
+            .iter()
+            .flatten()
+            .chain(s.containers.iter())
+            .any(|c| c.name == "kubegrace-sidecar")
+    })
+}
+
+macro_rules! cluster_or_skip {
+    () => {
+        match client().await {
+            Some(c) => c,
+            None => {
+                println!("skipped: no cluster");
+                return;
+            }
+        }
+    };
+}
+
+#[tokio::test]
+async fn the_api_server_refuses_invalid_routes_with_a_message_that_says_what_to_fix() {
+    let client = cluster_or_skip!();
+    let _serial = SERIAL.lock().await;
+    install_crd(&client).await;
+    let ns = TestNs::new(&client, "kg-invalid", false).await;
+    let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
+    let cases = [
+        (
+            json!({"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": "http"}], "drain": {"minDelay": "2 seconds"}}),
+            "should match",
+        ),
+        (
+            json!({"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": "http"}], "drain": {"minDelay": "20s", "maxDelay": "5s"}}),
+            "minDelay 20s is longer than maxDelay 5s",
+        ),
+        (
+            json!({"targetRef": {"kind": "Deployment", "name": "web"}, "selector": {"matchLabels": {"app": "web"}}, "ports": [{"name": "http"}]}),
+            "set exactly one of targetRef",
+        ),
+        (
+            json!({"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": "HTTP_PORT"}]}),
+            "ports[0].name",
+        ),
+        (
+            json!({"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": "http"}], "rollout": {"maxSurge": 0, "maxUnavailable": 0}}),
+            "cannot both be 0",
+        ),
+    ];
+    // Sent untyped: the point is what the API server says.
+    let ar = ApiResource::erase::<GraceRoute>(&());
+    let raw: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns.name, &ar);
+    for (i, (spec, expect)) in cases.into_iter().enumerate() {
+        let route: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+            "metadata": {"name": format!("bad-{i}")},
+            "spec": spec,
+        }))
+        .expect("object");
+        let err = raw
+            .create(&PostParams::default(), &route)
+            .await
+            .expect_err(&format!("case {i} must be refused"));
+        let msg = err.to_string();
+        println!("case {i}: {msg}");
+        assert!(
+            msg.contains(expect),
+            "case {i}: {msg:?} should say {expect:?}"
+        );
+    }
+    // And the defaults a valid route gets from the schema.
+    let ok: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+        "metadata": {"name": "good"},
+        "spec": {"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": "http"}]},
+    }))
+    .expect("object");
+    raw.create(&PostParams::default(), &ok)
+        .await
+        .expect("valid route accepted");
+    let _ = routes;
+    let good = Api::<GraceRoute>::namespaced(client.clone(), &ns.name)
+        .get("good")
+        .await
+        .expect("typed read");
+    assert_eq!(good.spec.drain.max_delay.to_string(), "15s");
+    assert_eq!(good.spec.rollout.min_ready_seconds, 5);
+    assert_eq!(
+        good.spec.ports[0].protocol,
+        kubegrace_operator::crd::PortProtocol::Http
+    );
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
+    let client = cluster_or_skip!();
+    let _serial = SERIAL.lock().await;
+    install_crd(&client).await;
+    let ns = TestNs::new(&client, "kg-route", false).await;
+    let port = free_port();
+    webhook_config(&client, &ns.name, port, "Fail").await;
+    let (stop, task) = start_operator(&client, &ns.name, port);
+
+    // The operator writes its CA into the webhook configuration.
+    let mwcs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    wait_for(30, "caBundle patched", || async {
+        let m = mwcs.get(&ns.name).await.ok()?;
+        m.webhooks?
+            .first()?
+            .client_config
+            .ca_bundle
+            .as_ref()
+            .map(|_| ())
+    })
+    .await;
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    deployments
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .expect("create deployment");
+    let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
+    let route: GraceRoute = serde_json::from_value(json!({
+        "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+        "metadata": {"name": "web"},
+        "spec": {
+            "targetRef": {"kind": "Deployment", "name": "web"},
+            "ports": [{"name": "http"}],
+            "drain": {"maxDelay": "10s", "timeout": "20s"},
+            "routes": [{"name": "slow", "match": {"pathPrefix": "/slow"}, "timeout": "40s"}]
+        }
+    }))
+    .expect("route");
+    let started = std::time::Instant::now();
+    routes
+        .create(&PostParams::default(), &route)
+        .await
+        .expect("create route");
+
+    // Accepted, config written, budget = 10s + 40s (longest route) + 5s.
+    let r = wait_for(60, "Accepted with budget", || async {
+        let r = routes.get("web").await.ok()?;
+        (r.status.as_ref()?.budget_seconds == Some(55)).then_some(r)
+    })
+    .await;
+    let reconcile_time = started.elapsed();
+    println!("first reconcile to status: {reconcile_time:?}");
+    let (accepted, _, msg) = condition(&r, "Accepted").expect("Accepted");
+    assert_eq!(accepted, "True", "{msg}");
+    let (ready, reason, msg) = condition(&r, "Ready").expect("Ready");
+    assert_eq!(
+        (ready.as_str(), reason.as_str()),
+        ("False", "InjectionNotEnabled"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("kubectl annotate deployment web kubegrace.io/inject=enabled"),
+        "{msg}"
+    );
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns.name)
+        .get("kubegrace-web")
+        .await
+        .expect("ConfigMap");
+    let yaml = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get("config.yaml"))
+        .expect("config.yaml");
+    let config =
+        kubegrace_sidecar::config::Config::from_yaml(yaml).expect("the sidecar accepts it");
+    assert_eq!(config.drain.timeout.get(), Duration::from_secs(40));
+    let d = deployments.get("web").await.expect("deployment");
+    let spec = d.spec.as_ref().expect("spec");
+    assert_eq!(
+        spec.template
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds),
+        Some(55)
+    );
+    assert_eq!(spec.min_ready_seconds, Some(5));
+    assert_eq!(
+        spec.strategy
+            .as_ref()
+            .and_then(|s| s.rolling_update.as_ref())
+            .and_then(|r| r.max_unavailable.clone()),
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0))
+    );
+
+    // Opt in: the operator copies the annotation into the template; the
+    // rolled pods come back with the sidecar and the route turns Ready.
+    deployments
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"kubegrace.io/inject": "enabled"}}})),
+        )
+        .await
+        .expect("annotate");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    wait_for(90, "an injected pod of web", || async {
+        let list = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .ok()?;
+        list.items.iter().any(has_sidecar).then_some(())
+    })
+    .await;
+    let r = wait_for(90, "route Ready", || async {
+        let r = routes.get("web").await.ok()?;
+        (condition(&r, "Ready")?.0 == "True").then_some(r)
+    })
+    .await;
+    let status = r.status.expect("status");
+    assert!(
+        status.pods_injected >= 1 && status.pods_injected == status.pods_expected,
+        "{status:?}"
+    );
+
+    // A pod created through the API server comes back injected, once.
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "direct", "labels": {"kubegrace.io/inject": "enabled"}, "annotations": {"kubegrace.io/route": "web"}},
+        "spec": {"containers": [{"name": "app", "image": "localhost/kubegrace/pause:e2e", "imagePullPolicy": "Never",
+                 "ports": [{"name": "http", "containerPort": 8080}]}]}
+    }))
+    .expect("pod");
+    let t0 = std::time::Instant::now();
+    let created = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    println!("pod create through the webhook: {:?}", t0.elapsed());
+    assert!(has_sidecar(&created), "injected");
+    let spec = created.spec.as_ref().expect("spec");
+    let sidecar = spec
+        .init_containers
+        .as_ref()
+        .map(|c| &c[0])
+        .expect("native sidecar");
+    assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+    let app_port = spec.containers[0].ports.as_ref().expect("ports")[0].clone();
+    assert_eq!(
+        (app_port.name.as_deref(), app_port.container_port),
+        (Some("kg-http"), 8080)
+    );
+    // Idempotent: the injected pod, submitted again, gains nothing.
+    let mut again = created.clone();
+    again.metadata = kube::api::ObjectMeta {
+        name: Some("direct-again".into()),
+        labels: created.metadata.labels.clone(),
+        annotations: created.metadata.annotations.clone(),
+        ..Default::default()
+    };
+    let again = pods
+        .create(&PostParams::default(), &again)
+        .await
+        .expect("create again");
+    let count = |p: &Pod| {
+        p.spec.as_ref().map_or(0, |s| {
+            s.init_containers
+                .iter()
+                .flatten()
+                .chain(s.containers.iter())
+                .filter(|c| c.name == "kubegrace-sidecar")
+                .count()
+        })
+    };
+    assert_eq!(count(&again), 1);
+
+    // Deleting the route restores what it changed.
+    routes
+        .delete("web", &DeleteParams::default())
+        .await
+        .expect("delete route");
+    wait_for(60, "route gone", || async {
+        routes.get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let d = deployments.get("web").await.expect("deployment");
+    let spec = d.spec.as_ref().expect("spec");
+    assert_eq!(
+        spec.template
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds),
+        Some(30)
+    );
+    assert_eq!(spec.min_ready_seconds.unwrap_or(0), 0);
+    assert!(
+        !d.annotations()
+            .contains_key("kubegrace.io/original-rollout")
+    );
+    assert!(
+        spec.template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.as_ref())
+            .is_none_or(|a| !a.contains_key("kubegrace.io/route"))
+    );
+
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("operator stops on the signal")
+        .expect("join")
+        .expect("clean exit");
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn with_the_webhook_down_and_failure_policy_ignore_pods_start_bare_and_the_route_says_so() {
+    let client = cluster_or_skip!();
+    let _serial = SERIAL.lock().await;
+    install_crd(&client).await;
+    let ns = TestNs::new(&client, "kg-drift", true).await;
+    // The webhook configuration points at a port nobody listens on.
+    webhook_config(&client, &ns.name, free_port(), "Ignore").await;
+    let (stop, task) = start_operator(&client, &ns.name, free_port());
+    let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
+    let route: GraceRoute = serde_json::from_value(json!({
+        "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}, "ports": [{"name": "http"}]}
+    }))
+    .expect("route");
+    routes
+        .create(&PostParams::default(), &route)
+        .await
+        .expect("create route");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "bare", "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "app", "image": "localhost/kubegrace/pause:e2e", "imagePullPolicy": "Never",
+                 "ports": [{"name": "http", "containerPort": 8080}]}]}
+    }))
+    .expect("pod");
+    let created = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("admitted despite the webhook");
+    assert!(!has_sidecar(&created));
+    let r = wait_for(60, "PodsNotInjected", || async {
+        let r = routes.get("web").await.ok()?;
+        let (status, reason, msg) = condition(&r, "Degraded")?;
+        (status == "True" && reason == "PodsNotInjected").then_some(msg)
+    })
+    .await;
+    assert!(r.contains("1 of 1 pods lack the sidecar, e.g. bare"), "{r}");
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_operator_killed_mid_reconcile_converges_when_it_starts_again() {
+    let client = cluster_or_skip!();
+    let _serial = SERIAL.lock().await;
+    install_crd(&client).await;
+    let ns = TestNs::new(&client, "kg-restart", false).await;
+    let port = free_port();
+    webhook_config(&client, &ns.name, port, "Ignore").await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    deployments
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .expect("create deployment");
+    let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
+    let route: GraceRoute = serde_json::from_value(json!({
+        "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+        "metadata": {"name": "web"},
+        "spec": {"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": "http"}]}
+    }))
+    .expect("route");
+    routes
+        .create(&PostParams::default(), &route)
+        .await
+        .expect("create route");
+    let (_stop, task) = start_operator(&client, &ns.name, port);
+    // Kill it as soon as the reconcile has begun (the finalizer is its first write).
+    wait_for(60, "finalizer added", || async {
+        let r = routes.get("web").await.ok()?;
+        (!r.finalizers().is_empty()).then_some(())
+    })
+    .await;
+    task.abort();
+    let _ = task.await;
+    let (stop, task) = start_operator(&client, &ns.name, port);
+    let r = wait_for(90, "converged", || async {
+        let r = routes.get("web").await.ok()?;
+        let s = r.status.as_ref()?;
+        (s.budget_seconds == Some(50) && s.config_hash.is_some()).then_some(r)
+    })
+    .await;
+    assert_eq!(condition(&r, "Accepted").map(|c| c.0), Some("True".into()));
+    let d = deployments.get("web").await.expect("deployment");
+    assert_eq!(
+        d.spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(|s| s.termination_grace_period_seconds),
+        Some(50)
+    );
+    routes
+        .delete("web", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_for(60, "route gone", || async {
+        routes.get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+    ns.cleanup().await;
+}

@@ -181,3 +181,40 @@ async fn cut_h1_and_h2_work_is_counted_in_the_metrics_and_pre_stop_still_answers
     ensure!(status.success(), "exit {status}:\n{}", sidecar.logs_text());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exit_line_names_what_started_the_drain() -> Result<()> {
+    // Recording the trigger races with the drain's own task: try a few times.
+    let mut wrong = Vec::new();
+    const ROUNDS: usize = 6;
+    for round in 0..ROUNDS {
+        let app = TestApp::start("a").await?;
+        let spec = SidecarSpec::new(app.addr).args(&[
+            "--drain-min-delay",
+            "50ms",
+            "--drain-quiet",
+            "50ms",
+            "--drain-timeout",
+            "1s",
+        ]);
+        let mut sidecar = Sidecar::start(spec).await?;
+        let signal = if round % 2 == 0 { "TERM" } else { "INT" };
+        sidecar.signal(signal)?;
+        let status = sidecar.wait_exit(WAIT).await?;
+        ensure!(status.success(), "round {round}: exit {status}");
+        let line = sidecar
+            .logs()
+            .into_iter()
+            .find(|l| l.contains("force-closed"))
+            .with_context(|| format!("round {round}: no exit line:\n{}", sidecar.logs_text()))?;
+        if !line.contains(&format!("SIG{signal}")) {
+            wrong.push(line);
+        }
+    }
+    ensure!(
+        wrong.is_empty(),
+        "{} of {ROUNDS} exit lines do not name the signal: {wrong:#?}",
+        wrong.len()
+    );
+    Ok(())
+}

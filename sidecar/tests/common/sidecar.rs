@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail};
 use http::{Method, StatusCode};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
 
 use super::http::{self as client, Response};
 use super::wait_for;
@@ -69,6 +70,8 @@ pub struct Sidecar {
     pub admin: SocketAddr,
     pub config_path: Option<PathBuf>,
     logs: Arc<Mutex<Vec<String>>>,
+    /// The tasks copying stdout and stderr into `logs`.
+    readers: Vec<JoinHandle<()>>,
     exit: Option<ExitStatus>,
 }
 
@@ -102,7 +105,10 @@ fn command(args: &[String]) -> Command {
     cmd
 }
 
-fn capture(stream: impl AsyncRead + Unpin + Send + 'static, logs: Arc<Mutex<Vec<String>>>) {
+fn capture(
+    stream: impl AsyncRead + Unpin + Send + 'static,
+    logs: Arc<Mutex<Vec<String>>>,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut lines = BufReader::new(stream).lines();
         while let Ok(Some(line)) = lines.next_line().await {
@@ -110,7 +116,7 @@ fn capture(stream: impl AsyncRead + Unpin + Send + 'static, logs: Arc<Mutex<Vec<
                 logs.push(line);
             }
         }
-    });
+    })
 }
 
 impl Sidecar {
@@ -152,11 +158,12 @@ impl Sidecar {
             .with_context(|| format!("spawn {BIN}"))?;
         let pid = child.id().context("child pid")?;
         let logs = Arc::new(Mutex::new(Vec::new()));
+        let mut readers = Vec::new();
         if let Some(out) = child.stdout.take() {
-            capture(out, logs.clone());
+            readers.push(capture(out, logs.clone()));
         }
         if let Some(err) = child.stderr.take() {
-            capture(err, logs.clone());
+            readers.push(capture(err, logs.clone()));
         }
         Ok(Self {
             child,
@@ -165,6 +172,7 @@ impl Sidecar {
             admin,
             config_path,
             logs,
+            readers,
             exit: None,
         })
     }
@@ -253,21 +261,11 @@ impl Sidecar {
             })?
             .context("wait")?;
         self.exit = Some(status);
+        // The last lines (the drain summary) may still sit in the pipes.
+        for reader in std::mem::take(&mut self.readers) {
+            let _ = tokio::time::timeout(Duration::from_secs(5), reader).await;
+        }
         Ok(status)
-    }
-
-    /// Whether the process has exited already (without waiting).
-    pub fn has_exited(&mut self) -> bool {
-        if self.exit.is_some() {
-            return true;
-        }
-        match self.child.try_wait() {
-            Ok(Some(status)) => {
-                self.exit = Some(status);
-                true
-            }
-            _ => false,
-        }
     }
 
     pub fn logs(&self) -> Vec<String> {

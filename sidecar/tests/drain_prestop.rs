@@ -1,0 +1,94 @@
+//! The preStop contract: `/drain?wait=true` answers 200 only once drained,
+//! and always gets its answer out, even when SIGTERM arrives at the same
+//! moment (classic sidecars: kubelet sends the sidecar SIGTERM while the
+//! app's preStop is calling it). A hook that fails is a FailedPreStopHook
+//! event on every rollout.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use common::apps::TestApp;
+use common::http::get;
+use common::pod::pre_stop;
+use common::sidecar::{Sidecar, SidecarSpec};
+use common::{wait_for, within};
+use http::StatusCode;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+const DRAIN: &[&str] = &[
+    "--drain-min-delay",
+    "100ms",
+    "--drain-quiet",
+    "50ms",
+    "--drain-max-delay",
+    "2s",
+    "--drain-timeout",
+    "10s",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pre_stop_answers_only_after_in_flight_work_completed() -> Result<()> {
+    let app = TestApp::start("a").await?;
+    let sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let listen = sidecar.listen;
+    let work = tokio::spawn(async move { get(listen, "/work?ms=1500").await });
+    wait_for("the work to reach the app", WAIT, || async {
+        (app.stats.inflight.load(Ordering::SeqCst) >= 1).then_some(())
+    })
+    .await?;
+    let hook = pre_stop(sidecar.admin, WAIT).await;
+    // When the hook answers, the work must be done already.
+    ensure!(
+        work.is_finished(),
+        "preStop answered while a request was still in flight"
+    );
+    let work = within("work", WAIT, work).await???;
+    ensure!(
+        work.status == StatusCode::OK,
+        "in-flight work got {}",
+        work.status
+    );
+    ensure!(
+        matches!(&hook, Ok(r) if r.status == StatusCode::OK),
+        "preStop: {hook:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pre_stop_gets_its_answer_when_sigterm_arrives_at_the_same_time() -> Result<()> {
+    // The race is timing-dependent: try it a few times.
+    let mut failures = Vec::new();
+    const ROUNDS: usize = 10;
+    for round in 0..ROUNDS {
+        let app = TestApp::start("a").await?;
+        let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+        let admin = sidecar.admin;
+        // Both orders: kubelet starts the two at the same time.
+        if round % 2 == 1 {
+            sidecar.signal("TERM")?;
+        }
+        let hook = tokio::spawn(async move { pre_stop(admin, WAIT).await });
+        if round % 2 == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            sidecar.signal("TERM")?;
+        }
+        let hook = within("preStop", WAIT, hook).await??;
+        let status = sidecar.wait_exit(WAIT).await?;
+        ensure!(status.success(), "round {round}: exit {status}");
+        match hook {
+            Ok(r) if r.status == StatusCode::OK => {}
+            other => failures.push(format!("round {round}: {other:?}")),
+        }
+    }
+    ensure!(
+        failures.is_empty(),
+        "preStop lost its answer in {} of {ROUNDS} rounds: {failures:?}",
+        failures.len()
+    );
+    Ok(())
+}

@@ -275,7 +275,6 @@ async fn the_api_server_refuses_invalid_routes_with_a_message_that_says_what_to_
             .await
             .expect_err(&format!("case {i} must be refused"));
         let msg = err.to_string();
-        println!("case {i}: {msg}");
         assert!(
             msg.contains(expect),
             "case {i}: {msg:?} should say {expect:?}"
@@ -481,6 +480,23 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
     };
     assert_eq!(count(&again), 1);
 
+    // Removing the annotation removes what the operator copied into the
+    // pod template (which rolls the pods back out).
+    deployments
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"kubegrace.io/inject": null}}})),
+        )
+        .await
+        .expect("un-annotate");
+    wait_for(30, "template label removed", || async {
+        let d = deployments.get("web").await.ok()?;
+        let labels = d.spec?.template.metadata?.labels.unwrap_or_default();
+        (!labels.contains_key("kubegrace.io/inject")).then_some(())
+    })
+    .await;
+
     // Deleting the route restores what it changed.
     routes
         .delete("web", &DeleteParams::default())
@@ -620,6 +636,93 @@ async fn an_operator_killed_mid_reconcile_converges_when_it_starts_again() {
         .expect("delete");
     wait_for(60, "route gone", || async {
         routes.get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_unknown_port_and_an_overlapping_route_are_conditions_a_person_can_act_on() {
+    let client = cluster_or_skip!();
+    let _serial = SERIAL.lock().await;
+    install_crd(&client).await;
+    let ns = TestNs::new(&client, "kg-cond", false).await;
+    let port = free_port();
+    webhook_config(&client, &ns.name, port, "Ignore").await;
+    let (stop, task) = start_operator(&client, &ns.name, port);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    deployments
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .expect("create deployment");
+    let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
+    let route = |name: &str, port: &str| -> GraceRoute {
+        serde_json::from_value(json!({
+            "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+            "metadata": {"name": name},
+            "spec": {"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": port}]}
+        }))
+        .expect("route")
+    };
+    routes
+        .create(&PostParams::default(), &route("grpc", "grpc"))
+        .await
+        .expect("create");
+    let msg = wait_for(60, "UnknownPort", || async {
+        let r = routes.get("grpc").await.ok()?;
+        let (status, reason, msg) = condition(&r, "Accepted")?;
+        (status == "False" && reason == "UnknownPort").then_some(msg)
+    })
+    .await;
+    assert!(
+        msg.contains("Deployment/web has no container port named \"grpc\" (it has: http)"),
+        "{msg}"
+    );
+    // Fixing the route fixes the condition (level-triggered).
+    routes
+        .patch(
+            "grpc",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ports": [{"name": "http"}]}})),
+        )
+        .await
+        .expect("fix");
+    wait_for(60, "Accepted after the fix", || async {
+        let r = routes.get("grpc").await.ok()?;
+        (condition(&r, "Accepted")?.0 == "True").then_some(())
+    })
+    .await;
+    // A second route on the same workload is reported, not merged.
+    routes
+        .create(&PostParams::default(), &route("second", "http"))
+        .await
+        .expect("create");
+    let msg = wait_for(60, "Overlap", || async {
+        let r = routes.get("second").await.ok()?;
+        let (status, reason, msg) = condition(&r, "Degraded")?;
+        (status == "True" && reason == "Overlap").then_some(msg)
+    })
+    .await;
+    assert!(
+        msg.contains("Deployment/web is also targeted by GraceRoute grpc"),
+        "{msg}"
+    );
+    for name in ["second", "grpc"] {
+        routes
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    wait_for(60, "routes gone", || async {
+        routes
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .is_empty()
+            .then_some(())
     })
     .await;
     let _ = stop.send(());

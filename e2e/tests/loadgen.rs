@@ -174,9 +174,10 @@ async fn raw_server(mode: Misbehave) -> Result<SocketAddr> {
                             .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n")
                             .await;
                         let _ = stream.flush().await;
-                        // Give the client the response, then close the connection while it
-                        // sits idle in the client's pool, as an app's idle timeout does.
-                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        // Close right behind the response, without `Connection: close`: the
+                        // FIN is in the client's socket long before its next request (50 ms
+                        // later), whatever the scheduler does, as when an app's idle timeout
+                        // closes a pooled connection.
                         drop(stream);
                     }
                 }
@@ -350,19 +351,42 @@ async fn a_keepalive_connection_closed_between_requests_is_not_a_failure() -> Re
     let s = load::run(&cfg).await?;
     only_reason(&s, Reason::Ok)?;
     assert_eq!(s.requests, 10);
-    // Every request after the first found its pooled connection closed and reconnected.
-    assert!(s.stale_reconnects > 0, "no reconnect counted: {s:?}");
+    // Every request needed a new connection. Whether hyper noticed the close while the
+    // connection sat in the pool or only when the next request was handed to it (counted
+    // in `stale_reconnects`) depends on scheduling, so neither is asserted.
     assert_eq!(s.connects, 10);
     Ok(())
 }
 
 #[tokio::test]
-async fn connection_close_and_graceful_goaway_lose_nothing() -> Result<()> {
+async fn connection_close_loses_nothing_and_goaway_refusals_are_attributed() -> Result<()> {
     let addr = draining_server(5).await?;
-    for protocol in [Protocol::Http1, Protocol::Http2, Protocol::Grpc] {
+    // HTTP/1.1: every response says `Connection: close`, so no request is ever written on
+    // a connection the server is closing.
+    let s = load::run(&config(addr, Protocol::Http1, 100.0, 500)).await?;
+    only_reason(&s, Reason::Ok)?;
+    assert_eq!(s.connects, 50);
+
+    // HTTP/2 and gRPC: a two-phase GOAWAY every 5 requests. Streams already in flight
+    // finish. A stream the client queued just as the GOAWAY's PING arrived can still go
+    // out after the PING ack (h2 answers pings first) and be refused by the final GOAWAY;
+    // whether that happens depends on scheduling, so such refusals are allowed, but they
+    // must be attributed exactly, and nothing else may fail.
+    for protocol in [Protocol::Http2, Protocol::Grpc] {
         let s = load::run(&config(addr, protocol, 100.0, 500)).await?;
-        only_reason(&s, Reason::Ok)?;
         assert_eq!(s.requests, 50);
+        assert_eq!(
+            s.ok + s.by_reason.reset,
+            50,
+            "{protocol:?}: {:?}",
+            s.by_detail
+        );
+        for detail in s.by_detail.keys() {
+            ensure!(
+                detail.starts_with("reset: h2 stream refused by GOAWAY"),
+                "{protocol:?}: unexpected failure {detail}"
+            );
+        }
         // The server really closed connections: the pools had to open new ones.
         assert!(
             s.connects >= 5,

@@ -287,9 +287,20 @@ fn classify_h2(h2: &h2::Error) -> Failure {
         .unwrap_or_else(|| "unknown".into());
     if h2.is_reset() {
         Failure::new(Reason::Reset, format!("h2 RST_STREAM {reason}"))
+    } else if h2.is_go_away() && h2.is_remote() {
+        // h2 fails a stream with the peer's GOAWAY only when its id is above the GOAWAY's
+        // last-stream-id: the server never processed it (RFC 9113 6.8; safe to retry, but
+        // this loadgen retries nothing that was sent).
+        Failure::new(
+            Reason::Reset,
+            format!("h2 stream refused by GOAWAY ({reason})"),
+        )
     } else if h2.is_go_away() {
-        // A stream above the GOAWAY's last-stream-id, or the connection ended with an error.
-        Failure::new(Reason::Reset, format!("h2 GOAWAY {reason}"))
+        // Our side tore the connection down (a protocol error), taking the stream with it.
+        Failure::new(
+            Reason::Reset,
+            format!("h2 connection error ({reason}, local)"),
+        )
     } else {
         Failure::new(Reason::Other, format!("h2 error {reason}"))
     }

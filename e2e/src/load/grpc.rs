@@ -22,9 +22,27 @@
 //! }
 //! ```
 //!
-//! Server: mount [`EchoServer`] (a tower `Service` + `NamedService`), e.g.
-//! `tonic::transport::Server::builder().add_service(EchoServer::new(pod))`, or route
-//! `content-type: application/grpc` requests of a hyper server to it (see the loadgen tests).
+//! Server: mount [`EchoServer`] (a tower `Service` + `NamedService`), either on its own
+//! port with `tonic::transport::Server::builder().add_service(EchoServer::new(pod))`, or
+//! next to plain HTTP on one port (what the sidecar fronts), routing by content type:
+//!
+//! ```text
+//! let echo = EchoServer::new(pod);
+//! let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+//!     let mut echo = echo.clone();
+//!     async move {
+//!         if grpc::is_grpc(&req) {
+//!             return echo.call(req).await; // Response<tonic::body::Body>, Infallible
+//!         }
+//!         Ok(plain_http(req).map(tonic::body::Body::new))
+//!     }
+//! });
+//! // HTTP/1.1 and h2c prior knowledge on the same port:
+//! hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+//!     .serve_connection(TokioIo::new(stream), svc)
+//! ```
+//!
+//! (`tests/loadgen.rs` runs exactly this.)
 //! Client: [`unary`] and [`stream`] run one call over the loadgen's HTTP/2 pool, so gRPC
 //! failures are classified exactly like HTTP/2 ones.
 

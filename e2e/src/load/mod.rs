@@ -9,6 +9,14 @@
 //! Every request ends with a [`Reason`] (see [`outcome`]); no request is retried, except
 //! that a request never written because its reused connection had been closed by the
 //! server is sent on a new connection, as every real client does (see [`conn`]).
+//!
+//! Output ([`Summary`], JSON): `requests`, `failed`, `by_reason` (all six reasons,
+//! zero-filled), `p50_ms`/`p90_ms`/`p99_ms`/`max_ms` (successful requests), `duration_s`,
+//! `timeline` (`[{t, ok, failed, failed_by_reason}]`, one entry per second of send time),
+//! plus `by_detail` (why, e.g. `"reset: h2 RST_STREAM REFUSED_STREAM"`), `by_kind`
+//! (`http1`, `http2`, `grpc-unary`, `grpc-stream`), `by_pod` (who answered, or who dropped
+//! it), `connects`, `stale_reconnects`, `started_at_unix_s`. Per-request records are
+//! [`Outcome`]s (`--outcomes`, JSON Lines).
 
 pub mod conn;
 pub mod grpc;

@@ -6,6 +6,7 @@
 //! - `GET /ready`: 200 while the app lives (the naive app's readiness probe).
 //! - `GET /work?ms=N`: answers "ok <app>" after N ms (default 0).
 //! - `GET /stream?chunks=N&ms=M`: a body of N chunks, M ms apart.
+//! - `POST /upload`: reads the whole body, answers with its length.
 //! - `POST /kubegrace.test.Ticker/Ticks`: gRPC server streaming of
 //!   [`Tick`](super::grpc::Tick)s.
 //! - `GET /ws` with `Upgrade: websocket`: echoes every message.
@@ -81,7 +82,14 @@ impl Drop for InflightGuard {
 
 impl TestApp {
     pub async fn start(name: &str) -> Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await.context("bind app")?;
+        Self::start_on(name, SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// Starts on a given address (a port the sidecar was already told about).
+    pub async fn start_on(name: &str, addr: SocketAddr) -> Result<Self> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("bind app on {addr}"))?;
         let addr = listener.local_addr()?;
         let stats = Arc::new(AppStats::default());
         let tasks: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
@@ -204,6 +212,15 @@ async fn handle(
             full(StatusCode::OK, format!("ok {name}\n"))
         }
         "/stream" => stream(&req, &stats),
+        "/upload" => {
+            // Reads the whole body (however slowly it comes) and answers
+            // with its length.
+            let _guard = InflightGuard::new(&stats);
+            match req.into_body().collect().await {
+                Ok(body) => full(StatusCode::OK, format!("{}\n", body.to_bytes().len())),
+                Err(_) => full(StatusCode::BAD_REQUEST, "body cut\n"),
+            }
+        }
         "/kubegrace.test.Ticker/Ticks" => ticks(req, &stats).await,
         "/ws" => websocket(req, &stats, &tasks),
         _ => full(StatusCode::NOT_FOUND, "no such route\n"),

@@ -129,6 +129,14 @@ impl Sidecar {
         sidecar.wait_ready().await
     }
 
+    /// Starts the binary and learns its ports, without waiting for
+    /// readiness (for an app that is not up yet).
+    pub async fn start_unready(spec: SidecarSpec) -> Result<Self> {
+        let mut sidecar = Self::spawn(spec)?;
+        sidecar.learn_ports().await?;
+        Ok(sidecar)
+    }
+
     /// Starts the binary without waiting for anything; `listen` and `admin`
     /// are unknown (0) until the ready line is seen.
     pub fn spawn(spec: SidecarSpec) -> Result<Self> {

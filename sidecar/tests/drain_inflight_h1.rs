@@ -104,7 +104,7 @@ async fn slow_uploads_and_downloads_in_flight_complete_across_closing() -> Resul
         parts.status
     );
     ensure!(
-        body == Bytes::from(format!("{}\n", CHUNKS * CHUNK)),
+        body == format!("{}\n", CHUNKS * CHUNK),
         "the app got a partial upload: {body:?}"
     );
     let close = parts

@@ -228,7 +228,12 @@ pub fn classify_connect(err: &io::Error) -> Failure {
         io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted => {
             Failure::new(Reason::Reset, format!("connect: {}", kind_name(err.kind())))
         }
-        kind => Failure::new(Reason::Other, format!("connect: {}", kind_name(kind))),
+        // Rarer causes (no route, DNS lookup failed...): the OS message says which, and
+        // stays low-cardinality (one text per errno).
+        _ => Failure::new(
+            Reason::Other,
+            format!("connect: {}", truncate(&err.to_string())),
+        ),
     }
 }
 
@@ -314,7 +319,7 @@ fn classify_io(io: &io::Error) -> Failure {
             Failure::new(Reason::Reset, format!("io: {}", kind_name(io.kind())))
         }
         TimedOut => Failure::new(Reason::Timeout, "io: timed out"),
-        kind => Failure::new(Reason::Other, format!("io: {}", kind_name(kind))),
+        _ => Failure::new(Reason::Other, format!("io: {}", truncate(&io.to_string()))),
     }
 }
 

@@ -152,6 +152,19 @@ pub fn table(result: &DemoResult) -> String {
         if !pods.is_empty() {
             let _ = writeln!(out, "{label}: failed by pod: {}", pods.join(", "));
         }
+        // Mixed-protocol runs: which kind of traffic lost requests.
+        if run.summary.by_kind.len() > 1 {
+            let kinds: Vec<String> = run
+                .summary
+                .by_kind
+                .iter()
+                .filter(|(_, k)| k.failed > 0)
+                .map(|(kind, k)| format!("{kind} {}/{}", k.failed, k.requests))
+                .collect();
+            if !kinds.is_empty() {
+                let _ = writeln!(out, "{label}: failed by kind: {}", kinds.join(", "));
+            }
+        }
     }
     out
 }

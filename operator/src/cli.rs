@@ -124,3 +124,33 @@ impl RunArgs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Helm chart's argument style, including an empty limit.
+    #[test]
+    fn the_charts_flags_parse() {
+        let a = RunArgs::from_args([
+            "--namespace=kubegrace-system",
+            "--webhook-addr=0.0.0.0:9443",
+            "--admin-addr=0.0.0.0:8080",
+            "--webhook-service=kubegrace-webhook",
+            "--webhook-config=kubegrace-sidecar-injector",
+            "--cert-secret=kubegrace-webhook-cert",
+            "--sidecar-image=localhost/kubegrace/sidecar:e2e",
+            "--sidecar-image-pull-policy=IfNotPresent",
+            "--sidecar-cpu-request=50m",
+            "--sidecar-memory-request=32Mi",
+            "--sidecar-cpu-limit=",
+            "--sidecar-memory-limit=128Mi",
+            "--leader-election-lease=kubegrace-operator",
+            "--log-format=json",
+        ])
+        .expect("the chart's flags parse");
+        assert_eq!(a.sidecar_cpu_limit, "");
+        assert_eq!(a.log_format, LogFormat::Json);
+        assert!(a.cert_dir.is_none());
+    }
+}

@@ -576,6 +576,20 @@ async fn with_the_webhook_down_and_failure_policy_ignore_pods_start_bare_and_the
     })
     .await;
     assert!(r.contains("1 of 1 pods lack the sidecar, e.g. bare"), "{r}");
+    // ... and a person browsing events sees it too.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), &ns.name);
+    wait_for(30, "PodsNotInjected event", || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("PodsNotInjected")
+                    && e.type_.as_deref() == Some("Warning")
+            })
+            .then_some(())
+    })
+    .await;
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
     ns.cleanup().await;

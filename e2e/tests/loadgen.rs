@@ -724,10 +724,14 @@ fn report_renders_table_json_and_svg() -> Result<()> {
     assert!(elements > 40, "only {elements} elements");
     assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
     assert!(
-        svg.contains("without kubegrace: 9 of 1000 requests failed (refused 3, reset 6)"),
+        svg.contains("without kubegrace: 9 of 1000 requests failed<"),
         "{svg}"
     );
     assert!(svg.contains("with kubegrace: 0 of 1000 requests failed"));
+    assert!(
+        svg.contains(">refused 3, reset 6  ·  rollout 11.2 s"),
+        "{svg}"
+    );
 
     let dir = std::env::temp_dir().join(format!("kubegrace-report-test-{}", std::process::id()));
     let (json_path, svg_path) = report::write(&dir, &result)?;

@@ -206,7 +206,7 @@ const LEFT: f64 = 64.0;
 const RIGHT: f64 = 24.0;
 const PLOT_H: f64 = 170.0;
 /// Panel title above the plot, axis labels and the failure strip below it.
-const PANEL_H: f64 = PLOT_H + 98.0;
+const PANEL_H: f64 = PLOT_H + 110.0;
 const TOP: f64 = 76.0;
 
 /// `rollout.svg`: per-second outcomes of both runs, stacked bars, one panel each, on the
@@ -278,7 +278,7 @@ pub fn svg(result: &DemoResult) -> String {
 
     for (i, (label, run)) in runs.iter().enumerate() {
         let top = TOP + i as f64 * PANEL_H;
-        let plot_top = top + 38.0;
+        let plot_top = top + 50.0;
         let base = plot_top + PLOT_H;
         let sm = &run.summary;
         let mut reasons = String::new();
@@ -292,24 +292,26 @@ pub fn svg(result: &DemoResult) -> String {
                 );
             }
         }
-        let title = format!(
-            "{label}: {} of {} requests failed{}; rollout {:.1} s; p99 {:.1} ms",
-            sm.failed,
-            sm.requests,
-            if reasons.is_empty() {
-                String::new()
-            } else {
-                format!(" ({reasons})")
-            },
-            run.rollout_s,
-            sm.p99_ms
-        );
+        // Two lines, so a run that failed for every reason still fits the width.
+        let title = format!("{label}: {} of {} requests failed", sm.failed, sm.requests);
+        let mut facts = Vec::new();
+        if !reasons.is_empty() {
+            facts.push(reasons);
+        }
+        facts.push(format!("rollout {:.1} s", run.rollout_s));
+        facts.push(format!("p50 {:.1} ms, p99 {:.1} ms", sm.p50_ms, sm.p99_ms));
         let title_color = if sm.failed > 0 { "#c62828" } else { "#2e7d32" };
         let _ = writeln!(
             s,
             r#"<text x="{LEFT}" y="{}" font-size="14" font-weight="bold" fill="{title_color}">{}</text>"#,
             top + 16.0,
             esc(&title)
+        );
+        let _ = writeln!(
+            s,
+            r##"<text x="{LEFT}" y="{}" font-size="12" fill="#424242">{}</text>"##,
+            top + 32.0,
+            esc(&facts.join("  ·  "))
         );
         // Grid and y labels.
         let y_step = nice_ceil(y_max / 5.0);

@@ -25,6 +25,17 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// parse: whole numbers of h, m, s, ms (`300ms`, `15s`, `1m30s`).
 pub const DURATION_PATTERN: &str = "^([0-9]+(h|m|s|ms))+$";
 
+/// A CEL rule over duration fields that only runs once every field has the
+/// right syntax: otherwise the API server would add a confusing "type
+/// conversion error" next to the pattern message that already says what to fix.
+fn durations_ok(fields: &[&str], rule: &str) -> String {
+    let guards: Vec<String> = fields
+        .iter()
+        .map(|f| format!("!self.{f}.matches('{DURATION_PATTERN}')"))
+        .collect();
+    format!("{} || ({rule})", guards.join(" || "))
+}
+
 /// A duration in the CRD: a string in the schema (pattern-checked by the API
 /// server), a typed [`HumanDuration`] in Rust.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -187,9 +198,9 @@ fn d_timeout() -> Duration {
 
 /// The drain timers (see the sidecar's drain protocol).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[x_kube(validation = Rule::new("duration(self.minDelay) <= duration(self.maxDelay)").message(Message::Expression("'minDelay ' + self.minDelay + ' is longer than maxDelay ' + self.maxDelay + '; minDelay must be <= maxDelay'".into())).field_path(".minDelay"))]
-#[x_kube(validation = Rule::new("duration(self.timeout) > duration('0s')").message("timeout must be more than 0s, or every in-flight request is cut at once").field_path(".timeout"))]
-#[x_kube(validation = Rule::new("duration(self.maxDelay) + duration(self.timeout) <= duration('1h')").message("maxDelay + timeout must stay within 1h: that sum becomes the pods' terminationGracePeriodSeconds"))]
+#[x_kube(validation = Rule::new(durations_ok(&["minDelay", "maxDelay"], "duration(self.minDelay) <= duration(self.maxDelay)")).message(Message::Expression("'minDelay ' + self.minDelay + ' is longer than maxDelay ' + self.maxDelay + '; minDelay must be <= maxDelay'".into())).field_path(".minDelay"))]
+#[x_kube(validation = Rule::new(durations_ok(&["timeout"], "duration(self.timeout) > duration('0s')")).message("timeout must be more than 0s, or every in-flight request is cut at once").field_path(".timeout"))]
+#[x_kube(validation = Rule::new(durations_ok(&["maxDelay", "timeout"], "duration(self.maxDelay) + duration(self.timeout) <= duration('1h')")).message("maxDelay + timeout must stay within 1h: that sum becomes the pods' terminationGracePeriodSeconds"))]
 #[serde(rename_all = "camelCase")]
 pub struct DrainSpec {
     /// Keep serving at least this long after the drain starts (routers lag).
@@ -333,9 +344,9 @@ fn cb_min_concurrent() -> u32 {
 
 /// Concurrency limit, queue and breaker (the sidecar's `circuitBreaker`).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[x_kube(validation = Rule::new("duration(self.maxOpenFor) >= duration(self.openFor)").message("maxOpenFor must be >= openFor").field_path(".maxOpenFor"))]
+#[x_kube(validation = Rule::new(durations_ok(&["openFor", "maxOpenFor"], "duration(self.maxOpenFor) >= duration(self.openFor)")).message("maxOpenFor must be >= openFor").field_path(".maxOpenFor"))]
 #[x_kube(validation = Rule::new("!self.adaptive || self.minConcurrent <= self.maxConcurrent").message("minConcurrent must be <= maxConcurrent when adaptive is on").field_path(".minConcurrent"))]
-#[x_kube(validation = Rule::new("duration(self.openFor) > duration('0s')").message("openFor must be more than 0s").field_path(".openFor"))]
+#[x_kube(validation = Rule::new(durations_ok(&["openFor"], "duration(self.openFor) > duration('0s')")).message("openFor must be more than 0s").field_path(".openFor"))]
 #[serde(rename_all = "camelCase")]
 pub struct CircuitBreakerSpec {
     #[serde(default = "cb_max_concurrent")]

@@ -434,3 +434,43 @@ async fn drain_requires_the_token_when_one_is_configured() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_body_over_the_limit_gets_413_and_smaller_ones_pass() -> Result<()> {
+    let (_app, sidecar) = sidecar_with(Some("limits: {maxRequestBodyBytes: 1024}\n")).await?;
+    let small = format!(
+        "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 512\r\nConnection: close\r\n\r\n{}",
+        "x".repeat(512)
+    );
+    let answer = raw_exchange(sidecar.listen, small.as_bytes()).await?;
+    ensure!(
+        status_line(&answer).starts_with("HTTP/1.1 200"),
+        "512 bytes got {:?}",
+        status_line(&answer)
+    );
+    let big = format!(
+        "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 4096\r\nConnection: close\r\n\r\n{}",
+        "x".repeat(4096)
+    );
+    let answer = raw_exchange(sidecar.listen, big.as_bytes()).await?;
+    ensure!(
+        status_line(&answer).starts_with("HTTP/1.1 413"),
+        "4096 bytes over a 1024 limit got {:?}",
+        status_line(&answer)
+    );
+    // Chunked, so the size is only known while streaming.
+    let mut chunked = String::from(
+        "POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+    );
+    for _ in 0..4 {
+        chunked.push_str(&format!("400\r\n{}\r\n", "y".repeat(1024)));
+    }
+    chunked.push_str("0\r\n\r\n");
+    let answer = raw_exchange(sidecar.listen, chunked.as_bytes()).await?;
+    ensure!(
+        status_line(&answer).starts_with("HTTP/1.1 413"),
+        "4 KiB chunked over a 1024 limit got {:?}",
+        status_line(&answer)
+    );
+    Ok(())
+}

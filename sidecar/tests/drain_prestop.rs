@@ -92,3 +92,31 @@ async fn pre_stop_gets_its_answer_when_sigterm_arrives_at_the_same_time() -> Res
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_does_not_cut_work_in_flight() -> Result<()> {
+    let app = TestApp::start("a").await?;
+    let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let listen = sidecar.listen;
+    let work = tokio::spawn(async move { get(listen, "/work?ms=1500").await });
+    wait_for("the work to reach the app", WAIT, || async {
+        (app.stats.inflight.load(Ordering::SeqCst) >= 1).then_some(())
+    })
+    .await?;
+    sidecar.signal("TERM")?;
+    sidecar
+        .wait_metric("kubegrace_drain_phase", WAIT, |p| p >= 1.0)
+        .await?;
+    // Impatient tooling sends it again; only SIGKILL is the hard stop.
+    sidecar.signal("TERM")?;
+    sidecar.signal("INT")?;
+    let work = within("work", WAIT, work).await???;
+    ensure!(
+        work.status == StatusCode::OK,
+        "in-flight work got {}",
+        work.status
+    );
+    let status = sidecar.wait_exit(WAIT).await?;
+    ensure!(status.success(), "exit {status}");
+    Ok(())
+}

@@ -75,9 +75,9 @@ impl FromStr for HumanDuration {
         if trimmed == "0" {
             return Ok(Self(Duration::ZERO));
         }
-        humantime::parse_duration(trimmed)
-            .map(Self)
-            .map_err(|e| format!("{trimmed:?} is not a duration ({e}); write it like 300ms, 2s or 1m30s"))
+        humantime::parse_duration(trimmed).map(Self).map_err(|e| {
+            format!("{trimmed:?} is not a duration ({e}); write it like 300ms, 2s or 1m30s")
+        })
     }
 }
 
@@ -88,7 +88,9 @@ impl fmt::Display for HumanDuration {
         }
         // humantime separates units with spaces ("1m 30s"); the compact form
         // is what people type into YAML and what the operator's CRD accepts.
-        let text = humantime::format_duration(self.0).to_string().replace(' ', "");
+        let text = humantime::format_duration(self.0)
+            .to_string()
+            .replace(' ', "");
         f.write_str(&text)
     }
 }
@@ -114,6 +116,13 @@ impl<'de> Deserialize<'de> for HumanDuration {
 pub enum Endpoint {
     Tcp(SocketAddr),
     Unix(PathBuf),
+}
+
+impl Endpoint {
+    /// A TCP endpoint on port 0: the kernel picks the port at bind time.
+    pub fn is_any_port(&self) -> bool {
+        matches!(self, Self::Tcp(addr) if addr.port() == 0)
+    }
 }
 
 impl FromStr for Endpoint {
@@ -503,16 +512,24 @@ impl Config {
         self.drain.validate("drain")?;
         self.limits.validate("limits")?;
         self.upstream_pool.validate("upstreamPool")?;
-        if self.listen == self.upstream {
+        // Port 0 means "pick a free port" (tests run many sidecars side by
+        // side), so two port-0 endpoints never collide.
+        if self.listen == self.upstream && !self.listen.is_any_port() {
             return Err(ConfigError::new(
                 "upstream",
-                format!("{} is also the listen address; the proxy would call itself", self.upstream),
+                format!(
+                    "{} is also the listen address; the proxy would call itself",
+                    self.upstream
+                ),
             ));
         }
-        if self.admin == self.listen {
+        if self.admin == self.listen && !self.admin.is_any_port() {
             return Err(ConfigError::new(
                 "admin",
-                format!("{} is also the listen address; give the admin port its own", self.admin),
+                format!(
+                    "{} is also the listen address; give the admin port its own",
+                    self.admin
+                ),
             ));
         }
         let mut names = std::collections::HashSet::new();
@@ -521,7 +538,10 @@ impl Config {
             if !names.insert(route.name.as_str()) {
                 return Err(ConfigError::new(
                     format!("{key}.name"),
-                    format!("{:?} is used by an earlier route; route names must be unique", route.name),
+                    format!(
+                        "{:?} is used by an earlier route; route names must be unique",
+                        route.name
+                    ),
                 ));
             }
             route.validate(&key)?;
@@ -556,11 +576,17 @@ impl LimitsConfig {
         if self.max_header_bytes < 1024 {
             return Err(ConfigError::new(
                 format!("{key}.maxHeaderBytes"),
-                format!("{} is too small for real clients; use at least 1024", self.max_header_bytes),
+                format!(
+                    "{} is too small for real clients; use at least 1024",
+                    self.max_header_bytes
+                ),
             ));
         }
         if self.max_headers == 0 {
-            return Err(ConfigError::new(format!("{key}.maxHeaders"), "must be at least 1"));
+            return Err(ConfigError::new(
+                format!("{key}.maxHeaders"),
+                "must be at least 1",
+            ));
         }
         if self.header_read_timeout.get().is_zero() {
             return Err(ConfigError::new(
@@ -575,7 +601,10 @@ impl LimitsConfig {
 impl UpstreamPoolConfig {
     pub fn validate(&self, key: &str) -> Result<(), ConfigError> {
         if self.connect_timeout.get().is_zero() {
-            return Err(ConfigError::new(format!("{key}.connectTimeout"), "must be more than 0s"));
+            return Err(ConfigError::new(
+                format!("{key}.connectTimeout"),
+                "must be more than 0s",
+            ));
         }
         Ok(())
     }
@@ -632,12 +661,18 @@ impl RouteConfig {
 impl CircuitBreakerConfig {
     pub fn validate(&self, key: &str) -> Result<(), ConfigError> {
         if self.max_concurrent == 0 {
-            return Err(ConfigError::new(format!("{key}.maxConcurrent"), "must be at least 1"));
+            return Err(ConfigError::new(
+                format!("{key}.maxConcurrent"),
+                "must be at least 1",
+            ));
         }
         if !(0.0..=1.0).contains(&self.error_ratio) || self.error_ratio.is_nan() {
             return Err(ConfigError::new(
                 format!("{key}.errorRatio"),
-                format!("{} is not a ratio; use a number from 0 (off) to 1", self.error_ratio),
+                format!(
+                    "{} is not a ratio; use a number from 0 (off) to 1",
+                    self.error_ratio
+                ),
             ));
         }
         if self.error_ratio > 0.0 && self.window.get().is_zero() {
@@ -647,12 +682,18 @@ impl CircuitBreakerConfig {
             ));
         }
         if self.open_for.get().is_zero() {
-            return Err(ConfigError::new(format!("{key}.openFor"), "must be more than 0s"));
+            return Err(ConfigError::new(
+                format!("{key}.openFor"),
+                "must be more than 0s",
+            ));
         }
         if self.max_open_for < self.open_for {
             return Err(ConfigError::new(
                 format!("{key}.maxOpenFor"),
-                format!("{} is shorter than openFor {}", self.max_open_for, self.open_for),
+                format!(
+                    "{} is shorter than openFor {}",
+                    self.max_open_for, self.open_for
+                ),
             ));
         }
         if self.half_open_probes == 0 {
@@ -661,7 +702,8 @@ impl CircuitBreakerConfig {
                 "must be at least 1, or the breaker could never close again",
             ));
         }
-        if self.adaptive && (self.min_concurrent == 0 || self.min_concurrent > self.max_concurrent) {
+        if self.adaptive && (self.min_concurrent == 0 || self.min_concurrent > self.max_concurrent)
+        {
             return Err(ConfigError::new(
                 format!("{key}.minConcurrent"),
                 format!(
@@ -707,7 +749,10 @@ mod tests {
         let d: HumanDuration = "1m30s".parse().expect("valid");
         assert_eq!(d.get(), Duration::from_secs(90));
         assert_eq!(d.to_string(), "1m30s");
-        assert_eq!("300ms".parse::<HumanDuration>().expect("valid").to_string(), "300ms");
+        assert_eq!(
+            "300ms".parse::<HumanDuration>().expect("valid").to_string(),
+            "300ms"
+        );
         assert!("3 parsecs".parse::<HumanDuration>().is_err());
     }
 
@@ -748,10 +793,8 @@ routes:
     fn errors_name_the_key_to_fix() {
         let err = Config::from_yaml("drain: {minDelay: 20s, maxDelay: 5s}").expect_err("invalid");
         assert_eq!(err.key, "drain.minDelay");
-        let err = Config::from_yaml(
-            "routes: [{name: a, circuitBreaker: {errorRatio: 1.5}}]",
-        )
-        .expect_err("invalid");
+        let err = Config::from_yaml("routes: [{name: a, circuitBreaker: {errorRatio: 1.5}}]")
+            .expect_err("invalid");
         assert_eq!(err.key, "routes[0].circuitBreaker.errorRatio");
         let err = Config::from_yaml("routes: [{name: a, failOn: [404]}]").expect_err("invalid");
         assert!(err.message.contains("4xx"), "{err}");

@@ -19,6 +19,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A configuration the code does not serve yet (unix sockets).
+    #[error("{0}")]
+    Unsupported(String),
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -28,7 +31,7 @@ impl Error {
     /// flags, environment or file; 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Self::Config(_) | Self::ReadConfig { .. } => 64,
+            Self::Config(_) | Self::ReadConfig { .. } | Self::Unsupported(_) => 64,
             _ => 1,
         }
     }

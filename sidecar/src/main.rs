@@ -1,4 +1,74 @@
+//! `kubegrace-sidecar`: parses the command line and hands over to the
+//! library. Exit status: 0 once drained after SIGTERM/SIGINT, 64 for
+//! anything the user must fix (flags, environment, file), 1 otherwise.
+
+use clap::Parser;
+use kubegrace_sidecar::cli::{self, Cli, EXIT_USAGE, LogFormat};
+
 fn main() {
-    eprintln!("kubegrace-sidecar: under construction");
-    std::process::exit(1);
+    let args = match Cli::try_parse() {
+        Ok(args) => args,
+        Err(err) => {
+            let code = if err.use_stderr() { EXIT_USAGE } else { 0 };
+            // clap's message names the flag (and says why); --help and
+            // --version land here too, on stdout with status 0.
+            let _ = err.print();
+            std::process::exit(code);
+        }
+    };
+    let settings = args.settings();
+    init_logging(settings.log_format);
+
+    let config = match cli::load(settings.config_file.as_deref(), &settings.overrides) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("kubegrace-sidecar: {err}");
+            std::process::exit(err.exit_code());
+        }
+    };
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("kubegrace-sidecar: cannot start the runtime: {err}");
+            std::process::exit(1);
+        }
+    };
+    match runtime.block_on(kubegrace_sidecar::run(config, settings)) {
+        Ok(report) => {
+            tracing::info!(
+                connections = report.connections,
+                seconds = report.duration.as_secs_f64(),
+                force_closed = report.force_closed,
+                "{report}"
+            );
+            // Connection tasks may still hold sockets the drain already gave
+            // up on; exiting closes them.
+            runtime.shutdown_background();
+            std::process::exit(0);
+        }
+        Err(err) => {
+            eprintln!("kubegrace-sidecar: {err}");
+            std::process::exit(err.exit_code());
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    // KUBEGRACE_LOG (or RUST_LOG) tunes verbosity; info is the default.
+    let filter = EnvFilter::try_from_env("KUBEGRACE_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
 }

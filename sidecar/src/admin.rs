@@ -1,0 +1,301 @@
+//! The admin port: probes, the drain trigger, metrics and the config in
+//! force. It keeps answering until the process exits, drain or not: the
+//! kubelet's probes and the app's preStop hook both depend on it.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use crate::drain::Phase;
+use crate::state::Shared;
+
+const TOKEN_HEADER: &str = "x-kubegrace-drain-token";
+/// How long one upstream reachability answer is reused by `/ready`.
+const READY_CACHE: Duration = Duration::from_secs(1);
+
+pub(crate) struct Admin {
+    shared: Arc<Shared>,
+    token: Option<String>,
+    /// Last upstream check: when, and whether the app accepted a connection.
+    reachability: Mutex<Option<(Instant, bool)>>,
+}
+
+impl Admin {
+    pub(crate) fn new(shared: Arc<Shared>, token: Option<String>) -> Arc<Admin> {
+        Arc::new(Admin {
+            shared,
+            token,
+            reachability: Mutex::new(None),
+        })
+    }
+
+    /// Serves admin connections until the process exits.
+    pub(crate) async fn serve(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _peer)) => {
+                    let admin = self.clone();
+                    tokio::spawn(admin.serve_connection(stream));
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "admin accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    async fn serve_connection(self: Arc<Self>, stream: TcpStream) {
+        let io = TokioIo::new(stream);
+        let service = service_fn(move |req| {
+            let admin = self.clone();
+            async move { Ok::<_, Infallible>(admin.handle(req).await) }
+        });
+        let result = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(10))
+            .serve_connection(io, service)
+            .await;
+        if let Err(err) = result {
+            tracing::debug!(error = %err, "admin connection ended with an error");
+        }
+    }
+
+    async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let path = req.uri().path();
+        let query = req.uri().query().unwrap_or("");
+        let method = req.method();
+        let read_only = method == Method::GET || method == Method::HEAD;
+        match path {
+            "/live" | "/healthz" if read_only => text(StatusCode::OK, "live\n"),
+            "/ready" if read_only => self.ready().await,
+            "/metrics" if read_only => self.metrics(),
+            "/config" if read_only => self.config(query),
+            "/breakers" if read_only => {
+                let snapshot = self.shared.live.load().routes.snapshot();
+                json(StatusCode::OK, &snapshot)
+            }
+            "/drain" if read_only || method == Method::POST => {
+                if let Some(denied) = self.check_token(&req) {
+                    return denied;
+                }
+                self.drain(query_flag(query, "wait")).await
+            }
+            "/drain/endpoint-removed" if method == Method::POST => {
+                if let Some(denied) = self.check_token(&req) {
+                    return denied;
+                }
+                self.shared.drain.endpoint_removed();
+                tracing::info!("operator reports the endpoint removed");
+                text(StatusCode::ACCEPTED, "endpoint removal noted\n")
+            }
+            "/live"
+            | "/healthz"
+            | "/ready"
+            | "/metrics"
+            | "/config"
+            | "/breakers"
+            | "/drain"
+            | "/drain/endpoint-removed" => {
+                text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
+            }
+            _ => text(
+                StatusCode::NOT_FOUND,
+                "not found; try /live /ready /drain /metrics /config /breakers\n",
+            ),
+        }
+    }
+
+    fn check_token(&self, req: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+        let expected = self.token.as_deref()?;
+        match req.headers().get(TOKEN_HEADER) {
+            None => Some(text(
+                StatusCode::UNAUTHORIZED,
+                "missing X-Kubegrace-Drain-Token\n",
+            )),
+            Some(given) if constant_time_eq(given.as_bytes(), expected.as_bytes()) => None,
+            Some(_) => Some(text(
+                StatusCode::FORBIDDEN,
+                "wrong X-Kubegrace-Drain-Token\n",
+            )),
+        }
+    }
+
+    async fn ready(&self) -> Response<Full<Bytes>> {
+        let phase = self.shared.drain.phase();
+        if phase != Phase::Serving {
+            return text(StatusCode::SERVICE_UNAVAILABLE, &format!("{phase}\n"));
+        }
+        if self.upstream_reachable().await {
+            text(StatusCode::OK, "ready\n")
+        } else {
+            text(StatusCode::SERVICE_UNAVAILABLE, "app not reachable\n")
+        }
+    }
+
+    /// A TCP connect to the app, cached for a second so a probe storm does
+    /// not become a connection storm.
+    async fn upstream_reachable(&self) -> bool {
+        let mut cache = self.reachability.lock().await;
+        if let Some((at, ok)) = *cache
+            && at.elapsed() < READY_CACHE
+        {
+            return ok;
+        }
+        let timeout = self
+            .shared
+            .live
+            .load()
+            .config
+            .upstream_pool
+            .connect_timeout
+            .get()
+            .min(READY_CACHE);
+        let ok = matches!(
+            tokio::time::timeout(timeout, TcpStream::connect(self.shared.upstream.addr())).await,
+            Ok(Ok(_))
+        );
+        *cache = Some((Instant::now(), ok));
+        ok
+    }
+
+    async fn drain(&self, wait: bool) -> Response<Full<Bytes>> {
+        let drain = &self.shared.drain;
+        if drain.trigger("admin /drain") {
+            tracing::info!("drain requested on the admin port");
+        }
+        if !wait {
+            return text(StatusCode::ACCEPTED, &format!("{}\n", drain.phase()));
+        }
+        // The preStop hook: answer once drained. The ceiling is the longest
+        // a drain can take, plus the force-close grace.
+        let ceiling = drain.timers().worst_case() + Duration::from_secs(5);
+        match tokio::time::timeout(ceiling, drain.drained()).await {
+            Ok(report) => text(StatusCode::OK, &format!("{report}\n")),
+            Err(_) => text(StatusCode::OK, "drain timeout passed\n"),
+        }
+    }
+
+    fn metrics(&self) -> Response<Full<Bytes>> {
+        let mut out = String::with_capacity(8 * 1024);
+        self.shared.metrics.render(&self.shared.drain, &mut out);
+        let live = self.shared.live.load();
+        live.routes.render_metrics(&mut out);
+        let mut resp = Response::new(Full::new(Bytes::from(out)));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        );
+        resp
+    }
+
+    fn config(&self, query: &str) -> Response<Full<Bytes>> {
+        let live = self.shared.live.load();
+        let status = self.shared.status();
+        let yaml = query_value(query, "format").is_some_and(|f| f.eq_ignore_ascii_case("yaml"));
+        let body = serde_json::json!({
+            "source": status,
+            "config": &live.config,
+        });
+        if yaml {
+            match serde_yaml::to_string(&body) {
+                Ok(text) => {
+                    let mut resp = Response::new(Full::new(Bytes::from(text)));
+                    resp.headers_mut().insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/yaml"),
+                    );
+                    resp
+                }
+                Err(err) => self::text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{err}\n")),
+            }
+        } else {
+            json(StatusCode::OK, &body)
+        }
+    }
+}
+
+fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::copy_from_slice(body.as_bytes())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+fn json(status: StatusCode, value: &serde_json::Value) -> Response<Full<Bytes>> {
+    let body = serde_json::to_vec_pretty(value).unwrap_or_default();
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn query_value<'a>(query: &'a str, key: &str) -> Option<&'a str> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == key).then_some(v)
+    })
+}
+
+/// `wait`, `wait=true`, `wait=1` and `wait=yes` all mean yes.
+fn query_flag(query: &str, key: &str) -> bool {
+    query_value(query, key)
+        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "" | "true" | "1" | "yes"))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Binds the admin listener; the caller reports the bound address.
+pub(crate) async fn bind(addr: SocketAddr) -> crate::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| crate::Error::Bind {
+            what: "admin",
+            addr: addr.to_string(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_flags() {
+        assert!(query_flag("wait=true", "wait"));
+        assert!(query_flag("a=b&wait", "wait"));
+        assert!(!query_flag("wait=false", "wait"));
+        assert!(!query_flag("", "wait"));
+        assert_eq!(query_value("format=yaml", "format"), Some("yaml"));
+    }
+
+    #[test]
+    fn token_compare() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}

@@ -1,0 +1,326 @@
+//! The command line and its precedence: flags > `KUBEGRACE_*` environment >
+//! YAML file > defaults.
+//!
+//! clap already merges a flag with its environment twin (the flag wins), so
+//! what it yields is one override layer. That layer is kept for the life of
+//! the process and laid over the file again on every reload: a reload never
+//! undoes what the operator of the pod put on the command line.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+use crate::config::{Config, Endpoint, HumanDuration, Protocol};
+use crate::error::{Error, Result};
+
+/// Exit status for anything the user must fix (BSD EX_USAGE).
+pub const EXIT_USAGE: i32 = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Drain-aware inbound proxy: fronts the app, drains on evidence, exits 0
+/// once every connection is done.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "kubegrace-sidecar", version, about)]
+pub struct Cli {
+    /// Where downstream traffic arrives (the port the Service targets); port 0 picks one.
+    #[arg(long, env = "KUBEGRACE_LISTEN", value_name = "ADDR")]
+    pub listen: Option<Endpoint>,
+    /// The app, normally on loopback.
+    #[arg(long, env = "KUBEGRACE_UPSTREAM", value_name = "ADDR")]
+    pub upstream: Option<Endpoint>,
+    /// Admin port: /live /ready /drain /metrics /config /breakers.
+    #[arg(long, env = "KUBEGRACE_ADMIN", value_name = "ADDR")]
+    pub admin: Option<Endpoint>,
+    /// YAML config file; watched and reloaded on change or SIGHUP.
+    #[arg(long, env = "KUBEGRACE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// auto (HTTP/1.1 + h2c), http1, http2 or tcp.
+    #[arg(long, env = "KUBEGRACE_PROTOCOL", value_name = "PROTOCOL", value_parser = parse_protocol)]
+    pub protocol: Option<Protocol>,
+    /// Serve at least this long after the drain trigger.
+    #[arg(long, env = "KUBEGRACE_DRAIN_MIN_DELAY", value_name = "DURATION")]
+    pub drain_min_delay: Option<HumanDuration>,
+    /// After the minimum delay, stop accepting once no connection arrived for this long.
+    #[arg(long, env = "KUBEGRACE_DRAIN_QUIET", value_name = "DURATION")]
+    pub drain_quiet: Option<HumanDuration>,
+    /// Stop accepting at the latest this long after the trigger.
+    #[arg(long, env = "KUBEGRACE_DRAIN_MAX_DELAY", value_name = "DURATION")]
+    pub drain_max_delay: Option<HumanDuration>,
+    /// Once closing, wait this long for in-flight work before force-closing.
+    #[arg(long, env = "KUBEGRACE_DRAIN_TIMEOUT", value_name = "DURATION")]
+    pub drain_timeout: Option<HumanDuration>,
+    /// Require this value in X-Kubegrace-Drain-Token on /drain.
+    #[arg(
+        long,
+        env = "KUBEGRACE_DRAIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub drain_token: Option<String>,
+    /// Log as text or JSON lines.
+    #[arg(long, env = "KUBEGRACE_LOG_FORMAT", value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Write {"listen","admin","pid"} here once both ports are bound (for port 0).
+    #[arg(long, env = "KUBEGRACE_READY_FILE", value_name = "FILE")]
+    pub ready_file: Option<PathBuf>,
+}
+
+fn parse_protocol(s: &str) -> std::result::Result<Protocol, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "auto" => Ok(Protocol::Auto),
+        "http1" | "http" => Ok(Protocol::Http1),
+        "http2" | "h2c" | "grpc" => Ok(Protocol::Http2),
+        "tcp" => Ok(Protocol::Tcp),
+        other => Err(format!(
+            "{other:?} is not a protocol; use auto, http1, http2 or tcp"
+        )),
+    }
+}
+
+/// The flag/environment layer, laid over the file at start and on reload.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Overrides {
+    pub listen: Option<Endpoint>,
+    pub upstream: Option<Endpoint>,
+    pub admin: Option<Endpoint>,
+    pub protocol: Option<Protocol>,
+    pub drain_min_delay: Option<HumanDuration>,
+    pub drain_quiet: Option<HumanDuration>,
+    pub drain_max_delay: Option<HumanDuration>,
+    pub drain_timeout: Option<HumanDuration>,
+}
+
+impl Overrides {
+    pub fn apply(&self, config: &mut Config) {
+        if let Some(v) = &self.listen {
+            config.listen = v.clone();
+        }
+        if let Some(v) = &self.upstream {
+            config.upstream = v.clone();
+        }
+        if let Some(v) = &self.admin {
+            config.admin = v.clone();
+        }
+        if let Some(v) = self.protocol {
+            config.protocol = v;
+        }
+        if let Some(v) = self.drain_min_delay {
+            config.drain.min_delay = v;
+        }
+        if let Some(v) = self.drain_quiet {
+            config.drain.quiet = v;
+        }
+        if let Some(v) = self.drain_max_delay {
+            config.drain.max_delay = v;
+        }
+        if let Some(v) = self.drain_timeout {
+            config.drain.timeout = v;
+        }
+    }
+
+    /// Flag spelling of a config key, so a validation error can name what
+    /// the user typed when the value came from the command line.
+    fn flag_for(&self, key: &str) -> Option<&'static str> {
+        match key {
+            "drain.minDelay" if self.drain_min_delay.is_some() => Some("--drain-min-delay"),
+            "drain.quiet" if self.drain_quiet.is_some() => Some("--drain-quiet"),
+            "drain.maxDelay" if self.drain_max_delay.is_some() => Some("--drain-max-delay"),
+            "drain.timeout" if self.drain_timeout.is_some() => Some("--drain-timeout"),
+            "upstream" if self.upstream.is_some() => Some("--upstream"),
+            "admin" if self.admin.is_some() => Some("--admin"),
+            "listen" if self.listen.is_some() => Some("--listen"),
+            _ => None,
+        }
+    }
+}
+
+/// Everything `run` needs besides the config itself.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    pub config_file: Option<PathBuf>,
+    pub overrides: Overrides,
+    pub drain_token: Option<String>,
+    pub ready_file: Option<PathBuf>,
+    pub log_format: LogFormat,
+}
+
+impl Cli {
+    pub fn settings(&self) -> Settings {
+        Settings {
+            config_file: self.config.clone(),
+            overrides: Overrides {
+                listen: self.listen.clone(),
+                upstream: self.upstream.clone(),
+                admin: self.admin.clone(),
+                protocol: self.protocol,
+                drain_min_delay: self.drain_min_delay,
+                drain_quiet: self.drain_quiet,
+                drain_max_delay: self.drain_max_delay,
+                drain_timeout: self.drain_timeout,
+            },
+            drain_token: self.drain_token.clone().filter(|t| !t.is_empty()),
+            ready_file: self.ready_file.clone(),
+            log_format: self.log_format,
+        }
+    }
+}
+
+/// Builds the config in force: defaults, then the file, then the overrides,
+/// then validation of the result.
+pub fn load(file: Option<&std::path::Path>, overrides: &Overrides) -> Result<Config> {
+    let mut config = match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| Error::ReadConfig {
+                path: path.display().to_string(),
+                source,
+            })?;
+            parse_file(&text, path)?
+        }
+        None => Config::default(),
+    };
+    overrides.apply(&mut config);
+    config.validate().map_err(|mut e| {
+        if let Some(flag) = overrides.flag_for(&e.key) {
+            e.key = format!("{} ({flag})", e.key);
+        }
+        Error::Config(e)
+    })?;
+    Ok(config)
+}
+
+/// Parses the file without validating: a relation between keys (minDelay <=
+/// maxDelay) may only hold once the flags are laid over it.
+fn parse_file(text: &str, path: &std::path::Path) -> Result<Config> {
+    serde_yaml::from_str::<Config>(text).map_err(|e| {
+        let key = match e.location() {
+            Some(l) => format!("{} line {} column {}", path.display(), l.line(), l.column()),
+            None => path.display().to_string(),
+        };
+        Error::Config(crate::config::ConfigError::new(key, e.to_string()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn cli(args: &[&str]) -> std::result::Result<Cli, clap::Error> {
+        let mut full = vec!["kubegrace-sidecar"];
+        full.extend_from_slice(args);
+        Cli::try_parse_from(full)
+    }
+
+    fn temp_file(name: &str, text: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("kubegrace-cli-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("config.yaml");
+        std::fs::write(&path, text).expect("write");
+        path
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_the_file_over_defaults() {
+        let path = temp_file(
+            "precedence",
+            "drain: {minDelay: 3s, quiet: 2s}\nupstream: 127.0.0.1:9000\n",
+        );
+        let c = cli(&[
+            "--config",
+            path.to_str().expect("utf8"),
+            "--drain-min-delay",
+            "300ms",
+        ])
+        .expect("parse");
+        let s = c.settings();
+        let config = load(s.config_file.as_deref(), &s.overrides).expect("load");
+        assert_eq!(
+            config.drain.min_delay.get(),
+            Duration::from_millis(300),
+            "flag wins"
+        );
+        assert_eq!(
+            config.drain.quiet.get(),
+            Duration::from_secs(2),
+            "file wins over default"
+        );
+        assert_eq!(config.upstream.to_string(), "127.0.0.1:9000");
+        assert_eq!(
+            config.drain.timeout.get(),
+            Duration::from_secs(30),
+            "default"
+        );
+    }
+
+    #[test]
+    fn flags_can_fix_a_relation_the_file_alone_breaks() {
+        // The file alone would fail (minDelay 20s > maxDelay 15s default).
+        let path = temp_file("relation", "drain: {minDelay: 20s}\n");
+        let c = cli(&[
+            "--config",
+            path.to_str().expect("utf8"),
+            "--drain-max-delay",
+            "30s",
+        ])
+        .expect("parse");
+        let s = c.settings();
+        assert!(load(s.config_file.as_deref(), &s.overrides).is_ok());
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        let err = cli(&["--drain-quiet", "3 parsecs"]).expect_err("invalid");
+        assert!(err.to_string().contains("--drain-quiet"), "{err}");
+        let err = cli(&["--protocol", "gopher"]).expect_err("invalid");
+        assert!(err.to_string().contains("--protocol"), "{err}");
+        let err = cli(&["--upstream", "localhost"]).expect_err("invalid");
+        assert!(err.to_string().contains("--upstream"), "{err}");
+    }
+
+    #[test]
+    fn relation_errors_name_key_and_flag() {
+        let c = cli(&["--drain-min-delay", "20s", "--drain-max-delay", "5s"]).expect("parse");
+        let s = c.settings();
+        let err = load(None, &s.overrides).expect_err("invalid");
+        let text = err.to_string();
+        assert!(
+            text.contains("drain.minDelay (--drain-min-delay)"),
+            "{text}"
+        );
+        assert_eq!(err.exit_code(), EXIT_USAGE);
+    }
+
+    #[test]
+    fn file_errors_name_the_file_and_position() {
+        let path = temp_file("bad", "drain: {minDelay: soon}\n");
+        let err = load(Some(&path), &Overrides::default()).expect_err("invalid");
+        let text = err.to_string();
+        assert!(text.contains("config.yaml"), "{text}");
+        assert!(text.contains("soon"), "{text}");
+        assert_eq!(err.exit_code(), EXIT_USAGE);
+        let err = load(
+            Some(&path.with_file_name("missing.yaml")),
+            &Overrides::default(),
+        )
+        .expect_err("missing");
+        assert_eq!(err.exit_code(), EXIT_USAGE);
+    }
+
+    #[test]
+    fn protocols_parse() {
+        assert_eq!(
+            cli(&["--protocol", "tcp"]).expect("parse").protocol,
+            Some(Protocol::Tcp)
+        );
+        assert_eq!(
+            cli(&["--protocol", "HTTP2"]).expect("parse").protocol,
+            Some(Protocol::Http2)
+        );
+    }
+}

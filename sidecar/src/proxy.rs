@@ -1,0 +1,780 @@
+//! Serving downstream connections and forwarding their requests to the app.
+//!
+//! One task per connection, built on hyper-util's auto builder (HTTP/1.1
+//! with upgrades, HTTP/2 prior knowledge told apart by the preface). Each
+//! task selects on the drain watch: at `Closing` it calls hyper's
+//! `graceful_shutdown` (HTTP/1 closes once idle, HTTP/2 gets the two-phase
+//! GOAWAY); at the deadline it drops the connection and counts it.
+//!
+//! Per request the cost is kept to atomics and header edits: no lock, no
+//! boxing of bodies, and the route table and config come from one lock-free
+//! snapshot load.
+
+use std::convert::Infallible;
+use std::error::Error as StdError;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{Either, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::circuit::{Permit, UpstreamOutcome};
+use crate::config::{LimitsConfig, Protocol};
+use crate::drain::{ConnGuard, Phase};
+use crate::state::Shared;
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+
+/// Per-connection counters shared by the IO wrapper, the header timer and
+/// the request path.
+#[derive(Default)]
+struct ConnActivity {
+    /// Bytes read from the client: the idle check and the header timer
+    /// watch it move.
+    bytes_read: AtomicU64,
+    /// Requests (HTTP/2: streams) seen on this connection.
+    requests: AtomicU64,
+    /// Requests whose response body has not ended yet.
+    inflight: AtomicU32,
+}
+
+/// The downstream socket, counting bytes read. Everything else passes through.
+struct CountingIo<T> {
+    inner: T,
+    act: Arc<ConnActivity>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for CountingIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let res = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        if n > 0 {
+            this.act.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        res
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for CountingIo<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// hyper's HTTP/1 header-read timer, with one change: on a kept-alive
+/// connection the clock only starts when the next request's first byte
+/// arrives. hyper starts it as soon as it waits for the next head, which
+/// would close every keep-alive connection idle for `headerReadTimeout`
+/// and race clients reusing it; idle connections are the idle timeout's job.
+#[derive(Clone)]
+struct HeadTimer {
+    act: Arc<ConnActivity>,
+}
+
+impl hyper::rt::Timer for HeadTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        // The first request of a connection is timed from the start, like
+        // nginx's client_header_timeout: a client that connects and says
+        // nothing is the slowloris case.
+        let first = self.act.requests.load(Ordering::Relaxed) == 0;
+        let seen = self.act.bytes_read.load(Ordering::Relaxed);
+        Box::pin(HeadSleep {
+            act: self.act.clone(),
+            seen,
+            duration,
+            sleep: first.then(|| Box::pin(tokio::time::sleep(duration))),
+        })
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.sleep(deadline.saturating_duration_since(Instant::now()))
+    }
+}
+
+struct HeadSleep {
+    act: Arc<ConnActivity>,
+    seen: u64,
+    duration: Duration,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Future for HeadSleep {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        if this.sleep.is_none() {
+            if this.act.bytes_read.load(Ordering::Relaxed) == this.seen {
+                // No byte of a new request yet. hyper polls us again after
+                // every read, so no wake-up needs registering here.
+                return Poll::Pending;
+            }
+            this.sleep = Some(Box::pin(tokio::time::sleep(this.duration)));
+        }
+        match this.sleep.as_mut() {
+            Some(sleep) => sleep.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl hyper::rt::Sleep for HeadSleep {}
+
+/// Builds the per-connection server from the limits in force.
+fn server_builder(
+    protocol: Protocol,
+    limits: &LimitsConfig,
+    act: &Arc<ConnActivity>,
+) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(HeadTimer { act: act.clone() })
+        .header_read_timeout(limits.header_read_timeout.get())
+        .max_headers(limits.max_headers)
+        // hyper answers 431 when the head outgrows the read buffer; its
+        // floor is 8 KiB.
+        .max_buf_size(limits.max_header_bytes.max(8192))
+        .keep_alive(true);
+    builder
+        .http2()
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(1024);
+    match protocol {
+        Protocol::Http1 => builder.http1_only(),
+        Protocol::Http2 => builder.http2_only(),
+        Protocol::Auto | Protocol::Tcp => builder,
+    }
+}
+
+/// What a request needs from its connection.
+struct ConnCtx {
+    shared: Arc<Shared>,
+    act: Arc<ConnActivity>,
+    /// The client's address, rendered once per connection for X-Forwarded-For.
+    peer_ip: HeaderValue,
+}
+
+/// Serves one accepted downstream connection until it closes, the drain
+/// closes it, or the drain deadline cuts it.
+pub(crate) async fn serve_connection(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut guard: ConnGuard,
+) {
+    let _ = stream.set_nodelay(true);
+    let live = shared.live.load();
+    let protocol = live.config.protocol;
+    let limits = live.config.limits;
+    drop(live);
+
+    let act = Arc::new(ConnActivity::default());
+    let peer_ip = HeaderValue::try_from(peer.ip().to_string())
+        .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+    let ctx = Arc::new(ConnCtx {
+        shared: shared.clone(),
+        act: act.clone(),
+        peer_ip,
+    });
+    let io = TokioIo::new(CountingIo {
+        inner: stream,
+        act: act.clone(),
+    });
+    let service = service_fn(move |req| {
+        let ctx = ctx.clone();
+        async move { Ok::<_, Infallible>(handle(ctx, req).await) }
+    });
+    let builder = server_builder(protocol, &limits, &act);
+    let conn = builder.serve_connection_with_upgrades(io, service);
+    tokio::pin!(conn);
+
+    let mut drain_rx = shared.drain.subscribe();
+    let mut shutting_down = false;
+    // A connection accepted in the instant the listener closed still gets
+    // the graceful path.
+    if drain_rx.borrow_and_update().phase >= Phase::Closing {
+        conn.as_mut().graceful_shutdown();
+        shutting_down = true;
+    }
+
+    // Idle check: close a connection with nothing in flight that has not
+    // sent a byte for `downstreamIdleTimeout` (checked in quarters, so the
+    // close lands between 1x and 1.25x the timeout).
+    let idle_timeout = limits.downstream_idle_timeout.get();
+    let tick = (idle_timeout / 4).max(Duration::from_millis(50));
+    let mut next_tick = tokio::time::Instant::now() + tick;
+    let mut last_bytes = 0u64;
+    let mut quiet_since = tokio::time::Instant::now();
+
+    loop {
+        tokio::select! {
+            res = conn.as_mut() => {
+                if let Err(err) = res {
+                    tracing::debug!(%peer, error = %err, "downstream connection ended with an error");
+                }
+                break;
+            }
+            changed = drain_rx.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                let state = *drain_rx.borrow_and_update();
+                if state.force_close {
+                    tracing::debug!(%peer, "drain deadline: force-closing connection");
+                    guard.mark_forced();
+                    break;
+                }
+                if state.phase >= Phase::Closing && !shutting_down {
+                    conn.as_mut().graceful_shutdown();
+                    shutting_down = true;
+                }
+            }
+            _ = tokio::time::sleep_until(next_tick), if !shutting_down && !idle_timeout.is_zero() => {
+                let now = tokio::time::Instant::now();
+                next_tick = now + tick;
+                let bytes = act.bytes_read.load(Ordering::Relaxed);
+                if bytes != last_bytes || act.inflight.load(Ordering::Relaxed) > 0 {
+                    last_bytes = bytes;
+                    quiet_since = now;
+                } else if now - quiet_since >= idle_timeout {
+                    tracing::debug!(%peer, "closing idle downstream connection");
+                    conn.as_mut().graceful_shutdown();
+                    shutting_down = true;
+                }
+            }
+        }
+    }
+}
+
+/// Ends a request's accounting when its response body ends (or is dropped).
+struct RequestGuard {
+    ctx: Arc<ConnCtx>,
+    started: Instant,
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.ctx.act.inflight.fetch_sub(1, Ordering::Relaxed);
+        self.ctx
+            .shared
+            .metrics
+            .request_finished(self.started.elapsed());
+    }
+}
+
+/// A circuit permit that records `Cancelled` if the request is dropped
+/// before the app answered (client gone, drain deadline): a drain never
+/// counts as a breaker failure.
+struct PermitSlot(Option<Permit>);
+
+impl PermitSlot {
+    fn record(&mut self, outcome: UpstreamOutcome) -> Option<Permit> {
+        let mut permit = self.0.take()?;
+        permit.record(outcome);
+        Some(permit)
+    }
+}
+
+impl Drop for PermitSlot {
+    fn drop(&mut self) {
+        if let Some(permit) = self.0.as_mut() {
+            permit.record(UpstreamOutcome::Cancelled);
+        }
+    }
+}
+
+/// Travels with the response body; dropped when the body ends.
+struct Finish {
+    _request: RequestGuard,
+    _permit: Option<Permit>,
+}
+
+enum Inner {
+    Upstream(Incoming),
+    Local(Full<Bytes>),
+}
+
+/// The body sent downstream: the app's streamed body or one the proxy made.
+/// It carries the request's accounting and circuit permit, released the
+/// moment the last frame is out.
+pub struct ProxyBody {
+    inner: Inner,
+    finish: Option<Finish>,
+}
+
+impl ProxyBody {
+    fn local(body: Full<Bytes>, finish: Option<Finish>) -> ProxyBody {
+        ProxyBody {
+            inner: Inner::Local(body),
+            finish,
+        }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let res = match &mut this.inner {
+            Inner::Upstream(body) => Pin::new(body).poll_frame(cx),
+            Inner::Local(body) => match Pin::new(body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+                Poll::Ready(Some(Err(never))) => match never {},
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
+        };
+        if matches!(res, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            this.finish = None;
+        }
+        res
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Inner::Upstream(body) => body.is_end_stream(),
+            Inner::Local(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Upstream(body) => body.size_hint(),
+            Inner::Local(body) => body.size_hint(),
+        }
+    }
+}
+
+fn local_response(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// Does a `Connection` header list this token?
+fn connection_has(headers: &HeaderMap, token: &str) -> bool {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// Removes hop-by-hop headers (RFC 9110 §7.6.1) and whatever `Connection`
+/// names. With `upgrade`, `Upgrade` survives and `Connection: upgrade` is
+/// set again so the app sees the handshake.
+fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+    if let Some(conn) = headers.get(header::CONNECTION) {
+        // Only tokens beyond the usual ones cost an allocation.
+        let extra: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|t| {
+                !t.is_empty()
+                    && !t.eq_ignore_ascii_case("close")
+                    && !t.eq_ignore_ascii_case("keep-alive")
+                    && !t.eq_ignore_ascii_case("upgrade")
+            })
+            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .collect();
+        let _ = conn;
+        for name in extra {
+            // `te: trailers` is end to end for gRPC even if a client lists it.
+            if name != header::TE {
+                headers.remove(name);
+            }
+        }
+        headers.remove(header::CONNECTION);
+    }
+    headers.remove(&KEEP_ALIVE);
+    headers.remove(&PROXY_CONNECTION);
+    headers.remove(header::TRANSFER_ENCODING);
+    headers.remove(header::PROXY_AUTHENTICATE);
+    // The proxy answers `Expect: 100-continue` itself when it reads the body.
+    headers.remove(header::EXPECT);
+    if let Some(te) = headers.get(header::TE) {
+        // Only "trailers" may cross (HTTP/2 forbids anything else).
+        let trailers = te
+            .to_str()
+            .map(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+            })
+            .unwrap_or(false);
+        if trailers {
+            headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        } else {
+            headers.remove(header::TE);
+        }
+    }
+    if upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        headers.remove(header::UPGRADE);
+    }
+}
+
+/// Walks an error's sources looking for the body limit.
+fn is_body_limit(err: &(dyn StdError + 'static)) -> bool {
+    let mut cur: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if e.is::<LengthLimitError>() {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
+/// Adds `Connection: close` to HTTP/1 responses while draining, so
+/// keep-alive clients move to other pods before the listener closes.
+fn finish_response<B>(ctx: &ConnCtx, version: Version, resp: &mut Response<B>) {
+    ctx.shared.metrics.response(resp.status());
+    if version != Version::HTTP_2
+        && resp.status() != StatusCode::SWITCHING_PROTOCOLS
+        && ctx.shared.drain.phase() != Phase::Serving
+    {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+}
+
+async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<ProxyBody> {
+    let started = Instant::now();
+    let shared = ctx.shared.clone();
+    shared.metrics.request_started();
+    ctx.act.inflight.fetch_add(1, Ordering::Relaxed);
+    ctx.act.requests.fetch_add(1, Ordering::Relaxed);
+    let request_guard = RequestGuard {
+        ctx: ctx.clone(),
+        started,
+    };
+    let live = shared.live.load_full();
+    let version = req.version();
+
+    // 413 before anything is sent upstream when the length is declared.
+    let max_body = live.config.limits.max_request_body_bytes;
+    if max_body > 0
+        && let Some(len) = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+        && len > max_body
+    {
+        shared.metrics.body_too_large();
+        let mut resp = local_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
+        // The unread body would otherwise be drained by hyper first.
+        if version != Version::HTTP_2 {
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        return respond_local(&ctx, version, resp, request_guard, None);
+    }
+
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()));
+    let route = live.routes.select(req.method(), host, req.uri().path());
+    let permit = match route.admit().await {
+        Ok(permit) => permit,
+        Err(rejection) => {
+            shared.metrics.circuit_rejection();
+            tracing::debug!(
+                route = route.name(),
+                reason = rejection.reason(),
+                "request rejected by the circuit"
+            );
+            let resp = route.fallback(&rejection);
+            return respond_local(&ctx, version, resp, request_guard, None);
+        }
+    };
+    let mut permit = PermitSlot(Some(permit));
+
+    let wants_upgrade = version == Version::HTTP_11
+        && req.headers().contains_key(header::UPGRADE)
+        && connection_has(req.headers(), "upgrade");
+    let downstream_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
+
+    let (mut parts, body) = req.into_parts();
+    strip_hop_by_hop(&mut parts.headers, wants_upgrade);
+    match parts.headers.get_mut(&X_FORWARDED_FOR) {
+        Some(existing) => {
+            let mut joined = Vec::with_capacity(existing.len() + 2 + ctx.peer_ip.len());
+            joined.extend_from_slice(existing.as_bytes());
+            joined.extend_from_slice(b", ");
+            joined.extend_from_slice(ctx.peer_ip.as_bytes());
+            if let Ok(v) = HeaderValue::from_bytes(&joined) {
+                *existing = v;
+            }
+        }
+        None => {
+            parts
+                .headers
+                .insert(X_FORWARDED_FOR.clone(), ctx.peer_ip.clone());
+        }
+    }
+    // A TLS-terminating balancer in front may already have said "https";
+    // the sidecar itself only ever speaks cleartext.
+    if !parts.headers.contains_key(&X_FORWARDED_PROTO) {
+        parts
+            .headers
+            .insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    }
+    // HTTP/2 carries the host as :authority; an HTTP/1 app needs Host.
+    if !parts.headers.contains_key(header::HOST)
+        && let Some(authority) = parts.uri.authority()
+        && let Ok(v) = HeaderValue::from_str(authority.as_str())
+    {
+        parts.headers.insert(header::HOST, v);
+    }
+
+    let mut uri_parts = http::uri::Parts::default();
+    uri_parts.scheme = Some(shared.upstream.scheme());
+    uri_parts.authority = Some(shared.upstream.authority().clone());
+    uri_parts.path_and_query = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .or_else(|| Some(http::uri::PathAndQuery::from_static("/")));
+    parts.uri = match Uri::from_parts(uri_parts) {
+        Ok(uri) => uri,
+        Err(_) => {
+            let resp = local_response(StatusCode::BAD_REQUEST, "bad request target\n");
+            permit.record(UpstreamOutcome::Cancelled);
+            return respond_local(&ctx, version, resp, request_guard, None);
+        }
+    };
+    let h2 = version == Version::HTTP_2;
+    parts.version = if h2 {
+        Version::HTTP_2
+    } else {
+        Version::HTTP_11
+    };
+    let body = if max_body > 0 {
+        Either::Right(Limited::new(
+            body,
+            usize::try_from(max_body).unwrap_or(usize::MAX),
+        ))
+    } else {
+        Either::Left(body)
+    };
+    let upstream_req = Request::from_parts(parts, body);
+    let send = if h2 {
+        shared.upstream.h2().request(upstream_req)
+    } else {
+        shared.upstream.h1().request(upstream_req)
+    };
+    let result = match route.timeout() {
+        Some(limit) => match tokio::time::timeout(limit, send).await {
+            Ok(r) => r,
+            Err(_) => {
+                shared.metrics.upstream_timeout();
+                let permit = permit.record(UpstreamOutcome::Timeout);
+                let resp = local_response(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n");
+                return respond_local(&ctx, version, resp, request_guard, permit);
+            }
+        },
+        None => send.await,
+    };
+
+    let mut resp = match result {
+        Ok(resp) => resp,
+        Err(err) => {
+            if is_body_limit(&err) {
+                shared.metrics.body_too_large();
+                let permit = permit.record(UpstreamOutcome::Cancelled);
+                let mut resp =
+                    local_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
+                if version != Version::HTTP_2 {
+                    resp.headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                return respond_local(&ctx, version, resp, request_guard, permit);
+            }
+            shared.metrics.upstream_error();
+            tracing::debug!(error = %err, source = ?err.source(), "upstream request failed");
+            let permit = permit.record(UpstreamOutcome::ConnectError);
+            let resp = local_response(StatusCode::BAD_GATEWAY, "upstream unavailable\n");
+            return respond_local(&ctx, version, resp, request_guard, permit);
+        }
+    };
+    let permit = permit.record(UpstreamOutcome::Status(resp.status()));
+
+    let upgraded = resp.status() == StatusCode::SWITCHING_PROTOCOLS && downstream_upgrade.is_some();
+    if let (true, Some(downstream)) = (upgraded, downstream_upgrade) {
+        let upstream = hyper::upgrade::on(&mut resp);
+        spawn_tunnel(shared.clone(), downstream, upstream);
+    }
+    strip_hop_by_hop(resp.headers_mut(), upgraded);
+    // Answer in the client's HTTP version, not the app's (an HTTP/1.0 app
+    // must not turn off keep-alive for HTTP/1.1 clients).
+    *resp.version_mut() = version;
+    finish_response(&ctx, version, &mut resp);
+    resp.map(|body| ProxyBody {
+        inner: Inner::Upstream(body),
+        finish: Some(Finish {
+            _request: request_guard,
+            _permit: permit,
+        }),
+    })
+}
+
+fn respond_local(
+    ctx: &ConnCtx,
+    version: Version,
+    mut resp: Response<Full<Bytes>>,
+    request: RequestGuard,
+    permit: Option<Permit>,
+) -> Response<ProxyBody> {
+    finish_response(ctx, version, &mut resp);
+    resp.map(|body| {
+        ProxyBody::local(
+            body,
+            Some(Finish {
+                _request: request,
+                _permit: permit,
+            }),
+        )
+    })
+}
+
+/// Joins an upgraded downstream connection (WebSocket, ...) to the app's
+/// upgraded connection. The tunnel counts as an open connection for the
+/// drain: it is left alone until the deadline, then closed and counted.
+fn spawn_tunnel(
+    shared: Arc<Shared>,
+    downstream: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+) {
+    let mut guard = shared.drain.track();
+    shared.metrics.upgrade();
+    tokio::spawn(async move {
+        let (down, up) = match tokio::try_join!(downstream, upstream) {
+            Ok(pair) => pair,
+            Err(err) => {
+                tracing::debug!(error = %err, "upgrade did not complete");
+                return;
+            }
+        };
+        let mut down = TokioIo::new(down);
+        let mut up = TokioIo::new(up);
+        let mut drain_rx = shared.drain.subscribe();
+        tokio::select! {
+            res = tokio::io::copy_bidirectional(&mut down, &mut up) => {
+                if let Err(err) = res {
+                    tracing::debug!(error = %err, "upgraded connection ended with an error");
+                }
+            }
+            _ = drain_rx.wait_for(|s| s.force_close) => {
+                tracing::debug!("drain deadline: closing upgraded connection");
+                guard.mark_forced();
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_go_and_connection_tokens_with_them() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(header::TE, HeaderValue::from_static("trailers, deflate"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert("x-end-to-end", HeaderValue::from_static("yes"));
+        strip_hop_by_hop(&mut h, false);
+        assert!(h.get("x-secret").is_none());
+        assert!(h.get(header::CONNECTION).is_none());
+        assert!(h.get("keep-alive").is_none());
+        assert!(h.get(header::UPGRADE).is_none());
+        assert_eq!(
+            h.get(header::TE).map(|v| v.as_bytes()),
+            Some(&b"trailers"[..])
+        );
+        assert!(h.get("x-end-to-end").is_some());
+    }
+
+    #[test]
+    fn upgrade_handshake_survives_stripping() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(connection_has(&h, "upgrade"));
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(
+            h.get(header::UPGRADE).map(|v| v.as_bytes()),
+            Some(&b"websocket"[..])
+        );
+        assert_eq!(
+            h.get(header::CONNECTION).map(|v| v.as_bytes()),
+            Some(&b"upgrade"[..])
+        );
+    }
+}

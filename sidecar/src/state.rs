@@ -1,0 +1,83 @@
+//! What every part of a running sidecar shares: the config in force, the
+//! drain machine, metrics and the upstream pools.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
+
+use arc_swap::ArcSwap;
+
+use crate::circuit::RouteTable;
+use crate::config::Config;
+use crate::drain::Drain;
+use crate::metrics::Metrics;
+use crate::upstream::Upstream;
+
+/// The config in force plus what was built from it. Swapped as a whole on
+/// reload; a request loads it once (lock-free) and keeps its snapshot.
+pub struct Live {
+    pub config: Config,
+    pub routes: RouteTable,
+}
+
+/// Where the config came from and how reloads went, for `GET /config`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigStatus {
+    /// The YAML file, if any (flags and environment win over it).
+    pub file: Option<PathBuf>,
+    /// Successful reloads since start.
+    pub reloads: u64,
+    pub failed_reloads: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_reload: Option<String>,
+    /// Why the last reload was refused; cleared by the next good one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Keys changed in the file that only take effect after a restart.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub needs_restart: Vec<String>,
+}
+
+impl ConfigStatus {
+    pub fn stamp() -> String {
+        humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
+    }
+}
+
+pub struct Shared {
+    pub live: ArcSwap<Live>,
+    pub status: Mutex<ConfigStatus>,
+    pub drain: Drain,
+    pub metrics: Metrics,
+    pub upstream: Upstream,
+}
+
+impl Shared {
+    pub fn new(config: Config, file: Option<PathBuf>) -> crate::Result<Arc<Shared>> {
+        let upstream = Upstream::new(&config.upstream, &config.upstream_pool)?;
+        let drain = Drain::new(config.drain);
+        let routes = RouteTable::new(&config.routes);
+        Ok(Arc::new(Shared {
+            live: ArcSwap::from_pointee(Live { config, routes }),
+            status: Mutex::new(ConfigStatus {
+                file,
+                ..ConfigStatus::default()
+            }),
+            drain,
+            metrics: Metrics::default(),
+            upstream,
+        }))
+    }
+
+    pub fn status(&self) -> ConfigStatus {
+        self.status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub fn update_status(&self, f: impl FnOnce(&mut ConfigStatus)) {
+        f(&mut self.status.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+}

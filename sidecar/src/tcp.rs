@@ -1,0 +1,57 @@
+//! Raw TCP pass-through (`protocol: tcp`) for ports that are not HTTP.
+//!
+//! Nothing inside the stream can be told to go away, so the drain works on
+//! connections: they are served through `Draining` and `Closing` until they
+//! end on their own, and whatever is still open at the deadline is closed
+//! and counted as force-closed.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpStream;
+
+use crate::drain::ConnGuard;
+use crate::state::Shared;
+
+pub(crate) async fn serve_connection(
+    shared: Arc<Shared>,
+    mut downstream: TcpStream,
+    peer: SocketAddr,
+    mut guard: ConnGuard,
+) {
+    let _ = downstream.set_nodelay(true);
+    let addr = shared.upstream.addr();
+    let connect_timeout = shared
+        .live
+        .load()
+        .config
+        .upstream_pool
+        .connect_timeout
+        .get();
+    let mut upstream = match tokio::time::timeout(connect_timeout, TcpStream::connect(addr)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(err)) => {
+            shared.metrics.tcp_connect_error();
+            tracing::warn!(%peer, upstream = %addr, error = %err, "cannot reach the app; closing the client connection");
+            return;
+        }
+        Err(_) => {
+            shared.metrics.tcp_connect_error();
+            tracing::warn!(%peer, upstream = %addr, "connecting to the app timed out; closing the client connection");
+            return;
+        }
+    };
+    let _ = upstream.set_nodelay(true);
+    let mut drain_rx = shared.drain.subscribe();
+    tokio::select! {
+        res = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => {
+            if let Err(err) = res {
+                tracing::debug!(%peer, error = %err, "tcp connection ended with an error");
+            }
+        }
+        _ = drain_rx.wait_for(|s| s.force_close) => {
+            tracing::debug!(%peer, "drain deadline: force-closing tcp connection");
+            guard.mark_forced();
+        }
+    }
+}

@@ -13,6 +13,8 @@ use super::{Rejection, RouteStats, Verdict};
 use crate::config::CircuitBreakerConfig;
 
 pub(crate) struct Guard {
+    /// For logs; a guard only ever serves routes of this name.
+    route: Arc<str>,
     limiter: Arc<Limiter>,
     breaker: Mutex<Breaker>,
     /// Mirror of the breaker's state, so a closed breaker is checked
@@ -34,7 +36,7 @@ pub(crate) struct GuardTicket {
 }
 
 impl Guard {
-    pub(crate) fn new(config: &CircuitBreakerConfig, stats: Arc<RouteStats>) -> Self {
+    pub(crate) fn new(route: &str, config: &CircuitBreakerConfig, stats: Arc<RouteStats>) -> Self {
         let now = Instant::now();
         let adaptive = config
             .adaptive
@@ -43,6 +45,7 @@ impl Guard {
             .as_ref()
             .map_or(config.max_concurrent, GradientLimit::limit);
         Self {
+            route: Arc::from(route),
             limiter: Arc::new(Limiter::new(
                 initial_limit,
                 config.max_queue,
@@ -92,7 +95,13 @@ impl Guard {
         }
         ticket.recorded = true;
         let now = Instant::now();
-        let jitter: f64 = rand::random();
+        // Jitter only matters when the breaker opens or a probe is
+        // scheduled; successes on a closed breaker skip the random source.
+        let jitter: f64 = match verdict {
+            Verdict::Failure { .. } => rand::random(),
+            Verdict::Success if self.adaptive.is_some() => rand::random(),
+            _ => 0.5,
+        };
         let transition = self
             .breaker()
             .record(ticket.epoch, ticket.probe, verdict, now, jitter);
@@ -122,7 +131,12 @@ impl Guard {
             BreakerState::HalfOpen => &self.stats.transitions_to_half_open,
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(to = to.as_str(), "circuit breaker state changed");
+        match to {
+            BreakerState::Open => tracing::warn!(route = %self.route, "circuit breaker opened"),
+            _ => {
+                tracing::info!(route = %self.route, to = to.as_str(), "circuit breaker state changed")
+            }
+        }
     }
 
     /// The state the next request meets (an expired open period reads as

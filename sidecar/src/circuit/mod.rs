@@ -7,13 +7,33 @@
 //! [`Rejection`], which the proxy answers with [`Route::fallback`].
 //!
 //! A route without a `circuitBreaker` takes the fast path: admission is an
-//! atomic increment and nothing else. A route with one has a [`guard`]: a
+//! atomic increment and nothing else. A route with one has a guard: a
 //! concurrency limiter with a bounded queue (fixed or adaptive) and a
 //! closed/open/half-open breaker fed by the outcomes the proxy records.
 //!
 //! Guards are shared between the old and the new table on reload when a
 //! route keeps its name and its `circuitBreaker` settings, so a reload never
 //! closes an open breaker or forgets the capacity the limiter found.
+//!
+//! Decisions where the issue was silent:
+//! - Matching: `pathPrefix` matches whole segments (Gateway API), so `/api`
+//!   takes `/api/x` but not `/apis`; the query never matters; hosts compare
+//!   without port and case. A configured route named `default` is the
+//!   catch-all's policy (it still matches first at its own position).
+//! - An open breaker answers before queueing; the breaker is asked again
+//!   once a queued request gets its slot (it may have opened meanwhile).
+//! - `Retry-After`: the rest of the open period while open; 1s while
+//!   half-open with all probes out and for queue rejections.
+//! - Failures: listed `failOn` kinds only. A fast 5xx or a refused
+//!   connection is a failure but no latency sample for the adaptive limit
+//!   (it says nothing about queueing); a timeout is both. A `ConnectError`
+//!   or `Timeout` not listed in `failOn` counts as nothing at all.
+//! - Series for breaker, limiter and rejections exist only for routes with
+//!   a `circuitBreaker`; `kubegrace_route_inflight` for every route. The
+//!   counters of a route survive any reload that keeps its name.
+//! - A reload that changes a route's breaker settings starts a fresh guard;
+//!   requests still running on the old one keep their old slots, so for one
+//!   request duration the app may see up to both limits together.
 
 mod breaker;
 mod gradient;
@@ -269,7 +289,9 @@ impl Route {
         let keep_guard = previous.filter(|p| p.breaker_config == config.circuit_breaker);
         let guard = match (keep_guard, &config.circuit_breaker) {
             (Some(previous), _) => previous.guard.clone(),
-            (None, Some(breaker)) => Some(Arc::new(Guard::new(breaker, stats.clone()))),
+            (None, Some(breaker)) => {
+                Some(Arc::new(Guard::new(&config.name, breaker, stats.clone())))
+            }
             (None, None) => None,
         };
         Route {

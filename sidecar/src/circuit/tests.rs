@@ -311,3 +311,30 @@ fn retry_after_rounds_up_to_whole_seconds() {
     assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
     assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
 }
+
+/// What `select` + `admit` + `record` + drop cost per request, with and
+/// without a breaker. Not a test of behaviour: run it by hand with
+/// `cargo test --release -p kubegrace-sidecar --lib hot_path -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "timing only; run by hand in release mode"]
+async fn hot_path_cost() {
+    let table = table(
+        r#"
+routes:
+  - {name: static, match: {pathPrefix: /static, methods: [GET]}}
+  - {name: guarded, match: {pathPrefix: /guarded}, circuitBreaker: {maxConcurrent: 64}}
+  - {name: adaptive, match: {pathPrefix: /adaptive}, circuitBreaker: {maxConcurrent: 64, adaptive: true, minConcurrent: 2}}
+"#,
+    );
+    const ROUNDS: u32 = 200_000;
+    for path in ["/static/app.js", "/other", "/guarded/x", "/adaptive/x"] {
+        let started = std::time::Instant::now();
+        for _ in 0..ROUNDS {
+            let route = table.select(&Method::GET, Some("example.com:8080"), path);
+            let mut permit = route.admit().await.expect("sequential requests fit");
+            permit.record(UpstreamOutcome::Status(StatusCode::OK));
+        }
+        let per_request = started.elapsed() / ROUNDS;
+        println!("{path:>16}: {per_request:?} per request");
+    }
+}

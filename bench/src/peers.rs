@@ -141,7 +141,7 @@ impl Env {
                 }
                 // Warnings only: a log line per request would measure the
                 // terminal, and the peers run without access logs too.
-                cmd.env("RUST_LOG", "warn");
+                cmd.env("KUBEGRACE_LOG", "warn");
             }
             Peer::Nginx => {
                 let conf = dir.join("nginx.conf");

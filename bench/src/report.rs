@@ -238,7 +238,9 @@ impl Report {
         );
         let mut metrics: Vec<Metric> = Vec::new();
         for id in [KEEPALIVE_64, KEEPALIVE_256] {
-            let title = r.scenario(id).map(|s| s.title.clone()).unwrap_or_default();
+            let Some(title) = r.scenario(id).map(|s| s.title.clone()) else {
+                continue;
+            };
             metrics.push((
                 format!("throughput per proxy core, {title}"),
                 Box::new(move |p| r.scenario(id)?.peers.get(p)?.rps_per_core.map(|s| s.median)),
@@ -252,19 +254,21 @@ impl Report {
                 "req/s",
             ));
         }
-        metrics.push((
-            "p99 latency added over direct at a fixed rate".into(),
-            Box::new(move |p| {
-                r.scenario(FIXED_RATE)?
-                    .peers
-                    .get(p)?
-                    .vs_direct
-                    .as_ref()
-                    .map(|c| c.p99_added_ms)
-            }),
-            false,
-            "ms",
-        ));
+        if r.scenario(FIXED_RATE).is_some() {
+            metrics.push((
+                "p99 latency added over direct at a fixed rate".into(),
+                Box::new(move |p| {
+                    r.scenario(FIXED_RATE)?
+                        .peers
+                        .get(p)?
+                        .vs_direct
+                        .as_ref()
+                        .map(|c| c.p99_added_ms)
+                }),
+                false,
+                "ms",
+            ));
+        }
         metrics.push((
             "idle memory (VmRSS)".into(),
             Box::new(move |p| Some(r.memory.get(p)?.idle_rss_kib as f64)),
@@ -304,6 +308,16 @@ impl Report {
                 0.0
             };
             let cmp = if we_win { "MET" } else { "MISSED" };
+            if *unit == "ms" {
+                // Added latency can be near zero or negative (noise), where a
+                // percentage means nothing: say it in milliseconds.
+                verdicts.push(format!(
+                    "{cmp}: {what}: kubegrace {ours:+.3} ms, the best other proxy ({best_name}) {best_value:+.3} ms: \
+                     {:+.3} ms",
+                    ours - best_value
+                ));
+                continue;
+            }
             let dir = match (we_win, *higher_better) {
                 (true, true) => "ahead of",
                 (true, false) => "below",
@@ -323,11 +337,13 @@ impl Report {
 /// A number for people: 3 significant digits-ish, no exponent.
 pub fn num(x: f64) -> String {
     let a = x.abs();
-    if a >= 1_000_000.0 {
+    if a == 0.0 {
+        "0".into()
+    } else if a >= 1_000_000.0 {
         format!("{:.2}M", x / 1_000_000.0)
     } else if a >= 10_000.0 {
         format!("{:.1}k", x / 1000.0)
-    } else if a >= 100.0 {
+    } else if a >= 10.0 {
         format!("{x:.0}")
     } else if a >= 1.0 {
         format!("{x:.2}")
@@ -616,6 +632,17 @@ struct Panel<'a> {
     groups: Vec<(String, Vec<(&'a str, Spread)>)>,
 }
 
+/// The smallest 1, 2, 2.5 or 5 times a power of ten at or above `raw`:
+/// axis ticks people can read.
+fn nice_step(raw: f64) -> f64 {
+    let exp = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 2.5, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * exp)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * exp)
+}
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -629,20 +656,22 @@ fn draw_panel(svg: &mut String, panel: &Panel, x0: f64, y0: f64, w: f64, h: f64)
         y0 - 8.0,
         esc(&panel.title)
     );
-    let max = panel
+    let top = panel
         .groups
         .iter()
         .flat_map(|(_, bars)| bars.iter().map(|(_, s)| s.max.max(s.median)))
         .fold(0.0_f64, f64::max)
-        .max(1e-9)
-        * 1.1;
+        .max(1e-9);
+    let step = nice_step(top / 4.0);
+    let ticks = (top / step).ceil().max(1.0) as u32;
+    let max = step * f64::from(ticks);
     let _ = writeln!(
         svg,
         r##"<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="none" stroke="#ccc"/>"##
     );
-    for i in 0..=4 {
-        let v = max * f64::from(i) / 4.0;
-        let y = y0 + h - h * f64::from(i) / 4.0;
+    for i in 0..=ticks {
+        let v = step * f64::from(i);
+        let y = y0 + h - h * v / max;
         let _ = writeln!(
             svg,
             r##"<line x1="{x0}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="#eee"/><text x="{}" y="{:.1}" font-size="10" text-anchor="end">{}</text>"##,
@@ -878,6 +907,14 @@ mod tests {
         assert_eq!(c.rps, 0.5);
         assert_eq!(c.p99_added_ms, 1.0);
         assert_eq!(c.rss_kib, Some(1.0));
+    }
+
+    #[test]
+    fn axis_steps_are_round_numbers() {
+        assert_eq!(nice_step(1800.0), 2000.0);
+        assert_eq!(nice_step(2100.0), 2500.0);
+        assert_eq!(nice_step(0.3), 0.5);
+        assert_eq!(nice_step(10_000.0), 10_000.0);
     }
 
     #[test]

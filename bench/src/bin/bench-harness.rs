@@ -28,14 +28,17 @@ use kubegrace_bench::stats::Spread;
 #[command(about = "kubegrace-sidecar against nginx, HAProxy and Caddy, side by side")]
 struct Args {
     /// Length of one load round, whole seconds (wrk takes no fractions).
-    #[arg(long, env = "BENCH_SECONDS", default_value_t = 5)]
+    /// Four by default keeps a full run (6 peers x 5 scenarios x 3 rounds,
+    /// plus the drain tests) under ten minutes.
+    #[arg(long, env = "BENCH_SECONDS", default_value_t = 4)]
     seconds: u32,
     /// Rounds per scenario; every figure is the median of these.
     #[arg(long, env = "BENCH_ROUNDS", default_value_t = 3)]
     rounds: u32,
     /// The fixed rate of the latency scenario, requests/s: well below what
     /// the slowest proxy saturates at on one core.
-    #[arg(long, env = "BENCH_RATE", default_value_t = 2000)]
+    /// 1000: Caddy, the slowest peer, saturates one core near 8k req/s.
+    #[arg(long, env = "BENCH_RATE", default_value_t = 1000)]
     rate: u32,
     /// Peers to run, comma separated (direct is always run: it is the floor).
     #[arg(

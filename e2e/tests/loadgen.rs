@@ -18,7 +18,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use kubegrace_e2e::load::conn::{ConnStats, Http2Pool};
 use kubegrace_e2e::load::grpc::{self, EchoRequest, EchoServer};
 use kubegrace_e2e::load::outcome::RequestCtx;
-use kubegrace_e2e::load::report::{self, DemoResult, DemoRun};
+use kubegrace_e2e::load::report::{self, DemoResult, DemoRun, Event};
 use kubegrace_e2e::load::target::Target;
 use kubegrace_e2e::load::{self, Config, Protocol, Reason, Summary};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -683,11 +683,22 @@ fn report_renders_table_json_and_svg() -> Result<()> {
             summary: fixture(&[])?,
             rollout_s: 24.5,
             rollout_start_s: Some(3.0),
+            events: Vec::new(),
         },
         without: DemoRun {
             summary: fixture(&[(6, "refused"), (7, "reset"), (9, "reset")])?,
             rollout_s: 11.2,
             rollout_start_s: Some(3.0),
+            events: vec![
+                Event {
+                    t_s: 5.5,
+                    label: "pod web-1 <deleted> & gone".into(),
+                },
+                Event {
+                    t_s: 5.9,
+                    label: "endpoint removed".into(),
+                },
+            ],
         },
     };
     let table = report::table(&result);
@@ -728,6 +739,10 @@ fn report_renders_table_json_and_svg() -> Result<()> {
         "{svg}"
     );
     assert!(svg.contains("with kubegrace: 0 of 1000 requests failed"));
+    assert!(
+        svg.contains(">pod web-1 &lt;deleted&gt; &amp; gone</text>"),
+        "{svg}"
+    );
     assert!(
         svg.contains(">refused 3, reset 6  ·  rollout 11.2 s"),
         "{svg}"

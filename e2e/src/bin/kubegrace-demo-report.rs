@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use kubegrace_e2e::load::report::{self, DemoResult, DemoRun};
+use kubegrace_e2e::load::report::{self, DemoResult, DemoRun, Event};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -38,6 +38,13 @@ struct Args {
     /// When the rollout without kubegrace started, as UNIX time in seconds.
     #[arg(long, conflicts_with = "without_rollout_start_s")]
     without_rollout_at: Option<f64>,
+    /// Mark an event on the run with kubegrace: T=LABEL, T in seconds since the load started
+    /// or a UNIX time (e.g. "1764460000.5=pod web-1 deleted"). Repeatable.
+    #[arg(long = "with-event")]
+    with_events: Vec<String>,
+    /// Mark an event on the run without kubegrace (like --with-event).
+    #[arg(long = "without-event")]
+    without_events: Vec<String>,
     /// Where result.json and rollout.svg go.
     #[arg(long, default_value = "target/demo")]
     out_dir: PathBuf,
@@ -54,12 +61,14 @@ fn main() -> Result<()> {
             args.with_rollout_s,
             args.with_rollout_start_s,
             args.with_rollout_at,
+            &args.with_events,
         )?,
         without: run(
             &args.without,
             args.without_rollout_s,
             args.without_rollout_start_s,
             args.without_rollout_at,
+            &args.without_events,
         )?,
     };
     print!("{}", report::table(&result));
@@ -75,12 +84,13 @@ fn main() -> Result<()> {
 }
 
 /// One run: the loadgen summary, the rollout's duration and where it starts on the timeline
-/// (given in seconds since the load started, or as UNIX time).
+/// (given in seconds since the load started, or as UNIX time), and its events.
 fn run(
     path: &Path,
     rollout_s: f64,
     start_s: Option<f64>,
     at_unix_s: Option<f64>,
+    events: &[String],
 ) -> Result<DemoRun> {
     let summary =
         report::load_summary(path).with_context(|| format!("loading {}", path.display()))?;
@@ -92,9 +102,14 @@ fn run(
         ),
         None => start_s,
     };
+    let events = events
+        .iter()
+        .map(|spec| Event::parse(spec, summary.started_at_unix_s).map_err(anyhow::Error::msg))
+        .collect::<Result<Vec<_>>>()?;
     Ok(DemoRun {
         summary,
         rollout_s,
         rollout_start_s,
+        events,
     })
 }

@@ -20,6 +20,45 @@ pub struct DemoRun {
     /// When the rollout started, in seconds since the load started (draws the window).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout_start_s: Option<f64>,
+    /// Things that happened during the run (a pod deleted, an endpoint removed...), marked
+    /// on the timeline so failures can be read against them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<Event>,
+}
+
+/// A labelled moment of a run, in seconds since the load started.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub t_s: f64,
+    pub label: String,
+}
+
+impl Event {
+    /// Parses `T=LABEL`. `T` is seconds since the load started, or a UNIX time (anything
+    /// above 10^9; no run is that long), converted with the run's `started_at_unix_s`.
+    pub fn parse(spec: &str, started_at_unix_s: f64) -> Result<Event, String> {
+        let (t, label) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("event {spec:?}: expected T=LABEL"))?;
+        let t: f64 = t
+            .trim()
+            .parse()
+            .map_err(|_| format!("event {spec:?}: {t:?} is not a number"))?;
+        let t_s = if t > 1e9 {
+            if started_at_unix_s <= 0.0 {
+                return Err(format!(
+                    "event {spec:?}: a UNIX time needs the run's started_at_unix_s"
+                ));
+            }
+            t - started_at_unix_s
+        } else {
+            t
+        };
+        Ok(Event {
+            t_s,
+            label: label.trim().to_owned(),
+        })
+    }
 }
 
 /// `result.json`: `{"with": DemoRun, "without": DemoRun}`.
@@ -409,6 +448,31 @@ pub fn svg(result: &DemoResult) -> String {
                 run.rollout_s
             );
         }
+        // Events: thin dark lines across the plot, labels staggered over three rows so
+        // events close together (several pods deleted in a second) stay readable.
+        for (k, event) in run.events.iter().enumerate() {
+            if !(0.0..=seconds as f64).contains(&event.t_s) {
+                continue;
+            }
+            let x = LEFT + event.t_s * bar_w;
+            let _ = writeln!(
+                s,
+                r##"<line x1="{x:.1}" y1="{plot_top}" x2="{x:.1}" y2="{base}" stroke="#212121" stroke-width="1.2" stroke-opacity="0.8"/>"##
+            );
+            // Near the bottom: the top of the bars is where failures show.
+            let y = base - 10.0 - 14.0 * (k % 3) as f64;
+            // Labels right of the line, or left of it in the right third of the plot.
+            let (tx, anchor) = if x > LEFT + plot_w * 0.66 {
+                (x - 3.0, "end")
+            } else {
+                (x + 3.0, "start")
+            };
+            let _ = writeln!(
+                s,
+                r##"<text x="{tx:.1}" y="{y:.1}" text-anchor="{anchor}" fill="#212121" font-size="11" stroke="#ffffff" stroke-width="3" paint-order="stroke">{}</text>"##,
+                esc(&event.label)
+            );
+        }
         // Axes and x labels (about ten ticks whatever the length).
         let _ = writeln!(
             s,
@@ -474,6 +538,22 @@ mod tests {
         assert_eq!(nice_ceil(87.0), 100.0);
         assert_eq!(nice_ceil(101.0), 200.0);
         assert_eq!(nice_ceil(3.0), 5.0);
+    }
+
+    #[test]
+    fn events_parse_offsets_and_unix_times() {
+        assert_eq!(
+            Event::parse("12.5=pod web-1 deleted", 0.0),
+            Ok(Event {
+                t_s: 12.5,
+                label: "pod web-1 deleted".into()
+            })
+        );
+        let e = Event::parse("1764460010.5 = endpoint removed", 1_764_460_000.0).expect("valid");
+        assert_eq!((e.t_s, e.label.as_str()), (10.5, "endpoint removed"));
+        assert!(Event::parse("1764460010=x", 0.0).is_err());
+        assert!(Event::parse("soon=x", 0.0).is_err());
+        assert!(Event::parse("no label", 0.0).is_err());
     }
 
     #[test]

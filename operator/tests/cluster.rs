@@ -743,3 +743,166 @@ async fn an_unknown_port_and_an_overlapping_route_are_conditions_a_person_can_ac
     let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
     ns.cleanup().await;
 }
+
+/// One HTTP/1.1 GET over a plain socket (the host reaches pod IPs on the
+/// local cluster's bridge); returns the status line and body.
+async fn http_get(addr: &str, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
+        .await
+        .ok()?
+        .ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(2), s.read_to_string(&mut out))
+        .await
+        .ok()?
+        .ok()?;
+    Some(out)
+}
+
+fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The real thing: the sidecar image runs as injected (restricted security
+/// context, flags, config file, probes), the app behind it answers through
+/// it, and a deleted pod drains within its budget. Needs the images of
+/// `e2e/cluster/images`; skipped without them.
+#[tokio::test]
+async fn an_injected_pod_runs_serves_through_the_sidecar_and_drains_within_its_budget() {
+    let client = cluster_or_skip!();
+    let _serial = SERIAL.lock().await;
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("nodes");
+    let present = |image: &str| {
+        nodes.items.iter().any(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.images.as_ref())
+                .is_some_and(|imgs| {
+                    imgs.iter()
+                        .any(|i| i.names.iter().flatten().any(|x| x.ends_with(image)))
+                })
+        })
+    };
+    if !present("kubegrace/sidecar:e2e") || !present("kubegrace/demo-app:e2e") {
+        println!("skipped: sidecar/demo-app images not in the cluster (e2e/cluster/images)");
+        return;
+    }
+    install_crd(&client).await;
+    let ns = TestNs::new(&client, "kg-run", true).await;
+    let port = free_port();
+    webhook_config(&client, &ns.name, port, "Fail").await;
+    let (stop, task) = start_operator(&client, &ns.name, port);
+    let mwcs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    wait_for(30, "caBundle patched", || async {
+        let m = mwcs.get(&ns.name).await.ok()?;
+        m.webhooks?
+            .first()?
+            .client_config
+            .ca_bundle
+            .as_ref()
+            .map(|_| ())
+    })
+    .await;
+    let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
+    let route: GraceRoute = serde_json::from_value(json!({
+        "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+        "metadata": {"name": "demo"},
+        "spec": {"targetRef": {"kind": "Deployment", "name": "demo"}, "ports": [{"name": "http"}],
+                 "drain": {"minDelay": "1s", "quiet": "500ms", "maxDelay": "3s", "timeout": "5s"}}
+    }))
+    .expect("route");
+    routes
+        .create(&PostParams::default(), &route)
+        .await
+        .expect("create route");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    let demo: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "demo"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "demo"}},
+            "template": {
+                "metadata": {"labels": {"app": "demo"}},
+                "spec": {"containers": [{
+                    "name": "app", "image": "localhost/kubegrace/demo-app:e2e", "imagePullPolicy": "Never",
+                    "ports": [{"name": "http", "containerPort": 8080}],
+                    "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 1}
+                }]}
+            }
+        }
+    }))
+    .expect("deployment");
+    deployments
+        .create(&PostParams::default(), &demo)
+        .await
+        .expect("create");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let pod = wait_for(120, "an injected demo pod Ready", || async {
+        let list = pods
+            .list(&ListParams::default().labels("app=demo"))
+            .await
+            .ok()?;
+        list.items
+            .into_iter()
+            .find(|p| has_sidecar(p) && pod_ready(p) && p.metadata.deletion_timestamp.is_none())
+    })
+    .await;
+    let ip = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .expect("pod IP");
+    let through = wait_for(20, "the app through the sidecar", || async {
+        let r = http_get(&format!("{ip}:15081"), "/").await?;
+        r.starts_with("HTTP/1.1 200").then_some(r)
+    })
+    .await;
+    assert!(through.contains("pod="), "{through}");
+    let ready = http_get(&format!("{ip}:15020"), "/ready")
+        .await
+        .expect("admin port");
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    // Without the pod's token nobody may drain it.
+    let drain = http_get(&format!("{ip}:15020"), "/drain")
+        .await
+        .expect("admin port");
+    assert!(!drain.starts_with("HTTP/1.1 2"), "{drain}");
+
+    let budget = routes
+        .get("demo")
+        .await
+        .ok()
+        .and_then(|r| r.status?.budget_seconds)
+        .expect("budget");
+    assert_eq!(budget, 3 + 5 + 5);
+    let name = pod.name_any();
+    let t0 = std::time::Instant::now();
+    pods.delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    wait_for(
+        u64::try_from(budget).unwrap_or(13) + 15,
+        "pod gone",
+        || async { pods.get_opt(&name).await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    let took = t0.elapsed();
+    println!("injected pod terminated in {took:?} (budget {budget}s)");
+    assert!(
+        took >= Duration::from_secs(1),
+        "the drain held the pod for at least minDelay"
+    );
+
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+    ns.cleanup().await;
+}

@@ -188,6 +188,25 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_client_that_leaves_the_queue_frees_its_place() {
+        let limiter = limiter(1, 1);
+        let held = limiter.acquire().await.expect("slot");
+        let leaving = {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.acquire().await.map(drop) })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(limiter.queued(), 1);
+        // The downstream went away: the proxy drops the admit future.
+        leaving.abort();
+        let _ = leaving.await;
+        assert_eq!(limiter.queued(), 0);
+        drop(held);
+        let _next = limiter.acquire().await.expect("the slot went to no one");
+        assert_eq!(limiter.in_use(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn no_queue_means_immediate_rejection() {
         let limiter = limiter(1, 0);
         let _held = limiter.acquire().await.expect("slot");

@@ -158,13 +158,25 @@ fn start_operator(
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<kubegrace_operator::Result<()>>,
 ) {
+    start_operator_with_admin(client, ns, webhook_port, free_port())
+}
+
+fn start_operator_with_admin(
+    client: &Client,
+    ns: &str,
+    webhook_port: u16,
+    admin_port: u16,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<kubegrace_operator::Result<()>>,
+) {
     let args = RunArgs::from_args([
         "--namespace".to_string(),
         ns.to_string(),
         "--webhook-addr".into(),
         format!("127.0.0.1:{webhook_port}"),
         "--admin-addr".into(),
-        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{admin_port}"),
         "--webhook-config".into(),
         ns.to_string(),
         "--webhook-extra-san".into(),
@@ -312,7 +324,8 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
     let ns = TestNs::new(&client, "kg-route", false).await;
     let port = free_port();
     webhook_config(&client, &ns.name, port, "Fail").await;
-    let (stop, task) = start_operator(&client, &ns.name, port);
+    let admin = free_port();
+    let (stop, task) = start_operator_with_admin(&client, &ns.name, port, admin);
 
     // The operator writes its CA into the webhook configuration.
     let mwcs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
@@ -479,6 +492,83 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
         })
     };
     assert_eq!(count(&again), 1);
+
+    // Config changes reach the sidecars by hot reload: the ConfigMap
+    // changes, the pod template does not (no pod restarts).
+    let generation = |d: &Deployment| d.metadata.generation.unwrap_or(0);
+    let before = generation(&deployments.get("web").await.expect("deployment"));
+    let hash = routes
+        .get("web")
+        .await
+        .expect("route")
+        .status
+        .and_then(|s| s.config_hash);
+    routes
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"circuitBreaker": {"maxConcurrent": 10}}})),
+        )
+        .await
+        .expect("change config");
+    wait_for(30, "new config hash", || async {
+        let r = routes.get("web").await.ok()?;
+        let h = r.status?.config_hash;
+        (h.is_some() && h != hash).then_some(())
+    })
+    .await;
+    assert_eq!(
+        generation(&deployments.get("web").await.expect("deployment")),
+        before,
+        "no roll"
+    );
+    // A budget change does roll the pods, once.
+    routes
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"drain": {"timeout": "50s"}}})),
+        )
+        .await
+        .expect("change budget");
+    let d = wait_for(30, "budget 65 on the template", || async {
+        let d = deployments.get("web").await.ok()?;
+        let tgps = d
+            .spec
+            .as_ref()?
+            .template
+            .spec
+            .as_ref()?
+            .termination_grace_period_seconds;
+        (tgps == Some(10 + 50 + 5)).then_some(d)
+    })
+    .await;
+    assert_eq!(generation(&d), before + 1, "exactly one template change");
+
+    // Numbers for the record: webhook and reconcile time as the operator sees them.
+    let metrics = http_get(&format!("127.0.0.1:{admin}"), "/metrics")
+        .await
+        .expect("admin port");
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    for m in [
+        "kubegrace_operator_webhook_duration_seconds",
+        "kubegrace_operator_reconcile_duration_seconds",
+    ] {
+        let (sum, count) = (value(&format!("{m}_sum ")), value(&format!("{m}_count ")));
+        println!(
+            "{m}: {count} observations, mean {:.1}ms",
+            if count > 0.0 { sum / count * 1e3 } else { 0.0 }
+        );
+    }
+    assert!(
+        metrics.contains("kubegrace_operator_webhook_requests_total{result=\"injected\"}"),
+        "{metrics}"
+    );
 
     // Removing the annotation removes what the operator copied into the
     // pod template (which rolls the pods back out).

@@ -5,6 +5,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,7 +16,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Notify};
 use tokio::time::Instant;
 
 use crate::drain::Phase;
@@ -30,6 +31,11 @@ pub(crate) struct Admin {
     token: Option<String>,
     /// Last upstream check: when, and whether the app accepted a connection.
     reachability: Mutex<Option<(Instant, bool)>>,
+    /// `/drain?wait=true` callers whose connection has not finished yet.
+    /// The process waits for them before exiting, or a preStop hook racing
+    /// SIGTERM would lose its answer.
+    waiters: AtomicUsize,
+    waiters_done: Notify,
 }
 
 impl Admin {
@@ -38,6 +44,8 @@ impl Admin {
             shared,
             token,
             reachability: Mutex::new(None),
+            waiters: AtomicUsize::new(0),
+            waiters_done: Notify::new(),
         })
     }
 
@@ -57,11 +65,31 @@ impl Admin {
         }
     }
 
+    /// Resolves once every `/drain?wait=true` answer has been written and
+    /// its connection closed (bounded by the caller).
+    pub(crate) async fn settle(&self) {
+        loop {
+            let done = self.waiters_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if self.waiters.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            done.await;
+        }
+    }
+
     async fn serve_connection(self: Arc<Self>, stream: TcpStream) {
         let io = TokioIo::new(stream);
+        // Drain waiters seen on this connection; released when it ends,
+        // which is after their answer was flushed (they get Connection: close).
+        let conn_waiters = Arc::new(AtomicUsize::new(0));
+        let admin = self.clone();
+        let counter = conn_waiters.clone();
         let service = service_fn(move |req| {
-            let admin = self.clone();
-            async move { Ok::<_, Infallible>(admin.handle(req).await) }
+            let admin = admin.clone();
+            let counter = counter.clone();
+            async move { Ok::<_, Infallible>(admin.handle(req, &counter).await) }
         });
         let result = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
@@ -71,9 +99,17 @@ impl Admin {
         if let Err(err) = result {
             tracing::debug!(error = %err, "admin connection ended with an error");
         }
+        let mine = conn_waiters.load(Ordering::Acquire);
+        if mine > 0 && self.waiters.fetch_sub(mine, Ordering::AcqRel) == mine {
+            self.waiters_done.notify_waiters();
+        }
     }
 
-    async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn handle(
+        &self,
+        req: Request<Incoming>,
+        conn_waiters: &AtomicUsize,
+    ) -> Response<Full<Bytes>> {
         let path = req.uri().path();
         let query = req.uri().query().unwrap_or("");
         let method = req.method();
@@ -91,7 +127,12 @@ impl Admin {
                 if let Some(denied) = self.check_token(&req) {
                     return denied;
                 }
-                self.drain(query_flag(query, "wait")).await
+                let wait = query_flag(query, "wait");
+                if wait {
+                    conn_waiters.fetch_add(1, Ordering::AcqRel);
+                    self.waiters.fetch_add(1, Ordering::AcqRel);
+                }
+                self.drain(wait).await
             }
             "/drain/endpoint-removed" if method == Method::POST => {
                 if let Some(denied) = self.check_token(&req) {
@@ -182,10 +223,14 @@ impl Admin {
         // The preStop hook: answer once drained. The ceiling is the longest
         // a drain can take, plus the force-close grace.
         let ceiling = drain.timers().worst_case() + Duration::from_secs(5);
-        match tokio::time::timeout(ceiling, drain.drained()).await {
+        let mut resp = match tokio::time::timeout(ceiling, drain.drained()).await {
             Ok(report) => text(StatusCode::OK, &format!("{report}\n")),
             Err(_) => text(StatusCode::OK, "drain timeout passed\n"),
-        }
+        };
+        // The connection ends with this answer, which tells `settle` it left.
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        resp
     }
 
     fn metrics(&self) -> Response<Full<Bytes>> {

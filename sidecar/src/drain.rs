@@ -195,24 +195,27 @@ impl Drain {
     /// Starts the drain. Returns false when one was already under way, so
     /// a second SIGTERM or `/drain` changes nothing.
     pub fn trigger(&self, reason: &str) -> bool {
+        // The reason is stored under its lock before the watch fires, and
+        // the driver reads it under the same lock after waking, so the
+        // report always names what started the drain.
+        let mut trigger = self
+            .shared
+            .trigger
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let started = self.shared.tx.send_if_modified(|state| {
             if state.phase == Phase::Serving {
                 state.phase = Phase::Draining;
+                self.shared
+                    .phase
+                    .store(Phase::Draining as u8, Ordering::Release);
                 true
             } else {
                 false
             }
         });
         if started {
-            let mut trigger = self
-                .shared
-                .trigger
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
             *trigger = Some((reason.to_string(), Instant::now()));
-            self.shared
-                .phase
-                .store(Phase::Draining as u8, Ordering::Release);
         }
         started
     }

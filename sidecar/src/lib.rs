@@ -53,6 +53,7 @@ pub struct Sidecar {
     exit_notify: Arc<Notify>,
     hup: Arc<Notify>,
     settings: Settings,
+    admin: Arc<admin::Admin>,
 }
 
 fn tcp_addr(what: &'static str, endpoint: &Endpoint) -> Result<SocketAddr> {
@@ -88,7 +89,7 @@ impl Sidecar {
 
         tokio::spawn(shared.drain.clone().run());
         let admin_server = admin::Admin::new(shared.clone(), settings.drain_token.clone());
-        tokio::spawn(admin_server.serve(admin_listener));
+        tokio::spawn(admin_server.clone().serve(admin_listener));
         tokio::spawn(accept_loop(
             shared.clone(),
             listener,
@@ -112,6 +113,7 @@ impl Sidecar {
             exit_notify: Arc::new(Notify::new()),
             hup,
             settings,
+            admin: admin_server,
         };
         if signals {
             sidecar.spawn_signal_handler()?;
@@ -187,7 +189,11 @@ impl Sidecar {
             }
             notified.await;
         }
-        self.shared.drain.drained().await
+        let report = self.shared.drain.drained().await;
+        // A preStop hook waiting on /drain?wait=true gets its answer before
+        // the process goes; bounded, a stuck client must not hold the exit.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), self.admin.settle()).await;
+        report
     }
 
     fn spawn_signal_handler(&self) -> Result<()> {

@@ -134,6 +134,18 @@ pub fn decide(
             }
         });
     };
+    // An invalid route has no ConfigMap and no budget: injecting would give
+    // a sidecar without its config. The pod starts bare and the route says why.
+    if let Some(c) = route.condition("Accepted")
+        && c.status == "False"
+    {
+        return skip(format!(
+            "GraceRoute {} is not accepted ({}): {}",
+            route.name_any(),
+            c.reason,
+            c.message
+        ));
+    }
     let Some(port) = route.spec.ports.first() else {
         return skip(format!("GraceRoute {} names no port", route.name_any()));
     };
@@ -422,6 +434,26 @@ spec:
         };
         assert!(why.contains("GraceRoute web"), "{why}");
         assert!(after.annotations().contains_key(keys::INJECT_SKIPPED));
+    }
+
+    #[test]
+    fn a_route_that_is_not_accepted_injects_nothing() {
+        let pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let routes = vec![route(
+            r#"
+metadata: {name: web, namespace: shop}
+spec: {targetRef: {kind: Deployment, name: web}, ports: [{name: grpc}]}
+status:
+  conditions:
+  - {type: Accepted, status: "False", reason: UnknownPort, message: no port grpc, lastTransitionTime: "2026-01-01T00:00:00Z"}
+"#,
+        )];
+        let Decision::Skip(_, why) =
+            decide(&pod, &BTreeMap::new(), &routes, &settings(), "tok".into())
+        else {
+            panic!("expected skip");
+        };
+        assert!(why.contains("not accepted (UnknownPort)"), "{why}");
     }
 
     #[test]

@@ -60,44 +60,84 @@ impl Workload for StatefulSet {
     }
 }
 
-/// Whether our manager owns the template's inject label (from managedFields).
-fn we_own_template_inject<K: Workload>(w: &K) -> bool {
-    w.meta().managed_fields.iter().flatten().any(|m| {
-        m.manager.as_deref() == Some(INJECT_FIELD_MANAGER)
-            && m.fields_v1
-                .as_ref()
-                .is_some_and(|f| f.0.to_string().contains(&format!("f:{}", keys::INJECT)))
-    })
+/// Which of the template's inject label / annotation our manager owns
+/// (from managedFields).
+fn owned<K: Workload>(w: &K) -> (bool, bool) {
+    let mut owns = (false, false);
+    for m in w.meta().managed_fields.iter().flatten() {
+        if m.manager.as_deref() != Some(INJECT_FIELD_MANAGER) {
+            continue;
+        }
+        let Some(meta) = m.fields_v1.as_ref().and_then(|f| {
+            f.0.get("f:spec")?
+                .get("f:template")?
+                .get("f:metadata")
+                .cloned()
+        }) else {
+            continue;
+        };
+        let key = format!("f:{}", keys::INJECT);
+        owns.0 |= meta.get("f:labels").and_then(|l| l.get(&key)).is_some();
+        owns.1 |= meta
+            .get("f:annotations")
+            .and_then(|a| a.get(&key))
+            .is_some();
+    }
+    owns
 }
 
 /// The apply body we want, or None if nothing needs writing (pure).
+///
+/// The source of truth is the workload's annotation; failing that, a
+/// template annotation the user set (not our copy), which only needs the
+/// label the webhook's objectSelector sees.
 pub fn desired<K: Workload>(w: &K) -> Option<Value> {
-    let want = w.annotations().get(keys::INJECT).cloned();
     let meta = w.template_meta();
     let label = meta
         .and_then(|m| m.labels.as_ref())
-        .and_then(|l| l.get(keys::INJECT));
+        .and_then(|l| l.get(keys::INJECT))
+        .cloned();
     let ann = meta
         .and_then(|m| m.annotations.as_ref())
-        .and_then(|a| a.get(keys::INJECT));
+        .and_then(|a| a.get(keys::INJECT))
+        .cloned();
+    let (own_label, own_ann) = owned(w);
+    let (want_label, want_ann) = match w.annotations().get(keys::INJECT) {
+        Some(v) => (Some(v.clone()), Some(v.clone())),
+        None => match &ann {
+            Some(v) if !own_ann => (Some(v.clone()), None),
+            _ => (None, None),
+        },
+    };
+    // Up to date: every field we want is there and ours, and we own nothing else.
+    let label_ok = match &want_label {
+        Some(v) => label.as_ref() == Some(v) && own_label,
+        None => !own_label,
+    };
+    let ann_ok = match &want_ann {
+        Some(v) => ann.as_ref() == Some(v) && own_ann,
+        None => !own_ann,
+    };
+    if label_ok && ann_ok {
+        return None;
+    }
+    let mut tpl = serde_json::Map::new();
+    if let Some(v) = want_label {
+        tpl.insert("labels".into(), json!({keys::INJECT: v}));
+    }
+    if let Some(v) = want_ann {
+        tpl.insert("annotations".into(), json!({keys::INJECT: v}));
+    }
     let mut body = json!({
         "apiVersion": "apps/v1",
         "kind": K::KIND,
         "metadata": {"name": w.name_any()},
     });
-    match want {
-        Some(v) if label == Some(&v) && ann == Some(&v) && we_own_template_inject(w) => None,
-        Some(v) => {
-            body["spec"] = json!({"template": {"metadata": {
-                "labels": {keys::INJECT: v},
-                "annotations": {keys::INJECT: v},
-            }}});
-            Some(body)
-        }
-        // Gone from the workload: drop what we copied (and only that).
-        None if we_own_template_inject(w) => Some(body),
-        None => None,
+    if !tpl.is_empty() {
+        body["spec"] = json!({"template": {"metadata": tpl}});
     }
+    // An apply without a field releases it (and removes it if only we had it).
+    Some(body)
 }
 
 pub struct Context {
@@ -183,6 +223,23 @@ mod tests {
         assert_eq!(
             body["spec"]["template"]["metadata"]["annotations"][keys::INJECT],
             "enabled"
+        );
+    }
+
+    #[test]
+    fn a_template_annotation_set_by_the_user_gets_the_label_only() {
+        let d = deploy(
+            "metadata: {name: web}\nspec: {selector: {}, template: {metadata: {annotations: {kubegrace.io/inject: enabled}}}}",
+        );
+        let body = desired(&d).expect("needs the label");
+        assert_eq!(
+            body["spec"]["template"]["metadata"]["labels"][keys::INJECT],
+            "enabled"
+        );
+        assert!(
+            body["spec"]["template"]["metadata"]
+                .get("annotations")
+                .is_none()
         );
     }
 

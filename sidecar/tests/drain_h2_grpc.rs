@@ -265,3 +265,107 @@ async fn grpc_server_streams_in_flight_complete_on_sigterm() -> Result<()> {
         other => bail!("drain summary {other:?}; logs:\n{}", sidecar.logs_text()),
     }
 }
+
+/// Many streams opened concurrently while GOAWAY goes out: with a two-phase
+/// GOAWAY the client learns to stop before the server fixes its last stream
+/// id, so no stream the client opened is refused or reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_concurrent_streams_across_goaway_are_never_refused() -> Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    let app_a = TestApp::start("a").await?;
+    let app_b = TestApp::start("b").await?;
+    let a = Sidecar::start(SidecarSpec::new(app_a.addr).args(DRAIN)).await?;
+    let b = Sidecar::start(SidecarSpec::new(app_b.addr).args(DRAIN)).await?;
+    let (send_a, conn_a) = h2_connect(a.listen).await?;
+    let b_listen = b.listen;
+
+    const WORKERS: u32 = 8;
+    const PER_WORKER: u32 = 80;
+    let done = Arc::new(AtomicU32::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..WORKERS {
+        let mut send = send_a.clone();
+        let done = done.clone();
+        workers.push(tokio::spawn(async move {
+            let mut on_b = false;
+            let mut failures = Vec::new();
+            let mut served = [0u32; 2];
+            for _ in 0..PER_WORKER {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let req = get("/work?ms=10")?;
+                let sent = match send.clone().ready().await {
+                    Ok(mut ready) => ready.send_request(req, true),
+                    Err(e) => Err(e),
+                };
+                let resp = match sent {
+                    Ok((resp, _)) => resp,
+                    Err(e) if e.is_go_away() && !on_b => {
+                        // Told to go away before opening: move, like a client should.
+                        let (send_b, _) = h2_connect(b_listen).await?;
+                        send = send_b;
+                        on_b = true;
+                        let (resp, _) = send.send_request(get("/work?ms=10")?, true)?;
+                        resp
+                    }
+                    Err(e) => {
+                        failures.push(format!("open: {e}"));
+                        continue;
+                    }
+                };
+                match tokio::time::timeout(WAIT, resp).await {
+                    Ok(Ok(r)) if r.status() == StatusCode::OK => {
+                        match read_body(r.into_body()).await {
+                            Ok(_) => served[usize::from(on_b)] += 1,
+                            Err(e) => failures.push(format!("body: {e}")),
+                        }
+                    }
+                    Ok(Ok(r)) => failures.push(format!("status {}", r.status())),
+                    Ok(Err(e)) => failures.push(format!("stream: {e} ({e:?})")),
+                    Err(_) => failures.push("timeout".into()),
+                }
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok::<_, anyhow::Error>((served, failures))
+        }));
+    }
+    common::wait_for("warm-up streams", WAIT, || async {
+        (done.load(Ordering::SeqCst) >= 100).then_some(())
+    })
+    .await?;
+    let resp = a.admin(Method::POST, "/drain").await?;
+    ensure!(
+        resp.status == StatusCode::ACCEPTED,
+        "/drain answered {}",
+        resp.status
+    );
+
+    let mut failures = Vec::new();
+    let mut served = [0u32; 2];
+    for worker in workers {
+        let (s, f) = within("h2 worker", WAIT * 2, worker).await???;
+        served[0] += s[0];
+        served[1] += s[1];
+        failures.extend(f);
+    }
+    println!(
+        "h2 concurrent: {} streams on the draining pod, {} moved to pod b, {} failed {:?}",
+        served[0],
+        served[1],
+        failures.len(),
+        failures.iter().take(5).collect::<Vec<_>>()
+    );
+    ensure!(
+        failures.is_empty(),
+        "streams failed across GOAWAY: {failures:?}"
+    );
+    ensure!(
+        served[1] > 0,
+        "no worker ever moved to pod b: GOAWAY never came"
+    );
+    within("old connection to close", WAIT, conn_a)
+        .await??
+        .context("old connection ended with an error")?;
+    Ok(())
+}

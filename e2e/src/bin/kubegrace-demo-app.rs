@@ -10,6 +10,10 @@
 //! Like a naive app it exits at once on SIGTERM (in-flight requests are cut), unless
 //! `--on-sigterm ignore` is given, in which case only the grace-period SIGKILL stops it.
 //! Lifecycle events are logged to stdout (`prestop hook ran`, `SIGTERM received`).
+//!
+//! `kubegrace-demo-app get http://IP:PORT/PATH` is a one-shot client for probes from inside
+//! a cluster (the image has no shell or curl): it retries until a 2xx answer or `--timeout`,
+//! prints the body and exits 0, else exits 1.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -18,8 +22,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use clap::{Parser, ValueEnum};
-use http_body_util::Full;
+use clap::{Parser, Subcommand, ValueEnum};
+use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -53,6 +57,20 @@ struct Args {
     /// Name reported by `GET /` (defaults to the host name, which is the pod name).
     #[arg(long, env = "POD_NAME")]
     pod_name: Option<String>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// One-shot HTTP/1.1 GET (plain http, IP or /etc/hosts name): retry until 2xx, print the body.
+    Get {
+        /// e.g. http://10.96.0.12:80/
+        url: hyper::Uri,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
+    },
 }
 
 struct State {
@@ -151,9 +169,55 @@ async fn serve(listener: TcpListener, state: Arc<State>) {
     }
 }
 
+async fn get_once(url: &hyper::Uri) -> anyhow::Result<(StatusCode, Bytes)> {
+    let authority = url
+        .authority()
+        .ok_or_else(|| anyhow::anyhow!("URL needs host:port"))?;
+    anyhow::ensure!(url.scheme_str() == Some("http"), "only http:// URLs");
+    let addr = format!(
+        "{}:{}",
+        authority.host(),
+        authority.port_u16().unwrap_or(80)
+    );
+    let stream = tokio::net::TcpStream::connect(&addr).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let path = url.path_and_query().map_or("/", |p| p.as_str());
+    let req = Request::get(path)
+        .header(hyper::header::HOST, authority.as_str())
+        .body(Empty::<Bytes>::new())?;
+    let resp = sender.send_request(req).await?;
+    let status = resp.status();
+    Ok((status, resp.into_body().collect().await?.to_bytes()))
+}
+
+async fn get(url: hyper::Uri, timeout: u64) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+    loop {
+        let attempt = tokio::time::timeout(Duration::from_secs(5), get_once(&url)).await;
+        let failure = match attempt {
+            Ok(Ok((status, body))) if status.is_success() => {
+                print!("{}", String::from_utf8_lossy(&body));
+                return Ok(());
+            }
+            Ok(Ok((status, _))) => format!("status {status}"),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no answer within 5s".to_owned(),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            anyhow::bail!("GET {url} failed for {timeout}s, last: {failure}");
+        }
+        eprintln!("GET {url}: {failure}; retrying");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(Command::Get { url, timeout }) = args.command {
+        return get(url, timeout).await;
+    }
     let pod_name = args
         .pod_name
         .filter(|n| !n.is_empty())

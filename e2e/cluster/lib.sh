@@ -99,3 +99,16 @@ kg_cluster_healthy() {
   kg_kubectl get node "$KG_NODE_NAME" \
     -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True
 }
+
+# Serialise up/down (several people and `make test` may share the machine). Nested calls
+# (up running down) inherit the lock through KG_CLUSTER_LOCKED.
+kg_cluster_lock() {
+  [[ ${KG_CLUSTER_LOCKED:-} == 1 ]] && return 0
+  mkdir -p /run/lock
+  exec 8>/run/lock/kubegrace-e2e.lock
+  if ! flock -n 8; then
+    kg_log "waiting for another e2e/cluster/up or down to finish"
+    flock -w 900 8 || kg_die "timed out waiting for /run/lock/kubegrace-e2e.lock"
+  fi
+  export KG_CLUSTER_LOCKED=1
+}

@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
 
-.PHONY: all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
+.PHONY: chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
 
 all: build
 
@@ -42,6 +42,12 @@ crd-check: ## fail when crds/ differs from what the Rust types print
 	  $(CARGO) run -q -p kubegrace-operator -- crd | diff -u crds/graceroutes.kubegrace.io.yaml - \
 	  || { echo "crds/ is stale: run 'make crds' and commit" >&2; exit 1; }; \
 	else echo "crd-check: no CRD yet"; fi
+
+chart-lint: ## Helm chart: lint, renders, schema refusals, CRD copy, README (+ server dry run if $$KUBECONFIG works)
+	charts/kubegrace/hack/lint
+
+chart-test: ## the chart against a throwaway kube-apiserver: RBAC, webhook selectors, caBundle across upgrades
+	charts/kubegrace/hack/test-apiserver
 
 cluster-up: ## boot the local single-node cluster (prints the kubeconfig)
 	e2e/cluster/up

@@ -142,6 +142,14 @@ impl Admin {
                 tracing::info!("operator reports the endpoint removed");
                 text(StatusCode::ACCEPTED, "endpoint removal noted\n")
             }
+            // Outside Kubernetes: hand the sockets to a new process (upgrade.rs).
+            "/upgrade" if method == Method::POST => {
+                if let Some(denied) = self.check_token(&req) {
+                    return denied;
+                }
+                let (status, body) = crate::upgrade::admin_upgrade().await;
+                text(status, &body)
+            }
             "/live"
             | "/healthz"
             | "/ready"

@@ -69,6 +69,32 @@ pub struct Cli {
     /// Write {"listen","admin","pid"} here once both ports are bound (for port 0).
     #[arg(long, env = "KUBEGRACE_READY_FILE", value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
+    /// Binary started by an upgrade (SIGUSR2 or POST /upgrade); default: this one's path.
+    #[arg(long, env = "KUBEGRACE_UPGRADE_BINARY", value_name = "FILE")]
+    pub upgrade_binary: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands; without one the sidecar serves.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Ask a running sidecar to hand its sockets to a new process of itself
+    /// and drain (zero-downtime upgrade); exits non-zero with the reason if
+    /// the new process did not come up (the old one keeps serving).
+    Upgrade {
+        /// The running sidecar's admin port.
+        #[arg(long, value_name = "ADDR")]
+        admin: std::net::SocketAddr,
+        /// Its drain token, if it has one.
+        #[arg(
+            long,
+            env = "KUBEGRACE_DRAIN_TOKEN",
+            value_name = "TOKEN",
+            hide_env_values = true
+        )]
+        token: Option<String>,
+    },
 }
 
 fn parse_protocol(s: &str) -> std::result::Result<Protocol, String> {
@@ -148,6 +174,8 @@ pub struct Settings {
     pub drain_token: Option<String>,
     pub ready_file: Option<PathBuf>,
     pub log_format: LogFormat,
+    /// What an upgrade starts (None: the running executable's path).
+    pub upgrade_binary: Option<PathBuf>,
 }
 
 impl Cli {
@@ -167,6 +195,7 @@ impl Cli {
             drain_token: self.drain_token.clone().filter(|t| !t.is_empty()),
             ready_file: self.ready_file.clone(),
             log_format: self.log_format,
+            upgrade_binary: self.upgrade_binary.clone(),
         }
     }
 }

@@ -21,11 +21,13 @@ pub mod cli;
 pub mod config;
 pub mod drain;
 pub mod error;
+pub mod inherit;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;
 pub mod state;
 pub mod tcp;
+pub mod upgrade;
 pub mod upstream;
 
 use std::net::SocketAddr;
@@ -76,20 +78,35 @@ impl Sidecar {
         let protocol = config.protocol;
         let shared = Shared::new(config, settings.config_file.clone())?;
 
-        let listener = TcpListener::bind(listen)
-            .await
-            .map_err(|source| Error::Bind {
-                what: "listener",
-                addr: listen.to_string(),
-                source,
-            })?;
-        let admin_listener = admin::bind(admin).await?;
+        // Sockets passed by systemd, server-starter or an upgrade win over
+        // binding: the port then stays open across restarts.
+        let inherited = inherit::take()?;
+        upgrade::set_notify(inherited.notify);
+        let listener = match inherited.listen {
+            Some(l) => TcpListener::from_std(l)?,
+            None => TcpListener::bind(listen)
+                .await
+                .map_err(|source| Error::Bind {
+                    what: "listener",
+                    addr: listen.to_string(),
+                    source,
+                })?,
+        };
+        let admin_listener = match inherited.admin {
+            Some(l) => TcpListener::from_std(l)?,
+            None => admin::bind(admin).await?,
+        };
+        // Shared with the upgrader only weakly: the accept loop's drop at
+        // Closing still closes the port.
+        let listener = Arc::new(listener);
+        let admin_fd = std::os::fd::AsFd::as_fd(&admin_listener).try_clone_to_owned()?;
         let listen_addr = listener.local_addr()?;
         let admin_addr = admin_listener.local_addr()?;
 
         tokio::spawn(shared.drain.clone().run());
         let admin_server = admin::Admin::new(shared.clone(), settings.drain_token.clone());
         tokio::spawn(admin_server.clone().serve(admin_listener));
+        let weak_listener = Arc::downgrade(&listener);
         tokio::spawn(accept_loop(
             shared.clone(),
             listener,
@@ -117,6 +134,18 @@ impl Sidecar {
         };
         if signals {
             sidecar.spawn_signal_handler()?;
+            let (shared, requested, notify) = (
+                sidecar.shared.clone(),
+                sidecar.exit_requested.clone(),
+                sidecar.exit_notify.clone(),
+            );
+            upgrade::install(upgrade::Upgrader::new(
+                weak_listener,
+                admin_fd,
+                sidecar.settings.upgrade_binary.clone(),
+                sidecar.shared.drain.clone(),
+                Arc::new(move || request_exit(&shared, &requested, &notify, "upgrade")),
+            ))?;
         }
         tracing::info!(listen = %listen_addr, admin = %admin_addr, ?protocol, "listening on {listen_addr}");
         Ok(sidecar)
@@ -238,7 +267,7 @@ fn request_exit(shared: &Shared, exit_requested: &AtomicBool, exit_notify: &Noti
 
 /// Accepts until the drain reaches `Closing`, then drops the listener so
 /// new connections are refused (routers have moved on by then).
-async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, raw_tcp: bool) {
+async fn accept_loop(shared: Arc<Shared>, listener: Arc<TcpListener>, raw_tcp: bool) {
     let mut drain_rx = shared.drain.subscribe();
     loop {
         let accepted = tokio::select! {
@@ -274,5 +303,6 @@ pub async fn run(config: Config, settings: Settings) -> Result<DrainReport> {
     let sidecar = Sidecar::start(config, settings, true).await?;
     sidecar.write_ready_file()?;
     println!("{}", sidecar.ready_line());
+    upgrade::notify_ready();
     Ok(sidecar.wait().await)
 }

@@ -16,6 +16,18 @@ fn main() {
             std::process::exit(code);
         }
     };
+    if let Some(cli::Command::Upgrade { admin, token }) = &args.command {
+        match kubegrace_sidecar::upgrade::request(*admin, token.as_deref()) {
+            Ok(answer) => {
+                println!("{answer}");
+                std::process::exit(0);
+            }
+            Err(why) => {
+                eprintln!("kubegrace-sidecar upgrade: {why}");
+                std::process::exit(1);
+            }
+        }
+    }
     let settings = args.settings();
     init_logging(settings.log_format);
 

@@ -1,0 +1,325 @@
+//! Zero-downtime upgrade of the sidecar itself, outside Kubernetes (where a
+//! container restart would close the port): the running process starts a
+//! new one that inherits both listening sockets, waits until it serves, and
+//! only then drains itself and exits. The sockets are never closed in
+//! between (both processes hold them), so no connection is refused.
+//!
+//! Triggers: `SIGUSR2` (nginx's binary-upgrade signal; SIGHUP already means
+//! "reload the config") and `POST /upgrade` on the admin port, which is what
+//! `kubegrace-sidecar upgrade --admin ADDR` sends; it answers once the new
+//! process is ready (200) or failed (500, with the reason).
+//!
+//! Hand-over protocol (the child side is [`crate::inherit`]):
+//! - the new process is the binary at `--upgrade-binary`, or the path of
+//!   the running executable (so a binary replaced on disk is picked up), with
+//!   the same arguments and environment;
+//! - fd 3 = proxy listener, fd 4 = admin listener (`LISTEN_FDS=2`,
+//!   `LISTEN_FDNAMES=listen:admin`, no `LISTEN_PID`), fd 5 = the write end of
+//!   a pipe named by `KUBEGRACE_UPGRADE_NOTIFY_FD`; the child writes
+//!   `ready\n` once it serves. `command-fds` clears CLOEXEC in the child
+//!   only, so no `unsafe` here;
+//! - EOF before `ready` (bad binary, crash, bad flags) or no answer within
+//!   [`READY_TIMEOUT`] (the child is killed) leaves this process serving.
+//!
+//! After a successful hand-over this process drains with a short grace
+//! (see [`handover_timers`]) and exits 0.
+
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::time::Duration;
+
+use command_fds::{CommandFdExt, FdMapping};
+use tokio::net::TcpListener;
+
+use crate::config::{DrainConfig, HumanDuration};
+use crate::drain::{Drain, Phase};
+
+/// How long a new process may take to start serving.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The old process keeps serving this long after the child is ready, so the
+/// answer to `POST /upgrade` leaves before the drain starts.
+const ANSWER_GRACE: Duration = Duration::from_millis(200);
+
+/// Everything needed to hand the sockets over.
+pub struct Upgrader {
+    /// The accept loop owns the listener and drops it at `Closing`; a weak
+    /// handle means an upgrade cannot keep a drained port open.
+    listener: Weak<TcpListener>,
+    admin: OwnedFd,
+    binary: Option<PathBuf>,
+    drain: Drain,
+    /// Starts this process's drain-and-exit (what SIGTERM does).
+    on_handover: Arc<dyn Fn() + Send + Sync>,
+    busy: tokio::sync::Mutex<()>,
+}
+
+static INSTALLED: OnceLock<Arc<Upgrader>> = OnceLock::new();
+/// Write end of the parent's notification pipe, when we are the new process.
+static NOTIFY: Mutex<Option<std::fs::File>> = Mutex::new(None);
+
+impl Upgrader {
+    pub fn new(
+        listener: Weak<TcpListener>,
+        admin: OwnedFd,
+        binary: Option<PathBuf>,
+        drain: Drain,
+        on_handover: Arc<dyn Fn() + Send + Sync>,
+    ) -> Arc<Upgrader> {
+        Arc::new(Upgrader {
+            listener,
+            admin,
+            binary,
+            drain,
+            on_handover,
+            busy: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Starts the new process and waits for it; returns its pid. On error
+    /// this process carries on serving, untouched.
+    pub async fn upgrade(&self) -> Result<u32, String> {
+        let Ok(_busy) = self.busy.try_lock() else {
+            return Err("an upgrade is already under way".into());
+        };
+        if self.drain.phase() != Phase::Serving {
+            return Err(format!(
+                "already {}: nothing left to hand over",
+                self.drain.phase()
+            ));
+        }
+        let listener = self
+            .listener
+            .upgrade()
+            .ok_or("the listener is already closed")?;
+        let dup = |fd: std::os::fd::BorrowedFd<'_>, what: &str| {
+            fd.try_clone_to_owned()
+                .map_err(|e| format!("cannot duplicate the {what} socket: {e}"))
+        };
+        let listen_fd = dup(listener.as_fd(), "listener")?;
+        drop(listener);
+        let admin_fd = dup(self.admin.as_fd(), "admin")?;
+        let (reader, writer) =
+            std::io::pipe().map_err(|e| format!("cannot create the ready pipe: {e}"))?;
+
+        let binary = match &self.binary {
+            Some(path) => path.clone(),
+            None => current_exe()?,
+        };
+        let mut command = tokio::process::Command::new(&binary);
+        command
+            .args(std::env::args_os().skip(1))
+            .env("LISTEN_FDS", "2")
+            .env("LISTEN_FDNAMES", "listen:admin")
+            .env_remove("LISTEN_PID")
+            .env_remove("SERVER_STARTER_PORT")
+            .env(crate::inherit::NOTIFY_FD_ENV, "5")
+            .fd_mappings(vec![
+                FdMapping {
+                    parent_fd: listen_fd,
+                    child_fd: 3,
+                },
+                FdMapping {
+                    parent_fd: admin_fd,
+                    child_fd: 4,
+                },
+                FdMapping {
+                    parent_fd: OwnedFd::from(writer),
+                    child_fd: 5,
+                },
+            ])
+            .map_err(|e| format!("fd mapping: {e}"))?;
+        tracing::info!(binary = %binary.display(), "upgrade: starting the new process");
+        let spawned = command.spawn();
+        // The command holds our copy of the pipe's write end: drop it, or
+        // the child's exit would never show as EOF.
+        drop(command);
+        let mut child = spawned.map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+        let pid = child.id().unwrap_or(0);
+
+        let wait_ready = tokio::task::spawn_blocking(move || {
+            let mut reader = reader;
+            let mut got = Vec::new();
+            let mut buf = [0u8; 64];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) => return false,
+                    Ok(n) => {
+                        got.extend_from_slice(&buf[..n]);
+                        if got.windows(6).any(|w| w == b"ready\n") {
+                            return true;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => return false,
+                }
+            }
+        });
+        let outcome = tokio::time::timeout(READY_TIMEOUT, wait_ready).await;
+        match outcome {
+            Ok(Ok(true)) => {
+                tracing::info!(pid, "upgrade: the new process serves; draining this one");
+                self.hand_over();
+                Ok(pid)
+            }
+            Ok(_) => {
+                // EOF: the child closed the pipe without a word, almost
+                // always by exiting. Its status says why.
+                let status = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                let why = match status {
+                    Ok(Ok(s)) => format!("the new process exited before it was ready ({s})"),
+                    _ => {
+                        let _ = child.start_kill();
+                        "the new process closed its ready pipe without being ready; killed it"
+                            .to_string()
+                    }
+                };
+                tracing::error!(pid, "upgrade failed, still serving: {why}");
+                Err(why)
+            }
+            Err(_) => {
+                let _ = child.start_kill();
+                let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                let why =
+                    format!("the new process was not ready within {READY_TIMEOUT:?}; killed it");
+                tracing::error!(pid, "upgrade failed, still serving: {why}");
+                Err(why)
+            }
+        }
+    }
+
+    fn hand_over(&self) {
+        let drain = self.drain.clone();
+        drain.set_timers(handover_timers(drain.timers()));
+        // `on_handover` triggers the drain; delay it a little so the HTTP
+        // answer to /upgrade is on the wire first.
+        let trigger = self.on_handover.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(ANSWER_GRACE).await;
+            trigger();
+        });
+    }
+}
+
+/// Drain timers after a hand-over. The port stays open in the new process,
+/// so there is no router to wait for; a short grace (at most 1 s, under
+/// the configured one) still lets every HTTP/1 keep-alive client get a
+/// `Connection: close` answer and reconnect (to the new process) instead of
+/// racing the close of an idle connection. The in-flight timeout is kept.
+pub fn handover_timers(current: DrainConfig) -> DrainConfig {
+    let cap = |d: HumanDuration, max: Duration| HumanDuration(d.0.min(max));
+    DrainConfig {
+        min_delay: HumanDuration(Duration::ZERO),
+        quiet: cap(current.quiet, Duration::from_millis(200)),
+        max_delay: cap(current.max_delay, Duration::from_secs(1)),
+        timeout: current.timeout,
+    }
+}
+
+/// The running executable's path. After a package upgrade replaced the
+/// file, /proc/self/exe reads "PATH (deleted)": the path is what we want,
+/// since it now holds the new binary.
+fn current_exe() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find my own binary: {e}"))?;
+    let text = exe.to_string_lossy();
+    Ok(match text.strip_suffix(" (deleted)") {
+        Some(path) => PathBuf::from(path),
+        None => exe,
+    })
+}
+
+/// Makes `upgrader` the process's upgrader (the binary has one set of
+/// sockets; in-process test sidecars do not install one) and listens for
+/// SIGUSR2.
+pub fn install(upgrader: Arc<Upgrader>) -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut usr2 = signal(SignalKind::user_defined2())?;
+    if INSTALLED.set(upgrader).is_err() {
+        tracing::warn!("an upgrader is already installed; keeping the first");
+        return Ok(());
+    }
+    tokio::spawn(async move {
+        while usr2.recv().await.is_some() {
+            tracing::info!("SIGUSR2: upgrading");
+            if let Some(upgrader) = INSTALLED.get() {
+                // Errors are logged inside; the process keeps serving.
+                let _ = upgrader.upgrade().await;
+            }
+        }
+    });
+    Ok(())
+}
+
+/// `POST /upgrade` on the admin port: (status, body).
+pub async fn admin_upgrade() -> (http::StatusCode, String) {
+    let Some(upgrader) = INSTALLED.get() else {
+        return (
+            http::StatusCode::NOT_IMPLEMENTED,
+            "this sidecar cannot upgrade itself (not started as the binary)\n".into(),
+        );
+    };
+    match upgrader.upgrade().await {
+        Ok(pid) => (
+            http::StatusCode::OK,
+            format!("upgraded: new process {pid} serves; this one drains\n"),
+        ),
+        Err(why) => (
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            format!("upgrade failed, still serving: {why}\n"),
+        ),
+    }
+}
+
+/// Keeps the parent's notification pipe until [`notify_ready`].
+pub fn set_notify(file: Option<std::fs::File>) {
+    if file.is_some() {
+        *NOTIFY.lock().unwrap_or_else(PoisonError::into_inner) = file;
+    }
+}
+
+/// Tells the process that started us (an upgrade) that we serve.
+pub fn notify_ready() {
+    use std::io::Write;
+    let file = NOTIFY.lock().unwrap_or_else(PoisonError::into_inner).take();
+    if let Some(mut file) = file
+        && let Err(e) = file.write_all(b"ready\n")
+    {
+        tracing::warn!(error = %e, "cannot tell the old process we are ready");
+    }
+}
+
+/// The `upgrade` subcommand: asks the sidecar on `admin` to upgrade and
+/// returns its answer; an error carries the reason it failed.
+pub fn request(admin: std::net::SocketAddr, token: Option<&str>) -> Result<String, String> {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(5))
+        .map_err(|e| format!("cannot reach the admin port {admin}: {e}"))?;
+    // The sidecar answers once the new process is ready or has failed.
+    let _ = stream.set_read_timeout(Some(READY_TIMEOUT + Duration::from_secs(30)));
+    let token = token
+        .map(|t| format!("X-Kubegrace-Drain-Token: {t}\r\n"))
+        .unwrap_or_default();
+    let req = format!(
+        "POST /upgrade HTTP/1.1\r\nHost: {admin}\r\nContent-Length: 0\r\nConnection: close\r\n{token}\r\n"
+    );
+    stream
+        .write_all(req.as_bytes())
+        .map_err(|e| format!("cannot send the request: {e}"))?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .map_err(|e| format!("no answer from {admin}: {e}"))?;
+    let status = answer.split_whitespace().nth(1).unwrap_or("");
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.trim().to_string())
+        .unwrap_or_default();
+    if status == "200" {
+        Ok(body)
+    } else if status.is_empty() {
+        Err(format!("no HTTP answer from {admin}"))
+    } else {
+        Err(format!("{status}: {body}"))
+    }
+}

@@ -249,6 +249,11 @@ pub(crate) async fn serve_connection(
     let mut next_tick = tokio::time::Instant::now() + tick;
     let mut last_bytes = 0u64;
     let mut quiet_since = tokio::time::Instant::now();
+    // Before the protocol is known (the first 24 bytes, the length of the
+    // HTTP/2 preface) hyper's HTTP/1 header timer is not running yet, so a
+    // client that connects and says nothing (or half a word) is cut here.
+    let first_deadline = tokio::time::Instant::now() + limits.header_read_timeout.get();
+    let mut first_checked = false;
 
     loop {
         tokio::select! {
@@ -271,6 +276,13 @@ pub(crate) async fn serve_connection(
                 if state.phase >= Phase::Closing && !shutting_down {
                     conn.as_mut().graceful_shutdown();
                     shutting_down = true;
+                }
+            }
+            _ = tokio::time::sleep_until(first_deadline), if !first_checked => {
+                first_checked = true;
+                if act.requests.load(Ordering::Relaxed) == 0 && act.bytes_read.load(Ordering::Relaxed) < 24 {
+                    tracing::debug!(%peer, "no request head within the header read timeout; closing");
+                    break;
                 }
             }
             _ = tokio::time::sleep_until(next_tick), if !shutting_down && !idle_timeout.is_zero() => {

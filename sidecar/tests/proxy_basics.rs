@@ -294,6 +294,30 @@ async fn a_silent_client_is_cut_at_the_header_read_timeout() -> Result<()> {
 }
 
 #[tokio::test]
+async fn a_client_that_never_speaks_is_cut_at_the_header_read_timeout() -> Result<()> {
+    let app = start_app().await?;
+    let mut config = config_for(&app);
+    config.limits.header_read_timeout = HumanDuration::from_millis(300);
+    let sidecar = Sidecar::start(config, Settings::default(), false).await?;
+    for opening in [&b""[..], &b"GE"[..]] {
+        let mut stream = TcpStream::connect(sidecar.listen_addr()).await?;
+        stream.write_all(opening).await?;
+        let mut buf = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await;
+        assert!(
+            read.is_ok(),
+            "the proxy must close a silent client ({opening:?})"
+        );
+    }
+    wait_until("connections closed", || {
+        sidecar.drain().open_connections() == 0
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn an_idle_keep_alive_connection_outlives_the_header_timeout() -> Result<()> {
     let app = start_app().await?;
     let mut config = config_for(&app);

@@ -6,6 +6,7 @@
 //! labelled `kubegrace.io/e2e=true`, that is deleted afterwards (also when the test fails).
 
 pub mod load;
+pub mod scenario;
 
 use std::future::Future;
 use std::path::PathBuf;

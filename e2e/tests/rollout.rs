@@ -1,0 +1,65 @@
+//! The end-to-end proof: a rolling update (and a scale-down) under constant load loses no
+//! request with kubegrace, and loses some without it.
+//!
+//! On the real cluster: `helm install` of the chart with the locally imported images, the
+//! demo app deployed twice (annotated `kubegrace.io/inject=enabled` with a GraceRoute, and
+//! plain), HTTP/1.1 keep-alive load on each Service's ClusterIP while the pod template
+//! changes. The scenario itself is `kubegrace_e2e::scenario` (shared with `make demo`).
+//!
+//! Skipped (with a message) when no cluster is configured; see `kubegrace_e2e::kubeconfig_path`.
+
+use anyhow::{Result, ensure};
+use kubegrace_e2e::client_or_skip;
+use kubegrace_e2e::load::report;
+use kubegrace_e2e::scenario::{self, Options, Progress};
+
+#[tokio::test]
+async fn rolling_update_under_load_loses_no_request_with_kubegrace_and_some_without() -> Result<()>
+{
+    let test = "rolling_update_under_load_loses_no_request_with_kubegrace_and_some_without";
+    let Some(client) = client_or_skip(test).await? else {
+        return Ok(());
+    };
+    let opts = Options::new("kg-e2e");
+    let p = Progress::default();
+    let keep = std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some();
+    let outcome = scenario::run(&client, &opts, &p, Some(1), keep).await?;
+
+    let out_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e-rollout");
+    let result = outcome.demo_result();
+    print!("{}", report::table(&result));
+    match report::write(&out_dir, &result) {
+        Ok((json, svg)) => eprintln!("wrote {} and {}", json.display(), svg.display()),
+        Err(e) => eprintln!("warning: could not write the report: {e}"),
+    }
+    eprintln!("with kubegrace:    {}", outcome.with.describe());
+    eprintln!("without kubegrace: {}", outcome.without.describe());
+    let scale = outcome.scale.as_ref();
+    if let Some(s) = scale {
+        eprintln!("scale 3 -> 1 with kubegrace: {}", s.describe());
+    }
+
+    ensure!(
+        outcome.with.summary.failed == 0,
+        "with kubegrace, {} of {} requests failed during the rollout: {:?}",
+        outcome.with.summary.failed,
+        outcome.with.summary.requests,
+        outcome.with.summary.by_detail
+    );
+    ensure!(
+        outcome.without.summary.failed > 0,
+        "without kubegrace no request failed ({} sent): the baseline shows nothing, so the \
+         comparison proves nothing",
+        outcome.without.summary.requests
+    );
+    if let Some(s) = scale {
+        ensure!(
+            s.summary.failed == 0,
+            "with kubegrace, {} of {} requests failed during the scale-down: {:?}",
+            s.summary.failed,
+            s.summary.requests,
+            s.summary.by_detail
+        );
+    }
+    Ok(())
+}

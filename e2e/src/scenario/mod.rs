@@ -156,8 +156,8 @@ impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
             rate: 150.0,
-            connections: 16,
-            path: "/delay?ms=20".into(),
+            connections: 32,
+            path: "/delay?ms=50".into(),
             timeout: Duration::from_secs(5),
             lead_in: Duration::from_secs(3),
             max_duration: Duration::from_secs(240),
@@ -423,7 +423,7 @@ pub struct RunResult {
     pub rollout_s: f64,
     /// When the change was made, UNIX time in seconds.
     pub rollout_at_unix_s: f64,
-    /// Old pods terminating and gone, UNIX time in seconds.
+    /// Old pods seen terminating, UNIX time in seconds.
     pub events: Vec<(f64, String)>,
 }
 
@@ -891,20 +891,14 @@ impl Scenario {
             Duration::from_millis(250),
             || async {
                 let now = self.pod_names(name).await.map_err(|e| format!("{e:#}"))?;
+                // Only the deletions are marked: more labels would not fit the timeline.
                 for (pod, terminating) in &now {
                     if *terminating
                         && before.contains_key(pod)
-                        && noted.borrow_mut().insert(format!("{pod}/terminating"))
+                        && noted.borrow_mut().insert(pod.clone())
                     {
                         let label = format!("{} terminating", short(pod));
                         events.borrow_mut().push((unix_now(), label));
-                    }
-                }
-                for pod in before.keys() {
-                    if !now.contains_key(pod) && noted.borrow_mut().insert(format!("{pod}/gone")) {
-                        events
-                            .borrow_mut()
-                            .push((unix_now(), format!("{} gone", short(pod))));
                     }
                 }
                 if rollout_s.get().is_none() {

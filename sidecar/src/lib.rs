@@ -144,7 +144,7 @@ impl Sidecar {
                 admin_fd,
                 sidecar.settings.upgrade_binary.clone(),
                 sidecar.shared.drain.clone(),
-                Arc::new(move || request_exit(&shared, &requested, &notify, "upgrade")),
+                Box::new(move || request_exit(&shared, &requested, &notify, "upgrade")),
             ))?;
         }
         tracing::info!(listen = %listen_addr, admin = %admin_addr, ?protocol, "listening on {listen_addr}");
@@ -273,6 +273,8 @@ async fn accept_loop(shared: Arc<Shared>, listener: Arc<TcpListener>, raw_tcp: b
         let accepted = tokio::select! {
             biased;
             _ = drain_rx.wait_for(|s| s.phase >= Phase::Closing) => break,
+            // Outside Kubernetes: a new process took the socket over.
+            _ = upgrade::handed_over() => break,
             accepted = listener.accept() => accepted,
         };
         match accepted {

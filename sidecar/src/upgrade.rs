@@ -27,6 +27,7 @@
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
@@ -38,9 +39,10 @@ use crate::drain::{Drain, Phase};
 
 /// How long a new process may take to start serving.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
-/// The old process keeps serving this long after the child is ready, so the
-/// answer to `POST /upgrade` leaves before the drain starts.
-const ANSWER_GRACE: Duration = Duration::from_millis(200);
+/// The shortest grace after a hand-over: keep-alive clients get their
+/// `Connection: close`, and the answer to `POST /upgrade` leaves before the
+/// process exits.
+const HANDOVER_GRACE: Duration = Duration::from_millis(200);
 
 /// Everything needed to hand the sockets over.
 pub struct Upgrader {
@@ -51,11 +53,14 @@ pub struct Upgrader {
     binary: Option<PathBuf>,
     drain: Drain,
     /// Starts this process's drain-and-exit (what SIGTERM does).
-    on_handover: Arc<dyn Fn() + Send + Sync>,
+    on_handover: Box<dyn Fn() + Send + Sync>,
     busy: tokio::sync::Mutex<()>,
 }
 
 static INSTALLED: OnceLock<Arc<Upgrader>> = OnceLock::new();
+/// Set once the new process serves: this one stops accepting at once.
+static HANDED_OVER: AtomicBool = AtomicBool::new(false);
+static HANDED_OVER_NOTIFY: tokio::sync::Notify = tokio::sync::Notify::const_new();
 /// Write end of the parent's notification pipe, when we are the new process.
 static NOTIFY: Mutex<Option<std::fs::File>> = Mutex::new(None);
 
@@ -65,7 +70,7 @@ impl Upgrader {
         admin: OwnedFd,
         binary: Option<PathBuf>,
         drain: Drain,
-        on_handover: Arc<dyn Fn() + Send + Sync>,
+        on_handover: Box<dyn Fn() + Send + Sync>,
     ) -> Arc<Upgrader> {
         Arc::new(Upgrader {
             listener,
@@ -190,29 +195,46 @@ impl Upgrader {
     }
 
     fn hand_over(&self) {
-        let drain = self.drain.clone();
-        drain.set_timers(handover_timers(drain.timers()));
-        // `on_handover` triggers the drain; delay it a little so the HTTP
-        // answer to /upgrade is on the wire first.
-        let trigger = self.on_handover.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(ANSWER_GRACE).await;
-            trigger();
-        });
+        // The accept loop stops now: every new connection goes to the new
+        // process, so none can be accepted here and then caught by Closing
+        // before its request is read.
+        HANDED_OVER.store(true, Ordering::Release);
+        HANDED_OVER_NOTIFY.notify_waiters();
+        self.drain.set_timers(handover_timers(self.drain.timers()));
+        (self.on_handover)();
     }
 }
 
+/// Resolves once this process handed its sockets to a new one (never for
+/// an in-process sidecar); the accept loop stops on it.
+pub async fn handed_over() {
+    let notified = HANDED_OVER_NOTIFY.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
+    if HANDED_OVER.load(Ordering::Acquire) {
+        return;
+    }
+    notified.await;
+}
+
 /// Drain timers after a hand-over. The port stays open in the new process,
-/// so there is no router to wait for; a short grace (at most 1 s, under
-/// the configured one) still lets every HTTP/1 keep-alive client get a
+/// so there is no router to wait for, and this process no longer accepts.
+/// A short grace (200 ms, then `quiet` capped at 200 ms after the last
+/// accepted connection, 1 s at most) still lets every HTTP/1 keep-alive client get a
 /// `Connection: close` answer and reconnect (to the new process) instead of
-/// racing the close of an idle connection. The in-flight timeout is kept.
+/// racing the close of an idle connection, and lets a connection accepted
+/// just before the hand-over deliver its request. The in-flight timeout is
+/// kept.
 pub fn handover_timers(current: DrainConfig) -> DrainConfig {
     let cap = |d: HumanDuration, max: Duration| HumanDuration(d.0.min(max));
     DrainConfig {
-        min_delay: HumanDuration(Duration::ZERO),
-        quiet: cap(current.quiet, Duration::from_millis(200)),
-        max_delay: cap(current.max_delay, Duration::from_secs(1)),
+        min_delay: HumanDuration(HANDOVER_GRACE),
+        quiet: cap(current.quiet, HANDOVER_GRACE),
+        max_delay: HumanDuration(
+            cap(current.max_delay, Duration::from_secs(1))
+                .0
+                .max(HANDOVER_GRACE),
+        ),
         timeout: current.timeout,
     }
 }

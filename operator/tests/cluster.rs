@@ -61,10 +61,16 @@ where
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    free_ports::<1>()[0]
+}
+
+/// Distinct free ports: the listeners are held until all are chosen (the
+/// kernel happily hands the same port to consecutive binds otherwise).
+fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: Vec<std::net::TcpListener> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("free port"))
+        .collect();
+    std::array::from_fn(|i| listeners[i].local_addr().expect("addr").port())
 }
 
 async fn install_crd(client: &Client) {
@@ -158,7 +164,13 @@ fn start_operator(
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<kubegrace_operator::Result<()>>,
 ) {
-    start_operator_with_admin(client, ns, webhook_port, free_port())
+    let admin = loop {
+        let p = free_port();
+        if p != webhook_port {
+            break p;
+        }
+    };
+    start_operator_with_admin(client, ns, webhook_port, admin)
 }
 
 fn start_operator_with_admin(
@@ -322,9 +334,8 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
     let _serial = SERIAL.lock().await;
     install_crd(&client).await;
     let ns = TestNs::new(&client, "kg-route", false).await;
-    let port = free_port();
+    let [port, admin] = free_ports::<2>();
     webhook_config(&client, &ns.name, port, "Fail").await;
-    let admin = free_port();
     let (stop, task) = start_operator_with_admin(&client, &ns.name, port, admin);
 
     // The operator writes its CA into the webhook configuration.
@@ -994,5 +1005,47 @@ async fn an_injected_pod_runs_serves_through_the_sidecar_and_drains_within_its_b
 
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+    ns.cleanup().await;
+}
+
+/// Two replicas: both serve the webhook, one runs the controllers; when the
+/// leader stops, the other takes over (it gave the Lease up on shutdown).
+#[tokio::test]
+async fn one_of_two_replicas_leads_and_the_other_takes_over() {
+    let client = cluster_or_skip!();
+    let _serial = SERIAL.lock().await;
+    install_crd(&client).await;
+    let ns = TestNs::new(&client, "kg-lease", false).await;
+    let [a_port, b_port, a_admin, b_admin] = free_ports::<4>();
+    let (a_stop, a_task) = start_operator_with_admin(&client, &ns.name, a_port, a_admin);
+    let (b_stop, b_task) = start_operator_with_admin(&client, &ns.name, b_port, b_admin);
+    let leader = |admin: u16| async move {
+        let m = http_get(&format!("127.0.0.1:{admin}"), "/metrics").await?;
+        let ready = http_get(&format!("127.0.0.1:{admin}"), "/readyz").await?;
+        Some((
+            m.lines().any(|l| l.trim() == "kubegrace_operator_leader 1"),
+            ready.starts_with("HTTP/1.1 200"),
+        ))
+    };
+    let (a_leads, b_leads) = wait_for(30, "one leader, both serving", || async {
+        let (a, a_ready) = leader(a_admin).await?;
+        let (b, b_ready) = leader(b_admin).await?;
+        (a != b && a_ready && b_ready).then_some((a, b))
+    })
+    .await;
+    assert!(a_leads ^ b_leads);
+    let (stop_leader, leader_task, other_admin, other_stop, other_task) = if a_leads {
+        (a_stop, a_task, b_admin, b_stop, b_task)
+    } else {
+        (b_stop, b_task, a_admin, a_stop, a_task)
+    };
+    let _ = stop_leader.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(20), leader_task).await;
+    wait_for(30, "the other replica leads", || async {
+        leader(other_admin).await.and_then(|(l, _)| l.then_some(()))
+    })
+    .await;
+    let _ = other_stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(20), other_task).await;
     ns.cleanup().await;
 }

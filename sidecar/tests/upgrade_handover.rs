@@ -3,7 +3,8 @@
 //!
 //! - a sidecar started with an inherited listening socket (`LISTEN_FDS=1`,
 //!   fd 3) serves on it instead of binding;
-//! - three upgrades in a row under keep-alive and new-connection load lose
+//! - three upgrades in a row (`upgrade --admin`, SIGUSR2, `upgrade --admin`)
+//!   under keep-alive and new-connection load lose
 //!   nothing (no failed request, no refused connection), while the same
 //!   load across a kill-and-restart (port closed in between) does lose;
 //! - an upgrade to a binary that cannot start leaves the old process
@@ -72,8 +73,13 @@ async fn three_upgrades_under_load_lose_nothing_a_restart_does() -> Result<()> {
     load.wait_more(200).await?;
     for round in 1..=3 {
         let old = proc.pid().context("pid")?;
-        let (ok, out) = proc.upgrade_command().await?;
-        ensure!(ok, "upgrade {round} failed: {out}\nlogs:\n{}", proc.logs());
+        if round == 2 {
+            // The signal path (nginx's binary-upgrade signal).
+            proc.signal(old, "USR2")?;
+        } else {
+            let (ok, out) = proc.upgrade_command().await?;
+            ensure!(ok, "upgrade {round} failed: {out}\nlogs:\n{}", proc.logs());
+        }
         let new = proc.wait_pid(|p| p != old).await?;
         proc.wait_gone(old).await?;
         load.wait_more(200).await?;

@@ -124,7 +124,20 @@ impl TestNs {
         let _ = Api::<MutatingWebhookConfiguration>::all(self.client.clone())
             .delete(&self.name, &DeleteParams::default())
             .await;
-        // Routes first, while their finalizer's operator may still run.
+        // The operator is stopped by now: drop the routes' finalizers, or
+        // the namespace would wait for them forever.
+        let routes: Api<GraceRoute> = Api::namespaced(self.client.clone(), &self.name);
+        if let Ok(list) = routes.list(&ListParams::default()).await {
+            for r in list {
+                let _ = routes
+                    .patch(
+                        &r.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+            }
+        }
         let _ = Api::<Namespace>::all(self.client.clone())
             .delete(&self.name, &DeleteParams::default())
             .await;

@@ -474,3 +474,29 @@ async fn a_body_over_the_limit_gets_413_and_smaller_ones_pass() -> Result<()> {
     );
     Ok(())
 }
+
+/// RFC 9112 §6.3: a message with both Transfer-Encoding and Content-Length
+/// is a smuggling attempt; an intermediary either rejects it or removes
+/// Content-Length before forwarding. The app must never see both.
+#[tokio::test]
+async fn content_length_with_transfer_encoding_is_never_forwarded_as_is() -> Result<()> {
+    let (_app, sidecar) = sidecar_with(None).await?;
+    let smuggle = b"POST /headers HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n";
+    let answer = raw_exchange(sidecar.listen, smuggle).await?;
+    let status = status_line(&answer);
+    if status.starts_with("HTTP/1.1 400") {
+        return Ok(());
+    }
+    ensure!(status.starts_with("HTTP/1.1 200"), "got {status:?}");
+    let seen = answer.to_ascii_lowercase();
+    // The body is the app's view of the head (proves what we check is it).
+    ensure!(
+        seen.contains("host: a"),
+        "no header echo from the app:\n{answer}"
+    );
+    ensure!(
+        !(seen.contains("content-length: 5") && seen.contains("transfer-encoding")),
+        "the app received both Content-Length and Transfer-Encoding:\n{answer}"
+    );
+    Ok(())
+}

@@ -7,6 +7,7 @@
 //! - `GET /work?ms=N`: answers "ok <app>" after N ms (default 0).
 //! - `GET /stream?chunks=N&ms=M`: a body of N chunks, M ms apart.
 //! - `POST /upload`: reads the whole body, answers with its length.
+//! - `/headers`: answers with the request headers the app received.
 //! - `POST /kubegrace.test.Ticker/Ticks`: gRPC server streaming of
 //!   [`Tick`](super::grpc::Tick)s.
 //! - `GET /ws` with `Upgrade: websocket`: echoes every message.
@@ -212,6 +213,15 @@ async fn handle(
             full(StatusCode::OK, format!("ok {name}\n"))
         }
         "/stream" => stream(&req, &stats),
+        "/headers" => {
+            // The request head as the app received it, one "name: value" a line.
+            let mut text = String::new();
+            for (name, value) in req.headers() {
+                text.push_str(&format!("{name}: {}\n", value.to_str().unwrap_or("?")));
+            }
+            let _ = req.into_body().collect().await;
+            full(StatusCode::OK, text)
+        }
         "/upload" => {
             // Reads the whole body (however slowly it comes) and answers
             // with its length.

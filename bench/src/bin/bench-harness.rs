@@ -47,8 +47,10 @@ struct Args {
         default_value = "direct,kubegrace,kubegrace+cb,nginx,haproxy,caddy"
     )]
     peers: String,
-    /// First of the loopback ports used (upstream; peers at +10, +20, ...).
-    #[arg(long, env = "BENCH_PORT", default_value_t = 18080)]
+    /// First of the loopback ports used (upstream; peers at +10, +20, ...),
+    /// below the ephemeral range so client sockets never take one; moved up
+    /// in steps of 100 when any of them is taken.
+    #[arg(long, env = "BENCH_PORT", default_value_t = 27100)]
     base_port: u16,
     #[arg(long, env = "BENCH_PROXY_CPUS", default_value = "1")]
     proxy_cpus: String,
@@ -163,7 +165,12 @@ fn signal(pids: &[u32], sig: &str) {
     }
 }
 
-/// One plain HTTP/1.1 request; Ok when the answer is 200.
+/// The start of bench-upstream's body: a 200 that lacks it came from
+/// somebody else's server on a port we thought was ours.
+const UPSTREAM_SIGNATURE: &str = "kubegrace bench upstream";
+
+/// One plain HTTP/1.1 request; Ok when bench-upstream answered 200, through
+/// whatever proxy listens on `port`.
 fn http_ok(port: u16, path: &str) -> anyhow::Result<()> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
@@ -176,7 +183,30 @@ fn http_ok(port: u16, path: &str) -> anyhow::Result<()> {
     if !answer.starts_with("HTTP/1.1 200") {
         bail!("answered {:?}", answer.lines().next().unwrap_or(""));
     }
+    if !answer.contains(UPSTREAM_SIGNATURE) {
+        bail!("a 200 that is not from bench-upstream: another server holds port {port}");
+    }
     Ok(())
+}
+
+/// True when nothing listens on the port now (we can bind it ourselves).
+fn port_free(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// The first base port, from `wanted` in steps of 100, whose every port
+/// (upstream, peers, admin and h2 ports) is free: other people's tests
+/// share this loopback.
+fn free_base_port(wanted: u16) -> anyhow::Result<u16> {
+    for attempt in 0..20u16 {
+        let Some(base) = wanted.checked_add(attempt * 100) else {
+            break;
+        };
+        if (0..=61).all(|offset| base.checked_add(offset).is_some_and(port_free)) {
+            return Ok(base);
+        }
+    }
+    bail!("no free block of 62 ports from {wanted} upwards; set BENCH_PORT")
 }
 
 fn wait_ready(proc: &mut Proc, port: u16) -> anyhow::Result<()> {
@@ -530,7 +560,7 @@ fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir)?;
     let env = Env {
         dir: dir.clone(),
-        base_port: args.base_port,
+        base_port: free_base_port(args.base_port)?,
         proxy_cpus: args.proxy_cpus.clone(),
         sidecar_bin: args.bin_dir.join("kubegrace-sidecar"),
     };

@@ -12,11 +12,12 @@ What `helm lint` cannot see:
 - the names the operator is given as flags are the names the chart creates.
 
 Usage: check-rendered.py --namespace NS --failure-policy Ignore|Fail \
-           [--cert-manager] [--expect-prestop] < rendered.yaml
+           [--cert-manager] [--expect-prestop] [--namespace-selector JSON] < rendered.yaml
 Needs PyYAML (Debian: python3-yaml).
 """
 
 import argparse
+import json
 import sys
 
 import yaml
@@ -100,8 +101,20 @@ def matches(selector, labels):
     return True
 
 
-def times_sent(webhooks, ns_name, ns_inject, pod_inject):
-    ns_labels = {NS_NAME: ns_name}
+def labels_matching(selector):
+    """Namespace labels that satisfy the chart's extra namespaceSelector."""
+    labels = dict((selector or {}).get("matchLabels") or {})
+    for e in (selector or {}).get("matchExpressions") or []:
+        if e["operator"] == "In":
+            labels[e["key"]] = e["values"][0]
+        elif e["operator"] == "Exists":
+            labels[e["key"]] = "any"
+    return labels
+
+
+def times_sent(webhooks, ns_name, ns_inject, pod_inject, extra_ns_labels):
+    ns_labels = dict(extra_ns_labels)
+    ns_labels[NS_NAME] = ns_name
     if ns_inject is not None:
         ns_labels[INJECT] = ns_inject
     pod_labels = {"app": "web"}
@@ -162,13 +175,38 @@ def check_webhook(docs, opts, names):
         ("kube-node-lease", None, "enabled", 0),
         (opts.namespace, "enabled", "enabled", 0),  # never the operator itself
     ]
+    # The table holds for namespaces the extra namespaceSelector selects; a
+    # namespace it does not select is never sent anything.
+    extra = labels_matching(opts.namespace_selector)
     for ns, ns_inject, pod_inject, want in table:
-        got = times_sent(webhooks, ns, ns_inject, pod_inject)
+        got = times_sent(webhooks, ns, ns_inject, pod_inject, extra)
         check(
             got == want,
             f"selectors: pod labelled {INJECT}={pod_inject} in namespace {ns} ({INJECT}={ns_inject}) "
             f"is sent {got} time(s), want {want}",
         )
+    if opts.namespace_selector:
+        for w in webhooks:
+            sel = w.get("namespaceSelector") or {}
+            for k, v in (opts.namespace_selector.get("matchLabels") or {}).items():
+                check((sel.get("matchLabels") or {}).get(k) == v,
+                      f"webhook {w.get('name')}: namespaceSelector.matchLabels lacks {k}={v}")
+            for e in opts.namespace_selector.get("matchExpressions") or []:
+                check(e in (sel.get("matchExpressions") or []),
+                      f"webhook {w.get('name')}: namespaceSelector lacks the expression {e}")
+        # Drop (or contradict) each extra requirement in turn: not sent.
+        for k in opts.namespace_selector.get("matchLabels") or {}:
+            without = {key: v for key, v in extra.items() if key != k}
+            got = times_sent(webhooks, "shop", "enabled", "enabled", without)
+            check(got == 0, f"selectors: a namespace without the extra label {k} is sent {got} time(s), want 0")
+        for e in opts.namespace_selector.get("matchExpressions") or []:
+            broken = dict(extra)
+            if e["operator"] in ("In", "Exists"):
+                broken.pop(e["key"], None)
+            else:
+                broken[e["key"]] = (e.get("values") or ["any"])[0]
+            got = times_sent(webhooks, "shop", "enabled", "enabled", broken)
+            check(got == 0, f"selectors: a namespace failing the extra expression {e} is sent {got} time(s), want 0")
 
 
 # --- names shared with the operator ----------------------------------------
@@ -257,6 +295,8 @@ def main():
     p.add_argument("--failure-policy", required=True)
     p.add_argument("--cert-manager", action="store_true")
     p.add_argument("--expect-prestop", action="store_true")
+    p.add_argument("--namespace-selector", type=json.loads, default={},
+                   help="the values' webhook.namespaceSelector, as JSON")
     opts = p.parse_args()
 
     docs = [d for d in yaml.safe_load_all(sys.stdin) if d]

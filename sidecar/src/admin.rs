@@ -194,7 +194,7 @@ impl Admin {
         }
     }
 
-    /// A TCP connect to the app, cached for a second so a probe storm does
+    /// A connect to the app (TCP or Unix socket), cached for a second so a probe storm does
     /// not become a connection storm.
     async fn upstream_reachable(&self) -> bool {
         let mut cache = self.reachability.lock().await;
@@ -213,7 +213,7 @@ impl Admin {
             .get()
             .min(READY_CACHE);
         let ok = matches!(
-            tokio::time::timeout(timeout, TcpStream::connect(self.shared.upstream.addr())).await,
+            tokio::time::timeout(timeout, self.shared.upstream.connect()).await,
             Ok(Ok(_))
         );
         *cache = Some((Instant::now(), ok));

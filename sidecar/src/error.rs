@@ -19,9 +19,20 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// A configuration the code does not serve yet (unix sockets).
+    /// A configuration the code cannot serve.
     #[error("{0}")]
     Unsupported(String),
+    /// The app could not be reached (connect refused or timed out).
+    #[error("cannot connect to the app at {endpoint}: {source}")]
+    UpstreamConnect {
+        endpoint: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The exchange with the app failed (closed mid-response, protocol
+    /// error, or the request body failed, e.g. over its length limit).
+    #[error("upstream: {0}")]
+    Upstream(#[source] hyper::Error),
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
 }

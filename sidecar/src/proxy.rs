@@ -37,6 +37,7 @@ use crate::circuit::{Permit, UpstreamOutcome};
 use crate::config::{LimitsConfig, Protocol};
 use crate::drain::{ConnGuard, Phase};
 use crate::state::Shared;
+use crate::upstream::{PoolReturn, UpstreamResponse};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -356,6 +357,9 @@ enum Inner {
 pub struct ProxyBody {
     inner: Inner,
     finish: Option<Finish>,
+    /// The app connection this body is read from, handed back to the pool
+    /// once the body has been read to its end.
+    pool_return: Option<PoolReturn>,
 }
 
 impl ProxyBody {
@@ -363,6 +367,30 @@ impl ProxyBody {
         ProxyBody {
             inner: Inner::Local(body),
             finish,
+            pool_return: None,
+        }
+    }
+
+    fn upstream(body: Incoming, finish: Finish, pool_return: Option<PoolReturn>) -> ProxyBody {
+        let mut body = ProxyBody {
+            inner: Inner::Upstream(body),
+            finish: Some(finish),
+            pool_return,
+        };
+        // An empty body (204, HEAD, Content-Length: 0) is never polled.
+        body.release_if_read();
+        body
+    }
+
+    /// Hands the app connection back once the whole body came off it. The
+    /// server stops polling as soon as `is_end_stream` says so, so this
+    /// cannot wait for the final `None`.
+    fn release_if_read(&mut self) {
+        if let Inner::Upstream(body) = &self.inner
+            && body.is_end_stream()
+            && let Some(pool_return) = self.pool_return.take()
+        {
+            pool_return.release();
         }
     }
 }
@@ -377,7 +405,19 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
         let res = match &mut this.inner {
-            Inner::Upstream(body) => Pin::new(body).poll_frame(cx),
+            Inner::Upstream(body) => match Pin::new(body).poll_frame(cx) {
+                Poll::Ready(None) => {
+                    if let Some(pool_return) = this.pool_return.take() {
+                        pool_return.release();
+                    }
+                    Poll::Ready(None)
+                }
+                Poll::Ready(Some(Ok(frame))) => {
+                    this.release_if_read();
+                    Poll::Ready(Some(Ok(frame)))
+                }
+                other => other,
+            },
             Inner::Local(body) => match Pin::new(body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
                 Poll::Ready(Some(Err(never))) => match never {},
@@ -426,11 +466,53 @@ fn connection_has(headers: &HeaderMap, token: &str) -> bool {
         .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
+/// Which hop-by-hop headers a message carries, found in one pass.
+#[derive(Default)]
+struct HopByHop {
+    connection: bool,
+    keep_alive: bool,
+    proxy_connection: bool,
+    transfer_encoding: bool,
+    proxy_authenticate: bool,
+    expect: bool,
+    te: bool,
+    upgrade: bool,
+}
+
+impl HopByHop {
+    fn scan(headers: &HeaderMap) -> HopByHop {
+        let mut found = HopByHop::default();
+        // Standard names compare as enum tags, so this walk is cheap; most
+        // requests carry none of these and are done after it.
+        for name in headers.keys() {
+            if name == header::CONNECTION {
+                found.connection = true;
+            } else if name == header::TRANSFER_ENCODING {
+                found.transfer_encoding = true;
+            } else if name == header::TE {
+                found.te = true;
+            } else if name == header::UPGRADE {
+                found.upgrade = true;
+            } else if name == header::EXPECT {
+                found.expect = true;
+            } else if name == header::PROXY_AUTHENTICATE {
+                found.proxy_authenticate = true;
+            } else if name == KEEP_ALIVE {
+                found.keep_alive = true;
+            } else if name == PROXY_CONNECTION {
+                found.proxy_connection = true;
+            }
+        }
+        found
+    }
+}
+
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1) and whatever `Connection`
 /// names. With `upgrade`, `Upgrade` survives and `Connection: upgrade` is
 /// set again so the app sees the handshake.
 fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
-    if let Some(conn) = headers.get(header::CONNECTION) {
+    let found = HopByHop::scan(headers);
+    if found.connection {
         // Only tokens beyond the usual ones cost an allocation.
         let extra: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
@@ -446,7 +528,6 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
             })
             .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
             .collect();
-        let _ = conn;
         for name in extra {
             // `te: trailers` is end to end for gRPC even if a client lists it.
             if name != header::TE {
@@ -455,13 +536,25 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
         }
         headers.remove(header::CONNECTION);
     }
-    headers.remove(&KEEP_ALIVE);
-    headers.remove(&PROXY_CONNECTION);
-    headers.remove(header::TRANSFER_ENCODING);
-    headers.remove(header::PROXY_AUTHENTICATE);
-    // The proxy answers `Expect: 100-continue` itself when it reads the body.
-    headers.remove(header::EXPECT);
-    if let Some(te) = headers.get(header::TE) {
+    if found.keep_alive {
+        headers.remove(&KEEP_ALIVE);
+    }
+    if found.proxy_connection {
+        headers.remove(&PROXY_CONNECTION);
+    }
+    if found.transfer_encoding {
+        headers.remove(header::TRANSFER_ENCODING);
+    }
+    if found.proxy_authenticate {
+        headers.remove(header::PROXY_AUTHENTICATE);
+    }
+    if found.expect {
+        // The proxy answers `Expect: 100-continue` itself when it reads the body.
+        headers.remove(header::EXPECT);
+    }
+    if found.te
+        && let Some(te) = headers.get(header::TE)
+    {
         // Only "trailers" may cross (HTTP/2 forbids anything else).
         let trailers = te
             .to_str()
@@ -478,7 +571,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     }
     if upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
+    } else if found.upgrade {
         headers.remove(header::UPGRADE);
     }
 }
@@ -592,23 +685,42 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
             .headers
             .insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
     }
-    // HTTP/2 carries the host as :authority; an HTTP/1 app needs Host.
-    if !parts.headers.contains_key(header::HOST)
-        && let Some(authority) = parts.uri.authority()
-        && let Ok(v) = HeaderValue::from_str(authority.as_str())
-    {
-        parts.headers.insert(header::HOST, v);
+    // The app sees the host the client asked for (HTTP/2 carries it as
+    // :authority, an HTTP/1 app needs Host); only a client that named none
+    // (HTTP/1.0) gets the upstream's, as hyper's client would set.
+    if !parts.headers.contains_key(header::HOST) {
+        let host = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .unwrap_or_else(|| shared.upstream.host().clone());
+        parts.headers.insert(header::HOST, host);
     }
 
-    let mut uri_parts = http::uri::Parts::default();
-    uri_parts.scheme = Some(shared.upstream.scheme());
-    uri_parts.authority = Some(shared.upstream.authority().clone());
-    uri_parts.path_and_query = parts
+    let h2 = version == Version::HTTP_2;
+    let path_and_query = parts
         .uri
         .path_and_query()
         .cloned()
-        .or_else(|| Some(http::uri::PathAndQuery::from_static("/")));
-    parts.uri = match Uri::from_parts(uri_parts) {
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    let uri = if h2 {
+        // HTTP/2 needs an absolute URI (:scheme, :authority, :path).
+        let mut uri_parts = http::uri::Parts::default();
+        uri_parts.scheme = Some(shared.upstream.scheme());
+        uri_parts.authority = Some(
+            parts
+                .uri
+                .authority()
+                .cloned()
+                .unwrap_or_else(|| shared.upstream.authority().clone()),
+        );
+        uri_parts.path_and_query = Some(path_and_query);
+        Uri::from_parts(uri_parts)
+    } else {
+        // HTTP/1.1 to the app in origin form, as a client talks to a server.
+        Ok(Uri::from(path_and_query))
+    };
+    parts.uri = match uri {
         Ok(uri) => uri,
         Err(_) => {
             let resp = local_response(StatusCode::BAD_REQUEST, "bad request target\n");
@@ -616,7 +728,6 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
             return respond_local(&ctx, version, resp, request_guard, None);
         }
     };
-    let h2 = version == Version::HTTP_2;
     parts.version = if h2 {
         Version::HTTP_2
     } else {
@@ -631,10 +742,19 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
         Either::Left(body)
     };
     let upstream_req = Request::from_parts(parts, body);
-    let send = if h2 {
-        shared.upstream.h2().request(upstream_req)
-    } else {
-        shared.upstream.h1().request(upstream_req)
+    let send = async {
+        if h2 {
+            shared
+                .upstream
+                .send_h2(upstream_req)
+                .await
+                .map(|response| UpstreamResponse {
+                    response,
+                    pool_return: None,
+                })
+        } else {
+            shared.upstream.send_h1(upstream_req).await
+        }
     };
     let result = match route.timeout() {
         Some(limit) => match tokio::time::timeout(limit, send).await {
@@ -649,8 +769,11 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
         None => send.await,
     };
 
-    let mut resp = match result {
-        Ok(resp) => resp,
+    let (mut resp, pool_return) = match result {
+        Ok(UpstreamResponse {
+            response,
+            pool_return,
+        }) => (response, pool_return),
         Err(err) => {
             if is_body_limit(&err) {
                 shared.metrics.body_too_large();
@@ -682,12 +805,15 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
     // must not turn off keep-alive for HTTP/1.1 clients).
     *resp.version_mut() = version;
     finish_response(&ctx, version, &mut resp);
-    resp.map(|body| ProxyBody {
-        inner: Inner::Upstream(body),
-        finish: Some(Finish {
-            _request: request_guard,
-            _permit: permit,
-        }),
+    resp.map(|body| {
+        ProxyBody::upstream(
+            body,
+            Finish {
+                _request: request_guard,
+                _permit: permit,
+            },
+            pool_return,
+        )
     })
 }
 

@@ -20,28 +20,16 @@ pub(crate) async fn serve_connection(
     mut guard: ConnGuard,
 ) {
     let _ = downstream.set_nodelay(true);
-    let addr = shared.upstream.addr();
-    let connect_timeout = shared
-        .live
-        .load()
-        .config
-        .upstream_pool
-        .connect_timeout
-        .get();
-    let mut upstream = match tokio::time::timeout(connect_timeout, TcpStream::connect(addr)).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(err)) => {
+    let endpoint = shared.upstream.endpoint();
+    // The upstream's connect is bounded by `upstreamPool.connectTimeout`.
+    let mut upstream = match shared.upstream.connect().await {
+        Ok(stream) => stream,
+        Err(err) => {
             shared.metrics.tcp_connect_error();
-            tracing::warn!(%peer, upstream = %addr, error = %err, "cannot reach the app; closing the client connection");
-            return;
-        }
-        Err(_) => {
-            shared.metrics.tcp_connect_error();
-            tracing::warn!(%peer, upstream = %addr, "connecting to the app timed out; closing the client connection");
+            tracing::warn!(%peer, upstream = %endpoint, error = %err, "cannot reach the app; closing the client connection");
             return;
         }
     };
-    let _ = upstream.set_nodelay(true);
     let mut drain_rx = shared.drain.subscribe();
     tokio::select! {
         res = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => {

@@ -1,22 +1,36 @@
 //! The pooled keep-alive connections from the sidecar to the app.
 //!
-//! Two pools: HTTP/1.1 for HTTP/1 downstream requests, HTTP/2 (prior
-//! knowledge) for HTTP/2 and gRPC downstream requests, so streams stay
-//! multiplexed end to end. Both keep up to `upstreamPool.maxIdle` idle
-//! connections, so after the first burst every request rides a warm socket,
-//! and drop idle ones after `upstreamPool.idleTimeout`, which must stay below
-//! the app's own keep-alive timeout (the proxy never reuses a socket the app
-//! is closing).
+//! The app is one endpoint (TCP or a Unix socket), so the pool is ours and
+//! small instead of hyper-util's general-purpose client (which hashes a pool
+//! key, boxes futures and hands every request through a channel):
+//!
+//! - HTTP/1.1: a LIFO stack of idle `http1::SendRequest` handles. The most
+//!   recently used socket goes out first (warm, and the old ones age out).
+//!   A connection goes back on the stack only once its response body ended
+//!   cleanly; up to `upstreamPool.maxIdle` wait there, each for at most
+//!   `upstreamPool.idleTimeout`, which must stay below the app's own
+//!   keep-alive timeout so the proxy never reuses a socket the app is
+//!   closing. If a pooled socket turns out closed before the request was
+//!   written, the request goes again on a fresh connection.
+//! - HTTP/2 (prior knowledge, for HTTP/2 and gRPC downstream requests): one
+//!   shared multiplexed connection, replaced when it closes or refuses new
+//!   streams (the app's GOAWAY), so streams stay multiplexed end to end.
 
-use std::net::SocketAddr;
-use std::time::Duration;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use http::uri::{Authority, Scheme};
+use http::{HeaderValue, Request, Response};
 use http_body_util::{Either, Limited};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper::client::conn::{TrySendError, http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpStream, UnixStream};
 
 use crate::config::{Endpoint, UpstreamPoolConfig};
 use crate::error::{Error, Result};
@@ -25,76 +39,408 @@ use crate::error::{Error, Result};
 /// `limits.maxRequestBodyBytes` is set. `Either` keeps it unboxed.
 pub type UpstreamBody = Either<Incoming, Limited<Incoming>>;
 
+/// The authority (and Host for clients that sent none) used for a Unix
+/// socket upstream, which has no host name of its own.
+const UNIX_AUTHORITY: &str = "localhost";
+
+/// A connected socket to the app.
+pub enum UpstreamStream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl AsyncRead for UpstreamStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Self::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for UpstreamStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Self::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Self::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Self::Tcp(s) => s.is_write_vectored(),
+            Self::Unix(s) => s.is_write_vectored(),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Self::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Self::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// An idle HTTP/1 connection on the stack.
+struct IdleConn {
+    sender: http1::SendRequest<UpstreamBody>,
+    since: Instant,
+}
+
+/// The HTTP/1 idle stack, shared with the response bodies that return
+/// connections to it.
+struct H1Pool {
+    idle: Mutex<Vec<IdleConn>>,
+    max_idle: usize,
+    idle_timeout: Duration,
+}
+
+impl H1Pool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<IdleConn>> {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The most recently returned live connection, if any. Expired and
+    /// closed ones met on the way are dropped (which closes them).
+    fn pop(&self) -> Option<http1::SendRequest<UpstreamBody>> {
+        let now = Instant::now();
+        let mut idle = self.lock();
+        while let Some(conn) = idle.pop() {
+            if conn.sender.is_closed() {
+                continue;
+            }
+            if now.saturating_duration_since(conn.since) >= self.idle_timeout {
+                // Everything below is older still.
+                idle.clear();
+                return None;
+            }
+            return Some(conn.sender);
+        }
+        None
+    }
+
+    fn push(&self, sender: http1::SendRequest<UpstreamBody>) {
+        if sender.is_closed() || self.max_idle == 0 {
+            return;
+        }
+        let mut idle = self.lock();
+        if idle.len() >= self.max_idle {
+            return;
+        }
+        idle.push(IdleConn {
+            sender,
+            since: Instant::now(),
+        });
+    }
+
+    /// Closes connections idle for longer than the timeout (the oldest sit
+    /// at the bottom of the stack).
+    fn evict_expired(&self) {
+        let now = Instant::now();
+        let mut idle = self.lock();
+        let expired = idle
+            .iter()
+            .take_while(|c| now.saturating_duration_since(c.since) >= self.idle_timeout)
+            .count();
+        idle.drain(..expired);
+        idle.retain(|c| !c.sender.is_closed());
+    }
+}
+
+/// Hands an HTTP/1 connection back to the pool once the response body it
+/// carries has ended cleanly. Dropped early (client gone, error), it drops
+/// the connection instead: a half-read response leaves the socket unusable.
+pub struct PoolReturn {
+    pool: Arc<H1Pool>,
+    sender: Option<http1::SendRequest<UpstreamBody>>,
+}
+
+impl PoolReturn {
+    /// The response body ended cleanly.
+    pub fn release(mut self) {
+        if let Some(sender) = self.sender.take() {
+            self.pool.push(sender);
+        }
+    }
+}
+
+/// A response from the app, plus the way its connection goes back to the
+/// pool (HTTP/1 only).
+pub struct UpstreamResponse {
+    pub response: Response<Incoming>,
+    pub pool_return: Option<PoolReturn>,
+}
+
 pub struct Upstream {
-    addr: SocketAddr,
+    endpoint: Endpoint,
     authority: Authority,
-    h1: Client<HttpConnector, UpstreamBody>,
-    h2: Client<HttpConnector, UpstreamBody>,
+    host: HeaderValue,
+    connect_timeout: Duration,
+    h1: Arc<H1Pool>,
+    /// The shared HTTP/2 connection, if one is up, with its generation.
+    h2: Mutex<Option<(u64, http2::SendRequest<UpstreamBody>)>>,
+    h2_generation: AtomicU64,
+    /// Held while a new HTTP/2 connection is made, so a burst of streams
+    /// after a GOAWAY opens one connection, not one each.
+    h2_connecting: tokio::sync::Mutex<()>,
 }
 
 impl Upstream {
     pub fn new(endpoint: &Endpoint, pool: &UpstreamPoolConfig) -> Result<Upstream> {
-        let addr = match endpoint {
-            Endpoint::Tcp(addr) => *addr,
-            Endpoint::Unix(path) => {
-                return Err(Error::Unsupported(format!(
-                    "upstream: unix sockets ({}) are not supported yet; use host:port",
-                    path.display()
-                )));
-            }
+        let authority: Authority = match endpoint {
+            Endpoint::Tcp(addr) => addr.to_string().parse().map_err(|e| {
+                Error::Unsupported(format!("upstream: {addr} is not a URI authority: {e}"))
+            })?,
+            Endpoint::Unix(_) => Authority::from_static(UNIX_AUTHORITY),
         };
-        let authority: Authority = addr.to_string().parse().map_err(|e| {
-            Error::Unsupported(format!("upstream: {addr} is not a URI authority: {e}"))
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| {
+            Error::Unsupported(format!(
+                "upstream: {authority} is not a Host header value: {e}"
+            ))
         })?;
-
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(pool.connect_timeout.get()));
-        connector.set_nodelay(true);
-        // Detects an app that vanished without a FIN while the socket idles.
-        connector.set_keepalive(Some(Duration::from_secs(30)));
-        connector.enforce_http(true);
-
-        let build = |http2: bool| {
-            let mut b = Client::builder(TokioExecutor::new());
-            b.pool_idle_timeout(pool.idle_timeout.get())
-                .pool_max_idle_per_host(pool.max_idle)
-                .pool_timer(TokioTimer::new())
-                .timer(TokioTimer::new())
-                // The client's Host header stays as the downstream sent it.
-                .set_host(true)
-                // A pooled socket the app closed between our checkout and our
-                // write is retried on a fresh one (the body was not sent yet).
-                .retry_canceled_requests(true);
-            if http2 {
-                b.http2_only(true).http2_adaptive_window(true);
-            }
-            b.build(connector.clone())
-        };
+        let h1 = Arc::new(H1Pool {
+            idle: Mutex::new(Vec::new()),
+            max_idle: pool.max_idle,
+            idle_timeout: pool.idle_timeout.get(),
+        });
+        spawn_reaper(&h1);
         Ok(Upstream {
-            addr,
+            endpoint: endpoint.clone(),
             authority,
-            h1: build(false),
-            h2: build(true),
+            host,
+            connect_timeout: pool.connect_timeout.get(),
+            h1,
+            h2: Mutex::new(None),
+            h2_generation: AtomicU64::new(0),
+            h2_connecting: tokio::sync::Mutex::new(()),
         })
     }
 
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
+    /// The app's address, for logs.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
     }
 
+    /// The authority of absolute request URIs (HTTP/2 `:authority` when the
+    /// client sent none): `host:port`, or `localhost` for a Unix socket.
     pub fn authority(&self) -> &Authority {
         &self.authority
+    }
+
+    /// The Host header for an HTTP/1.0 client that sent none.
+    pub fn host(&self) -> &HeaderValue {
+        &self.host
     }
 
     pub fn scheme(&self) -> Scheme {
         Scheme::HTTP
     }
 
-    pub fn h1(&self) -> &Client<HttpConnector, UpstreamBody> {
-        &self.h1
+    /// Opens a new socket to the app, bounded by the connect timeout.
+    pub async fn connect(&self) -> io::Result<UpstreamStream> {
+        let connect = async {
+            match &self.endpoint {
+                Endpoint::Tcp(addr) => {
+                    let stream = TcpStream::connect(addr).await?;
+                    let _ = stream.set_nodelay(true);
+                    // Detects an app that vanished without a FIN while the
+                    // socket idles.
+                    let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(30));
+                    let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+                    Ok(UpstreamStream::Tcp(stream))
+                }
+                Endpoint::Unix(path) => UnixStream::connect(path).await.map(UpstreamStream::Unix),
+            }
+        };
+        match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(res) => res,
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connecting to {} timed out", self.endpoint),
+            )),
+        }
     }
 
-    pub fn h2(&self) -> &Client<HttpConnector, UpstreamBody> {
-        &self.h2
+    fn connect_error(&self, source: io::Error) -> Error {
+        Error::UpstreamConnect {
+            endpoint: self.endpoint.to_string(),
+            source,
+        }
     }
+
+    /// Sends an HTTP/1.1 request (origin-form URI) on a pooled connection,
+    /// or a new one. Upgrades (WebSocket) work: such a connection is never
+    /// pooled again.
+    pub async fn send_h1(&self, mut req: Request<UpstreamBody>) -> Result<UpstreamResponse> {
+        // A pooled connection the app closed before our request was written
+        // hands the request back; then it goes on a fresh connection. Each
+        // pooled connection is tried once, so this ends.
+        while let Some(mut sender) = self.h1.pop() {
+            if sender.ready().await.is_err() {
+                continue;
+            }
+            match sender.try_send_request(req).await {
+                Ok(response) => return Ok(self.h1_response(response, sender)),
+                Err(err) => req = retry_or_fail(err)?,
+            }
+        }
+        let mut sender = self.connect_h1().await?;
+        match sender.try_send_request(req).await {
+            Ok(response) => Ok(self.h1_response(response, sender)),
+            Err(mut err) => {
+                let _ = err.take_message();
+                Err(Error::Upstream(err.into_error()))
+            }
+        }
+    }
+
+    fn h1_response(
+        &self,
+        response: Response<Incoming>,
+        sender: http1::SendRequest<UpstreamBody>,
+    ) -> UpstreamResponse {
+        // A 101 turns the connection into a tunnel; it never comes back.
+        let pool_return =
+            (response.status() != http::StatusCode::SWITCHING_PROTOCOLS).then(|| PoolReturn {
+                pool: self.h1.clone(),
+                sender: Some(sender),
+            });
+        UpstreamResponse {
+            response,
+            pool_return,
+        }
+    }
+
+    async fn connect_h1(&self) -> Result<http1::SendRequest<UpstreamBody>> {
+        let stream = self.connect().await.map_err(|e| self.connect_error(e))?;
+        let (sender, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(Error::Upstream)?;
+        tokio::spawn(async move {
+            if let Err(err) = conn.with_upgrades().await {
+                tracing::debug!(error = %err, "upstream HTTP/1 connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// Sends an HTTP/2 request (absolute URI) on the shared connection.
+    pub async fn send_h2(&self, req: Request<UpstreamBody>) -> Result<Response<Incoming>> {
+        let (id, mut sender) = self.h2_sender().await?;
+        let req = match sender.ready().await {
+            Ok(()) => match sender.try_send_request(req).await {
+                Ok(response) => return Ok(response),
+                Err(err) => retry_or_fail(err)?,
+            },
+            Err(_) => req,
+        };
+        // The connection closed or refused the stream before it was sent
+        // (the app's GOAWAY): retire it and send once more on a new one.
+        self.retire_h2(id);
+        let (_, mut sender) = self.h2_sender().await?;
+        sender.ready().await.map_err(Error::Upstream)?;
+        match sender.try_send_request(req).await {
+            Ok(response) => Ok(response),
+            Err(mut err) => {
+                let _ = err.take_message();
+                Err(Error::Upstream(err.into_error()))
+            }
+        }
+    }
+
+    fn current_h2(&self) -> Option<(u64, http2::SendRequest<UpstreamBody>)> {
+        let slot = self.h2.lock().unwrap_or_else(PoisonError::into_inner);
+        slot.as_ref()
+            .filter(|(_, s)| !s.is_closed())
+            .map(|(id, s)| (*id, s.clone()))
+    }
+
+    /// Forgets connection `id` unless another request already replaced it.
+    fn retire_h2(&self, id: u64) {
+        let mut slot = self.h2.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.as_ref().is_some_and(|(current, _)| *current == id) {
+            *slot = None;
+        }
+    }
+
+    async fn h2_sender(&self) -> Result<(u64, http2::SendRequest<UpstreamBody>)> {
+        if let Some(current) = self.current_h2() {
+            return Ok(current);
+        }
+        let _connecting = self.h2_connecting.lock().await;
+        if let Some(current) = self.current_h2() {
+            return Ok(current);
+        }
+        let stream = self.connect().await.map_err(|e| self.connect_error(e))?;
+        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .adaptive_window(true)
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(Error::Upstream)?;
+        tokio::spawn(async move {
+            if let Err(err) = conn.await {
+                tracing::debug!(error = %err, "upstream HTTP/2 connection ended with an error");
+            }
+        });
+        let id = self.h2_generation.fetch_add(1, Ordering::Relaxed);
+        *self.h2.lock().unwrap_or_else(PoisonError::into_inner) = Some((id, sender.clone()));
+        Ok((id, sender))
+    }
+}
+
+/// A request the connection gave back unsent may be retried; one it sent
+/// (even partly) may not, because the app may have acted on it.
+fn retry_or_fail(mut err: TrySendError<Request<UpstreamBody>>) -> Result<Request<UpstreamBody>> {
+    match err.take_message() {
+        Some(req) => {
+            tracing::debug!(error = %err.error(), "pooled upstream connection was closed; retrying on another");
+            Ok(req)
+        }
+        None => Err(Error::Upstream(err.into_error())),
+    }
+}
+
+/// Closes idle connections past their timeout even when no request comes
+/// to pop them. Holds the pool weakly, so it ends with the upstream.
+fn spawn_reaper(pool: &Arc<H1Pool>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let weak: Weak<H1Pool> = Arc::downgrade(pool);
+    let period = (pool.idle_timeout / 2).max(Duration::from_millis(100));
+    runtime.spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match weak.upgrade() {
+                Some(pool) => pool.evict_expired(),
+                None => return,
+            }
+        }
+    });
 }

@@ -1,36 +1,62 @@
-//! kubegrace-demo-app: a small, deliberately naive HTTP/1.1 app for the e2e tests and the demo.
+//! kubegrace-demo-app: a small, deliberately naive app for the e2e tests and the demo.
 //!
-//! Endpoints:
+//! One port serves HTTP/1.1 and HTTP/2 cleartext (prior knowledge), gRPC and WebSocket:
 //! - `GET /`                   200, `pod=<name>` (pod name from `POD_NAME`, else the host name)
 //! - `GET /delay?ms=N`         answers after N milliseconds
+//! - `GET /stream?chunks=N&every_ms=M`  a streamed body: N lines `pod=<name> chunk=<i>`,
+//!   the first at once, then one every M ms (a long in-flight HTTP response)
+//! - `GET|POST /api/<anything>` 200 `pod=<name> path=<path>` (a route to put a breaker on)
+//! - `GET /ws`                 WebSocket echo (RFC 6455, via tungstenite): every text or
+//!   binary message is sent back; the 101 answer names the pod in `x-demo-pod`
+//! - gRPC `kubegrace.demo.Echo` (`Unary`, `Stream`; see `kubegrace_e2e::load::grpc`)
+//! - `POST /fault?status=503[&path=/api]` the fault switch of this pod: from now on every
+//!   request to an app endpoint (under `path`, if given) gets `status` (gRPC calls get
+//!   `UNAVAILABLE`); `POST /fault?off` switches it off; `GET /fault` shows it. The
+//!   control endpoints (`/fault`, `/stats`, `/healthz`, `/prestop*`) never fault, so probes
+//!   and tests keep working.
+//! - `GET /stats`              JSON: per endpoint, requests seen and requests in flight
+//!   (`{"pod":..,"fault":..,"endpoints":{"/api":{"requests":3,"inflight":0},..}}`), so a
+//!   test can see what reached the app
 //! - `GET /prestop[?hold_ms=N]` records that the preStop hook ran, answers after N ms
 //! - `GET /prestop-seen`       200 `true` once `/prestop` was called, else 200 `false`
 //! - `GET /healthz`            200
 //!
-//! Like a naive app it exits at once on SIGTERM (in-flight requests are cut), unless
-//! `--on-sigterm ignore` is given, in which case only the grace-period SIGKILL stops it.
-//! Lifecycle events are logged to stdout (`prestop hook ran`, `SIGTERM received`).
+//! Like a naive app it exits at once on SIGTERM (in-flight requests, streams and WebSocket
+//! sessions are cut), unless `--on-sigterm ignore` is given, in which case only the
+//! grace-period SIGKILL stops it. Lifecycle events are logged to stdout (`prestop hook
+//! ran`, `SIGTERM received`).
 //!
 //! `kubegrace-demo-app get http://IP:PORT/PATH` is a one-shot client for probes from inside
 //! a cluster (the image has no shell or curl): it retries until a 2xx answer or `--timeout`,
 //! prints the body and exits 0, else exits 1.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use clap::{Parser, Subcommand, ValueEnum};
-use http_body_util::{BodyExt, Empty, Full};
+use futures_util::{SinkExt, StreamExt};
+use http_body::Frame;
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
+use hyper::header::{self, HeaderValue};
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use kubegrace_e2e::load::grpc::{self, EchoServer};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tonic::codegen::Service as _;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum OnSigterm {
@@ -41,7 +67,10 @@ enum OnSigterm {
 }
 
 #[derive(Debug, Parser)]
-#[command(version, about = "Naive demo HTTP app for kubegrace tests")]
+#[command(
+    version,
+    about = "Naive demo app (HTTP/1.1, h2c, gRPC, WebSocket) for kubegrace tests"
+)]
 struct Args {
     /// Address to listen on.
     #[arg(long, env = "KUBEGRACE_DEMO_LISTEN", default_value = "0.0.0.0:8080")]
@@ -73,52 +102,217 @@ enum Command {
     },
 }
 
+/// The fault switch: requests to app endpoints under `path_prefix` get `status`.
+#[derive(Clone, Debug)]
+struct Fault {
+    status: StatusCode,
+    path_prefix: String,
+}
+
+/// Requests seen and in flight for one endpoint.
+#[derive(Clone, Copy, Debug, Default)]
+struct EndpointStats {
+    requests: u64,
+    inflight: u64,
+}
+
 struct State {
     pod_name: String,
     prestop_seen: AtomicBool,
+    fault: Mutex<Option<Fault>>,
+    /// Keyed by endpoint (`/api`, `/delay`, `grpc /kubegrace.demo.Echo/Stream`, ...), never by
+    /// the raw path, so arbitrary paths cannot grow the map.
+    stats: Mutex<BTreeMap<&'static str, EndpointStats>>,
+    echo: EchoServer,
 }
 
-const MAX_DELAY_MS: u64 = 600_000;
+/// A poisoned lock only means a handler panicked mid-update of plain counters; they are
+/// still usable.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
-fn query_ms(req: &Request<Incoming>, key: &str) -> Result<u64, String> {
-    let Some(query) = req.uri().query() else {
-        return Ok(0);
-    };
-    for pair in query.split('&') {
-        if let Some(value) = pair
-            .strip_prefix(key)
-            .and_then(|rest| rest.strip_prefix('='))
-        {
-            let ms: u64 = value
-                .parse()
-                .map_err(|_| format!("{key} must be a number of milliseconds"))?;
-            return Ok(ms.min(MAX_DELAY_MS));
+impl State {
+    /// Counts a request to `endpoint`; it stays in flight until the guard drops (for
+    /// streamed answers, when the body ends or the connection is cut).
+    fn track(self: &Arc<Self>, endpoint: &'static str) -> InflightGuard {
+        let mut stats = lock(&self.stats);
+        let e = stats.entry(endpoint).or_default();
+        e.requests += 1;
+        e.inflight += 1;
+        InflightGuard {
+            state: self.clone(),
+            endpoint,
         }
     }
-    Ok(0)
+
+    fn fault_for(&self, path: &str) -> Option<StatusCode> {
+        lock(&self.fault)
+            .as_ref()
+            .filter(|f| path.starts_with(&f.path_prefix))
+            .map(|f| f.status)
+    }
 }
 
-fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(body.into()));
+struct InflightGuard {
+    state: Arc<State>,
+    endpoint: &'static str,
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        if let Some(e) = lock(&self.state.stats).get_mut(self.endpoint) {
+            e.inflight = e.inflight.saturating_sub(1);
+        }
+    }
+}
+
+/// A response body that keeps its request counted as in flight until it is done.
+struct Tracked {
+    body: tonic::body::Body,
+    _guard: InflightGuard,
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+type Body = tonic::body::Body;
+
+const MAX_DELAY_MS: u64 = 600_000;
+const MAX_CHUNKS: u64 = 100_000;
+
+/// The value of `key` in the query string: `None` when absent, `Some("")` for a bare `key`.
+fn query_value<'a>(req: &'a Request<Incoming>, key: &str) -> Option<&'a str> {
+    req.uri().query()?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == key).then_some(v)
+    })
+}
+
+/// A number of milliseconds (or a count) from the query, 0 when absent, at most `max`.
+fn query_num(req: &Request<Incoming>, key: &str, max: u64) -> Result<u64, String> {
+    match query_value(req, key) {
+        None => Ok(0),
+        Some(v) => v
+            .parse::<u64>()
+            .map(|n| n.min(max))
+            .map_err(|_| format!("{key} must be a non-negative integer, got {v:?}")),
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut resp = Response::new(Body::new(Full::new(body.into())));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     resp
 }
 
-async fn handle(
-    state: Arc<State>,
-    req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n"));
+fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
+    let mut resp = text(status, format!("{value}\n"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn with_guard(resp: Response<Body>, guard: InflightGuard) -> Response<Body> {
+    resp.map(|body| {
+        Body::new(Tracked {
+            body,
+            _guard: guard,
+        })
+    })
+}
+
+/// The endpoint a path belongs to (the key of `/stats`), or `None` for an unknown path.
+fn endpoint_of(path: &str) -> Option<&'static str> {
+    Some(match path {
+        "/" => "/",
+        "/delay" => "/delay",
+        "/stream" => "/stream",
+        "/ws" => "/ws",
+        p if p == "/api" || p.starts_with("/api/") => "/api",
+        _ => return None,
+    })
+}
+
+async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    if grpc::is_grpc(&req) {
+        return Ok(handle_grpc(state, req).await);
     }
-    let resp = match req.uri().path() {
+    let path = req.uri().path().to_owned();
+    // Control endpoints: never counted as app traffic, never faulted.
+    match path.as_str() {
+        "/healthz" => return Ok(only_get(&req).unwrap_or_else(|| text(StatusCode::OK, "ok\n"))),
+        "/stats" => return Ok(only_get(&req).unwrap_or_else(|| stats(&state))),
+        "/fault" => return Ok(fault(&state, &req)),
+        "/prestop" => {
+            return Ok(match only_get(&req) {
+                Some(denied) => denied,
+                None => prestop(&state, &req).await,
+            });
+        }
+        "/prestop-seen" => {
+            return Ok(only_get(&req).unwrap_or_else(|| {
+                text(
+                    StatusCode::OK,
+                    format!("{}\n", state.prestop_seen.load(Ordering::SeqCst)),
+                )
+            }));
+        }
+        _ => {}
+    }
+    let Some(endpoint) = endpoint_of(&path) else {
+        return Ok(text(StatusCode::NOT_FOUND, "not found\n"));
+    };
+    let guard = state.track(endpoint);
+    if let Some(status) = state.fault_for(&path) {
+        return Ok(with_guard(
+            text(
+                status,
+                format!("pod={} fault={}\n", state.pod_name, status.as_u16()),
+            ),
+            guard,
+        ));
+    }
+    let allowed = match endpoint {
+        "/api" => matches!(*req.method(), Method::GET | Method::HEAD | Method::POST),
+        _ => matches!(*req.method(), Method::GET | Method::HEAD),
+    };
+    if !allowed {
+        return Ok(with_guard(
+            text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
+            guard,
+        ));
+    }
+    let resp = match endpoint {
         "/" => text(StatusCode::OK, format!("pod={}\n", state.pod_name)),
-        "/healthz" => text(StatusCode::OK, "ok\n"),
-        "/delay" => match query_ms(&req, "ms") {
+        "/api" => text(
+            StatusCode::OK,
+            format!("pod={} path={path}\n", state.pod_name),
+        ),
+        "/delay" => match query_num(&req, "ms", MAX_DELAY_MS) {
             Ok(ms) => {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 text(
@@ -128,22 +322,218 @@ async fn handle(
             }
             Err(e) => text(StatusCode::BAD_REQUEST, e + "\n"),
         },
-        "/prestop" => match query_ms(&req, "hold_ms") {
-            Ok(ms) => {
-                state.prestop_seen.store(true, Ordering::SeqCst);
-                println!("prestop hook ran (holding {ms} ms)");
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                text(StatusCode::OK, "prestop recorded\n")
-            }
-            Err(e) => text(StatusCode::BAD_REQUEST, e + "\n"),
-        },
-        "/prestop-seen" => text(
-            StatusCode::OK,
-            format!("{}\n", state.prestop_seen.load(Ordering::SeqCst)),
-        ),
+        "/stream" => stream(&state, &req),
+        "/ws" => websocket(&state, req),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     };
-    Ok(resp)
+    Ok(with_guard(resp, guard))
+}
+
+/// `Some(405)` unless the request is a GET or HEAD.
+fn only_get(req: &Request<Incoming>) -> Option<Response<Body>> {
+    (!matches!(*req.method(), Method::GET | Method::HEAD))
+        .then(|| text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n"))
+}
+
+async fn prestop(state: &State, req: &Request<Incoming>) -> Response<Body> {
+    match query_num(req, "hold_ms", MAX_DELAY_MS) {
+        Ok(ms) => {
+            state.prestop_seen.store(true, Ordering::SeqCst);
+            println!("prestop hook ran (holding {ms} ms)");
+            // The kubelet's hook ends with the response headers, so the hold comes first.
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            text(StatusCode::OK, "prestop recorded\n")
+        }
+        Err(e) => text(StatusCode::BAD_REQUEST, e + "\n"),
+    }
+}
+
+fn stats(state: &State) -> Response<Body> {
+    let endpoints: serde_json::Map<String, serde_json::Value> = lock(&state.stats)
+        .iter()
+        .map(|(k, v)| {
+            (
+                (*k).to_owned(),
+                serde_json::json!({"requests": v.requests, "inflight": v.inflight}),
+            )
+        })
+        .collect();
+    let fault = lock(&state.fault)
+        .as_ref()
+        .map(|f| serde_json::json!({"status": f.status.as_u16(), "path": f.path_prefix}));
+    json(
+        StatusCode::OK,
+        &serde_json::json!({"pod": state.pod_name, "fault": fault, "endpoints": endpoints}),
+    )
+}
+
+fn fault(state: &State, req: &Request<Incoming>) -> Response<Body> {
+    let show = |f: &Option<Fault>| match f {
+        Some(f) => format!(
+            "fault on: status {} for paths under {}\n",
+            f.status.as_u16(),
+            f.path_prefix
+        ),
+        None => "fault off\n".to_owned(),
+    };
+    match *req.method() {
+        Method::GET | Method::HEAD => return text(StatusCode::OK, show(&lock(&state.fault))),
+        Method::POST => {}
+        _ => return text(StatusCode::METHOD_NOT_ALLOWED, "GET or POST /fault\n"),
+    }
+    if query_value(req, "off").is_some() {
+        *lock(&state.fault) = None;
+        println!("fault switched off");
+        return text(StatusCode::OK, "fault off\n");
+    }
+    let status = match query_value(req, "status").map(str::parse::<u16>) {
+        Some(Ok(code)) if (400..=599).contains(&code) => StatusCode::from_u16(code),
+        _ => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "POST /fault?status=<400..599>[&path=/prefix] or POST /fault?off\n",
+            );
+        }
+    };
+    let Ok(status) = status else {
+        return text(StatusCode::BAD_REQUEST, "not an HTTP status\n");
+    };
+    let path_prefix = query_value(req, "path").unwrap_or("/");
+    if !path_prefix.starts_with('/') {
+        return text(StatusCode::BAD_REQUEST, "path must start with /\n");
+    }
+    let f = Fault {
+        status,
+        path_prefix: path_prefix.to_owned(),
+    };
+    let mut current = lock(&state.fault);
+    *current = Some(f);
+    let msg = show(&current);
+    print!("{msg}");
+    text(StatusCode::OK, msg)
+}
+
+fn stream(state: &Arc<State>, req: &Request<Incoming>) -> Response<Body> {
+    let (chunks, every_ms) = match (
+        query_num(req, "chunks", MAX_CHUNKS),
+        query_num(req, "every_ms", MAX_DELAY_MS),
+    ) {
+        (Ok(c), Ok(e)) => (c.max(1), e),
+        (Err(e), _) | (_, Err(e)) => return text(StatusCode::BAD_REQUEST, e + "\n"),
+    };
+    let pod = state.pod_name.clone();
+    let body = futures_util::stream::iter(0..chunks).then(move |i| {
+        let line = format!("pod={pod} chunk={i}\n");
+        async move {
+            if i > 0 {
+                tokio::time::sleep(Duration::from_millis(every_ms)).await;
+            }
+            Ok::<_, tonic::Status>(Frame::data(Bytes::from(line)))
+        }
+    });
+    let mut resp = Response::new(Body::new(StreamBody::new(body)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// Answers the WebSocket handshake (RFC 6455 4.2) and echoes messages on the upgraded
+/// connection until the client closes it.
+fn websocket(state: &Arc<State>, mut req: Request<Incoming>) -> Response<Body> {
+    let header_has = |name: header::HeaderName, token: &str| {
+        req.headers().get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    if !header_has(header::UPGRADE, "websocket") || !header_has(header::CONNECTION, "upgrade") {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "/ws needs a WebSocket upgrade (Connection: Upgrade, Upgrade: websocket)\n",
+        );
+    }
+    if req
+        .headers()
+        .get(header::SEC_WEBSOCKET_VERSION)
+        .map(|v| v.as_bytes())
+        != Some(b"13")
+    {
+        let mut resp = text(
+            StatusCode::BAD_REQUEST,
+            "Sec-WebSocket-Version must be 13\n",
+        );
+        resp.headers_mut().insert(
+            header::SEC_WEBSOCKET_VERSION,
+            HeaderValue::from_static("13"),
+        );
+        return resp;
+    }
+    let Some(key) = req.headers().get(header::SEC_WEBSOCKET_KEY).cloned() else {
+        return text(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key\n");
+    };
+    let accept = derive_accept_key(key.as_bytes());
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    // The session counts as in flight (`/ws`) for as long as it lasts.
+    let session = state.track("/ws");
+    tokio::spawn(async move {
+        let _session = session;
+        let upgraded = match on_upgrade.await {
+            Ok(u) => u,
+            Err(e) => {
+                eprintln!("websocket upgrade failed: {e}");
+                return;
+            }
+        };
+        let mut ws =
+            WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+        while let Some(msg) = ws.next().await {
+            let reply = match msg {
+                Ok(m @ (Message::Text(_) | Message::Binary(_))) => m,
+                // tungstenite answers pings and the closing handshake itself.
+                Ok(_) => continue,
+                Err(e) => {
+                    eprintln!("websocket session ended: {e}");
+                    return;
+                }
+            };
+            if let Err(e) = ws.send(reply).await {
+                eprintln!("websocket send failed: {e}");
+                return;
+            }
+        }
+    });
+    let mut resp = Response::new(Body::empty());
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = resp.headers_mut();
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    if let Ok(accept) = HeaderValue::from_str(&accept) {
+        h.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
+    }
+    if let Ok(pod) = HeaderValue::from_str(&state.pod_name) {
+        h.insert("x-demo-pod", pod);
+    }
+    resp
+}
+
+async fn handle_grpc(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
+    let endpoint = match req.uri().path() {
+        grpc::UNARY_PATH => "grpc /kubegrace.demo.Echo/Unary",
+        grpc::STREAM_PATH => "grpc /kubegrace.demo.Echo/Stream",
+        _ => "grpc (unknown method)",
+    };
+    let guard = state.track(endpoint);
+    if state.fault_for(req.uri().path()).is_some() {
+        let status = tonic::Status::unavailable(format!("pod={} fault switch on", state.pod_name));
+        return with_guard(status.into_http(), guard);
+    }
+    let mut echo = state.echo.clone();
+    match echo.call(req).await {
+        Ok(resp) => with_guard(resp, guard),
+        Err(never) => match never {},
+    }
 }
 
 async fn serve(listener: TcpListener, state: Arc<State>) {
@@ -156,11 +546,13 @@ async fn serve(listener: TcpListener, state: Arc<State>) {
                 continue;
             }
         };
+        let _ = stream.set_nodelay(true);
         let state = state.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| handle(state.clone(), req));
-            if let Err(e) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
+            // HTTP/1.1 (with upgrades, for WebSocket) and HTTP/2 prior knowledge on one port.
+            if let Err(e) = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .await
             {
                 eprintln!("connection error: {e}");
@@ -184,7 +576,7 @@ async fn get_once(url: &hyper::Uri) -> anyhow::Result<(StatusCode, Bytes)> {
     tokio::spawn(conn);
     let path = url.path_and_query().map_or("/", |p| p.as_str());
     let req = Request::get(path)
-        .header(hyper::header::HOST, authority.as_str())
+        .header(header::HOST, authority.as_str())
         .body(Empty::<Bytes>::new())?;
     let resp = sender.send_request(req).await?;
     let status = resp.status();
@@ -228,8 +620,11 @@ async fn main() -> anyhow::Result<()> {
         })
         .unwrap_or_else(|| "unknown".to_owned());
     let state = Arc::new(State {
+        echo: EchoServer::new(pod_name.clone()),
         pod_name,
         prestop_seen: AtomicBool::new(false),
+        fault: Mutex::new(None),
+        stats: Mutex::new(BTreeMap::new()),
     });
     let listener = TcpListener::bind(args.listen).await?;
     println!(
@@ -258,5 +653,6 @@ async fn main() -> anyhow::Result<()> {
     }
     server.abort();
     println!("exiting");
-    Ok(())
+    // Like a naive app: whatever is still in flight is cut by the process exit.
+    std::process::exit(0);
 }

@@ -25,6 +25,8 @@
 //!
 //! Every wait is on a condition with a deadline; the load is bounded in rate, count and time.
 
+pub mod kit;
+
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

@@ -123,6 +123,9 @@ impl Admin {
                 let snapshot = self.shared.live.load().routes.snapshot();
                 json(StatusCode::OK, &snapshot)
             }
+            // Which app instance gets new requests, and what each still has
+            // in flight (the app-upgrade recipe waits for 0 on the old one).
+            "/upstreams" if read_only => json(StatusCode::OK, &self.shared.upstreams.status()),
             "/drain" if read_only || method == Method::POST => {
                 if let Some(denied) = self.check_token(&req) {
                     return denied;
@@ -156,13 +159,14 @@ impl Admin {
             | "/metrics"
             | "/config"
             | "/breakers"
+            | "/upstreams"
             | "/drain"
             | "/drain/endpoint-removed" => {
                 text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
             }
             _ => text(
                 StatusCode::NOT_FOUND,
-                "not found; try /live /ready /drain /metrics /config /breakers\n",
+                "not found; try /live /ready /drain /metrics /config /breakers /upstreams\n",
             ),
         }
     }
@@ -194,9 +198,13 @@ impl Admin {
         }
     }
 
-    /// A connect to the app (TCP or Unix socket), cached for a second so a probe storm does
-    /// not become a connection storm.
+    /// A connect to the app (TCP or Unix socket), cached for a second so a
+    /// probe storm does not become a connection storm. With several app
+    /// instances, the instance probe already runs: ready when any is up.
     async fn upstream_reachable(&self) -> bool {
+        if self.shared.upstreams.len() > 1 {
+            return self.shared.upstreams.any_up();
+        }
         let mut cache = self.reachability.lock().await;
         if let Some((at, ok)) = *cache
             && at.elapsed() < READY_CACHE
@@ -212,10 +220,7 @@ impl Admin {
             .connect_timeout
             .get()
             .min(READY_CACHE);
-        let ok = matches!(
-            tokio::time::timeout(timeout, self.shared.upstream.connect()).await,
-            Ok(Ok(_))
-        );
+        let ok = crate::upstreams::probe(self.shared.upstreams.primary(), timeout).await;
         *cache = Some((Instant::now(), ok));
         ok
     }
@@ -246,6 +251,7 @@ impl Admin {
         self.shared.metrics.render(&self.shared.drain, &mut out);
         let live = self.shared.live.load();
         live.routes.render_metrics(&mut out);
+        self.shared.upstreams.render_metrics(&mut out);
         let mut resp = Response::new(Full::new(Bytes::from(out)));
         resp.headers_mut().insert(
             header::CONTENT_TYPE,

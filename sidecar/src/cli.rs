@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
-use crate::config::{Config, Endpoint, HumanDuration, Protocol};
+use crate::config::{Config, Endpoint, HumanDuration, Protocol, SocketMode};
 use crate::error::{Error, Result};
 
 /// Exit status for anything the user must fix (BSD EX_USAGE).
@@ -31,13 +31,28 @@ pub struct Cli {
     /// Where downstream traffic arrives (the port the Service targets); port 0 picks one.
     #[arg(long, env = "KUBEGRACE_LISTEN", value_name = "ADDR")]
     pub listen: Option<Endpoint>,
-    /// The app, normally on loopback.
-    #[arg(long, env = "KUBEGRACE_UPSTREAM", value_name = "ADDR")]
-    pub upstream: Option<Endpoint>,
+    /// The app, normally on loopback (host:port or unix:/path). Repeat it
+    /// (or separate with commas) for blue/green app instances: new requests
+    /// go to the one that most recently came up.
+    #[arg(
+        long,
+        env = "KUBEGRACE_UPSTREAM",
+        value_name = "ADDR",
+        value_delimiter = ','
+    )]
+    pub upstream: Vec<Endpoint>,
     /// Admin port: /live /ready /drain /metrics /config /breakers.
     #[arg(long, env = "KUBEGRACE_ADMIN", value_name = "ADDR")]
     pub admin: Option<Endpoint>,
-    /// YAML config file; watched and reloaded on change or SIGHUP.
+    /// Accept loops on as many SO_REUSEPORT listeners (TCP listen only).
+    #[arg(long, env = "KUBEGRACE_WORKERS", value_name = "N")]
+    pub workers: Option<usize>,
+    /// Permissions of a unix: listen socket, octal like chmod (0660).
+    #[arg(long, env = "KUBEGRACE_LISTEN_MODE", value_name = "MODE")]
+    pub listen_mode: Option<SocketMode>,
+    /// YAML config file; watched and reloaded on change or SIGHUP. A missing
+    /// file is waited for (defaults and flags serve meanwhile); an invalid
+    /// one stops the start (exit 64).
     #[arg(long, env = "KUBEGRACE_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// auto (HTTP/1.1 + h2c), http1, http2 or tcp.
@@ -113,8 +128,11 @@ fn parse_protocol(s: &str) -> std::result::Result<Protocol, String> {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Overrides {
     pub listen: Option<Endpoint>,
-    pub upstream: Option<Endpoint>,
+    /// One endpoint sets `upstream`; several set `upstreams`.
+    pub upstream: Vec<Endpoint>,
     pub admin: Option<Endpoint>,
+    pub workers: Option<usize>,
+    pub listen_mode: Option<SocketMode>,
     pub protocol: Option<Protocol>,
     pub drain_min_delay: Option<HumanDuration>,
     pub drain_quiet: Option<HumanDuration>,
@@ -127,11 +145,25 @@ impl Overrides {
         if let Some(v) = &self.listen {
             config.listen = v.clone();
         }
-        if let Some(v) = &self.upstream {
-            config.upstream = v.clone();
+        match self.upstream.as_slice() {
+            [] => {}
+            [one] => {
+                config.upstream = one.clone();
+                config.upstreams.clear();
+            }
+            [first, ..] => {
+                config.upstream = first.clone();
+                config.upstreams = self.upstream.clone();
+            }
         }
         if let Some(v) = &self.admin {
             config.admin = v.clone();
+        }
+        if let Some(v) = self.workers {
+            config.workers = v;
+        }
+        if let Some(v) = self.listen_mode {
+            config.listen_mode = Some(v);
         }
         if let Some(v) = self.protocol {
             config.protocol = v;
@@ -158,7 +190,10 @@ impl Overrides {
             "drain.quiet" if self.drain_quiet.is_some() => Some("--drain-quiet"),
             "drain.maxDelay" if self.drain_max_delay.is_some() => Some("--drain-max-delay"),
             "drain.timeout" if self.drain_timeout.is_some() => Some("--drain-timeout"),
-            "upstream" if self.upstream.is_some() => Some("--upstream"),
+            "upstream" if !self.upstream.is_empty() => Some("--upstream"),
+            k if k.starts_with("upstreams[") && !self.upstream.is_empty() => Some("--upstream"),
+            "workers" if self.workers.is_some() => Some("--workers"),
+            "listenMode" if self.listen_mode.is_some() => Some("--listen-mode"),
             "admin" if self.admin.is_some() => Some("--admin"),
             "listen" if self.listen.is_some() => Some("--listen"),
             _ => None,
@@ -186,6 +221,8 @@ impl Cli {
                 listen: self.listen.clone(),
                 upstream: self.upstream.clone(),
                 admin: self.admin.clone(),
+                workers: self.workers,
+                listen_mode: self.listen_mode,
                 protocol: self.protocol,
                 drain_min_delay: self.drain_min_delay,
                 drain_quiet: self.drain_quiet,
@@ -214,6 +251,7 @@ pub fn load(file: Option<&std::path::Path>, overrides: &Overrides) -> Result<Con
         None => Config::default(),
     };
     overrides.apply(&mut config);
+    config.normalize();
     config.validate().map_err(|mut e| {
         if let Some(flag) = overrides.flag_for(&e.key) {
             e.key = format!("{} ({flag})", e.key);
@@ -221,6 +259,37 @@ pub fn load(file: Option<&std::path::Path>, overrides: &Overrides) -> Result<Con
         Error::Config(e)
     })?;
     Ok(config)
+}
+
+/// The config to start with, and whether the file was missing.
+#[derive(Debug)]
+pub struct Startup {
+    pub config: Config,
+    /// The file named by `--config` does not exist (yet): the sidecar runs
+    /// on defaults plus flags and picks the file up when it appears.
+    pub file_missing: bool,
+}
+
+/// [`load`] for the start of the process. A file that does not exist is
+/// not an error here: an optional ConfigMap volume can appear after the
+/// container started, and a sidecar that refused to start would hold the
+/// pod back for nothing (flags carry what it needs to serve). A file that
+/// exists but cannot be read or is invalid still stops the start (exit 64):
+/// a typo must fail loudly, not run on defaults.
+pub fn load_at_start(file: Option<&std::path::Path>, overrides: &Overrides) -> Result<Startup> {
+    match load(file, overrides) {
+        Ok(config) => Ok(Startup {
+            config,
+            file_missing: false,
+        }),
+        Err(Error::ReadConfig { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Ok(Startup {
+                config: load(None, overrides)?,
+                file_missing: true,
+            })
+        }
+        Err(err) => Err(err),
+    }
 }
 
 /// Parses the file without validating: a relation between keys (minDelay <=
@@ -338,6 +407,64 @@ mod tests {
             &Overrides::default(),
         )
         .expect_err("missing");
+        assert_eq!(err.exit_code(), EXIT_USAGE);
+    }
+
+    #[test]
+    fn repeated_upstreams_become_the_list_and_upstream_its_first() {
+        let c = cli(&[
+            "--upstream",
+            "127.0.0.1:9001",
+            "--upstream",
+            "unix:/run/app/green.sock",
+        ])
+        .expect("parse");
+        let config = load(None, &c.settings().overrides).expect("load");
+        assert_eq!(config.upstream.to_string(), "127.0.0.1:9001");
+        assert_eq!(config.upstreams.len(), 2);
+        assert_eq!(config.upstream_endpoints(), config.upstreams);
+
+        let path = temp_file("list", "upstreams: [127.0.0.1:9001, 127.0.0.1:9002]\n");
+        let config = load(Some(&path), &Overrides::default()).expect("load");
+        assert_eq!(config.upstream.to_string(), "127.0.0.1:9001");
+
+        let path = temp_file(
+            "conflict",
+            "upstream: 127.0.0.1:9000\nupstreams: [127.0.0.1:9001, 127.0.0.1:9002]\n",
+        );
+        let err = load(Some(&path), &Overrides::default()).expect_err("not in the list");
+        assert!(err.to_string().contains("not one of upstreams"), "{err}");
+    }
+
+    #[test]
+    fn workers_and_listen_mode_are_checked() {
+        let c = cli(&["--workers", "0"]).expect("parse");
+        let err = load(None, &c.settings().overrides).expect_err("0 workers");
+        assert!(err.to_string().contains("workers (--workers)"), "{err}");
+        let c = cli(&["--listen-mode", "0660"]).expect("parse");
+        let err = load(None, &c.settings().overrides).expect_err("tcp listen");
+        assert!(
+            err.to_string().contains("listenMode (--listen-mode)"),
+            "{err}"
+        );
+        assert!(cli(&["--listen-mode", "rw-rw----"]).is_err());
+        let c = cli(&["--listen", "unix:/tmp/x.sock", "--listen-mode", "660"]).expect("parse");
+        let config = load(None, &c.settings().overrides).expect("load");
+        assert_eq!(
+            config.listen_mode.map(|m| m.to_string()).as_deref(),
+            Some("0660")
+        );
+    }
+
+    #[test]
+    fn a_missing_file_at_start_runs_on_flags_an_invalid_one_does_not() {
+        let path = temp_file("gone", "drain: {quiet: 2s}\n").with_file_name("absent.yaml");
+        let c = cli(&["--drain-quiet", "300ms"]).expect("parse");
+        let start = load_at_start(Some(&path), &c.settings().overrides).expect("starts");
+        assert!(start.file_missing);
+        assert_eq!(start.config.drain.quiet.get(), Duration::from_millis(300));
+        let bad = temp_file("invalid", "drain: {quiet: soon}\n");
+        let err = load_at_start(Some(&bad), &Overrides::default()).expect_err("invalid");
         assert_eq!(err.exit_code(), EXIT_USAGE);
     }
 

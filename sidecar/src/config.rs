@@ -172,6 +172,54 @@ impl<'de> Deserialize<'de> for Endpoint {
     }
 }
 
+fn is_one(n: &usize) -> bool {
+    *n == 1
+}
+
+/// The most `workers` accepted: each is a listening socket and an accept
+/// loop; beyond this it is a typo, not a tuning.
+pub const MAX_WORKERS: usize = 64;
+
+/// File permissions for a Unix listen socket, written in octal like chmod
+/// (`"0660"`, `"660"`); serialised the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SocketMode(pub u32);
+
+impl FromStr for SocketMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        match u32::from_str_radix(t, 8) {
+            Ok(mode) if mode <= 0o777 => Ok(Self(mode)),
+            _ => Err(format!(
+                "{t:?} is not a file mode; write it in octal like chmod, e.g. 0660"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for SocketMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:04o}", self.0)
+    }
+}
+
+impl Serialize for SocketMode {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for SocketMode {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // YAML reads an unquoted 0660 as the decimal 660 (YAML 1.2) or as
+        // 432 (1.1): only a string says what was meant.
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// How the listener treats the bytes it accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -196,8 +244,21 @@ pub struct Config {
     pub listen: Endpoint,
     /// The app, normally on loopback.
     pub upstream: Endpoint,
+    /// Several instances of the app (blue/green slots during an app
+    /// upgrade): new requests go to the one that most recently became
+    /// reachable, requests in flight finish where they started. When set,
+    /// `upstream` is its first entry (see [`Config::normalize`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub upstreams: Vec<Endpoint>,
     /// Admin port: /live, /ready, /drain, /metrics, /config, /breakers.
     pub admin: Endpoint,
+    /// Accept loops on as many `SO_REUSEPORT` listeners (TCP listen only).
+    #[serde(skip_serializing_if = "is_one")]
+    pub workers: usize,
+    /// Permissions of a `unix:` listen socket, in octal (`"0660"`); without
+    /// it the process umask decides.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen_mode: Option<SocketMode>,
     pub protocol: Protocol,
     pub drain: DrainConfig,
     pub limits: LimitsConfig,
@@ -212,7 +273,10 @@ impl Default for Config {
         Self {
             listen: Endpoint::Tcp(SocketAddr::from(([0, 0, 0, 0], 8080))),
             upstream: Endpoint::Tcp(SocketAddr::from(([127, 0, 0, 1], 8081))),
+            upstreams: Vec::new(),
             admin: Endpoint::Tcp(SocketAddr::from(([0, 0, 0, 0], 15020))),
+            workers: 1,
+            listen_mode: None,
             protocol: Protocol::Auto,
             drain: DrainConfig::default(),
             limits: LimitsConfig::default(),
@@ -508,6 +572,27 @@ impl Config {
     }
 
     /// Checks everything serde cannot: ranges and relations between keys.
+    /// The app instances to send to: `upstreams` when given, otherwise the
+    /// one `upstream`.
+    pub fn upstream_endpoints(&self) -> Vec<Endpoint> {
+        if self.upstreams.is_empty() {
+            vec![self.upstream.clone()]
+        } else {
+            self.upstreams.clone()
+        }
+    }
+
+    /// Makes `upstream` the first of `upstreams` when a list is given, so
+    /// everything that reads the single `upstream` (the operator, `/config`)
+    /// sees a real instance. Call before [`Config::validate`].
+    pub fn normalize(&mut self) {
+        if let Some(first) = self.upstreams.first()
+            && self.upstream == Config::default().upstream
+        {
+            self.upstream = first.clone();
+        }
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.drain.validate("drain")?;
         self.limits.validate("limits")?;
@@ -520,6 +605,44 @@ impl Config {
                 format!(
                     "{} is also the listen address; the proxy would call itself",
                     self.upstream
+                ),
+            ));
+        }
+        for (i, endpoint) in self.upstreams.iter().enumerate() {
+            if *endpoint == self.listen && !self.listen.is_any_port() {
+                return Err(ConfigError::new(
+                    format!("upstreams[{i}]"),
+                    format!("{endpoint} is also the listen address; the proxy would call itself"),
+                ));
+            }
+            if self.upstreams[..i].contains(endpoint) {
+                return Err(ConfigError::new(
+                    format!("upstreams[{i}]"),
+                    format!("{endpoint} is listed twice"),
+                ));
+            }
+        }
+        if !self.upstreams.is_empty() && !self.upstreams.contains(&self.upstream) {
+            return Err(ConfigError::new(
+                "upstream",
+                format!(
+                    "{} is not one of upstreams; give the instances as one list (upstreams, or --upstream repeated)",
+                    self.upstream
+                ),
+            ));
+        }
+        if !(1..=MAX_WORKERS).contains(&self.workers) {
+            return Err(ConfigError::new(
+                "workers",
+                format!("{} is out of range; use 1 to {MAX_WORKERS}", self.workers),
+            ));
+        }
+        if self.listen_mode.is_some() && !matches!(self.listen, Endpoint::Unix(_)) {
+            return Err(ConfigError::new(
+                "listenMode",
+                format!(
+                    "only applies to a unix: listen socket, and listen is {}",
+                    self.listen
                 ),
             ));
         }

@@ -4,9 +4,12 @@
 //! (`SERVER_STARTER_PORT=host:port=fd;...`), and our own upgrade hand-over
 //! (see [`crate::upgrade`]), which speaks the systemd dialect.
 //!
-//! Which fd is which: by name when `LISTEN_FDNAMES` says `listen` / `admin`;
-//! otherwise the first fd is the proxy listener and the second, if any, the
-//! admin port. server-starter lists the proxy port first, the admin second.
+//! Which fd is which: by name when `LISTEN_FDNAMES` says `listen` / `admin`
+//! (`listen` may repeat: one per `--workers` listener, as our own upgrade
+//! passes them); otherwise the first fd is the proxy listener and the
+//! second, if any, the admin port. server-starter lists the proxy port
+//! first, the admin second. A proxy socket may be TCP or Unix (the family
+//! is read from the socket); the admin socket must be TCP.
 //!
 //! The one `unsafe` of the crate lives in [`adopt`]: turning a number from
 //! the environment into an owned descriptor. It is only done after checking
@@ -21,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::error::{Error, Result};
 
 /// First fd systemd passes (`SD_LISTEN_FDS_START`).
-const FIRST_FD: RawFd = 3;
+pub(crate) const FIRST_FD: RawFd = 3;
 
 /// Environment variable naming the pipe a new process of an upgrade writes
 /// `ready\n` to once it serves.
@@ -30,13 +33,20 @@ pub const NOTIFY_FD_ENV: &str = "KUBEGRACE_UPGRADE_NOTIFY_FD";
 /// Listening sockets found in the environment.
 #[derive(Debug, Default)]
 pub struct Inherited {
-    pub listen: Option<std::net::TcpListener>,
+    /// Proxy sockets (TCP or Unix), listening and non-blocking.
+    pub listen: Vec<socket2::Socket>,
     pub admin: Option<std::net::TcpListener>,
     /// Where the upgrade hand-over expects `ready\n` (write end of a pipe).
     pub notify: Option<std::fs::File>,
     /// Which convention supplied the sockets, for the log.
     pub source: &'static str,
 }
+
+/// [`Inherited::source`] when the sockets came from our own upgrade.
+pub const UPGRADE_SOURCE: &str = "upgrade";
+
+/// The most fds `LISTEN_FDS` may pass: every worker listener plus admin.
+const MAX_FDS: i32 = crate::config::MAX_WORKERS as i32 + 1;
 
 static TAKEN: AtomicBool = AtomicBool::new(false);
 
@@ -59,6 +69,11 @@ pub fn take() -> Result<Inherited> {
     if let Some(fd) = env(NOTIFY_FD_ENV) {
         let fd = parse_fd(NOTIFY_FD_ENV, &fd)?;
         found.notify = Some(std::fs::File::from(adopt(fd, Kind::Pipe)?));
+        // The sockets came from an older process of ourselves, not from
+        // systemd: a Unix socket file is then ours to remove at the end.
+        if found.source == "LISTEN_FDS" {
+            found.source = UPGRADE_SOURCE;
+        }
     }
     Ok(found)
 }
@@ -80,12 +95,14 @@ fn from_systemd(count: &str, pid: Option<&str>, names: Option<&str>) -> Result<I
         .trim()
         .parse()
         .map_err(|_| unsupported(format!("LISTEN_FDS={count:?} is not a number")))?;
-    if !(1..=2).contains(&count) {
+    let names: Vec<&str> = names.map(|n| n.split(':').collect()).unwrap_or_default();
+    let named = names.iter().any(|n| *n == "listen" || *n == "admin");
+    if !(1..=MAX_FDS).contains(&count) || (count > 2 && !named) {
         return Err(unsupported(format!(
-            "LISTEN_FDS={count}: expected 1 (proxy) or 2 (proxy, admin) sockets"
+            "LISTEN_FDS={count}: expected 1 (proxy) or 2 (proxy, admin) sockets, or up to \
+             {MAX_FDS} named listen/admin in LISTEN_FDNAMES"
         )));
     }
-    let names: Vec<&str> = names.map(|n| n.split(':').collect()).unwrap_or_default();
     let mut found = Inherited {
         source: "LISTEN_FDS",
         ..Inherited::default()
@@ -98,17 +115,17 @@ fn from_systemd(count: &str, pid: Option<&str>, names: Option<&str>) -> Result<I
             _ if i == 0 => "listen",
             _ => "admin",
         };
-        let listener = listener(fd, role)?;
-        let slot = if role == "admin" {
-            &mut found.admin
-        } else {
-            &mut found.listen
-        };
-        if slot.replace(listener).is_some() {
-            return Err(unsupported(format!(
-                "LISTEN_FDNAMES names two {role} sockets"
-            )));
+        let socket = listener(fd, role)?;
+        if role == "listen" {
+            found.listen.push(socket);
+        } else if found.admin.replace(admin(fd, socket)?).is_some() {
+            return Err(unsupported("LISTEN_FDNAMES names two admin sockets".into()));
         }
+    }
+    if found.listen.is_empty() {
+        return Err(unsupported(
+            "LISTEN_FDS passes an admin socket but no proxy (listen) socket".into(),
+        ));
     }
     Ok(found)
 }
@@ -127,8 +144,8 @@ fn from_server_starter(spec: &str) -> Result<Inherited> {
         })?;
         let fd = parse_fd("SERVER_STARTER_PORT", fd)?;
         match i {
-            0 => found.listen = Some(listener(fd, "listen")?),
-            1 => found.admin = Some(listener(fd, "admin")?),
+            0 => found.listen.push(listener(fd, "listen")?),
+            1 => found.admin = Some(admin(fd, listener(fd, "admin")?)?),
             _ => {
                 return Err(unsupported(format!(
                     "SERVER_STARTER_PORT={spec:?}: at most two ports (proxy, admin)"
@@ -148,7 +165,17 @@ fn parse_fd(var: &str, text: &str) -> Result<RawFd> {
     }
 }
 
-fn listener(fd: RawFd, role: &str) -> Result<std::net::TcpListener> {
+/// The admin port speaks HTTP over TCP only.
+fn admin(fd: RawFd, socket: socket2::Socket) -> Result<std::net::TcpListener> {
+    if socket.domain()? == socket2::Domain::UNIX {
+        return Err(unsupported(format!(
+            "inherited fd {fd} (admin) is a Unix socket; the admin port must be TCP"
+        )));
+    }
+    Ok(socket.into())
+}
+
+fn listener(fd: RawFd, role: &str) -> Result<socket2::Socket> {
     let socket = socket2::Socket::from(adopt(fd, Kind::Socket)?);
     if !socket.is_listener()? {
         return Err(unsupported(format!(
@@ -157,8 +184,16 @@ fn listener(fd: RawFd, role: &str) -> Result<std::net::TcpListener> {
     }
     // tokio needs it non-blocking; nothing else sets it for us.
     socket.set_nonblocking(true)?;
-    tracing::info!(fd, role, addr = ?socket.local_addr().ok().and_then(|a| a.as_socket()), "using an inherited listening socket");
-    Ok(socket.into())
+    let addr = socket
+        .local_addr()
+        .ok()
+        .map(|a| match (a.as_socket(), a.as_pathname()) {
+            (Some(ip), _) => ip.to_string(),
+            (None, Some(path)) => format!("unix:{}", path.display()),
+            (None, None) => "unix:(unnamed)".to_string(),
+        });
+    tracing::info!(fd, role, addr = ?addr, "using an inherited listening socket");
+    Ok(socket)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -218,13 +253,17 @@ mod tests {
     #[test]
     fn foreign_listen_pid_is_ignored() {
         let got = from_systemd("1", Some("1"), None).expect("ignored");
-        assert!(got.listen.is_none());
+        assert!(got.listen.is_empty());
     }
 
     #[test]
     fn bad_values_are_refused() {
         assert!(from_systemd("x", None, None).is_err());
-        assert!(from_systemd("3", None, None).is_err());
+        assert!(from_systemd("3", None, None).is_err(), "3 unnamed fds");
+        assert!(
+            from_systemd("70", None, Some("listen")).is_err(),
+            "too many"
+        );
         assert!(from_server_starter("8080").is_err());
         assert!(parse_fd("X", "1").is_err());
     }

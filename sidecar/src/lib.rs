@@ -22,23 +22,26 @@ pub mod config;
 pub mod drain;
 pub mod error;
 pub mod inherit;
+pub mod listen;
 pub mod metrics;
+pub mod notify;
 pub mod proxy;
 pub mod reload;
 pub mod state;
 pub mod tcp;
 pub mod upgrade;
 pub mod upstream;
+pub mod upstreams;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use crate::config::{Config, Endpoint, Protocol};
 use crate::drain::{DrainReport, Phase};
+use crate::listen::{Listener, Peer, UnixCleanup};
 use crate::state::Shared;
 
 pub use cli::Settings;
@@ -47,6 +50,8 @@ pub use error::{Error, Result};
 /// A running sidecar: listener, admin port, drain driver, reload watcher.
 pub struct Sidecar {
     shared: Arc<Shared>,
+    /// What clients connect to (a TCP address or a Unix socket path).
+    listen: Endpoint,
     listen_addr: SocketAddr,
     admin_addr: SocketAddr,
     /// Set by SIGTERM/SIGINT or [`Sidecar::shutdown`]: exit once drained.
@@ -71,47 +76,90 @@ fn tcp_addr(what: &'static str, endpoint: &Endpoint) -> Result<SocketAddr> {
 impl Sidecar {
     /// Binds both ports and starts serving. With `signals`, SIGTERM/SIGINT
     /// start the drain (and the exit once drained) and SIGHUP reloads.
-    pub async fn start(config: Config, settings: Settings, signals: bool) -> Result<Sidecar> {
+    pub async fn start(mut config: Config, settings: Settings, signals: bool) -> Result<Sidecar> {
+        Self::start_with(&mut config, settings, signals, false).await
+    }
+
+    /// [`Sidecar::start`], saying whether the config file named in
+    /// `settings` was missing at start (it is then waited for).
+    pub async fn start_with(
+        config: &mut Config,
+        settings: Settings,
+        signals: bool,
+        file_missing: bool,
+    ) -> Result<Sidecar> {
+        config.normalize();
         config.validate()?;
-        let listen = tcp_addr("listen", &config.listen)?;
+        let config = config.clone();
         let admin = tcp_addr("admin", &config.admin)?;
         let protocol = config.protocol;
+        let (listen_endpoint, workers, listen_mode) =
+            (config.listen.clone(), config.workers, config.listen_mode);
         let shared = Shared::new(config, settings.config_file.clone())?;
+        if file_missing {
+            shared.update_status(|s| s.file_missing = true);
+        }
 
         // Sockets passed by systemd, server-starter or an upgrade win over
         // binding: the port then stays open across restarts.
         let inherited = inherit::take()?;
         upgrade::set_notify(inherited.notify);
-        let listener = match inherited.listen {
-            Some(l) => TcpListener::from_std(l)?,
-            None => TcpListener::bind(listen)
-                .await
-                .map_err(|source| Error::Bind {
-                    what: "listener",
-                    addr: listen.to_string(),
-                    source,
-                })?,
+        let (listeners, cleanup) = if inherited.listen.is_empty() {
+            bind_listeners(&listen_endpoint, workers, listen_mode)?
+        } else {
+            let listeners = inherited
+                .listen
+                .into_iter()
+                .map(Listener::from_socket)
+                .collect::<Result<Vec<_>>>()?;
+            // A Unix socket file from our own upgrade is ours to remove at
+            // the end; one from systemd or server-starter is theirs.
+            let cleanup = match listeners.first().map(Listener::endpoint) {
+                Some(Endpoint::Unix(path)) if inherited.source == inherit::UPGRADE_SOURCE => {
+                    UnixCleanup::owned(&path)
+                }
+                _ => UnixCleanup::none(),
+            };
+            (listeners, cleanup)
         };
         let admin_listener = match inherited.admin {
-            Some(l) => TcpListener::from_std(l)?,
+            Some(l) => tokio::net::TcpListener::from_std(l)?,
             None => admin::bind(admin).await?,
         };
         // Shared with the upgrader only weakly: the accept loop's drop at
         // Closing still closes the port.
-        let listener = Arc::new(listener);
+        let listeners: Vec<Arc<Listener>> = listeners.into_iter().map(Arc::new).collect();
         let admin_fd = std::os::fd::AsFd::as_fd(&admin_listener).try_clone_to_owned()?;
-        let listen_addr = listener.local_addr()?;
+        let listen = listeners
+            .first()
+            .map(|l| l.endpoint())
+            .unwrap_or(listen_endpoint);
+        let listen_addr = match &listen {
+            Endpoint::Tcp(addr) => *addr,
+            Endpoint::Unix(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+        };
         let admin_addr = admin_listener.local_addr()?;
 
+        if shared.upstreams.len() > 1 {
+            // Know which instance is up before the first request arrives.
+            shared.upstreams.probe_all().await;
+            tokio::spawn(upstreams::watch(shared.clone()));
+        }
         tokio::spawn(shared.drain.clone().run());
         let admin_server = admin::Admin::new(shared.clone(), settings.drain_token.clone());
         tokio::spawn(admin_server.clone().serve(admin_listener));
-        let weak_listener = Arc::downgrade(&listener);
-        tokio::spawn(accept_loop(
-            shared.clone(),
-            listener,
-            protocol == Protocol::Tcp,
-        ));
+        let weak_listeners = listeners.iter().map(Arc::downgrade).collect();
+        // The socket file goes when the last accept loop ends (Unix: one).
+        let cleanup = Arc::new(CleanupOnClose(cleanup));
+        let accept_loops = listeners.len();
+        for listener in listeners {
+            tokio::spawn(accept_loop(
+                shared.clone(),
+                listener,
+                protocol == Protocol::Tcp,
+                cleanup.clone(),
+            ));
+        }
 
         let hup = Arc::new(Notify::new());
         if let Some(file) = settings.config_file.clone() {
@@ -124,6 +172,7 @@ impl Sidecar {
         }
         let sidecar = Sidecar {
             shared,
+            listen: listen.clone(),
             listen_addr,
             admin_addr,
             exit_requested: Arc::new(AtomicBool::new(false)),
@@ -140,19 +189,31 @@ impl Sidecar {
                 sidecar.exit_notify.clone(),
             );
             upgrade::install(upgrade::Upgrader::new(
-                weak_listener,
+                weak_listeners,
                 admin_fd,
                 sidecar.settings.upgrade_binary.clone(),
                 sidecar.shared.drain.clone(),
-                Box::new(move || request_exit(&shared, &requested, &notify, "upgrade")),
+                Box::new(move || request_exit(&shared, &requested, &notify, UPGRADE_REASON)),
             ))?;
         }
-        tracing::info!(listen = %listen_addr, admin = %admin_addr, ?protocol, "listening on {listen_addr}");
+        if sidecar.shared.status().file_missing
+            && let Some(file) = &sidecar.settings.config_file
+        {
+            tracing::warn!(file = %file.display(), "config file not found; running on defaults plus flags and environment, and loading it when it appears");
+        }
+        tracing::info!(listen = %listen, admin = %admin_addr, ?protocol, workers = accept_loops, "listening on {listen}");
         Ok(sidecar)
     }
 
+    /// The proxy's TCP address; `0.0.0.0:0` when it listens on a Unix
+    /// socket (see [`Sidecar::listen_endpoint`]).
     pub fn listen_addr(&self) -> SocketAddr {
         self.listen_addr
+    }
+
+    /// What clients connect to: a TCP address or `unix:/path`.
+    pub fn listen_endpoint(&self) -> &Endpoint {
+        &self.listen
     }
 
     pub fn admin_addr(&self) -> SocketAddr {
@@ -171,7 +232,7 @@ impl Sidecar {
     pub fn ready_line(&self) -> String {
         format!(
             "kubegrace-sidecar ready listen={} admin={}",
-            self.listen_addr, self.admin_addr
+            self.listen, self.admin_addr
         )
     }
 
@@ -182,7 +243,7 @@ impl Sidecar {
             return Ok(());
         };
         let body = serde_json::json!({
-            "listen": self.listen_addr.to_string(),
+            "listen": self.listen.to_string(),
             "admin": self.admin_addr.to_string(),
             "pid": std::process::id(),
         });
@@ -254,6 +315,11 @@ impl Sidecar {
 
 fn request_exit(shared: &Shared, exit_requested: &AtomicBool, exit_notify: &Notify, reason: &str) {
     let first = !exit_requested.swap(true, Ordering::AcqRel);
+    // After an upgrade the service carries on in the new process (which
+    // the upgrader announced with MAINPID=): not a stop.
+    if first && reason != UPGRADE_REASON {
+        notify::notify("STOPPING=1");
+    }
     exit_notify.notify_waiters();
     if shared.drain.trigger(reason) {
         tracing::info!("{reason}: draining");
@@ -265,9 +331,56 @@ fn request_exit(shared: &Shared, exit_requested: &AtomicBool, exit_notify: &Noti
     }
 }
 
+/// Binds the proxy socket(s) named by `--listen`.
+fn bind_listeners(
+    endpoint: &Endpoint,
+    workers: usize,
+    mode: Option<config::SocketMode>,
+) -> Result<(Vec<Listener>, UnixCleanup)> {
+    match endpoint {
+        Endpoint::Tcp(addr) => Ok((
+            listen::bind_tcp(*addr, workers)?
+                .into_iter()
+                .map(Listener::Tcp)
+                .collect(),
+            UnixCleanup::none(),
+        )),
+        Endpoint::Unix(path) => {
+            if workers > 1 {
+                // The kernel spreads connections over SO_REUSEPORT groups
+                // for TCP and UDP only.
+                tracing::info!(
+                    workers,
+                    "workers apply to TCP listeners; a unix: socket gets one accept loop"
+                );
+            }
+            let (listener, cleanup) = listen::bind_unix(path, mode)?;
+            Ok((vec![Listener::Unix(listener)], cleanup))
+        }
+    }
+}
+
+/// Removes a Unix socket file once every accept loop has ended, unless the
+/// sockets went to a new process.
+struct CleanupOnClose(UnixCleanup);
+
+impl Drop for CleanupOnClose {
+    fn drop(&mut self) {
+        if upgrade::is_handed_over() {
+            self.0.disarm();
+        }
+        // The field's own drop removes the file if still armed.
+    }
+}
+
 /// Accepts until the drain reaches `Closing`, then drops the listener so
 /// new connections are refused (routers have moved on by then).
-async fn accept_loop(shared: Arc<Shared>, listener: Arc<TcpListener>, raw_tcp: bool) {
+async fn accept_loop(
+    shared: Arc<Shared>,
+    listener: Arc<Listener>,
+    raw_tcp: bool,
+    cleanup: Arc<CleanupOnClose>,
+) {
     let mut drain_rx = shared.drain.subscribe();
     loop {
         let accepted = tokio::select! {
@@ -275,18 +388,14 @@ async fn accept_loop(shared: Arc<Shared>, listener: Arc<TcpListener>, raw_tcp: b
             _ = drain_rx.wait_for(|s| s.phase >= Phase::Closing) => break,
             // Outside Kubernetes: a new process took the socket over.
             _ = upgrade::handed_over() => break,
-            accepted = listener.accept() => accepted,
+            accepted = accept(&listener) => accepted,
         };
         match accepted {
-            Ok((stream, peer)) => {
-                let guard = shared.drain.connection();
-                let shared = shared.clone();
-                if raw_tcp {
-                    tokio::spawn(tcp::serve_connection(shared, stream, peer, guard));
-                } else {
-                    tokio::spawn(proxy::serve_connection(shared, stream, peer, guard));
-                }
+            Ok(Accepted::Tcp(stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                serve(&shared, stream, Peer::Tcp(peer), raw_tcp);
             }
+            Ok(Accepted::Unix(stream)) => serve(&shared, stream, Peer::Unix, raw_tcp),
             Err(err) => {
                 // EMFILE and friends: back off instead of spinning; the
                 // pending connection stays in the backlog.
@@ -296,15 +405,49 @@ async fn accept_loop(shared: Arc<Shared>, listener: Arc<TcpListener>, raw_tcp: b
         }
     }
     drop(listener);
+    drop(cleanup);
     tracing::info!("listener closed; no new connections");
 }
 
+enum Accepted {
+    Tcp(tokio::net::TcpStream, SocketAddr),
+    Unix(tokio::net::UnixStream),
+}
+
+async fn accept(listener: &Listener) -> std::io::Result<Accepted> {
+    match listener {
+        Listener::Tcp(l) => l.accept().await.map(|(s, p)| Accepted::Tcp(s, p)),
+        Listener::Unix(l) => l.accept().await.map(|(s, _)| Accepted::Unix(s)),
+    }
+}
+
+fn serve<S>(shared: &Arc<Shared>, stream: S, peer: Peer, raw_tcp: bool)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let guard = shared.drain.connection();
+    let shared = shared.clone();
+    if raw_tcp {
+        tokio::spawn(tcp::serve_connection(shared, stream, peer, guard));
+    } else {
+        tokio::spawn(proxy::serve_connection(shared, stream, peer, guard));
+    }
+}
+
+/// The drain reason of an upgrade hand-over.
+const UPGRADE_REASON: &str = "upgrade";
+
 /// Starts the sidecar with signal handling, announces the bound ports and
 /// runs until SIGTERM/SIGINT and the drain that follows are over.
-pub async fn run(config: Config, settings: Settings) -> Result<DrainReport> {
-    let sidecar = Sidecar::start(config, settings, true).await?;
+pub async fn run(
+    mut config: Config,
+    settings: Settings,
+    file_missing: bool,
+) -> Result<DrainReport> {
+    let sidecar = Sidecar::start_with(&mut config, settings, true, file_missing).await?;
     sidecar.write_ready_file()?;
     println!("{}", sidecar.ready_line());
     upgrade::notify_ready();
+    notify::notify("READY=1");
     Ok(sidecar.wait().await)
 }

@@ -31,8 +31,8 @@ fn main() {
     let settings = args.settings();
     init_logging(settings.log_format);
 
-    let config = match cli::load(settings.config_file.as_deref(), &settings.overrides) {
-        Ok(config) => config,
+    let startup = match cli::load_at_start(settings.config_file.as_deref(), &settings.overrides) {
+        Ok(startup) => startup,
         Err(err) => {
             eprintln!("kubegrace-sidecar: {err}");
             std::process::exit(err.exit_code());
@@ -49,7 +49,11 @@ fn main() {
             std::process::exit(1);
         }
     };
-    match runtime.block_on(kubegrace_sidecar::run(config, settings)) {
+    match runtime.block_on(kubegrace_sidecar::run(
+        startup.config,
+        settings,
+        startup.file_missing,
+    )) {
         Ok(report) => {
             tracing::info!(
                 connections = report.connections,

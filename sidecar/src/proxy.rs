@@ -14,7 +14,6 @@ use std::convert::Infallible;
 use std::error::Error as StdError;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -31,7 +30,6 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 
 use crate::circuit::{Permit, UpstreamOutcome};
 use crate::config::{LimitsConfig, Protocol};
@@ -201,20 +199,21 @@ struct ConnCtx {
 
 /// Serves one accepted downstream connection until it closes, the drain
 /// closes it, or the drain deadline cuts it.
-pub(crate) async fn serve_connection(
+pub(crate) async fn serve_connection<S>(
     shared: Arc<Shared>,
-    stream: TcpStream,
-    peer: SocketAddr,
+    stream: S,
+    peer: crate::listen::Peer,
     mut guard: ConnGuard,
-) {
-    let _ = stream.set_nodelay(true);
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let live = shared.live.load();
     let protocol = live.config.protocol;
     let limits = live.config.limits;
     drop(live);
 
     let act = Arc::new(ConnActivity::default());
-    let peer_ip = HeaderValue::try_from(peer.ip().to_string())
+    let peer_ip = HeaderValue::try_from(peer.forwarded_for())
         .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
     let ctx = Arc::new(ConnCtx {
         shared: shared.clone(),
@@ -688,12 +687,13 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
     // The app sees the host the client asked for (HTTP/2 carries it as
     // :authority, an HTTP/1 app needs Host); only a client that named none
     // (HTTP/1.0) gets the upstream's, as hyper's client would set.
+    let upstream = shared.upstreams.pick();
     if !parts.headers.contains_key(header::HOST) {
         let host = parts
             .uri
             .authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            .unwrap_or_else(|| shared.upstream.host().clone());
+            .unwrap_or_else(|| upstream.host().clone());
         parts.headers.insert(header::HOST, host);
     }
 
@@ -706,13 +706,13 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
     let uri = if h2 {
         // HTTP/2 needs an absolute URI (:scheme, :authority, :path).
         let mut uri_parts = http::uri::Parts::default();
-        uri_parts.scheme = Some(shared.upstream.scheme());
+        uri_parts.scheme = Some(upstream.scheme());
         uri_parts.authority = Some(
             parts
                 .uri
                 .authority()
                 .cloned()
-                .unwrap_or_else(|| shared.upstream.authority().clone()),
+                .unwrap_or_else(|| upstream.authority().clone()),
         );
         uri_parts.path_and_query = Some(path_and_query);
         Uri::from_parts(uri_parts)
@@ -744,8 +744,7 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
     let upstream_req = Request::from_parts(parts, body);
     let send = async {
         if h2 {
-            shared
-                .upstream
+            upstream
                 .send_h2(upstream_req)
                 .await
                 .map(|response| UpstreamResponse {
@@ -753,7 +752,7 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
                     pool_return: None,
                 })
         } else {
-            shared.upstream.send_h1(upstream_req).await
+            upstream.send_h1(upstream_req).await
         }
     };
     let result = match route.timeout() {

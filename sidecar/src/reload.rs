@@ -3,7 +3,9 @@
 //! The file is polled once a second (mtime, inode, size, following
 //! symlinks: a ConfigMap volume swaps its `..data` symlink, so the inode
 //! behind the path changes even when the mtime does not) and re-read on
-//! SIGHUP. The new config is laid under the same flag/environment layer as
+//! SIGHUP. The path is polled, not a directory watched, so a file (or its
+//! whole directory) that does not exist at start is picked up whenever it
+//! appears; until then the sidecar runs on defaults plus flags. The new config is laid under the same flag/environment layer as
 //! at start and swapped in atomically: new requests see it, requests in
 //! flight keep the snapshot they started with.
 //!
@@ -83,6 +85,7 @@ pub fn reload(shared: &Shared, file: &Path, overrides: &Overrides) -> crate::Res
                 s.reloads += 1;
                 s.last_reload = Some(ConfigStatus::stamp());
                 s.last_error = None;
+                s.file_missing = false;
                 s.needs_restart = needs_restart.clone();
             });
             if needs_restart.is_empty() {
@@ -121,6 +124,18 @@ pub fn apply(shared: &Shared, mut next: Config) -> Vec<String> {
     if next.upstream != old.config.upstream {
         needs_restart.push("upstream".to_string());
         next.upstream = old.config.upstream.clone();
+    }
+    if next.upstreams != old.config.upstreams {
+        needs_restart.push("upstreams".to_string());
+        next.upstreams = old.config.upstreams.clone();
+    }
+    if next.workers != old.config.workers {
+        needs_restart.push("workers".to_string());
+        next.workers = old.config.workers;
+    }
+    if next.listen_mode != old.config.listen_mode {
+        needs_restart.push("listenMode".to_string());
+        next.listen_mode = old.config.listen_mode;
     }
     if next.admin != old.config.admin {
         needs_restart.push("admin".to_string());

@@ -11,7 +11,7 @@ use crate::circuit::RouteTable;
 use crate::config::Config;
 use crate::drain::Drain;
 use crate::metrics::Metrics;
-use crate::upstream::Upstream;
+use crate::upstreams::Upstreams;
 
 /// The config in force plus what was built from it. Swapped as a whole on
 /// reload; a request loads it once (lock-free) and keeps its snapshot.
@@ -34,6 +34,10 @@ pub struct ConfigStatus {
     /// Why the last reload was refused; cleared by the next good one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The file does not exist (yet): running on defaults plus flags and
+    /// environment until it appears.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub file_missing: bool,
     /// Keys changed in the file that only take effect after a restart.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub needs_restart: Vec<String>,
@@ -50,12 +54,13 @@ pub struct Shared {
     pub status: Mutex<ConfigStatus>,
     pub drain: Drain,
     pub metrics: Metrics,
-    pub upstream: Upstream,
+    /// The app instance(s); `pick()` gives a request its upstream.
+    pub upstreams: Upstreams,
 }
 
 impl Shared {
     pub fn new(config: Config, file: Option<PathBuf>) -> crate::Result<Arc<Shared>> {
-        let upstream = Upstream::new(&config.upstream, &config.upstream_pool)?;
+        let upstreams = Upstreams::new(&config.upstream_endpoints(), &config.upstream_pool)?;
         let drain = Drain::new(config.drain);
         let routes = RouteTable::new(&config.routes);
         Ok(Arc::new(Shared {
@@ -66,7 +71,7 @@ impl Shared {
             }),
             drain,
             metrics: Metrics::default(),
-            upstream,
+            upstreams,
         }))
     }
 

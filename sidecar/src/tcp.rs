@@ -5,24 +5,25 @@
 //! end on their own, and whatever is still open at the deadline is closed
 //! and counted as force-closed.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-
-use tokio::net::TcpStream;
 
 use crate::drain::ConnGuard;
 use crate::state::Shared;
 
-pub(crate) async fn serve_connection(
+pub(crate) async fn serve_connection<S>(
     shared: Arc<Shared>,
-    mut downstream: TcpStream,
-    peer: SocketAddr,
+    mut downstream: S,
+    peer: crate::listen::Peer,
     mut guard: ConnGuard,
-) {
-    let _ = downstream.set_nodelay(true);
-    let endpoint = shared.upstream.endpoint();
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    // Held for the connection's life: it counts as in flight on this app
+    // instance, and stays with it if new connections move elsewhere.
+    let picked = shared.upstreams.pick();
+    let endpoint = picked.endpoint();
     // The upstream's connect is bounded by `upstreamPool.connectTimeout`.
-    let mut upstream = match shared.upstream.connect().await {
+    let mut upstream = match picked.connect().await {
         Ok(stream) => stream,
         Err(err) => {
             shared.metrics.tcp_connect_error();

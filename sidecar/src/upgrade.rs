@@ -14,8 +14,10 @@
 //!   the running executable (so a binary replaced on disk is picked up), with
 //!   the same arguments and environment;
 //! - fd 3 = proxy listener, fd 4 = admin listener (`LISTEN_FDS=2`,
-//!   `LISTEN_FDNAMES=listen:admin`, no `LISTEN_PID`), fd 5 = the write end of
-//!   a pipe named by `KUBEGRACE_UPGRADE_NOTIFY_FD`; the child writes
+//!   `LISTEN_FDNAMES=listen:admin`, no `LISTEN_PID`); with `--workers N`
+//!   the N proxy listeners are fds 3.. and admin follows
+//!   (`LISTEN_FDS=N+1`, `listen:...:listen:admin`); the next fd is the write
+//!   end of a pipe named by `KUBEGRACE_UPGRADE_NOTIFY_FD`; the child writes
 //!   `ready\n` once it serves. `command-fds` clears CLOEXEC in the child
 //!   only, so no `unsafe` here;
 //! - EOF before `ready` (bad binary, crash, bad flags) or no answer within
@@ -31,11 +33,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
-use command_fds::{CommandFdExt, FdMapping};
-use tokio::net::TcpListener;
-
 use crate::config::{DrainConfig, HumanDuration};
 use crate::drain::{Drain, Phase};
+use crate::listen::Listener;
+use command_fds::{CommandFdExt, FdMapping};
 
 /// How long a new process may take to start serving.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -46,9 +47,9 @@ const HANDOVER_GRACE: Duration = Duration::from_millis(200);
 
 /// Everything needed to hand the sockets over.
 pub struct Upgrader {
-    /// The accept loop owns the listener and drops it at `Closing`; a weak
-    /// handle means an upgrade cannot keep a drained port open.
-    listener: Weak<TcpListener>,
+    /// The accept loops own the listeners and drop them at `Closing`; weak
+    /// handles mean an upgrade cannot keep a drained port open.
+    listeners: Vec<Weak<Listener>>,
     admin: OwnedFd,
     binary: Option<PathBuf>,
     drain: Drain,
@@ -66,14 +67,14 @@ static NOTIFY: Mutex<Option<std::fs::File>> = Mutex::new(None);
 
 impl Upgrader {
     pub fn new(
-        listener: Weak<TcpListener>,
+        listeners: Vec<Weak<Listener>>,
         admin: OwnedFd,
         binary: Option<PathBuf>,
         drain: Drain,
         on_handover: Box<dyn Fn() + Send + Sync>,
     ) -> Arc<Upgrader> {
         Arc::new(Upgrader {
-            listener,
+            listeners,
             admin,
             binary,
             drain,
@@ -94,17 +95,27 @@ impl Upgrader {
                 self.drain.phase()
             ));
         }
-        let listener = self
-            .listener
-            .upgrade()
-            .ok_or("the listener is already closed")?;
         let dup = |fd: std::os::fd::BorrowedFd<'_>, what: &str| {
             fd.try_clone_to_owned()
                 .map_err(|e| format!("cannot duplicate the {what} socket: {e}"))
         };
-        let listen_fd = dup(listener.as_fd(), "listener")?;
-        drop(listener);
-        let admin_fd = dup(self.admin.as_fd(), "admin")?;
+        let mut mappings = Vec::with_capacity(self.listeners.len() + 2);
+        let mut next_fd = crate::inherit::FIRST_FD;
+        for weak in &self.listeners {
+            let listener = weak.upgrade().ok_or("the listener is already closed")?;
+            mappings.push(FdMapping {
+                parent_fd: dup(listener.as_fd(), "listener")?,
+                child_fd: next_fd,
+            });
+            next_fd += 1;
+        }
+        mappings.push(FdMapping {
+            parent_fd: dup(self.admin.as_fd(), "admin")?,
+            child_fd: next_fd,
+        });
+        let notify_fd = next_fd + 1;
+        let mut names = vec!["listen"; self.listeners.len()];
+        names.push("admin");
         let (reader, writer) =
             std::io::pipe().map_err(|e| format!("cannot create the ready pipe: {e}"))?;
 
@@ -115,25 +126,20 @@ impl Upgrader {
         let mut command = tokio::process::Command::new(&binary);
         command
             .args(std::env::args_os().skip(1))
-            .env("LISTEN_FDS", "2")
-            .env("LISTEN_FDNAMES", "listen:admin")
+            .env("LISTEN_FDS", names.len().to_string())
+            .env("LISTEN_FDNAMES", names.join(":"))
             .env_remove("LISTEN_PID")
             .env_remove("SERVER_STARTER_PORT")
-            .env(crate::inherit::NOTIFY_FD_ENV, "5")
-            .fd_mappings(vec![
-                FdMapping {
-                    parent_fd: listen_fd,
-                    child_fd: 3,
-                },
-                FdMapping {
-                    parent_fd: admin_fd,
-                    child_fd: 4,
-                },
-                FdMapping {
-                    parent_fd: OwnedFd::from(writer),
-                    child_fd: 5,
-                },
-            ])
+            .env(crate::inherit::NOTIFY_FD_ENV, notify_fd.to_string())
+            .fd_mappings(
+                mappings
+                    .into_iter()
+                    .chain([FdMapping {
+                        parent_fd: OwnedFd::from(writer),
+                        child_fd: notify_fd,
+                    }])
+                    .collect(),
+            )
             .map_err(|e| format!("fd mapping: {e}"))?;
         tracing::info!(binary = %binary.display(), "upgrade: starting the new process");
         let spawned = command.spawn();
@@ -165,6 +171,8 @@ impl Upgrader {
         match outcome {
             Ok(Ok(true)) => {
                 tracing::info!(pid, "upgrade: the new process serves; draining this one");
+                // systemd (Type=notify) follows the new process from here.
+                crate::notify::notify(&format!("MAINPID={pid}"));
                 self.hand_over();
                 Ok(pid)
             }
@@ -203,6 +211,12 @@ impl Upgrader {
         self.drain.set_timers(handover_timers(self.drain.timers()));
         (self.on_handover)();
     }
+}
+
+/// Whether this process handed its sockets to a new one: a Unix socket
+/// file then belongs to the new process and stays.
+pub fn is_handed_over() -> bool {
+    HANDED_OVER.load(Ordering::Acquire)
 }
 
 /// Resolves once this process handed its sockets to a new one (never for

@@ -28,6 +28,8 @@ pub struct Proc {
     pub listen: SocketAddr,
     pub admin: SocketAddr,
     pub args: Vec<String>,
+    /// Extra environment for every generation (e.g. NOTIFY_SOCKET).
+    pub env: Vec<(String, String)>,
     first: Option<tokio::process::Child>,
 }
 
@@ -53,6 +55,15 @@ impl Proc {
     /// Starts the binary on fixed ports (so a restart can reuse them) and
     /// waits until it serves.
     pub async fn start(upstream: SocketAddr, extra: &[&str]) -> Result<Proc> {
+        Self::start_with_env(upstream, extra, &[]).await
+    }
+
+    /// [`Proc::start`] with extra environment variables.
+    pub async fn start_with_env(
+        upstream: SocketAddr,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Proc> {
         let dir = scratch("proc")?;
         let (listen, admin) = (free_port()?, free_port()?);
         let mut args: Vec<String> = [
@@ -82,6 +93,10 @@ impl Proc {
             listen,
             admin,
             args,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             first: None,
         };
         proc.spawn().await?;
@@ -98,6 +113,7 @@ impl Proc {
             .open(self.dir.join("log.txt"))?;
         let child = tokio::process::Command::new(BIN)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(log.try_clone()?)
             .stderr(log)
             .kill_on_drop(false)

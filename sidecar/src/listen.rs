@@ -1,0 +1,346 @@
+//! The proxy's listening sockets: TCP (one, or `workers` of them sharing
+//! the port through `SO_REUSEPORT`) or a Unix domain socket.
+//!
+//! A Unix socket path is a file, which raises three questions TCP does not:
+//! - a file left at the path by a process that died: removed only if it is
+//!   a socket and nobody answers a connect on it (a live sidecar, or any
+//!   other server, is never unlinked from under its clients); anything else
+//!   at the path refuses the start with a message saying what is there;
+//! - who may connect: `listenMode` (`--listen-mode 0660`) sets the file's
+//!   permissions right after bind; without it the umask decides;
+//! - who removes it: the process that bound it (or got it through our own
+//!   upgrade hand-over) unlinks it when its listener closes, unless it
+//!   handed the socket to a new process, and only if the path still names
+//!   the same file. Sockets inherited from systemd or server-starter are
+//!   theirs: never unlinked here.
+//!
+//! A Unix peer has no address. `X-Forwarded-For` gets `unix:` for it, what
+//! nginx writes for `$remote_addr` on a Unix listener, so an app that
+//! appends or parses the header still sees one entry per hop.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use socket2::{Domain, SockAddr, Socket, Type};
+use tokio::net::{TcpListener, UnixListener};
+
+use crate::config::{Endpoint, SocketMode};
+use crate::error::{Error, Result};
+
+/// Pending connections per socket: the kernel caps it at `somaxconn`.
+const BACKLOG: i32 = 1024;
+
+/// One listening socket of the proxy.
+#[derive(Debug)]
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Listener {
+    /// What clients connect to, in the config's spelling.
+    pub fn endpoint(&self) -> Endpoint {
+        match self {
+            Self::Tcp(l) => match l.local_addr() {
+                Ok(addr) => Endpoint::Tcp(addr),
+                Err(_) => Endpoint::Tcp(SocketAddr::from(([0, 0, 0, 0], 0))),
+            },
+            Self::Unix(l) => Endpoint::Unix(
+                l.local_addr()
+                    .ok()
+                    .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+                    .unwrap_or_default(),
+            ),
+        }
+    }
+
+    /// Turns a listening socket from the environment (already checked to be
+    /// listening, non-blocking) into a tokio listener of the right family.
+    pub fn from_socket(socket: Socket) -> Result<Listener> {
+        if socket.domain()? == Domain::UNIX {
+            let std: std::os::unix::net::UnixListener = socket.into();
+            Ok(Self::Unix(UnixListener::from_std(std)?))
+        } else {
+            let std: std::net::TcpListener = socket.into();
+            Ok(Self::Tcp(TcpListener::from_std(std)?))
+        }
+    }
+}
+
+impl std::os::fd::AsFd for Listener {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Self::Tcp(l) => l.as_fd(),
+            Self::Unix(l) => l.as_fd(),
+        }
+    }
+}
+
+/// Where a downstream connection came from.
+#[derive(Debug, Clone, Copy)]
+pub enum Peer {
+    Tcp(SocketAddr),
+    Unix,
+}
+
+impl Peer {
+    /// The `X-Forwarded-For` entry for this peer: its IP, or `unix:`.
+    pub fn forwarded_for(&self) -> String {
+        match self {
+            Self::Tcp(addr) => addr.ip().to_string(),
+            Self::Unix => "unix:".to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tcp(addr) => write!(f, "{addr}"),
+            Self::Unix => f.write_str("unix:"),
+        }
+    }
+}
+
+/// Binds `workers` TCP listeners on `addr`. With more than one, each gets
+/// `SO_REUSEPORT` and the kernel spreads new connections over them; port 0
+/// is resolved by the first, the others join it.
+pub fn bind_tcp(addr: SocketAddr, workers: usize) -> Result<Vec<TcpListener>> {
+    let mut listeners = Vec::with_capacity(workers);
+    let mut target = addr;
+    for _ in 0..workers.max(1) {
+        let listener = bind_one_tcp(target, workers > 1).map_err(|source| Error::Bind {
+            what: "listener",
+            addr: target.to_string(),
+            source,
+        })?;
+        target = listener.local_addr()?;
+        listeners.push(listener);
+    }
+    Ok(listeners)
+}
+
+fn bind_one_tcp(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    // What tokio's own bind does: a restart must not wait out TIME_WAIT.
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// Binds a Unix listener at `path`, clearing a stale socket file first,
+/// and applies `mode`.
+pub fn bind_unix(path: &Path, mode: Option<SocketMode>) -> Result<(UnixListener, UnixCleanup)> {
+    let bind_err = |source: std::io::Error| Error::Bind {
+        what: "listener",
+        addr: format!("unix:{}", path.display()),
+        source,
+    };
+    clear_stale(path)?;
+    let socket = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(bind_err)?;
+    socket.set_nonblocking(true).map_err(bind_err)?;
+    socket.set_cloexec(true).map_err(bind_err)?;
+    socket
+        .bind(&SockAddr::unix(path).map_err(bind_err)?)
+        .map_err(bind_err)?;
+    // From here the file is ours: a failure below removes it again.
+    let mut cleanup = UnixCleanup::owned(path);
+    if let Some(SocketMode(mode)) = mode {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| {
+            Error::Unsupported(format!(
+                "listen: cannot set mode {:04o} on {}: {e}",
+                mode,
+                path.display()
+            ))
+        })?;
+        // chmod changed the file's change time.
+        cleanup.refresh();
+    }
+    socket.listen(BACKLOG).map_err(bind_err)?;
+    let std: std::os::unix::net::UnixListener = socket.into();
+    Ok((UnixListener::from_std(std).map_err(bind_err)?, cleanup))
+}
+
+/// Removes a socket file nobody listens on; refuses anything else.
+fn clear_stale(path: &Path) -> Result<()> {
+    let refuse =
+        |why: String| Error::Unsupported(format!("listen: unix:{}: {why}", path.display()));
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(refuse(format!("cannot look at it: {e}"))),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(refuse(
+            "exists and is not a socket; not removing it (move it away or pick another path)"
+                .into(),
+        ));
+    }
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => Err(refuse(
+            "something is listening on it (another sidecar?); stop it or pick another path".into(),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            std::fs::remove_file(path)
+                .map_err(|e| refuse(format!("cannot remove the stale socket file: {e}")))?;
+            tracing::info!(path = %path.display(), "removed a stale socket file nobody listened on");
+            Ok(())
+        }
+        Err(e) => Err(refuse(format!(
+            "cannot tell whether it is in use ({e}); not removing it"
+        ))),
+    }
+}
+
+/// Unlinks a Unix socket path when dropped, if this process owns it and
+/// the path still names the file it bound.
+#[derive(Debug, Default)]
+pub struct UnixCleanup {
+    owned: Option<(PathBuf, FileId)>,
+}
+
+/// Which file a path names: device, inode and change time (an inode number
+/// freed by an unlink is often reused at once by the next bind).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileId(u64, u64, i64, i64);
+
+impl FileId {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        Self(meta.dev(), meta.ino(), meta.ctime(), meta.ctime_nsec())
+    }
+}
+
+impl UnixCleanup {
+    /// Nothing to clean up (TCP, or a socket systemd owns).
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// The file at `path` is ours: remember which file it is, so a path
+    /// reused by someone else later is left alone.
+    pub fn owned(path: &Path) -> Self {
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) if meta.file_type().is_socket() => Self {
+                owned: Some((path.to_path_buf(), FileId::of(&meta))),
+            },
+            _ => Self::none(),
+        }
+    }
+
+    /// Re-reads the identity after we changed the file ourselves (chmod).
+    fn refresh(&mut self) {
+        if let Some((path, id)) = &mut self.owned
+            && let Ok(meta) = std::fs::symlink_metadata(&*path)
+        {
+            *id = FileId::of(&meta);
+        }
+    }
+
+    /// Keeps the file: the socket now belongs to another process.
+    pub fn disarm(&mut self) {
+        self.owned = None;
+    }
+}
+
+impl Drop for UnixCleanup {
+    fn drop(&mut self) {
+        let Some((path, id)) = self.owned.take() else {
+            return;
+        };
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if FileId::of(&meta) == id => {
+                if let Err(e) = std::fs::remove_file(&path) {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot remove the socket file");
+                } else {
+                    tracing::info!(path = %path.display(), "socket file removed");
+                }
+            }
+            _ => {
+                tracing::debug!(path = %path.display(), "socket file replaced or gone; leaving it")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("kubegrace-listen-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        dir
+    }
+
+    #[tokio::test]
+    async fn a_stale_socket_is_replaced_a_live_one_and_a_file_are_not() {
+        let dir = temp_dir("stale");
+        let path = dir.join("s.sock");
+        // Stale: bound, then the listener closed without unlinking.
+        drop(std::os::unix::net::UnixListener::bind(&path).expect("bind"));
+        let (live, cleanup) = bind_unix(&path, Some(SocketMode(0o660))).expect("stale replaced");
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o660);
+
+        let err = bind_unix(&path, None).expect_err("in use");
+        assert!(err.to_string().contains("listening"), "{err}");
+        assert!(path.exists(), "a live socket is never unlinked");
+
+        drop(live);
+        drop(cleanup);
+        assert!(!path.exists(), "the owner unlinks on close");
+
+        std::fs::write(&path, "not a socket").expect("write");
+        let err = bind_unix(&path, None).expect_err("a plain file");
+        assert!(err.to_string().contains("not a socket"), "{err}");
+        assert!(path.exists(), "a plain file is never removed");
+    }
+
+    #[tokio::test]
+    async fn a_disarmed_or_replaced_path_is_left_alone() {
+        let dir = temp_dir("disarm");
+        let path = dir.join("s.sock");
+        let (listener, mut cleanup) = bind_unix(&path, None).expect("bind");
+        cleanup.disarm();
+        drop(cleanup);
+        assert!(path.exists(), "handed over: kept");
+        drop(listener);
+
+        let cleanup = UnixCleanup::owned(&path);
+        std::fs::remove_file(&path).expect("rm");
+        // A change time the old file cannot share, even at coarse clocks.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let _other = std::os::unix::net::UnixListener::bind(&path).expect("someone else");
+        drop(cleanup);
+        assert!(path.exists(), "another process's socket at the path stays");
+    }
+
+    #[tokio::test]
+    async fn reuse_port_listeners_share_one_port() {
+        let listeners = bind_tcp("127.0.0.1:0".parse().expect("addr"), 3).expect("bind");
+        assert_eq!(listeners.len(), 3);
+        let port = listeners[0].local_addr().expect("addr").port();
+        assert!(
+            listeners
+                .iter()
+                .all(|l| l.local_addr().expect("addr").port() == port)
+        );
+    }
+
+    #[test]
+    fn peers_forward_an_ip_or_unix() {
+        assert_eq!(
+            Peer::Tcp("10.0.0.1:5".parse().expect("addr")).forwarded_for(),
+            "10.0.0.1"
+        );
+        assert_eq!(Peer::Unix.forwarded_for(), "unix:");
+    }
+}

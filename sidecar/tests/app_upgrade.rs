@@ -1,0 +1,139 @@
+//! Upgrading the app behind the sidecar outside Kubernetes: the blue/green
+//! recipe of docs/outside-kubernetes.md, under constant load.
+//!
+//! Recipe: the sidecar gets two upstream slots (`--upstream BLUE --upstream
+//! GREEN`); v1 serves in BLUE. v2 starts in GREEN; the sidecar sends new
+//! requests to it as soon as it accepts connections; `GET /upstreams`
+//! shows BLUE's in-flight count reach 0; v1 is stopped. Nothing fails,
+//! even though v1 is stopped the naive way (every connection dropped at
+//! once).
+//!
+//! Baseline: one upstream, v1 stopped the same way and v2 started on the
+//! same address at once: requests fail (in flight at v1, or sent while
+//! nothing listened).
+
+mod common;
+mod upgrade_support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use common::apps::TestApp;
+use upgrade_support::{Load, Proc, free_port};
+
+async fn upstreams(admin: SocketAddr) -> Result<serde_json::Value> {
+    let resp = common::http::get(admin, "/upstreams").await?;
+    ensure!(resp.status.is_success(), "/upstreams: {}", resp.status);
+    serde_json::from_slice(&resp.body).context("/upstreams is JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blue_green_app_upgrade_loses_nothing_an_in_place_restart_does() -> Result<()> {
+    // The recipe.
+    let blue = TestApp::start("v1").await?;
+    let green_addr = free_port()?;
+    let proc = Proc::start(blue.addr, &["--upstream", &green_addr.to_string()]).await?;
+    let before = upstreams(proc.admin).await?;
+    ensure!(
+        before["active"] == blue.addr.to_string(),
+        "v1 is the only one up: {before}"
+    );
+    let load = Load::start(proc.listen, 4, 4);
+    load.wait_more(200).await?;
+
+    let green = TestApp::start_on("v2", green_addr).await?;
+    common::wait_for(
+        "new requests to go to v2",
+        Duration::from_secs(10),
+        || async {
+            let now = upstreams(proc.admin).await.ok()?;
+            (now["active"] == green_addr.to_string()).then_some(())
+        },
+    )
+    .await?;
+    let drained = common::wait_for(
+        "nothing in flight on v1",
+        Duration::from_secs(10),
+        || async {
+            let now = upstreams(proc.admin).await.ok()?;
+            (now["upstreams"][0]["inFlight"] == 0).then_some(now)
+        },
+    )
+    .await?;
+    eprintln!("before stopping v1: {drained}");
+    let v1_served = blue.served();
+    blue.kill().await;
+    load.wait_more(300).await?;
+    let recipe = load.stop().await;
+    let v2_served = green.served();
+    eprintln!(
+        "blue/green: {} (v1 served {v1_served}, v2 {v2_served})",
+        recipe.summary()
+    );
+    let metrics = common::http::get(proc.admin, "/metrics").await?.text();
+    ensure!(
+        metrics.contains(&format!(
+            "kubegrace_upstream_active{{upstream=\"{green_addr}\"}} 1"
+        )),
+        "{metrics}"
+    );
+    proc.stop().await?;
+
+    // Baseline: the same stop, v2 started in place on the one upstream.
+    let v1 = TestApp::start("v1").await?;
+    let addr = v1.addr;
+    let proc = Proc::start(addr, &[]).await?;
+    let load = Load::start(proc.listen, 4, 4);
+    load.wait_more(200).await?;
+    v1.kill().await;
+    drop(v1);
+    let _v2 = TestApp::start_on("v2", addr).await?;
+    load.wait_more(300).await?;
+    let in_place = load.stop().await;
+    eprintln!("in-place restart: {}", in_place.summary());
+    proc.stop().await?;
+
+    ensure!(
+        recipe.failed.load(Ordering::Relaxed) == 0 && recipe.refused.load(Ordering::Relaxed) == 0,
+        "the blue/green recipe lost requests: {}",
+        recipe.summary()
+    );
+    ensure!(v2_served >= 300, "v2 took over: served {v2_served}");
+    ensure!(
+        in_place.failed.load(Ordering::Relaxed) > 0,
+        "the in-place restart lost nothing, so the comparison shows nothing: {}",
+        in_place.summary()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_active_instance_goes_away_new_requests_go_to_the_other() -> Result<()> {
+    // Both up at start: the first listed is active.
+    let a = TestApp::start("a").await?;
+    let b = TestApp::start("b").await?;
+    let proc = Proc::start(a.addr, &["--upstream", &b.addr.to_string()]).await?;
+    let now = upstreams(proc.admin).await?;
+    ensure!(now["active"] == a.addr.to_string(), "{now}");
+    ensure!(now["upstreams"][1]["state"] == "up", "{now}");
+    a.kill().await;
+    common::wait_for("b to take over", Duration::from_secs(10), || async {
+        let now = upstreams(proc.admin).await.ok()?;
+        (now["active"] == b.addr.to_string()).then_some(())
+    })
+    .await?;
+    let resp = common::http::get(proc.listen, "/work").await?;
+    ensure!(
+        resp.status.is_success() && resp.text().contains("ok b"),
+        "{} {}",
+        resp.status,
+        resp.text()
+    );
+    // Ready while any instance is up.
+    let ready = common::http::get(proc.admin, "/ready").await?;
+    ensure!(ready.status.is_success(), "{}", ready.status);
+    proc.stop().await?;
+    Ok(())
+}

@@ -247,17 +247,21 @@ async fn bad_config_files_exit_64_naming_the_key() -> Result<()> {
             "{yaml:?}: the message does not name {key:?}:\n{output}"
         );
     }
-    let missing = dir.join("missing.yaml").display().to_string();
+    // A file that does not exist is waited for (tests/config_missing.rs);
+    // one that exists but cannot be read (here: a directory) stops the start.
+    let unreadable = dir.join("unreadable.yaml");
+    std::fs::create_dir_all(&unreadable)?;
+    let unreadable = unreadable.display().to_string();
     let mut args = base_args();
-    args.extend_from_slice(&["--config", &missing]);
+    args.extend_from_slice(&["--config", &unreadable]);
     let (status, output) = run_to_exit(&args, WAIT).await?;
     ensure!(
         status.code() == Some(EX_USAGE),
-        "missing file: exit {status}, output:\n{output}"
+        "unreadable file: exit {status}, output:\n{output}"
     );
     ensure!(
-        output.contains("missing.yaml"),
-        "missing file not named:\n{output}"
+        output.contains("unreadable.yaml"),
+        "unreadable file not named:\n{output}"
     );
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())

@@ -114,18 +114,43 @@ impl Cell {
             _ => None,
         };
         let p999 = match (self.p999_ms, reference.p999_ms) {
-            (Some(a), Some(b)) => Some(a.median - b.median),
+            (Some(a), Some(b)) => Some(
+                self.paired_added(reference, |s| s.p999_ms)
+                    .unwrap_or(a.median - b.median),
+            ),
             _ => None,
         };
         Compare {
             rps: self.rps.median / reference.rps.median,
             p50: self.p50_ms.median / reference.p50_ms.median,
             p99: self.p99_ms.median / reference.p99_ms.median,
-            p50_added_ms: self.p50_ms.median - reference.p50_ms.median,
-            p99_added_ms: self.p99_ms.median - reference.p99_ms.median,
+            p50_added_ms: self
+                .paired_added(reference, |s| Some(s.p50_ms))
+                .unwrap_or(self.p50_ms.median - reference.p50_ms.median),
+            p99_added_ms: self
+                .paired_added(reference, |s| Some(s.p99_ms))
+                .unwrap_or(self.p99_ms.median - reference.p99_ms.median),
             p999_added_ms: p999,
             rss_kib: rss,
         }
+    }
+
+    /// Latency added over the reference, paired by round: the median over
+    /// rounds of (this peer's figure - the reference's figure in the same
+    /// round). Both ran in the same round, minutes apart at most, so a
+    /// noisy stretch of the machine shows in both and cancels, where the
+    /// difference of two medians can pair a quiet round with a noisy one.
+    fn paired_added(&self, reference: &Cell, pick: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
+        if self.samples.len() != reference.samples.len() || self.samples.is_empty() {
+            return None;
+        }
+        let diffs = self
+            .samples
+            .iter()
+            .zip(&reference.samples)
+            .map(|(a, b)| Some(pick(a)? - pick(b)?))
+            .collect::<Option<Vec<f64>>>()?;
+        Spread::of(&diffs).map(|s| s.median)
     }
 }
 
@@ -888,6 +913,30 @@ mod tests {
             wall_s: 5.0,
             rss_kib: Some(10_000),
         }
+    }
+
+    #[test]
+    fn added_latency_is_paired_by_round() {
+        // Round 2 was noisy for both; the difference of medians (40 - 2)
+        // would pair direct's quiet round with the peer's noisy one.
+        let direct = Cell::from_samples(vec![
+            sample(1000.0, 1.0, 0.0),
+            sample(1000.0, 50.0, 0.0),
+            sample(1000.0, 2.0, 0.0),
+        ])
+        .expect("direct");
+        let peer = Cell::from_samples(vec![
+            sample(1000.0, 3.0, 1.0),
+            sample(1000.0, 52.0, 1.0),
+            sample(1000.0, 40.0, 1.0),
+        ])
+        .expect("peer");
+        let added = peer.compare(&direct);
+        assert_eq!(added.p99_added_ms, 2.0);
+        assert_eq!(added.p50_added_ms, 1.0);
+        // Unequal round counts cannot be paired: medians then.
+        let short = Cell::from_samples(vec![sample(1000.0, 10.0, 1.0)]).expect("short");
+        assert_eq!(short.compare(&direct).p99_added_ms, 8.0);
     }
 
     #[test]

@@ -44,10 +44,16 @@ enum Cmd {
         /// Requests per second, spread evenly over the connections.
         #[arg(long, default_value_t = 2000)]
         rate: u32,
+        /// Measured time, after the warm-up.
         #[arg(long, default_value_t = 5.0)]
         seconds: f64,
         #[arg(long, default_value_t = 32)]
         connections: u32,
+        /// Sent at the same rate but not recorded: the first requests pay
+        /// for cold pools, page faults and the proxy's first upstream
+        /// connects, which is start-up cost, not per-request latency.
+        #[arg(long, default_value_t = 1.0)]
+        warmup_seconds: f64,
     },
     /// Open connections, print `ready`, then wait until the proxy closes
     /// them (idle) or the slow requests finish, and report.
@@ -83,7 +89,8 @@ fn main() -> anyhow::Result<()> {
             rate,
             seconds,
             connections,
-        } => runtime.block_on(rate_run(target, rate, seconds, connections)),
+            warmup_seconds,
+        } => runtime.block_on(rate_run(target, rate, seconds, connections, warmup_seconds)),
         Cmd::Drain {
             target,
             idle,
@@ -144,6 +151,7 @@ async fn rate_run(
     rate: u32,
     seconds: f64,
     connections: u32,
+    warmup_seconds: f64,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
         rate > 0 && connections > 0,
@@ -151,19 +159,21 @@ async fn rate_run(
     );
     let errors = Arc::new(AtomicU64::new(0));
     let late = Arc::new(AtomicU64::new(0));
+    let warmup_ok = Arc::new(AtomicU64::new(0));
     let mut senders = Vec::new();
     for _ in 0..connections {
         senders.push(connect(target).await?);
     }
     let start = Instant::now() + Duration::from_millis(50);
-    let end = start + Duration::from_secs_f64(seconds);
+    let measured_from = start + Duration::from_secs_f64(warmup_seconds.max(0.0));
+    let end = measured_from + Duration::from_secs_f64(seconds);
     // Each connection owns every `connections`-th slot of one global
     // schedule, so the whole client sends at `rate` with even spacing.
     let slot = Duration::from_secs_f64(1.0 / f64::from(rate));
     let period = slot * connections;
     let mut tasks = Vec::new();
     for (i, mut sender) in senders.into_iter().enumerate() {
-        let (errors, late) = (errors.clone(), late.clone());
+        let (errors, late, warmup_ok) = (errors.clone(), late.clone(), warmup_ok.clone());
         tasks.push(tokio::spawn(async move {
             let mut latencies_us: Vec<u64> = Vec::new();
             let mut due = start + slot * i as u32;
@@ -185,7 +195,12 @@ async fn rate_run(
                     Err(e) => Err(e),
                 };
                 match outcome {
-                    Ok(true) => latencies_us.push(from.elapsed().as_micros() as u64),
+                    Ok(true) if due >= measured_from => {
+                        latencies_us.push(from.elapsed().as_micros() as u64)
+                    }
+                    Ok(true) => {
+                        warmup_ok.fetch_add(1, Ordering::Relaxed);
+                    }
                     Ok(false) => {
                         errors.fetch_add(1, Ordering::Relaxed);
                     }
@@ -210,11 +225,15 @@ async fn rate_run(
     }
     all.sort_unstable();
     let ms = |q: f64| percentile_sorted(&all, q).map_or(f64::NAN, |us| us as f64 / 1000.0);
+    // Requests and rate over the whole run, warm-up included, so the
+    // harness's CPU seconds (which cover the whole run) divide correctly;
+    // the percentiles are over the measured part only.
+    let requests = all.len() as u64 + warmup_ok.load(Ordering::Relaxed);
     let report = RateReport {
-        requests: all.len() as u64,
+        requests,
         errors: errors.load(Ordering::Relaxed),
         late: late.load(Ordering::Relaxed),
-        rps: all.len() as f64 / seconds,
+        rps: requests as f64 / (seconds + warmup_seconds.max(0.0)),
         p50_ms: ms(50.0),
         p99_ms: ms(99.0),
         p999_ms: ms(99.9),

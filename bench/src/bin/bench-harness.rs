@@ -40,6 +40,12 @@ struct Args {
     /// 1000: Caddy, the slowest peer, saturates one core near 8k req/s.
     #[arg(long, env = "BENCH_RATE", default_value_t = 1000)]
     rate: u32,
+    /// Measured length of one round of the fixed-rate latency scenario,
+    /// after a one-second warm-up that is not recorded. Longer than the
+    /// saturation rounds because tails need samples: 8 s at 1000 req/s is
+    /// 8,000 per round, 8 beyond p99.9.
+    #[arg(long, env = "BENCH_LATENCY_SECONDS", default_value_t = 8)]
+    latency_seconds: u32,
     /// Peers to run, comma separated (direct is always run: it is the floor).
     #[arg(
         long,
@@ -338,7 +344,8 @@ impl Harness {
                 let mut c = self.pinned_load(self.bin("bench-client"));
                 c.args(["rate", "--target", &format!("127.0.0.1:{port}")])
                     .args(["--rate", &self.args.rate.to_string()])
-                    .args(["--seconds", &secs.to_string()])
+                    .args(["--seconds", &self.args.latency_seconds.to_string()])
+                    .args(["--warmup-seconds", "1"])
                     .args(["--connections", &connections.to_string()]);
                 c
             }
@@ -347,7 +354,8 @@ impl Harness {
         let ticks_before = proxy_pid.map(procfs::tree_cpu_ticks);
         let start = Instant::now();
         let mut rss = None;
-        let (out, err) = run_bounded(cmd, Duration::from_secs(u64::from(secs) + 20), || {
+        let bound = u64::from(secs.max(self.args.latency_seconds + 1)) + 20;
+        let (out, err) = run_bounded(cmd, Duration::from_secs(bound), || {
             // Loaded memory: near the end of the round, connections open.
             thread::sleep(Duration::from_secs_f64(f64::from(secs) * 0.8));
             rss = proxy_pid.map(procfs::tree_rss_kib);

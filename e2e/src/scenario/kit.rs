@@ -5,7 +5,8 @@
 //! Every long exchange returns a [`Session`]: how far it got and why it stopped, so a test
 //! can print "6/6 finished" next to "cut after 3 of 24 messages (reset)".
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -14,9 +15,11 @@ use futures_util::{SinkExt, StreamExt};
 use http_body_util::{BodyExt, Empty};
 use hyper::header::HeaderMap;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::Api;
-use kube::api::ListParams;
+use kube::api::{DynamicObject, ListParams, PostParams};
+use serde_json::json;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -25,6 +28,7 @@ use crate::load::conn::{ConnStats, Http2Pool};
 use crate::load::grpc::{self, EchoRequest};
 use crate::load::outcome::RequestCtx;
 use crate::load::target::Target;
+use crate::scenario::{Progress, Scenario, deployment, graceroute_api, service};
 
 /// How one long exchange ended.
 #[derive(Clone, Debug)]
@@ -406,6 +410,189 @@ pub async fn ready_pods(pods: &Api<Pod>, app: &str) -> Result<Vec<PodAddr>> {
         });
     }
     Ok(out)
+}
+
+/// Deploys `name` (annotated `kubegrace.io/inject=enabled`, `sc.opts.replicas` pods) with a
+/// Service and a GraceRoute whose spec is the scenario's (target, port `http`, drain timers)
+/// plus `route_spec` merged over it (e.g. `{"routes": [...]}`), then waits until it is
+/// settled (see [`Scenario::settle`]).
+pub async fn deploy_with_route(
+    sc: &Scenario,
+    name: &str,
+    route_spec: serde_json::Value,
+    p: &Progress,
+) -> Result<()> {
+    let post = PostParams::default();
+    let d = &sc.opts.drain;
+    let mut spec = json!({
+        "targetRef": {"kind": "Deployment", "name": name},
+        "ports": [{"name": "http", "protocol": "http"}],
+        "drain": {"minDelay": d.min_delay, "quiet": d.quiet, "maxDelay": d.max_delay, "timeout": d.timeout},
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), route_spec.as_object()) {
+        spec.extend(extra.clone());
+    }
+    let route: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))?;
+    graceroute_api(&sc.client, &sc.namespace)
+        .create(&post, &route)
+        .await
+        .context("creating the GraceRoute")?;
+    p.step(format!("GraceRoute {name}: {}", route.data["spec"]));
+    let deployments: Api<Deployment> = Api::namespaced(sc.client.clone(), &sc.namespace);
+    deployments
+        .create(&post, &deployment(name, sc.opts.replicas, true)?)
+        .await
+        .with_context(|| format!("creating Deployment {name}"))?;
+    let services: Api<Service> = Api::namespaced(sc.client.clone(), &sc.namespace);
+    services
+        .create(&post, &service(name)?)
+        .await
+        .with_context(|| format!("creating Service {name}"))?;
+    p.step(format!(
+        "Deployment {name} ({} replicas, annotated kubegrace.io/inject=enabled) and its Service",
+        sc.opts.replicas
+    ));
+    sc.settle(name, true, p).await
+}
+
+/// The sidecar's `GET /breakers` entry of route `route` on this admin address.
+pub async fn breaker(admin_addr: &str, route: &str) -> Result<serde_json::Value> {
+    let (status, _, body) = http1(admin_addr, "GET", "/breakers", Duration::from_secs(3)).await?;
+    if status != 200 {
+        bail!(
+            "GET http://{admin_addr}/breakers: status {status}: {}",
+            body.trim()
+        );
+    }
+    let all: serde_json::Value = serde_json::from_str(&body)
+        .with_context(|| format!("parsing /breakers of {admin_addr}: {body}"))?;
+    all["routes"]
+        .as_array()
+        .and_then(|rs| rs.iter().find(|r| r["name"] == route))
+        .cloned()
+        .with_context(|| format!("no route {route} in /breakers of {admin_addr}: {body}"))
+}
+
+/// What came back for the requests sent in one phase of a [`ConstantLoad`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub sent: u64,
+    /// 2xx from the app (no `x-kubegrace-fallback` header).
+    pub ok: u64,
+    /// Served by the sidecar instead of the app, with `x-kubegrace-fallback: breaker_open`.
+    pub fallback_breaker_open: u64,
+    /// Served by the sidecar with another `x-kubegrace-fallback` reason (queue full/timeout).
+    pub fallback_other: u64,
+    /// A non-2xx answer without the fallback header: the app's own (or the proxy's) error.
+    pub error_status: u64,
+    /// No answer: refused, reset, timed out.
+    pub transport_error: u64,
+}
+
+impl Tally {
+    pub fn answered(&self) -> u64 {
+        self.ok + self.fallback_breaker_open + self.fallback_other + self.error_status
+    }
+
+    pub fn done(&self) -> u64 {
+        self.answered() + self.transport_error
+    }
+}
+
+const PHASES: usize = 8;
+
+/// A constant rate of HTTP/1.1 GETs on one path, each on a new connection (so kube-proxy
+/// spreads them over every pod behind a Service), tallied per phase: the phase a request
+/// counts in is the one set when it was sent, so a phase's tally never mixes in answers
+/// to requests sent before it. Bounded by `max_duration` (and so in count).
+pub struct ConstantLoad {
+    phase: Arc<AtomicUsize>,
+    tallies: Arc<Mutex<[Tally; PHASES]>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ConstantLoad {
+    pub fn start(addr: String, path: String, rate: f64, max_duration: Duration) -> ConstantLoad {
+        let phase = Arc::new(AtomicUsize::new(0));
+        let tallies = Arc::new(Mutex::new([Tally::default(); PHASES]));
+        let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (ph, ta) = (phase.clone(), tallies.clone());
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(0.1)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let end = tokio::time::Instant::now() + max_duration;
+            let mut requests = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    _ = &mut stop_rx => break,
+                    _ = tokio::time::sleep_until(end) => break,
+                    _ = tick.tick() => {}
+                }
+                let at = ph.load(Ordering::SeqCst).min(PHASES - 1);
+                lock(&ta)[at].sent += 1;
+                let (addr, path, ta) = (addr.clone(), path.clone(), ta.clone());
+                requests.spawn(async move {
+                    let result = http1(&addr, "GET", &path, Duration::from_secs(5)).await;
+                    let mut tallies = lock(&ta);
+                    let t = &mut tallies[at];
+                    match result {
+                        Ok((status, headers, _)) => {
+                            match headers.get("x-kubegrace-fallback").map(|v| v.as_bytes()) {
+                                Some(b"breaker_open") => t.fallback_breaker_open += 1,
+                                Some(_) => t.fallback_other += 1,
+                                None if (200..300).contains(&status) => t.ok += 1,
+                                None => t.error_status += 1,
+                            }
+                        }
+                        Err(_) => t.transport_error += 1,
+                    }
+                });
+                // Reap finished requests so the set stays small.
+                while requests.try_join_next().is_some() {}
+            }
+            while requests.join_next().await.is_some() {}
+        });
+        ConstantLoad {
+            phase,
+            tallies,
+            stop: Some(stop_tx),
+            task,
+        }
+    }
+
+    /// Requests sent from now on count in phase `phase` (below 8).
+    pub fn set_phase(&self, phase: usize) {
+        self.phase.store(phase.min(PHASES - 1), Ordering::SeqCst);
+    }
+
+    pub fn tally(&self, phase: usize) -> Tally {
+        lock(&self.tallies)[phase.min(PHASES - 1)]
+    }
+
+    /// Stops sending, waits for the answers still due, and returns every phase's tally.
+    pub async fn stop(mut self) -> [Tally; PHASES] {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
+        *lock(&self.tallies)
+    }
+}
+
+impl Drop for ConstantLoad {
+    fn drop(&mut self) {
+        // A test that fails midway must not leave load running.
+        self.task.abort();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

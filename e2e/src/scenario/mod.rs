@@ -246,7 +246,7 @@ async fn helm(args: &[String], timeout: Duration) -> Result<String> {
     Ok(stdout)
 }
 
-fn graceroute_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+pub fn graceroute_api(client: &Client, ns: &str) -> Api<DynamicObject> {
     let ar = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("kubegrace.io", "v1alpha1", "GraceRoute"),
         "graceroutes",
@@ -503,7 +503,7 @@ pub const WITH: &str = "demo-with";
 /// The Deployment (and Service) without kubegrace.
 pub const WITHOUT: &str = "demo-without";
 
-fn deployment(name: &str, replicas: i32, kubegrace: bool) -> Result<Deployment> {
+pub fn deployment(name: &str, replicas: i32, kubegrace: bool) -> Result<Deployment> {
     let mut d = json!({
         "metadata": {"name": name, "labels": {"app": name}},
         "spec": {
@@ -535,7 +535,7 @@ fn deployment(name: &str, replicas: i32, kubegrace: bool) -> Result<Deployment> 
     Ok(serde_json::from_value(d)?)
 }
 
-fn service(name: &str) -> Result<Service> {
+pub fn service(name: &str) -> Result<Service> {
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name},
         // NodePort too, for hosts that do not route ClusterIPs (kind): the same

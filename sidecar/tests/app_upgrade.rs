@@ -10,9 +10,11 @@
 //!
 //! Baseline: one upstream, v1 stopped the same way and v2 started on the
 //! same address at once: requests fail (in flight at v1, or sent while
-//! nothing listened).
+//! nothing listened). In both runs one extra request keeps v1 busy for
+//! 1.5 s: the recipe lets it finish on v1, the in-place restart loses it.
 
 mod common;
+mod outside_support;
 mod upgrade_support;
 
 use std::net::SocketAddr;
@@ -42,6 +44,7 @@ async fn blue_green_app_upgrade_loses_nothing_an_in_place_restart_does() -> Resu
     );
     let load = Load::start(proc.listen, 4, 4);
     load.wait_more(200).await?;
+    let long = long_request(proc.listen, &load).await?;
 
     let green = TestApp::start_on("v2", green_addr).await?;
     common::wait_for(
@@ -67,6 +70,7 @@ async fn blue_green_app_upgrade_loses_nothing_an_in_place_restart_does() -> Resu
     blue.kill().await;
     load.wait_more(300).await?;
     let recipe = load.stop().await;
+    let long_recipe = long.await.context("join")?;
     let v2_served = green.served();
     eprintln!(
         "blue/green: {} (v1 served {v1_served}, v2 {v2_served})",
@@ -87,11 +91,13 @@ async fn blue_green_app_upgrade_loses_nothing_an_in_place_restart_does() -> Resu
     let proc = Proc::start(addr, &[]).await?;
     let load = Load::start(proc.listen, 4, 4);
     load.wait_more(200).await?;
+    let long = long_request(proc.listen, &load).await?;
     v1.kill().await;
     drop(v1);
     let _v2 = TestApp::start_on("v2", addr).await?;
     load.wait_more(300).await?;
     let in_place = load.stop().await;
+    let long_in_place = long.await.context("join")?;
     eprintln!("in-place restart: {}", in_place.summary());
     proc.stop().await?;
 
@@ -100,13 +106,29 @@ async fn blue_green_app_upgrade_loses_nothing_an_in_place_restart_does() -> Resu
         "the blue/green recipe lost requests: {}",
         recipe.summary()
     );
+    ensure!(long_recipe, "the long request on v1 finished there");
     ensure!(v2_served >= 300, "v2 took over: served {v2_served}");
     ensure!(
-        in_place.failed.load(Ordering::Relaxed) > 0,
+        !long_in_place || in_place.failed.load(Ordering::Relaxed) > 0,
         "the in-place restart lost nothing, so the comparison shows nothing: {}",
         in_place.summary()
     );
     Ok(())
+}
+
+/// Besides the load, one request v1 works on for 1.5 s: it is in flight
+/// when v2 comes up (the recipe must let it finish on v1) or when v1 is
+/// killed (the baseline loses it). Resolves to whether it got a 200.
+async fn long_request(listen: SocketAddr, load: &Load) -> Result<tokio::task::JoinHandle<bool>> {
+    let handle = tokio::spawn(async move {
+        common::http::get(listen, "/work?ms=1500")
+            .await
+            .is_ok_and(|r| r.status.is_success())
+    });
+    // It reaches the app long before the load completes 100 more requests
+    // (a few ms against tens of ms).
+    load.wait_more(100).await?;
+    Ok(handle)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,5 +157,74 @@ async fn when_the_active_instance_goes_away_new_requests_go_to_the_other() -> Re
     let ready = common::http::get(proc.admin, "/ready").await?;
     ensure!(ready.status.is_success(), "{}", ready.status);
     proc.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blue_green_over_unix_sockets_loses_nothing_an_in_place_restart_does() -> Result<()> {
+    let dir = outside_support::short_dir("bg")?;
+    let (blue_path, green_path) = (dir.join("blue.sock"), dir.join("green.sock"));
+    let (blue_ep, green_ep) = (
+        format!("unix:{}", blue_path.display()),
+        format!("unix:{}", green_path.display()),
+    );
+    let blue = outside_support::UnixApp::start("v1", &blue_path).await?;
+    let proc = Proc::start_general(&blue_ep, &["--upstream", &green_ep], &[]).await?;
+    let load = Load::start(proc.listen, 4, 4);
+    load.wait_more(200).await?;
+    let long = long_request(proc.listen, &load).await?;
+    let green = outside_support::UnixApp::start("v2", &green_path).await?;
+    common::wait_for("v2 active", Duration::from_secs(10), || async {
+        let now = upstreams(proc.admin).await.ok()?;
+        (now["active"] == green_ep.as_str()).then_some(())
+    })
+    .await?;
+    common::wait_for(
+        "nothing in flight on v1",
+        Duration::from_secs(10),
+        || async {
+            let now = upstreams(proc.admin).await.ok()?;
+            (now["upstreams"][0]["inFlight"] == 0).then_some(())
+        },
+    )
+    .await?;
+    blue.kill();
+    load.wait_more(300).await?;
+    let recipe = load.stop().await;
+    let long_recipe = long.await.context("join")?;
+    eprintln!(
+        "blue/green over unix: {} (v2 served {})",
+        recipe.summary(),
+        green.served()
+    );
+    proc.stop().await?;
+    drop(green);
+
+    // Baseline: one Unix upstream, v1 killed and v2 started on its path.
+    let v1 = outside_support::UnixApp::start("v1", &blue_path).await?;
+    let proc = Proc::start_general(&blue_ep, &[], &[]).await?;
+    let load = Load::start(proc.listen, 4, 4);
+    load.wait_more(200).await?;
+    let long = long_request(proc.listen, &load).await?;
+    v1.kill();
+    let _v2 = outside_support::UnixApp::start("v2", &blue_path).await?;
+    load.wait_more(300).await?;
+    let in_place = load.stop().await;
+    let long_in_place = long.await.context("join")?;
+    eprintln!("in-place restart over unix: {}", in_place.summary());
+    proc.stop().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+
+    ensure!(
+        recipe.failed.load(Ordering::Relaxed) == 0 && recipe.refused.load(Ordering::Relaxed) == 0,
+        "the blue/green recipe over unix sockets lost requests: {}",
+        recipe.summary()
+    );
+    ensure!(long_recipe, "the long request on v1 finished there");
+    ensure!(
+        !long_in_place || in_place.failed.load(Ordering::Relaxed) > 0,
+        "the in-place restart lost nothing, so the comparison shows nothing: {}",
+        in_place.summary()
+    );
     Ok(())
 }

@@ -17,8 +17,9 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::net::UnixStream;
+use tokio::net::{UnixListener, UnixStream};
 use tokio::process::{Child, Command};
+use tokio::task::AbortHandle;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_kubegrace-sidecar");
 
@@ -193,4 +194,107 @@ pub fn listening_sockets(port: u16) -> usize {
                 .count()
         })
         .sum()
+}
+
+/// A minimal app on a Unix socket: `/work?ms=N` sleeps N ms and answers
+/// `ok <name>`. `kill` is the naive stop: the listener and every open
+/// connection dropped at once.
+pub struct UnixApp {
+    pub path: PathBuf,
+    served: Arc<std::sync::atomic::AtomicU64>,
+    inflight: Arc<std::sync::atomic::AtomicI64>,
+    tasks: Arc<Mutex<Vec<AbortHandle>>>,
+}
+
+impl UnixApp {
+    pub async fn start(name: &str, path: &Path) -> Result<UnixApp> {
+        let _ = std::fs::remove_file(path);
+        let listener =
+            UnixListener::bind(path).with_context(|| format!("bind {}", path.display()))?;
+        let served = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let inflight = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let tasks: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
+        let (name, served2, inflight2, tasks2) = (
+            name.to_string(),
+            served.clone(),
+            inflight.clone(),
+            tasks.clone(),
+        );
+        let accept = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (name, served, inflight) = (name.clone(), served2.clone(), inflight2.clone());
+                let conn = tokio::spawn(async move {
+                    let service =
+                        hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                            let (name, served, inflight) =
+                                (name.clone(), served.clone(), inflight.clone());
+                            async move {
+                                // A kill aborts the task mid-sleep: the count
+                                // then stays up, which only matters to a test
+                                // waiting for "something in flight" before it.
+                                inflight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                                let ms = req
+                                    .uri()
+                                    .query()
+                                    .and_then(|q| q.strip_prefix("ms="))
+                                    .and_then(|v| v.parse::<u64>().ok())
+                                    .unwrap_or(0);
+                                if ms > 0 {
+                                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                                }
+                                served.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                                inflight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                                Ok::<_, std::convert::Infallible>(http::Response::new(
+                                    http_body_util::Full::new(Bytes::from(format!("ok {name}\n"))),
+                                ))
+                            }
+                        });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+                if let Ok(mut t) = tasks2.lock() {
+                    t.push(conn.abort_handle());
+                }
+            }
+        });
+        if let Ok(mut t) = tasks.lock() {
+            t.push(accept.abort_handle());
+        }
+        Ok(UnixApp {
+            path: path.to_path_buf(),
+            served,
+            inflight,
+            tasks,
+        })
+    }
+
+    pub fn served(&self) -> u64 {
+        self.served.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Requests being worked on right now.
+    pub fn inflight(&self) -> i64 {
+        self.inflight.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Stops at once: listener closed, socket file removed, every
+    /// connection dropped mid-request or not.
+    pub fn kill(&self) {
+        let tasks = self
+            .tasks
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default();
+        for task in tasks {
+            task.abort();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for UnixApp {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }

@@ -64,13 +64,22 @@ impl Proc {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Proc> {
+        Self::start_general(&upstream.to_string(), extra, env).await
+    }
+
+    /// [`Proc::start`] with any `--upstream` value (`unix:/path` too).
+    pub async fn start_general(
+        upstream: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Proc> {
         let dir = scratch("proc")?;
         let (listen, admin) = (free_port()?, free_port()?);
         let mut args: Vec<String> = [
             "--listen",
             &listen.to_string(),
             "--upstream",
-            &upstream.to_string(),
+            upstream,
             "--admin",
             &admin.to_string(),
             "--ready-file",

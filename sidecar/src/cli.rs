@@ -41,7 +41,7 @@ pub struct Cli {
         value_delimiter = ','
     )]
     pub upstream: Vec<Endpoint>,
-    /// Admin port: /live /ready /drain /metrics /config /breakers.
+    /// Admin port (TCP): /live /ready /drain /metrics /config /breakers /upstreams /upgrade.
     #[arg(long, env = "KUBEGRACE_ADMIN", value_name = "ADDR")]
     pub admin: Option<Endpoint>,
     /// Accept loops on as many SO_REUSEPORT listeners (TCP listen only).

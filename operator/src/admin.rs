@@ -70,6 +70,8 @@ pub struct Metrics {
     pub reconcile_duration: Histogram,
     webhook: Mutex<BTreeMap<&'static str, u64>>,
     pub webhook_duration: Histogram,
+    route_validations: Mutex<BTreeMap<&'static str, u64>>,
+    pub route_validation_duration: Histogram,
     pub leader: AtomicBool,
     /// Serving certificate loaded and webhook listening.
     pub ready: AtomicBool,
@@ -100,6 +102,12 @@ impl Metrics {
     pub fn webhook(&self, took: Duration, result: &'static str) {
         self.webhook_duration.observe(took);
         bump(&self.webhook, result);
+    }
+
+    /// `result`: allowed, warned, refused, error.
+    pub fn route_validation(&self, took: Duration, result: &'static str) {
+        self.route_validation_duration.observe(took);
+        bump(&self.route_validations, result);
     }
 
     pub fn render(&self) -> String {
@@ -146,6 +154,18 @@ impl Metrics {
         self.webhook_duration.render(
             "kubegrace_operator_webhook_duration_seconds",
             "Time to answer an admission request.",
+            &mut out,
+        );
+        counters(
+            &mut out,
+            "kubegrace_operator_route_validation_total",
+            "GraceRoute admission reviews by outcome.",
+            "result",
+            &self.route_validations,
+        );
+        self.route_validation_duration.render(
+            "kubegrace_operator_route_validation_duration_seconds",
+            "Time to answer a GraceRoute admission review.",
             &mut out,
         );
         let _ = writeln!(
@@ -219,7 +239,18 @@ mod tests {
         m.reconciled(Duration::from_millis(3), None);
         m.reconciled(Duration::from_millis(30), Some("kube"));
         m.webhook(Duration::from_micros(800), "injected");
+        m.route_validation(Duration::from_millis(4), "refused");
         let text = m.render();
+        assert!(
+            text.contains("kubegrace_operator_route_validation_total{result=\"refused\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "kubegrace_operator_route_validation_duration_seconds_bucket{le=\"0.005\"} 1"
+            ),
+            "{text}"
+        );
         assert!(
             text.contains("kubegrace_operator_reconcile_total{result=\"ok\"} 1"),
             "{text}"

@@ -135,7 +135,7 @@ pub fn budget(spec: &GraceRouteSpec) -> Result<Budget, Invalid> {
                 return Err(Invalid::new(
                     "BudgetDoesNotFit",
                     format!(
-                        "rollout.terminationGracePeriodSeconds is {n} but a drain needs {required_seconds}s ({}); \
+                        "rollout.terminationGracePeriodSeconds is {n} but a drain needs {required_seconds}s ({} > {n}s); \
                          raise it to at least {required_seconds}, set it to auto, or shorten drain.maxDelay, drain.timeout or the route timeouts",
                         b.explain()
                     ),

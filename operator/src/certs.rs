@@ -2,7 +2,8 @@
 //!
 //! Self-managed (default): a CA and a leaf for `<svc>.<ns>.svc` generated
 //! with rcgen, stored in a Secret so every replica serves the same one,
-//! the CA patched into the MutatingWebhookConfiguration's caBundle, the leaf
+//! the CA patched into the caBundle of the MutatingWebhookConfiguration
+//! (pods) and of the ValidatingWebhookConfiguration (GraceRoutes), the leaf
 //! rotated 30 days before it expires (the CA, valid 10 years, stays, so the
 //! caBundle does not change on rotation).
 //!
@@ -19,7 +20,9 @@ use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -290,23 +293,42 @@ pub async fn ensure_secret(
     )))
 }
 
-/// Writes the CA into every webhook of the configuration that lacks it.
-/// Returns false if the configuration does not exist (yet).
+/// Writes the CA into every webhook of the MutatingWebhookConfiguration
+/// that lacks it. Returns false if the configuration does not exist (yet).
 pub async fn patch_ca_bundle(client: &Client, config: &str, ca_pem: &str) -> Result<bool> {
-    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let Some(mwc) = api.get_opt(config).await.map_err(Error::kube(format!(
-        "reading MutatingWebhookConfiguration {config}"
-    )))?
-    else {
-        return Ok(false);
-    };
+    patch_ca_bundle_of::<MutatingWebhookConfiguration>(client, config, ca_pem, |c| {
+        c.webhooks
+            .iter()
+            .flatten()
+            .map(|w| w.client_config.ca_bundle.clone())
+            .collect()
+    })
+    .await
+}
+
+/// The same for the GraceRoute ValidatingWebhookConfiguration.
+pub async fn patch_validating_ca_bundle(
+    client: &Client,
+    config: &str,
+    ca_pem: &str,
+) -> Result<bool> {
+    patch_ca_bundle_of::<ValidatingWebhookConfiguration>(client, config, ca_pem, |c| {
+        c.webhooks
+            .iter()
+            .flatten()
+            .map(|w| w.client_config.ca_bundle.clone())
+            .collect()
+    })
+    .await
+}
+
+/// One JSON-patch `add` per webhook whose caBundle is not `ca_pem` (pure).
+fn ca_bundle_ops(current: &[Option<ByteString>], ca_pem: &str) -> Vec<serde_json::Value> {
     let want = ca_pem.as_bytes();
-    let ops: Vec<serde_json::Value> = mwc
-        .webhooks
+    current
         .iter()
-        .flatten()
         .enumerate()
-        .filter(|(_, w)| w.client_config.ca_bundle.as_ref().map(|b| b.0.as_slice()) != Some(want))
+        .filter(|(_, b)| b.as_ref().map(|b| b.0.as_slice()) != Some(want))
         .map(|(i, _)| {
             serde_json::json!({
                 "op": "add",
@@ -314,7 +336,31 @@ pub async fn patch_ca_bundle(client: &Client, config: &str, ca_pem: &str) -> Res
                 "value": base64::engine::general_purpose::STANDARD.encode(want),
             })
         })
-        .collect();
+        .collect()
+}
+
+async fn patch_ca_bundle_of<K>(
+    client: &Client,
+    config: &str,
+    ca_pem: &str,
+    bundles: impl Fn(&K) -> Vec<Option<ByteString>>,
+) -> Result<bool>
+where
+    K: kube::Resource<Scope = kube::core::ClusterResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let kind = K::kind(&());
+    let Some(current) = api
+        .get_opt(config)
+        .await
+        .map_err(Error::kube(format!("reading {kind} {config}")))?
+    else {
+        return Ok(false);
+    };
+    let ops = ca_bundle_ops(&bundles(&current), ca_pem);
     if ops.is_empty() {
         return Ok(true);
     }
@@ -322,8 +368,8 @@ pub async fn patch_ca_bundle(client: &Client, config: &str, ca_pem: &str) -> Res
         .map_err(Error::serde("caBundle patch"))?;
     api.patch(config, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await
-        .map_err(Error::kube(format!("patching caBundle of {config}")))?;
-    tracing::info!(config, "caBundle written");
+        .map_err(Error::kube(format!("patching caBundle of {kind} {config}")))?;
+    tracing::info!(config, %kind, "caBundle written");
     Ok(true)
 }
 
@@ -334,6 +380,8 @@ pub struct SelfManaged {
     pub namespace: String,
     pub secret: String,
     pub webhook_config: String,
+    /// The GraceRoute ValidatingWebhookConfiguration; None: not installed.
+    pub validating_webhook_config: Option<String>,
     pub sans: Vec<String>,
     pub resolver: Arc<CertResolver>,
 }
@@ -345,7 +393,12 @@ impl SelfManaged {
             ensure_secret(&self.client, &self.namespace, &self.secret, &self.sans).await?;
         self.resolver
             .set(certified_key(cert.as_bytes(), key.as_bytes())?);
-        patch_ca_bundle(&self.client, &self.webhook_config, &ca).await
+        let mutating = patch_ca_bundle(&self.client, &self.webhook_config, &ca).await?;
+        let validating = match &self.validating_webhook_config {
+            Some(name) => patch_validating_ca_bundle(&self.client, name, &ca).await?,
+            None => true,
+        };
+        Ok(mutating && validating)
     }
 
     /// Rounds until shutdown: hourly once the caBundle is in place (rotation
@@ -355,7 +408,11 @@ impl SelfManaged {
             let wait = match self.round().await {
                 Ok(true) => Duration::from_secs(3600),
                 Ok(false) => {
-                    tracing::info!(config = %self.webhook_config, "MutatingWebhookConfiguration not found yet; retrying");
+                    tracing::info!(
+                        mutating = %self.webhook_config,
+                        validating = ?self.validating_webhook_config,
+                        "a webhook configuration is not there yet; retrying"
+                    );
                     Duration::from_secs(10)
                 }
                 Err(e) => {
@@ -414,6 +471,26 @@ pub async fn watch_dir(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_webhooks_without_the_current_ca_are_patched() {
+        let ca = "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n";
+        let current = [
+            Some(ByteString(ca.as_bytes().to_vec())),
+            None,
+            Some(ByteString(b"stale".to_vec())),
+        ];
+        let ops = ca_bundle_ops(&current, ca);
+        let paths: Vec<&str> = ops.iter().filter_map(|o| o["path"].as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/webhooks/1/clientConfig/caBundle",
+                "/webhooks/2/clientConfig/caBundle"
+            ]
+        );
+        assert!(ca_bundle_ops(&current[..1], ca).is_empty());
+    }
 
     #[test]
     fn a_generated_bundle_serves_and_rotation_keeps_the_ca() {

@@ -56,6 +56,14 @@ pub struct RunArgs {
         default_value = "kubegrace-sidecar-injector"
     )]
     pub webhook_config: String,
+    /// ValidatingWebhookConfiguration (GraceRoutes) whose caBundle the
+    /// operator keeps current too; empty: none is installed.
+    #[arg(
+        long,
+        env = "KUBEGRACE_VALIDATING_WEBHOOK_CONFIG",
+        default_value = "kubegrace-route-validator"
+    )]
+    pub validating_webhook_config: String,
     /// Secret (in --namespace) holding the self-managed CA and serving cert.
     #[arg(
         long,
@@ -138,6 +146,7 @@ mod tests {
             "--admin-addr=0.0.0.0:8080",
             "--webhook-service=kubegrace-webhook",
             "--webhook-config=kubegrace-sidecar-injector",
+            "--validating-webhook-config=",
             "--cert-secret=kubegrace-webhook-cert",
             "--sidecar-image=localhost/kubegrace/sidecar:e2e",
             "--sidecar-image-pull-policy=IfNotPresent",
@@ -150,6 +159,7 @@ mod tests {
         ])
         .expect("the chart's flags parse");
         assert_eq!(a.sidecar_cpu_limit, "");
+        assert_eq!(a.validating_webhook_config, "");
         assert_eq!(a.log_format, LogFormat::Json);
         assert!(a.cert_dir.is_none());
     }

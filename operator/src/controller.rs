@@ -130,10 +130,21 @@ pub fn statefulset_target(s: &StatefulSet) -> Option<(Target, Option<String>)> {
 }
 
 /// The workloads of one namespace, with the selectors of their pods.
-struct Workloads(Vec<(Target, Option<String>)>);
+pub struct Workloads(pub Vec<(Target, Option<String>)>);
 
 impl Workloads {
-    async fn list(client: &Client, ns: &str) -> Result<Self> {
+    /// From objects already read (pure; the admission tests use it).
+    pub fn from_objects(deployments: &[Deployment], statefulsets: &[StatefulSet]) -> Self {
+        Self(
+            deployments
+                .iter()
+                .filter_map(deployment_target)
+                .chain(statefulsets.iter().filter_map(statefulset_target))
+                .collect(),
+        )
+    }
+
+    pub async fn list(client: &Client, ns: &str) -> Result<Self> {
         let lp = ListParams::default();
         let deployments = Api::<Deployment>::namespaced(client.clone(), ns)
             .list(&lp)
@@ -143,17 +154,11 @@ impl Workloads {
             .list(&lp)
             .await
             .map_err(Error::kube(format!("listing StatefulSets in {ns}")))?;
-        Ok(Self(
-            deployments
-                .iter()
-                .filter_map(deployment_target)
-                .chain(statefulsets.iter().filter_map(statefulset_target))
-                .collect(),
-        ))
+        Ok(Self::from_objects(&deployments.items, &statefulsets.items))
     }
 
     /// The targets a route selects.
-    fn of(&self, route: &GraceRoute) -> Vec<&(Target, Option<String>)> {
+    pub fn of(&self, route: &GraceRoute) -> Vec<&(Target, Option<String>)> {
         if let Some(r) = &route.spec.target_ref {
             return self
                 .0
@@ -180,6 +185,57 @@ fn precedence(r: &GraceRoute) -> (Option<jiff::Timestamp>, String) {
         r.metadata.creation_timestamp.as_ref().map(|t| t.0),
         r.name_any(),
     )
+}
+
+/// The targets a route selects, split into those it holds and the overlaps:
+/// targets an older route of the same namespace holds already, each with a
+/// sentence saying so (pure; the controller and the admission webhook share
+/// it, so both report the same overlaps).
+pub fn claim_targets<'w>(
+    route: &GraceRoute,
+    workloads: &'w Workloads,
+    others: &[&GraceRoute],
+) -> (Vec<&'w (Target, Option<String>)>, Vec<String>) {
+    let name = route.name_any();
+    let ns = route.namespace();
+    let mut overlaps = Vec::new();
+    let mut targets = Vec::new();
+    for t in workloads.of(route) {
+        let holder = others.iter().find(|other| {
+            other.name_any() != name
+                && other.namespace() == ns
+                && other.metadata.deletion_timestamp.is_none()
+                && precedence(other) < precedence(route)
+                && workloads.of(other).iter().any(|o| o.0.id() == t.0.id())
+        });
+        match holder {
+            Some(other) => overlaps.push(format!(
+                "{} is also targeted by GraceRoute {} (older, in force)",
+                t.0.id(),
+                other.name_any()
+            )),
+            None => targets.push(t),
+        }
+    }
+    (targets, overlaps)
+}
+
+/// Validate + build (pure): the time budget and the sidecar config, checked
+/// against the pod template of every target the route holds. The controller
+/// turns an [`Invalid`] into `Accepted=False`; the admission webhook refuses
+/// the route with the same message.
+pub fn validate(
+    route: &GraceRoute,
+    targets: &[&(Target, Option<String>)],
+) -> Result<(Budget, kubegrace_sidecar::config::Config), Invalid> {
+    let budget = build::budget(&route.spec)?;
+    let mut plan = None;
+    for (t, _) in targets {
+        let p = build::check_template(&route.spec, &t.id(), &t.template)?;
+        plan.get_or_insert(p);
+    }
+    let config = build::sidecar_config(&route.spec, &budget, plan)?;
+    Ok((budget, config))
 }
 
 /// Maps a Deployment/StatefulSet to the routes that may target it.
@@ -408,38 +464,12 @@ async fn apply(route: &GraceRoute, ctx: &Context) -> Result<Action> {
 
     // ---- dereference: targets, minus those an older route already holds
     let workloads = Workloads::list(client, &ns).await?;
-    let mut overlaps = Vec::new();
-    let mut targets: Vec<&(Target, Option<String>)> = Vec::new();
-    for t in workloads.of(route) {
-        let holder = ctx.routes.state().into_iter().find(|other| {
-            other.name_any() != name
-                && other.namespace().as_deref() == Some(ns.as_str())
-                && other.metadata.deletion_timestamp.is_none()
-                && precedence(other) < precedence(route)
-                && workloads.of(other).iter().any(|o| o.0.id() == t.0.id())
-        });
-        match holder {
-            Some(other) => overlaps.push(format!(
-                "{} is also targeted by GraceRoute {} (older, in force)",
-                t.0.id(),
-                other.name_any()
-            )),
-            None => targets.push(t),
-        }
-    }
+    let known = ctx.routes.state();
+    let others: Vec<&GraceRoute> = known.iter().map(AsRef::as_ref).collect();
+    let (targets, overlaps) = claim_targets(route, &workloads, &others);
 
     // ---- validate + build (pure)
-    let validated = (|| -> Result<(Budget, kubegrace_sidecar::config::Config), Invalid> {
-        let budget = build::budget(&route.spec)?;
-        let mut plan = None;
-        for (t, _) in &targets {
-            let p = build::check_template(&route.spec, &t.id(), &t.template)?;
-            plan.get_or_insert(p);
-        }
-        let config = build::sidecar_config(&route.spec, &budget, plan)?;
-        Ok((budget, config))
-    })();
-    let (budget, config) = match validated {
+    let (budget, config) = match validate(route, &targets) {
         Ok(v) => v,
         Err(invalid) => {
             let status = GraceRouteStatus {

@@ -17,6 +17,7 @@ pub mod error;
 pub mod inject;
 pub mod lease;
 pub mod run;
+pub mod validation;
 pub mod webhook;
 pub mod workload;
 

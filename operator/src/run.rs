@@ -128,6 +128,8 @@ pub async fn run(
                 namespace: args.namespace.clone(),
                 secret: args.cert_secret.clone(),
                 webhook_config: args.webhook_config.clone(),
+                validating_webhook_config: Some(args.validating_webhook_config.clone())
+                    .filter(|n| !n.is_empty()),
                 sans: certs::service_sans(
                     &args.webhook_service,
                     &args.namespace,

@@ -1,5 +1,6 @@
 //! The sidecar-injection webhook: HTTPS (rustls), `POST /mutate`, served by
-//! every replica. Pods only, CREATE only; the decision is [`decide`] (pure),
+//! every replica (the same server answers `POST /validate` for GraceRoutes,
+//! see [`crate::validation`]). Pods only, CREATE only; the decision is [`decide`] (pure),
 //! the pod edit is [`crate::inject`] (pure), the answer is a JSON patch
 //! from the difference.
 //!
@@ -286,16 +287,26 @@ async fn handle(
     req: Request<Incoming>,
     hook: Arc<Webhook>,
 ) -> std::result::Result<Response<Full<Bytes>>, std::convert::Infallible> {
-    if req.uri().path() != "/mutate" || req.method() != hyper::Method::POST {
-        return Ok(respond(StatusCode::NOT_FOUND, b"{}".to_vec()));
-    }
+    // /mutate: pod injection; /validate: GraceRoute admission.
+    let mutate = match (req.method(), req.uri().path()) {
+        (&hyper::Method::POST, "/mutate") => true,
+        (&hyper::Method::POST, "/validate") => false,
+        _ => return Ok(respond(StatusCode::NOT_FOUND, b"{}".to_vec())),
+    };
     let start = Instant::now();
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => return Ok(respond(StatusCode::PAYLOAD_TOO_LARGE, b"{}".to_vec())),
     };
-    let (review, result) = hook.review(&body).await;
-    hook.metrics.webhook(start.elapsed(), result);
+    let review = if mutate {
+        let (review, result) = hook.review(&body).await;
+        hook.metrics.webhook(start.elapsed(), result);
+        review
+    } else {
+        let (review, result) = crate::validation::review_with_client(&hook.client, &body).await;
+        hook.metrics.route_validation(start.elapsed(), result);
+        review
+    };
     Ok(match serde_json::to_vec(&review) {
         Ok(b) => respond(StatusCode::OK, b),
         Err(_) => respond(StatusCode::INTERNAL_SERVER_ERROR, b"{}".to_vec()),

@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -124,6 +126,9 @@ impl TestNs {
         let _ = Api::<MutatingWebhookConfiguration>::all(self.client.clone())
             .delete(&self.name, &DeleteParams::default())
             .await;
+        let _ = Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await;
         // The operator is stopped by now: drop the routes' finalizers, or
         // the namespace would wait for them forever.
         let routes: Api<GraceRoute> = Api::namespaced(self.client.clone(), &self.name);
@@ -168,6 +173,30 @@ async fn webhook_config(client: &Client, ns: &str, port: u16, failure_policy: &s
         .expect("create webhook configuration");
 }
 
+/// The GraceRoute validating webhook for this namespace only, calling the
+/// operator on this host; failurePolicy Fail, so a refusal can only come
+/// from the operator's answer.
+async fn validating_webhook_config(client: &Client, ns: &str, port: u16) {
+    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": ns, "labels": {TEST_LABEL: "true"}},
+        "webhooks": [{
+            "name": "graceroutes.validate.kubegrace.io",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}/validate")},
+            "rules": [{"apiGroups": ["kubegrace.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["graceroutes"], "scope": "Namespaced"}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "timeoutSeconds": 5,
+        }]
+    }))
+    .expect("vwc");
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &vwc)
+        .await
+        .expect("create validating webhook configuration");
+}
+
 /// Starts the operator in-process; returns its shutdown trigger and task.
 fn start_operator(
     client: &Client,
@@ -203,6 +232,9 @@ fn start_operator_with_admin(
         "--admin-addr".into(),
         format!("127.0.0.1:{admin_port}"),
         "--webhook-config".into(),
+        ns.to_string(),
+        // Never the chart's default name: a real install may be running.
+        "--validating-webhook-config".into(),
         ns.to_string(),
         "--webhook-extra-san".into(),
         "127.0.0.1".into(),
@@ -1060,5 +1092,143 @@ async fn one_of_two_replicas_leads_and_the_other_takes_over() {
     .await;
     let _ = other_stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(20), other_task).await;
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_validating_webhook_refuses_an_unknown_port_and_an_over_budget_route_and_allows_a_missing_target()
+ {
+    let client = cluster_or_skip!();
+    let _serial = SERIAL.lock().await;
+    install_crd(&client).await;
+    let ns = TestNs::new(&client, "kg-admit", false).await;
+    let port = free_port();
+    validating_webhook_config(&client, &ns.name, port).await;
+    let (stop, task) = start_operator(&client, &ns.name, port);
+    let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    wait_for(
+        60,
+        "the operator's CA in the validating webhook",
+        || async {
+            let v = vwcs.get(&ns.name).await.ok()?;
+            v.webhooks?
+                .iter()
+                .all(|w| w.client_config.ca_bundle.is_some())
+                .then_some(())
+        },
+    )
+    .await;
+    Api::<Deployment>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .expect("create deployment");
+    let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
+    let route = |name: &str, spec: serde_json::Value| -> GraceRoute {
+        serde_json::from_value(json!({
+            "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+            "metadata": {"name": name}, "spec": spec,
+        }))
+        .expect("route")
+    };
+    // The first call may reach the webhook before its listener is up: that
+    // is a "failed calling webhook" error, not an answer. Retry until the
+    // operator answers.
+    let refused = |r: GraceRoute| {
+        let routes = routes.clone();
+        async move {
+            wait_for(30, "an answer from the validating webhook", || async {
+                match routes.create(&PostParams::default(), &r).await {
+                    Ok(_) => panic!("route {} must be refused", r.name_any()),
+                    Err(e) if e.to_string().contains("failed calling webhook") => None,
+                    Err(e) => Some(e.to_string()),
+                }
+            })
+            .await
+        }
+    };
+    let msg = refused(route(
+        "grpc",
+        json!({"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": "grpc"}]}),
+    ))
+    .await;
+    assert!(
+        msg.contains("denied the request: UnknownPort: Deployment/web has no container port named \"grpc\" (it has: http)"),
+        "{msg}"
+    );
+    let msg = refused(route(
+        "tight",
+        json!({"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": "http"}],
+               "drain": {"maxDelay": "10s", "timeout": "20s"},
+               "rollout": {"terminationGracePeriodSeconds": 20}}),
+    ))
+    .await;
+    assert!(
+        msg.contains("BudgetDoesNotFit: rollout.terminationGracePeriodSeconds is 20 but a drain needs 35s (drain.maxDelay 10s + drain.timeout 20s + 5s margin = 35s > 20s)"),
+        "{msg}"
+    );
+    // GitOps order: the route first, its Deployment later.
+    routes
+        .create(
+            &PostParams::default(),
+            &route(
+                "later",
+                json!({"targetRef": {"kind": "Deployment", "name": "not-yet"}, "ports": [{"name": "http"}]}),
+            ),
+        )
+        .await
+        .expect("a route whose target does not exist yet is accepted");
+    // A valid route, then an edit that breaks it: the edit is refused too.
+    routes
+        .create(
+            &PostParams::default(),
+            &route(
+                "web",
+                json!({"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": "http"}]}),
+            ),
+        )
+        .await
+        .expect("a valid route is accepted");
+    let err = routes
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ports": [{"name": "admin"}]}})),
+        )
+        .await
+        .expect_err("an edit to an unknown port is refused");
+    assert!(
+        err.to_string()
+            .contains("no container port named \"admin\""),
+        "{err}"
+    );
+    // The operator's own writes (finalizer on, status, finalizer off at
+    // deletion) go through the webhook and are never refused.
+    wait_for(60, "web Accepted", || async {
+        let r = routes.get("web").await.ok()?;
+        (condition(&r, "Accepted")?.0 == "True").then_some(())
+    })
+    .await;
+    for name in ["web", "later"] {
+        routes
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    wait_for(
+        60,
+        "routes gone (finalizers removed through the webhook)",
+        || async {
+            routes
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
     ns.cleanup().await;
 }

@@ -9,10 +9,13 @@ What `helm lint` cannot see:
   the chart, cert-manager annotation in that mode) and its selectors send each
   pod to the webhook the right number of times (0 or 1), evaluated on a table
   of namespace/pod label combinations;
+- the GraceRoute validating webhook (CREATE/UPDATE of graceroutes, path
+  /validate, its failurePolicy, the same namespaces) when enabled;
 - the names the operator is given as flags are the names the chart creates.
 
 Usage: check-rendered.py --namespace NS --failure-policy Ignore|Fail \
-           [--cert-manager] [--expect-prestop] [--namespace-selector JSON] < rendered.yaml
+           [--cert-manager] [--expect-prestop] [--namespace-selector JSON] \
+           [--route-validation Ignore|Fail|none] < rendered.yaml
 Needs PyYAML (Debian: python3-yaml).
 """
 
@@ -209,6 +212,53 @@ def check_webhook(docs, opts, names):
             check(got == 0, f"selectors: a namespace failing the extra expression {e} is sent {got} time(s), want 0")
 
 
+def check_route_validation(docs, opts, names):
+    """The GraceRoute ValidatingWebhookConfiguration, when enabled."""
+    vwcs = by_kind(docs, "ValidatingWebhookConfiguration")
+    if opts.route_validation == "none":
+        check(not vwcs, "ValidatingWebhookConfiguration rendered with routeValidation disabled")
+        return
+    vwc = one(docs, "ValidatingWebhookConfiguration")
+    names["vwc"] = (vwc.get("metadata") or {}).get("name")
+    annotations = (vwc.get("metadata") or {}).get("annotations") or {}
+    if opts.cert_manager:
+        want = f"{opts.namespace}/{names['certificate']}"
+        got = annotations.get("cert-manager.io/inject-ca-from")
+        check(got == want, f"validating: cert-manager.io/inject-ca-from is {got!r}, want {want!r}")
+    else:
+        check("cert-manager.io/inject-ca-from" not in annotations, "validating: inject-ca-from without cert-manager")
+    webhooks = vwc.get("webhooks") or []
+    check(len(webhooks) == 1, f"expected 1 validating webhook entry, found {len(webhooks)}")
+    for w in webhooks:
+        ww = f"validating webhook {w.get('name')}"
+        check(w.get("admissionReviewVersions") == ["v1"], f"{ww}: admissionReviewVersions")
+        check(w.get("sideEffects") == "None", f"{ww}: sideEffects")
+        check(w.get("failurePolicy") == opts.route_validation, f"{ww}: failurePolicy {w.get('failurePolicy')}")
+        rules = w.get("rules") or []
+        check(
+            [(sorted(r.get("operations") or []), r.get("resources"), r.get("apiGroups")) for r in rules]
+            == [(["CREATE", "UPDATE"], ["graceroutes"], ["kubegrace.io"])],
+            f"{ww}: rules must be graceroutes CREATE and UPDATE only (never status, never DELETE), got {rules}",
+        )
+        svc = (w.get("clientConfig") or {}).get("service") or {}
+        check(svc.get("name") == names["service"], f"{ww}: service {svc.get('name')}")
+        check(svc.get("path") == "/validate", f"{ww}: path {svc.get('path')}")
+        check("caBundle" not in (w.get("clientConfig") or {}), f"{ww}: chart renders a caBundle")
+        # Same namespaces as injection: excluded ones never, the extra
+        # selector narrows.
+        extra = labels_matching(opts.namespace_selector)
+        for ns, want in (("shop", True), ("kube-system", False), (opts.namespace, False)):
+            labels = dict(extra)
+            labels[NS_NAME] = ns
+            got = matches(w.get("namespaceSelector"), labels)
+            check(got == want, f"{ww}: GraceRoutes in namespace {ns} sent: {got}, want {want}")
+        for k in (opts.namespace_selector or {}).get("matchLabels") or {}:
+            labels = {key: v for key, v in extra.items() if key != k}
+            labels[NS_NAME] = "shop"
+            check(not matches(w.get("namespaceSelector"), labels),
+                  f"{ww}: a namespace without the extra label {k} is sent")
+
+
 # --- names shared with the operator ----------------------------------------
 
 
@@ -225,6 +275,8 @@ def check_wiring(docs, opts, names):
     check(args[:1] == ["run"], f"operator args must start with 'run': {args[:1]}")
     check(arg_value(args, "--webhook-service") == names["service"], "--webhook-service != Service name")
     check(arg_value(args, "--webhook-config") == names["mwc"], "--webhook-config != webhook configuration name")
+    check(arg_value(args, "--validating-webhook-config") == (names.get("vwc") or ""),
+          "--validating-webhook-config != validating webhook configuration name (empty when disabled)")
     check(arg_value(args, "--namespace") == "$(POD_NAMESPACE)", "--namespace is not the downward-API namespace")
     env = {e["name"]: e for e in op.get("env") or []}
     check(
@@ -260,6 +312,7 @@ def check_wiring(docs, opts, names):
     check(not any("secrets" in (r.get("resources") or []) for r in op_cluster_rules),
           "the ClusterRole grants secrets (cluster-wide)")
     mwc_rules = [r for r in op_cluster_rules if "mutatingwebhookconfigurations" in (r.get("resources") or [])]
+    vwc_rules = [r for r in op_cluster_rules if "validatingwebhookconfigurations" in (r.get("resources") or [])]
 
     volumes = {v["name"]: v for v in spec.get("volumes") or []}
     mounts = {m["mountPath"]: m for m in op.get("volumeMounts") or []}
@@ -275,12 +328,16 @@ def check_wiring(docs, opts, names):
         check(f"{names['service']}.{opts.namespace}.svc" in dns, f"Certificate dnsNames {dns}")
         check(named("secrets") == [], "secrets granted in cert-manager mode")
         check(mwc_rules == [], "webhook configuration patch granted in cert-manager mode")
+        check(vwc_rules == [], "validating webhook configuration patch granted in cert-manager mode")
     else:
         check(not by_kind(docs, "Certificate") and not by_kind(docs, "Issuer"), "cert-manager objects rendered")
         check(arg_value(args, "--cert-dir") is None, "--cert-dir set without cert-manager")
         check(named("secrets") == [arg_value(args, "--cert-secret")], "Secret name in Role != --cert-secret")
         check([n for r in mwc_rules for n in r.get("resourceNames") or []] == [names["mwc"]],
               "webhook configuration rule is not restricted to the chart's configuration")
+        want_vwc = [names["vwc"]] if names.get("vwc") else []
+        check([n for r in vwc_rules for n in r.get("resourceNames") or []] == want_vwc,
+              "validating webhook configuration rule is not restricted to the chart's configuration")
 
     svc = next((s for s in by_kind(docs, "Service") if s["metadata"]["name"] == names["service"]), {})
     sel = (svc.get("spec") or {}).get("selector") or {}
@@ -295,6 +352,8 @@ def main():
     p.add_argument("--failure-policy", required=True)
     p.add_argument("--cert-manager", action="store_true")
     p.add_argument("--expect-prestop", action="store_true")
+    p.add_argument("--route-validation", default="Ignore",
+                   help="failurePolicy of the GraceRoute validating webhook, or 'none' when disabled")
     p.add_argument("--namespace-selector", type=json.loads, default={},
                    help="the values' webhook.namespaceSelector, as JSON")
     opts = p.parse_args()
@@ -302,7 +361,8 @@ def main():
     docs = [d for d in yaml.safe_load_all(sys.stdin) if d]
     for d in docs:
         md = d.get("metadata") or {}
-        cluster_scoped = d.get("kind") in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration")
+        cluster_scoped = d.get("kind") in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+                                           "ValidatingWebhookConfiguration")
         check(cluster_scoped or md.get("namespace") == opts.namespace,
               f"{d.get('kind')} {md.get('name')} is not in the release namespace")
 
@@ -314,6 +374,7 @@ def main():
         "certificate": (one(docs, "Certificate").get("metadata") or {}).get("name") if opts.cert_manager else None,
     }
     check_webhook(docs, opts, names)
+    check_route_validation(docs, opts, names)
     check_wiring(docs, opts, names)
 
     if errors:

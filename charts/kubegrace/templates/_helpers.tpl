@@ -12,6 +12,7 @@ and the webhook configuration are cluster-wide), so stable names
 {{- define "kubegrace.operatorName" -}}{{ include "kubegrace.fullname" . }}-operator{{- end -}}
 {{- define "kubegrace.webhookServiceName" -}}{{ include "kubegrace.fullname" . }}-webhook{{- end -}}
 {{- define "kubegrace.webhookConfigName" -}}{{ include "kubegrace.fullname" . }}-sidecar-injector{{- end -}}
+{{- define "kubegrace.validatingWebhookConfigName" -}}{{ include "kubegrace.fullname" . }}-route-validator{{- end -}}
 {{- define "kubegrace.leaseName" -}}{{ include "kubegrace.fullname" . }}-operator{{- end -}}
 
 {{/*

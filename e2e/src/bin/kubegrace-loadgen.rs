@@ -4,14 +4,27 @@
 //! stdout: the JSON summary on one line (easy to pick out of `kubectl logs`).
 //! stderr: a start line and, last, `loadgen: N requests, M failed`.
 //! Exit status 0 whatever failed (the numbers are the result); 2 on bad flags, 1 on errors.
+//!
+//! `--control ADDR` (the in-cluster Job): a small HTTP/1.1 endpoint so whoever runs the
+//! scenario can end the load when the rollout is done, through the API server's pod proxy
+//! (`/api/v1/namespaces/NS/pods/POD:PORT/proxy/stop`), which works wherever the API server
+//! reaches pods, kind included: `GET /ready` answers 200 once the load runs, `POST /stop`
+//! stops sending (202; the requests in flight finish and are counted, then the summary is
+//! printed and the process exits 0). Anything else gets a 404 or 405.
 
 use std::io::Write as _;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use bytes::Bytes;
 use clap::Parser;
+use http_body_util::Full;
+use hyper::{Method, Request, Response, StatusCode};
 use kubegrace_e2e::load::{self, Config, Protocol};
+use tokio::sync::Notify;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -69,6 +82,54 @@ struct Args {
     /// Write every request's outcome here, one JSON object per line.
     #[arg(long, env = "KUBEGRACE_LOADGEN_OUTCOMES")]
     outcomes: Option<PathBuf>,
+    /// Serve `GET /ready` and `POST /stop` here (e.g. 0.0.0.0:9000), so the load can be
+    /// ended when the rollout it measures is done.
+    #[arg(long, env = "KUBEGRACE_LOADGEN_CONTROL")]
+    control: Option<SocketAddr>,
+}
+
+/// `GET /ready`: 200 while the load runs. `POST /stop`: ends it (202).
+async fn control(
+    stop: Arc<Notify>,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    let (status, body) = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/ready") => (StatusCode::OK, "sending\n"),
+        (&Method::POST, "/stop") => {
+            // notify_one stores a permit, so a stop that arrives before the run starts
+            // waiting still counts.
+            stop.notify_one();
+            (StatusCode::ACCEPTED, "stopping\n")
+        }
+        (_, "/ready" | "/stop") => (StatusCode::METHOD_NOT_ALLOWED, "GET /ready, POST /stop\n"),
+        _ => (StatusCode::NOT_FOUND, "try GET /ready or POST /stop\n"),
+    };
+    let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *resp.status_mut() = status;
+    Ok(resp)
+}
+
+/// Serves [`control`] on `addr` until the process ends.
+async fn serve_control(addr: SocketAddr, stop: Arc<Notify>) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the control endpoint {addr}"))?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| control(stop.clone(), req));
+                // A broken control connection only ends that connection.
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Ok(())
 }
 
 #[tokio::main]
@@ -98,15 +159,21 @@ async fn main() -> Result<()> {
         cfg.timeout,
         cfg.target
     );
-    // SIGTERM (the Job deleted) or Ctrl-C: stop sending, let in-flight requests finish,
-    // and still print what was measured.
+    // SIGTERM (the Job deleted), Ctrl-C or POST /stop: stop sending, let in-flight
+    // requests finish, and still print what was measured.
+    let stop_requested = Arc::new(Notify::new());
+    if let Some(addr) = args.control {
+        serve_control(addr, stop_requested.clone()).await?;
+        eprintln!("loadgen: control endpoint on {addr} (GET /ready, POST /stop)");
+    }
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let stop = async move {
-        tokio::select! {
-            _ = sigterm.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-        eprintln!("loadgen: interrupted, waiting for the requests in flight");
+        let why = tokio::select! {
+            _ = sigterm.recv() => "SIGTERM",
+            _ = tokio::signal::ctrl_c() => "interrupt",
+            _ = stop_requested.notified() => "POST /stop",
+        };
+        eprintln!("loadgen: {why}: stopped sending, waiting for the requests in flight");
     };
     let (mut outcomes, summary) = load::run_outcomes_until(&cfg, stop).await?;
 

@@ -4,10 +4,11 @@
 //!
 //! Steps, each printed with the seconds elapsed ([`Progress`]):
 //! 1. [`Install::helm_install`]: `helm install` of `charts/kubegrace` into its own
-//!    namespace, with the locally imported images; the webhook is then scoped to this run's
-//!    namespaces (label `kubegrace.io/e2e-run=<release>`), so a shared cluster's other tests
-//!    never see this operator's webhook, and its `failurePolicy` is `Fail`, so a pod without
-//!    the sidecar cannot slip into the measurement.
+//!    namespace, with the locally imported images; the webhook is scoped to this run's
+//!    namespaces (label `kubegrace.io/e2e-run=<release>`, the chart's
+//!    `webhook.namespaceSelector`), so a shared cluster's other tests never see this
+//!    operator's webhook, and its `failurePolicy` is `Fail`, so a pod without the sidecar
+//!    cannot slip into the measurement.
 //! 2. [`Scenario::deploy`]: one labelled namespace; Deployment `demo-with` annotated
 //!    `kubegrace.io/inject=enabled` (the operator copies it into the pod template, the
 //!    webhook injects) plus a GraceRoute with short drain timers; Deployment `demo-without`
@@ -15,11 +16,14 @@
 //!    Waits until both are settled: every pod ready, the route `Ready`, the sidecar in every
 //!    `demo-with` pod, the Service answering through its ClusterIP.
 //! 3. [`Scenario::roll_under_load`]: open-loop HTTP/1.1 keep-alive load at a constant rate
-//!    on the Service's ClusterIP from this host (or its NodePort where the host does not
-//!    route ClusterIPs, e.g. kind), a restart of
-//!    the pod template (what `kubectl rollout restart` does), then waits until the rollout
-//!    is complete and every old pod is gone; the load stops there and its summary is the
-//!    result. [`Action::Scale`] does the same with a scale-down.
+//!    on the Service's ClusterIP, sent by `kubegrace-loadgen` running as a Job in the test
+//!    namespace ([`LoadMode::Job`], the default; `KUBEGRACE_E2E_LOAD_FROM=host` sends it
+//!    from this process instead, on the ClusterIP or, where the host does not route
+//!    ClusterIPs, the NodePort); then a restart of the pod template (what `kubectl rollout
+//!    restart` does), and a wait until the rollout is complete and every old pod is gone.
+//!    The load stops there (`POST /stop` through the API server's pod proxy) and its
+//!    summary, the last JSON line of the Job's log, is the result. [`Action`] also scales
+//!    down, annotates (`kubegrace.io/inject`) or kills operator pods mid-rollout.
 //! 4. [`Install::uninstall`]: routes deleted while the operator still runs (finalizers),
 //!    namespaces deleted, `helm uninstall`.
 //!
@@ -35,11 +39,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-    PostParams,
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, LogParams, Patch,
+    PatchParams, PostParams,
 };
 use kube::{Api, Client};
 use serde_json::json;
@@ -135,9 +140,43 @@ impl Default for Drain {
     }
 }
 
+/// Where the load generator runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadMode {
+    /// `kubegrace-loadgen` as a Job in the test namespace, on the Service's ClusterIP: the
+    /// traffic takes the path a client pod's does (kube-proxy on the node), on kind too.
+    Job,
+    /// In this process, on the ClusterIP (hosts that route it, the local cluster) or the
+    /// NodePort (kind). A fallback for clusters without the loadgen image.
+    Host,
+}
+
+impl LoadMode {
+    /// `KUBEGRACE_E2E_LOAD_FROM=host` selects [`LoadMode::Host`]; unset or `job` is
+    /// [`LoadMode::Job`]; anything else is an error, so a typo cannot change what is measured.
+    pub fn from_env() -> Result<LoadMode> {
+        match std::env::var("KUBEGRACE_E2E_LOAD_FROM").as_deref() {
+            Err(_) | Ok("" | "job") => Ok(LoadMode::Job),
+            Ok("host") => Ok(LoadMode::Host),
+            Ok(other) => bail!("KUBEGRACE_E2E_LOAD_FROM={other:?}: expected job or host"),
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            LoadMode::Job => "a loadgen Job in the cluster",
+            LoadMode::Host => "this host",
+        }
+    }
+}
+
 /// The load of one run.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
+    /// Where the load generator runs.
+    pub mode: LoadMode,
+    /// HTTP/1.1 keep-alive until the demo app serves h2c and gRPC too.
+    pub protocol: Protocol,
     /// Requests per second (open loop).
     pub rate: f64,
     /// Keep-alive connections (at most this many requests in flight).
@@ -157,6 +196,8 @@ pub struct LoadOptions {
 impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
+            mode: LoadMode::Job,
+            protocol: Protocol::Http1,
             rate: 150.0,
             connections: 32,
             path: "/delay?ms=50".into(),
@@ -175,6 +216,8 @@ pub struct Options {
     pub release_namespace: String,
     pub image_registry: String,
     pub image_tag: String,
+    /// Operator replicas (the chart's default is 2; one is enough where no test kills one).
+    pub operator_replicas: u32,
     pub replicas: i32,
     pub drain: Drain,
     pub load: LoadOptions,
@@ -184,20 +227,36 @@ pub struct Options {
 
 impl Options {
     /// Defaults for the local images (`e2e/cluster/images`), with a release name unique to
-    /// this process.
-    pub fn new(release_prefix: &str) -> Options {
+    /// this process. The load runs where `KUBEGRACE_E2E_LOAD_FROM` says ([`LoadMode`]).
+    pub fn new(release_prefix: &str) -> Result<Options> {
         let release = format!("{release_prefix}-{}", suffix());
-        Options {
+        let load = LoadOptions {
+            mode: LoadMode::from_env()?,
+            ..LoadOptions::default()
+        };
+        Ok(Options {
             chart: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/kubegrace"),
             release_namespace: release.clone(),
             release,
             image_registry: "localhost".into(),
             image_tag: "e2e".into(),
+            operator_replicas: 1,
             replicas: 3,
             drain: Drain::default(),
-            load: LoadOptions::default(),
+            load,
             rollout_timeout: Duration::from_secs(180),
-        }
+        })
+    }
+
+    /// The loadgen image: `KUBEGRACE_E2E_LOADGEN_IMAGE`, else the one `e2e/cluster/images`
+    /// builds next to the chart's images.
+    pub fn loadgen_image(&self) -> String {
+        std::env::var("KUBEGRACE_E2E_LOADGEN_IMAGE").unwrap_or_else(|_| {
+            format!(
+                "{}/kubegrace/loadgen:{}",
+                self.image_registry, self.image_tag
+            )
+        })
     }
 }
 
@@ -271,9 +330,9 @@ impl Install {
         }
     }
 
-    /// `helm install` with the local images, one operator replica, `failurePolicy: Fail`;
-    /// then waits for the operator's certificate in the webhook configuration and scopes
-    /// the webhook to namespaces labelled `kubegrace.io/e2e-run=<release>`.
+    /// `helm install` with the local images, `opts.operator_replicas`, `failurePolicy: Fail`,
+    /// the webhook scoped to namespaces labelled `kubegrace.io/e2e-run=<release>`; then
+    /// waits for the operator's certificate in the webhook configuration.
     pub async fn helm_install(&self, client: &Client, opts: &Options, p: &Progress) -> Result<()> {
         let install = self;
         p.step(format!(
@@ -300,55 +359,66 @@ impl Install {
         args.extend(set("image.registry", &opts.image_registry));
         args.extend(set("image.tag", &opts.image_tag));
         args.extend(set("image.pullPolicy", "IfNotPresent"));
-        args.extend(set("operator.replicas", "1"));
+        args.extend(set(
+            "operator.replicas",
+            &opts.operator_replicas.to_string(),
+        ));
         args.extend(set("webhook.failurePolicy", "Fail"));
+        // Scoped at install (the chart ANDs this into every webhook entry): a shared
+        // cluster's other tests never see this run's webhook, from its first moment.
+        let key = RUN_LABEL.replace('.', "\\.");
+        args.push("--set-string".into());
+        args.push(format!(
+            "webhook.namespaceSelector.matchLabels.{key}={}",
+            install.release
+        ));
         helm(&args, Duration::from_secs(200)).await?;
-        p.step("helm install done: operator ready");
+        p.step(format!(
+            "helm install done: operator ready, webhook scoped to namespaces labelled {RUN_LABEL}={}",
+            install.release
+        ));
 
         let name = format!("{}-sidecar-injector", install.release);
         let mwcs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-        let count = p
-            .wait(
-                "the operator's CA in the webhook configuration",
-                Duration::from_secs(90),
-                Duration::from_millis(500),
-                || async {
-                    let m = mwcs.get(&name).await.map_err(|e| e.to_string())?;
-                    let hooks = m.webhooks.unwrap_or_default();
-                    let with_ca = hooks
-                        .iter()
-                        .filter(|w| w.client_config.ca_bundle.is_some())
-                        .count();
-                    if !hooks.is_empty() && with_ca == hooks.len() {
-                        Ok(hooks.len())
-                    } else {
-                        Err(format!("{with_ca}/{} entries have a caBundle", hooks.len()))
-                    }
-                },
-            )
-            .await?;
-        // Read-modify-replace (the resourceVersion guards against a concurrent caBundle
-        // write; a conflict fails the install, loudly).
-        let mut mwc = mwcs.get(&name).await?;
-        for hook in mwc.webhooks.iter_mut().flatten() {
-            hook.namespace_selector
-                .get_or_insert_with(Default::default)
-                .match_expressions
-                .get_or_insert_with(Vec::new)
-                .push(LabelSelectorRequirement {
-                    key: RUN_LABEL.into(),
-                    operator: "In".into(),
-                    values: Some(vec![install.release.clone()]),
-                });
-        }
-        ensure!(count > 0, "webhook configuration {name} has no entries");
-        mwcs.replace(&name, &PostParams::default(), &mwc)
-            .await
-            .context("scoping the webhook to this run's namespaces")?;
-        p.step(format!(
-            "webhook {name} scoped to namespaces labelled {RUN_LABEL}={}",
-            install.release
-        ));
+        let release = install.release.clone();
+        p.wait(
+            "the operator's CA in the webhook configuration",
+            Duration::from_secs(90),
+            Duration::from_millis(500),
+            || async {
+                let m = mwcs.get(&name).await.map_err(|e| e.to_string())?;
+                let hooks = m.webhooks.unwrap_or_default();
+                // The scope is what keeps this run's webhook out of other tests: check the
+                // chart rendered it, rather than trust it.
+                let scoped = hooks
+                    .iter()
+                    .filter(|w| {
+                        w.namespace_selector
+                            .as_ref()
+                            .and_then(|s| s.match_labels.as_ref())
+                            .and_then(|l| l.get(RUN_LABEL))
+                            == Some(&release)
+                    })
+                    .count();
+                let with_ca = hooks
+                    .iter()
+                    .filter(|w| w.client_config.ca_bundle.is_some())
+                    .count();
+                if scoped != hooks.len() {
+                    // Not something time fixes; the wait prints it and times out.
+                    return Err(format!(
+                        "only {scoped}/{} entries select {RUN_LABEL}={release}",
+                        hooks.len()
+                    ));
+                }
+                if !hooks.is_empty() && with_ca == hooks.len() {
+                    Ok(())
+                } else {
+                    Err(format!("{with_ca}/{} entries have a caBundle", hooks.len()))
+                }
+            },
+        )
+        .await?;
         Ok(())
     }
 
@@ -415,6 +485,21 @@ pub enum Action {
     Restart,
     /// Scale to this many replicas: the pods beyond it deleted.
     Scale(i32),
+    /// Set (`true`) or remove (`false`) the Deployment's `kubegrace.io/inject=enabled`
+    /// annotation with a merge patch, as `kubectl annotate` does; the operator then changes
+    /// the pod template, which rolls every pod.
+    Inject(bool),
+    /// [`Action::Restart`], and while it rolls, operator pods deleted with grace period 0:
+    /// the Lease holder as soon as the first old pod terminates, then the other replica it
+    /// started with when the second one does (both serve the webhook, so every pod the
+    /// rollout creates in between goes through a webhook whose endpoint just vanished).
+    RestartKillingOperator,
+}
+
+impl Action {
+    fn replaces_every_pod(self) -> bool {
+        !matches!(self, Action::Scale(_))
+    }
 }
 
 /// The result of one run under load.
@@ -425,8 +510,12 @@ pub struct RunResult {
     pub rollout_s: f64,
     /// When the change was made, UNIX time in seconds.
     pub rollout_at_unix_s: f64,
-    /// Old pods seen terminating, UNIX time in seconds.
+    /// Old pods seen terminating (and operator pods killed), UNIX time in seconds.
     pub events: Vec<(f64, String)>,
+    /// Where the load ran ([`LoadMode::describe`] and the Job's name).
+    pub load_from: String,
+    /// Operator pods deleted during the run ([`Action::RestartKillingOperator`]).
+    pub operator_pods_killed: Vec<String>,
 }
 
 impl RunResult {
@@ -471,7 +560,7 @@ impl RunResult {
             .map(|(r, n)| format!("{r}={n}"))
             .collect();
         format!(
-            "{} requests, {} failed [{}], rollout {:.1}s, p99 {:.1} ms{}",
+            "{} requests, {} failed [{}], rollout {:.1}s, p99 {:.1} ms, load from {}{}",
             s.requests,
             s.failed,
             if reasons.is_empty() {
@@ -481,6 +570,7 @@ impl RunResult {
             },
             self.rollout_s,
             s.p99_ms,
+            self.load_from,
             if s.by_detail.is_empty() {
                 String::new()
             } else {
@@ -545,7 +635,8 @@ pub fn service(name: &str) -> Result<Service> {
     }))?)
 }
 
-fn has_sidecar(p: &Pod) -> bool {
+/// Whether the pod has the injected sidecar container.
+pub fn has_sidecar(p: &Pod) -> bool {
     p.spec.as_ref().is_some_and(|s| {
         s.init_containers
             .iter()
@@ -555,7 +646,7 @@ fn has_sidecar(p: &Pod) -> bool {
     })
 }
 
-fn pod_ready(p: &Pod) -> bool {
+pub fn pod_ready(p: &Pod) -> bool {
     p.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -589,10 +680,21 @@ fn short(pod: &str) -> &str {
 }
 
 impl Scenario {
-    /// Creates the namespace (labelled for cleanup and for this run's webhook).
+    /// Creates the namespace `kg-e2e-rollout-xxxxx` (labelled for cleanup and for this
+    /// run's webhook).
     pub async fn new(client: &Client, opts: &Options, p: &Progress) -> Result<Scenario> {
+        Scenario::named(client, opts, p, "rollout").await
+    }
+
+    /// Like [`Scenario::new`], in namespace `kg-e2e-<what>-xxxxx`.
+    pub async fn named(
+        client: &Client,
+        opts: &Options,
+        p: &Progress,
+        what: &str,
+    ) -> Result<Scenario> {
         let namespaces: Api<Namespace> = Api::all(client.clone());
-        let name = format!("kg-e2e-rollout-{}", suffix());
+        let name = format!("kg-e2e-{what}-{}", suffix());
         let ns: Namespace = serde_json::from_value(json!({
             "metadata": {"name": name, "labels": {E2E_LABEL: "true", RUN_LABEL: opts.release}},
         }))?;
@@ -619,48 +721,116 @@ impl Scenario {
     /// Creates both Deployments, their Services and the GraceRoute, and waits until both
     /// are settled and answer through their ClusterIPs.
     pub async fn deploy(&self, p: &Progress) -> Result<()> {
-        let post = PostParams::default();
+        self.create_route(WITH, p).await?;
+        self.create_app(WITH, true, p).await?;
+        self.create_app(WITHOUT, false, p).await?;
+        self.settle(WITH, true, p).await?;
+        self.settle(WITHOUT, false, p).await?;
+        Ok(())
+    }
+
+    /// Creates GraceRoute `name` targeting Deployment `name` (port `http`, `opts.drain`).
+    pub async fn create_route(&self, name: &str, p: &Progress) -> Result<()> {
         let d = &self.opts.drain;
         let route: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
-            "metadata": {"name": WITH},
+            "metadata": {"name": name},
             "spec": {
-                "targetRef": {"kind": "Deployment", "name": WITH},
+                "targetRef": {"kind": "Deployment", "name": name},
                 "ports": [{"name": "http", "protocol": "http"}],
                 "drain": {"minDelay": d.min_delay, "quiet": d.quiet, "maxDelay": d.max_delay, "timeout": d.timeout},
             },
         }))?;
         graceroute_api(&self.client, &self.namespace)
-            .create(&post, &route)
+            .create(&PostParams::default(), &route)
             .await
-            .context("creating the GraceRoute")?;
+            .with_context(|| format!("creating GraceRoute {name}"))?;
         p.step(format!(
-            "GraceRoute {WITH}: drain minDelay {} quiet {} maxDelay {} timeout {}",
+            "GraceRoute {name}: drain minDelay {} quiet {} maxDelay {} timeout {}",
             d.min_delay, d.quiet, d.max_delay, d.timeout
         ));
-        let services: Api<Service> = Api::namespaced(self.client.clone(), &self.namespace);
-        for (name, kubegrace) in [(WITH, true), (WITHOUT, false)] {
-            self.deployments()
-                .create(&post, &deployment(name, self.opts.replicas, kubegrace)?)
-                .await
-                .with_context(|| format!("creating Deployment {name}"))?;
-            services
-                .create(&post, &service(name)?)
-                .await
-                .with_context(|| format!("creating Service {name}"))?;
-            p.step(format!(
-                "Deployment {name} ({} replicas{}) and its Service",
-                self.opts.replicas,
-                if kubegrace {
-                    ", annotated kubegrace.io/inject=enabled"
-                } else {
-                    ", plain"
-                }
-            ));
-        }
-        self.settle(WITH, true, p).await?;
-        self.settle(WITHOUT, false, p).await?;
         Ok(())
+    }
+
+    /// Creates Deployment `name` (the demo app, `opts.replicas`; annotated
+    /// `kubegrace.io/inject=enabled` iff `kubegrace`) and a Service in front of it.
+    pub async fn create_app(&self, name: &str, kubegrace: bool, p: &Progress) -> Result<()> {
+        let post = PostParams::default();
+        let services: Api<Service> = Api::namespaced(self.client.clone(), &self.namespace);
+        self.deployments()
+            .create(&post, &deployment(name, self.opts.replicas, kubegrace)?)
+            .await
+            .with_context(|| format!("creating Deployment {name}"))?;
+        services
+            .create(&post, &service(name)?)
+            .await
+            .with_context(|| format!("creating Service {name}"))?;
+        p.step(format!(
+            "Deployment {name} ({} replicas{}) and its Service",
+            self.opts.replicas,
+            if kubegrace {
+                ", annotated kubegrace.io/inject=enabled"
+            } else {
+                ", plain"
+            }
+        ));
+        Ok(())
+    }
+
+    /// Waits until GraceRoute `name` has computed its time budget and the operator wrote
+    /// it into Deployment `name`'s pod template (which rolls the Deployment once), so a
+    /// measurement that follows does not catch that roll.
+    pub async fn wait_budget_applied(&self, name: &str, p: &Progress) -> Result<i64> {
+        let routes = graceroute_api(&self.client, &self.namespace);
+        let deployments = self.deployments();
+        p.wait(
+            &format!("GraceRoute {name}: time budget written into Deployment {name}"),
+            Duration::from_secs(60),
+            Duration::from_millis(500),
+            || async {
+                let r = routes.get(name).await.map_err(|e| e.to_string())?;
+                let budget = r.data["status"]["budgetSeconds"]
+                    .as_i64()
+                    .ok_or("no budget in the route's status yet")?;
+                let d = deployments.get(name).await.map_err(|e| e.to_string())?;
+                let tgp = d
+                    .spec
+                    .and_then(|s| s.template.spec)
+                    .and_then(|s| s.termination_grace_period_seconds);
+                if tgp == Some(budget) {
+                    Ok(budget)
+                } else {
+                    Err(format!(
+                        "budget {budget}s, template terminationGracePeriodSeconds {tgp:?}"
+                    ))
+                }
+            },
+        )
+        .await
+    }
+
+    /// The live pods of Deployment `name`.
+    pub async fn app_pods(&self, name: &str) -> Result<Vec<Pod>> {
+        Ok(self
+            .pods()
+            .list(&ListParams::default().labels(&format!("app={name}")))
+            .await?
+            .items)
+    }
+
+    /// `GET path` on port `port` of pod `pod`, through the API server's pod proxy (it
+    /// reaches the pod IP wherever the API server does, kind included). Returns the body.
+    pub async fn pod_get(&self, pod: &str, port: u16, path: &str) -> Result<String> {
+        let url = format!(
+            "/api/v1/namespaces/{}/pods/{pod}:{port}/proxy/{}",
+            self.namespace,
+            path.trim_start_matches('/')
+        );
+        let req = http::Request::get(url.as_str()).body(Vec::new())?;
+        self.client
+            .request_text(req)
+            .await
+            .with_context(|| format!("GET {url}"))
     }
 
     /// Waits until `name` is rolled out with exactly its replicas, all ready, none
@@ -792,6 +962,162 @@ impl Scenario {
             .collect())
     }
 
+    /// Starts the load on `name`'s Service where `opts.load.mode` says, and returns once it
+    /// runs. Stop it with [`RunningLoad::finish`].
+    pub async fn start_load(&self, name: &str, p: &Progress) -> Result<RunningLoad> {
+        let lo = &self.opts.load;
+        match lo.mode {
+            LoadMode::Host => {
+                let addr = self.service_addr(name).await?;
+                let cfg = self.load_config(format!("http://{addr}"));
+                p.step(format!(
+                    "{name}: load {}/s {} keep-alive ({} connections, GET {}) on {addr} from {}",
+                    lo.rate,
+                    lo.protocol.as_str(),
+                    lo.connections,
+                    lo.path,
+                    lo.mode.describe()
+                ));
+                let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+                let task = tokio::spawn(async move {
+                    load::run_outcomes_until(&cfg, async {
+                        let _ = stop_rx.await;
+                    })
+                    .await
+                    .map(|(_, summary)| summary)
+                });
+                Ok(RunningLoad {
+                    from: lo.mode.describe().to_owned(),
+                    inner: Running::Host { stop_tx, task },
+                })
+            }
+            LoadMode::Job => self.start_load_job(name, p).await,
+        }
+    }
+
+    fn load_config(&self, target: String) -> load::Config {
+        let lo = &self.opts.load;
+        load::Config {
+            target,
+            protocol: lo.protocol,
+            rate: lo.rate,
+            duration: lo.max_duration,
+            max_requests: (lo.rate * lo.max_duration.as_secs_f64()).ceil() as u64,
+            connections: lo.connections,
+            path: lo.path.clone(),
+            timeout: lo.timeout,
+            ..load::Config::default()
+        }
+    }
+
+    /// Creates the loadgen Job on the Service's ClusterIP and waits until its pod is ready
+    /// (its control endpoint answers, so the load runs).
+    async fn start_load_job(&self, name: &str, p: &Progress) -> Result<RunningLoad> {
+        let services: Api<Service> = Api::namespaced(self.client.clone(), &self.namespace);
+        let cluster_ip = services
+            .get(name)
+            .await?
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .filter(|ip| !ip.is_empty() && ip != "None")
+            .with_context(|| format!("Service {name} has no ClusterIP"))?;
+        let cfg = self.load_config(format!("http://{cluster_ip}:80"));
+        let job_name = format!("loadgen-{name}-{}", suffix());
+        // The Job ends by itself even if nobody stops it: the loadgen's own schedule is
+        // bounded (rate x max_duration), and the deadline bounds the pod's life.
+        let deadline_s = cfg.duration.as_secs() + cfg.timeout.as_secs() + 120;
+        let job: Job = serde_json::from_value(json!({
+            "metadata": {"name": job_name, "labels": {"app": "loadgen", "loadgen-for": name}},
+            "spec": {
+                "backoffLimit": 0,
+                "activeDeadlineSeconds": deadline_s,
+                "template": {
+                    "metadata": {"labels": {"app": "loadgen", "loadgen-for": name}},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "automountServiceAccountToken": false,
+                        "terminationGracePeriodSeconds": cfg.timeout.as_secs() + 5,
+                        "containers": [{
+                            "name": "loadgen",
+                            "image": self.opts.loadgen_image(),
+                            "imagePullPolicy": "IfNotPresent",
+                            "args": [
+                                format!("--target={}", cfg.target),
+                                format!("--protocol={}", cfg.protocol.as_str()),
+                                format!("--rate={}", cfg.rate),
+                                format!("--duration={}s", cfg.duration.as_secs()),
+                                format!("--max-requests={}", cfg.max_requests),
+                                format!("--connections={}", cfg.connections),
+                                format!("--path={}", cfg.path),
+                                format!("--timeout={}ms", cfg.timeout.as_millis()),
+                                format!("--control=0.0.0.0:{LOADGEN_CONTROL_PORT}"),
+                            ],
+                            "ports": [{"name": "control", "containerPort": LOADGEN_CONTROL_PORT}],
+                            "readinessProbe": {"httpGet": {"path": "/ready", "port": "control"}, "periodSeconds": 1},
+                            "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}},
+                            "securityContext": {"allowPrivilegeEscalation": false, "runAsNonRoot": true,
+                                                "capabilities": {"drop": ["ALL"]},
+                                                "seccompProfile": {"type": "RuntimeDefault"}},
+                        }],
+                    },
+                },
+            },
+        }))?;
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.namespace);
+        jobs.create(&PostParams::default(), &job)
+            .await
+            .with_context(|| format!("creating the loadgen Job {job_name}"))?;
+        p.step(format!(
+            "{name}: load {}/s {} keep-alive ({} connections, GET {}) on {cluster_ip}:80 from Job {job_name}",
+            cfg.rate,
+            cfg.protocol.as_str(),
+            cfg.connections,
+            cfg.path
+        ));
+        let pods = self.pods();
+        let selector = format!("job-name={job_name}");
+        let pod = p
+            .wait(
+                &format!("Job {job_name}: its pod sending (ready)"),
+                Duration::from_secs(60),
+                Duration::from_millis(250),
+                || async {
+                    let list = pods
+                        .list(&ListParams::default().labels(&selector))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let Some(pod) = list.items.first() else {
+                        return Err("no pod yet".to_owned());
+                    };
+                    let phase = pod
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.phase.clone())
+                        .unwrap_or_default();
+                    if phase == "Failed" || phase == "Succeeded" {
+                        // Not retryable: say so at once (the wait prints it and times out
+                        // otherwise, which would only hide the reason).
+                        return Err(format!("pod ended early ({phase})"));
+                    }
+                    match (pod_ready(pod), pod.metadata.name.clone()) {
+                        (true, Some(n)) => Ok(n),
+                        _ => Err(format!("pod {phase}, not ready")),
+                    }
+                },
+            )
+            .await?;
+        Ok(RunningLoad {
+            from: format!("{} ({job_name})", LoadMode::Job.describe()),
+            inner: Running::Job {
+                client: self.client.clone(),
+                namespace: self.namespace.clone(),
+                job: job_name,
+                pod,
+                timeout: cfg.timeout,
+            },
+        })
+    }
+
     /// Runs the load on `name`'s Service, applies `action` after the lead-in, waits until
     /// the Deployment is rolled out and the pods it replaced (or scaled away) are gone,
     /// then stops the load. Fails (after stopping the load) when a wait times out.
@@ -801,47 +1127,66 @@ impl Scenario {
         action: Action,
         p: &Progress,
     ) -> Result<RunResult> {
-        let addr = self.service_addr(name).await?;
-        let lo = &self.opts.load;
-        let cfg = load::Config {
-            target: format!("http://{addr}"),
-            protocol: Protocol::Http1,
-            rate: lo.rate,
-            duration: lo.max_duration,
-            max_requests: (lo.rate * lo.max_duration.as_secs_f64()).ceil() as u64,
-            connections: lo.connections,
-            path: lo.path.clone(),
-            timeout: lo.timeout,
-            ..load::Config::default()
-        };
         let before = self.pod_names(name).await?;
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        p.step(format!(
-            "{name}: load {}/s http1 keep-alive ({} connections, GET {}) on {addr}",
-            lo.rate, lo.connections, lo.path
-        ));
-        let load_task = tokio::spawn(async move {
-            load::run_outcomes_until(&cfg, async {
-                let _ = stop_rx.await;
-            })
-            .await
-            .map(|(_, summary)| summary)
-        });
+        let load = self.start_load(name, p).await?;
         let outcome = self.act_and_wait(name, action, &before, p).await;
-        let _ = stop_tx.send(());
-        let summary = load_task
-            .await
-            .context("load task")?
-            .context("load generator")?;
-        let (rollout_s, rollout_at_unix_s, events) = outcome?;
+        let load_from = load.from.clone();
+        let summary = load.finish(p).await?;
+        let acted = outcome?;
         let result = RunResult {
             summary,
-            rollout_s,
-            rollout_at_unix_s,
-            events,
+            rollout_s: acted.rollout_s,
+            rollout_at_unix_s: acted.at_unix_s,
+            events: acted.events,
+            load_from,
+            operator_pods_killed: acted.killed,
         };
         p.step(format!("{name}: {}", result.describe()));
         Ok(result)
+    }
+
+    /// The operator pods of this run's release that are not terminating (name, ready), and
+    /// the Lease holder.
+    pub async fn operator_pods(&self) -> Result<(Vec<(String, bool)>, Option<String>)> {
+        let ns = &self.opts.release_namespace;
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let selector = format!(
+            "app.kubernetes.io/instance={},app.kubernetes.io/component=operator",
+            self.opts.release
+        );
+        let names = pods
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| {
+                let ready = pod_ready(&p);
+                p.metadata.name.map(|n| (n, ready))
+            })
+            .collect();
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), ns);
+        let holder = leases
+            .get_opt(&format!("{}-operator", self.opts.release))
+            .await?
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .filter(|h| !h.is_empty());
+        Ok((names, holder))
+    }
+
+    /// Deletes operator pod `pod` with grace period 0 (as `kubectl delete --grace-period=0
+    /// --force` does): the process is killed, nothing drains.
+    async fn kill_operator_pod(&self, pod: &str) -> Result<()> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.opts.release_namespace);
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        pods.delete(pod, &dp)
+            .await
+            .with_context(|| format!("deleting operator pod {pod}"))?;
+        Ok(())
     }
 
     async fn act_and_wait(
@@ -850,15 +1195,43 @@ impl Scenario {
         action: Action,
         before: &BTreeMap<String, bool>,
         p: &Progress,
-    ) -> Result<(f64, f64, Vec<(f64, String)>)> {
+    ) -> Result<Acted> {
         // The lead-in is part of the measurement (steady state before the change), not a
         // wait for something to happen.
         tokio::time::sleep(self.opts.load.lead_in).await;
         let deployments = self.deployments();
+        // The rollout counts only once the Deployment's generation moved past this: an
+        // annotation changes no spec, so the generation moves when the operator acts.
+        let generation_before = deployments
+            .get(name)
+            .await?
+            .metadata
+            .generation
+            .unwrap_or(0);
+        // Operator pods to kill, in order: the Lease holder first.
+        let mut victims: Vec<String> = Vec::new();
+        if action == Action::RestartKillingOperator {
+            let (pods, holder) = self.operator_pods().await?;
+            let mut pods: Vec<String> = pods.into_iter().map(|(n, _)| n).collect();
+            ensure!(
+                pods.len() >= 2,
+                "killing an operator pod needs 2 replicas; release {} runs {:?}",
+                self.opts.release,
+                pods
+            );
+            if let Some(h) = holder.filter(|h| pods.contains(h)) {
+                pods.retain(|p| p != &h);
+                victims.push(h);
+            }
+            victims.extend(pods);
+            p.step(format!(
+                "operator pods to kill mid-rollout, in order: {victims:?}"
+            ));
+        }
         let at = unix_now();
         let started = Instant::now();
         let patch = match action {
-            Action::Restart => {
+            Action::Restart | Action::RestartKillingOperator => {
                 p.step(format!("{name}: rollout restart (new pod template)"));
                 json!({"spec": {"template": {"metadata": {"annotations": {
                     "kubectl.kubernetes.io/restartedAt": format!("{at:.3}"),
@@ -867,6 +1240,18 @@ impl Scenario {
             Action::Scale(n) => {
                 p.step(format!("{name}: scale {} -> {n}", before.len()));
                 json!({"spec": {"replicas": n}})
+            }
+            Action::Inject(true) => {
+                p.step(format!(
+                    "{name}: annotate kubegrace.io/inject=enabled (the operator rolls it)"
+                ));
+                json!({"metadata": {"annotations": {"kubegrace.io/inject": "enabled"}}})
+            }
+            Action::Inject(false) => {
+                p.step(format!(
+                    "{name}: annotate kubegrace.io/inject- (the operator rolls it back)"
+                ));
+                json!({"metadata": {"annotations": {"kubegrace.io/inject": null}}})
             }
         };
         deployments
@@ -877,14 +1262,16 @@ impl Scenario {
         // What the probe saw so far (the probe runs one at a time; no borrow crosses an await).
         let events: RefCell<Vec<(f64, String)>> = RefCell::default();
         let noted: RefCell<BTreeSet<String>> = RefCell::default();
+        let killed: RefCell<Vec<String>> = RefCell::default();
         let rollout_s: Cell<Option<f64>> = Cell::new(None);
-        let wait_old = match action {
-            Action::Restart => "every old pod",
-            Action::Scale(_) => "the scaled-away pods",
+        let wait_old = if action.replaces_every_pod() {
+            "every old pod"
+        } else {
+            "the scaled-away pods"
         };
         let keep = match action {
-            Action::Restart => 0,
             Action::Scale(n) => usize::try_from(n).unwrap_or(0),
+            _ => 0,
         };
         let budget = self.opts.rollout_timeout + Duration::from_secs(60);
         p.wait(
@@ -903,16 +1290,32 @@ impl Scenario {
                         events.borrow_mut().push((unix_now(), label));
                     }
                 }
+                // One operator pod killed per old pod seen terminating, so each kill falls
+                // while the rollout creates pods.
+                let due = noted.borrow().len().min(victims.len());
+                while killed.borrow().len() < due {
+                    let victim = victims[killed.borrow().len()].clone();
+                    self.kill_operator_pod(&victim)
+                        .await
+                        .map_err(|e| format!("{e:#}"))?;
+                    p.step(format!("  killed operator pod {victim} (grace period 0)"));
+                    events
+                        .borrow_mut()
+                        .push((unix_now(), format!("operator {} killed", short(&victim))));
+                    killed.borrow_mut().push(victim);
+                }
                 if rollout_s.get().is_none() {
                     let d = deployments.get(name).await.map_err(|e| e.to_string())?;
-                    if rolled_out(&d).is_ok() {
+                    let moved = d.metadata.generation.unwrap_or(0) > generation_before;
+                    if moved && rolled_out(&d).is_ok() {
                         rollout_s.set(Some(started.elapsed().as_secs_f64()));
                     }
                 }
                 let old_left = before.keys().filter(|pod| now.contains_key(*pod)).count();
-                let done = match action {
-                    Action::Restart => old_left == 0,
-                    Action::Scale(_) => now.len() == keep && now.values().all(|t| !t),
+                let done = if action.replaces_every_pod() {
+                    old_left == 0
+                } else {
+                    now.len() == keep && now.values().all(|t| !t)
                 };
                 match rollout_s.get() {
                     Some(_) if done => Ok(()),
@@ -928,7 +1331,122 @@ impl Scenario {
             },
         )
         .await?;
-        Ok((rollout_s.get().unwrap_or_default(), at, events.into_inner()))
+        Ok(Acted {
+            rollout_s: rollout_s.get().unwrap_or_default(),
+            at_unix_s: at,
+            events: events.into_inner(),
+            killed: killed.into_inner(),
+        })
+    }
+}
+
+/// What [`Scenario::act_and_wait`] saw.
+struct Acted {
+    rollout_s: f64,
+    at_unix_s: f64,
+    events: Vec<(f64, String)>,
+    killed: Vec<String>,
+}
+
+/// The loadgen's control port in its Job (`GET /ready`, `POST /stop`).
+pub const LOADGEN_CONTROL_PORT: u16 = 9000;
+
+/// A load that runs until [`RunningLoad::finish`].
+pub struct RunningLoad {
+    /// Where it runs, for the report.
+    pub from: String,
+    inner: Running,
+}
+
+enum Running {
+    Host {
+        stop_tx: tokio::sync::oneshot::Sender<()>,
+        task: tokio::task::JoinHandle<Result<Summary, load::Error>>,
+    },
+    Job {
+        client: Client,
+        namespace: String,
+        job: String,
+        pod: String,
+        timeout: Duration,
+    },
+}
+
+impl RunningLoad {
+    /// Stops sending, lets the requests in flight finish and returns the summary. The Job
+    /// is stopped through the API server's pod proxy (`POST /stop` on its control port),
+    /// which reaches pods wherever the API server does (kind too); its summary is the last
+    /// JSON line of the pod's log.
+    pub async fn finish(self, p: &Progress) -> Result<Summary> {
+        match self.inner {
+            Running::Host { stop_tx, task } => {
+                let _ = stop_tx.send(());
+                Ok(task.await.context("load task")?.context("load generator")?)
+            }
+            Running::Job {
+                client,
+                namespace,
+                job,
+                pod,
+                timeout,
+            } => {
+                let url = format!(
+                    "/api/v1/namespaces/{namespace}/pods/{pod}:{LOADGEN_CONTROL_PORT}/proxy/stop"
+                );
+                p.wait(
+                    &format!("Job {job}: POST /stop accepted"),
+                    Duration::from_secs(30),
+                    Duration::from_millis(500),
+                    || async {
+                        let req = http::Request::post(url.as_str())
+                            .body(Vec::new())
+                            .map_err(|e| e.to_string())?;
+                        client
+                            .request_text(req)
+                            .await
+                            .map(drop)
+                            .map_err(|e| e.to_string())
+                    },
+                )
+                .await?;
+                let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+                let phase = p
+                    .wait(
+                        &format!("Job {job}: requests in flight done, pod {pod} finished"),
+                        timeout + Duration::from_secs(60),
+                        Duration::from_millis(500),
+                        || async {
+                            let got = pods.get(&pod).await.map_err(|e| e.to_string())?;
+                            match got.status.and_then(|s| s.phase).as_deref() {
+                                Some(ph @ ("Succeeded" | "Failed")) => Ok(ph.to_owned()),
+                                other => Err(format!("phase {}", other.unwrap_or("-"))),
+                            }
+                        },
+                    )
+                    .await?;
+                let log = pods
+                    .logs(
+                        &pod,
+                        &LogParams {
+                            container: Some("loadgen".into()),
+                            ..LogParams::default()
+                        },
+                    )
+                    .await
+                    .with_context(|| format!("reading the log of {pod}"))?;
+                ensure!(
+                    phase == "Succeeded",
+                    "loadgen pod {pod} {phase}; its log:\n{log}"
+                );
+                let line = log
+                    .lines()
+                    .rev()
+                    .find(|l| l.trim_start().starts_with('{'))
+                    .with_context(|| format!("no JSON summary in the log of {pod}:\n{log}"))?;
+                serde_json::from_str(line)
+                    .with_context(|| format!("parsing the summary in the log of {pod}"))
+            }
+        }
     }
 }
 

@@ -1,0 +1,404 @@
+//! What a user does to a running app with the operator, under constant load:
+//!
+//! 5. `kubectl annotate deployment web kubegrace.io/inject=enabled`: the operator rolls the
+//!    pods, they come back with the sidecar; removing the annotation rolls them back out.
+//! 6. Editing a GraceRoute: the sidecars reload the new config (ConfigMap volume) without a
+//!    restart, and the route's status shows the new config hash.
+//! 7. Operator pods killed (grace period 0) in the middle of a rollout: no failed request,
+//!    every new pod injected, the other replica takes the Lease.
+//!
+//! One chart install (two operator replicas, `failurePolicy: Fail`) for the three flows;
+//! each flow has its own temporary labelled namespace, deleted at the end. All three run,
+//! then every finding is reported together. The load runs where `KUBEGRACE_E2E_LOAD_FROM`
+//! says (a loadgen Job in the cluster by default; see `kubegrace_e2e::scenario::LoadMode`).
+//!
+//! Skipped (with a message) when no cluster is configured.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kubegrace_e2e::client_or_skip;
+use kubegrace_e2e::scenario::{
+    Action, Install, Options, Progress, RunResult, Scenario, WITH, has_sidecar,
+};
+use serde_json::json;
+
+/// The Deployment of flow 5: plain at first.
+const WEB: &str = "web";
+/// The sidecar's admin port (`/config`).
+const ADMIN_PORT: u16 = 15020;
+/// The drain.quiet value flow 6 switches to (the scenario's default is 500ms). `quiet` is
+/// not part of the time budget, so the edit changes no pod template and rolls nothing.
+const NEW_QUIET: &str = "800ms";
+
+#[tokio::test]
+async fn annotate_edit_route_and_kill_the_operator_under_load() -> Result<()> {
+    let test = "annotate_edit_route_and_kill_the_operator_under_load";
+    let Some(client) = client_or_skip(test).await? else {
+        return Ok(());
+    };
+    let mut opts = Options::new("kg-e2e-ops")?;
+    // The chart's default; flow 7 kills one replica while the other serves.
+    opts.operator_replicas = 2;
+    let p = Progress::default();
+    let install = Install::new(&opts);
+    let mut namespaces = Vec::new();
+    let outcome = async {
+        install.helm_install(&client, &opts, &p).await?;
+        let annotate = Scenario::named(&client, &opts, &p, "annotate").await?;
+        namespaces.push(annotate.namespace.clone());
+        let reload = Scenario::named(&client, &opts, &p, "reload").await?;
+        namespaces.push(reload.namespace.clone());
+        let kill = Scenario::named(&client, &opts, &p, "opkill").await?;
+        namespaces.push(kill.namespace.clone());
+        // Everything is created up front, so the three apps start side by side.
+        annotate.create_route(WEB, &p).await?;
+        annotate.create_app(WEB, false, &p).await?;
+        for sc in [&reload, &kill] {
+            sc.create_route(WITH, &p).await?;
+            sc.create_app(WITH, true, &p).await?;
+        }
+        let mut report = Vec::new();
+        let mut failures = Vec::new();
+        for (flow, result) in [
+            ("5 annotate", annotate_flow(&annotate, &p).await),
+            ("6 edit GraceRoute", edit_route_flow(&reload, &p).await),
+            ("7 kill operator", kill_operator_flow(&kill, &p).await),
+        ] {
+            match result {
+                Ok(lines) => report.extend(lines.into_iter().map(|l| format!("{flow}: {l}"))),
+                Err(e) => failures.push(format!("{flow}: {e:#}")),
+            }
+        }
+        Ok::<_, anyhow::Error>((report, failures))
+    }
+    .await;
+    let keep = std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some();
+    if keep {
+        p.step(format!(
+            "keeping release {} and namespaces {namespaces:?}",
+            install.release
+        ));
+    } else {
+        install.uninstall(&client, &namespaces, &p).await;
+    }
+    let (report, failures) = outcome?;
+    for line in &report {
+        eprintln!("{line}");
+    }
+    if !failures.is_empty() {
+        bail!("{}", failures.join("\n"));
+    }
+    Ok(())
+}
+
+/// The failed requests of `run` attributed to one of `pods`.
+fn failed_on(run: &RunResult, pods: &BTreeSet<String>) -> u64 {
+    run.summary
+        .by_pod
+        .iter()
+        .filter(|(pod, _)| pods.contains(*pod))
+        .map(|(_, k)| k.failed)
+        .sum()
+}
+
+fn names(pods: &[Pod]) -> BTreeSet<String> {
+    pods.iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect()
+}
+
+/// Flow 5. The pods the annotation replaces are the plain ones: they die the naive way
+/// (the demo app exits at once on SIGTERM), so the requests they had in flight can fail;
+/// that is the loss kubegrace exists to prevent, and it is reported, not hidden. What must
+/// hold: the new pods are injected and lose nothing, and the roll that takes the sidecar
+/// out again (old pods with the sidecar, which drain) loses nothing at all.
+async fn annotate_flow(sc: &Scenario, p: &Progress) -> Result<Vec<String>> {
+    sc.wait_budget_applied(WEB, p).await?;
+    sc.settle(WEB, false, p).await?;
+    let plain = names(&sc.app_pods(WEB).await?);
+
+    let inject = sc.roll_under_load(WEB, Action::Inject(true), p).await?;
+    sc.settle(WEB, true, p)
+        .await
+        .context("after kubegrace.io/inject=enabled")?;
+    let injected_pods = sc.app_pods(WEB).await?;
+    let injected = names(&injected_pods);
+    ensure!(
+        injected_pods.iter().all(has_sidecar) && injected.is_disjoint(&plain),
+        "after the annotation, pods {injected:?} (before: {plain:?}) are not all new and injected"
+    );
+    let on_injected = failed_on(&inject, &injected);
+
+    let remove = sc.roll_under_load(WEB, Action::Inject(false), p).await?;
+    sc.settle(WEB, false, p)
+        .await
+        .context("after removing kubegrace.io/inject")?;
+    let bare_pods = sc.app_pods(WEB).await?;
+    ensure!(
+        bare_pods.iter().all(|p| !has_sidecar(p)) && names(&bare_pods).is_disjoint(&injected),
+        "after removing the annotation, pods {:?} still have the sidecar or were not replaced",
+        names(&bare_pods)
+    );
+
+    let lines = vec![
+        format!(
+            "inject roll (old pods plain): {}; failed on the new injected pods: {on_injected}",
+            inject.describe()
+        ),
+        format!(
+            "removal roll (old pods with the sidecar, draining): {}",
+            remove.describe()
+        ),
+    ];
+    for l in &lines {
+        p.step(l);
+    }
+    ensure!(
+        on_injected == 0,
+        "{on_injected} requests failed on injected pods during the inject roll: {:?}",
+        inject.summary.by_detail
+    );
+    ensure!(
+        remove.summary.failed == 0,
+        "{} of {} requests failed while the sidecar was rolled back out: {:?}",
+        remove.summary.failed,
+        remove.summary.requests,
+        remove.summary.by_detail
+    );
+    Ok(lines)
+}
+
+/// What must not change when a route is edited: pod UID and every container's restart
+/// count (the native sidecar is an init container), by pod name.
+fn identity(pods: &[Pod]) -> BTreeMap<String, (String, Vec<(String, i32)>)> {
+    pods.iter()
+        .filter_map(|p| {
+            let name = p.metadata.name.clone()?;
+            let uid = p.metadata.uid.clone().unwrap_or_default();
+            let status = p.status.clone().unwrap_or_default();
+            let restarts = status
+                .init_container_statuses
+                .unwrap_or_default()
+                .into_iter()
+                .chain(status.container_statuses.unwrap_or_default())
+                .map(|c| (c.name, c.restart_count))
+                .collect();
+            Some((name, (uid, restarts)))
+        })
+        .collect()
+}
+
+fn route_api(sc: &Scenario) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kubegrace.io", "v1alpha1", "GraceRoute"),
+        "graceroutes",
+    );
+    Api::namespaced_with(sc.client.clone(), &sc.namespace, &ar)
+}
+
+/// `drain.quiet` and the successful reload count in a sidecar's `GET /config`.
+async fn sidecar_config(sc: &Scenario, pod: &str) -> Result<(String, u64)> {
+    let body = sc.pod_get(pod, ADMIN_PORT, "/config").await?;
+    let v: serde_json::Value =
+        serde_json::from_str(&body).with_context(|| format!("/config of {pod}: {body}"))?;
+    let quiet = v["config"]["drain"]["quiet"]
+        .as_str()
+        .with_context(|| format!("/config of {pod} has no config.drain.quiet: {body}"))?
+        .to_owned();
+    Ok((quiet, v["source"]["reloads"].as_u64().unwrap_or(0)))
+}
+
+/// Flow 6.
+async fn edit_route_flow(sc: &Scenario, p: &Progress) -> Result<Vec<String>> {
+    sc.wait_budget_applied(WITH, p).await?;
+    sc.settle(WITH, true, p).await?;
+    let routes = route_api(sc);
+    let deployments: Api<Deployment> = Api::namespaced(sc.client.clone(), &sc.namespace);
+    let pods_before = sc.app_pods(WITH).await?;
+    let before = identity(&pods_before);
+    let generation_before = deployments.get(WITH).await?.metadata.generation;
+    let route = routes.get(WITH).await?;
+    let hash_before = route.data["status"]["configHash"]
+        .as_str()
+        .context("the route's status has no configHash")?
+        .to_owned();
+    let mut reloads_before = BTreeMap::new();
+    for pod in before.keys() {
+        let (quiet, reloads) = sidecar_config(sc, pod).await?;
+        ensure!(
+            quiet != NEW_QUIET,
+            "{pod} already has drain.quiet {NEW_QUIET}"
+        );
+        reloads_before.insert(pod.clone(), reloads);
+    }
+
+    let load = sc.start_load(WITH, p).await?;
+    let edited = async {
+        tokio::time::sleep(sc.opts.load.lead_in).await;
+        p.step(format!(
+            "GraceRoute {WITH}: drain.quiet {} -> {NEW_QUIET} (merge patch, as kubectl edit)",
+            sc.opts.drain.quiet
+        ));
+        let patched = routes
+            .patch(
+                WITH,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"drain": {"quiet": NEW_QUIET}}})),
+            )
+            .await
+            .context("patching the GraceRoute")?;
+        let generation = patched.metadata.generation.unwrap_or(0);
+        let hash_after = p
+            .wait(
+                "the route's status: new generation observed, new config hash",
+                Duration::from_secs(60),
+                Duration::from_millis(500),
+                || async {
+                    let r = routes.get(WITH).await.map_err(|e| e.to_string())?;
+                    let observed = r.data["status"]["observedGeneration"].as_i64();
+                    let hash = r.data["status"]["configHash"].as_str().unwrap_or_default();
+                    if observed >= Some(generation) && hash != hash_before {
+                        Ok(hash.to_owned())
+                    } else {
+                        Err(format!(
+                            "observedGeneration {observed:?}, configHash {hash}"
+                        ))
+                    }
+                },
+            )
+            .await?;
+        // The kubelet refreshes ConfigMap volumes on its sync loop (about a minute).
+        p.wait(
+            &format!("every sidecar's /config showing drain.quiet {NEW_QUIET}"),
+            Duration::from_secs(150),
+            Duration::from_secs(1),
+            || async {
+                let mut old = Vec::new();
+                for pod in before.keys() {
+                    match sidecar_config(sc, pod).await {
+                        Ok((quiet, _)) if quiet == NEW_QUIET => {}
+                        Ok((quiet, _)) => old.push(format!("{pod}: {quiet}")),
+                        Err(e) => old.push(format!("{pod}: {e:#}")),
+                    }
+                }
+                if old.is_empty() {
+                    Ok(())
+                } else {
+                    Err(old.join(", "))
+                }
+            },
+        )
+        .await?;
+        Ok::<_, anyhow::Error>(hash_after)
+    }
+    .await;
+    let summary = load.finish(p).await?;
+    let hash_after = edited?;
+
+    let pods_after = sc.app_pods(WITH).await?;
+    let after = identity(&pods_after);
+    let generation_after = deployments.get(WITH).await?.metadata.generation;
+    let mut reloaded = Vec::new();
+    for (pod, n) in &reloads_before {
+        let (_, reloads) = sidecar_config(sc, pod).await?;
+        reloaded.push(format!("{pod} reloads {n} -> {reloads}"));
+        ensure!(
+            reloads > *n,
+            "{pod}: the new config is in force but no reload was counted ({n} -> {reloads})"
+        );
+    }
+    let line = format!(
+        "config hash {hash_before} -> {hash_after}; {}; pods and restart counts unchanged: {}; \
+         load: {} requests, {} failed {:?}",
+        reloaded.join(", "),
+        before == after,
+        summary.requests,
+        summary.failed,
+        summary.by_detail
+    );
+    p.step(&line);
+    ensure!(
+        before == after,
+        "the route edit restarted or replaced pods: before {before:?}, after {after:?}"
+    );
+    ensure!(
+        generation_before == generation_after,
+        "the route edit changed the Deployment (generation {generation_before:?} -> {generation_after:?})"
+    );
+    ensure!(
+        pods_after
+            .iter()
+            .all(|p| p.metadata.deletion_timestamp.is_none()),
+        "a pod is terminating after the route edit"
+    );
+    ensure!(
+        summary.failed == 0,
+        "{} of {} requests failed while the sidecars reloaded: {:?}",
+        summary.failed,
+        summary.requests,
+        summary.by_detail
+    );
+    Ok(vec![line])
+}
+
+/// Flow 7.
+async fn kill_operator_flow(sc: &Scenario, p: &Progress) -> Result<Vec<String>> {
+    sc.wait_budget_applied(WITH, p).await?;
+    sc.settle(WITH, true, p).await?;
+    let before = names(&sc.app_pods(WITH).await?);
+    let run = sc
+        .roll_under_load(WITH, Action::RestartKillingOperator, p)
+        .await?;
+    // Every pod the rollout created went through the webhook (failurePolicy Fail: a pod
+    // the webhook could not see was refused and created again by the ReplicaSet).
+    sc.settle(WITH, true, p)
+        .await
+        .context("after the rollout with operator pods killed")?;
+    let after = sc.app_pods(WITH).await?;
+    ensure!(
+        after.iter().all(has_sidecar) && names(&after).is_disjoint(&before),
+        "after the rollout, pods {:?} are not all new and injected",
+        names(&after)
+    );
+    let killed = run.operator_pods_killed.clone();
+    let holder = p
+        .wait(
+            "the operator back: 2 ready replicas, the Lease held by a live one",
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+            || async {
+                let (pods, holder) = sc.operator_pods().await.map_err(|e| format!("{e:#}"))?;
+                let ready: Vec<&String> = pods.iter().filter(|(_, r)| *r).map(|(n, _)| n).collect();
+                match holder {
+                    Some(h) if ready.len() == 2 && ready.contains(&&h) && !killed.contains(&h) => {
+                        Ok(h)
+                    }
+                    other => Err(format!("ready {ready:?}, Lease holder {other:?}")),
+                }
+            },
+        )
+        .await?;
+    let line = format!(
+        "operator pods killed {killed:?}, Lease now held by {holder}; {}",
+        run.describe()
+    );
+    p.step(&line);
+    ensure!(
+        !run.operator_pods_killed.is_empty(),
+        "no operator pod was killed during the rollout"
+    );
+    ensure!(
+        run.summary.failed == 0,
+        "{} of {} requests failed during the rollout with operator pods killed: {:?}",
+        run.summary.failed,
+        run.summary.requests,
+        run.summary.by_detail
+    );
+    Ok(vec![line])
+}

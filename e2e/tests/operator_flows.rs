@@ -10,7 +10,8 @@
 //! One chart install (two operator replicas, `failurePolicy: Fail`) for the three flows;
 //! each flow has its own temporary labelled namespace, deleted at the end. All three run,
 //! then every finding is reported together. The load runs where `KUBEGRACE_E2E_LOAD_FROM`
-//! says (a loadgen Job in the cluster by default; see `kubegrace_e2e::scenario::LoadMode`).
+//! says (this process by default, `job` for a loadgen Job; see
+//! `kubegrace_e2e::scenario::LoadMode`).
 //!
 //! Skipped (with a message) when no cluster is configured.
 

@@ -16,13 +16,13 @@
 //!    Waits until both are settled: every pod ready, the route `Ready`, the sidecar in every
 //!    `demo-with` pod, the Service answering through its ClusterIP.
 //! 3. [`Scenario::roll_under_load`]: open-loop HTTP/1.1 keep-alive load at a constant rate
-//!    on the Service's ClusterIP, sent by `kubegrace-loadgen` running as a Job in the test
-//!    namespace ([`LoadMode::Job`], the default; `KUBEGRACE_E2E_LOAD_FROM=host` sends it
-//!    from this process instead, on the ClusterIP or, where the host does not route
-//!    ClusterIPs, the NodePort); then a restart of the pod template (what `kubectl rollout
+//!    on the Service's ClusterIP, sent from this process ([`LoadMode::Host`], the default:
+//!    the ClusterIP, or the NodePort where the host does not route ClusterIPs) or by
+//!    `kubegrace-loadgen` running as a Job in the test namespace
+//!    (`KUBEGRACE_E2E_LOAD_FROM=job`, [`LoadMode::Job`]); then a restart of the pod template (what `kubectl rollout
 //!    restart` does), and a wait until the rollout is complete and every old pod is gone.
-//!    The load stops there (`POST /stop` through the API server's pod proxy) and its
-//!    summary, the last JSON line of the Job's log, is the result. [`Action`] also scales
+//!    The load stops there (for the Job: `POST /stop` through the API server's pod proxy;
+//!    its summary is the last JSON line of the Job's log) and its summary is the result. [`Action`] also scales
 //!    down, annotates (`kubegrace.io/inject`) or kills operator pods mid-rollout.
 //! 4. [`Install::uninstall`]: routes deleted while the operator still runs (finalizers),
 //!    namespaces deleted, `helm uninstall`.
@@ -152,12 +152,14 @@ pub enum LoadMode {
 }
 
 impl LoadMode {
-    /// `KUBEGRACE_E2E_LOAD_FROM=host` selects [`LoadMode::Host`]; unset or `job` is
-    /// [`LoadMode::Job`]; anything else is an error, so a typo cannot change what is measured.
+    /// `KUBEGRACE_E2E_LOAD_FROM=job` selects [`LoadMode::Job`]; unset or `host` is
+    /// [`LoadMode::Host`] (the mode the cluster runs so far have proven; the Job becomes
+    /// the default once it has run green); anything else is an error, so a typo cannot
+    /// change what is measured.
     pub fn from_env() -> Result<LoadMode> {
         match std::env::var("KUBEGRACE_E2E_LOAD_FROM").as_deref() {
-            Err(_) | Ok("" | "job") => Ok(LoadMode::Job),
-            Ok("host") => Ok(LoadMode::Host),
+            Ok("job") => Ok(LoadMode::Job),
+            Err(_) | Ok("" | "host") => Ok(LoadMode::Host),
             Ok(other) => bail!("KUBEGRACE_E2E_LOAD_FROM={other:?}: expected job or host"),
         }
     }
@@ -196,7 +198,7 @@ pub struct LoadOptions {
 impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
-            mode: LoadMode::Job,
+            mode: LoadMode::Host,
             protocol: Protocol::Http1,
             rate: 150.0,
             connections: 32,

@@ -43,7 +43,7 @@ async fn annotate_edit_route_and_kill_the_operator_under_load() -> Result<()> {
     let Some(client) = client_or_skip(test).await? else {
         return Ok(());
     };
-    let mut opts = Options::new("kg-e2e-ops")?;
+    let mut opts = Options::new("kg-e2e-ops").with_load_from_env()?;
     // The chart's default; flow 7 kills one replica while the other serves.
     opts.operator_replicas = 2;
     let p = Progress::default();

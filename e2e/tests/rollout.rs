@@ -20,7 +20,7 @@ async fn rolling_update_under_load_loses_no_request_with_kubegrace_and_some_with
     let Some(client) = client_or_skip(test).await? else {
         return Ok(());
     };
-    let opts = Options::new("kg-e2e")?;
+    let opts = Options::new("kg-e2e").with_load_from_env()?;
     let p = Progress::default();
     let keep = std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some();
     let outcome = scenario::run(&client, &opts, &p, Some(1), keep).await?;

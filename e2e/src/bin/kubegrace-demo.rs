@@ -55,7 +55,7 @@ async fn main() -> Result<()> {
     let Some(client) = kubegrace_e2e::client_or_skip("kubegrace-demo").await? else {
         bail!("no cluster: set KUBECONFIG");
     };
-    let mut opts = Options::new("kubegrace-demo")?;
+    let mut opts = Options::new("kubegrace-demo").with_load_from_env()?;
     if let Some(release) = args.release {
         opts.release_namespace = release.clone();
         opts.release = release;

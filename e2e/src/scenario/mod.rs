@@ -229,14 +229,11 @@ pub struct Options {
 
 impl Options {
     /// Defaults for the local images (`e2e/cluster/images`), with a release name unique to
-    /// this process. The load runs where `KUBEGRACE_E2E_LOAD_FROM` says ([`LoadMode`]).
-    pub fn new(release_prefix: &str) -> Result<Options> {
+    /// this process; the load from this process ([`Options::with_load_from_env`] reads
+    /// `KUBEGRACE_E2E_LOAD_FROM`).
+    pub fn new(release_prefix: &str) -> Options {
         let release = format!("{release_prefix}-{}", suffix());
-        let load = LoadOptions {
-            mode: LoadMode::from_env()?,
-            ..LoadOptions::default()
-        };
-        Ok(Options {
+        Options {
             chart: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/kubegrace"),
             release_namespace: release.clone(),
             release,
@@ -245,9 +242,15 @@ impl Options {
             operator_replicas: 1,
             replicas: 3,
             drain: Drain::default(),
-            load,
+            load: LoadOptions::default(),
             rollout_timeout: Duration::from_secs(180),
-        })
+        }
+    }
+
+    /// The load runs where `KUBEGRACE_E2E_LOAD_FROM` says ([`LoadMode::from_env`]).
+    pub fn with_load_from_env(mut self) -> Result<Options> {
+        self.load.mode = LoadMode::from_env()?;
+        Ok(self)
     }
 
     /// The loadgen image: `KUBEGRACE_E2E_LOADGEN_IMAGE`, else the one `e2e/cluster/images`

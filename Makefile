@@ -63,3 +63,5 @@ demo: ## roll a Deployment under load with and without kubegrace; print the tabl
 
 bench: ## the sidecar against nginx, HAProxy and Caddy, side by side (under 10 min)
 	bench/run
+bench-operator: ## operator webhook latency and reconcile time on the local cluster (bench/results/operator.json)
+	e2e/cluster/with-cluster cargo run -p kubegrace-bench --features operator --bin bench-operator

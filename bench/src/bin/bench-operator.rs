@@ -1,0 +1,662 @@
+//! Operator benchmark against the real local cluster: admission latency of
+//! the sidecar-injection webhook and of the GraceRoute validating webhook,
+//! and reconcile time (GraceRoute edit -> status caught up), next to the
+//! operator's own `/metrics` histograms.
+//!
+//! The operator is the release binary `e2e/cluster/with-cluster` builds
+//! (`--operator-bin`), run on this host as `operator/tests/cluster.rs` runs
+//! it in-process: the API server calls its webhooks by URL on 127.0.0.1
+//! over TLS, with the caBundle the operator patches in itself. Everything it creates lives in
+//! one labelled namespace plus two webhook configurations named after it,
+//! all deleted at the end (also on failure).
+//!
+//! Run under the session lock, e.g.
+//!   e2e/cluster/with-cluster cargo run -p kubegrace-bench \
+//!     --features operator --bin bench-operator
+//! (`make bench-operator`). The client side needs no release build: what is
+//! timed is the API server and the operator.
+//! Every loop is bounded in count and in time (`--deadline`).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use futures_util::StreamExt as _;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    PostParams,
+};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt as _};
+use serde_json::{Value, json};
+
+/// The operator's custom resource, untyped (the bench does not link the
+/// operator: it runs its binary).
+type GraceRoute = DynamicObject;
+
+fn route_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "kubegrace.io",
+        "v1alpha1",
+        "GraceRoute",
+    ))
+}
+
+/// A condition of a route's status: (status, observedGeneration).
+fn condition(r: &GraceRoute, type_: &str) -> Option<(String, Option<i64>)> {
+    r.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or_default().to_string(),
+                c["observedGeneration"].as_i64(),
+            )
+        })
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "kubegrace-operator: webhook latency and reconcile time on the local cluster")]
+struct Args {
+    /// Pod creates (dryRun=All) per admission series.
+    #[arg(long, default_value_t = 200)]
+    pods: usize,
+    /// GraceRoute creates (dryRun=All) per validation series.
+    #[arg(long, default_value_t = 200)]
+    routes: usize,
+    /// GraceRoute edits timed to status caught up.
+    #[arg(long, default_value_t = 30)]
+    edits: usize,
+    /// Upper bound of the whole run, seconds.
+    #[arg(long, default_value_t = 300)]
+    deadline: u64,
+    /// Where the JSON goes.
+    #[arg(long, default_value = "bench/results/operator.json")]
+    out: String,
+    /// The operator binary; default: the static release build of
+    /// e2e/cluster/with-cluster in $CARGO_TARGET_DIR.
+    #[arg(long, env = "KUBEGRACE_OPERATOR_BIN")]
+    operator_bin: Option<String>,
+    /// The CRD to install (what `kubegrace-operator crd` prints).
+    #[arg(long, default_value = "crds/graceroutes.kubegrace.io.yaml")]
+    crd: String,
+}
+
+/// Milliseconds, sorted.
+#[derive(Debug, Default)]
+struct Series(Vec<f64>);
+
+impl Series {
+    fn push(&mut self, d: Duration) {
+        self.0.push(d.as_secs_f64() * 1000.0);
+    }
+
+    fn pct(&self, q: f64) -> f64 {
+        let mut v = self.0.clone();
+        v.sort_by(f64::total_cmp);
+        if v.is_empty() {
+            return f64::NAN;
+        }
+        // Nearest rank.
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+        v[i]
+    }
+
+    fn json(&self) -> Value {
+        let round = |x: f64| (x * 1000.0).round() / 1000.0;
+        json!({
+            "n": self.0.len(),
+            "p50_ms": round(self.pct(0.50)),
+            "p90_ms": round(self.pct(0.90)),
+            "p99_ms": round(self.pct(0.99)),
+            "max_ms": round(self.pct(1.0)),
+        })
+    }
+}
+
+/// One Prometheus histogram read from the operator's /metrics.
+#[derive(Debug, Default, Clone)]
+struct Histogram {
+    /// (upper bound seconds, cumulative count)
+    buckets: Vec<(f64, f64)>,
+    sum: f64,
+    count: f64,
+}
+
+impl Histogram {
+    fn parse(text: &str, name: &str) -> Self {
+        let mut h = Histogram::default();
+        for line in text.lines() {
+            let Some((key, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(v) = value.parse::<f64>() else {
+                continue;
+            };
+            if let Some(rest) = key.strip_prefix(&format!("{name}_bucket{{le=\"")) {
+                let le = rest.trim_end_matches("\"}");
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().unwrap_or(f64::INFINITY)
+                };
+                h.buckets.push((le, v));
+            } else if key == format!("{name}_sum") {
+                h.sum = v;
+            } else if key == format!("{name}_count") {
+                h.count = v;
+            }
+        }
+        h
+    }
+
+    /// What was observed between `before` and `self`.
+    fn since(&self, before: &Histogram) -> Histogram {
+        Histogram {
+            buckets: self
+                .buckets
+                .iter()
+                .map(|(le, c)| {
+                    let b = before
+                        .buckets
+                        .iter()
+                        .find(|(l, _)| l == le)
+                        .map_or(0.0, |(_, c)| *c);
+                    (*le, c - b)
+                })
+                .collect(),
+            sum: self.sum - before.sum,
+            count: self.count - before.count,
+        }
+    }
+
+    /// The bucket bound the q-quantile falls under (what a Prometheus
+    /// histogram can say, no interpolation).
+    fn quantile_bound_ms(&self, q: f64) -> Option<f64> {
+        let want = q * self.count;
+        self.buckets
+            .iter()
+            .find(|(_, c)| *c >= want && self.count > 0.0)
+            .map(|(le, _)| le * 1000.0)
+    }
+
+    fn json(&self) -> Value {
+        let bound = |q| {
+            self.quantile_bound_ms(q)
+                .filter(|b| b.is_finite())
+                .map_or(Value::String("> 10000".into()), |b| json!(b))
+        };
+        json!({
+            "count": self.count,
+            "mean_ms": if self.count > 0.0 { (self.sum / self.count * 1e6).round() / 1000.0 } else { f64::NAN },
+            "p50_at_most_ms": bound(0.5),
+            "p99_at_most_ms": bound(0.99),
+        })
+    }
+}
+
+async fn client() -> anyhow::Result<Client> {
+    Client::try_default()
+        .await
+        .context("no kubeconfig: run under e2e/cluster/with-cluster")
+}
+
+async fn metrics(admin: u16) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", admin)).await?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    Ok(out)
+}
+
+fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {
+    let listeners = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut ports = [0u16; N];
+    for (p, l) in ports.iter_mut().zip(&listeners) {
+        *p = l.local_addr()?.port();
+    }
+    Ok(ports)
+}
+
+/// Polls `check` every 100 ms until it is Some or `secs` pass.
+async fn wait_for<T, F, Fut>(secs: u64, what: &str, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {secs}s waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn pod(injected: bool) -> anyhow::Result<Pod> {
+    let mut labels = json!({"app": "web"});
+    if injected {
+        labels["kubegrace.io/inject"] = json!("enabled");
+    }
+    Ok(serde_json::from_value(json!({
+        "metadata": {"generateName": "bench-", "labels": labels, "annotations": {"kubegrace.io/route": "web"}},
+        "spec": {"containers": [{
+            "name": "app", "image": "localhost/kubegrace/pause:e2e", "imagePullPolicy": "Never",
+            "ports": [{"name": "http", "containerPort": 8080}]
+        }]}
+    }))?)
+}
+
+fn route(name: &str, quiet_ms: u64) -> anyhow::Result<GraceRoute> {
+    let port = "http";
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+        "metadata": {"name": name},
+        "spec": {"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": port}],
+                 "drain": {"quiet": format!("{quiet_ms}ms")}}
+    }))?)
+}
+
+struct Setup {
+    client: Client,
+    ns: String,
+}
+
+impl Setup {
+    async fn cleanup(&self) {
+        let dp = DeleteParams::default();
+        let _ = Api::<MutatingWebhookConfiguration>::all(self.client.clone())
+            .delete(&self.ns, &dp)
+            .await;
+        let _ = Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
+            .delete(&self.ns, &dp)
+            .await;
+        let routes: Api<GraceRoute> =
+            Api::namespaced_with(self.client.clone(), &self.ns, &route_resource());
+        if let Ok(list) = routes.list(&ListParams::default()).await {
+            for r in list {
+                let _ = routes
+                    .patch(
+                        &r.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+            }
+        }
+        let _ = Api::<Namespace>::all(self.client.clone())
+            .delete(&self.ns, &dp)
+            .await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let client = client().await?;
+    let ns = format!("kg-bench-op-{:06x}", rand_suffix());
+    let setup = Setup {
+        client: client.clone(),
+        ns: ns.clone(),
+    };
+    let outcome =
+        tokio::time::timeout(Duration::from_secs(args.deadline), run(&args, &client, &ns)).await;
+    setup.cleanup().await;
+    let report = match outcome {
+        Ok(r) => r?,
+        Err(_) => bail!("the run took longer than --deadline {}s", args.deadline),
+    };
+    let text = serde_json::to_string_pretty(&report)?;
+    std::fs::write(&args.out, format!("{text}\n")).with_context(|| args.out.clone())?;
+    println!("{text}");
+    eprintln!("wrote {}", args.out);
+    Ok(())
+}
+
+fn rand_suffix() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    (nanos ^ std::process::id()) & 0xff_ffff
+}
+
+#[allow(clippy::too_many_lines)] // one linear script: setup, three series, report
+async fn run(args: &Args, client: &Client, ns: &str) -> anyhow::Result<Value> {
+    let started = Instant::now();
+    // The committed CRD (generated from the Rust types by `make crds`).
+    let crd: CustomResourceDefinition = serde_yaml::from_str(
+        &std::fs::read_to_string(&args.crd).with_context(|| args.crd.clone())?,
+    )
+    .with_context(|| format!("parsing {}", args.crd))?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.patch(
+        "graceroutes.kubegrace.io",
+        &PatchParams::apply("kubegrace-bench").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .context("installing the CRD")?;
+    wait_for(60, "CRD Established", || async {
+        let c = crds.get("graceroutes.kubegrace.io").await.ok()?;
+        c.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+    })
+    .await?;
+
+    let namespace: Namespace = serde_json::from_value(
+        json!({"metadata": {"name": ns, "labels": {"kubegrace.io/test": "bench"}}}),
+    )?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .context("creating the namespace")?;
+    let [webhook_port, admin_port] = free_ports::<2>()?;
+    let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
+    let mwc: MutatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": ns, "labels": {"kubegrace.io/test": "bench"}},
+        "webhooks": [{
+            "name": "pod.inject.kubegrace.io", "admissionReviewVersions": ["v1"],
+            "clientConfig": {"url": format!("https://127.0.0.1:{webhook_port}/mutate")},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}],
+            "namespaceSelector": selector,
+            "objectSelector": {"matchLabels": {"kubegrace.io/inject": "enabled"}},
+            "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 10,
+            "reinvocationPolicy": "IfNeeded",
+        }]
+    }))?;
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &mwc)
+        .await
+        .context("creating the MutatingWebhookConfiguration")?;
+
+    let bin = match &args.operator_bin {
+        Some(b) => b.clone(),
+        None => format!(
+            "{}/x86_64-unknown-linux-gnu/release/kubegrace-operator",
+            std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into())
+        ),
+    };
+    let log_path = std::env::temp_dir().join(format!("{ns}-operator.log"));
+    let log = std::fs::File::create(&log_path)?;
+    let mut operator = tokio::process::Command::new(&bin)
+        .args([
+            "run".to_string(),
+            format!("--namespace={ns}"),
+            format!("--webhook-addr=127.0.0.1:{webhook_port}"),
+            format!("--admin-addr=127.0.0.1:{admin_port}"),
+            format!("--webhook-config={ns}"),
+            format!("--validating-webhook-config={ns}"),
+            "--webhook-extra-san=127.0.0.1".into(),
+            format!("--leader-election-lease=kubegrace-bench-{ns}"),
+            "--sidecar-image=localhost/kubegrace/sidecar:e2e".into(),
+        ])
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| {
+            format!("starting {bin} (run under e2e/cluster/with-cluster, or set --operator-bin)")
+        })?;
+    eprintln!("operator {bin}, log {}", log_path.display());
+    let mwcs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    wait_for(60, "the operator's caBundle", || async {
+        let m = mwcs.get(ns).await.ok()?;
+        m.webhooks?
+            .iter()
+            .all(|w| w.client_config.ca_bundle.is_some())
+            .then_some(())
+    })
+    .await?;
+
+    // The workload and its route. No replicas: the reconcile does all its
+    // work (ConfigMap, rollout fields, pod count) without pods churning on
+    // the shared cluster; Ready stays False (InjectionNotEnabled: no pod
+    // asks), which is what a status update must say.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web", "kubegrace.io/inject": "enabled"}},
+                              "spec": {"containers": [{"name": "app", "image": "localhost/kubegrace/pause:e2e",
+                                       "imagePullPolicy": "Never", "ports": [{"name": "http", "containerPort": 8080}]}]}}}
+    }))?;
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .context("creating the Deployment")?;
+    let routes: Api<GraceRoute> = Api::namespaced_with(client.clone(), ns, &route_resource());
+    routes
+        .create(&PostParams::default(), &route("web", 1000)?)
+        .await
+        .context("creating the GraceRoute")?;
+    wait_for(120, "route web Accepted", || async {
+        let r = routes.get("web").await.ok()?;
+        condition(&r, "Accepted")
+            .is_some_and(|(status, _)| status == "True")
+            .then_some(())
+    })
+    .await?;
+    eprintln!("[{:5.1}s] setup done", started.elapsed().as_secs_f64());
+
+    // ---- 1. Pod admission: the same pod, sent to the webhook or not.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let before = metrics(admin_port).await?;
+    let (mut with_hook, mut without_hook) = (Series::default(), Series::default());
+    let (bare, asking) = (pod(false)?, pod(true)?);
+    // Interleaved, so both series see the same machine noise.
+    for i in 0..args.pods + 10 {
+        for (p, series) in [(&bare, &mut without_hook), (&asking, &mut with_hook)] {
+            let t = Instant::now();
+            let created = pods.create(&dry, p).await.context("dry-run pod create")?;
+            // The first rounds warm connections and caches; not counted.
+            if i >= 10 {
+                series.push(t.elapsed());
+            }
+            let injected = created.annotations().contains_key("kubegrace.io/injected");
+            if injected != std::ptr::eq(p, &asking) {
+                bail!(
+                    "pod {i}: injected={injected}, the webhook did not do what the series assumes"
+                );
+            }
+        }
+    }
+    let after = metrics(admin_port).await?;
+    let mutate_server =
+        Histogram::parse(&after, "kubegrace_operator_webhook_duration_seconds").since(
+            &Histogram::parse(&before, "kubegrace_operator_webhook_duration_seconds"),
+        );
+    eprintln!(
+        "[{:5.1}s] pod admission done",
+        started.elapsed().as_secs_f64()
+    );
+
+    // ---- 2. GraceRoute admission: dry-run creates before and after the
+    // validating webhook exists.
+    let mut route_without = Series::default();
+    for i in 0..args.routes + 10 {
+        let t = Instant::now();
+        routes
+            .create(&dry, &route(&format!("dry-{i}"), 1000)?)
+            .await
+            .context("dry-run route create")?;
+        if i >= 10 {
+            route_without.push(t.elapsed());
+        }
+    }
+    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": ns, "labels": {"kubegrace.io/test": "bench"}},
+        "webhooks": [{
+            "name": "graceroutes.validate.kubegrace.io", "admissionReviewVersions": ["v1"],
+            "clientConfig": {"url": format!("https://127.0.0.1:{webhook_port}/validate")},
+            "rules": [{"apiGroups": ["kubegrace.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["graceroutes"], "scope": "Namespaced"}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 10,
+        }]
+    }))?;
+    let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    vwcs.create(&PostParams::default(), &vwc)
+        .await
+        .context("creating the ValidatingWebhookConfiguration")?;
+    wait_for(60, "the validating webhook answering", || async {
+        let ok = vwcs
+            .get(ns)
+            .await
+            .ok()?
+            .webhooks?
+            .iter()
+            .all(|w| w.client_config.ca_bundle.is_some());
+        // A refusal proves the operator answered: a grace period pinned
+        // below any budget is refused whatever the target.
+        let mut probe = route("probe", 1000).ok()?;
+        probe.data["spec"]["rollout"] = json!({"terminationGracePeriodSeconds": 1});
+        let answered = ok
+            && matches!(routes.create(&dry, &probe).await,
+                Err(e) if e.to_string().contains("BudgetDoesNotFit"));
+        answered.then_some(())
+    })
+    .await?;
+    let before = metrics(admin_port).await?;
+    let mut route_with = Series::default();
+    for i in 0..args.routes + 10 {
+        let t = Instant::now();
+        routes
+            .create(&dry, &route(&format!("dry-{i}"), 1000)?)
+            .await
+            .context("dry-run route create through the webhook")?;
+        if i >= 10 {
+            route_with.push(t.elapsed());
+        }
+    }
+    let after = metrics(admin_port).await?;
+    let validate_server = Histogram::parse(
+        &after,
+        "kubegrace_operator_route_validation_duration_seconds",
+    )
+    .since(&Histogram::parse(
+        &before,
+        "kubegrace_operator_route_validation_duration_seconds",
+    ));
+    eprintln!(
+        "[{:5.1}s] route admission done",
+        started.elapsed().as_secs_f64()
+    );
+
+    // ---- 3. Reconcile: edit the route (drain.quiet: a config change, no
+    // roll), time until status.observedGeneration and the observedGeneration
+    // of Accepted, Ready and Degraded reach the new generation.
+    let before = metrics(admin_port).await?;
+    let reconciles_before = counter(&before, "kubegrace_operator_reconcile_total");
+    let mut reconcile = Series::default();
+    let mut stream = Box::pin(watcher::watch_object(routes.clone(), "web"));
+    for i in 0..args.edits {
+        let t = Instant::now();
+        let patched = routes
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"spec": {"drain": {"quiet": format!("{}ms", 1100 + i * 10)}}}),
+                ),
+            )
+            .await
+            .context("editing the route")?;
+        let generation = patched.metadata.generation.unwrap_or_default();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let next = tokio::time::timeout_at(deadline, stream.next())
+                .await
+                .with_context(|| format!("edit {i}: status not caught up in 30s"))?;
+            let Some(Ok(Some(r))) = next else { continue };
+            let caught_up = r.data["status"]["observedGeneration"].as_i64() == Some(generation)
+                && ["Accepted", "Ready", "Degraded"]
+                    .iter()
+                    .all(|t| condition(&r, t).is_some_and(|(_, g)| g == Some(generation)));
+            if caught_up {
+                reconcile.push(t.elapsed());
+                break;
+            }
+        }
+    }
+    // Passes per edit: each status write is itself a watch event, so an
+    // edit costs more than one pass; this counts them.
+    let after = metrics(admin_port).await?;
+    let reconcile_server =
+        Histogram::parse(&after, "kubegrace_operator_reconcile_duration_seconds").since(
+            &Histogram::parse(&before, "kubegrace_operator_reconcile_duration_seconds"),
+        );
+    let reconciles = counter(&after, "kubegrace_operator_reconcile_total") - reconciles_before;
+    eprintln!("[{:5.1}s] reconcile done", started.elapsed().as_secs_f64());
+
+    // SIGTERM is the operator's shutdown signal; kill_on_drop covers a
+    // run that ends early.
+    if let Some(pid) = operator.id() {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(20), operator.wait()).await;
+
+    let version = client.apiserver_version().await?;
+    Ok(json!({
+        "what": "kubegrace-operator on the local single-node cluster; the release operator binary on the host, API server -> webhook over TLS by URL",
+        "kubernetes": version.git_version,
+        "machine_cpus": std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        "pod_admission": {
+            "how": "pod create dryRun=All from this process, ms; the same pod with and without the label that sends it to the mutating webhook, interleaved; 10 warm-up rounds not counted",
+            "with_webhook": with_hook.json(),
+            "without_webhook": without_hook.json(),
+            "added_p50_ms": ((with_hook.pct(0.5) - without_hook.pct(0.5)) * 1000.0).round() / 1000.0,
+            "added_p99_ms": ((with_hook.pct(0.99) - without_hook.pct(0.99)) * 1000.0).round() / 1000.0,
+            "operator_histogram": mutate_server.json(),
+        },
+        "route_admission": {
+            "how": "GraceRoute create dryRun=All, ms; before and after the validating webhook exists (series in sequence)",
+            "with_webhook": route_with.json(),
+            "without_webhook": route_without.json(),
+            "added_p50_ms": ((route_with.pct(0.5) - route_without.pct(0.5)) * 1000.0).round() / 1000.0,
+            "operator_histogram": validate_server.json(),
+        },
+        "reconcile": {
+            "how": "merge patch of spec.drain.quiet (config change, no roll) until a watch sees status.observedGeneration and the observedGeneration of Accepted, Ready and Degraded at the new generation, ms; target Deployment with 0 replicas",
+            "edit_to_status": reconcile.json(),
+            "reconciles_during_edits": reconciles,
+            "operator_histogram": reconcile_server.json(),
+        },
+        "histogram_note": "operator_histogram: from /metrics before and after the series; p50/p99 are the bucket bounds they fall under (buckets 1, 2.5, 5, 10, 25, 50, 100 ms, ...)",
+        "total_seconds": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+    }))
+}
+
+/// Sum of a counter over its labels.
+fn counter(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}

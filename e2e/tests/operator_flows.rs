@@ -376,8 +376,19 @@ async fn kill_operator_flow(sc: &Scenario, p: &Progress) -> Result<Vec<String>> 
             || async {
                 let (pods, holder) = sc.operator_pods().await.map_err(|e| format!("{e:#}"))?;
                 let ready: Vec<&String> = pods.iter().filter(|(_, r)| *r).map(|(n, _)| n).collect();
+                // The operator's Lease identity is its pod name plus a per-process
+                // suffix (`<pod>-<hex>`), so a restarted container is a new holder.
+                let held_by = |h: &str, pod: &str| {
+                    h == pod
+                        || h.strip_prefix(pod)
+                            .is_some_and(|rest| rest.starts_with('-'))
+                };
                 match holder {
-                    Some(h) if ready.len() == 2 && ready.contains(&&h) && !killed.contains(&h) => {
+                    Some(h)
+                        if ready.len() == 2
+                            && ready.iter().any(|pod| held_by(&h, pod))
+                            && !killed.iter().any(|pod| held_by(&h, pod)) =>
+                    {
                         Ok(h)
                     }
                     other => Err(format!("ready {ready:?}, Lease holder {other:?}")),

@@ -16,10 +16,10 @@
 //!    Waits until both are settled: every pod ready, the route `Ready`, the sidecar in every
 //!    `demo-with` pod, the Service answering through its ClusterIP.
 //! 3. [`Scenario::roll_under_load`]: open-loop HTTP/1.1 keep-alive load at a constant rate
-//!    on the Service's ClusterIP, sent from this process ([`LoadMode::Host`], the default:
-//!    the ClusterIP, or the NodePort where the host does not route ClusterIPs) or by
-//!    `kubegrace-loadgen` running as a Job in the test namespace
-//!    (`KUBEGRACE_E2E_LOAD_FROM=job`, [`LoadMode::Job`]); then a restart of the pod template (what `kubectl rollout
+//!    on the Service's ClusterIP, sent by `kubegrace-loadgen` running as a Job in the test
+//!    namespace ([`LoadMode::Job`], the default) or from this process
+//!    (`KUBEGRACE_E2E_LOAD_FROM=host`, [`LoadMode::Host`]: the ClusterIP, or the NodePort
+//!    where the host does not route ClusterIPs); then a restart of the pod template (what `kubectl rollout
 //!    restart` does), and a wait until the rollout is complete and every old pod is gone.
 //!    The load stops there (for the Job: `POST /stop` through the API server's pod proxy;
 //!    its summary is the last JSON line of the Job's log) and its summary is the result. [`Action`] also scales
@@ -152,14 +152,13 @@ pub enum LoadMode {
 }
 
 impl LoadMode {
-    /// `KUBEGRACE_E2E_LOAD_FROM=job` selects [`LoadMode::Job`]; unset or `host` is
-    /// [`LoadMode::Host`] (the mode the cluster runs so far have proven; the Job becomes
-    /// the default once it has run green); anything else is an error, so a typo cannot
-    /// change what is measured.
+    /// `KUBEGRACE_E2E_LOAD_FROM` unset or `job` is [`LoadMode::Job`] (the load comes from
+    /// inside the cluster, as a real client's would); `host` is [`LoadMode::Host`];
+    /// anything else is an error, so a typo cannot change what is measured.
     pub fn from_env() -> Result<LoadMode> {
         match std::env::var("KUBEGRACE_E2E_LOAD_FROM").as_deref() {
-            Ok("job") => Ok(LoadMode::Job),
-            Err(_) | Ok("" | "host") => Ok(LoadMode::Host),
+            Err(_) | Ok("" | "job") => Ok(LoadMode::Job),
+            Ok("host") => Ok(LoadMode::Host),
             Ok(other) => bail!("KUBEGRACE_E2E_LOAD_FROM={other:?}: expected job or host"),
         }
     }

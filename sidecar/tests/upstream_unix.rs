@@ -20,11 +20,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
+use common::apps::{Body, full, switching_to_websocket};
 use common::sidecar::{BIN, FAST_DRAIN, parse_ready_line, scratch_dir};
 use common::{wait_for, within};
 use futures_util::{SinkExt, StreamExt};
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Empty, Full, StreamBody, combinators::BoxBody};
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -36,8 +37,6 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-type Body = BoxBody<Bytes, Infallible>;
 
 /// The app on a Unix socket. Every response says which app connection
 /// served it (`x-conn`), the Host and X-Forwarded-For the app saw, and the
@@ -124,12 +123,6 @@ impl Drop for Busy {
     }
 }
 
-fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
-    let mut resp = Response::new(Full::new(body.into()).boxed());
-    *resp.status_mut() = status;
-    resp
-}
-
 async fn app(mut req: Request<Incoming>, conn_id: u64) -> Response<Body> {
     let seen = |name: http::header::HeaderName| {
         req.headers()
@@ -208,20 +201,7 @@ fn websocket(req: &mut Request<Incoming>) -> Response<Body> {
             }
         }
     });
-    let mut resp = full(StatusCode::SWITCHING_PROTOCOLS, Bytes::new());
-    let headers = resp.headers_mut();
-    headers.insert(
-        http::header::UPGRADE,
-        http::HeaderValue::from_static("websocket"),
-    );
-    headers.insert(
-        http::header::CONNECTION,
-        http::HeaderValue::from_static("Upgrade"),
-    );
-    if let Ok(value) = http::HeaderValue::from_str(&accept) {
-        headers.insert("sec-websocket-accept", value);
-    }
-    resp
+    switching_to_websocket(&accept)
 }
 
 /// The sidecar binary with `--upstream unix:PATH`. Killed when dropped; its

@@ -40,7 +40,7 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 
 use super::grpc::{Tick, TicksRequest};
 
-type Body = BoxBody<Bytes, Infallible>;
+pub type Body = BoxBody<Bytes, Infallible>;
 
 /// What the app has seen; shared with the test.
 #[derive(Debug, Default)]
@@ -189,7 +189,7 @@ fn query_u64(req: &Request<Incoming>, key: &str) -> Option<u64> {
     })
 }
 
-fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+pub fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     let mut resp = Response::new(Full::new(body.into()).boxed());
     *resp.status_mut() = status;
     resp
@@ -349,6 +349,12 @@ fn websocket(
     if let Ok(mut tasks) = tasks.lock() {
         tasks.push(echo.abort_handle());
     }
+    switching_to_websocket(&accept)
+}
+
+/// The server's half of the WebSocket handshake (RFC 6455 4.2.2): 101 with
+/// the `Sec-WebSocket-Accept` derived from the client's key.
+pub fn switching_to_websocket(accept: &str) -> Response<Body> {
     let mut resp = full(StatusCode::SWITCHING_PROTOCOLS, Bytes::new());
     let headers = resp.headers_mut();
     headers.insert(
@@ -359,7 +365,7 @@ fn websocket(
         http::header::CONNECTION,
         http::HeaderValue::from_static("Upgrade"),
     );
-    if let Ok(value) = http::HeaderValue::from_str(&accept) {
+    if let Ok(value) = http::HeaderValue::from_str(accept) {
         headers.insert("sec-websocket-accept", value);
     }
     resp

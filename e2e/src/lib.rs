@@ -1,8 +1,10 @@
 //! Shared helpers for kubegrace's cluster tests.
 //!
-//! Tests find the cluster through `KUBEGRACE_E2E_KUBECONFIG` (else `KUBECONFIG`); without
-//! either they print a message and skip. `make test` boots the local cluster
-//! (`e2e/cluster/up`) and sets it. Every test works in its own temporary namespace,
+//! Tests find the cluster through `KUBEGRACE_E2E_KUBECONFIG` only, never the shell's
+//! `KUBECONFIG`: a developer's `cargo test` must not touch whatever cluster the shell points
+//! at. Without it they print a message and skip; the cluster tier (`make test-cluster`,
+//! `e2e/cluster/with-cluster`) always sets it, and there a missing or unreachable cluster is
+//! an error, never a skip. Every test works in its own temporary namespace,
 //! labelled `kubegrace.io/e2e=true`, that is deleted afterwards (also when the test fails).
 
 pub mod load;
@@ -31,12 +33,11 @@ pub fn demo_image() -> String {
         .unwrap_or_else(|_| "localhost/kubegrace/demo-app:e2e".into())
 }
 
-/// The kubeconfig the tests should use, if any.
+/// The kubeconfig the cluster tests should use: `KUBEGRACE_E2E_KUBECONFIG`, set by the
+/// cluster tier. The shell's `KUBECONFIG` is deliberately ignored.
 pub fn kubeconfig_path() -> Option<PathBuf> {
-    ["KUBEGRACE_E2E_KUBECONFIG", "KUBECONFIG"]
-        .iter()
-        .filter_map(std::env::var_os)
-        .find(|v| !v.is_empty())
+    std::env::var_os("KUBEGRACE_E2E_KUBECONFIG")
+        .filter(|v| !v.is_empty())
         .map(PathBuf::from)
 }
 
@@ -44,7 +45,7 @@ pub fn kubeconfig_path() -> Option<PathBuf> {
 pub async fn client_or_skip(test: &str) -> Result<Option<Client>> {
     let Some(path) = kubeconfig_path() else {
         eprintln!(
-            "SKIPPED {test}: no cluster (set KUBEGRACE_E2E_KUBECONFIG or KUBECONFIG; `make test` does)"
+            "SKIPPED {test}: not in the cluster tier (KUBEGRACE_E2E_KUBECONFIG unset; `make test-cluster` sets it)"
         );
         return Ok(None);
     };

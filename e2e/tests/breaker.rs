@@ -14,7 +14,7 @@
 //! 4. fault off: a probe succeeds, every breaker closes, and every request sent after that
 //!    is the app's 200 again.
 //!
-//! Skipped (with a message) when no cluster is configured; see `kubegrace_e2e::kubeconfig_path`.
+//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::kubeconfig_path`.
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! follows Kubernetes' termination order: preStop hook, then SIGTERM, then SIGKILL at
 //! the end of the grace period, with the EndpointSlice showing the endpoint terminating.
 //!
-//! Skipped (with a message) when no cluster is configured; see `kubegrace_e2e::kubeconfig_path`.
+//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::kubeconfig_path`.
 
 use std::time::{Duration, Instant};
 

@@ -16,7 +16,7 @@
 //! app's SIGTERM until the sidecar has drained); without it every one is cut. Both are
 //! asserted, and each exchange is printed with how far it got.
 //!
-//! Skipped (with a message) when no cluster is configured; see `kubegrace_e2e::kubeconfig_path`.
+//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::kubeconfig_path`.
 
 use std::time::Duration;
 

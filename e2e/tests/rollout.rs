@@ -6,7 +6,7 @@
 //! plain), HTTP/1.1 keep-alive load on each Service's ClusterIP while the pod template
 //! changes. The scenario itself is `kubegrace_e2e::scenario` (shared with `make demo`).
 //!
-//! Skipped (with a message) when no cluster is configured; see `kubegrace_e2e::kubeconfig_path`.
+//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::kubeconfig_path`.
 
 use anyhow::{Result, ensure};
 use kubegrace_e2e::client_or_skip;

@@ -63,7 +63,29 @@ impl Histogram {
     }
 }
 
-#[derive(Default)]
+/// The label values each counter family starts with, at 0, so a dashboard or
+/// an alert's `rate()` sees the series from the first scrape, not from the
+/// first event (Prometheus cannot tell a missing series from a quiet one).
+const RECONCILE_RESULTS: [&str; 2] = ["ok", "error"];
+const RECONCILE_ERROR_KINDS: [&str; 10] = [
+    "kube",
+    "finalizer",
+    "missing_field",
+    "serde",
+    "sidecar_config",
+    "cert",
+    "tls",
+    "io",
+    "config",
+    "timeout",
+];
+const WEBHOOK_RESULTS: [&str; 4] = ["injected", "skipped", "ignored", "error"];
+const ROUTE_VALIDATION_RESULTS: [&str; 4] = ["allowed", "warned", "refused", "error"];
+
+/// The Prometheus text exposition format, version 0.0.4: Prometheus 3 refuses
+/// a scrape without a Content-Type unless told a fallback.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
 pub struct Metrics {
     reconciles: Mutex<BTreeMap<&'static str, u64>>,
     reconcile_errors: Mutex<BTreeMap<&'static str, u64>>,
@@ -75,6 +97,26 @@ pub struct Metrics {
     pub leader: AtomicBool,
     /// Serving certificate loaded and webhook listening.
     pub ready: AtomicBool,
+}
+
+fn zeros(keys: &[&'static str]) -> Mutex<BTreeMap<&'static str, u64>> {
+    Mutex::new(keys.iter().map(|k| (*k, 0)).collect())
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            reconciles: zeros(&RECONCILE_RESULTS),
+            reconcile_errors: zeros(&RECONCILE_ERROR_KINDS),
+            reconcile_duration: Histogram::default(),
+            webhook: zeros(&WEBHOOK_RESULTS),
+            webhook_duration: Histogram::default(),
+            route_validations: zeros(&ROUTE_VALIDATION_RESULTS),
+            route_validation_duration: Histogram::default(),
+            leader: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
+        }
+    }
 }
 
 fn bump(map: &Mutex<BTreeMap<&'static str, u64>>, key: &'static str) {
@@ -112,6 +154,12 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# HELP kubegrace_operator_build_info The operator's version and git revision.\n# TYPE kubegrace_operator_build_info gauge\nkubegrace_operator_build_info{{version=\"{}\",revision=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            option_env!("KUBEGRACE_REVISION").unwrap_or("unknown"),
+        );
         let counters = |out: &mut String,
                         name: &str,
                         help: &str,
@@ -196,7 +244,14 @@ async fn handle(
             StatusCode::SERVICE_UNAVAILABLE,
             "webhook not serving yet\n".into(),
         ),
-        "/metrics" => respond(StatusCode::OK, metrics.render()),
+        "/metrics" => {
+            let mut r = respond(StatusCode::OK, metrics.render());
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static(METRICS_CONTENT_TYPE),
+            );
+            r
+        }
         _ => respond(StatusCode::NOT_FOUND, "not found\n".into()),
     })
 }
@@ -232,6 +287,61 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counters_exist_at_zero_before_any_event() {
+        let text = Metrics::default().render();
+        for line in [
+            "kubegrace_operator_reconcile_total{result=\"error\"} 0",
+            "kubegrace_operator_reconcile_errors_total{kind=\"kube\"} 0",
+            "kubegrace_operator_webhook_requests_total{result=\"injected\"} 0",
+            "kubegrace_operator_route_validation_total{result=\"refused\"} 0",
+            "kubegrace_operator_leader 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        assert!(
+            text.contains("kubegrace_operator_build_info{version=\""),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn metrics_are_served_with_the_exposition_content_type() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        drop(listener);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(addr, Arc::new(Metrics::default()), async {
+            let _ = stop_rx.await;
+        }));
+        let mut answer = String::new();
+        for _ in 0..100 {
+            if let Ok(mut s) = tokio::net::TcpStream::connect(addr).await {
+                use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+                s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                    .await
+                    .expect("write");
+                s.read_to_string(&mut answer).await.expect("read");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = stop_tx.send(());
+        let _ = server.await;
+        let head = answer
+            .split("\r\n\r\n")
+            .next()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        assert!(
+            head.contains(&format!("content-type: {METRICS_CONTENT_TYPE}")),
+            "{answer}"
+        );
+    }
 
     #[test]
     fn metrics_render_as_prometheus_text() {

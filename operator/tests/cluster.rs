@@ -32,8 +32,9 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const TEST_LABEL: &str = "kubegrace.io/test";
 
 async fn client() -> Option<Client> {
+    // Only the cluster tier's variable: `make test-unit` must never touch the cluster the
+    // shell's KUBECONFIG points at.
     let path = std::env::var("KUBEGRACE_E2E_KUBECONFIG")
-        .or_else(|_| std::env::var("KUBECONFIG"))
         .ok()
         .filter(|p| !p.is_empty())?;
     let kc = Kubeconfig::read_from(&path).expect("readable kubeconfig");

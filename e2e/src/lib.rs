@@ -27,10 +27,19 @@ use serde::de::DeserializeOwned;
 /// Label on every namespace a test creates.
 pub const E2E_LABEL: &str = "kubegrace.io/e2e";
 
+/// The tag `e2e/cluster/images` gives our images: `KG_IMAGE_TAG`, else `e2e`. Two
+/// checkouts testing on one cluster keep apart by using different tags.
+pub fn image_tag() -> String {
+    std::env::var("KG_IMAGE_TAG")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| "e2e".into())
+}
+
 /// The demo app image (built by `e2e/cluster/images`).
 pub fn demo_image() -> String {
     std::env::var("KUBEGRACE_E2E_DEMO_IMAGE")
-        .unwrap_or_else(|_| "localhost/kubegrace/demo-app:e2e".into())
+        .unwrap_or_else(|_| format!("localhost/kubegrace/demo-app:{}", image_tag()))
 }
 
 /// The kubeconfig the cluster tests should use: `KUBEGRACE_E2E_KUBECONFIG`, set by the

@@ -237,7 +237,7 @@ impl Options {
             release_namespace: release.clone(),
             release,
             image_registry: "localhost".into(),
-            image_tag: "e2e".into(),
+            image_tag: crate::image_tag(),
             operator_replicas: 1,
             replicas: 3,
             drain: Drain::default(),

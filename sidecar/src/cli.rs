@@ -70,6 +70,9 @@ pub struct Cli {
     /// Once closing, wait this long for in-flight work before force-closing.
     #[arg(long, env = "KUBEGRACE_DRAIN_TIMEOUT", value_name = "DURATION")]
     pub drain_timeout: Option<HumanDuration>,
+    /// Most concurrent HTTP/2 streams per downstream connection (limits.maxConcurrentStreams).
+    #[arg(long, env = "KUBEGRACE_MAX_CONCURRENT_STREAMS", value_name = "N")]
+    pub max_concurrent_streams: Option<u32>,
     /// Require this value in X-Kubegrace-Drain-Token on /drain.
     #[arg(
         long,
@@ -138,6 +141,7 @@ pub struct Overrides {
     pub drain_quiet: Option<HumanDuration>,
     pub drain_max_delay: Option<HumanDuration>,
     pub drain_timeout: Option<HumanDuration>,
+    pub max_concurrent_streams: Option<u32>,
 }
 
 impl Overrides {
@@ -180,6 +184,9 @@ impl Overrides {
         if let Some(v) = self.drain_timeout {
             config.drain.timeout = v;
         }
+        if let Some(v) = self.max_concurrent_streams {
+            config.limits.max_concurrent_streams = v;
+        }
     }
 
     /// Flag spelling of a config key, so a validation error can name what
@@ -190,6 +197,9 @@ impl Overrides {
             "drain.quiet" if self.drain_quiet.is_some() => Some("--drain-quiet"),
             "drain.maxDelay" if self.drain_max_delay.is_some() => Some("--drain-max-delay"),
             "drain.timeout" if self.drain_timeout.is_some() => Some("--drain-timeout"),
+            "limits.maxConcurrentStreams" if self.max_concurrent_streams.is_some() => {
+                Some("--max-concurrent-streams")
+            }
             "upstream" if !self.upstream.is_empty() => Some("--upstream"),
             k if k.starts_with("upstreams[") && !self.upstream.is_empty() => Some("--upstream"),
             "workers" if self.workers.is_some() => Some("--workers"),
@@ -228,6 +238,7 @@ impl Cli {
                 drain_quiet: self.drain_quiet,
                 drain_max_delay: self.drain_max_delay,
                 drain_timeout: self.drain_timeout,
+                max_concurrent_streams: self.max_concurrent_streams,
             },
             drain_token: self.drain_token.clone().filter(|t| !t.is_empty()),
             ready_file: self.ready_file.clone(),

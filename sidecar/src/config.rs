@@ -335,6 +335,11 @@ pub struct LimitsConfig {
     pub max_request_body_bytes: u64,
     /// Close a downstream keep-alive connection idle for this long.
     pub downstream_idle_timeout: HumanDuration,
+    /// Most concurrent HTTP/2 streams per downstream connection, announced
+    /// in SETTINGS_MAX_CONCURRENT_STREAMS (hyper's default, 200). A client
+    /// that opens more gets REFUSED_STREAM for the extra ones, which it may
+    /// retry; conforming clients queue them.
+    pub max_concurrent_streams: u32,
 }
 
 impl Default for LimitsConfig {
@@ -345,6 +350,7 @@ impl Default for LimitsConfig {
             header_read_timeout: HumanDuration::from_secs(10),
             max_request_body_bytes: 0,
             downstream_idle_timeout: HumanDuration::from_secs(120),
+            max_concurrent_streams: 200,
         }
     }
 }
@@ -715,6 +721,12 @@ impl LimitsConfig {
             return Err(ConfigError::new(
                 format!("{key}.headerReadTimeout"),
                 "must be more than 0s; it is the slowloris guard",
+            ));
+        }
+        if self.max_concurrent_streams == 0 {
+            return Err(ConfigError::new(
+                format!("{key}.maxConcurrentStreams"),
+                "must be at least 1, or no HTTP/2 request could be served",
             ));
         }
         Ok(())

@@ -38,6 +38,7 @@ pub struct Metrics {
     circuit_rejections: AtomicU64,
     upgrades: AtomicU64,
     tcp_connect_errors: AtomicU64,
+    idle_close_cuts: AtomicU64,
 }
 
 impl Metrics {
@@ -79,6 +80,12 @@ impl Metrics {
 
     pub fn upstream_timeout(&self) {
         self.upstream_timeouts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An idle connection's graceful close was not acknowledged in time
+    /// (an HTTP/2 client that never answers the shutdown PING).
+    pub fn idle_close_cut(&self) {
+        self.idle_close_cuts.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn body_too_large(&self) {
@@ -173,6 +180,18 @@ impl Metrics {
             out,
             "kubegrace_drain_force_closed_total {}",
             drain.force_closed_total()
+        );
+
+        family(
+            out,
+            "kubegrace_idle_close_cut_total",
+            "counter",
+            "Idle downstream connections whose graceful close (HTTP/2: GOAWAY and PING) went unanswered and were dropped.",
+        );
+        let _ = writeln!(
+            out,
+            "kubegrace_idle_close_cut_total {}",
+            get(&self.idle_close_cuts)
         );
 
         family(

@@ -181,7 +181,9 @@ fn server_builder(
     builder
         .http2()
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
-        .max_concurrent_streams(1024);
+        // Announced in SETTINGS; h2 answers REFUSED_STREAM past it (a
+        // stream the app never saw, so the client may retry it).
+        .max_concurrent_streams(limits.max_concurrent_streams);
     match protocol {
         Protocol::Http1 => builder.http1_only(),
         Protocol::Http2 => builder.http2_only(),
@@ -254,6 +256,10 @@ pub(crate) async fn serve_connection<S>(
     // client that connects and says nothing (or half a word) is cut here.
     let first_deadline = tokio::time::Instant::now() + limits.header_read_timeout.get();
     let mut first_checked = false;
+    // An idle close that does not finish (an HTTP/2 client that never acks
+    // the shutdown PING keeps hyper waiting for it) is cut after this. The
+    // drain has its own bound: the deadline's force close below.
+    let mut idle_close_deadline: Option<tokio::time::Instant> = None;
 
     loop {
         tokio::select! {
@@ -296,9 +302,24 @@ pub(crate) async fn serve_connection<S>(
                     tracing::debug!(%peer, "closing idle downstream connection");
                     conn.as_mut().graceful_shutdown();
                     shutting_down = true;
+                    idle_close_deadline = Some(now + limits.header_read_timeout.get());
                 }
             }
+            _ = sleep_until_opt(idle_close_deadline), if idle_close_deadline.is_some() => {
+                tracing::debug!(%peer, "idle close not acknowledged in time; dropping the connection");
+                shared.metrics.idle_close_cut();
+                break;
+            }
         }
+    }
+}
+
+/// Sleeps until `at`, or forever without one (a disabled `select!` branch
+/// still builds its future).
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -260,3 +260,139 @@ async fn stream_cap_is_announced_and_the_stream_past_it_waits_its_turn() -> Resu
     );
     Ok(())
 }
+
+/// Routers learn about a terminating pod this late.
+const LAG: Duration = Duration::from_millis(300);
+
+/// The drain of drain_rolling.rs.
+const ROLLING_DRAIN: &[&str] = &[
+    "--drain-min-delay",
+    "1s",
+    "--drain-quiet",
+    "200ms",
+    "--drain-max-delay",
+    "5s",
+    "--drain-timeout",
+    "3s",
+];
+
+/// The Service's virtual IP: each new TCP connection goes to a pod the
+/// (lagging) balancer sees as ready and stays there, as kube-proxy does.
+async fn service_front(balancer: common::balancer::Balancer) -> Result<std::net::SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut down, _)) = listener.accept().await {
+            let Some((_, pod)) = balancer.pick() else {
+                continue;
+            };
+            tokio::spawn(async move {
+                if let Ok(mut up) = TcpStream::connect(pod).await {
+                    let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                }
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// What the python load reported.
+#[derive(Debug)]
+struct PyReport {
+    sent: u64,
+    failed: u64,
+    line: String,
+}
+
+/// The interpreter that has httpx with HTTP/2 (Debian: python3-httpx,
+/// python3-h2). KUBEGRACE_TEST_PYTHON names another one.
+fn python() -> Result<String> {
+    let python = std::env::var("KUBEGRACE_TEST_PYTHON").unwrap_or_else(|_| "/usr/bin/python3".into());
+    let check = std::process::Command::new(&python)
+        .args(["-c", "import httpx, h2"])
+        .output()
+        .with_context(|| format!("run {python}"))?;
+    ensure!(
+        check.status.success(),
+        "{python} cannot import httpx and h2 (Debian: apt-get install python3-httpx python3-h2, \
+         or set KUBEGRACE_TEST_PYTHON): {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    Ok(python)
+}
+
+/// A rolling replacement under the python h2 client's load: pods a and b
+/// serve, surge pod c comes up, a terminates as a native sidecar pod does.
+async fn python_rolling_replacement(sidecar_args: &[&str]) -> Result<PyReport> {
+    use common::pod::{Pod, Termination};
+    let python = python()?;
+    let balancer = common::balancer::Balancer::new(LAG);
+    let mut a = Pod::start("a", Some(sidecar_args)).await?;
+    let b = Pod::start("b", Some(sidecar_args)).await?;
+    a.register(&balancer);
+    b.register(&balancer);
+    balancer.wait_routable("a", true, WAIT).await?;
+    balancer.wait_routable("b", true, WAIT).await?;
+    let front = service_front(balancer.clone()).await?;
+
+    let dir = common::sidecar::scratch_dir("h2-strict")?;
+    let stop = dir.join("stop");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/h2_strict_support/httpx_load.py");
+    let load = tokio::process::Command::new(&python)
+        .arg(script)
+        .arg(format!("http://{front}/work?ms=30"))
+        .args(["--clients", "6", "--streams", "6", "--max-requests", "30000"])
+        .args(["--max-seconds", "60", "--stop"])
+        .arg(&stop)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("start the python load")?;
+
+    wait_for("pod a to carry python load", WAIT, || async {
+        (a.app.served() >= 200).then_some(())
+    })
+    .await?;
+    let c = Pod::start("c", Some(sidecar_args)).await?;
+    c.register(&balancer);
+    balancer.wait_routable("c", true, WAIT).await?;
+    a.terminate(Termination::NativeSidecar, WAIT, WAIT).await?;
+    balancer.wait_routable("a", false, WAIT).await?;
+    // The rollout goes on: b and c carry the load a while after a is gone.
+    let served = b.app.served() + c.app.served();
+    wait_for("b and c to carry the load", WAIT, || async {
+        (b.app.served() + c.app.served() >= served + 300).then_some(())
+    })
+    .await?;
+    std::fs::write(&stop, b"stop")?;
+    let out = within("the python load to end", Duration::from_secs(90), load.wait_with_output()).await??;
+    let _ = std::fs::remove_dir_all(&dir);
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    ensure!(
+        out.status.success(),
+        "python load failed: {line}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("parse {line:?}"))?;
+    let field = |k: &str| json.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    Ok(PyReport {
+        sent: field("sent"),
+        failed: field("failed"),
+        line,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_h2_client_through_rolling_replacement() -> Result<()> {
+    let old = python_rolling_replacement(ROLLING_DRAIN).await?;
+    println!("python h2 (httpx), two-phase GOAWAY drain: {}", old.line);
+    // The baseline: hyper's GOAWAY, PING, GOAWAY loses requests with a
+    // client that closes its side on the first GOAWAY.
+    ensure!(
+        old.sent > 0 && old.failed > 0,
+        "the two-phase GOAWAY baseline lost nothing: {}",
+        old.line
+    );
+    Ok(())
+}

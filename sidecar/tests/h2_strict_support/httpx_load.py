@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""HTTP/2 load with httpx (python h2 underneath): N clients, one h2c
+prior-knowledge connection each, M concurrent streams per client.
+
+Bounded in count and time. Prints one JSON line: sent, ok, failed and the
+failures by message, then exits 0 (the Rust test judges the numbers).
+Stops early when the file named by --stop exists.
+
+usage: httpx_load.py URL --clients 6 --streams 6 --max-requests 6000
+                     --max-seconds 60 --stop FILE
+"""
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+
+import httpx
+
+
+async def stream_loop(client, url, state, deadline, args):
+    while (
+        state["sent"] < args.max_requests
+        and time.monotonic() < deadline
+        and not os.path.exists(args.stop)
+    ):
+        state["sent"] += 1
+        try:
+            resp = await client.get(url)
+            if resp.status_code == 200:
+                state["ok"] += 1
+            else:
+                key = f"status {resp.status_code}"
+                state["errors"][key] = state["errors"].get(key, 0) + 1
+        except Exception as exc:  # every failure is counted, never hidden
+            key = f"{type(exc).__name__}: {exc}"[:200]
+            state["errors"][key] = state["errors"].get(key, 0) + 1
+
+
+async def client_loop(url, state, deadline, args):
+    # One connection per client, like a service with one pooled channel.
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    timeout = httpx.Timeout(10.0)
+    async with httpx.AsyncClient(
+        http1=False, http2=True, limits=limits, timeout=timeout
+    ) as client:
+        await asyncio.gather(
+            *(stream_loop(client, url, state, deadline, args) for _ in range(args.streams))
+        )
+
+
+async def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("url")
+    p.add_argument("--clients", type=int, default=6)
+    p.add_argument("--streams", type=int, default=6)
+    p.add_argument("--max-requests", type=int, default=6000)
+    p.add_argument("--max-seconds", type=float, default=60.0)
+    p.add_argument("--stop", default="/nonexistent")
+    args = p.parse_args()
+    state = {"sent": 0, "ok": 0, "errors": {}}
+    deadline = time.monotonic() + args.max_seconds
+    await asyncio.gather(
+        *(client_loop(args.url, state, deadline, args) for _ in range(args.clients))
+    )
+    failed = sum(state["errors"].values())
+    print(
+        json.dumps(
+            {
+                "sent": state["sent"],
+                "ok": state["ok"],
+                "failed": failed,
+                "errors": state["errors"],
+                "httpx": httpx.__version__,
+            }
+        )
+    )
+    sys.stdout.flush()
+
+
+asyncio.run(main())

@@ -79,7 +79,11 @@ async fn client_that_ignores_ping_and_holds_its_stream_is_force_closed_at_the_de
 
     let started = std::time::Instant::now();
     let resp = sidecar.admin(Method::POST, "/drain").await?;
-    ensure!(resp.status == StatusCode::ACCEPTED, "/drain: {}", resp.status);
+    ensure!(
+        resp.status == StatusCode::ACCEPTED,
+        "/drain: {}",
+        resp.status
+    );
 
     // The client reads nothing (no PING ack, no WINDOW_UPDATE); the sidecar
     // must close it at the deadline (max delay 1s + timeout 2s) and count it.
@@ -95,14 +99,18 @@ async fn client_that_ignores_ping_and_holds_its_stream_is_force_closed_at_the_de
     // Now the socket is closed: reading what was buffered ends in EOF or a
     // reset within a few seconds, never hangs.
     let mut sink = vec![0u8; 64 * 1024];
-    within("the held connection to close", Duration::from_secs(10), async {
-        loop {
-            match tcp.read(&mut sink).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => continue,
+    within(
+        "the held connection to close",
+        Duration::from_secs(10),
+        async {
+            loop {
+                match tcp.read(&mut sink).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => continue,
+                }
             }
-        }
-    })
+        },
+    )
     .await?;
 
     let report = sidecar.admin_get("/metrics").await?.text();
@@ -159,8 +167,8 @@ async fn stream_cap_is_announced_and_the_stream_past_it_waits_its_turn() -> Resu
     // A cap of 4: five slow streams at once. The client holds the fifth
     // until one of the first four ends; all five succeed and the app never
     // has more than four of this connection's streams at a time.
-    let capped = Sidecar::start(SidecarSpec::new(app.addr).args(&["--max-concurrent-streams", "4"]))
-        .await?;
+    let capped =
+        Sidecar::start(SidecarSpec::new(app.addr).args(&["--max-concurrent-streams", "4"])).await?;
     let (mut send, conn) = h2_connect(capped.listen).await?;
     let (resp, _) = send.send_request(get("/ready")?, true)?;
     ensure!(resp.await?.status() == StatusCode::OK);
@@ -231,7 +239,8 @@ async fn stream_cap_is_announced_and_the_stream_past_it_waits_its_turn() -> Resu
             buf.extend_from_slice(&chunk[..n]);
             // Walk whole frames; RST_STREAM is type 3 with a 4-byte code.
             while buf.len() >= 9 {
-                let len = usize::from(buf[0]) << 16 | usize::from(buf[1]) << 8 | usize::from(buf[2]);
+                let len =
+                    usize::from(buf[0]) << 16 | usize::from(buf[1]) << 8 | usize::from(buf[2]);
                 if buf.len() < 9 + len {
                     break;
                 }
@@ -307,7 +316,8 @@ struct PyReport {
 /// The interpreter that has httpx with HTTP/2 (Debian: python3-httpx,
 /// python3-h2). KUBEGRACE_TEST_PYTHON names another one.
 fn python() -> Result<String> {
-    let python = std::env::var("KUBEGRACE_TEST_PYTHON").unwrap_or_else(|_| "/usr/bin/python3".into());
+    let python =
+        std::env::var("KUBEGRACE_TEST_PYTHON").unwrap_or_else(|_| "/usr/bin/python3".into());
     let check = std::process::Command::new(&python)
         .args(["-c", "import httpx, h2"])
         .output()
@@ -337,11 +347,21 @@ async fn python_rolling_replacement(sidecar_args: &[&str]) -> Result<PyReport> {
 
     let dir = common::sidecar::scratch_dir("h2-strict")?;
     let stop = dir.join("stop");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/h2_strict_support/httpx_load.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/h2_strict_support/httpx_load.py"
+    );
     let load = tokio::process::Command::new(&python)
         .arg(script)
         .arg(format!("http://{front}/work?ms=30"))
-        .args(["--clients", "6", "--streams", "6", "--max-requests", "30000"])
+        .args([
+            "--clients",
+            "6",
+            "--streams",
+            "6",
+            "--max-requests",
+            "30000",
+        ])
         .args(["--max-seconds", "60", "--stop"])
         .arg(&stop)
         .stdout(std::process::Stdio::piped())
@@ -366,7 +386,12 @@ async fn python_rolling_replacement(sidecar_args: &[&str]) -> Result<PyReport> {
     })
     .await?;
     std::fs::write(&stop, b"stop")?;
-    let out = within("the python load to end", Duration::from_secs(90), load.wait_with_output()).await??;
+    let out = within(
+        "the python load to end",
+        Duration::from_secs(90),
+        load.wait_with_output(),
+    )
+    .await??;
     let _ = std::fs::remove_dir_all(&dir);
     let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
     ensure!(
@@ -374,7 +399,8 @@ async fn python_rolling_replacement(sidecar_args: &[&str]) -> Result<PyReport> {
         "python load failed: {line}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let json: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("parse {line:?}"))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&line).with_context(|| format!("parse {line:?}"))?;
     let field = |k: &str| json.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
     Ok(PyReport {
         sent: field("sent"),

@@ -936,4 +936,13 @@ routes:
         let err = Config::from_yaml("drian: {}").expect_err("unknown key");
         assert!(err.message.contains("drian"), "{err}");
     }
+
+    #[test]
+    fn http2_stream_cap_defaults_to_200_and_refuses_zero() {
+        assert_eq!(Config::default().limits.max_concurrent_streams, 200);
+        let config = Config::from_yaml("limits: {maxConcurrentStreams: 50}").expect("valid");
+        assert_eq!(config.limits.max_concurrent_streams, 50);
+        let err = Config::from_yaml("limits: {maxConcurrentStreams: 0}").expect_err("invalid");
+        assert_eq!(err.key, "limits.maxConcurrentStreams");
+    }
 }

@@ -118,8 +118,7 @@ pub fn check_review(
 ) -> std::result::Result<(), String> {
     let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body)
         .map_err(|e| format!("the body is not an AdmissionReview: {e}"))?;
-    if review.types.api_version != "admission.k8s.io/v1" || review.types.kind != "AdmissionReview"
-    {
+    if review.types.api_version != "admission.k8s.io/v1" || review.types.kind != "AdmissionReview" {
         return Err(format!(
             "expected apiVersion admission.k8s.io/v1, kind AdmissionReview; got {:?}, {:?}",
             review.types.api_version, review.types.kind
@@ -286,10 +285,7 @@ async fn handle(
     };
     Ok(match serde_json::to_vec(&review) {
         Ok(b) => respond(StatusCode::OK, b),
-        Err(_) => refuse(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "serialising the answer",
-        ),
+        Err(_) => refuse(StatusCode::INTERNAL_SERVER_ERROR, "serialising the answer"),
     })
 }
 
@@ -497,7 +493,12 @@ mod tests {
     #[test]
     fn malformed_or_foreign_reviews_are_refused_with_the_reason() {
         let cases: [(Vec<u8>, Endpoint, Vec<String>, &str); 7] = [
-            (b"{".to_vec(), Endpoint::Mutate, vec![], "not an AdmissionReview"),
+            (
+                b"{".to_vec(),
+                Endpoint::Mutate,
+                vec![],
+                "not an AdmissionReview",
+            ),
             (
                 br#"{"apiVersion":"v1","kind":"Pod"}"#.to_vec(),
                 Endpoint::Mutate,

@@ -263,6 +263,8 @@ impl Webhook {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn settings() -> SidecarSettings {

@@ -200,10 +200,10 @@ pub async fn run<K: Workload>(
         crate::scope::api::<K>(&client, namespace.as_deref()),
         watcher::Config::default(),
     )
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile::<K>, error_policy::<K>, ctx)
-        .for_each(|_| async {})
-        .await;
+    .graceful_shutdown_on(shutdown)
+    .run(reconcile::<K>, error_policy::<K>, ctx)
+    .for_each(|_| async {})
+    .await;
 }
 
 #[cfg(test)]

@@ -104,10 +104,10 @@ impl Server {
 /// Reads until the server closes or `limit` passes; returns what came.
 async fn read_all(s: &mut TlsStream<TcpStream>, limit: Duration) -> (String, bool) {
     let mut buf = Vec::new();
-    let closed = matches!(
-        tokio::time::timeout(limit, s.read_to_end(&mut buf)).await,
-        Ok(_)
-    );
+    // Ok: the read ended (EOF or reset) within the limit, i.e. the server closed.
+    let closed = tokio::time::timeout(limit, s.read_to_end(&mut buf))
+        .await
+        .is_ok();
     (String::from_utf8_lossy(&buf).into_owned(), closed)
 }
 

@@ -1234,8 +1234,8 @@ async fn the_validating_webhook_refuses_an_unknown_port_and_an_over_budget_route
     ns.cleanup().await;
 }
 
-/// Starts the operator in-process with `start_operator_with_admin`'s flags
-/// plus `extra` (later flags win), on its own client.
+/// Starts the operator in-process with `start_operator_with_admin`'s flags,
+/// `extra` replacing or adding to them, on the given client.
 fn start_operator_extra(
     client: &Client,
     ns: &str,
@@ -1256,6 +1256,9 @@ fn start_operator_extra(
         format!("--leader-election-lease=kubegrace-test-{ns}"),
         "--sidecar-image=localhost/kubegrace/sidecar:e2e".into(),
     ];
+    // clap refuses a flag given twice: `extra` replaces the default.
+    let name = |f: &str| f.split('=').next().unwrap_or_default().to_string();
+    flags.retain(|f| !extra.iter().any(|e| name(e) == name(f)));
     flags.extend(extra.iter().cloned());
     let args = RunArgs::from_args(flags).expect("valid flags");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

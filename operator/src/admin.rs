@@ -15,7 +15,7 @@ use std::time::Duration;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use crate::{Error, Result};
@@ -81,6 +81,19 @@ const RECONCILE_ERROR_KINDS: [&str; 10] = [
 ];
 const WEBHOOK_RESULTS: [&str; 4] = ["injected", "skipped", "ignored", "error"];
 const ROUTE_VALIDATION_RESULTS: [&str; 4] = ["allowed", "warned", "refused", "error"];
+/// Why the webhook server refused a connection or request (see
+/// [`crate::server`]).
+const WEBHOOK_REJECTIONS: [&str; 5] = [
+    "connection_cap",
+    "read_timeout",
+    "too_large",
+    "malformed",
+    "busy",
+];
+/// Open admin connections at most; /healthz and /metrics need a handful.
+const ADMIN_MAX_CONNECTIONS: usize = 32;
+/// Time to send a request head on the admin port.
+const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The Prometheus text exposition format, version 0.0.4: Prometheus 3 refuses
 /// a scrape without a Content-Type unless told a fallback.
@@ -94,6 +107,7 @@ pub struct Metrics {
     pub webhook_duration: Histogram,
     route_validations: Mutex<BTreeMap<&'static str, u64>>,
     pub route_validation_duration: Histogram,
+    webhook_rejections: Mutex<BTreeMap<&'static str, u64>>,
     pub leader: AtomicBool,
     /// Serving certificate loaded and webhook listening.
     pub ready: AtomicBool,
@@ -113,6 +127,7 @@ impl Default for Metrics {
             webhook_duration: Histogram::default(),
             route_validations: zeros(&ROUTE_VALIDATION_RESULTS),
             route_validation_duration: Histogram::default(),
+            webhook_rejections: zeros(&WEBHOOK_REJECTIONS),
             leader: AtomicBool::new(false),
             ready: AtomicBool::new(false),
         }
@@ -150,6 +165,11 @@ impl Metrics {
     pub fn route_validation(&self, took: Duration, result: &'static str) {
         self.route_validation_duration.observe(took);
         bump(&self.route_validations, result);
+    }
+
+    /// `reason`: connection_cap, read_timeout, too_large, malformed, busy.
+    pub fn webhook_rejected(&self, reason: &'static str) {
+        bump(&self.webhook_rejections, reason);
     }
 
     pub fn render(&self) -> String {
@@ -216,6 +236,13 @@ impl Metrics {
             "Time to answer a GraceRoute admission review.",
             &mut out,
         );
+        counters(
+            &mut out,
+            "kubegrace_operator_webhook_rejected_total",
+            "Webhook connections or requests refused by the server's limits, by reason.",
+            "reason",
+            &self.webhook_rejections,
+        );
         let _ = writeln!(
             out,
             "# HELP kubegrace_operator_leader 1 if this replica runs the controllers.\n# TYPE kubegrace_operator_leader gauge\nkubegrace_operator_leader {}",
@@ -267,17 +294,28 @@ pub async fn serve(
         .map_err(Error::io(format!("binding admin port {addr}")))?;
     tracing::info!(%addr, "admin port listening");
     tokio::pin!(shutdown);
+    // Bounded like the webhook port: a capped number of connections, and a
+    // head must arrive in time (hyper closes the connection otherwise).
+    let connections = Arc::new(tokio::sync::Semaphore::new(ADMIN_MAX_CONNECTIONS));
     loop {
         tokio::select! {
             () = &mut shutdown => return Ok(()),
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
+                let Ok(permit) = connections.clone().try_acquire_owned() else {
+                    drop(stream);
+                    continue;
+                };
                 let metrics = metrics.clone();
                 tokio::spawn(async move {
+                    let _permit = permit;
                     let svc = hyper::service::service_fn(move |req| handle(req, metrics.clone()));
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    builder
+                        .http1()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(ADMIN_HEADER_TIMEOUT);
+                    let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
                 });
             }
         }
@@ -296,6 +334,7 @@ mod tests {
             "kubegrace_operator_reconcile_errors_total{kind=\"kube\"} 0",
             "kubegrace_operator_webhook_requests_total{result=\"injected\"} 0",
             "kubegrace_operator_route_validation_total{result=\"refused\"} 0",
+            "kubegrace_operator_webhook_rejected_total{reason=\"too_large\"} 0",
             "kubegrace_operator_leader 0",
         ] {
             assert!(

@@ -2,10 +2,20 @@
 //!
 //! Self-managed (default): a CA and a leaf for `<svc>.<ns>.svc` generated
 //! with rcgen, stored in a Secret so every replica serves the same one,
-//! the CA patched into the caBundle of the MutatingWebhookConfiguration
-//! (pods) and of the ValidatingWebhookConfiguration (GraceRoutes), the leaf
-//! rotated 30 days before it expires (the CA, valid 10 years, stays, so the
-//! caBundle does not change on rotation).
+//! the caBundle patched into the MutatingWebhookConfiguration (pods) and
+//! the ValidatingWebhookConfiguration (GraceRoutes).
+//!
+//! - The CA carries a name constraint: it may sign only for the webhook
+//!   Service's DNS names (and `--webhook-extra-san`s), and only leaves
+//!   (pathLen 0). Its key sits in the Secret; if that leaks, it still cannot
+//!   vouch for any other host.
+//! - Lifetimes: the leaf lives [`LEAF_DAYS`] (90) and is re-issued
+//!   [`LEAF_RENEW_BEFORE_DAYS`] (30) before expiry; the CA lives
+//!   [`CA_DAYS`] (365) and is rotated from [`CA_RENEW_BEFORE_DAYS`] (60)
+//!   before expiry.
+//! - A CA rotation never drops an admission: the new CA joins the caBundle
+//!   first, the leaf switches to it only [`OVERLAP`] later, and the old CA
+//!   leaves the bundle another [`OVERLAP`] after that (see [`Phase`]).
 //!
 //! `--cert-dir` (cert-manager): tls.crt/tls.key are read from the directory
 //! and re-read when they change; cert-manager's cainjector owns caBundle.
@@ -27,8 +37,9 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, CidrSubnet, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, GeneralSubtree, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    NameConstraints,
 };
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -36,10 +47,26 @@ use rustls::sign::CertifiedKey;
 use crate::{Error, Result};
 
 const NOT_AFTER: &str = "kubegrace.io/not-after";
+const CA_NOT_AFTER: &str = "kubegrace.io/ca-not-after";
 const SANS: &str = "kubegrace.io/sans";
-const LEAF_DAYS: i64 = 365;
-const CA_DAYS: i64 = 3650;
-const RENEW_BEFORE_DAYS: i64 = 30;
+/// Where a CA rotation stands ([`Phase`]) and since when (unix seconds).
+const PHASE: &str = "kubegrace.io/ca-phase";
+const PHASE_SINCE: &str = "kubegrace.io/ca-phase-since";
+/// Serving certificate: 90 days, re-issued 30 days before expiry (and never
+/// past its CA's expiry).
+pub const LEAF_DAYS: i64 = 90;
+pub const LEAF_RENEW_BEFORE_DAYS: i64 = 30;
+/// CA: one year; its successor is introduced 60 days before expiry, long
+/// before any leaf it signed could outlive it.
+pub const CA_DAYS: i64 = 365;
+pub const CA_RENEW_BEFORE_DAYS: i64 = 60;
+/// How long each step of a CA rotation lasts: longer than the API servers
+/// take to see a caBundle change (seconds) and than two refresh rounds of
+/// every replica ([`REFRESH`]), so no replica serves a leaf its callers do
+/// not trust yet, or any more.
+pub const OVERLAP: Duration = Duration::from_secs(2 * 3600);
+/// Steady-state period of the certificate round (every replica).
+pub const REFRESH: Duration = Duration::from_secs(30 * 60);
 
 /// Hands the current certificate to every TLS handshake.
 #[derive(Debug, Default)]
@@ -88,48 +115,66 @@ pub fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey> {
     Ok(CertifiedKey::new(certs, signer))
 }
 
-/// A CA and a leaf, in PEM.
-#[derive(Debug, Clone)]
-pub struct Bundle {
-    pub ca_pem: String,
-    pub ca_key_pem: String,
-    pub cert_pem: String,
-    pub key_pem: String,
-    pub not_after: time::OffsetDateTime,
-}
-
 fn rc(e: rcgen::Error) -> Error {
     Error::Cert(e.to_string())
 }
 
-/// Generates a leaf for `sans`, signed by the given CA or a new one.
-pub fn generate(sans: &[String], ca: Option<(&str, &str)>) -> Result<Bundle> {
-    let now = time::OffsetDateTime::now_utc();
-    let (ca_pem, ca_key_pem, issuer) = match ca {
-        Some((cert, key)) => {
-            let key_pair = KeyPair::from_pem(key).map_err(rc)?;
-            let issuer = Issuer::from_ca_cert_pem(cert, key_pair).map_err(rc)?;
-            (cert.to_string(), key.to_string(), issuer)
-        }
-        None => {
-            let mut params = CertificateParams::new(Vec::<String>::new()).map_err(rc)?;
-            let mut dn = DistinguishedName::new();
-            dn.push(DnType::CommonName, "kubegrace-webhook-ca");
-            params.distinguished_name = dn;
-            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-            params.key_usages = vec![
-                KeyUsagePurpose::KeyCertSign,
-                KeyUsagePurpose::CrlSign,
-                KeyUsagePurpose::DigitalSignature,
-            ];
-            params.not_before = now - time::Duration::hours(1);
-            params.not_after = now + time::Duration::days(CA_DAYS);
-            let key = KeyPair::generate().map_err(rc)?;
-            let cert = params.self_signed(&key).map_err(rc)?;
-            let key_pem = key.serialize_pem();
-            (cert.pem(), key_pem, Issuer::new(params, key))
-        }
-    };
+/// The CA's name constraint: it may sign for the webhook Service's names
+/// (and their subdomains) and the extra SANs, nothing else. A stolen CA key
+/// cannot mint a certificate the cluster's clients would accept for any
+/// other host.
+pub fn name_constraints(sans: &[String]) -> NameConstraints {
+    let permitted_subtrees = sans
+        .iter()
+        .map(|s| match s.parse::<std::net::IpAddr>() {
+            Ok(ip) => GeneralSubtree::IpAddress(CidrSubnet::from_addr_prefix(
+                ip,
+                if ip.is_ipv4() { 32 } else { 128 },
+            )),
+            Err(_) => GeneralSubtree::DnsName(s.clone()),
+        })
+        .collect();
+    NameConstraints {
+        permitted_subtrees,
+        excluded_subtrees: Vec::new(),
+    }
+}
+
+/// A new CA for `sans` (PEM cert, PEM key, expiry).
+pub fn new_ca(
+    sans: &[String],
+    now: time::OffsetDateTime,
+) -> Result<(String, String, time::OffsetDateTime)> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(rc)?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "kubegrace-webhook-ca");
+    params.distinguished_name = dn;
+    // pathLen 0: the CA signs leaves only, never another CA.
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params.name_constraints = Some(name_constraints(sans));
+    params.not_before = now - time::Duration::hours(1);
+    params.not_after = now + time::Duration::days(CA_DAYS);
+    let key = KeyPair::generate().map_err(rc)?;
+    let cert = params.self_signed(&key).map_err(rc)?;
+    Ok((cert.pem(), key.serialize_pem(), params.not_after))
+}
+
+/// A serving certificate for `sans` signed by the CA, valid [`LEAF_DAYS`]
+/// but never past the CA (PEM cert, PEM key, expiry).
+pub fn issue_leaf(
+    sans: &[String],
+    ca_pem: &str,
+    ca_key_pem: &str,
+    ca_not_after: time::OffsetDateTime,
+    now: time::OffsetDateTime,
+) -> Result<(String, String, time::OffsetDateTime)> {
+    let key_pair = KeyPair::from_pem(ca_key_pem).map_err(rc)?;
+    let issuer = Issuer::from_ca_cert_pem(ca_pem, key_pair).map_err(rc)?;
     let mut params = CertificateParams::new(sans.to_vec()).map_err(rc)?;
     let mut dn = DistinguishedName::new();
     dn.push(
@@ -146,16 +191,10 @@ pub fn generate(sans: &[String], ca: Option<(&str, &str)>) -> Result<Bundle> {
     ];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     params.not_before = now - time::Duration::hours(1);
-    params.not_after = now + time::Duration::days(LEAF_DAYS);
+    params.not_after = (now + time::Duration::days(LEAF_DAYS)).min(ca_not_after);
     let key = KeyPair::generate().map_err(rc)?;
     let cert = params.signed_by(&key, &issuer).map_err(rc)?;
-    Ok(Bundle {
-        ca_pem,
-        ca_key_pem,
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-        not_after: params.not_after,
-    })
+    Ok((cert.pem(), key.serialize_pem(), params.not_after))
 }
 
 /// The names the API server may use for the webhook Service, plus extras.
@@ -178,38 +217,230 @@ fn data_str(secret: &Secret, key: &str) -> Option<String> {
         .and_then(|b| String::from_utf8(b.0.clone()).ok())
 }
 
-/// Whether a stored bundle must be replaced (pure).
-pub fn needs_rotation(secret: &Secret, sans: &[String], now: time::OffsetDateTime) -> bool {
-    let ann = secret.annotations();
-    let Some(not_after) = ann.get(NOT_AFTER).and_then(|s| s.parse::<i64>().ok()) else {
-        return true;
-    };
-    if ann.get(SANS).map(String::as_str) != Some(sans.join(",").as_str()) {
-        return true;
-    }
-    not_after - now.unix_timestamp() < RENEW_BEFORE_DAYS * 86400
-        || ["tls.crt", "tls.key", "ca.crt", "ca.key"]
-            .iter()
-            .any(|k| data_str(secret, k).is_none())
+/// Where a CA rotation stands. The caBundle (Secret key `ca-bundle.crt`,
+/// copied into both webhook configurations) always holds every CA a
+/// replica may be serving a leaf of:
+///
+/// `Steady` (bundle: CA) -> `Introduced` (bundle: CA + next CA; leaves still
+/// from the old CA) -> after [`OVERLAP`]: `Switched` (the next CA signs a new
+/// leaf; bundle: old + new, as replicas pick the new leaf up over a round)
+/// -> after [`OVERLAP`]: `Steady` (bundle: new CA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Steady,
+    Introduced,
+    Switched,
 }
 
-fn bundle_secret(
-    name: &str,
-    b: &Bundle,
+impl Phase {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Steady => "steady",
+            Self::Introduced => "introduced",
+            Self::Switched => "switched",
+        }
+    }
+}
+
+/// What the Secret holds, read (pure).
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub ca_pem: String,
+    pub ca_key_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// The PEMs the callers must trust (one or two CAs).
+    pub bundle_pem: String,
+    pub next: Option<(String, String)>,
+    pub not_after: i64,
+    /// 0 when unknown (a Secret from before rotation existed: its CA is
+    /// replaced, through the same overlap, by a name-constrained one).
+    pub ca_not_after: i64,
+    pub next_ca_not_after: i64,
+    pub sans: String,
+    pub phase: Phase,
+    pub since: i64,
+}
+
+impl Stored {
+    /// None: not a usable bundle (missing keys), start over.
+    pub fn read(secret: &Secret) -> Option<Self> {
+        let ann = secret.annotations();
+        let num = |k: &str| ann.get(k).and_then(|s| s.parse::<i64>().ok());
+        let ca_pem = data_str(secret, "ca.crt")?;
+        let next = data_str(secret, "next-ca.crt").zip(data_str(secret, "next-ca.key"));
+        Some(Self {
+            bundle_pem: data_str(secret, "ca-bundle.crt").unwrap_or_else(|| ca_pem.clone()),
+            ca_key_pem: data_str(secret, "ca.key")?,
+            cert_pem: data_str(secret, "tls.crt")?,
+            key_pem: data_str(secret, "tls.key")?,
+            ca_pem,
+            not_after: num(NOT_AFTER)?,
+            ca_not_after: num(CA_NOT_AFTER).unwrap_or(0),
+            next_ca_not_after: num("kubegrace.io/next-ca-not-after").unwrap_or(0),
+            sans: ann.get(SANS).cloned().unwrap_or_default(),
+            phase: match (ann.get(PHASE).map(String::as_str), &next) {
+                (Some("introduced"), Some(_)) => Phase::Introduced,
+                (Some("switched"), _) => Phase::Switched,
+                _ => Phase::Steady,
+            },
+            since: num(PHASE_SINCE).unwrap_or(0),
+            next,
+        })
+    }
+}
+
+/// The next step for the stored bundle (pure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Keep,
+    /// Nothing usable (or the Service's names changed, which the CA's name
+    /// constraint does not cover): a new CA and leaf at once.
+    Create,
+    /// A new leaf from the current CA.
+    ReissueLeaf,
+    /// Add a next CA to the bundle.
+    Introduce,
+    /// The next CA signs the leaf from now on.
+    Switch,
+    /// Drop the old CA from the bundle.
+    Settle,
+}
+
+pub fn plan(stored: Option<&Stored>, sans: &[String], now: time::OffsetDateTime) -> Step {
+    let Some(s) = stored else {
+        return Step::Create;
+    };
+    if s.sans != sans.join(",") {
+        return Step::Create;
+    }
+    let now = now.unix_timestamp();
+    let overlap = i64::try_from(OVERLAP.as_secs()).unwrap_or(i64::MAX);
+    let day = 86_400;
+    match s.phase {
+        Phase::Introduced if now - s.since >= overlap => Step::Switch,
+        Phase::Switched if now - s.since >= overlap => Step::Settle,
+        Phase::Steady if s.ca_not_after - now < CA_RENEW_BEFORE_DAYS * day => Step::Introduce,
+        _ if s.not_after - now < LEAF_RENEW_BEFORE_DAYS * day => Step::ReissueLeaf,
+        _ => Step::Keep,
+    }
+}
+
+/// Carries out `step` (pure but for key generation); None for Keep.
+pub fn next_state(
+    stored: Option<&Stored>,
+    step: Step,
     sans: &[String],
-    resource_version: Option<String>,
-) -> Secret {
+    now: time::OffsetDateTime,
+) -> Result<Option<Stored>> {
+    let ts = now.unix_timestamp();
+    let fresh = || -> Result<Stored> {
+        let (ca_pem, ca_key_pem, ca_after) = new_ca(sans, now)?;
+        let (cert_pem, key_pem, after) = issue_leaf(sans, &ca_pem, &ca_key_pem, ca_after, now)?;
+        Ok(Stored {
+            bundle_pem: ca_pem.clone(),
+            ca_pem,
+            ca_key_pem,
+            cert_pem,
+            key_pem,
+            next: None,
+            not_after: after.unix_timestamp(),
+            ca_not_after: ca_after.unix_timestamp(),
+            next_ca_not_after: 0,
+            sans: sans.join(","),
+            phase: Phase::Steady,
+            since: ts,
+        })
+    };
+    let at = |t: i64| {
+        time::OffsetDateTime::from_unix_timestamp(t).map_err(|e| Error::Cert(e.to_string()))
+    };
+    let Some(old) = stored else {
+        return fresh().map(Some);
+    };
+    let mut s = old.clone();
+    match step {
+        Step::Keep => return Ok(None),
+        Step::Create => return fresh().map(Some),
+        Step::ReissueLeaf => {
+            let ca_after = if s.ca_not_after > 0 {
+                at(s.ca_not_after)?
+            } else {
+                now + time::Duration::days(LEAF_DAYS)
+            };
+            let (c, k, after) = issue_leaf(sans, &s.ca_pem, &s.ca_key_pem, ca_after, now)?;
+            s.cert_pem = c;
+            s.key_pem = k;
+            s.not_after = after.unix_timestamp();
+        }
+        Step::Introduce => {
+            let (c, k, after) = new_ca(sans, now)?;
+            s.bundle_pem = format!("{}{}", ensure_newline(&s.ca_pem), c);
+            s.next = Some((c, k));
+            s.next_ca_not_after = after.unix_timestamp();
+            s.phase = Phase::Introduced;
+            s.since = ts;
+        }
+        Step::Switch => {
+            let Some((c, k)) = s.next.take() else {
+                return fresh().map(Some);
+            };
+            let (cert, key, after) = issue_leaf(sans, &c, &k, at(s.next_ca_not_after)?, now)?;
+            // The bundle keeps old + new until Settle.
+            s.ca_pem = c;
+            s.ca_key_pem = k;
+            s.ca_not_after = s.next_ca_not_after;
+            s.next_ca_not_after = 0;
+            s.cert_pem = cert;
+            s.key_pem = key;
+            s.not_after = after.unix_timestamp();
+            s.phase = Phase::Switched;
+            s.since = ts;
+        }
+        Step::Settle => {
+            s.bundle_pem = s.ca_pem.clone();
+            s.phase = Phase::Steady;
+            s.since = ts;
+        }
+    }
+    Ok(Some(s))
+}
+
+fn ensure_newline(pem: &str) -> String {
+    if pem.ends_with('\n') {
+        pem.to_string()
+    } else {
+        format!("{pem}\n")
+    }
+}
+
+fn bundle_secret(name: &str, b: &Stored, resource_version: Option<String>) -> Secret {
     let bytes = |s: &str| ByteString(s.as_bytes().to_vec());
+    let mut data = BTreeMap::from([
+        ("tls.crt".to_string(), bytes(&b.cert_pem)),
+        ("tls.key".to_string(), bytes(&b.key_pem)),
+        ("ca.crt".to_string(), bytes(&b.ca_pem)),
+        ("ca.key".to_string(), bytes(&b.ca_key_pem)),
+        ("ca-bundle.crt".to_string(), bytes(&b.bundle_pem)),
+    ]);
+    if let Some((c, k)) = &b.next {
+        data.insert("next-ca.crt".into(), bytes(c));
+        data.insert("next-ca.key".into(), bytes(k));
+    }
     Secret {
         metadata: ObjectMeta {
             name: Some(name.into()),
             resource_version,
             annotations: Some(BTreeMap::from([
+                (NOT_AFTER.to_string(), b.not_after.to_string()),
+                (CA_NOT_AFTER.to_string(), b.ca_not_after.to_string()),
                 (
-                    NOT_AFTER.to_string(),
-                    b.not_after.unix_timestamp().to_string(),
+                    "kubegrace.io/next-ca-not-after".to_string(),
+                    b.next_ca_not_after.to_string(),
                 ),
-                (SANS.to_string(), sans.join(",")),
+                (SANS.to_string(), b.sans.clone()),
+                (PHASE.to_string(), b.phase.as_str().to_string()),
+                (PHASE_SINCE.to_string(), b.since.to_string()),
             ])),
             labels: Some(BTreeMap::from([(
                 crate::keys::MANAGED_BY.to_string(),
@@ -218,20 +449,15 @@ fn bundle_secret(
             ..Default::default()
         },
         type_: Some("kubernetes.io/tls".into()),
-        data: Some(BTreeMap::from([
-            ("tls.crt".to_string(), bytes(&b.cert_pem)),
-            ("tls.key".to_string(), bytes(&b.key_pem)),
-            ("ca.crt".to_string(), bytes(&b.ca_pem)),
-            ("ca.key".to_string(), bytes(&b.ca_key_pem)),
-        ])),
+        data: Some(data),
         ..Default::default()
     }
 }
 
-/// Reads the bundle from the Secret, creating or rotating it when needed;
-/// returns (CA, certificate, key) PEM. Safe with several replicas: writes
-/// are conditional (create / replace at a resourceVersion) and the loser
-/// re-reads the winner's bundle.
+/// Reads the bundle from the Secret, creating, renewing or rotating it when
+/// needed; returns (caBundle, certificate, key) PEM. Safe with several
+/// replicas: writes are conditional (create / replace at a resourceVersion)
+/// and the loser re-reads the winner's bundle.
 pub async fn ensure_secret(
     client: &Client,
     namespace: &str,
@@ -245,46 +471,39 @@ pub async fn ensure_secret(
             .await
             .map_err(Error::kube(format!("reading Secret {namespace}/{name}")))?;
         let now = time::OffsetDateTime::now_utc();
-        match current {
-            Some(s) if !needs_rotation(&s, sans, now) => {
-                let get = |k| {
-                    data_str(&s, k).ok_or_else(|| Error::Cert(format!("Secret {name} lacks {k}")))
-                };
-                return Ok((get("ca.crt")?, get("tls.crt")?, get("tls.key")?));
-            }
-            Some(s) => {
-                let ca = data_str(&s, "ca.crt").zip(data_str(&s, "ca.key"));
-                let bundle = generate(sans, ca.as_ref().map(|(c, k)| (c.as_str(), k.as_str())))
-                    .or_else(|_| generate(sans, None))?;
-                let secret = bundle_secret(name, &bundle, sans, s.resource_version());
-                match api.replace(name, &PostParams::default(), &secret).await {
-                    Ok(_) => {
-                        tracing::info!(secret = name, "webhook certificate rotated");
-                        return Ok((bundle.ca_pem, bundle.cert_pem, bundle.key_pem));
-                    }
-                    Err(kube::Error::Api(e)) if e.code == 409 => continue,
-                    Err(e) => {
-                        return Err(Error::kube(format!("replacing Secret {namespace}/{name}"))(
-                            e,
-                        ));
-                    }
-                }
+        let stored = current.as_ref().and_then(Stored::read);
+        let step = plan(stored.as_ref(), sans, now);
+        let Some(next) = next_state(stored.as_ref(), step, sans, now)? else {
+            let s = stored.ok_or_else(|| Error::Cert(format!("Secret {name} unreadable")))?;
+            return Ok((s.bundle_pem, s.cert_pem, s.key_pem));
+        };
+        let result = match &current {
+            Some(cur) => {
+                api.replace(
+                    name,
+                    &PostParams::default(),
+                    &bundle_secret(name, &next, cur.resource_version()),
+                )
+                .await
             }
             None => {
-                let bundle = generate(sans, None)?;
-                let secret = bundle_secret(name, &bundle, sans, None);
-                match api.create(&PostParams::default(), &secret).await {
-                    Ok(_) => {
-                        tracing::info!(secret = name, "webhook certificate created");
-                        return Ok((bundle.ca_pem, bundle.cert_pem, bundle.key_pem));
-                    }
-                    Err(kube::Error::Api(e)) if e.code == 409 => continue,
-                    Err(e) => {
-                        return Err(Error::kube(format!("creating Secret {namespace}/{name}"))(
-                            e,
-                        ));
-                    }
-                }
+                api.create(&PostParams::default(), &bundle_secret(name, &next, None))
+                    .await
+            }
+        };
+        match result {
+            Ok(_) => {
+                tracing::info!(
+                    secret = name,
+                    ?step,
+                    phase = next.phase.as_str(),
+                    "webhook certificate updated"
+                );
+                return Ok((next.bundle_pem, next.cert_pem, next.key_pem));
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => {
+                return Err(Error::kube(format!("writing Secret {namespace}/{name}"))(e));
             }
         }
     }
@@ -389,24 +608,25 @@ pub struct SelfManaged {
 impl SelfManaged {
     /// One round; returns whether the caBundle is in place.
     pub async fn round(&self) -> Result<bool> {
-        let (ca, cert, key) =
+        let (bundle, cert, key) =
             ensure_secret(&self.client, &self.namespace, &self.secret, &self.sans).await?;
         self.resolver
             .set(certified_key(cert.as_bytes(), key.as_bytes())?);
-        let mutating = patch_ca_bundle(&self.client, &self.webhook_config, &ca).await?;
+        let mutating = patch_ca_bundle(&self.client, &self.webhook_config, &bundle).await?;
         let validating = match &self.validating_webhook_config {
-            Some(name) => patch_validating_ca_bundle(&self.client, name, &ca).await?,
+            Some(name) => patch_validating_ca_bundle(&self.client, name, &bundle).await?,
             None => true,
         };
         Ok(mutating && validating)
     }
 
-    /// Rounds until shutdown: hourly once the caBundle is in place (rotation
-    /// is checked then), every 10s until it is.
+    /// Rounds until shutdown: every [`REFRESH`] once the caBundle is in
+    /// place (renewal and rotation steps are taken then), every 10s until
+    /// it is.
     pub async fn maintain(self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         loop {
             let wait = match self.round().await {
-                Ok(true) => Duration::from_secs(3600),
+                Ok(true) => REFRESH,
                 Ok(false) => {
                     tracing::info!(
                         mutating = %self.webhook_config,
@@ -492,26 +712,221 @@ mod tests {
         assert!(ca_bundle_ops(&current[..1], ca).is_empty());
     }
 
-    #[test]
-    fn a_generated_bundle_serves_and_rotation_keeps_the_ca() {
-        let sans = service_sans(
+    fn sans() -> Vec<String> {
+        service_sans(
             "kubegrace-webhook",
             "kubegrace-system",
             &["127.0.0.1".into()],
-        );
-        let b = generate(&sans, None).expect("generate");
-        certified_key(b.cert_pem.as_bytes(), b.key_pem.as_bytes()).expect("rustls accepts it");
-        let again = generate(&sans, Some((&b.ca_pem, &b.ca_key_pem))).expect("re-issue");
-        assert_eq!(again.ca_pem, b.ca_pem);
-        assert_ne!(again.cert_pem, b.cert_pem);
+        )
+    }
 
-        let fresh = bundle_secret("s", &b, &sans, None);
+    fn der(pem: &str) -> Vec<u8> {
+        rustls_pemfile::certs(&mut pem.as_bytes())
+            .next()
+            .expect("a certificate")
+            .expect("PEM")
+            .to_vec()
+    }
+
+    /// Parses the generated CA: the name constraint lists exactly the
+    /// Service's names and the extra IP, and the validity is the documented one.
+    #[test]
+    fn the_ca_is_name_constrained_and_lives_a_year() {
+        use x509_parser::extensions::{GeneralName, ParsedExtension};
         let now = time::OffsetDateTime::now_utc();
-        assert!(!needs_rotation(&fresh, &sans, now));
-        assert!(
-            needs_rotation(&fresh, &sans, now + time::Duration::days(340)),
-            "30 days before expiry"
+        let (ca, _key, not_after) = new_ca(&sans(), now).expect("ca");
+        let ca_der = der(&ca);
+        let (_, cert) = x509_parser::parse_x509_certificate(&ca_der).expect("parse");
+        let nc = cert
+            .extensions()
+            .iter()
+            .find_map(|e| match e.parsed_extension() {
+                ParsedExtension::NameConstraints(nc) => Some((e.critical, nc.clone())),
+                _ => None,
+            })
+            .expect("a NameConstraints extension");
+        assert!(nc.0, "name constraints are critical");
+        let permitted: Vec<String> =
+            nc.1.permitted_subtrees
+                .expect("permitted subtrees")
+                .iter()
+                .map(|t| match &t.base {
+                    GeneralName::DNSName(d) => (*d).to_string(),
+                    GeneralName::IPAddress(ip) => format!("ip:{ip:?}"),
+                    other => format!("{other:?}"),
+                })
+                .collect();
+        assert_eq!(
+            permitted,
+            [
+                "kubegrace-webhook.kubegrace-system.svc",
+                "kubegrace-webhook.kubegrace-system.svc.cluster.local",
+                "kubegrace-webhook.kubegrace-system",
+                "kubegrace-webhook",
+                "ip:[127, 0, 0, 1, 255, 255, 255, 255]",
+            ]
         );
-        assert!(needs_rotation(&fresh, &sans[..1], now), "names changed");
+        let bc = cert
+            .basic_constraints()
+            .expect("bc")
+            .expect("present")
+            .value;
+        assert!(bc.ca);
+        assert_eq!(bc.path_len_constraint, Some(0));
+        let life = cert.validity().not_after.timestamp() - now.unix_timestamp();
+        assert!(
+            (CA_DAYS * 86400 - 60..=CA_DAYS * 86400 + 60).contains(&life),
+            "{life}"
+        );
+        assert_eq!(
+            not_after.unix_timestamp(),
+            cert.validity().not_after.timestamp()
+        );
+
+        let (leaf, _k, leaf_after) = issue_leaf(&sans(), &ca, &_key, not_after, now).expect("leaf");
+        let leaf_der = der(&leaf);
+        let (_, cert) = x509_parser::parse_x509_certificate(&leaf_der).expect("parse leaf");
+        let life = cert.validity().not_after.timestamp() - now.unix_timestamp();
+        assert!(
+            (LEAF_DAYS * 86400 - 60..=LEAF_DAYS * 86400 + 60).contains(&life),
+            "{life}"
+        );
+        // Never past the CA.
+        let (_, _, clamped) =
+            issue_leaf(&sans(), &ca, &_key, now + time::Duration::days(3), now).expect("leaf");
+        assert!(clamped < leaf_after);
+        assert_eq!(
+            clamped.unix_timestamp(),
+            (now + time::Duration::days(3)).unix_timestamp()
+        );
+    }
+
+    /// A real verifier (webpki, as rustls clients use it) accepts the leaf
+    /// for the Service name and refuses one for a host outside the
+    /// constraint, even though the CA signed it.
+    #[test]
+    fn a_verifier_enforces_the_name_constraint() {
+        use rustls::client::danger::ServerCertVerifier as _;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let now = time::OffsetDateTime::now_utc();
+        let (ca, key, ca_after) = new_ca(&sans(), now).expect("ca");
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der(&ca).into()).expect("root");
+        let verifier = rustls::client::WebPkiServerVerifier::builder(Arc::new(roots))
+            .build()
+            .expect("verifier");
+        let verify = |leaf: &str, host: &str| {
+            verifier.verify_server_cert(
+                &der(leaf).into(),
+                &[],
+                &rustls::pki_types::ServerName::try_from(host.to_string()).expect("name"),
+                &[],
+                rustls::pki_types::UnixTime::now(),
+            )
+        };
+        let (good, _, _) = issue_leaf(&sans(), &ca, &key, ca_after, now).expect("leaf");
+        verify(&good, "kubegrace-webhook.kubegrace-system.svc").expect("the Service name verifies");
+        let evil_names = vec!["bank.example.com".to_string()];
+        let (evil, _, _) =
+            issue_leaf(&evil_names, &ca, &key, ca_after, now).expect("signed anyway");
+        let err = verify(&evil, "bank.example.com").expect_err("outside the constraint");
+        assert!(
+            format!("{err:?}").contains("NameConstraint") || format!("{err:?}").contains("Name"),
+            "{err:?}"
+        );
+    }
+
+    fn at(days: i64, secs: i64) -> time::OffsetDateTime {
+        time::OffsetDateTime::now_utc() + time::Duration::days(days) + time::Duration::seconds(secs)
+    }
+
+    /// Walks a whole CA rotation with a synthetic clock; at every step the
+    /// bundle trusts the CA of the leaf being served and of the leaf served
+    /// a step before (what replicas that have not re-read the Secret still
+    /// serve).
+    #[test]
+    fn a_ca_rotation_overlaps_old_and_new_in_the_bundle() {
+        let sans = sans();
+        let t0 = at(0, 0);
+        assert_eq!(plan(None, &sans, t0), Step::Create);
+        let s0 = next_state(None, Step::Create, &sans, t0)
+            .expect("create")
+            .expect("state");
+        assert_eq!(plan(Some(&s0), &sans, t0), Step::Keep);
+        // Leaf renewal at 60 days (30 left), same CA, bundle unchanged.
+        let t1 = at(61, 0);
+        assert_eq!(plan(Some(&s0), &sans, t1), Step::ReissueLeaf);
+        let s1 = next_state(Some(&s0), Step::ReissueLeaf, &sans, t1)
+            .expect("reissue")
+            .expect("state");
+        assert_eq!(s1.bundle_pem, s0.bundle_pem);
+        assert_ne!(s1.cert_pem, s0.cert_pem);
+        // (Renewals every 60 days meanwhile; the last before the rotation.)
+        let s1 = next_state(Some(&s1), Step::ReissueLeaf, &sans, at(CA_DAYS - 62, 0))
+            .expect("reissue")
+            .expect("state");
+        // 60 days before the CA expires: the next CA joins the bundle.
+        let t2 = at(CA_DAYS - 59, 0);
+        assert_eq!(plan(Some(&s1), &sans, t2), Step::Introduce);
+        let s2 = next_state(Some(&s1), Step::Introduce, &sans, t2)
+            .expect("introduce")
+            .expect("state");
+        let (next_ca, _) = s2.next.clone().expect("next CA");
+        assert!(s2.bundle_pem.contains(&s1.ca_pem) && s2.bundle_pem.contains(&next_ca));
+        assert_eq!(s2.cert_pem, s1.cert_pem, "the leaf does not change yet");
+        assert_eq!(
+            plan(Some(&s2), &sans, t2 + time::Duration::minutes(30)),
+            Step::Keep
+        );
+        // After the overlap: the new CA signs the leaf; the old stays trusted.
+        let t3 = t2 + time::Duration::seconds(OVERLAP.as_secs() as i64);
+        assert_eq!(plan(Some(&s2), &sans, t3), Step::Switch);
+        let s3 = next_state(Some(&s2), Step::Switch, &sans, t3)
+            .expect("switch")
+            .expect("state");
+        assert_eq!(s3.ca_pem, next_ca);
+        assert!(s3.bundle_pem.contains(&s1.ca_pem) && s3.bundle_pem.contains(&next_ca));
+        assert!(s3.next.is_none());
+        // After another overlap: the old CA leaves the bundle.
+        let t4 = t3 + time::Duration::seconds(OVERLAP.as_secs() as i64);
+        assert_eq!(plan(Some(&s3), &sans, t4), Step::Settle);
+        let s4 = next_state(Some(&s3), Step::Settle, &sans, t4)
+            .expect("settle")
+            .expect("state");
+        assert_eq!(s4.bundle_pem, next_ca);
+        assert_eq!(plan(Some(&s4), &sans, t4), Step::Keep);
+
+        // The Secret round-trips every phase.
+        for s in [&s0, &s2, &s3, &s4] {
+            let back = Stored::read(&bundle_secret("x", s, None)).expect("readable");
+            assert_eq!(back.phase, s.phase);
+            assert_eq!(back.bundle_pem, s.bundle_pem);
+            assert_eq!(back.next, s.next);
+            assert_eq!(plan(Some(&back), &sans, t4), plan(Some(s), &sans, t4));
+        }
+        // The leaf served after the switch chains to the new CA (rustls).
+        certified_key(s3.cert_pem.as_bytes(), s3.key_pem.as_bytes()).expect("rustls accepts it");
+        // Changed Service names: a new CA at once (the old constraint does
+        // not cover them).
+        assert_eq!(plan(Some(&s4), &sans[..1], t4), Step::Create);
+    }
+
+    /// A Secret written before rotation existed (10-year CA, no constraint,
+    /// no bundle key) is migrated through the overlap, not swapped at once.
+    #[test]
+    fn a_legacy_secret_is_rotated_with_overlap() {
+        let sans = sans();
+        let t0 = at(0, 0);
+        let s0 = next_state(None, Step::Create, &sans, t0)
+            .expect("create")
+            .expect("state");
+        let mut legacy = bundle_secret("x", &s0, None);
+        for k in [CA_NOT_AFTER, PHASE, PHASE_SINCE] {
+            legacy.metadata.annotations.as_mut().expect("ann").remove(k);
+        }
+        legacy.data.as_mut().expect("data").remove("ca-bundle.crt");
+        let read = Stored::read(&legacy).expect("legacy is readable");
+        assert_eq!(read.bundle_pem, s0.ca_pem);
+        assert_eq!(plan(Some(&read), &sans, t0), Step::Introduce);
     }
 }

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use kubegrace_sidecar::config::HumanDuration;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -110,6 +111,31 @@ pub struct RunArgs {
     pub leader_election_lease: String,
     #[arg(long, env = "KUBEGRACE_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Watch and serve only these namespaces (comma-separated); empty: all.
+    /// Pairs with the chart's `watchNamespaces` (Roles in those namespaces
+    /// instead of a cluster-wide ClusterRole): routes elsewhere are not
+    /// reconciled and the webhook answers no review for another namespace.
+    #[arg(long, env = "KUBEGRACE_WATCH_NAMESPACES", value_delimiter = ',')]
+    pub watch_namespaces: Vec<String>,
+    /// Open webhook connections at most; past it a new connection is closed
+    /// at once (API servers keep a few long-lived connections each).
+    #[arg(long, env = "KUBEGRACE_WEBHOOK_MAX_CONNECTIONS", default_value_t = 128,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub webhook_max_connections: u32,
+    /// Admission reviews in progress at most (each may hold a body of up to
+    /// the body limit in memory); past it a review waits up to 5s, then 503.
+    #[arg(long, env = "KUBEGRACE_WEBHOOK_MAX_IN_FLIGHT", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub webhook_max_in_flight: u32,
+    /// Time to read one request: TLS handshake, head, and body each get it
+    /// (slow head: connection closed; slow body: 408).
+    #[arg(long, env = "KUBEGRACE_WEBHOOK_READ_TIMEOUT", default_value = "10s")]
+    pub webhook_read_timeout: HumanDuration,
+    /// A connection with no byte in either direction for this long is
+    /// closed. Longer than the longest admission timeout (30s), so a review
+    /// waiting on the API is never cut.
+    #[arg(long, env = "KUBEGRACE_WEBHOOK_IDLE_TIMEOUT", default_value = "60s")]
+    pub webhook_idle_timeout: HumanDuration,
 }
 
 impl RunArgs {
@@ -162,5 +188,28 @@ mod tests {
         assert_eq!(a.validating_webhook_config, "");
         assert_eq!(a.log_format, LogFormat::Json);
         assert!(a.cert_dir.is_none());
+        assert!(a.watch_namespaces.is_empty());
+        assert_eq!(a.webhook_read_timeout.0, std::time::Duration::from_secs(10));
+    }
+
+    #[test]
+    fn watch_namespaces_and_webhook_limits_parse_and_bad_values_are_refused() {
+        let a = RunArgs::from_args([
+            "--watch-namespaces=shop,api",
+            "--webhook-max-connections=8",
+            "--webhook-read-timeout=2s",
+            "--webhook-idle-timeout=1m",
+        ])
+        .expect("parse");
+        assert_eq!(a.watch_namespaces, ["shop", "api"]);
+        assert_eq!(a.webhook_max_connections, 8);
+        assert_eq!(a.webhook_idle_timeout.0, std::time::Duration::from_secs(60));
+        for bad in [
+            "--webhook-max-connections=0",
+            "--webhook-read-timeout=soon",
+            "--webhook-max-in-flight=-1",
+        ] {
+            assert!(RunArgs::from_args([bad]).is_err(), "{bad} must be refused");
+        }
     }
 }

@@ -469,7 +469,13 @@ async fn apply(route: &GraceRoute, ctx: &Context) -> Result<Action> {
     let (targets, overlaps) = claim_targets(route, &workloads, &others);
 
     // ---- validate + build (pure)
-    let (budget, config) = match validate(route, &targets) {
+    // (+ the ConfigMap kubegrace-<route> must be absent or ours: never take
+    // over or, through the owner reference, delete someone else's.)
+    let checked = match validate(route, &targets) {
+        Ok(v) => crate::ownership::check(client, route).await?.map(|()| v),
+        Err(invalid) => Err(invalid),
+    };
+    let (budget, config) = match checked {
         Ok(v) => v,
         Err(invalid) => {
             let status = GraceRouteStatus {
@@ -510,7 +516,12 @@ async fn apply(route: &GraceRoute, ctx: &Context) -> Result<Action> {
                 .await;
             }
             write_status(&api, route, status).await?;
-            // Nothing changes until the route or a target does; watches bring us back.
+            // A foreign ConfigMap is not watched (the watch is label-selected):
+            // look again now and then. Otherwise nothing changes until the
+            // route or a target does; watches bring us back.
+            if invalid.reason == crate::ownership::REASON {
+                return Ok(Action::requeue(Duration::from_secs(60)));
+            }
             return Ok(Action::await_change());
         }
     };
@@ -861,9 +872,12 @@ pub async fn run(
     client: Client,
     metrics: Arc<Metrics>,
     identity: String,
+    namespace: Option<String>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let routes = Api::<GraceRoute>::all(client.clone());
+    // One namespace (watch-namespaces mode, namespaced RBAC) or all.
+    let ns = namespace.as_deref();
+    let routes = crate::scope::api::<GraceRoute>(&client, ns);
     let controller = Controller::new(routes, watcher::Config::default().any_semantic());
     let store = controller.store();
     let (s1, s2, s3) = (store.clone(), store.clone(), store.clone());
@@ -883,9 +897,9 @@ pub async fn run(
     });
     let tpl_labels = |m: Option<&ObjectMeta>| m.and_then(|m| m.labels.clone()).unwrap_or_default();
     controller
-        .owns(Api::<ConfigMap>::all(client.clone()), managed)
+        .owns(crate::scope::api::<ConfigMap>(&client, ns), managed)
         .watches(
-            Api::<Deployment>::all(client.clone()),
+            crate::scope::api::<Deployment>(&client, ns),
             watcher::Config::default(),
             move |d| {
                 let labels = tpl_labels(d.spec.as_ref().and_then(|s| s.template.metadata.as_ref()));
@@ -894,7 +908,7 @@ pub async fn run(
             },
         )
         .watches(
-            Api::<StatefulSet>::all(client.clone()),
+            crate::scope::api::<StatefulSet>(&client, ns),
             watcher::Config::default(),
             move |s| {
                 let labels = tpl_labels(s.spec.as_ref().and_then(|s| s.template.metadata.as_ref()));
@@ -903,7 +917,7 @@ pub async fn run(
             },
         )
         .watches(
-            Api::<Pod>::all(client.clone()),
+            crate::scope::api::<Pod>(&client, ns),
             watcher::Config::default(),
             move |p| routes_for_pod(&s3, &p),
         )

@@ -18,7 +18,7 @@ use crate::certs::{self, CertResolver, SelfManaged};
 use crate::cli::{LogFormat, RunArgs};
 use crate::lease::LeaderElector;
 use crate::webhook::{self, SidecarSettings, Webhook};
-use crate::{Error, Result, controller, workload};
+use crate::{Error, Result, controller, scope, server, workload};
 
 pub fn main(args: RunArgs) -> std::process::ExitCode {
     init_tracing(args.log_format);
@@ -100,6 +100,9 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let limits = server::Limits::from_args(&args)?;
+    let namespaces = scope::namespaces(&args.watch_namespaces);
+    tracing::info!(?namespaces, "watching (None: every namespace)");
     let metrics = Arc::new(Metrics::default());
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
@@ -164,10 +167,11 @@ pub async fn run(
             native,
         },
     });
-    let webhook_task = tokio::spawn(webhook::serve(
+    let webhook_task = tokio::spawn(server::serve(
         args.webhook_addr,
         resolver.clone(),
         hook,
+        limits,
         rx.clone(),
     ));
     let admin_task = tokio::spawn(admin::serve(
@@ -201,16 +205,32 @@ pub async fn run(
                 }
             }
         };
-        let controllers = futures_util::future::join3(
-            controller::run(
+        // One set of controllers per watched namespace (namespaced RBAC
+        // allows no cluster-wide watch), or one set for all namespaces.
+        let mut all: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
+            Vec::new();
+        for ns in &namespaces {
+            all.push(Box::pin(controller::run(
                 client.clone(),
                 metrics.clone(),
                 elector.identity().to_string(),
+                ns.clone(),
                 stop(),
-            ),
-            workload::run::<Deployment>(client.clone(), metrics.clone(), stop()),
-            workload::run::<StatefulSet>(client.clone(), metrics.clone(), stop()),
-        );
+            )));
+            all.push(Box::pin(workload::run::<Deployment>(
+                client.clone(),
+                metrics.clone(),
+                ns.clone(),
+                stop(),
+            )));
+            all.push(Box::pin(workload::run::<StatefulSet>(
+                client.clone(),
+                metrics.clone(),
+                ns.clone(),
+                stop(),
+            )));
+        }
+        let controllers = futures_util::future::join_all(all);
         tokio::pin!(controllers);
         let finished = tokio::select! {
             _ = &mut controllers => true,

@@ -1,7 +1,8 @@
-//! The sidecar-injection webhook: HTTPS (rustls), `POST /mutate`, served by
-//! every replica (the same server answers `POST /validate` for GraceRoutes,
-//! see [`crate::validation`]). Pods only, CREATE only; the decision is [`decide`] (pure),
-//! the pod edit is [`crate::inject`] (pure), the answer is a JSON patch
+//! The sidecar-injection webhook: `POST /mutate`, served by every replica
+//! (the HTTPS server, its limits and the request checks are
+//! [`crate::server`]; the same server answers `POST /validate` for
+//! GraceRoutes, see [`crate::validation`]). Pods only, CREATE only; the
+//! decision is [`decide`] (pure), the pod edit is [`crate::inject`] (pure), the answer is a JSON patch
 //! from the difference.
 //!
 //! The webhook never fails a pod creation for its own reasons: a pod that
@@ -9,15 +10,8 @@
 //! saying why, and the route reports it.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::core::v1::{Namespace, Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::ListParams;
@@ -25,18 +19,12 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use kube::core::{DynamicObject, Selector, SelectorExt};
 use kube::{Api, Client, ResourceExt};
 use rand::Rng;
-use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 
 use crate::admin::Metrics;
 use crate::build::config_map_name;
-use crate::certs::CertResolver;
 use crate::crd::GraceRoute;
 use crate::inject::{self, InjectPlan, Skip};
 use crate::{Error, Result, keys};
-
-/// Largest AdmissionReview we read (pods are far smaller).
-const MAX_BODY: usize = 4 * 1024 * 1024;
 
 /// What the operator's flags say about every sidecar.
 #[derive(Debug, Clone)]
@@ -273,95 +261,10 @@ impl Webhook {
     }
 }
 
-fn respond(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
-    );
-    r
-}
-
-async fn handle(
-    req: Request<Incoming>,
-    hook: Arc<Webhook>,
-) -> std::result::Result<Response<Full<Bytes>>, std::convert::Infallible> {
-    // /mutate: pod injection; /validate: GraceRoute admission.
-    let mutate = match (req.method(), req.uri().path()) {
-        (&hyper::Method::POST, "/mutate") => true,
-        (&hyper::Method::POST, "/validate") => false,
-        _ => return Ok(respond(StatusCode::NOT_FOUND, b"{}".to_vec())),
-    };
-    let start = Instant::now();
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return Ok(respond(StatusCode::PAYLOAD_TOO_LARGE, b"{}".to_vec())),
-    };
-    let review = if mutate {
-        let (review, result) = hook.review(&body).await;
-        hook.metrics.webhook(start.elapsed(), result);
-        review
-    } else {
-        let (review, result) = crate::validation::review_with_client(&hook.client, &body).await;
-        hook.metrics.route_validation(start.elapsed(), result);
-        review
-    };
-    Ok(match serde_json::to_vec(&review) {
-        Ok(b) => respond(StatusCode::OK, b),
-        Err(_) => respond(StatusCode::INTERNAL_SERVER_ERROR, b"{}".to_vec()),
-    })
-}
-
-/// Binds and serves until `shutdown`; in-flight reviews get up to 5s.
-pub async fn serve(
-    addr: SocketAddr,
-    resolver: Arc<CertResolver>,
-    hook: Arc<Webhook>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) -> Result<()> {
-    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| Error::Tls(e.to_string()))?
-    .with_no_client_auth()
-    .with_cert_resolver(resolver);
-    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let acceptor = TlsAcceptor::from(Arc::new(tls));
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(Error::io(format!("binding webhook port {addr}")))?;
-    tracing::info!(%addr, "webhook listening");
-    hook.metrics.ready.store(true, Ordering::Relaxed);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => break,
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let acceptor = acceptor.clone();
-                let hook = hook.clone();
-                let watcher = graceful.watcher();
-                tokio::spawn(async move {
-                    let Ok(Ok(tls)) = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await else {
-                        return;
-                    };
-                    let svc = hyper::service::service_fn(move |req| handle(req, hook.clone()));
-                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    let conn = builder.serve_connection(TokioIo::new(tls), svc);
-                    let _ = watcher.watch(conn.into_owned()).await;
-                });
-            }
-        }
-    }
-    hook.metrics.ready.store(false, Ordering::Relaxed);
-    let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn settings() -> SidecarSettings {

@@ -189,17 +189,21 @@ fn error_policy<K: Workload>(_w: Arc<K>, err: &Error, _ctx: Arc<Context>) -> Act
 pub async fn run<K: Workload>(
     client: Client,
     metrics: Arc<Metrics>,
+    namespace: Option<String>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ctx = Arc::new(Context {
         client: client.clone(),
         metrics,
     });
-    Controller::new(Api::<K>::all(client), watcher::Config::default())
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile::<K>, error_policy::<K>, ctx)
-        .for_each(|_| async {})
-        .await;
+    Controller::new(
+        crate::scope::api::<K>(&client, namespace.as_deref()),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(shutdown)
+    .run(reconcile::<K>, error_policy::<K>, ctx)
+    .for_each(|_| async {})
+    .await;
 }
 
 #[cfg(test)]

@@ -259,6 +259,81 @@ def check_route_validation(docs, opts, names):
                   f"{ww}: a namespace without the extra label {k} is sent")
 
 
+# --- watchNamespaces and the NetworkPolicy ------------------------------------
+
+WORK_RESOURCES = {"graceroutes", "configmaps", "deployments", "statefulsets", "pods"}
+
+
+def check_scope(docs, opts):
+    """watchNamespaces: Roles there, nothing namespaced in the ClusterRole,
+    the flag wired, both webhooks scoped to the list."""
+    dep = one(docs, "Deployment")
+    op = next((c for c in dep["spec"]["template"]["spec"]["containers"] if c.get("name") == "operator"), {})
+    args = op.get("args") or []
+    watch = opts.watch_namespaces
+    flag = arg_value(args, "--watch-namespaces")
+    op_cr = next((cr for cr in by_kind(docs, "ClusterRole") if cr["metadata"]["name"] == dep["metadata"]["name"]), {})
+    cluster_resources = {res for r in op_cr.get("rules") or [] for res in r.get("resources") or []}
+    foreign_roles = [r for r in by_kind(docs, "Role") if r["metadata"].get("namespace") != opts.namespace]
+    if not watch:
+        check(flag is None, f"--watch-namespaces={flag} rendered without watchNamespaces")
+        check(WORK_RESOURCES <= cluster_resources, f"ClusterRole lacks {WORK_RESOURCES - cluster_resources}")
+        check(not foreign_roles, "Roles outside the release namespace without watchNamespaces")
+        return
+    check(flag is not None and sorted(flag.split(",")) == sorted(watch), f"--watch-namespaces={flag}, want {watch}")
+    check(not (WORK_RESOURCES & cluster_resources),
+          f"watchNamespaces set, but the ClusterRole still grants {WORK_RESOURCES & cluster_resources} cluster-wide")
+    ns_rules = [r for r in op_cr.get("rules") or [] if "namespaces" in (r.get("resources") or [])]
+    check([sorted(r.get("resourceNames") or []) for r in ns_rules] == [sorted(watch)]
+          and all(r.get("verbs") == ["get"] for r in ns_rules),
+          f"namespaces rule must be get on {watch} only: {ns_rules}")
+    sa = dep["spec"]["template"]["spec"].get("serviceAccountName")
+    for ns in watch:
+        roles = [r for r in foreign_roles if r["metadata"]["namespace"] == ns]
+        check(len(roles) == 1, f"expected one Role in watched namespace {ns}, found {len(roles)}")
+        res = {x for r in roles for rule in r.get("rules") or [] for x in rule.get("resources") or []}
+        check(WORK_RESOURCES <= res, f"Role in {ns} lacks {WORK_RESOURCES - res}")
+        rbs = [b for b in by_kind(docs, "RoleBinding") if b["metadata"].get("namespace") == ns]
+        check(any(b["roleRef"]["name"] == (roles[0]["metadata"]["name"] if roles else None)
+                  and any(s.get("name") == sa and s.get("namespace") == opts.namespace for s in b.get("subjects") or [])
+                  for b in rbs), f"no RoleBinding in {ns} binds the operator's ServiceAccount")
+    # Both webhooks: a namespace outside the list is never sent anything.
+    webhooks = list(one(docs, "MutatingWebhookConfiguration").get("webhooks") or [])
+    webhooks += [w for v in by_kind(docs, "ValidatingWebhookConfiguration") for w in v.get("webhooks") or []]
+    extra = labels_matching(opts.namespace_selector)
+    for w in webhooks:
+        for ns, want in (("not-watched-" + watch[0], False), (watch[0], True)):
+            labels = dict(extra)
+            labels[NS_NAME] = ns
+            labels[INJECT] = "enabled"
+            got = matches(w.get("namespaceSelector"), labels)
+            check(got == want, f"webhook {w.get('name')}: namespace {ns} selected {got}, want {want}")
+
+
+def check_network_policy(docs, opts):
+    nps = by_kind(docs, "NetworkPolicy")
+    if opts.network_policy is None:
+        check(not nps, "NetworkPolicy rendered while webhook.networkPolicy.enabled is false")
+        return
+    np = one(docs, "NetworkPolicy")
+    dep = one(docs, "Deployment")
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    check(matches(np["spec"].get("podSelector"), pod_labels), "NetworkPolicy does not select the operator pods")
+    check(np["spec"].get("policyTypes") == ["Ingress"], "NetworkPolicy policyTypes must be [Ingress]")
+    op = next((c for c in dep["spec"]["template"]["spec"]["containers"] if c.get("name") == "operator"), {})
+    ports = {p["name"]: p["containerPort"] for p in op.get("ports") or []}
+    rules = np["spec"].get("ingress") or []
+    to_webhook = [r for r in rules if any(p.get("port") == ports.get("webhook") for p in r.get("ports") or [])]
+    check(len(to_webhook) == 1, f"expected one ingress rule for the webhook port, found {len(to_webhook)}")
+    for r in to_webhook:
+        peers = r.get("from") or []
+        check(peers and all(set(p) == {"ipBlock"} for p in peers),
+              "the webhook port must admit ipBlock peers only (never everyone)")
+        check(sorted(p["ipBlock"]["cidr"] for p in peers) == sorted(opts.network_policy),
+              f"webhook port peers {peers} != apiServerCIDRs {opts.network_policy}")
+        check(len(r.get("ports") or []) == 1, "the webhook rule must open the webhook port only")
+
+
 # --- names shared with the operator ----------------------------------------
 
 
@@ -294,7 +369,9 @@ def check_wiring(docs, opts, names):
     has_prestop = bool(((op.get("lifecycle") or {}).get("preStop") or {}).get("sleep"))
     check(has_prestop == opts.expect_prestop, f"preStop sleep rendered: {has_prestop}, want {opts.expect_prestop}")
 
-    role = one(docs, "Role")
+    own_roles = [r for r in by_kind(docs, "Role") if (r.get("metadata") or {}).get("namespace") == opts.namespace]
+    check(len(own_roles) == 1, f"expected one Role in the release namespace, found {len(own_roles)}")
+    role = own_roles[0] if own_roles else {}
     rules = role.get("rules") or []
 
     def named(resource):
@@ -356,6 +433,10 @@ def main():
                    help="failurePolicy of the GraceRoute validating webhook, or 'none' when disabled")
     p.add_argument("--namespace-selector", type=json.loads, default={},
                    help="the values' webhook.namespaceSelector, as JSON")
+    p.add_argument("--watch-namespaces", type=json.loads, default=[],
+                   help="the values' watchNamespaces, as JSON")
+    p.add_argument("--network-policy", type=json.loads, default=None,
+                   help="webhook.networkPolicy.apiServerCIDRs as JSON when enabled; absent: disabled")
     opts = p.parse_args()
 
     docs = [d for d in yaml.safe_load_all(sys.stdin) if d]
@@ -363,7 +444,8 @@ def main():
         md = d.get("metadata") or {}
         cluster_scoped = d.get("kind") in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
                                            "ValidatingWebhookConfiguration")
-        check(cluster_scoped or md.get("namespace") == opts.namespace,
+        watched_rbac = d.get("kind") in ("Role", "RoleBinding") and md.get("namespace") in opts.watch_namespaces
+        check(cluster_scoped or watched_rbac or md.get("namespace") == opts.namespace,
               f"{d.get('kind')} {md.get('name')} is not in the release namespace")
 
     mwc = one(docs, "MutatingWebhookConfiguration")
@@ -376,6 +458,8 @@ def main():
     check_webhook(docs, opts, names)
     check_route_validation(docs, opts, names)
     check_wiring(docs, opts, names)
+    check_scope(docs, opts)
+    check_network_policy(docs, opts)
 
     if errors:
         for e in errors:

@@ -1,0 +1,192 @@
+//! Whose ConfigMap is `kubegrace-<route>`?
+//!
+//! The route controller writes its sidecar config with a *forced*
+//! server-side apply and an owner reference to the route, so the garbage
+//! collector deletes the ConfigMap with the route. Pointed at a ConfigMap
+//! someone else made (a user's `kubegrace-web`, another tool's), that apply
+//! would take its fields over and the route's deletion would later delete
+//! it. So before every apply the controller asks [`decide`] (pure) and
+//! touches the ConfigMap only when it is absent or ours; otherwise the route
+//! is not accepted (`Accepted=False`, reason [`REASON`]), which also keeps
+//! the webhook from injecting sidecars that would mount the foreign
+//! ConfigMap as their config.
+//!
+//! Ours means: controlled by a GraceRoute of the same name (any uid: a route
+//! deleted and re-created under the same name inherits the ConfigMap the
+//! garbage collector has not removed yet), or, with no controller at all,
+//! carrying both labels the controller writes
+//! (`app.kubernetes.io/managed-by=kubegrace-operator` and
+//! `kubegrace.io/route=<route>`). A user who wants kubegrace to adopt a
+//! ConfigMap can add those two labels; nobody sets both by accident.
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{Api, Client, ResourceExt};
+
+use crate::build::Invalid;
+use crate::crd::GraceRoute;
+use crate::{Error, FIELD_MANAGER, Result, keys};
+
+/// The condition reason (and Event reason) of a refused ConfigMap.
+pub const REASON: &str = "ConfigMapNotOwned";
+
+/// What the controller may do with the route's ConfigMap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ownership {
+    /// There is none: create it.
+    Absent,
+    /// Ours: apply (and let the garbage collector delete it with the route).
+    Ours,
+    /// Someone else's: neither apply nor delete; the string says whose.
+    Foreign(String),
+}
+
+/// Decides from the existing ConfigMap (None: it does not exist).
+pub fn decide(existing: Option<&ConfigMap>, route: &str) -> Ownership {
+    let Some(cm) = existing else {
+        return Ownership::Absent;
+    };
+    let controller = cm
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    if let Some(o) = controller {
+        let group = o.api_version.split('/').next().unwrap_or_default();
+        return if o.kind == "GraceRoute" && group == "kubegrace.io" && o.name == route {
+            Ownership::Ours
+        } else {
+            Ownership::Foreign(format!("it is controlled by {} {}", o.kind, o.name))
+        };
+    }
+    let labels = cm.labels();
+    let managed = labels.get(keys::MANAGED_BY).map(String::as_str) == Some(FIELD_MANAGER);
+    let for_route = labels.get(keys::ROUTE_LABEL).map(String::as_str) == Some(route);
+    if managed && for_route {
+        Ownership::Ours
+    } else {
+        Ownership::Foreign(format!(
+            "it lacks the labels kubegrace puts on its own ConfigMaps ({}={FIELD_MANAGER}, {}={route})",
+            keys::MANAGED_BY,
+            keys::ROUTE_LABEL
+        ))
+    }
+}
+
+/// The route's condition message for a foreign ConfigMap: why, and what to do.
+pub fn refusal(ns: &str, cm: &str, route: &str, why: &str) -> Invalid {
+    Invalid::new(
+        REASON,
+        format!(
+            "ConfigMap {ns}/{cm} already exists and was not created by kubegrace ({why}); \
+             kubegrace will not overwrite or delete it. Rename or delete that ConfigMap, \
+             rename GraceRoute {route}, or, to hand it to kubegrace, label it \
+             {}={FIELD_MANAGER} and {}={route}",
+            keys::MANAGED_BY,
+            keys::ROUTE_LABEL
+        ),
+    )
+}
+
+/// Reads the route's ConfigMap and decides; `Ok(Err(_))` is a refusal the
+/// route reports, `Err(_)` an API failure to retry.
+pub async fn check(
+    client: &Client,
+    route: &GraceRoute,
+) -> Result<std::result::Result<(), Invalid>> {
+    let ns = route.namespace().unwrap_or_default();
+    let name = route.name_any();
+    let cm_name = crate::build::config_map_name(&name);
+    let existing = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .get_opt(&cm_name)
+        .await
+        .map_err(Error::kube(format!("reading ConfigMap {ns}/{cm_name}")))?;
+    Ok(match decide(existing.as_ref(), &name) {
+        Ownership::Absent | Ownership::Ours => Ok(()),
+        Ownership::Foreign(why) => Err(refusal(&ns, &cm_name, &name, &why)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cm(yaml: &str) -> ConfigMap {
+        serde_yaml::from_str(yaml).expect("configmap")
+    }
+
+    #[test]
+    fn absent_is_created() {
+        assert_eq!(decide(None, "web"), Ownership::Absent);
+    }
+
+    #[test]
+    fn a_users_configmap_is_foreign() {
+        let user = cm("metadata: {name: kubegrace-web, labels: {app: web}}\ndata: {a: b}");
+        let Ownership::Foreign(why) = decide(Some(&user), "web") else {
+            panic!("a user's ConfigMap must not be ours");
+        };
+        assert!(why.contains("lacks the labels"), "{why}");
+        // One of the two labels is not enough.
+        let half = cm(
+            "metadata: {name: kubegrace-web, labels: {app.kubernetes.io/managed-by: kubegrace-operator}}",
+        );
+        assert!(matches!(decide(Some(&half), "web"), Ownership::Foreign(_)));
+        // Our labels, but for another route (a renamed copy).
+        let other = cm(
+            "metadata: {name: kubegrace-web, labels: {app.kubernetes.io/managed-by: kubegrace-operator, kubegrace.io/route: api}}",
+        );
+        assert!(matches!(decide(Some(&other), "web"), Ownership::Foreign(_)));
+    }
+
+    #[test]
+    fn our_labels_or_our_controller_make_it_ours() {
+        let labelled = cm(
+            "metadata: {name: kubegrace-web, labels: {app.kubernetes.io/managed-by: kubegrace-operator, kubegrace.io/route: web}}",
+        );
+        assert_eq!(decide(Some(&labelled), "web"), Ownership::Ours);
+        let owned = cm(r#"
+metadata:
+  name: kubegrace-web
+  ownerReferences:
+  - {apiVersion: kubegrace.io/v1alpha1, kind: GraceRoute, name: web, uid: "1", controller: true}
+"#);
+        assert_eq!(decide(Some(&owned), "web"), Ownership::Ours);
+    }
+
+    #[test]
+    fn another_controller_wins_over_our_labels() {
+        let helm = cm(r#"
+metadata:
+  name: kubegrace-web
+  labels: {app.kubernetes.io/managed-by: kubegrace-operator, kubegrace.io/route: web}
+  ownerReferences:
+  - {apiVersion: apps/v1, kind: Deployment, name: web, uid: "2", controller: true}
+"#);
+        let Ownership::Foreign(why) = decide(Some(&helm), "web") else {
+            panic!("controlled by a Deployment");
+        };
+        assert!(why.contains("Deployment web"), "{why}");
+        let other_route = cm(r#"
+metadata:
+  name: kubegrace-web
+  ownerReferences:
+  - {apiVersion: kubegrace.io/v1alpha1, kind: GraceRoute, name: api, uid: "3", controller: true}
+"#);
+        assert!(matches!(
+            decide(Some(&other_route), "web"),
+            Ownership::Foreign(_)
+        ));
+    }
+
+    #[test]
+    fn the_refusal_says_what_to_do() {
+        let r = refusal("shop", "kubegrace-web", "web", "it lacks the labels");
+        assert_eq!(r.reason, REASON);
+        for part in [
+            "shop/kubegrace-web",
+            "will not overwrite or delete",
+            "Rename or delete",
+        ] {
+            assert!(r.message.contains(part), "{}", r.message);
+        }
+    }
+}

@@ -1,0 +1,544 @@
+//! The webhook's HTTPS server (rustls): `POST /mutate` (pods, see
+//! [`crate::webhook`]) and `POST /validate` (GraceRoutes, see
+//! [`crate::validation`]), served by every replica.
+//!
+//! The port is reachable by anything that can reach the pod, and nothing
+//! authenticates the caller (the API server presents no client certificate
+//! unless the cluster admin configures one), so the server defends itself:
+//!
+//! - a connection cap ([`Limits::max_connections`]): past it a new
+//!   connection is closed at once, before the TLS handshake;
+//! - a read timeout for the TLS handshake, the request head (hyper's header
+//!   read timeout) and the body (408), each [`Limits::read_timeout`];
+//! - an idle timeout: no byte in either direction for
+//!   [`Limits::idle_timeout`] closes the connection (HTTP/1 keep-alive and
+//!   HTTP/2 alike);
+//! - a body limit, [`MAX_BODY`] (413), and a cap on reviews in progress
+//!   ([`Limits::max_in_flight`], 503 after a short wait), so the worst-case
+//!   memory is `max_in_flight x MAX_BODY`, well inside the chart's limit;
+//! - only a well-formed AdmissionReview for the resource the path serves,
+//!   in a namespace this operator serves, reaches the API lookups
+//!   ([`check_review`]); anything else gets 400 and a message, so a caller
+//!   cannot use the webhook to ask about namespaces it was not built for.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+
+use crate::certs::CertResolver;
+use crate::webhook::Webhook;
+use crate::{Error, Result};
+
+/// Largest request body read: 4 MiB. The API server refuses request bodies
+/// over 3 MiB (its `MaxRequestBodyBytes`), and what it stores is capped
+/// lower still by etcd (1.5 MiB per object by default), so no pod a client
+/// or a controller can create is larger than 3 MiB of JSON. Our webhooks
+/// see pods on CREATE (no `oldObject`) and GraceRoutes (a few KiB each, on
+/// UPDATE twice); the last MiB covers the review envelope (uid, kinds,
+/// userInfo with its groups and extras) and the JSON of objects that were
+/// stored as protobuf.
+pub const MAX_BODY: usize = 4 * 1024 * 1024;
+
+/// How long a review waits for a free slot before 503.
+const IN_FLIGHT_WAIT: Duration = Duration::from_secs(5);
+
+/// The server's limits (flags `--webhook-*`).
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub max_in_flight: usize,
+    pub read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_body: usize,
+    /// Namespaces served; empty: all (`--watch-namespaces`).
+    pub watch_namespaces: Vec<String>,
+}
+
+impl Limits {
+    pub fn from_args(a: &crate::cli::RunArgs) -> Result<Self> {
+        let nonzero = |d: Duration, flag: &str| {
+            if d.is_zero() {
+                Err(Error::Config(format!(
+                    "--{flag} must be more than 0 (e.g. 10s)"
+                )))
+            } else {
+                Ok(d)
+            }
+        };
+        Ok(Self {
+            max_connections: a.webhook_max_connections as usize,
+            max_in_flight: a.webhook_max_in_flight as usize,
+            read_timeout: nonzero(a.webhook_read_timeout.0, "webhook-read-timeout")?,
+            idle_timeout: nonzero(a.webhook_idle_timeout.0, "webhook-idle-timeout")?,
+            max_body: MAX_BODY,
+            watch_namespaces: a.watch_namespaces.clone(),
+        })
+    }
+}
+
+/// Which review a path answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/mutate`: pods.
+    Mutate,
+    /// `/validate`: GraceRoutes.
+    Validate,
+}
+
+impl Endpoint {
+    fn resource(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Mutate => ("", "pods"),
+            Self::Validate => ("kubegrace.io", "graceroutes"),
+        }
+    }
+}
+
+/// Whether `body` is an AdmissionReview this server answers (pure). The
+/// error says what is wrong, for the 400.
+pub fn check_review(
+    body: &[u8],
+    endpoint: Endpoint,
+    watch: &[String],
+) -> std::result::Result<(), String> {
+    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body)
+        .map_err(|e| format!("the body is not an AdmissionReview: {e}"))?;
+    if review.types.api_version != "admission.k8s.io/v1" || review.types.kind != "AdmissionReview" {
+        return Err(format!(
+            "expected apiVersion admission.k8s.io/v1, kind AdmissionReview; got {:?}, {:?}",
+            review.types.api_version, review.types.kind
+        ));
+    }
+    let req: AdmissionRequest<DynamicObject> = review
+        .try_into()
+        .map_err(|e| format!("the AdmissionReview has no usable request: {e}"))?;
+    if req.uid.is_empty() {
+        return Err("request.uid is empty".into());
+    }
+    let (group, resource) = endpoint.resource();
+    if req.resource.group != group
+        || req.resource.resource != resource
+        || req.sub_resource.as_deref().is_some_and(|s| !s.is_empty())
+    {
+        return Err(format!(
+            "this endpoint reviews {resource} (group {group:?}), not {}/{:?}{}",
+            req.resource.resource,
+            req.resource.group,
+            req.sub_resource
+                .as_deref()
+                .map(|s| format!(" subresource {s}"))
+                .unwrap_or_default()
+        ));
+    }
+    let Some(ns) = req.namespace.as_deref().filter(|n| !n.is_empty()) else {
+        return Err("request.namespace is empty (pods and GraceRoutes are namespaced)".into());
+    };
+    let needs_object = matches!(req.operation, Operation::Create | Operation::Update);
+    match &req.object {
+        None if needs_object => {
+            return Err(format!("request.object is missing for {:?}", req.operation));
+        }
+        Some(o) if o.metadata.namespace.as_deref().is_some_and(|n| n != ns) => {
+            return Err(format!(
+                "request.object is in namespace {:?}, the request in {ns:?}",
+                o.metadata.namespace.as_deref().unwrap_or_default()
+            ));
+        }
+        _ => {}
+    }
+    if !crate::scope::serves(watch, ns) {
+        return Err(format!(
+            "namespace {ns} is not served by this operator (--watch-namespaces)"
+        ));
+    }
+    Ok(())
+}
+
+fn respond(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// A 4xx/5xx with a message a person can act on.
+fn refuse(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
+    let body = serde_json::json!({ "code": status.as_u16(), "message": message });
+    respond(status, body.to_string().into_bytes())
+}
+
+struct Shared {
+    hook: Arc<Webhook>,
+    limits: Limits,
+    in_flight: Semaphore,
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    shared: Arc<Shared>,
+) -> std::result::Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    let metrics = &shared.hook.metrics;
+    let endpoint = match (req.method(), req.uri().path()) {
+        (&hyper::Method::POST, "/mutate") => Endpoint::Mutate,
+        (&hyper::Method::POST, "/validate") => Endpoint::Validate,
+        (_, "/mutate" | "/validate") => {
+            return Ok(refuse(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "POST an AdmissionReview",
+            ));
+        }
+        _ => return Ok(refuse(StatusCode::NOT_FOUND, "no such path")),
+    };
+    let json = req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        metrics.webhook_rejected("malformed");
+        return Ok(refuse(
+            StatusCode::BAD_REQUEST,
+            "Content-Type must be application/json (an AdmissionReview)",
+        ));
+    }
+    // A declared length over the limit is refused before reading a byte.
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = format!("the body exceeds {} bytes", shared.limits.max_body);
+    if declared.is_some_and(|n| n > shared.limits.max_body as u64) {
+        metrics.webhook_rejected("too_large");
+        return Ok(refuse(StatusCode::PAYLOAD_TOO_LARGE, &too_large));
+    }
+    // Bounded memory: a body is read only with a slot.
+    let Ok(Ok(_slot)) = tokio::time::timeout(IN_FLIGHT_WAIT, shared.in_flight.acquire()).await
+    else {
+        metrics.webhook_rejected("busy");
+        return Ok(refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many reviews in progress; retry",
+        ));
+    };
+    let start = Instant::now();
+    let read = Limited::new(req.into_body(), shared.limits.max_body).collect();
+    let body = match tokio::time::timeout(shared.limits.read_timeout, read).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            metrics.webhook_rejected("too_large");
+            return Ok(refuse(StatusCode::PAYLOAD_TOO_LARGE, &too_large));
+        }
+        Ok(Err(e)) => {
+            metrics.webhook_rejected("malformed");
+            return Ok(refuse(
+                StatusCode::BAD_REQUEST,
+                &format!("reading the body: {e}"),
+            ));
+        }
+        Err(_) => {
+            metrics.webhook_rejected("read_timeout");
+            return Ok(refuse(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!(
+                    "the body did not arrive within {:?}",
+                    shared.limits.read_timeout
+                ),
+            ));
+        }
+    };
+    if let Err(why) = check_review(&body, endpoint, &shared.limits.watch_namespaces) {
+        metrics.webhook_rejected("malformed");
+        return Ok(refuse(StatusCode::BAD_REQUEST, &why));
+    }
+    let review = match endpoint {
+        Endpoint::Mutate => {
+            let (review, result) = shared.hook.review(&body).await;
+            metrics.webhook(start.elapsed(), result);
+            review
+        }
+        Endpoint::Validate => {
+            let (review, result) =
+                crate::validation::review_with_client(&shared.hook.client, &body).await;
+            metrics.route_validation(start.elapsed(), result);
+            review
+        }
+    };
+    Ok(match serde_json::to_vec(&review) {
+        Ok(b) => respond(StatusCode::OK, b),
+        Err(_) => refuse(StatusCode::INTERNAL_SERVER_ERROR, "serialising the answer"),
+    })
+}
+
+/// Records the last time a byte moved in either direction, for the idle
+/// timeout (the same clock for HTTP/1 keep-alive and HTTP/2).
+struct Activity<T> {
+    io: T,
+    epoch: Instant,
+    last_ms: Arc<AtomicU64>,
+}
+
+impl<T> Activity<T> {
+    fn touch(&self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Activity<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.touch();
+        }
+        r
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Activity<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// Runs `conn` until it ends or nothing moved for `idle`.
+async fn until_idle<F: Future>(conn: F, epoch: Instant, last_ms: &AtomicU64, idle: Duration) {
+    tokio::pin!(conn);
+    loop {
+        let last = epoch + Duration::from_millis(last_ms.load(Ordering::Relaxed));
+        tokio::select! {
+            _ = &mut conn => return,
+            () = tokio::time::sleep_until((last + idle).into()) => {
+                let now_last = epoch + Duration::from_millis(last_ms.load(Ordering::Relaxed));
+                if now_last + idle <= Instant::now() {
+                    return; // dropping the connection closes it
+                }
+            }
+        }
+    }
+}
+
+/// Binds and serves until `shutdown`; in-flight reviews get up to 5s.
+pub async fn serve(
+    addr: SocketAddr,
+    resolver: Arc<CertResolver>,
+    hook: Arc<Webhook>,
+    limits: Limits,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<()> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(Error::io(format!("binding webhook port {addr}")))?;
+    serve_on(listener, resolver, hook, limits, shutdown).await
+}
+
+/// [`serve`] on a bound listener (tests bind port 0).
+pub async fn serve_on(
+    listener: TcpListener,
+    resolver: Arc<CertResolver>,
+    hook: Arc<Webhook>,
+    limits: Limits,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<()> {
+    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| Error::Tls(e.to_string()))?
+    .with_no_client_auth()
+    .with_cert_resolver(resolver);
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    let addr = listener
+        .local_addr()
+        .map_err(Error::io("reading the webhook address"))?;
+    tracing::info!(%addr, ?limits, "webhook listening");
+    let metrics = hook.metrics.clone();
+    metrics.ready.store(true, Ordering::Relaxed);
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let shared = Arc::new(Shared {
+        hook,
+        in_flight: Semaphore::new(limits.max_in_flight),
+        limits,
+    });
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                // Past the cap: closed before any TLS work.
+                let Ok(permit) = connections.clone().try_acquire_owned() else {
+                    metrics.webhook_rejected("connection_cap");
+                    drop(stream);
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                let shared = shared.clone();
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    let read_timeout = shared.limits.read_timeout;
+                    let idle = shared.limits.idle_timeout;
+                    let Ok(Ok(tls)) = tokio::time::timeout(read_timeout, acceptor.accept(stream)).await else {
+                        shared.hook.metrics.webhook_rejected("read_timeout");
+                        return;
+                    };
+                    let epoch = Instant::now();
+                    let last_ms = Arc::new(AtomicU64::new(0));
+                    let io = Activity { io: tls, epoch, last_ms: last_ms.clone() };
+                    let svc_shared = shared.clone();
+                    let svc = hyper::service::service_fn(move |req| handle(req, svc_shared.clone()));
+                    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    builder
+                        .http1()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(read_timeout);
+                    builder
+                        .http2()
+                        .timer(TokioTimer::new())
+                        .max_concurrent_streams(u32::try_from(shared.limits.max_in_flight).unwrap_or(u32::MAX));
+                    let conn = builder.serve_connection(TokioIo::new(io), svc);
+                    until_idle(watcher.watch(conn.into_owned()), epoch, &last_ms, idle).await;
+                });
+            }
+        }
+    }
+    metrics.ready.store(false, Ordering::Relaxed);
+    let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn review(resource: &str, group: &str, ns: &str, obj_ns: &str) -> Vec<u8> {
+        serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u-1",
+                "kind": {"group": group, "version": "v1", "kind": "X"},
+                "resource": {"group": group, "version": "v1", "resource": resource},
+                "requestKind": {"group": group, "version": "v1", "kind": "X"},
+                "requestResource": {"group": group, "version": "v1", "resource": resource},
+                "namespace": ns,
+                "operation": "CREATE",
+                "userInfo": {"username": "u"},
+                "object": {"apiVersion": "v1", "kind": "X", "metadata": {"name": "a", "namespace": obj_ns}},
+                "oldObject": null,
+                "dryRun": false,
+                "options": null
+            }
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    #[test]
+    fn a_well_formed_review_for_the_endpoints_resource_passes() {
+        assert_eq!(
+            check_review(&review("pods", "", "shop", "shop"), Endpoint::Mutate, &[]),
+            Ok(())
+        );
+        assert_eq!(
+            check_review(
+                &review("graceroutes", "kubegrace.io", "shop", "shop"),
+                Endpoint::Validate,
+                &[]
+            ),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn malformed_or_foreign_reviews_are_refused_with_the_reason() {
+        let cases: [(Vec<u8>, Endpoint, Vec<String>, &str); 7] = [
+            (
+                b"{".to_vec(),
+                Endpoint::Mutate,
+                vec![],
+                "not an AdmissionReview",
+            ),
+            (
+                br#"{"apiVersion":"v1","kind":"Pod"}"#.to_vec(),
+                Endpoint::Mutate,
+                vec![],
+                "expected apiVersion",
+            ),
+            (
+                br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec(),
+                Endpoint::Mutate,
+                vec![],
+                "no usable request",
+            ),
+            (
+                review("secrets", "", "shop", "shop"),
+                Endpoint::Mutate,
+                vec![],
+                "reviews pods",
+            ),
+            (
+                review("pods", "", "shop", "shop"),
+                Endpoint::Validate,
+                vec![],
+                "reviews graceroutes",
+            ),
+            (
+                review("pods", "", "shop", "bank"),
+                Endpoint::Mutate,
+                vec![],
+                "namespace \"bank\"",
+            ),
+            (
+                review("pods", "", "bank", "bank"),
+                Endpoint::Mutate,
+                vec!["shop".into()],
+                "not served",
+            ),
+        ];
+        for (body, ep, watch, want) in cases {
+            let err = check_review(&body, ep, &watch).expect_err(want);
+            assert!(err.contains(want), "{want:?} not in {err:?}");
+        }
+    }
+}

@@ -260,10 +260,11 @@ impl Admin {
         let browser = headers.contains_key(header::ORIGIN)
             || headers.contains_key("sec-fetch-site")
             || headers.contains_key("sec-fetch-mode");
+        // Every Host given must name an address (a repeated one too).
         let host_ok = headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .is_none_or(host_is_address);
+            .get_all(header::HOST)
+            .iter()
+            .all(|h| h.to_str().is_ok_and(host_is_address));
         if browser || !host_ok {
             return Some(text(
                 StatusCode::FORBIDDEN,

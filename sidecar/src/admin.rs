@@ -153,9 +153,8 @@ impl Admin {
             let probe = matches!(path, "/live" | "/healthz" | "/ready");
             // The preStop hook carries the token; without one configured
             // nothing is let through beyond the probes.
-            let pre_stop = path == "/drain"
-                && self.token.is_some()
-                && self.check_token(&req).is_none();
+            let pre_stop =
+                path == "/drain" && self.token.is_some() && self.check_token(&req).is_none();
             if !probe && !pre_stop {
                 let mut resp = text(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -424,7 +423,10 @@ fn host_is_address(host: &str) -> bool {
 /// Refuses to start with an admin port reachable from other machines and
 /// no drain token: anyone who can reach it could take the pod out of
 /// rotation. `--admin-insecure` says it is meant.
-pub(crate) fn check_exposure(addr: SocketAddr, settings: &crate::cli::Settings) -> crate::Result<()> {
+pub(crate) fn check_exposure(
+    addr: SocketAddr,
+    settings: &crate::cli::Settings,
+) -> crate::Result<()> {
     if addr.ip().is_loopback() || settings.drain_token.is_some() {
         return Ok(());
     }

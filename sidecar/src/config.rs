@@ -659,7 +659,9 @@ impl Config {
             if !token_ok {
                 return Err(ConfigError::new(
                     format!("upgradeProtocols[{i}]"),
-                    format!("{protocol:?} is not a protocol name; write it as in the Upgrade header, e.g. websocket"),
+                    format!(
+                        "{protocol:?} is not a protocol name; write it as in the Upgrade header, e.g. websocket"
+                    ),
                 ));
             }
         }

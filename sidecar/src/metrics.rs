@@ -400,7 +400,10 @@ impl Metrics {
             "counter",
             "Connections past limits.maxConnections (closed at once) or limits.adminMaxConnections (probes only).",
         );
-        for (listener, c) in [("proxy", &self.refused_proxy), ("admin", &self.refused_admin)] {
+        for (listener, c) in [
+            ("proxy", &self.refused_proxy),
+            ("admin", &self.refused_admin),
+        ] {
             let _ = writeln!(
                 out,
                 "kubegrace_connections_refused_total{{listener=\"{listener}\"}} {}",

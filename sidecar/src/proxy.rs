@@ -953,8 +953,7 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
     // The sidecar itself only ever speaks cleartext. A client's own
     // "https" is believed only with `forwarded.trustedHops` (a
     // TLS-terminating balancer in front), or any client could claim it.
-    if live.config.forwarded.trusted_hops == 0 || !parts.headers.contains_key(&X_FORWARDED_PROTO)
-    {
+    if live.config.forwarded.trusted_hops == 0 || !parts.headers.contains_key(&X_FORWARDED_PROTO) {
         parts
             .headers
             .insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
@@ -1014,7 +1013,8 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
     // whole connection and an app connection.
     let body_timeout = (!h2 && !wants_upgrade && !limits.body_read_timeout.get().is_zero())
         .then(|| (limits.body_read_timeout.get(), limits.body_min_rate));
-    let (body, body_watch) = UpstreamBody::new(body, (max_body > 0).then_some(max_body), body_timeout);
+    let (body, body_watch) =
+        UpstreamBody::new(body, (max_body > 0).then_some(max_body), body_timeout);
     let upstream_req = Request::from_parts(parts, body);
     let send = async {
         if h2 {
@@ -1075,7 +1075,10 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
         // The app switched protocols nobody asked it to (or one not
         // allowed): never hand the client a raw tunnel past the proxy.
         shared.metrics.upstream_error();
-        let resp = local_response(StatusCode::BAD_GATEWAY, "upstream switched protocols unasked\n");
+        let resp = local_response(
+            StatusCode::BAD_GATEWAY,
+            "upstream switched protocols unasked\n",
+        );
         return respond_local(&ctx, version, resp, request_guard, permit);
     }
     if let (true, Some(downstream)) = (upgraded, downstream_upgrade) {

@@ -16,9 +16,9 @@
 //!   shared multiplexed connection, replaced when it closes or refuses new
 //!   streams (the app's GOAWAY), so streams stay multiplexed end to end.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
@@ -200,12 +200,10 @@ impl UpstreamBody {
         fault: BodyFault,
         source: Option<hyper::Error>,
     ) -> Poll<Option<std::result::Result<http_body::Frame<bytes::Bytes>, BodyError>>> {
-        let _ = self.state.fault.compare_exchange(
-            0,
-            fault as u8,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
+        let _ =
+            self.state
+                .fault
+                .compare_exchange(0, fault as u8, Ordering::AcqRel, Ordering::Acquire);
         self.state.waiting_on_client.store(false, Ordering::Release);
         self.deadline = None;
         Poll::Ready(Some(Err(BodyError { fault, source })))

@@ -36,7 +36,12 @@ async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Result<String> {
     let mut tcp = TcpStream::connect(addr).await?;
     let _ = tcp.write_all(bytes).await;
     let mut out = Vec::new();
-    let _ = within("the server to answer and close", WAIT, tcp.read_to_end(&mut out)).await?;
+    let _ = within(
+        "the server to answer and close",
+        WAIT,
+        tcp.read_to_end(&mut out),
+    )
+    .await?;
     Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
@@ -112,12 +117,32 @@ async fn invalid_chunk_sizes_get_400_and_move_no_breaker_or_upstream_counter() -
         .await?;
     drop(gone);
 
-    let connect_errors = metric(&sidecar, "kubegrace_upstream_errors_total", "kind=\"connect\"").await?;
-    ensure!(connect_errors == 0.0, "client faults counted as upstream errors: {connect_errors}");
-    let bad = metric(&sidecar, "kubegrace_client_errors_total", "kind=\"bad_body\"").await?;
-    ensure!(bad >= bodies.len() as f64, "bad bodies counted {bad}, sent {}", bodies.len());
+    let connect_errors = metric(
+        &sidecar,
+        "kubegrace_upstream_errors_total",
+        "kind=\"connect\"",
+    )
+    .await?;
+    ensure!(
+        connect_errors == 0.0,
+        "client faults counted as upstream errors: {connect_errors}"
+    );
+    let bad = metric(
+        &sidecar,
+        "kubegrace_client_errors_total",
+        "kind=\"bad_body\"",
+    )
+    .await?;
+    ensure!(
+        bad >= bodies.len() as f64,
+        "bad bodies counted {bad}, sent {}",
+        bodies.len()
+    );
     let route = breaker_state(&sidecar, "upload").await?;
-    ensure!(route["breaker"]["state"] == "closed", "breaker moved: {route}");
+    ensure!(
+        route["breaker"]["state"] == "closed",
+        "breaker moved: {route}"
+    );
     ensure!(
         route["breaker"]["consecutiveFailures"] == 0 && route["breaker"]["window"]["failures"] == 0,
         "client faults counted against the app: {route}"
@@ -128,18 +153,23 @@ async fn invalid_chunk_sizes_get_400_and_move_no_breaker_or_upstream_counter() -
         b"POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
     )
     .await?;
-    ensure!(status_line(&ok).starts_with("HTTP/1.1 200"), "good upload got {:?}", status_line(&ok));
-    ensure!(sidecar.ready_status().await == Some(StatusCode::OK), "bad input hurt /ready");
+    ensure!(
+        status_line(&ok).starts_with("HTTP/1.1 200"),
+        "good upload got {:?}",
+        status_line(&ok)
+    );
+    ensure!(
+        sidecar.ready_status().await == Some(StatusCode::OK),
+        "bad input hurt /ready"
+    );
     Ok(())
 }
 
 #[tokio::test]
 async fn a_trickling_body_gets_408() -> Result<()> {
     let app = TestApp::start("a").await?;
-    let sidecar = Sidecar::start(
-        SidecarSpec::new(app.addr).args(&["--body-read-timeout", "1s"]),
-    )
-    .await?;
+    let sidecar =
+        Sidecar::start(SidecarSpec::new(app.addr).args(&["--body-read-timeout", "1s"])).await?;
     let tcp = TcpStream::connect(sidecar.listen).await?;
     let (rd, mut wr) = tcp.into_split();
     wr.write_all(b"POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n")
@@ -155,13 +185,34 @@ async fn a_trickling_body_gets_408() -> Result<()> {
         None
     });
     let mut reader = BufReader::new(rd);
-    let head = within("the 408", Duration::from_secs(15), read_response(&mut reader)).await??;
-    ensure!(status_line(&head).starts_with("HTTP/1.1 408"), "a trickling body got {head:?}");
+    let head = within(
+        "the 408",
+        Duration::from_secs(15),
+        read_response(&mut reader),
+    )
+    .await??;
+    ensure!(
+        status_line(&head).starts_with("HTTP/1.1 408"),
+        "a trickling body got {head:?}"
+    );
     trickle.abort();
-    let timeouts = metric(&sidecar, "kubegrace_client_timeouts_total", "kind=\"body_read\"").await?;
+    let timeouts = metric(
+        &sidecar,
+        "kubegrace_client_timeouts_total",
+        "kind=\"body_read\"",
+    )
+    .await?;
     ensure!(timeouts >= 1.0, "body read timeout not counted");
-    let connect_errors = metric(&sidecar, "kubegrace_upstream_errors_total", "kind=\"connect\"").await?;
-    ensure!(connect_errors == 0.0, "a slow client counted as an app error");
+    let connect_errors = metric(
+        &sidecar,
+        "kubegrace_upstream_errors_total",
+        "kind=\"connect\"",
+    )
+    .await?;
+    ensure!(
+        connect_errors == 0.0,
+        "a slow client counted as an app error"
+    );
     // A body at an honest pace still goes through.
     let ok = raw_exchange(
         sidecar.listen,
@@ -189,7 +240,9 @@ impl BigApp {
             // Only the first connection matters (the proxy's /ready checks
             // connect and leave without a request).
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
                 let flag = flag.clone();
                 tokio::spawn(async move {
                     let (rd, mut wr) = stream.into_split();
@@ -212,7 +265,10 @@ impl BigApp {
                     let mut ok = wr.write_all(head.as_bytes()).await.is_ok();
                     let mut sent = 0;
                     while ok && sent < size {
-                        ok = wr.write_all(&chunk[..chunk.len().min(size - sent)]).await.is_ok();
+                        ok = wr
+                            .write_all(&chunk[..chunk.len().min(size - sent)])
+                            .await
+                            .is_ok();
                         sent += chunk.len();
                     }
                     if ok {
@@ -235,7 +291,8 @@ const BIG: usize = 48 << 20;
 /// Sends one GET for the big answer and never reads it.
 async fn stalled_reader(listen: SocketAddr) -> Result<TcpStream> {
     let mut tcp = TcpStream::connect(listen).await?;
-    tcp.write_all(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n").await?;
+    tcp.write_all(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await?;
     Ok(tcp)
 }
 
@@ -262,12 +319,21 @@ async fn a_stalled_reader_is_cut_and_its_app_connection_freed() -> Result<()> {
     })
     .await
     .with_context(|| sidecar.logs_text())?;
-    let cut = metric(&sidecar, "kubegrace_client_timeouts_total", "kind=\"write\"").await?;
+    let cut = metric(
+        &sidecar,
+        "kubegrace_client_timeouts_total",
+        "kind=\"write\"",
+    )
+    .await?;
     ensure!(cut >= 1.0, "write timeout not counted");
     // The client sees the end of the connection, short of 16 MiB.
     let mut got = Vec::new();
     let _ = within("the cut client to see EOF", WAIT, tcp.read_to_end(&mut got)).await?;
-    ensure!(got.len() < BIG, "the whole answer arrived ({} bytes)", got.len());
+    ensure!(
+        got.len() < BIG,
+        "the whole answer arrived ({} bytes)",
+        got.len()
+    );
     ensure!(sidecar.ready_status().await == Some(StatusCode::OK));
     Ok(())
 }
@@ -287,7 +353,9 @@ impl RecordingApp {
         let seen = heads.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
                 let seen = seen.clone();
                 tokio::spawn(async move {
                     let (rd, mut wr) = stream.into_split();
@@ -361,21 +429,34 @@ async fn upgrade_h2c_never_reaches_the_app_websocket_does() -> Result<()> {
         "h2c upgrade answered {:?} (a 101 is a tunnel around the proxy)",
         status_line(&answer)
     );
-    let seen = app.last_for("/h2c").context("the app never got the plain request")?;
-    ensure!(!seen.contains("upgrade:") && !seen.contains("http2-settings"), "the app saw: {seen}");
+    let seen = app
+        .last_for("/h2c")
+        .context("the app never got the plain request")?;
+    ensure!(
+        !seen.contains("upgrade:") && !seen.contains("http2-settings"),
+        "the app saw: {seen}"
+    );
     // Several offers: only the allowed one survives.
     let mut tcp = TcpStream::connect(sidecar.listen).await?;
     tcp.write_all(b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: h2c, websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
         .await?;
     let mut reader = BufReader::new(tcp);
     let head = within("the websocket 101", WAIT, read_response(&mut reader)).await??;
-    ensure!(status_line(&head).starts_with("HTTP/1.1 101"), "websocket got {head:?}");
-    let seen = app.last_for("/ws").context("the app never got the websocket handshake")?;
+    ensure!(
+        status_line(&head).starts_with("HTTP/1.1 101"),
+        "websocket got {head:?}"
+    );
+    let seen = app
+        .last_for("/ws")
+        .context("the app never got the websocket handshake")?;
     ensure!(
         seen.contains("upgrade: websocket") && !seen.contains("h2c"),
         "the app saw: {seen}"
     );
-    let ignored = sidecar.metrics().await?.sum("kubegrace_upgrades_ignored_total");
+    let ignored = sidecar
+        .metrics()
+        .await?
+        .sum("kubegrace_upgrades_ignored_total");
     ensure!(ignored == Some(1.0), "ignored upgrades: {ignored:?}");
     Ok(())
 }
@@ -383,16 +464,23 @@ async fn upgrade_h2c_never_reaches_the_app_websocket_does() -> Result<()> {
 #[tokio::test]
 async fn x_forwarded_proto_comes_from_the_connection_unless_hops_are_trusted() -> Result<()> {
     let app = RecordingApp::start().await?;
-    let req = b"GET /proto HTTP/1.1\r\nHost: a\r\nX-Forwarded-Proto: https\r\nConnection: close\r\n\r\n";
+    let req =
+        b"GET /proto HTTP/1.1\r\nHost: a\r\nX-Forwarded-Proto: https\r\nConnection: close\r\n\r\n";
     let sidecar = Sidecar::start(SidecarSpec::new(app.addr)).await?;
     raw_exchange(sidecar.listen, req).await?;
     let seen = app.last_for("/proto").context("no request")?;
-    ensure!(seen.contains("x-forwarded-proto: http\r\n"), "untrusted client's proto kept: {seen}");
+    ensure!(
+        seen.contains("x-forwarded-proto: http\r\n"),
+        "untrusted client's proto kept: {seen}"
+    );
     drop(sidecar);
     let sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(&["--trusted-hops", "1"])).await?;
     raw_exchange(sidecar.listen, req).await?;
     let seen = app.last_for("/proto").context("no request")?;
-    ensure!(seen.contains("x-forwarded-proto: https\r\n"), "trusted balancer's proto lost: {seen}");
+    ensure!(
+        seen.contains("x-forwarded-proto: https\r\n"),
+        "trusted balancer's proto lost: {seen}"
+    );
     Ok(())
 }
 
@@ -405,8 +493,10 @@ async fn a_pipelined_half_head_is_cut_by_the_header_read_timeout() -> Result<()>
     let mut tcp = TcpStream::connect(sidecar.listen).await?;
     tcp.set_nodelay(true)?;
     // One write, so one packet: a whole head and half of the next one.
-    tcp.write_all(b"GET /work HTTP/1.1\r\nHost: a\r\n\r\nGET /work HTTP/1.1\r\nHost: a\r\nX-Half: ")
-        .await?;
+    tcp.write_all(
+        b"GET /work HTTP/1.1\r\nHost: a\r\n\r\nGET /work HTTP/1.1\r\nHost: a\r\nX-Half: ",
+    )
+    .await?;
     let mut reader = BufReader::new(tcp);
     let head = within("the first answer", WAIT, read_response(&mut reader)).await??;
     ensure!(status_line(&head).starts_with("HTTP/1.1 200"), "{head}");
@@ -419,8 +509,16 @@ async fn a_pipelined_half_head_is_cut_by_the_header_read_timeout() -> Result<()>
     )
     .await?;
     let rest = String::from_utf8_lossy(&rest);
-    ensure!(rest.is_empty() || rest.starts_with("HTTP/1.1 408"), "got {rest:?}");
-    let cut = metric(&sidecar, "kubegrace_client_timeouts_total", "kind=\"header_read\"").await?;
+    ensure!(
+        rest.is_empty() || rest.starts_with("HTTP/1.1 408"),
+        "got {rest:?}"
+    );
+    let cut = metric(
+        &sidecar,
+        "kubegrace_client_timeouts_total",
+        "kind=\"header_read\"",
+    )
+    .await?;
     ensure!(cut >= 1.0, "header timeout not counted");
     Ok(())
 }
@@ -449,7 +547,10 @@ async fn idle_keep_alive_after_each_body_kind_is_not_cut_by_the_header_timer() -
         let head = within("answer 2", WAIT, read_response(&mut tcp))
             .await?
             .with_context(|| {
-                format!("kept-alive connection closed after {:?}", String::from_utf8_lossy(first))
+                format!(
+                    "kept-alive connection closed after {:?}",
+                    String::from_utf8_lossy(first)
+                )
             })?;
         ensure!(status_line(&head).starts_with("HTTP/1.1 200"), "{head}");
     }
@@ -459,34 +560,52 @@ async fn idle_keep_alive_after_each_body_kind_is_not_cut_by_the_header_timer() -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_caps_hold_while_probes_and_open_connections_work() -> Result<()> {
     let app = TestApp::start("a").await?;
-    let sidecar = Sidecar::start(
-        SidecarSpec::new(app.addr).args(&["--max-connections", "3", "--admin-max-connections", "2"]),
-    )
+    let sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(&[
+        "--max-connections",
+        "3",
+        "--admin-max-connections",
+        "2",
+    ]))
     .await?;
     let mut open = Vec::new();
     for _ in 0..3 {
         let mut tcp = BufReader::new(TcpStream::connect(sidecar.listen).await?);
-        tcp.get_mut().write_all(b"GET /work HTTP/1.1\r\nHost: a\r\n\r\n").await?;
+        tcp.get_mut()
+            .write_all(b"GET /work HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await?;
         let head = within("an answer", WAIT, read_response(&mut tcp)).await??;
         ensure!(status_line(&head).starts_with("HTTP/1.1 200"), "{head}");
         open.push(tcp);
     }
     // The fourth is closed at once, with no answer.
     let answer = raw_exchange(sidecar.listen, b"GET /work HTTP/1.1\r\nHost: a\r\n\r\n").await?;
-    ensure!(answer.is_empty(), "a connection past the cap got {answer:?}");
-    let refused = metric(&sidecar, "kubegrace_connections_refused_total", "listener=\"proxy\"").await?;
+    ensure!(
+        answer.is_empty(),
+        "a connection past the cap got {answer:?}"
+    );
+    let refused = metric(
+        &sidecar,
+        "kubegrace_connections_refused_total",
+        "listener=\"proxy\"",
+    )
+    .await?;
     ensure!(refused >= 1.0, "refusal not counted");
     // Probes and the open connections keep working.
     ensure!(sidecar.ready_status().await == Some(StatusCode::OK));
     for tcp in &mut open {
-        tcp.get_mut().write_all(b"GET /work HTTP/1.1\r\nHost: a\r\n\r\n").await?;
+        tcp.get_mut()
+            .write_all(b"GET /work HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await?;
         let head = within("an answer on an open connection", WAIT, read_response(tcp)).await??;
         ensure!(status_line(&head).starts_with("HTTP/1.1 200"), "{head}");
     }
     // One leaves, and a new connection gets its place.
     drop(open.pop());
     wait_for("a new connection under the cap", WAIT, || async {
-        get(sidecar.listen, "/work").await.ok().filter(|r| r.status == StatusCode::OK)
+        get(sidecar.listen, "/work")
+            .await
+            .ok()
+            .filter(|r| r.status == StatusCode::OK)
     })
     .await?;
 
@@ -495,14 +614,24 @@ async fn connection_caps_hold_while_probes_and_open_connections_work() -> Result
         TcpStream::connect(sidecar.admin).await?,
         TcpStream::connect(sidecar.admin).await?,
     );
-    wait_for("the admin port to count two open connections", WAIT, || async {
-        let resp = request(sidecar.admin, Method::GET, "/metrics", &[], WAIT).await.ok()?;
-        (resp.status == StatusCode::SERVICE_UNAVAILABLE).then_some(())
-    })
+    wait_for(
+        "the admin port to count two open connections",
+        WAIT,
+        || async {
+            let resp = request(sidecar.admin, Method::GET, "/metrics", &[], WAIT)
+                .await
+                .ok()?;
+            (resp.status == StatusCode::SERVICE_UNAVAILABLE).then_some(())
+        },
+    )
     .await?;
     for path in ["/ready", "/live"] {
         let resp = request(sidecar.admin, Method::GET, path, &[], WAIT).await?;
-        ensure!(resp.status == StatusCode::OK, "{path} past the admin cap: {}", resp.status);
+        ensure!(
+            resp.status == StatusCode::OK,
+            "{path} past the admin cap: {}",
+            resp.status
+        );
     }
     Ok(())
 }
@@ -510,24 +639,41 @@ async fn connection_caps_hold_while_probes_and_open_connections_work() -> Result
 #[tokio::test]
 async fn tcp_mode_closes_idle_connections() -> Result<()> {
     let app = TestApp::start("a").await?;
-    let sidecar = Sidecar::start(
-        SidecarSpec::new(app.addr).args(&["--protocol", "tcp", "--tunnel-idle-timeout", "500ms"]),
-    )
+    let sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(&[
+        "--protocol",
+        "tcp",
+        "--tunnel-idle-timeout",
+        "500ms",
+    ]))
     .await?;
     let mut tcp = TcpStream::connect(sidecar.listen).await?;
     // Traffic keeps it open...
-    tcp.write_all(b"GET /work HTTP/1.1\r\nHost: a\r\n\r\n").await?;
+    tcp.write_all(b"GET /work HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await?;
     let mut reader = BufReader::new(tcp);
-    let head = within("an answer through the tunnel", WAIT, read_response(&mut reader)).await??;
+    let head = within(
+        "an answer through the tunnel",
+        WAIT,
+        read_response(&mut reader),
+    )
+    .await??;
     ensure!(status_line(&head).starts_with("HTTP/1.1 200"), "{head}");
     // ... silence closes it (the app's own idle timeout is far longer).
     let mut rest = Vec::new();
-    within("the idle tunnel to close", Duration::from_secs(10), reader.read_to_end(&mut rest))
-        .await??;
+    within(
+        "the idle tunnel to close",
+        Duration::from_secs(10),
+        reader.read_to_end(&mut rest),
+    )
+    .await??;
     wait_for("the idle close to be counted", WAIT, || async {
-        let v = metric(&sidecar, "kubegrace_client_timeouts_total", "kind=\"tunnel_idle\"")
-            .await
-            .ok()?;
+        let v = metric(
+            &sidecar,
+            "kubegrace_client_timeouts_total",
+            "kind=\"tunnel_idle\"",
+        )
+        .await
+        .ok()?;
         (v >= 1.0).then_some(())
     })
     .await?;
@@ -583,14 +729,22 @@ async fn an_exposed_admin_port_needs_a_token_or_the_explicit_flag() -> Result<()
     let mut args = base.to_vec();
     args.extend(["--admin", "0.0.0.0:0"]);
     let (code, output) = run_env(&args, &[]).await?;
-    ensure!(code == Some(EX_USAGE), "exposed admin without a token: exit {code:?}\n{output}");
     ensure!(
-        output.contains("admin") && output.contains("--drain-token") && output.contains("--admin-insecure"),
+        code == Some(EX_USAGE),
+        "exposed admin without a token: exit {code:?}\n{output}"
+    );
+    ensure!(
+        output.contains("admin")
+            && output.contains("--drain-token")
+            && output.contains("--admin-insecure"),
         "the message does not say what to fix:\n{output}"
     );
     // The environment twin of the admin address is refused the same way.
     let (code, output) = run_env(&base, &[("KUBEGRACE_ADMIN", "0.0.0.0:0")]).await?;
-    ensure!(code == Some(EX_USAGE), "KUBEGRACE_ADMIN exposed: exit {code:?}\n{output}");
+    ensure!(
+        code == Some(EX_USAGE),
+        "KUBEGRACE_ADMIN exposed: exit {code:?}\n{output}"
+    );
 
     let mut with_token = args.clone();
     with_token.extend(["--drain-token", "t0ken"]);
@@ -600,7 +754,10 @@ async fn an_exposed_admin_port_needs_a_token_or_the_explicit_flag() -> Result<()
     starts(&insecure).await?;
     // The default admin address is loopback (the config in force shows it).
     let (code, output) = run_to_exit(&["--help"], WAIT).await?;
-    ensure!(code.success() && output.contains("127.0.0.1:15020"), "{output}");
+    ensure!(
+        code.success() && output.contains("127.0.0.1:15020"),
+        "{output}"
+    );
     Ok(())
 }
 
@@ -610,16 +767,27 @@ async fn tokenless_admin_refuses_browsers_and_upgrades() -> Result<()> {
     let sidecar = Sidecar::start(SidecarSpec::new(app.addr)).await?;
     let limit = Duration::from_secs(10);
     let resp = request(sidecar.admin, Method::POST, "/upgrade", &[], limit).await?;
-    ensure!(resp.status == StatusCode::FORBIDDEN, "tokenless /upgrade: {}", resp.status);
+    ensure!(
+        resp.status == StatusCode::FORBIDDEN,
+        "tokenless /upgrade: {}",
+        resp.status
+    );
     ensure!(resp.text().contains("--drain-token"), "{}", resp.text());
     for headers in [
-        &[("Sec-Fetch-Site", "cross-site"), ("Sec-Fetch-Mode", "no-cors")][..],
+        &[
+            ("Sec-Fetch-Site", "cross-site"),
+            ("Sec-Fetch-Mode", "no-cors"),
+        ][..],
         &[("Origin", "https://evil.example")][..],
         &[("Host", "rebound.evil.example:15020")][..],
     ] {
         for method in [Method::GET, Method::POST] {
             let resp = request(sidecar.admin, method.clone(), "/drain", headers, limit).await?;
-            ensure!(resp.status == StatusCode::FORBIDDEN, "{method} /drain with {headers:?}: {}", resp.status);
+            ensure!(
+                resp.status == StatusCode::FORBIDDEN,
+                "{method} /drain with {headers:?}: {}",
+                resp.status
+            );
         }
     }
     ensure!(
@@ -628,27 +796,40 @@ async fn tokenless_admin_refuses_browsers_and_upgrades() -> Result<()> {
     );
     // A plain client on loopback (curl, a script) still drains.
     let resp = request(sidecar.admin, Method::GET, "/drain", &[], limit).await?;
-    ensure!(resp.status == StatusCode::ACCEPTED, "plain GET /drain: {}", resp.status);
+    ensure!(
+        resp.status == StatusCode::ACCEPTED,
+        "plain GET /drain: {}",
+        resp.status
+    );
     Ok(())
 }
 
 #[tokio::test]
 async fn the_prestop_drain_with_the_token_works_past_the_admin_cap() -> Result<()> {
     let app = TestApp::start("a").await?;
-    let sidecar = Sidecar::start(
-        SidecarSpec::new(app.addr).args(&["--drain-token", "pod-token", "--admin-max-connections", "1"]),
-    )
+    let sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(&[
+        "--drain-token",
+        "pod-token",
+        "--admin-max-connections",
+        "1",
+    ]))
     .await?;
     let _idle_admin = TcpStream::connect(sidecar.admin).await?;
     let limit = Duration::from_secs(10);
     wait_for("the admin cap to be reached", WAIT, || async {
-        let resp = request(sidecar.admin, Method::GET, "/config", &[], limit).await.ok()?;
+        let resp = request(sidecar.admin, Method::GET, "/config", &[], limit)
+            .await
+            .ok()?;
         (resp.status == StatusCode::SERVICE_UNAVAILABLE).then_some(())
     })
     .await?;
     // Without the token the preStop path is not let through...
     let resp = request(sidecar.admin, Method::GET, "/drain", &[], limit).await?;
-    ensure!(resp.status == StatusCode::SERVICE_UNAVAILABLE, "tokenless /drain past the cap: {}", resp.status);
+    ensure!(
+        resp.status == StatusCode::SERVICE_UNAVAILABLE,
+        "tokenless /drain past the cap: {}",
+        resp.status
+    );
     // ... with it, it is (the kubelet's preStop GET with the injected header).
     let resp = request(
         sidecar.admin,
@@ -658,7 +839,11 @@ async fn the_prestop_drain_with_the_token_works_past_the_admin_cap() -> Result<(
         limit,
     )
     .await?;
-    ensure!(resp.status == StatusCode::ACCEPTED, "preStop /drain past the cap: {}", resp.status);
+    ensure!(
+        resp.status == StatusCode::ACCEPTED,
+        "preStop /drain past the cap: {}",
+        resp.status
+    );
     ensure!(sidecar.ready_status().await == Some(StatusCode::SERVICE_UNAVAILABLE));
     Ok(())
 }
@@ -702,7 +887,9 @@ async fn bad_input_never_takes_the_process_down() -> Result<()> {
         let answer = String::from_utf8_lossy(&buf[..n]).into_owned();
         let status = status_line(&answer).to_string();
         ensure!(
-            answer.is_empty() || status.starts_with("HTTP/1.1 4") || status.starts_with("HTTP/1.1 2"),
+            answer.is_empty()
+                || status.starts_with("HTTP/1.1 4")
+                || status.starts_with("HTTP/1.1 2"),
             "{:?} got {status:?}",
             String::from_utf8_lossy(attack)
         );
@@ -710,8 +897,19 @@ async fn bad_input_never_takes_the_process_down() -> Result<()> {
             served.fetch_add(1, Ordering::Relaxed);
         }
     }
-    ensure!(served.load(Ordering::Relaxed) == attacks.len() as u64, "the proxy stopped serving");
-    let errors = metric(&sidecar, "kubegrace_upstream_errors_total", "kind=\"connect\"").await?;
-    ensure!(errors == 0.0, "bad input counted as upstream errors: {errors}");
+    ensure!(
+        served.load(Ordering::Relaxed) == attacks.len() as u64,
+        "the proxy stopped serving"
+    );
+    let errors = metric(
+        &sidecar,
+        "kubegrace_upstream_errors_total",
+        "kind=\"connect\"",
+    )
+    .await?;
+    ensure!(
+        errors == 0.0,
+        "bad input counted as upstream errors: {errors}"
+    );
     Ok(())
 }

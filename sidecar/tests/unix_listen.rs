@@ -320,7 +320,10 @@ async fn an_upgrade_hands_the_unix_socket_over_under_load() -> Result<()> {
         + 1;
     argv[at] = admin.to_string();
     // POST /upgrade (what `upgrade` sends) always needs a token.
-    argv.extend(["--drain-token".to_string(), "unix-upgrade-token".to_string()]);
+    argv.extend([
+        "--drain-token".to_string(),
+        "unix-upgrade-token".to_string(),
+    ]);
     let mut first = Proc::spawn(&argv, &[])?;
     first
         .wait_log("kubegrace-sidecar ready listen=unix:")

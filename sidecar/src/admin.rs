@@ -36,6 +36,26 @@ pub(crate) struct Admin {
     /// SIGTERM would lose its answer.
     waiters: AtomicUsize,
     waiters_done: Notify,
+    /// Admin connections open now, against `limits.adminMaxConnections`.
+    open: Arc<AtomicUsize>,
+}
+
+/// How an admin connection is served.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Full,
+    /// Past `limits.adminMaxConnections`: one request, a short header
+    /// timeout, and only what the kubelet needs (probes, the preStop drain).
+    ProbesOnly,
+}
+
+/// Decrements the open admin connection count however the task ends.
+struct OpenSlot(Arc<AtomicUsize>);
+
+impl Drop for OpenSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Admin {
@@ -46,6 +66,7 @@ impl Admin {
             reachability: Mutex::new(None),
             waiters: AtomicUsize::new(0),
             waiters_done: Notify::new(),
+            open: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -54,8 +75,16 @@ impl Admin {
         loop {
             match listener.accept().await {
                 Ok((stream, _peer)) => {
+                    let cap = self.shared.live.load().config.limits.admin_max_connections;
+                    let slot = OpenSlot(self.open.clone());
+                    let mode = if self.open.fetch_add(1, Ordering::AcqRel) >= cap {
+                        self.shared.metrics.connection_refused(ADMIN_LISTENER);
+                        Mode::ProbesOnly
+                    } else {
+                        Mode::Full
+                    };
                     let admin = self.clone();
-                    tokio::spawn(admin.serve_connection(stream));
+                    tokio::spawn(admin.serve_connection(stream, mode, slot));
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "admin accept failed");
@@ -79,7 +108,7 @@ impl Admin {
         }
     }
 
-    async fn serve_connection(self: Arc<Self>, stream: TcpStream) {
+    async fn serve_connection(self: Arc<Self>, stream: TcpStream, mode: Mode, _slot: OpenSlot) {
         let io = TokioIo::new(stream);
         // Drain waiters seen on this connection; released when it ends,
         // which is after their answer was flushed (they get Connection: close).
@@ -89,11 +118,16 @@ impl Admin {
         let service = service_fn(move |req| {
             let admin = admin.clone();
             let counter = counter.clone();
-            async move { Ok::<_, Infallible>(admin.handle(req, &counter).await) }
+            async move { Ok::<_, Infallible>(admin.handle(req, &counter, mode).await) }
         });
+        let (header_timeout, keep_alive) = match mode {
+            Mode::Full => (Duration::from_secs(10), true),
+            Mode::ProbesOnly => (Duration::from_secs(1), false),
+        };
         let result = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(10))
+            .header_read_timeout(header_timeout)
+            .keep_alive(keep_alive)
             .serve_connection(io, service)
             .await;
         if let Err(err) = result {
@@ -109,11 +143,28 @@ impl Admin {
         &self,
         req: Request<Incoming>,
         conn_waiters: &AtomicUsize,
+        mode: Mode,
     ) -> Response<Full<Bytes>> {
         let path = req.uri().path();
         let query = req.uri().query().unwrap_or("");
         let method = req.method();
         let read_only = method == Method::GET || method == Method::HEAD;
+        if mode == Mode::ProbesOnly {
+            let probe = matches!(path, "/live" | "/healthz" | "/ready");
+            // The preStop hook carries the token; without one configured
+            // nothing is let through beyond the probes.
+            let pre_stop =
+                path == "/drain" && self.token.is_some() && self.check_token(&req).is_none();
+            if !probe && !pre_stop {
+                let mut resp = text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "too many admin connections (limits.adminMaxConnections); only /live, /ready and /drain with the token are served\n",
+                );
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return resp;
+            }
+        }
         match path {
             "/live" | "/healthz" if read_only => text(StatusCode::OK, "live\n"),
             "/ready" if read_only => self.ready().await,
@@ -127,7 +178,7 @@ impl Admin {
             // in flight (the app-upgrade recipe waits for 0 on the old one).
             "/upstreams" if read_only => json(StatusCode::OK, &self.shared.upstreams.status()),
             "/drain" if read_only || method == Method::POST => {
-                if let Some(denied) = self.check_token(&req) {
+                if let Some(denied) = self.check_token(&req).or_else(|| self.check_origin(&req)) {
                     return denied;
                 }
                 let wait = query_flag(query, "wait");
@@ -138,7 +189,7 @@ impl Admin {
                 self.drain(wait).await
             }
             "/drain/endpoint-removed" if method == Method::POST => {
-                if let Some(denied) = self.check_token(&req) {
+                if let Some(denied) = self.check_token(&req).or_else(|| self.check_origin(&req)) {
                     return denied;
                 }
                 self.shared.drain.endpoint_removed();
@@ -147,6 +198,13 @@ impl Admin {
             }
             // Outside Kubernetes: hand the sockets to a new process (upgrade.rs).
             "/upgrade" if method == Method::POST => {
+                // Starting a binary is never open, loopback or not.
+                if self.token.is_none() {
+                    return text(
+                        StatusCode::FORBIDDEN,
+                        "POST /upgrade needs a drain token: start the sidecar with --drain-token (KUBEGRACE_DRAIN_TOKEN) and send it in X-Kubegrace-Drain-Token, or send SIGUSR2\n",
+                    );
+                }
                 if let Some(denied) = self.check_token(&req) {
                     return denied;
                 }
@@ -184,6 +242,35 @@ impl Admin {
                 "wrong X-Kubegrace-Drain-Token\n",
             )),
         }
+    }
+
+    /// Without a token, a state-changing request must not come from a web
+    /// page: a page cannot set the token header without a CORS preflight
+    /// (which this port never grants), but it can make a browser send a
+    /// plain GET or a form POST to 127.0.0.1. Browsers mark such requests
+    /// (`Origin` on cross-origin POSTs, `Sec-Fetch-*` on every request to a
+    /// loopback address), and a DNS-rebinding page arrives under its own
+    /// host name; curl, the kubelet and scripts send none of that.
+    fn check_origin(&self, req: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+        if self.token.is_some() {
+            return None;
+        }
+        let headers = req.headers();
+        let browser = headers.contains_key(header::ORIGIN)
+            || headers.contains_key("sec-fetch-site")
+            || headers.contains_key("sec-fetch-mode");
+        // Every Host given must name an address (a repeated one too).
+        let host_ok = headers
+            .get_all(header::HOST)
+            .iter()
+            .all(|h| h.to_str().is_ok_and(host_is_address));
+        if browser || !host_ok {
+            return Some(text(
+                StatusCode::FORBIDDEN,
+                "refused: this looks like a browser request (Origin, Sec-Fetch-* or a host name in Host); configure a drain token (--drain-token) and send it in X-Kubegrace-Drain-Token\n",
+            ));
+        }
+        None
     }
 
     async fn ready(&self) -> Response<Full<Bytes>> {
@@ -320,6 +407,43 @@ fn query_flag(query: &str, key: &str) -> bool {
         .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "" | "true" | "1" | "yes"))
 }
 
+/// The metric label of the admin listener.
+const ADMIN_LISTENER: &str = "admin";
+
+/// A `Host` that names an address (`127.0.0.1:15020`, `[::1]:15020`) or
+/// `localhost`, not a DNS name a rebinding page could point here.
+fn host_is_address(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
+}
+
+/// Refuses to start with an admin port reachable from other machines and
+/// no drain token: anyone who can reach it could take the pod out of
+/// rotation. `--admin-insecure` says it is meant.
+pub(crate) fn check_exposure(
+    addr: SocketAddr,
+    settings: &crate::cli::Settings,
+) -> crate::Result<()> {
+    if addr.ip().is_loopback() || settings.drain_token.is_some() {
+        return Ok(());
+    }
+    if settings.admin_insecure {
+        tracing::warn!(admin = %addr, "admin port exposed without a drain token (--admin-insecure): anyone who can reach it can drain this process");
+        return Ok(());
+    }
+    Err(crate::Error::Config(crate::config::ConfigError::new(
+        "admin",
+        format!(
+            "{addr} is not a loopback address and no drain token is set, so anyone who can reach it \
+             could drain this process; set --drain-token (KUBEGRACE_DRAIN_TOKEN), bind the admin \
+             port to 127.0.0.1, or pass --admin-insecure (KUBEGRACE_ADMIN_INSECURE=true) if this is intended"
+        ),
+    )))
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
@@ -349,6 +473,32 @@ mod tests {
         assert!(!query_flag("wait=false", "wait"));
         assert!(!query_flag("", "wait"));
         assert_eq!(query_value("format=yaml", "format"), Some("yaml"));
+    }
+
+    #[test]
+    fn hosts_that_name_an_address() {
+        assert!(host_is_address("127.0.0.1:15020"));
+        assert!(host_is_address("[::1]:15020"));
+        assert!(host_is_address("localhost:15020"));
+        assert!(host_is_address("10.1.2.3"));
+        assert!(!host_is_address("evil.example:15020"));
+        assert!(!host_is_address("localhost.evil.example"));
+    }
+
+    #[test]
+    fn exposure_needs_a_token_or_the_explicit_flag() {
+        let mut settings = crate::cli::Settings::default();
+        let public: SocketAddr = "0.0.0.0:15020".parse().expect("addr");
+        let err = check_exposure(public, &settings).expect_err("refused");
+        assert_eq!(err.exit_code(), 64);
+        assert!(err.to_string().contains("--admin-insecure"), "{err}");
+        assert!(check_exposure("127.0.0.1:15020".parse().expect("addr"), &settings).is_ok());
+        assert!(check_exposure("[::1]:15020".parse().expect("addr"), &settings).is_ok());
+        settings.admin_insecure = true;
+        assert!(check_exposure(public, &settings).is_ok());
+        settings.admin_insecure = false;
+        settings.drain_token = Some("t".into());
+        assert!(check_exposure(public, &settings).is_ok());
     }
 
     #[test]

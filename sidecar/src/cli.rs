@@ -42,8 +42,14 @@ pub struct Cli {
     )]
     pub upstream: Vec<Endpoint>,
     /// Admin port (TCP): /live /ready /drain /metrics /config /breakers /upstreams /upgrade.
+    /// Default 127.0.0.1:15020. Any other than loopback needs --drain-token
+    /// (or --admin-insecure), or the start is refused (exit 64).
     #[arg(long, env = "KUBEGRACE_ADMIN", value_name = "ADDR")]
     pub admin: Option<Endpoint>,
+    /// Serve the admin port on a non-loopback address without a drain token:
+    /// anyone who can reach it may then drain this process.
+    #[arg(long, env = "KUBEGRACE_ADMIN_INSECURE")]
+    pub admin_insecure: bool,
     /// Accept loops on as many SO_REUSEPORT listeners (TCP listen only).
     #[arg(long, env = "KUBEGRACE_WORKERS", value_name = "N")]
     pub workers: Option<usize>,
@@ -73,6 +79,32 @@ pub struct Cli {
     /// Most concurrent HTTP/2 streams per downstream connection (limits.maxConcurrentStreams).
     #[arg(long, env = "KUBEGRACE_MAX_CONCURRENT_STREAMS", value_name = "N")]
     pub max_concurrent_streams: Option<u32>,
+    /// HTTP/1 request bodies must arrive within this (plus 1s per limits.bodyMinRate bytes); 0s: off.
+    #[arg(long, env = "KUBEGRACE_BODY_READ_TIMEOUT", value_name = "DURATION")]
+    pub body_read_timeout: Option<HumanDuration>,
+    /// Cut a client that takes no response byte for this long; 0s: off.
+    #[arg(long, env = "KUBEGRACE_WRITE_TIMEOUT", value_name = "DURATION")]
+    pub write_timeout: Option<HumanDuration>,
+    /// Close upgraded tunnels and tcp-mode connections idle this long; 0s: never.
+    #[arg(long, env = "KUBEGRACE_TUNNEL_IDLE_TIMEOUT", value_name = "DURATION")]
+    pub tunnel_idle_timeout: Option<HumanDuration>,
+    /// Most downstream connections open at once (0: no limit).
+    #[arg(long, env = "KUBEGRACE_MAX_CONNECTIONS", value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Most admin connections open at once (probes still answered past it).
+    #[arg(long, env = "KUBEGRACE_ADMIN_MAX_CONNECTIONS", value_name = "N")]
+    pub admin_max_connections: Option<usize>,
+    /// Upgrade protocols passed to the app, comma-separated (default: websocket).
+    #[arg(
+        long,
+        env = "KUBEGRACE_UPGRADE_PROTOCOLS",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    pub upgrade_protocols: Option<Vec<String>>,
+    /// Proxies in front whose X-Forwarded-Proto is kept (default 0: set from the connection).
+    #[arg(long, env = "KUBEGRACE_TRUSTED_HOPS", value_name = "N")]
+    pub trusted_hops: Option<u32>,
     /// Require this value in X-Kubegrace-Drain-Token on /drain.
     #[arg(
         long,
@@ -142,6 +174,13 @@ pub struct Overrides {
     pub drain_max_delay: Option<HumanDuration>,
     pub drain_timeout: Option<HumanDuration>,
     pub max_concurrent_streams: Option<u32>,
+    pub body_read_timeout: Option<HumanDuration>,
+    pub write_timeout: Option<HumanDuration>,
+    pub tunnel_idle_timeout: Option<HumanDuration>,
+    pub max_connections: Option<usize>,
+    pub admin_max_connections: Option<usize>,
+    pub upgrade_protocols: Option<Vec<String>>,
+    pub trusted_hops: Option<u32>,
 }
 
 impl Overrides {
@@ -187,6 +226,31 @@ impl Overrides {
         if let Some(v) = self.max_concurrent_streams {
             config.limits.max_concurrent_streams = v;
         }
+        if let Some(v) = self.body_read_timeout {
+            config.limits.body_read_timeout = v;
+        }
+        if let Some(v) = self.write_timeout {
+            config.limits.write_timeout = v;
+        }
+        if let Some(v) = self.tunnel_idle_timeout {
+            config.limits.tunnel_idle_timeout = v;
+        }
+        if let Some(v) = self.max_connections {
+            config.limits.max_connections = v;
+        }
+        if let Some(v) = self.admin_max_connections {
+            config.limits.admin_max_connections = v;
+        }
+        if let Some(v) = &self.upgrade_protocols {
+            config.upgrade_protocols = v
+                .iter()
+                .map(|p| p.trim().to_string())
+                .filter(|p| !p.is_empty())
+                .collect();
+        }
+        if let Some(v) = self.trusted_hops {
+            config.forwarded.trusted_hops = v;
+        }
     }
 
     /// Flag spelling of a config key, so a validation error can name what
@@ -206,6 +270,12 @@ impl Overrides {
             "listenMode" if self.listen_mode.is_some() => Some("--listen-mode"),
             "admin" if self.admin.is_some() => Some("--admin"),
             "listen" if self.listen.is_some() => Some("--listen"),
+            "limits.adminMaxConnections" if self.admin_max_connections.is_some() => {
+                Some("--admin-max-connections")
+            }
+            k if k.starts_with("upgradeProtocols[") && self.upgrade_protocols.is_some() => {
+                Some("--upgrade-protocols")
+            }
             _ => None,
         }
     }
@@ -217,6 +287,8 @@ pub struct Settings {
     pub config_file: Option<PathBuf>,
     pub overrides: Overrides,
     pub drain_token: Option<String>,
+    /// `--admin-insecure`: a non-loopback admin port without a token is meant.
+    pub admin_insecure: bool,
     pub ready_file: Option<PathBuf>,
     pub log_format: LogFormat,
     /// What an upgrade starts (None: the running executable's path).
@@ -239,8 +311,16 @@ impl Cli {
                 drain_max_delay: self.drain_max_delay,
                 drain_timeout: self.drain_timeout,
                 max_concurrent_streams: self.max_concurrent_streams,
+                body_read_timeout: self.body_read_timeout,
+                write_timeout: self.write_timeout,
+                tunnel_idle_timeout: self.tunnel_idle_timeout,
+                max_connections: self.max_connections,
+                admin_max_connections: self.admin_max_connections,
+                upgrade_protocols: self.upgrade_protocols.clone(),
+                trusted_hops: self.trusted_hops,
             },
             drain_token: self.drain_token.clone().filter(|t| !t.is_empty()),
+            admin_insecure: self.admin_insecure,
             ready_file: self.ready_file.clone(),
             log_format: self.log_format,
             upgrade_binary: self.upgrade_binary.clone(),

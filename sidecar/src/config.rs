@@ -251,6 +251,8 @@ pub struct Config {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub upstreams: Vec<Endpoint>,
     /// Admin port: /live, /ready, /drain, /metrics, /config, /breakers.
+    /// Loopback by default; a non-loopback address needs a drain token
+    /// (or `--admin-insecure`), or the sidecar refuses to start.
     pub admin: Endpoint,
     /// Accept loops on as many `SO_REUSEPORT` listeners (TCP listen only).
     #[serde(skip_serializing_if = "is_one")]
@@ -263,9 +265,32 @@ pub struct Config {
     pub drain: DrainConfig,
     pub limits: LimitsConfig,
     pub upstream_pool: UpstreamPoolConfig,
+    /// `Upgrade` protocols passed to the app (compared without case and
+    /// version). A request offering anything else is forwarded as a plain
+    /// request with `Upgrade` removed, as a server that does not speak the
+    /// protocol would answer it (RFC 9110 §7.8): `h2c` never reaches the app.
+    pub upgrade_protocols: Vec<String>,
+    /// Which client-supplied forwarding headers to believe.
+    pub forwarded: ForwardedConfig,
     /// Per-route policy; first match wins, and a built-in default route
     /// (no timeout, no breaker) catches the rest.
     pub routes: Vec<RouteConfig>,
+}
+
+/// The default admin address: loopback, so nothing off the machine (or
+/// the pod) can drain the process unless it is exposed on purpose.
+pub const DEFAULT_ADMIN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 15020);
+
+/// Forwarding headers (`X-Forwarded-Proto`) from the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ForwardedConfig {
+    /// Proxies in front of the sidecar whose `X-Forwarded-Proto` is
+    /// believed. 0 (the default): the sidecar sets it from the connection
+    /// it accepted (`http`), whatever the client sent; 1 or more: a value
+    /// the client (the trusted balancer) sent is kept.
+    pub trusted_hops: u32,
 }
 
 impl Default for Config {
@@ -274,13 +299,15 @@ impl Default for Config {
             listen: Endpoint::Tcp(SocketAddr::from(([0, 0, 0, 0], 8080))),
             upstream: Endpoint::Tcp(SocketAddr::from(([127, 0, 0, 1], 8081))),
             upstreams: Vec::new(),
-            admin: Endpoint::Tcp(SocketAddr::from(([0, 0, 0, 0], 15020))),
+            admin: Endpoint::Tcp(DEFAULT_ADMIN),
             workers: 1,
             listen_mode: None,
             protocol: Protocol::Auto,
             drain: DrainConfig::default(),
             limits: LimitsConfig::default(),
             upstream_pool: UpstreamPoolConfig::default(),
+            upgrade_protocols: vec!["websocket".to_string()],
+            forwarded: ForwardedConfig::default(),
             routes: Vec::new(),
         }
     }
@@ -340,6 +367,27 @@ pub struct LimitsConfig {
     /// that opens more gets REFUSED_STREAM for the extra ones, which it may
     /// retry; conforming clients queue them.
     pub max_concurrent_streams: u32,
+    /// An HTTP/1 request body must arrive within this, extended by one
+    /// second per `bodyMinRate` bytes received (Apache mod_reqtimeout's
+    /// rule): a trickling sender gets 408. 0s turns it off.
+    pub body_read_timeout: HumanDuration,
+    /// Bytes per second that earn a slow upload one more second.
+    pub body_min_rate: u64,
+    /// A client that takes no response byte for this long while one is
+    /// waiting to be written is cut, which frees its app connection
+    /// (nginx's send_timeout). 0s turns it off.
+    pub write_timeout: HumanDuration,
+    /// Close an upgraded tunnel (WebSocket) or a `protocol: tcp`
+    /// connection after no byte moved either way for this long. 0s: never.
+    pub tunnel_idle_timeout: HumanDuration,
+    /// Downstream connections (tunnels included) open at once; past it new
+    /// connections are closed at once. 0: no limit.
+    pub max_connections: usize,
+    /// Admin connections open at once. Past it a new admin connection is
+    /// still served for one request with a 1s header timeout, but only
+    /// `/live`, `/ready` and a token-bearing `/drain` (probes and the
+    /// preStop hook must keep working); everything else gets 503.
+    pub admin_max_connections: usize,
 }
 
 impl Default for LimitsConfig {
@@ -351,6 +399,12 @@ impl Default for LimitsConfig {
             max_request_body_bytes: 0,
             downstream_idle_timeout: HumanDuration::from_secs(120),
             max_concurrent_streams: 200,
+            body_read_timeout: HumanDuration::from_secs(30),
+            body_min_rate: 500,
+            write_timeout: HumanDuration::from_secs(60),
+            tunnel_idle_timeout: HumanDuration::from_secs(3600),
+            max_connections: 10_000,
+            admin_max_connections: 64,
         }
     }
 }
@@ -603,6 +657,20 @@ impl Config {
         self.drain.validate("drain")?;
         self.limits.validate("limits")?;
         self.upstream_pool.validate("upstreamPool")?;
+        for (i, protocol) in self.upgrade_protocols.iter().enumerate() {
+            let token_ok = !protocol.is_empty()
+                && protocol
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            if !token_ok {
+                return Err(ConfigError::new(
+                    format!("upgradeProtocols[{i}]"),
+                    format!(
+                        "{protocol:?} is not a protocol name; write it as in the Upgrade header, e.g. websocket"
+                    ),
+                ));
+            }
+        }
         // Port 0 means "pick a free port" (tests run many sidecars side by
         // side), so two port-0 endpoints never collide.
         if self.listen == self.upstream && !self.listen.is_any_port() {
@@ -727,6 +795,12 @@ impl LimitsConfig {
             return Err(ConfigError::new(
                 format!("{key}.maxConcurrentStreams"),
                 "must be at least 1, or no HTTP/2 request could be served",
+            ));
+        }
+        if self.admin_max_connections == 0 {
+            return Err(ConfigError::new(
+                format!("{key}.adminMaxConnections"),
+                "must be at least 1; the kubelet's probes need the admin port",
             ));
         }
         Ok(())

@@ -17,7 +17,7 @@
 //! a pipe) in `/proc/self/fd`, at most once per process, and the adopted fd
 //! gets `FD_CLOEXEC` so the app's own children never inherit it.
 
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -68,6 +68,16 @@ pub fn take() -> Result<Inherited> {
     };
     if let Some(fd) = env(NOTIFY_FD_ENV) {
         let fd = parse_fd(NOTIFY_FD_ENV, &fd)?;
+        let mut taken = found
+            .listen
+            .iter()
+            .map(|s| s.as_raw_fd())
+            .chain(found.admin.as_ref().map(|a| a.as_raw_fd()));
+        if taken.any(|t| t == fd) {
+            return Err(unsupported(format!(
+                "{NOTIFY_FD_ENV}={fd} is also a listening socket passed in; one descriptor, one use"
+            )));
+        }
         found.notify = Some(std::fs::File::from(adopt(fd, Kind::Pipe)?));
         // The sockets came from an older process of ourselves, not from
         // systemd: a Unix socket file is then ours to remove at the end.
@@ -136,13 +146,25 @@ fn from_server_starter(spec: &str) -> Result<Inherited> {
         source: "SERVER_STARTER_PORT",
         ..Inherited::default()
     };
-    for (i, entry) in spec.split(';').filter(|e| !e.trim().is_empty()).enumerate() {
+    // Every entry is checked before any descriptor is adopted: an fd named
+    // twice would get two owners and be closed twice (the second close
+    // could hit whatever reused the number).
+    let mut fds: Vec<RawFd> = Vec::new();
+    for entry in spec.split(';').filter(|e| !e.trim().is_empty()) {
         let (_, fd) = entry.rsplit_once('=').ok_or_else(|| {
             unsupported(format!(
                 "SERVER_STARTER_PORT entry {entry:?} is not addr=fd"
             ))
         })?;
         let fd = parse_fd("SERVER_STARTER_PORT", fd)?;
+        if fds.contains(&fd) {
+            return Err(unsupported(format!(
+                "SERVER_STARTER_PORT={spec:?} names fd {fd} twice; give the proxy and the admin port one socket each"
+            )));
+        }
+        fds.push(fd);
+    }
+    for (i, fd) in fds.into_iter().enumerate() {
         match i {
             0 => found.listen.push(listener(fd, "listen")?),
             1 => found.admin = Some(admin(fd, listener(fd, "admin")?)?),
@@ -265,6 +287,11 @@ mod tests {
             "too many"
         );
         assert!(from_server_starter("8080").is_err());
+        // Refused before adopting anything: fd 900 is not even open.
+        let err = from_server_starter("127.0.0.1:8080=900;127.0.0.1:15020=900")
+            .expect_err("one fd twice");
+        assert!(err.to_string().contains("names fd 900 twice"), "{err}");
+        assert_eq!(err.exit_code(), 64);
         assert!(parse_fd("X", "1").is_err());
     }
 

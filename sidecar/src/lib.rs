@@ -126,6 +126,7 @@ impl Sidecar {
             Some(l) => tokio::net::TcpListener::from_std(l)?,
             None => admin::bind(admin).await?,
         };
+        admin::check_exposure(admin_listener.local_addr()?, &settings)?;
         // Shared with the upgrader only weakly: the accept loop's drop at
         // Closing still closes the port.
         let listeners: Vec<Arc<Listener>> = listeners.into_iter().map(Arc::new).collect();
@@ -425,6 +426,9 @@ fn serve<S>(shared: &Arc<Shared>, stream: S, peer: Peer, raw_tcp: bool)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    if proxy::over_connection_cap(shared) {
+        return;
+    }
     let guard = shared.drain.connection();
     let shared = shared.clone();
     if raw_tcp {

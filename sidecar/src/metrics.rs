@@ -39,6 +39,35 @@ pub struct Metrics {
     upgrades: AtomicU64,
     tcp_connect_errors: AtomicU64,
     idle_close_cuts: AtomicU64,
+    /// Requests whose body failed on the client's side: bad framing.
+    client_bad_body: AtomicU64,
+    /// ... or the client went away mid-body.
+    client_gone: AtomicU64,
+    timeout_header_read: AtomicU64,
+    timeout_body_read: AtomicU64,
+    timeout_write: AtomicU64,
+    timeout_tunnel_idle: AtomicU64,
+    refused_proxy: AtomicU64,
+    refused_admin: AtomicU64,
+    upgrades_ignored: AtomicU64,
+}
+
+/// Why a request failed on the client's side (never the app's fault).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientError {
+    /// Malformed body framing (invalid chunk size, ...).
+    BadBody,
+    /// The client closed or reset before its body was complete.
+    Gone,
+}
+
+/// Which time limit cut a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientTimeout {
+    HeaderRead,
+    BodyRead,
+    Write,
+    TunnelIdle,
 }
 
 impl Metrics {
@@ -102,6 +131,39 @@ impl Metrics {
 
     pub fn tcp_connect_error(&self) {
         self.tcp_connect_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn client_error(&self, kind: ClientError) {
+        let counter = match kind {
+            ClientError::BadBody => &self.client_bad_body,
+            ClientError::Gone => &self.client_gone,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn client_timeout(&self, kind: ClientTimeout) {
+        let counter = match kind {
+            ClientTimeout::HeaderRead => &self.timeout_header_read,
+            ClientTimeout::BodyRead => &self.timeout_body_read,
+            ClientTimeout::Write => &self.timeout_write,
+            ClientTimeout::TunnelIdle => &self.timeout_tunnel_idle,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection closed at once (or, on the admin port, served probes
+    /// only) because its listener was at its connection limit.
+    pub fn connection_refused(&self, listener: &str) {
+        let counter = if listener == "admin" {
+            &self.refused_admin
+        } else {
+            &self.refused_proxy
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn upgrade_ignored(&self) {
+        self.upgrades_ignored.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn inflight(&self) -> i64 {
@@ -302,6 +364,71 @@ impl Metrics {
             "Upgraded connections (WebSocket and others) passed through.",
         );
         let _ = writeln!(out, "kubegrace_upgrades_total {}", get(&self.upgrades));
+
+        family(
+            out,
+            "kubegrace_upgrades_ignored_total",
+            "counter",
+            "Upgrade requests for a protocol not in upgradeProtocols, forwarded without Upgrade.",
+        );
+        let _ = writeln!(
+            out,
+            "kubegrace_upgrades_ignored_total {}",
+            get(&self.upgrades_ignored)
+        );
+
+        family(
+            out,
+            "kubegrace_client_errors_total",
+            "counter",
+            "Requests that failed on the client's side, by kind; never counted against the app.",
+        );
+        for (kind, c) in [
+            ("bad_body", &self.client_bad_body),
+            ("gone", &self.client_gone),
+        ] {
+            let _ = writeln!(
+                out,
+                "kubegrace_client_errors_total{{kind=\"{kind}\"}} {}",
+                get(c)
+            );
+        }
+
+        family(
+            out,
+            "kubegrace_client_timeouts_total",
+            "counter",
+            "Clients cut by a time limit, by limit.",
+        );
+        for (kind, c) in [
+            ("header_read", &self.timeout_header_read),
+            ("body_read", &self.timeout_body_read),
+            ("write", &self.timeout_write),
+            ("tunnel_idle", &self.timeout_tunnel_idle),
+        ] {
+            let _ = writeln!(
+                out,
+                "kubegrace_client_timeouts_total{{kind=\"{kind}\"}} {}",
+                get(c)
+            );
+        }
+
+        family(
+            out,
+            "kubegrace_connections_refused_total",
+            "counter",
+            "Connections past limits.maxConnections (closed at once) or limits.adminMaxConnections (probes only).",
+        );
+        for (listener, c) in [
+            ("proxy", &self.refused_proxy),
+            ("admin", &self.refused_admin),
+        ] {
+            let _ = writeln!(
+                out,
+                "kubegrace_connections_refused_total{{listener=\"{listener}\"}} {}",
+                get(c)
+            );
+        }
     }
 }
 

@@ -16,7 +16,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -24,7 +24,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{Either, Full, LengthLimitError, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -34,31 +34,152 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use crate::circuit::{Permit, UpstreamOutcome};
 use crate::config::{LimitsConfig, Protocol};
 use crate::drain::{ConnGuard, Phase};
+use crate::metrics::{ClientError, ClientTimeout};
 use crate::state::Shared;
-use crate::upstream::{PoolReturn, UpstreamResponse};
+use crate::upstream::{BodyFault, PoolReturn, UpstreamBody, UpstreamResponse};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
+
+/// A stream offset not known (see [`ConnActivity::message_end`]).
+const UNKNOWN: u64 = u64::MAX;
+/// The last four bytes of a stream that ends a head (or a chunked body).
+const CRLF_CRLF: u32 = u32::from_be_bytes(*b"\r\n\r\n");
 
 /// Per-connection counters shared by the IO wrapper, the header timer and
 /// the request path.
-#[derive(Default)]
 struct ConnActivity {
     /// Bytes read from the client: the idle check and the header timer
     /// watch it move.
     bytes_read: AtomicU64,
+    /// Bytes written to the client, and whether the last write had to
+    /// wait for the client to read: the write timeout watches both.
+    bytes_written: AtomicU64,
+    write_blocked: AtomicBool,
     /// Requests (HTTP/2: streams) seen on this connection.
     requests: AtomicU64,
     /// Requests whose response body has not ended yet.
     inflight: AtomicU32,
+    /// The header timer's view of pipelining (HTTP/1). While `head_scan`
+    /// is on, the IO wrapper looks for the end of the head being read and
+    /// stores its stream offset in `head_end`; the request path turns that
+    /// into `message_end` (head plus Content-Length) so the timer of the
+    /// next head can tell bytes already read past the previous message (a
+    /// pipelined head, buffered inside hyper) from an idle connection.
+    head_scan: AtomicBool,
+    head_end: AtomicU64,
+    message_end: AtomicU64,
+    /// The last four bytes read, big-endian: a message without a known
+    /// end (chunked) ended cleanly if the stream ends in CRLF CRLF.
+    tail: AtomicU32,
 }
 
-/// The downstream socket, counting bytes read. Everything else passes through.
+impl Default for ConnActivity {
+    fn default() -> Self {
+        ConnActivity {
+            bytes_read: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            write_blocked: AtomicBool::new(false),
+            requests: AtomicU64::new(0),
+            inflight: AtomicU32::new(0),
+            // The first head starts at offset 0.
+            head_scan: AtomicBool::new(true),
+            head_end: AtomicU64::new(UNKNOWN),
+            message_end: AtomicU64::new(UNKNOWN),
+            tail: AtomicU32::new(0),
+        }
+    }
+}
+
+impl ConnActivity {
+    /// At the start of the wait for request head number 2, 3, ...: are
+    /// bytes of it already read? Then its header timer must run at once.
+    fn next_head_buffered(&self) -> bool {
+        let read = self.bytes_read.load(Ordering::Relaxed);
+        let end = self.message_end.load(Ordering::Relaxed);
+        let buffered = if end != UNKNOWN {
+            read > end
+        } else {
+            // Without a known end, only a stream ending in CRLF CRLF is
+            // surely between messages; a partial head never ends so.
+            self.tail.load(Ordering::Relaxed) != CRLF_CRLF
+        };
+        self.head_end.store(UNKNOWN, Ordering::Relaxed);
+        // The scan for this head's end is only right if it starts at the
+        // head's first byte, i.e. nothing of it was read yet.
+        self.head_scan.store(!buffered, Ordering::Relaxed);
+        buffered
+    }
+}
+
+/// The downstream socket, counting bytes read and written. Everything
+/// else passes through.
 struct CountingIo<T> {
     inner: T,
     act: Arc<ConnActivity>,
+    /// Bytes read so far (this wrapper is the only reader).
+    read: u64,
+    /// How much of CRLF CRLF the head scan has matched.
+    scan_state: u8,
+}
+
+impl<T> CountingIo<T> {
+    fn new(inner: T, act: Arc<ConnActivity>) -> Self {
+        CountingIo {
+            inner,
+            act,
+            read: 0,
+            scan_state: 0,
+        }
+    }
+
+    /// Book-keeping for `n` new bytes at the end of `data`.
+    fn saw(&mut self, data: &[u8]) {
+        let act = &self.act;
+        if act.head_scan.load(Ordering::Relaxed) {
+            for (i, &b) in data.iter().enumerate() {
+                self.scan_state = match (self.scan_state, b) {
+                    (0 | 2, b'\r') => self.scan_state + 1,
+                    (1, b'\n') => 2,
+                    (3, b'\n') => 4,
+                    (_, b'\r') => 1,
+                    _ => 0,
+                };
+                if self.scan_state == 4 {
+                    self.scan_state = 0;
+                    act.head_end
+                        .store(self.read + i as u64 + 1, Ordering::Relaxed);
+                    act.head_scan.store(false, Ordering::Relaxed);
+                    break;
+                }
+            }
+        } else {
+            self.scan_state = 0;
+        }
+        let mut tail = act.tail.load(Ordering::Relaxed);
+        for &b in data.iter().rev().take(4).rev() {
+            tail = (tail << 8) | u32::from(b);
+        }
+        act.tail.store(tail, Ordering::Relaxed);
+        self.read += data.len() as u64;
+        act.bytes_read.store(self.read, Ordering::Relaxed);
+    }
+
+    fn wrote(&self, res: &Poll<io::Result<usize>>) {
+        match res {
+            Poll::Ready(Ok(n)) => {
+                self.act
+                    .bytes_written
+                    .fetch_add(*n as u64, Ordering::Relaxed);
+                self.act.write_blocked.store(false, Ordering::Relaxed);
+            }
+            Poll::Pending => self.act.write_blocked.store(true, Ordering::Relaxed),
+            Poll::Ready(Err(_)) => {}
+        }
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for CountingIo<T> {
@@ -70,9 +191,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for CountingIo<T> {
         let this = self.get_mut();
         let before = buf.filled().len();
         let res = Pin::new(&mut this.inner).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        if n > 0 {
-            this.act.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+        if buf.filled().len() > before {
+            let filled = &buf.filled()[before..];
+            this.saw(filled);
         }
         res
     }
@@ -84,14 +205,20 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for CountingIo<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let res = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.wrote(&res);
+        res
     }
     fn poll_write_vectored(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let res = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.wrote(&res);
+        res
     }
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()
@@ -109,9 +236,13 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for CountingIo<T> {
 /// arrives. hyper starts it as soon as it waits for the next head, which
 /// would close every keep-alive connection idle for `headerReadTimeout`
 /// and race clients reusing it; idle connections are the idle timeout's job.
+/// "Arrives" includes bytes hyper already buffered: a pipelined head sent
+/// half in the packet of the previous request is timed from the moment
+/// hyper starts waiting for it (see [`ConnActivity::next_head_buffered`]).
 #[derive(Clone)]
 struct HeadTimer {
     act: Arc<ConnActivity>,
+    shared: Arc<Shared>,
 }
 
 impl hyper::rt::Timer for HeadTimer {
@@ -120,12 +251,14 @@ impl hyper::rt::Timer for HeadTimer {
         // nginx's client_header_timeout: a client that connects and says
         // nothing is the slowloris case.
         let first = self.act.requests.load(Ordering::Relaxed) == 0;
+        let now = first || self.act.next_head_buffered();
         let seen = self.act.bytes_read.load(Ordering::Relaxed);
         Box::pin(HeadSleep {
             act: self.act.clone(),
+            shared: self.shared.clone(),
             seen,
             duration,
-            sleep: first.then(|| Box::pin(tokio::time::sleep(duration))),
+            sleep: now.then(|| Box::pin(tokio::time::sleep(duration))),
         })
     }
 
@@ -136,6 +269,7 @@ impl hyper::rt::Timer for HeadTimer {
 
 struct HeadSleep {
     act: Arc<ConnActivity>,
+    shared: Arc<Shared>,
     seen: u64,
     duration: Duration,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -154,7 +288,15 @@ impl Future for HeadSleep {
             this.sleep = Some(Box::pin(tokio::time::sleep(this.duration)));
         }
         match this.sleep.as_mut() {
-            Some(sleep) => sleep.as_mut().poll(cx),
+            Some(sleep) => {
+                let res = sleep.as_mut().poll(cx);
+                if res.is_ready() {
+                    this.shared
+                        .metrics
+                        .client_timeout(ClientTimeout::HeaderRead);
+                }
+                res
+            }
             None => Poll::Pending,
         }
     }
@@ -167,11 +309,15 @@ fn server_builder(
     protocol: Protocol,
     limits: &LimitsConfig,
     act: &Arc<ConnActivity>,
+    shared: &Arc<Shared>,
 ) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
-        .timer(HeadTimer { act: act.clone() })
+        .timer(HeadTimer {
+            act: act.clone(),
+            shared: shared.clone(),
+        })
         .header_read_timeout(limits.header_read_timeout.get())
         .max_headers(limits.max_headers)
         // hyper answers 431 when the head outgrows the read buffer; its
@@ -222,15 +368,12 @@ pub(crate) async fn serve_connection<S>(
         act: act.clone(),
         peer_ip,
     });
-    let io = TokioIo::new(CountingIo {
-        inner: stream,
-        act: act.clone(),
-    });
+    let io = TokioIo::new(CountingIo::new(stream, act.clone()));
     let service = service_fn(move |req| {
         let ctx = ctx.clone();
         async move { Ok::<_, Infallible>(handle(ctx, req).await) }
     });
-    let builder = server_builder(protocol, &limits, &act);
+    let builder = server_builder(protocol, &limits, &act, &shared);
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
 
@@ -260,6 +403,14 @@ pub(crate) async fn serve_connection<S>(
     // the shutdown PING keeps hyper waiting for it) is cut after this. The
     // drain has its own bound: the deadline's force close below.
     let mut idle_close_deadline: Option<tokio::time::Instant> = None;
+    // Write timeout: a client that takes no byte for `writeTimeout` while
+    // a write waits on it is cut; dropping the connection drops the
+    // response body and with it the app connection it streams from.
+    let write_timeout = limits.write_timeout.get();
+    let write_tick = (write_timeout / 4).max(Duration::from_millis(50));
+    let mut next_write_tick = tokio::time::Instant::now() + write_tick;
+    let mut last_written = 0u64;
+    let mut write_progress_at = tokio::time::Instant::now();
 
     loop {
         tokio::select! {
@@ -287,7 +438,21 @@ pub(crate) async fn serve_connection<S>(
             _ = tokio::time::sleep_until(first_deadline), if !first_checked => {
                 first_checked = true;
                 if act.requests.load(Ordering::Relaxed) == 0 && act.bytes_read.load(Ordering::Relaxed) < 24 {
+                    shared.metrics.client_timeout(ClientTimeout::HeaderRead);
                     tracing::debug!(%peer, "no request head within the header read timeout; closing");
+                    break;
+                }
+            }
+            _ = tokio::time::sleep_until(next_write_tick), if !write_timeout.is_zero() => {
+                let now = tokio::time::Instant::now();
+                next_write_tick = now + write_tick;
+                let written = act.bytes_written.load(Ordering::Relaxed);
+                if written != last_written || !act.write_blocked.load(Ordering::Relaxed) {
+                    last_written = written;
+                    write_progress_at = now;
+                } else if now - write_progress_at >= write_timeout {
+                    shared.metrics.client_timeout(ClientTimeout::Write);
+                    tracing::debug!(%peer, "client read nothing for limits.writeTimeout; closing");
                     break;
                 }
             }
@@ -596,16 +761,113 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     }
 }
 
-/// Walks an error's sources looking for the body limit.
-fn is_body_limit(err: &(dyn StdError + 'static)) -> bool {
-    let mut cur: Option<&(dyn StdError + 'static)> = Some(err);
-    while let Some(e) = cur {
-        if e.is::<LengthLimitError>() {
-            return true;
-        }
-        cur = e.source();
+/// Remembers where this HTTP/1 request ends on the wire, for the header
+/// timer of the next one: the head's end (found by the IO wrapper) plus
+/// the Content-Length; unknown for chunked bodies (the stream tail tells).
+fn note_message_end(act: &ConnActivity, headers: &HeaderMap) {
+    let head_end = act.head_end.swap(UNKNOWN, Ordering::Relaxed);
+    let end = if head_end == UNKNOWN || headers.contains_key(header::TRANSFER_ENCODING) {
+        UNKNOWN
+    } else {
+        let length = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        head_end.saturating_add(length)
+    };
+    act.message_end.store(end, Ordering::Relaxed);
+}
+
+/// Keeps only the `Upgrade` protocols in `allowed` (names compared
+/// without case and without `/version`); false when none is left.
+fn allow_upgrade(headers: &mut HeaderMap, allowed: &[String]) -> bool {
+    let offered: Vec<&str> = headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    let kept: Vec<&str> = offered
+        .iter()
+        .copied()
+        .filter(|p| {
+            let name = p.split('/').next().unwrap_or(p).trim();
+            allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
+        })
+        .collect();
+    if kept.is_empty() {
+        return false;
     }
-    false
+    if kept.len() != offered.len() {
+        match HeaderValue::from_str(&kept.join(", ")) {
+            Ok(value) => {
+                headers.insert(header::UPGRADE, value);
+            }
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// The answer to a request whose body failed on the client's side. It is
+/// counted as the client's (never an upstream error, never a breaker
+/// failure); a client that left gets nothing, as there is nobody to read it.
+fn client_fault(
+    ctx: &ConnCtx,
+    version: Version,
+    fault: BodyFault,
+    mut permit: PermitSlot,
+    request: RequestGuard,
+) -> Response<ProxyBody> {
+    let metrics = &ctx.shared.metrics;
+    let (status, text) = match fault {
+        BodyFault::TooLarge => {
+            metrics.body_too_large();
+            (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n")
+        }
+        BodyFault::Timeout => {
+            metrics.client_timeout(ClientTimeout::BodyRead);
+            (
+                StatusCode::REQUEST_TIMEOUT,
+                "request body not received in time\n",
+            )
+        }
+        BodyFault::BadBody => {
+            metrics.client_error(ClientError::BadBody);
+            (StatusCode::BAD_REQUEST, "malformed request body\n")
+        }
+        BodyFault::Gone => {
+            metrics.client_error(ClientError::Gone);
+            (StatusCode::BAD_REQUEST, "request body incomplete\n")
+        }
+    };
+    let permit = permit.record(UpstreamOutcome::ClientFault);
+    let mut resp = local_response(status, text);
+    // The rest of the body cannot be trusted to frame the next request.
+    if version != Version::HTTP_2 {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    respond_local(ctx, version, resp, request, permit)
+}
+
+/// Past `limits.maxConnections` a new connection is closed at once (the
+/// caller drops it), so the sockets, tasks and app connections already
+/// open keep what they have. The admin port has its own limit.
+pub(crate) fn over_connection_cap(shared: &Shared) -> bool {
+    let cap = shared.live.load().config.limits.max_connections;
+    if cap == 0 || shared.drain.open_connections() < cap {
+        return false;
+    }
+    shared.metrics.connection_refused("proxy");
+    tracing::debug!(
+        limit = cap,
+        "limits.maxConnections reached; closing a new connection"
+    );
+    true
 }
 
 /// Adds `Connection: close` to HTTP/1 responses while draining, so
@@ -633,6 +895,9 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
     };
     let live = shared.live.load_full();
     let version = req.version();
+    if version != Version::HTTP_2 {
+        note_message_end(&ctx.act, req.headers());
+    }
 
     // 413 before anything is sent upstream when the length is declared.
     let max_body = live.config.limits.max_request_body_bytes;
@@ -675,9 +940,17 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
     };
     let mut permit = PermitSlot(Some(permit));
 
-    let wants_upgrade = version == Version::HTTP_11
+    let asks_upgrade = version == Version::HTTP_11
         && req.headers().contains_key(header::UPGRADE)
         && connection_has(req.headers(), "upgrade");
+    let wants_upgrade =
+        asks_upgrade && allow_upgrade(req.headers_mut(), &live.config.upgrade_protocols);
+    if asks_upgrade && !wants_upgrade {
+        // Answered as a server that does not speak the protocol would:
+        // the request goes on as a plain one, without Upgrade.
+        shared.metrics.upgrade_ignored();
+        req.headers_mut().remove(&HTTP2_SETTINGS);
+    }
     let downstream_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
 
     let (mut parts, body) = req.into_parts();
@@ -698,9 +971,10 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
                 .insert(X_FORWARDED_FOR.clone(), ctx.peer_ip.clone());
         }
     }
-    // A TLS-terminating balancer in front may already have said "https";
-    // the sidecar itself only ever speaks cleartext.
-    if !parts.headers.contains_key(&X_FORWARDED_PROTO) {
+    // The sidecar itself only ever speaks cleartext. A client's own
+    // "https" is believed only with `forwarded.trustedHops` (a
+    // TLS-terminating balancer in front), or any client could claim it.
+    if live.config.forwarded.trusted_hops == 0 || !parts.headers.contains_key(&X_FORWARDED_PROTO) {
         parts
             .headers
             .insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
@@ -754,14 +1028,14 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
     } else {
         Version::HTTP_11
     };
-    let body = if max_body > 0 {
-        Either::Right(Limited::new(
-            body,
-            usize::try_from(max_body).unwrap_or(usize::MAX),
-        ))
-    } else {
-        Either::Left(body)
-    };
+    let limits = &live.config.limits;
+    // HTTP/2 streams (gRPC client streaming) may idle for long by design;
+    // the trickling-body guard is for HTTP/1, where a slow body holds a
+    // whole connection and an app connection.
+    let body_timeout = (!h2 && !wants_upgrade && !limits.body_read_timeout.get().is_zero())
+        .then(|| (limits.body_read_timeout.get(), limits.body_min_rate));
+    let (body, body_watch) =
+        UpstreamBody::new(body, (max_body > 0).then_some(max_body), body_timeout);
     let upstream_req = Request::from_parts(parts, body);
     let send = async {
         if h2 {
@@ -780,6 +1054,13 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
         Some(limit) => match tokio::time::timeout(limit, send).await {
             Ok(r) => r,
             Err(_) => {
+                // Still waiting for the client's body: its slowness, not the app's.
+                if let Some(fault) = body_watch
+                    .fault()
+                    .or_else(|| body_watch.waiting_on_client().then_some(BodyFault::Timeout))
+                {
+                    return client_fault(&ctx, version, fault, permit, request_guard);
+                }
                 shared.metrics.upstream_timeout();
                 let permit = permit.record(UpstreamOutcome::Timeout);
                 let resp = local_response(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n");
@@ -795,16 +1076,11 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
             pool_return,
         }) => (response, pool_return),
         Err(err) => {
-            if is_body_limit(&err) {
-                shared.metrics.body_too_large();
-                let permit = permit.record(UpstreamOutcome::Cancelled);
-                let mut resp =
-                    local_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
-                if version != Version::HTTP_2 {
-                    resp.headers_mut()
-                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                }
-                return respond_local(&ctx, version, resp, request_guard, permit);
+            // The request body failed on the client's side (limit, time,
+            // framing, client gone): the app did nothing wrong.
+            if let Some(fault) = body_watch.fault() {
+                tracing::debug!(error = %err, source = ?err.source(), "request body failed on the client's side");
+                return client_fault(&ctx, version, fault, permit, request_guard);
             }
             shared.metrics.upstream_error();
             tracing::debug!(error = %err, source = ?err.source(), "upstream request failed");
@@ -816,6 +1092,16 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
     let permit = permit.record(UpstreamOutcome::Status(resp.status()));
 
     let upgraded = resp.status() == StatusCode::SWITCHING_PROTOCOLS && downstream_upgrade.is_some();
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS && !upgraded {
+        // The app switched protocols nobody asked it to (or one not
+        // allowed): never hand the client a raw tunnel past the proxy.
+        shared.metrics.upstream_error();
+        let resp = local_response(
+            StatusCode::BAD_GATEWAY,
+            "upstream switched protocols unasked\n",
+        );
+        return respond_local(&ctx, version, resp, request_guard, permit);
+    }
     if let (true, Some(downstream)) = (upgraded, downstream_upgrade) {
         let upstream = hyper::upgrade::on(&mut resp);
         spawn_tunnel(shared.clone(), downstream, upstream);
@@ -877,12 +1163,18 @@ fn spawn_tunnel(
         let mut down = TokioIo::new(down);
         let mut up = TokioIo::new(up);
         let mut drain_rx = shared.drain.subscribe();
+        let idle = shared.live.load().config.limits.tunnel_idle_timeout.get();
         tokio::select! {
-            res = tokio::io::copy_bidirectional(&mut down, &mut up) => {
-                if let Err(err) = res {
+            end = crate::tcp::copy_with_idle(&mut down, &mut up, idle) => match end {
+                crate::tcp::TunnelEnd::Closed(Err(err)) => {
                     tracing::debug!(error = %err, "upgraded connection ended with an error");
                 }
-            }
+                crate::tcp::TunnelEnd::Closed(Ok(_)) => {}
+                crate::tcp::TunnelEnd::Idle => {
+                    shared.metrics.client_timeout(ClientTimeout::TunnelIdle);
+                    tracing::debug!("upgraded connection idle past limits.tunnelIdleTimeout; closing");
+                }
+            },
             _ = drain_rx.wait_for(|s| s.force_close) => {
                 tracing::debug!("drain deadline: closing upgraded connection");
                 guard.mark_forced();

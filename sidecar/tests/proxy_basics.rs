@@ -104,8 +104,16 @@ async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) -> Result<()> {
 
 async fn admin_get(admin: SocketAddr, path: &str) -> Result<(StatusCode, String)> {
     let mut sender = connect(admin).await?;
-    let (status, _, body) = get(&mut sender, path).await?;
-    Ok((status, body))
+    sender.ready().await?;
+    // The address as Host, as curl or the kubelet send it: a tokenless
+    // admin port refuses a host name (DNS rebinding) on /drain.
+    let req = Request::get(path)
+        .header("host", admin.to_string())
+        .body(Empty::<Bytes>::new())?;
+    let resp = sender.send_request(req).await?;
+    let status = resp.status();
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
 #[tokio::test]

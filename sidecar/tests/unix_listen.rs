@@ -319,6 +319,11 @@ async fn an_upgrade_hands_the_unix_socket_over_under_load() -> Result<()> {
         .context("--admin")?
         + 1;
     argv[at] = admin.to_string();
+    // POST /upgrade (what `upgrade` sends) always needs a token.
+    argv.extend([
+        "--drain-token".to_string(),
+        "unix-upgrade-token".to_string(),
+    ]);
     let mut first = Proc::spawn(&argv, &[])?;
     first
         .wait_log("kubegrace-sidecar ready listen=unix:")
@@ -329,6 +334,7 @@ async fn an_upgrade_hands_the_unix_socket_over_under_load() -> Result<()> {
     load.wait_more(100).await?;
     let out = tokio::process::Command::new(BIN)
         .args(["upgrade", "--admin", &admin.to_string()])
+        .args(["--token", "unix-upgrade-token"])
         .output()
         .await?;
     ensure!(

@@ -105,6 +105,10 @@ pub enum UpstreamOutcome {
     /// The downstream went away or the drain cut the request: never a
     /// failure, because it says nothing about the app's health.
     Cancelled,
+    /// The client's own request failed: malformed body framing, a body
+    /// over the limit or too slow, the client gone mid-body. Never a
+    /// failure either, or any client could open the breaker for everyone.
+    ClientFault,
 }
 
 /// Why a request was not admitted.
@@ -248,7 +252,7 @@ impl FailurePolicy {
             },
             // Not configured as failures: neither good nor bad evidence.
             UpstreamOutcome::ConnectError | UpstreamOutcome::Timeout => Verdict::Cancelled,
-            UpstreamOutcome::Cancelled => Verdict::Cancelled,
+            UpstreamOutcome::Cancelled | UpstreamOutcome::ClientFault => Verdict::Cancelled,
         }
     }
 }

@@ -21,6 +21,10 @@ use tokio::task::JoinHandle;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_kubegrace-sidecar");
 
+/// The drain token of every sidecar these tests start: `POST /upgrade`
+/// is refused without one.
+pub const UPGRADE_TOKEN: &str = "upgrade-test-token";
+
 /// A sidecar started by the test; after an upgrade the serving process is
 /// another one, so the current pid comes from the ready file.
 pub struct Proc {
@@ -92,6 +96,9 @@ impl Proc {
             "1s",
             "--drain-timeout",
             "5s",
+            // POST /upgrade (what `upgrade` sends) always needs a token.
+            "--drain-token",
+            UPGRADE_TOKEN,
         ]
         .iter()
         .map(|s| s.to_string())
@@ -187,6 +194,7 @@ impl Proc {
     pub async fn upgrade_command(&self) -> Result<(bool, String)> {
         let out = tokio::process::Command::new(BIN)
             .args(["upgrade", "--admin", &self.admin.to_string()])
+            .args(["--token", UPGRADE_TOKEN])
             .output()
             .await?;
         let text = format!(

@@ -70,6 +70,9 @@ pub struct Cli {
     /// Once closing, wait this long for in-flight work before force-closing.
     #[arg(long, env = "KUBEGRACE_DRAIN_TIMEOUT", value_name = "DURATION")]
     pub drain_timeout: Option<HumanDuration>,
+    /// While the app refuses connections (restarting), hold a request this long for it to come back, then 503.
+    #[arg(long, env = "KUBEGRACE_UPSTREAM_HOLD_TIMEOUT", value_name = "DURATION")]
+    pub upstream_hold_timeout: Option<HumanDuration>,
     /// Require this value in X-Kubegrace-Drain-Token on /drain.
     #[arg(
         long,
@@ -138,6 +141,7 @@ pub struct Overrides {
     pub drain_quiet: Option<HumanDuration>,
     pub drain_max_delay: Option<HumanDuration>,
     pub drain_timeout: Option<HumanDuration>,
+    pub upstream_hold_timeout: Option<HumanDuration>,
 }
 
 impl Overrides {
@@ -179,6 +183,9 @@ impl Overrides {
         }
         if let Some(v) = self.drain_timeout {
             config.drain.timeout = v;
+        }
+        if let Some(v) = self.upstream_hold_timeout {
+            config.upstream_pool.hold_timeout = v;
         }
     }
 
@@ -228,6 +235,7 @@ impl Cli {
                 drain_quiet: self.drain_quiet,
                 drain_max_delay: self.drain_max_delay,
                 drain_timeout: self.drain_timeout,
+                upstream_hold_timeout: self.upstream_hold_timeout,
             },
             drain_token: self.drain_token.clone().filter(|t| !t.is_empty()),
             ready_file: self.ready_file.clone(),

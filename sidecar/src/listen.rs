@@ -68,6 +68,34 @@ impl Listener {
     }
 }
 
+impl Listener {
+    /// Stops listening without closing the socket (see `accept_loop` in
+    /// lib.rs): TCP only, on Linux `shutdown(SHUT_RD)` of a listening socket
+    /// refuses new connections and resets the backlog, keeping the fd and
+    /// its bound address. Returns whether it paused (a Unix socket cannot
+    /// listen again afterwards, so it is left as it is).
+    pub fn pause(&self) -> bool {
+        match self {
+            Self::Tcp(l) => match socket2::SockRef::from(l).shutdown(std::net::Shutdown::Read) {
+                Ok(()) => true,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot pause the listener; leaving it unaccepted");
+                    false
+                }
+            },
+            Self::Unix(_) => false,
+        }
+    }
+
+    /// Listens again on a paused socket, same fd, same address.
+    pub fn resume(&self) -> std::io::Result<()> {
+        match self {
+            Self::Tcp(l) => socket2::SockRef::from(l).listen(BACKLOG),
+            Self::Unix(_) => Ok(()),
+        }
+    }
+}
+
 impl std::os::fd::AsFd for Listener {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         match self {

@@ -785,6 +785,12 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
                 }
                 return respond_local(&ctx, version, resp, request_guard, permit);
             }
+            // The app is restarting and did not come back within the hold
+            // (app.rs): 503 + Retry-After, and no breaker failure.
+            if let Some(resp) = crate::app::hold_expired_response(&err) {
+                let permit = permit.record(UpstreamOutcome::Cancelled);
+                return respond_local(&ctx, version, resp, request_guard, permit);
+            }
             shared.metrics.upstream_error();
             tracing::debug!(error = %err, source = ?err.source(), "upstream request failed");
             let permit = permit.record(UpstreamOutcome::ConnectError);

@@ -235,8 +235,8 @@ impl AppWatch {
     pub async fn run(self: Arc<Self>) {
         let mut drain_rx = self.drain.subscribe();
         loop {
-            let fast = self.is_down()
-                || (self.drain.phase() != Phase::Serving && !self.drain.is_exit());
+            let fast =
+                self.is_down() || (self.drain.phase() != Phase::Serving && !self.drain.is_exit());
             if fast {
                 tokio::time::sleep(FAST_PROBE).await;
             } else {
@@ -262,9 +262,7 @@ impl AppWatch {
             Some(false) => "down",
             None => "not probed",
         };
-        let down_secs = lock(&self.episode)
-            .since
-            .map(|s| s.elapsed().as_secs_f64());
+        let down_secs = lock(&self.episode).since.map(|s| s.elapsed().as_secs_f64());
         serde_json::json!({
             "state": state,
             "downSeconds": down_secs,

@@ -783,10 +783,7 @@ mod tests {
         drain.endpoint_removed();
         let closing = wait_phase(&mut rx, Phase::Closing).await;
         assert_eq!(closing - t0, Duration::from_secs(1), "minDelay still holds");
-        assert_eq!(
-            drain.drained().await.grace_end,
-            GraceEnd::EndpointRemoved
-        );
+        assert_eq!(drain.drained().await.grace_end, GraceEnd::EndpointRemoved);
         feeder.abort();
     }
 
@@ -849,7 +846,10 @@ mod tests {
         tokio::spawn(drain.clone().run());
         drain.trigger("admin /drain");
         drain.drained().await;
-        assert!(!drain.resume("back"), "no evidence yet: the app never went away");
+        assert!(
+            !drain.resume("back"),
+            "no evidence yet: the app never went away"
+        );
         assert_eq!(drain.phase(), Phase::Drained);
         drain.app_gone();
         assert!(drain.resume("the app is reachable again"));

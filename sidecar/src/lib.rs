@@ -407,13 +407,16 @@ async fn accept_loop(
     owned: bool,
 ) {
     let mut drain_rx = shared.drain.subscribe();
+    // After a resume: a fresh handle on the same socket (see Listener::resume).
+    let mut resumed_on: Option<Listener> = None;
     loop {
+        let current = resumed_on.as_ref().unwrap_or(&listener);
         let accepted = tokio::select! {
             biased;
             _ = drain_rx.wait_for(|s| s.phase >= Phase::Closing) => None,
             // Outside Kubernetes: a new process took the socket over.
             _ = upgrade::handed_over() => break,
-            accepted = accept(&listener) => Some(accepted),
+            accepted = accept(current) => Some(accepted),
         };
         let Some(accepted) = accepted else {
             if shared.drain.is_exit() || upgrade::is_handed_over() {
@@ -433,12 +436,17 @@ async fn accept_loop(
             if !resumed {
                 break;
             }
-            if paused && let Err(err) = listener.resume() {
-                // The fd is still bound; a failed listen() would only come
-                // from a broken socket. Say so: the pod stays unready for
-                // kubelet to restart the sidecar.
-                tracing::error!(error = %err, "cannot listen again on the paused socket");
-                break;
+            if paused {
+                match listener.resume() {
+                    Ok(handle) => resumed_on = handle,
+                    Err(err) => {
+                        // The fd is still bound; a failed listen() would only
+                        // come from a broken socket. Say so and close: the
+                        // listener is gone, as after an exit drain.
+                        tracing::error!(error = %err, "cannot listen again on the paused socket");
+                        break;
+                    }
+                }
             }
             tracing::info!(listen = %listener.endpoint(), "listener accepting again");
             continue;
@@ -457,6 +465,7 @@ async fn accept_loop(
             }
         }
     }
+    drop(resumed_on);
     drop(listener);
     drop(cleanup);
     tracing::info!("listener closed; no new connections");

@@ -160,8 +160,7 @@ async fn liveness_restart_under_load(
 #[tokio::test]
 async fn an_app_liveness_restart_under_load_loses_nothing_with_kubegrace_and_fails_requests_without()
 -> Result<()> {
-    let test =
-        "an_app_liveness_restart_under_load_loses_nothing_with_kubegrace_and_fails_requests_without";
+    let test = "an_app_liveness_restart_under_load_loses_nothing_with_kubegrace_and_fails_requests_without";
     let Some(client) = client_or_skip(test).await? else {
         return Ok(());
     };
@@ -190,7 +189,9 @@ async fn an_app_liveness_restart_under_load_loses_nothing_with_kubegrace_and_fai
         let pods: Api<Pod> = Api::namespaced(client.clone(), &sc.namespace);
         let app_restarts = restarts(&pods, &victim.name, "app").await?;
         let sidecar_restarts = restarts(&pods, &victim.name, SIDECAR).await?;
-        let admin = victim.admin().context("the injected pod has no admin port")?;
+        let admin = victim
+            .admin()
+            .context("the injected pod has no admin port")?;
         let resumes = sidecar_metric(&admin, "kubegrace_drain_resumes_total").await?;
         let (without, bare) = liveness_restart_under_load(&sc, WITHOUT, &p).await?;
         let bare_restarts = restarts(&pods, &bare.name, "app").await?;
@@ -215,7 +216,10 @@ async fn an_app_liveness_restart_under_load_loses_nothing_with_kubegrace_and_fai
         with.failed, with.requests, without.failed, without.requests, without.by_detail
     );
     ensure!(app_restarts == 1, "the app restarted {app_restarts} times");
-    ensure!(bare_restarts == 1, "the bare app restarted {bare_restarts} times");
+    ensure!(
+        bare_restarts == 1,
+        "the bare app restarted {bare_restarts} times"
+    );
     ensure!(
         sidecar_restarts == 0,
         "the sidecar restarted {sidecar_restarts} times: the pod was not saved by a resume"
@@ -344,7 +348,10 @@ async fn sidecar_kill_and_back(client: &Client, sc: &Scenario, p: &Progress) -> 
     )
     .await?;
     p.wait(
-        &format!("pod {} Ready again and serving through the sidecar", pod.name),
+        &format!(
+            "pod {} Ready again and serving through the sidecar",
+            pod.name
+        ),
         Duration::from_secs(60),
         Duration::from_millis(200),
         || async {
@@ -363,10 +370,16 @@ async fn sidecar_kill_and_back(client: &Client, sc: &Scenario, p: &Progress) -> 
     let sidecar = restarts(&pods, &pod.name, SIDECAR).await?;
     let app = restarts(&pods, &pod.name, "app").await?;
     ensure!(sidecar == 1, "the sidecar restarted {sidecar} times");
-    ensure!(app == 0, "the app restarted {app} times: the sidecar's restart took it along");
+    ensure!(
+        app == 0,
+        "the app restarted {app} times: the sidecar's restart took it along"
+    );
     let admin = pod.admin().context("no admin port")?;
     let phase = sidecar_metric(&admin, "kubegrace_drain_phase").await?;
-    ensure!(phase == 0.0, "the restarted sidecar is in drain phase {phase}");
+    ensure!(
+        phase == 0.0,
+        "the restarted sidecar is in drain phase {phase}"
+    );
     Ok(())
 }
 

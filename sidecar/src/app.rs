@@ -137,7 +137,7 @@ impl AppWatch {
                 if reachable {
                     self.came_back(before.is_some());
                 } else {
-                    self.went_away();
+                    self.went_away(before.is_some());
                 }
             }
         }
@@ -146,25 +146,35 @@ impl AppWatch {
         }
     }
 
-    fn went_away(&self) {
-        self.downs.fetch_add(1, Ordering::Relaxed);
+    /// `was_seen`: the app had been up before (a native sidecar starts
+    /// before its app, so the first refusals are only the app starting).
+    fn went_away(&self, was_seen: bool) {
+        self.downs.fetch_add(u64::from(was_seen), Ordering::Relaxed);
         let mut ep = lock(&self.episode);
         *ep = Episode {
             since: Some(Instant::now()),
             ..Episode::default()
         };
         drop(ep);
-        tracing::warn!(
-            upstream = %self.endpoint,
-            hold = ?self.hold_timeout,
-            "the app refuses connections (restarting?): /ready fails, new requests are held until it is back"
-        );
+        if was_seen {
+            tracing::warn!(
+                upstream = %self.endpoint,
+                hold = ?self.hold_timeout,
+                "the app refuses connections (restarting?): /ready fails, new requests are held until it is back"
+            );
+        } else {
+            tracing::info!(upstream = %self.endpoint, "the app does not accept connections yet; /ready fails until it does");
+        }
         self.kick.notify_one();
     }
 
     fn came_back(&self, was_seen: bool) {
         let ep = std::mem::take(&mut *lock(&self.episode));
         if !was_seen {
+            return;
+        }
+        if ep.since.is_some() && self.downs.load(Ordering::Relaxed) == 0 {
+            tracing::info!(upstream = %self.endpoint, "the app accepts connections");
             return;
         }
         let down_for = ep.since.map(|s| s.elapsed()).unwrap_or_default();
@@ -459,7 +469,9 @@ mod tests {
     async fn observations_drive_the_resume() {
         let (app, drain) = watch_with(5000);
         tokio::spawn(drain.clone().run());
+        app.observe(false); // the app starting after its native sidecar
         app.observe(true);
+        assert_eq!(app.status()["downs"], 0);
         drain.trigger("admin /drain");
         drain.drained().await;
         app.observe(true);

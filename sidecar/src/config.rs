@@ -364,7 +364,7 @@ pub struct UpstreamPoolConfig {
     /// While the app refuses connections (its container is restarting:
     /// liveness kill, crash, OOM kill), a request waits up to this long for
     /// it to come back and is then sent; past it the proxy answers 503 with
-    /// `Retry-After`. 0 answers at once. See `app.rs`.
+    /// `Retry-After`. 0 turns holding off (502 at once). See `app.rs`.
     pub hold_timeout: HumanDuration,
 }
 

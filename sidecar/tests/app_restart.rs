@@ -482,3 +482,32 @@ async fn the_sidecars_own_restart_comes_back_ready_and_serves() -> Result<()> {
     ensure!(ready.status == StatusCode::OK);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_resume_the_pods_deletion_drains_and_exits_in_both_sidecar_modes() -> Result<()> {
+    use common::pod::Termination;
+    // Item 4: an app restart is the same in both modes (only the app container
+    // restarts); what differs is the pod's deletion afterwards: classic
+    // sidecars get SIGTERM together with the app's preStop, native ones last.
+    for how in [Termination::RegularContainers, Termination::NativeSidecar] {
+        let mut pod = Pod::start("a", Some(DRAIN)).await?;
+        let admin = pod.sidecar.as_ref().context("sidecar")?.admin;
+        pre_stop(admin, WAIT).await.map_err(anyhow::Error::msg)?;
+        restart_app(&mut pod.app, RESTART_GAP).await?;
+        let sidecar = pod.sidecar.as_ref().context("sidecar")?;
+        wait_for("resumed", WAIT, || async {
+            (sidecar.ready_status().await == Some(StatusCode::OK)).then_some(())
+        })
+        .await
+        .with_context(|| format!("{how:?}"))?;
+        ensure!(get(sidecar.listen, "/work").await?.status == StatusCode::OK);
+        let done = pod.terminate(how, WAIT, WAIT).await?;
+        ensure!(done.pre_stop_ok(), "{how:?}: preStop {:?}", done.pre_stop);
+        ensure!(
+            done.sidecar_exit.is_some_and(|s| s.success()),
+            "{how:?}: sidecar exit {:?}",
+            done.sidecar_exit
+        );
+    }
+    Ok(())
+}

@@ -427,8 +427,10 @@ async fn accept_loop(
                 refusing = paused,
                 "listener paused; accepting again only if the app turns out to be restarting"
             );
+            // Below Closing again: resumed (a watcher that wakes late may
+            // already see the next drain's Draining, which accepts too).
             let resumed = tokio::select! {
-                res = drain_rx.wait_for(|s| s.phase == Phase::Serving || s.exit) => {
+                res = drain_rx.wait_for(|s| s.phase < Phase::Closing || s.exit) => {
                     res.is_ok_and(|s| !s.exit)
                 }
                 _ = upgrade::handed_over() => false,

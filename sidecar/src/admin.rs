@@ -278,7 +278,14 @@ impl Admin {
         if phase != Phase::Serving {
             return text(StatusCode::SERVICE_UNAVAILABLE, &format!("{phase}\n"));
         }
-        if self.upstream_reachable().await {
+        let probed = self.upstream_reachable().await;
+        // The app watch (app.rs) saw every probe above and every connect
+        // since: it is the fresher of the two.
+        let reachable = match self.shared.upstreams.app() {
+            Some(app) => !app.is_down(),
+            None => probed,
+        };
+        if reachable {
             text(StatusCode::OK, "ready\n")
         } else {
             text(StatusCode::SERVICE_UNAVAILABLE, "app not reachable\n")
@@ -308,6 +315,9 @@ impl Admin {
             .get()
             .min(READY_CACHE);
         let ok = crate::upstreams::probe(self.shared.upstreams.primary(), timeout).await;
+        if let Some(app) = self.shared.upstreams.app() {
+            app.observe(ok);
+        }
         *cache = Some((Instant::now(), ok));
         ok
     }
@@ -339,6 +349,9 @@ impl Admin {
         let live = self.shared.live.load();
         live.routes.render_metrics(&mut out);
         self.shared.upstreams.render_metrics(&mut out);
+        if let Some(app) = self.shared.upstreams.app() {
+            app.render_metrics(&mut out);
+        }
         let mut resp = Response::new(Full::new(Bytes::from(out)));
         resp.headers_mut().insert(
             header::CONTENT_TYPE,

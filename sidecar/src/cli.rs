@@ -105,6 +105,9 @@ pub struct Cli {
     /// Proxies in front whose X-Forwarded-Proto is kept (default 0: set from the connection).
     #[arg(long, env = "KUBEGRACE_TRUSTED_HOPS", value_name = "N")]
     pub trusted_hops: Option<u32>,
+    /// While the app refuses connections (restarting), hold a request this long for it to come back, then 503.
+    #[arg(long, env = "KUBEGRACE_UPSTREAM_HOLD_TIMEOUT", value_name = "DURATION")]
+    pub upstream_hold_timeout: Option<HumanDuration>,
     /// Require this value in X-Kubegrace-Drain-Token on /drain.
     #[arg(
         long,
@@ -181,6 +184,7 @@ pub struct Overrides {
     pub admin_max_connections: Option<usize>,
     pub upgrade_protocols: Option<Vec<String>>,
     pub trusted_hops: Option<u32>,
+    pub upstream_hold_timeout: Option<HumanDuration>,
 }
 
 impl Overrides {
@@ -251,6 +255,9 @@ impl Overrides {
         if let Some(v) = self.trusted_hops {
             config.forwarded.trusted_hops = v;
         }
+        if let Some(v) = self.upstream_hold_timeout {
+            config.upstream_pool.hold_timeout = v;
+        }
     }
 
     /// Flag spelling of a config key, so a validation error can name what
@@ -318,6 +325,7 @@ impl Cli {
                 admin_max_connections: self.admin_max_connections,
                 upgrade_protocols: self.upgrade_protocols.clone(),
                 trusted_hops: self.trusted_hops,
+                upstream_hold_timeout: self.upstream_hold_timeout,
             },
             drain_token: self.drain_token.clone().filter(|t| !t.is_empty()),
             admin_insecure: self.admin_insecure,

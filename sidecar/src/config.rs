@@ -421,6 +421,11 @@ pub struct UpstreamPoolConfig {
     /// degrades into a connection per request.
     pub max_idle: usize,
     pub connect_timeout: HumanDuration,
+    /// While the app refuses connections (its container is restarting:
+    /// liveness kill, crash, OOM kill), a request waits up to this long for
+    /// it to come back and is then sent; past it the proxy answers 503 with
+    /// `Retry-After`. 0 turns holding off (502 at once). See `app.rs`.
+    pub hold_timeout: HumanDuration,
 }
 
 impl Default for UpstreamPoolConfig {
@@ -430,6 +435,9 @@ impl Default for UpstreamPoolConfig {
             idle_timeout: HumanDuration::from_secs(4),
             max_idle: 512,
             connect_timeout: HumanDuration::from_secs(1),
+            // A kubelet restart of a crashed or liveness-killed container
+            // takes about a second; a few more cover a slow start.
+            hold_timeout: HumanDuration::from_secs(5),
         }
     }
 }

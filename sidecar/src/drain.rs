@@ -13,6 +13,41 @@
 //! - `Closing`: listeners close, connections shut down gracefully; after
 //!   `timeout` whatever is still open is told to force-close.
 //! - `Drained`: nothing is left; the report is available.
+//!
+//! ## A drain is a pod termination only if the pod really goes away
+//!
+//! kubelet runs the app container's preStop (`/drain?wait=true`) whenever it
+//! stops that container, and that includes a *restart* of the container
+//! after a failed livenessProbe: the pod stays, no SIGTERM ever reaches the
+//! sidecar, and the app comes back a second later. A sidecar that took every
+//! drain for the end of the pod would stay `Drained` (unready, listener
+//! closed) for good. So the machine tells the two kinds of drain apart:
+//!
+//! - An *exit* drain ([`Drain::trigger_exit`]: SIGTERM, SIGINT, an upgrade
+//!   hand-over) ends the process once `Drained`. It never resumes.
+//! - Any other drain (admin `/drain`, the preStop hook) is *provisional*.
+//!   It runs exactly like an exit drain (same timers, same evidence, same
+//!   listener close), and it stays `Drained`, with one way back:
+//!   [`Drain::resume`] returns it to `Serving` when
+//!   1. the app was seen gone (a connect to it refused, or unreachable) at or
+//!      after the trigger ([`Drain::app_gone`]), and
+//!   2. the app is now reachable again, and
+//!   3. no SIGTERM/SIGINT came (an exit drain always wins, at any phase).
+//!
+//!   Gone-then-back is the signature of a container restart: kubelet never
+//!   restarts a container of a pod that is being deleted, so a pod that
+//!   really goes away can never show it. An operator's maintenance drain
+//!   (the app stays up throughout) never shows it either and stays drained.
+//!   The evidence comes from `app.rs`, which probes the app every 50 ms
+//!   while a provisional drain is under way or the app is down, and from
+//!   every request that meets a refused connect.
+//!
+//! Each drain is one *cycle*; a resume ends it wherever it is (a drain
+//! whose app crashed and came back mid-grace resumes too) and a later
+//! trigger starts a new one. Every state write happens under one lock and
+//! names its cycle, so a resume and the driver's next step cannot
+//! interleave into a phase nobody chose. Resumes are logged and counted
+//! (`kubegrace_drain_resumes_total`).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
@@ -67,6 +102,9 @@ pub struct DrainState {
     /// Set once `drain.timeout` passed in `Closing`: whatever is still open
     /// must close now and count itself as force-closed.
     pub force_close: bool,
+    /// The process exits once drained (SIGTERM, SIGINT, upgrade): this
+    /// drain never resumes, so a paused listener can close for good.
+    pub exit: bool,
 }
 
 /// The outcome of a finished drain, for the exit log line and `/metrics`.
@@ -122,12 +160,26 @@ impl GraceEnd {
     }
 }
 
+/// What the lock guards: the trigger of the drain under way and the cycle
+/// it belongs to. Every write of `tx` happens under it.
+struct Cycle {
+    trigger: Option<(String, Instant)>,
+    /// Bumped by every resume; the driver's writes name the cycle they
+    /// belong to and are dropped once it is over.
+    id: u64,
+}
+
 struct Shared {
     tx: watch::Sender<DrainState>,
     /// Mirror of `tx`'s phase for the per-request path (no lock).
     phase: AtomicU8,
     timers_tx: watch::Sender<DrainConfig>,
-    trigger: Mutex<Option<(String, Instant)>>,
+    trigger: Mutex<Cycle>,
+    /// SIGTERM/SIGINT/upgrade came: exit once drained, never resume.
+    exit: AtomicBool,
+    /// The app was seen unreachable during this cycle (resume evidence).
+    app_gone: AtomicBool,
+    resumes: AtomicU64,
     endpoint_removed: AtomicBool,
     endpoint_removed_notify: Notify,
     /// Reference point for `last_conn_ms`.
@@ -161,6 +213,7 @@ impl Drain {
         let (tx, _) = watch::channel(DrainState {
             phase: Phase::Serving,
             force_close: false,
+            exit: false,
         });
         let (timers_tx, _) = watch::channel(timers);
         Drain {
@@ -168,7 +221,13 @@ impl Drain {
                 tx,
                 phase: AtomicU8::new(Phase::Serving as u8),
                 timers_tx,
-                trigger: Mutex::new(None),
+                trigger: Mutex::new(Cycle {
+                    trigger: None,
+                    id: 0,
+                }),
+                exit: AtomicBool::new(false),
+                app_gone: AtomicBool::new(false),
+                resumes: AtomicU64::new(0),
                 endpoint_removed: AtomicBool::new(false),
                 endpoint_removed_notify: Notify::new(),
                 epoch: Instant::now(),
@@ -192,32 +251,129 @@ impl Drain {
         Phase::from_u8(self.shared.phase.load(Ordering::Relaxed))
     }
 
-    /// Starts the drain. Returns false when one was already under way, so
-    /// a second SIGTERM or `/drain` changes nothing.
+    /// Starts a provisional drain (admin `/drain`, the preStop hook): it may
+    /// [`resume`](Drain::resume) if the app turns out to be restarting.
+    /// Returns false when one was already under way, so a second SIGTERM or
+    /// `/drain` changes nothing.
     pub fn trigger(&self, reason: &str) -> bool {
+        self.start(reason, false)
+    }
+
+    /// Starts (or joins) the drain that ends the process: SIGTERM, SIGINT,
+    /// an upgrade. A drain already under way becomes an exit drain, so it
+    /// can no longer resume. Returns false when one was already under way.
+    pub fn trigger_exit(&self, reason: &str) -> bool {
+        self.start(reason, true)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cycle> {
+        self.shared
+            .trigger
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn start(&self, reason: &str, exit: bool) -> bool {
         // The reason is stored under its lock before the watch fires, and
         // the driver reads it under the same lock after waking, so the
         // report always names what started the drain.
-        let mut trigger = self
-            .shared
-            .trigger
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let started = self.shared.tx.send_if_modified(|state| {
+        let mut cycle = self.lock();
+        if exit {
+            self.shared.exit.store(true, Ordering::Release);
+        }
+        let mut started = false;
+        self.shared.tx.send_if_modified(|state| {
+            let mut changed = false;
+            if exit && !state.exit {
+                state.exit = true;
+                changed = true;
+            }
             if state.phase == Phase::Serving {
                 state.phase = Phase::Draining;
                 self.shared
                     .phase
                     .store(Phase::Draining as u8, Ordering::Release);
-                true
-            } else {
-                false
+                started = true;
+                changed = true;
             }
+            changed
         });
         if started {
-            *trigger = Some((reason.to_string(), Instant::now()));
+            // Evidence counts from the trigger on (app.rs re-reports a
+            // down app on every probe, so one that is down now still counts).
+            self.shared.app_gone.store(false, Ordering::Release);
+            cycle.trigger = Some((reason.to_string(), Instant::now()));
         }
         started
+    }
+
+    /// Whether this drain ends the process (SIGTERM, SIGINT, upgrade).
+    pub fn is_exit(&self) -> bool {
+        self.shared.exit.load(Ordering::Acquire)
+    }
+
+    /// Evidence from `app.rs`: a connect to the app was refused (or timed
+    /// out). Only counts while a drain is under way.
+    pub fn app_gone(&self) {
+        if self.phase() != Phase::Serving && !self.shared.app_gone.swap(true, Ordering::AcqRel) {
+            tracing::info!(phase = %self.phase(), "drain: the app is gone; if it comes back without a SIGTERM, this was a container restart and the sidecar resumes");
+        }
+    }
+
+    /// Evidence from `app.rs`: the app accepts connections. Returns to
+    /// `Serving` if the rule allows it (see the module doc): a provisional
+    /// drain, the app seen gone since its trigger, no SIGTERM. Returns
+    /// whether it resumed.
+    pub fn resume(&self, why: &str) -> bool {
+        let mut cycle = self.lock();
+        let phase = self.phase();
+        if phase == Phase::Serving
+            || self.is_exit()
+            || !self.shared.app_gone.load(Ordering::Acquire)
+        {
+            return false;
+        }
+        let drained_for = cycle
+            .trigger
+            .as_ref()
+            .map(|(_, at)| at.elapsed())
+            .unwrap_or_default();
+        let trigger = cycle
+            .trigger
+            .take()
+            .map(|(reason, _)| reason)
+            .unwrap_or_else(|| "unknown".to_string());
+        cycle.id += 1;
+        self.shared.app_gone.store(false, Ordering::Release);
+        self.shared.endpoint_removed.store(false, Ordering::Release);
+        *self
+            .shared
+            .report
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        self.shared
+            .phase
+            .store(Phase::Serving as u8, Ordering::Release);
+        self.shared.tx.send_replace(DrainState {
+            phase: Phase::Serving,
+            force_close: false,
+            exit: false,
+        });
+        let total = self.shared.resumes.fetch_add(1, Ordering::Relaxed) + 1;
+        drop(cycle);
+        tracing::warn!(
+            from = %phase,
+            trigger = %trigger,
+            drained_secs = drained_for.as_secs_f64(),
+            resumes = total,
+            "{why} and no SIGTERM came: that drain was an app container restart, not the end of the pod; serving again"
+        );
+        true
+    }
+
+    /// Drains that returned to `Serving` because the app came back.
+    pub fn resumes_total(&self) -> u64 {
+        self.shared.resumes.load(Ordering::Relaxed)
     }
 
     /// The operator saw the pod's endpoint leave the EndpointSlice: traffic
@@ -281,12 +437,8 @@ impl Drain {
         if let Some(report) = self.report() {
             return report.duration.as_secs_f64();
         }
-        let trigger = self
-            .shared
+        self.lock()
             .trigger
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        trigger
             .as_ref()
             .map(|(_, at)| at.elapsed().as_secs_f64())
             .unwrap_or(0.0)
@@ -316,11 +468,21 @@ impl Drain {
         }
     }
 
-    fn set_state(&self, phase: Phase, force_close: bool) {
+    /// The driver's transitions: dropped when cycle `id` was resumed in the
+    /// meantime (the resume already chose the phase).
+    fn set_state(&self, id: u64, phase: Phase, force_close: bool) -> bool {
+        let cycle = self.lock();
+        if cycle.id != id {
+            return false;
+        }
         self.shared.phase.store(phase as u8, Ordering::Release);
-        self.shared
-            .tx
-            .send_replace(DrainState { phase, force_close });
+        let exit = self.is_exit();
+        self.shared.tx.send_replace(DrainState {
+            phase,
+            force_close,
+            exit,
+        });
+        true
     }
 
     async fn wait_all_closed(&self) {
@@ -335,22 +497,50 @@ impl Drain {
         }
     }
 
-    /// Drives the machine from the trigger to `Drained`. Run it once, as its
-    /// own task, for the life of the process.
-    pub async fn run(self) -> DrainReport {
+    /// Drives the machine for the life of the process: each drain from its
+    /// trigger to `Drained`, or back to `Serving` when it is resumed. Run it
+    /// once, as its own task; [`Drain::drained`] gives each drain's report.
+    pub async fn run(self) {
         let mut rx = self.subscribe();
-        // The sender lives in `self`, so `wait_for` only ends on the trigger.
-        let _ = rx.wait_for(|s| s.phase != Phase::Serving).await;
-        let (trigger, t0) = {
-            let guard = self
-                .shared
-                .trigger
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            guard
-                .clone()
-                .unwrap_or_else(|| ("unknown".to_string(), Instant::now()))
-        };
+        loop {
+            // The sender lives in `self`, so `wait_for` only ends on a trigger.
+            if rx.wait_for(|s| s.phase != Phase::Serving).await.is_err() {
+                return;
+            }
+            let id = self.lock().id;
+            tokio::select! {
+                _ = self.drive(id) => {
+                    // Drained: stay until resumed (a provisional drain whose
+                    // app restarted) or the process exits.
+                    self.cycle_over(id).await;
+                }
+                _ = self.cycle_over(id) => {}
+            }
+        }
+    }
+
+    /// Resolves once cycle `id` was resumed. Watches the cycle, not the
+    /// phase: a resume followed at once by a new trigger never shows
+    /// `Serving` to a watcher that wakes late.
+    async fn cycle_over(&self, id: u64) {
+        let mut rx = self.subscribe();
+        loop {
+            if self.lock().id != id {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// One drain, from the trigger to `Drained`.
+    async fn drive(&self, id: u64) {
+        let (trigger, t0) = self
+            .lock()
+            .trigger
+            .clone()
+            .unwrap_or_else(|| ("unknown".to_string(), Instant::now()));
         let open_at_trigger = self.open_connections() as u64;
         let accepted_at_trigger = self.connections_total();
         let force_closed_before = self.force_closed_total();
@@ -359,7 +549,9 @@ impl Drain {
         let grace_end = self.grace(t0).await;
         let grace = t0.elapsed();
         let timeout = self.timers().timeout.get();
-        self.set_state(Phase::Closing, false);
+        if !self.set_state(id, Phase::Closing, false) {
+            return;
+        }
         tracing::info!(
             ended_by = grace_end.as_str(),
             grace_secs = grace.as_secs_f64(),
@@ -378,7 +570,9 @@ impl Drain {
                 timeout = ?timeout,
                 "drain timeout passed: force-closing what is left"
             );
-            self.set_state(Phase::Closing, true);
+            if !self.set_state(id, Phase::Closing, true) {
+                return;
+            }
             // Connection tasks close at once when told; the bound only guards
             // against a task that is stuck in a non-cancellable call.
             if tokio::time::timeout(Duration::from_secs(2), self.wait_all_closed())
@@ -400,13 +594,22 @@ impl Drain {
             force_closed: self.force_closed_total() - force_closed_before,
             grace_end,
         };
-        *self
-            .shared
-            .report
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(report.clone());
-        self.set_state(Phase::Drained, !finished);
-        report
+        {
+            let cycle = self.lock();
+            if cycle.id != id {
+                return;
+            }
+            *self
+                .shared
+                .report
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(report.clone());
+        }
+        if self.set_state(id, Phase::Drained, !finished) && !self.is_exit() {
+            tracing::info!(
+                "drained ({report}); staying drained until SIGTERM, unless the app turns out to be restarting"
+            );
+        }
     }
 
     /// The grace phase: returns once the evidence (or the ceiling) says the
@@ -503,7 +706,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn idle_pod_drains_after_min_delay_when_quiet() {
         let drain = Drain::new(timers(2000, 1000, 15000, 30000));
-        let driver = tokio::spawn(drain.clone().run());
+        tokio::spawn(drain.clone().run());
         let mut rx = drain.subscribe();
         let t0 = Instant::now();
         assert!(drain.trigger("test"));
@@ -511,7 +714,7 @@ mod tests {
         assert_eq!(drain.phase(), Phase::Draining);
         let closing = wait_phase(&mut rx, Phase::Closing).await;
         assert_eq!(closing - t0, Duration::from_secs(2));
-        let report = driver.await.expect("driver");
+        let report = drain.drained().await;
         assert_eq!(report.grace_end, GraceEnd::Quiet);
         assert_eq!(report.connections, 0);
         assert_eq!(drain.phase(), Phase::Drained);
@@ -520,7 +723,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn new_connections_extend_the_grace_until_max_delay() {
         let drain = Drain::new(timers(1000, 500, 3000, 30000));
-        let driver = tokio::spawn(drain.clone().run());
+        tokio::spawn(drain.clone().run());
         let mut rx = drain.subscribe();
         let t0 = Instant::now();
         drain.trigger("test");
@@ -540,7 +743,7 @@ mod tests {
             Duration::from_secs(3),
             "maxDelay is the ceiling"
         );
-        let report = driver.await.expect("driver");
+        let report = drain.drained().await;
         assert_eq!(report.grace_end, GraceEnd::MaxDelay);
         feeder.abort();
     }
@@ -548,7 +751,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn quiet_is_measured_from_the_last_new_connection() {
         let drain = Drain::new(timers(1000, 500, 10000, 30000));
-        let driver = tokio::spawn(drain.clone().run());
+        tokio::spawn(drain.clone().run());
         let mut rx = drain.subscribe();
         let t0 = Instant::now();
         drain.trigger("test");
@@ -557,13 +760,13 @@ mod tests {
         drop(drain.connection());
         let closing = wait_phase(&mut rx, Phase::Closing).await;
         assert_eq!(closing - t0, Duration::from_millis(1300));
-        assert_eq!(driver.await.expect("driver").connections, 1);
+        assert_eq!(drain.drained().await.connections, 1);
     }
 
     #[tokio::test(start_paused = true)]
     async fn endpoint_removal_ends_grace_after_min_delay() {
         let drain = Drain::new(timers(1000, 500, 10000, 30000));
-        let driver = tokio::spawn(drain.clone().run());
+        tokio::spawn(drain.clone().run());
         let mut rx = drain.subscribe();
         let t0 = Instant::now();
         drain.trigger("test");
@@ -580,10 +783,7 @@ mod tests {
         drain.endpoint_removed();
         let closing = wait_phase(&mut rx, Phase::Closing).await;
         assert_eq!(closing - t0, Duration::from_secs(1), "minDelay still holds");
-        assert_eq!(
-            driver.await.expect("driver").grace_end,
-            GraceEnd::EndpointRemoved
-        );
+        assert_eq!(drain.drained().await.grace_end, GraceEnd::EndpointRemoved);
         feeder.abort();
     }
 
@@ -592,7 +792,7 @@ mod tests {
         let drain = Drain::new(timers(0, 0, 0, 5000));
         let quick = drain.connection();
         let mut stuck = drain.connection();
-        let driver = tokio::spawn(drain.clone().run());
+        tokio::spawn(drain.clone().run());
         let mut rx = drain.subscribe();
         let t0 = Instant::now();
         drain.trigger("test");
@@ -605,7 +805,7 @@ mod tests {
         assert_eq!(Instant::now() - t0, Duration::from_secs(5));
         stuck.mark_forced();
         drop(stuck);
-        let report = driver.await.expect("driver");
+        let report = drain.drained().await;
         assert_eq!(report.force_closed, 1);
         assert_eq!(report.connections, 2);
         assert_eq!(drain.phase(), Phase::Drained);
@@ -616,12 +816,12 @@ mod tests {
     async fn closing_ends_early_when_the_last_connection_goes() {
         let drain = Drain::new(timers(0, 0, 0, 30000));
         let conn = drain.connection();
-        let driver = tokio::spawn(drain.clone().run());
+        tokio::spawn(drain.clone().run());
         let t0 = Instant::now();
         drain.trigger("test");
         tokio::time::sleep(Duration::from_millis(800)).await;
         drop(conn);
-        let report = driver.await.expect("driver");
+        let report = drain.drained().await;
         assert_eq!(report.force_closed, 0);
         assert_eq!(Instant::now() - t0, Duration::from_millis(800));
     }
@@ -629,7 +829,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn reloaded_timers_apply_to_a_drain_under_way() {
         let drain = Drain::new(timers(10000, 1000, 20000, 30000));
-        let driver = tokio::spawn(drain.clone().run());
+        tokio::spawn(drain.clone().run());
         let mut rx = drain.subscribe();
         let t0 = Instant::now();
         drain.trigger("test");
@@ -637,6 +837,84 @@ mod tests {
         drain.set_timers(timers(2000, 500, 5000, 30000));
         let closing = wait_phase(&mut rx, Phase::Closing).await;
         assert_eq!(closing - t0, Duration::from_secs(2));
-        driver.await.expect("driver");
+        drain.drained().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_provisional_drain_resumes_once_the_app_was_gone_and_is_back() {
+        let drain = Drain::new(timers(100, 50, 1000, 1000));
+        tokio::spawn(drain.clone().run());
+        drain.trigger("admin /drain");
+        drain.drained().await;
+        assert!(
+            !drain.resume("back"),
+            "no evidence yet: the app never went away"
+        );
+        assert_eq!(drain.phase(), Phase::Drained);
+        drain.app_gone();
+        assert!(drain.resume("the app is reachable again"));
+        assert_eq!(drain.phase(), Phase::Serving);
+        assert_eq!(drain.resumes_total(), 1);
+        assert_eq!(drain.report(), None);
+        // The next drain is a full new cycle with its own report.
+        let t0 = Instant::now();
+        assert!(drain.trigger("admin /drain"));
+        let report = drain.drained().await;
+        assert_eq!(Instant::now() - t0, Duration::from_millis(100));
+        assert_eq!(report.trigger, "admin /drain");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn evidence_from_before_the_trigger_does_not_count() {
+        let drain = Drain::new(timers(100, 50, 1000, 1000));
+        tokio::spawn(drain.clone().run());
+        drain.app_gone(); // while serving: not evidence
+        drain.trigger("admin /drain");
+        drain.drained().await;
+        assert!(!drain.resume("back"));
+        assert_eq!(drain.phase(), Phase::Drained);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sigterm_always_wins() {
+        // SIGTERM first: the app going and coming back changes nothing.
+        let drain = Drain::new(timers(100, 50, 1000, 1000));
+        tokio::spawn(drain.clone().run());
+        assert!(drain.trigger_exit("SIGTERM"));
+        assert!(drain.subscribe().borrow().exit);
+        drain.app_gone();
+        assert!(!drain.resume("back"));
+        drain.drained().await;
+        assert!(!drain.resume("back"));
+        assert_eq!(drain.phase(), Phase::Drained);
+
+        // SIGTERM after a provisional drain: that drain can no longer resume.
+        let drain = Drain::new(timers(100, 50, 1000, 1000));
+        tokio::spawn(drain.clone().run());
+        drain.trigger("admin /drain");
+        drain.app_gone();
+        assert!(!drain.trigger_exit("SIGTERM"), "joins the drain under way");
+        assert!(drain.is_exit());
+        assert!(!drain.resume("back"));
+        drain.drained().await;
+        assert_eq!(drain.phase(), Phase::Drained);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resume_mid_grace_ends_that_cycle_for_good() {
+        let drain = Drain::new(timers(1000, 500, 5000, 5000));
+        tokio::spawn(drain.clone().run());
+        let mut rx = drain.subscribe();
+        drain.trigger("admin /drain");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drain.app_gone();
+        assert!(drain.resume("back"));
+        // The old cycle's timers pass: nothing moves.
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert_eq!(drain.phase(), Phase::Serving);
+        assert!(!rx.borrow_and_update().force_close);
+        // And the driver takes the next trigger.
+        drain.trigger("admin /drain");
+        drain.drained().await;
     }
 }

@@ -29,6 +29,13 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The app refused connections for the whole hold (it is restarting, or
+    /// the pod is going away): answered 503 with `Retry-After` (app.rs).
+    #[error("the app at {endpoint} refused connections for {waited:?}")]
+    AppDown {
+        endpoint: String,
+        waited: std::time::Duration,
+    },
     /// The exchange with the app failed (closed mid-response, protocol
     /// error, or the request body failed, e.g. over its length limit).
     #[error("upstream: {0}")]

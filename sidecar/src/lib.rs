@@ -16,6 +16,7 @@
 //! ```
 
 pub mod admin;
+pub mod app;
 pub mod circuit;
 pub mod cli;
 pub mod config;
@@ -104,6 +105,10 @@ impl Sidecar {
         // binding: the port then stays open across restarts.
         let inherited = inherit::take()?;
         upgrade::set_notify(inherited.notify);
+        // A socket we bound (or got from our own upgrade) is ours to pause
+        // in place; one from systemd or server-starter is shared with its
+        // owner and is only left unaccepted (see `accept_loop`).
+        let owned = inherited.listen.is_empty() || inherited.source == inherit::UPGRADE_SOURCE;
         let (listeners, cleanup) = if inherited.listen.is_empty() {
             bind_listeners(&listen_endpoint, workers, listen_mode)?
         } else {
@@ -147,6 +152,9 @@ impl Sidecar {
             tokio::spawn(upstreams::watch(shared.clone()));
         }
         tokio::spawn(shared.drain.clone().run());
+        if let Some(app) = shared.upstreams.app() {
+            tokio::spawn(app.clone().run());
+        }
         let admin_server = admin::Admin::new(shared.clone(), settings.drain_token.clone());
         tokio::spawn(admin_server.clone().serve(admin_listener));
         let weak_listeners = listeners.iter().map(Arc::downgrade).collect();
@@ -159,6 +167,7 @@ impl Sidecar {
                 listener,
                 protocol == Protocol::Tcp,
                 cleanup.clone(),
+                owned,
             ));
         }
 
@@ -322,7 +331,7 @@ fn request_exit(shared: &Shared, exit_requested: &AtomicBool, exit_notify: &Noti
         notify::notify("STOPPING=1");
     }
     exit_notify.notify_waiters();
-    if shared.drain.trigger(reason) {
+    if shared.drain.trigger_exit(reason) {
         tracing::info!("{reason}: draining");
     } else if first && shared.drain.phase() == Phase::Drained {
         tracing::info!("{reason}: already drained, exiting");
@@ -374,22 +383,76 @@ impl Drop for CleanupOnClose {
     }
 }
 
-/// Accepts until the drain reaches `Closing`, then drops the listener so
-/// new connections are refused (routers have moved on by then).
+/// Accepts until the drain reaches `Closing`. An exit drain (SIGTERM) then
+/// drops the listener: new connections are refused, routers have moved on.
+/// A provisional drain (preStop, `/drain`) pauses it instead, on the same
+/// socket, and accepts again if the drain resumes (the app was restarting):
+///
+/// - a TCP socket we own is paused with `shutdown(SHUT_RD)`, which on Linux
+///   takes it out of the listening state (connects are refused, as after a
+///   close, and an `SO_REUSEPORT` worker leaves its group) while the fd and
+///   its bound address stay; `listen()` on the same fd resumes it. Nothing
+///   is re-bound, so no other process can take the port in between and
+///   every worker comes back into the same group;
+/// - a socket shared with its owner (systemd, server-starter) must keep
+///   listening for the owner, and a Unix socket cannot listen again after
+///   that shutdown: those are only left unaccepted (connections wait in the
+///   backlog, as they would for the owner once we closed our copy);
+/// - once the drain is an exit drain, or the socket went to a new process,
+///   the loop ends and the listener closes for good.
 async fn accept_loop(
     shared: Arc<Shared>,
     listener: Arc<Listener>,
     raw_tcp: bool,
     cleanup: Arc<CleanupOnClose>,
+    owned: bool,
 ) {
     let mut drain_rx = shared.drain.subscribe();
+    // After a resume: a fresh handle on the same socket (see Listener::resume).
+    let mut resumed_on: Option<Listener> = None;
     loop {
+        let current = resumed_on.as_ref().unwrap_or(&listener);
         let accepted = tokio::select! {
             biased;
-            _ = drain_rx.wait_for(|s| s.phase >= Phase::Closing) => break,
+            _ = drain_rx.wait_for(|s| s.phase >= Phase::Closing) => None,
             // Outside Kubernetes: a new process took the socket over.
             _ = upgrade::handed_over() => break,
-            accepted = accept(&listener) => accepted,
+            accepted = accept(current) => Some(accepted),
+        };
+        let Some(accepted) = accepted else {
+            if shared.drain.is_exit() || upgrade::is_handed_over() {
+                break;
+            }
+            let paused = owned && listener.pause();
+            tracing::info!(
+                refusing = paused,
+                "listener paused; accepting again only if the app turns out to be restarting"
+            );
+            // Below Closing again: resumed (a watcher that wakes late may
+            // already see the next drain's Draining, which accepts too).
+            let resumed = tokio::select! {
+                res = drain_rx.wait_for(|s| s.phase < Phase::Closing || s.exit) => {
+                    res.is_ok_and(|s| !s.exit)
+                }
+                _ = upgrade::handed_over() => false,
+            };
+            if !resumed {
+                break;
+            }
+            if paused {
+                match listener.resume() {
+                    Ok(handle) => resumed_on = handle,
+                    Err(err) => {
+                        // The fd is still bound; a failed listen() would only
+                        // come from a broken socket. Say so and close: the
+                        // listener is gone, as after an exit drain.
+                        tracing::error!(error = %err, "cannot listen again on the paused socket");
+                        break;
+                    }
+                }
+            }
+            tracing::info!(listen = %listener.endpoint(), "listener accepting again");
+            continue;
         };
         match accepted {
             Ok(Accepted::Tcp(stream, peer)) => {
@@ -405,6 +468,7 @@ async fn accept_loop(
             }
         }
     }
+    drop(resumed_on);
     drop(listener);
     drop(cleanup);
     tracing::info!("listener closed; no new connections");

@@ -68,6 +68,45 @@ impl Listener {
     }
 }
 
+impl Listener {
+    /// Stops listening without closing the socket (see `accept_loop` in
+    /// lib.rs): TCP only, on Linux `shutdown(SHUT_RD)` of a listening socket
+    /// refuses new connections and resets the backlog, keeping the fd and
+    /// its bound address. Returns whether it paused (a Unix socket cannot
+    /// listen again afterwards, so it is left as it is).
+    pub fn pause(&self) -> bool {
+        match self {
+            Self::Tcp(l) => match socket2::SockRef::from(l).shutdown(std::net::Shutdown::Read) {
+                Ok(()) => true,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot pause the listener; leaving it unaccepted");
+                    false
+                }
+            },
+            Self::Unix(_) => false,
+        }
+    }
+
+    /// Listens again on a paused socket (same socket, same address) and
+    /// returns a new handle on it to accept with. The old handle saw the
+    /// shutdown as a hang-up, which tokio keeps as a sticky "read closed":
+    /// accepting on it would spin. The new one (a `dup` of the fd, so the
+    /// socket stays the very same) starts with a fresh registration. `None`
+    /// for a Unix socket, which was never paused.
+    pub fn resume(&self) -> std::io::Result<Option<Listener>> {
+        match self {
+            Self::Tcp(l) => {
+                socket2::SockRef::from(l).listen(BACKLOG)?;
+                let fd = std::os::fd::AsFd::as_fd(l).try_clone_to_owned()?;
+                let std = std::net::TcpListener::from(fd);
+                std.set_nonblocking(true)?;
+                Ok(Some(Self::Tcp(TcpListener::from_std(std)?)))
+            }
+            Self::Unix(_) => Ok(None),
+        }
+    }
+}
+
 impl std::os::fd::AsFd for Listener {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         match self {
@@ -109,6 +148,21 @@ impl std::fmt::Display for Peer {
 pub fn bind_tcp(addr: SocketAddr, workers: usize) -> Result<Vec<TcpListener>> {
     let mut listeners = Vec::with_capacity(workers);
     let mut target = addr;
+    // Port 0 is resolved on a placeholder socket first and every listener
+    // binds the number explicitly: the kernel drops an automatically
+    // chosen port on `shutdown()`, and a paused listener (lib.rs) must keep
+    // its address. The placeholder holds the port until the first binds.
+    let _placeholder = if addr.port() == 0 {
+        let (placeholder, port) = reserve_port(addr).map_err(|source| Error::Bind {
+            what: "listener",
+            addr: addr.to_string(),
+            source,
+        })?;
+        target.set_port(port);
+        Some(placeholder)
+    } else {
+        None
+    };
     for _ in 0..workers.max(1) {
         let listener = bind_one_tcp(target, workers > 1).map_err(|source| Error::Bind {
             what: "listener",
@@ -119,6 +173,19 @@ pub fn bind_tcp(addr: SocketAddr, workers: usize) -> Result<Vec<TcpListener>> {
         listeners.push(listener);
     }
     Ok(listeners)
+}
+
+/// A bound, never listening socket on a free port of `addr`'s address.
+fn reserve_port(addr: SocketAddr) -> std::io::Result<(Socket, u16)> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    let port = socket
+        .local_addr()?
+        .as_socket()
+        .map(|a| a.port())
+        .unwrap_or(0);
+    Ok((socket, port))
 }
 
 fn bind_one_tcp(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {

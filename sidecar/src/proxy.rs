@@ -1082,6 +1082,12 @@ async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<Proxy
                 tracing::debug!(error = %err, source = ?err.source(), "request body failed on the client's side");
                 return client_fault(&ctx, version, fault, permit, request_guard);
             }
+            // The app is restarting and did not come back within the hold
+            // (app.rs): 503 + Retry-After, and no breaker failure.
+            if let Some(resp) = crate::app::hold_expired_response(&err) {
+                let permit = permit.record(UpstreamOutcome::Cancelled);
+                return respond_local(&ctx, version, resp, request_guard, permit);
+            }
             shared.metrics.upstream_error();
             tracing::debug!(error = %err, source = ?err.source(), "upstream request failed");
             let permit = permit.record(UpstreamOutcome::ConnectError);

@@ -7,6 +7,7 @@ use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 
+use crate::app::AppWatch;
 use crate::circuit::RouteTable;
 use crate::config::Config;
 use crate::drain::Drain;
@@ -60,8 +61,17 @@ pub struct Shared {
 
 impl Shared {
     pub fn new(config: Config, file: Option<PathBuf>) -> crate::Result<Arc<Shared>> {
-        let upstreams = Upstreams::new(&config.upstream_endpoints(), &config.upstream_pool)?;
         let drain = Drain::new(config.drain);
+        let app = AppWatch::new(
+            config.upstream.clone(),
+            &config.upstream_pool,
+            drain.clone(),
+        );
+        let upstreams = Upstreams::new(
+            &config.upstream_endpoints(),
+            &config.upstream_pool,
+            Some(app),
+        )?;
         let routes = RouteTable::new(&config.routes);
         Ok(Arc::new(Shared {
             live: ArcSwap::from_pointee(Live { config, routes }),

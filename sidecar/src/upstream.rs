@@ -32,6 +32,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
+use crate::app::AppWatch;
 use crate::config::{Endpoint, UpstreamPoolConfig};
 use crate::error::{Error, Result};
 
@@ -442,10 +443,17 @@ pub struct Upstream {
     /// Held while a new HTTP/2 connection is made, so a burst of streams
     /// after a GOAWAY opens one connection, not one each.
     h2_connecting: tokio::sync::Mutex<()>,
+    /// The app's reachability (one upstream only): a refused connect is
+    /// held until the app is back (see app.rs).
+    app: Option<Arc<AppWatch>>,
 }
 
 impl Upstream {
-    pub fn new(endpoint: &Endpoint, pool: &UpstreamPoolConfig) -> Result<Upstream> {
+    pub fn new(
+        endpoint: &Endpoint,
+        pool: &UpstreamPoolConfig,
+        app: Option<Arc<AppWatch>>,
+    ) -> Result<Upstream> {
         let authority: Authority = match endpoint {
             Endpoint::Tcp(addr) => addr.to_string().parse().map_err(|e| {
                 Error::Unsupported(format!("upstream: {addr} is not a URI authority: {e}"))
@@ -472,6 +480,7 @@ impl Upstream {
             h2: Mutex::new(None),
             h2_generation: AtomicU64::new(0),
             h2_connecting: tokio::sync::Mutex::new(()),
+            app,
         })
     }
 
@@ -495,8 +504,40 @@ impl Upstream {
         Scheme::HTTP
     }
 
-    /// Opens a new socket to the app, bounded by the connect timeout.
-    pub async fn connect(&self) -> io::Result<UpstreamStream> {
+    /// Opens a new socket to the app. While the app refuses connections (its
+    /// container is restarting) the caller is held until it is back, for at
+    /// most `upstreamPool.holdTimeout`; then [`Error::AppDown`] (a 503).
+    pub async fn connect(&self) -> Result<UpstreamStream> {
+        let Some(app) = self.app.as_ref() else {
+            return self.connect_once().await.map_err(|e| self.connect_error(e));
+        };
+        let started = tokio::time::Instant::now();
+        let mut held = false;
+        loop {
+            match self.connect_once().await {
+                Ok(stream) => {
+                    app.observe(true);
+                    if held {
+                        app.hold_ended();
+                        tracing::debug!(waited = ?started.elapsed(), "held request: the app is back, sending");
+                    }
+                    return Ok(stream);
+                }
+                Err(err) if crate::app::is_gone(&err) => {
+                    app.observe(false);
+                    if !app.holds() {
+                        return Err(self.connect_error(err));
+                    }
+                    app.hold(started, !held).await?;
+                    held = true;
+                }
+                Err(err) => return Err(self.connect_error(err)),
+            }
+        }
+    }
+
+    /// One connect, bounded by the connect timeout.
+    async fn connect_once(&self) -> io::Result<UpstreamStream> {
         let connect = async {
             match &self.endpoint {
                 Endpoint::Tcp(addr) => {
@@ -530,7 +571,23 @@ impl Upstream {
     /// Sends an HTTP/1.1 request (origin-form URI) on a pooled connection,
     /// or a new one. Upgrades (WebSocket) work: such a connection is never
     /// pooled again.
-    pub async fn send_h1(&self, mut req: Request<UpstreamBody>) -> Result<UpstreamResponse> {
+    pub async fn send_h1(&self, req: Request<UpstreamBody>) -> Result<UpstreamResponse> {
+        let res = self.send_h1_inner(req).await;
+        self.note_lost(res.as_ref().err());
+        res
+    }
+
+    /// A request the app had received whose connection died is the app's
+    /// loss (it died with it in flight): counted, and the probe woken.
+    fn note_lost(&self, err: Option<&Error>) {
+        if let (Some(app), Some(Error::Upstream(err))) = (self.app.as_ref(), err)
+            && crate::app::is_lost_in_flight(err)
+        {
+            app.lost_in_flight();
+        }
+    }
+
+    async fn send_h1_inner(&self, mut req: Request<UpstreamBody>) -> Result<UpstreamResponse> {
         // A pooled connection the app closed before our request was written
         // hands the request back; then it goes on a fresh connection. Each
         // pooled connection is tried once, so this ends.
@@ -571,7 +628,7 @@ impl Upstream {
     }
 
     async fn connect_h1(&self) -> Result<http1::SendRequest<UpstreamBody>> {
-        let stream = self.connect().await.map_err(|e| self.connect_error(e))?;
+        let stream = self.connect().await?;
         let (sender, conn) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await
@@ -586,6 +643,12 @@ impl Upstream {
 
     /// Sends an HTTP/2 request (absolute URI) on the shared connection.
     pub async fn send_h2(&self, req: Request<UpstreamBody>) -> Result<Response<Incoming>> {
+        let res = self.send_h2_inner(req).await;
+        self.note_lost(res.as_ref().err());
+        res
+    }
+
+    async fn send_h2_inner(&self, req: Request<UpstreamBody>) -> Result<Response<Incoming>> {
         let (id, mut sender) = self.h2_sender().await?;
         let req = match sender.ready().await {
             Ok(()) => match sender.try_send_request(req).await {
@@ -631,7 +694,7 @@ impl Upstream {
         if let Some(current) = self.current_h2() {
             return Ok(current);
         }
-        let stream = self.connect().await.map_err(|e| self.connect_error(e))?;
+        let stream = self.connect().await?;
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .adaptive_window(true)

@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
+use crate::app::AppWatch;
 use crate::config::{Endpoint, UpstreamPoolConfig};
 use crate::error::Result;
 use crate::state::Shared;
@@ -76,6 +77,9 @@ pub struct Upstreams {
     active: AtomicUsize,
     pool: UpstreamPoolConfig,
     sequence: AtomicU64,
+    /// The app's reachability, with one upstream (app.rs); `None` with
+    /// several, where the slot switch covers an instance that is down.
+    app: Option<Arc<AppWatch>>,
 }
 
 /// The instance a request goes to; counts as in flight there until dropped.
@@ -104,13 +108,19 @@ impl Drop for Picked {
 }
 
 impl Upstreams {
-    pub fn new(endpoints: &[Endpoint], pool: &UpstreamPoolConfig) -> Result<Upstreams> {
+    /// `app` is used only with a single endpoint (see the field).
+    pub fn new(
+        endpoints: &[Endpoint],
+        pool: &UpstreamPoolConfig,
+        app: Option<Arc<AppWatch>>,
+    ) -> Result<Upstreams> {
+        let app = app.filter(|_| endpoints.len() == 1);
         let slots = endpoints
             .iter()
             .map(|endpoint| {
                 Ok(Arc::new(Slot {
                     endpoint: endpoint.clone(),
-                    client: ArcSwap::from_pointee(Upstream::new(endpoint, pool)?),
+                    client: ArcSwap::from_pointee(Upstream::new(endpoint, pool, app.clone())?),
                     reach: AtomicU8::new(UNKNOWN),
                     up_since: AtomicU64::new(0),
                     in_flight: AtomicI64::new(0),
@@ -123,6 +133,7 @@ impl Upstreams {
             active: AtomicUsize::new(0),
             pool: *pool,
             sequence: AtomicU64::new(0),
+            app,
         })
     }
 
@@ -173,6 +184,11 @@ impl Upstreams {
         self.slots
             .iter()
             .any(|s| s.reach.load(Ordering::Acquire) == UP)
+    }
+
+    /// The app watch (one upstream only).
+    pub fn app(&self) -> Option<&Arc<AppWatch>> {
+        self.app.as_ref()
     }
 
     /// The single (or first) endpoint.
@@ -236,7 +252,7 @@ impl Upstreams {
     /// A fresh client for `slot`: the old one's idle connections close once
     /// the requests still using it are done.
     fn refresh(&self, slot: &Slot) {
-        match Upstream::new(&slot.endpoint, &self.pool) {
+        match Upstream::new(&slot.endpoint, &self.pool, self.app.clone()) {
             Ok(fresh) => {
                 slot.client.store(Arc::new(fresh));
             }
@@ -263,10 +279,14 @@ impl Upstreams {
                 })
             })
             .collect();
-        serde_json::json!({
+        let mut status = serde_json::json!({
             "active": self.slots[active].endpoint.to_string(),
             "upstreams": list,
-        })
+        });
+        if let Some(app) = &self.app {
+            status["app"] = app.status();
+        }
+        status
     }
 
     /// Per-instance metrics, appended to `/metrics`.
@@ -375,6 +395,7 @@ mod tests {
         let ups = Upstreams::new(
             &[endpoint(&blue), Endpoint::Tcp(green_addr)],
             &UpstreamPoolConfig::default(),
+            None,
         )
         .expect("upstreams");
         ups.probe_all().await;
@@ -403,6 +424,7 @@ mod tests {
         let ups = Upstreams::new(
             &[endpoint(&a), endpoint(&b)],
             &UpstreamPoolConfig::default(),
+            None,
         )
         .expect("upstreams");
         ups.probe_all().await;

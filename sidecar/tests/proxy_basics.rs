@@ -349,7 +349,11 @@ async fn app_down_means_502_and_not_ready() -> Result<()> {
         addr: dead,
         accepted: Arc::new(AtomicU64::new(0)),
     };
-    let sidecar = Sidecar::start(config_for(&app), Settings::default(), false).await?;
+    let mut config = config_for(&app);
+    // Holding off (the default holds for the app to come back, then 503:
+    // tests/app_restart.rs).
+    config.upstream_pool.hold_timeout = HumanDuration::from_millis(0);
+    let sidecar = Sidecar::start(config, Settings::default(), false).await?;
     let mut sender = connect(sidecar.listen_addr()).await?;
     let (status, _, _) = get(&mut sender, "/").await?;
     assert_eq!(status, StatusCode::BAD_GATEWAY);

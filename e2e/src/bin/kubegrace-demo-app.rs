@@ -12,7 +12,8 @@
 //! - `POST /fault?status=503[&path=/api]` the fault switch of this pod: from now on every
 //!   request to an app endpoint (under `path`, if given) gets `status` (gRPC calls get
 //!   `UNAVAILABLE`); `POST /fault?off` switches it off; `GET /fault` shows it. The
-//!   control endpoints (`/fault`, `/stats`, `/healthz`, `/prestop*`) never fault, so probes
+//!   control endpoints (`/fault`, `/stats`, `/healthz`, `/livez`, `/liveness`, `/prestop*`)
+//!   never fault, so probes
 //!   and tests keep working.
 //! - `GET /stats`              JSON: per endpoint, requests seen and requests in flight
 //!   (`{"pod":..,"fault":..,"endpoints":{"/api":{"requests":3,"inflight":0},..}}`), so a
@@ -20,6 +21,10 @@
 //! - `GET /prestop[?hold_ms=N]` records that the preStop hook ran, answers after N ms
 //! - `GET /prestop-seen`       200 `true` once `/prestop` was called, else 200 `false`
 //! - `GET /healthz`            200
+//! - `GET /livez`              200, or 500 once `POST /liveness?fail` was called: the
+//!   liveness path of a pod whose app should be restarted by kubelet (a deadlocked health
+//!   checker: every other endpoint keeps serving); `POST /liveness?ok` heals it. A new
+//!   process (the restarted container) starts healthy
 //!
 //! Like a naive app it exits at once on SIGTERM (in-flight requests, streams and WebSocket
 //! sessions are cut), unless `--on-sigterm ignore` is given, in which case only the
@@ -119,6 +124,8 @@ struct EndpointStats {
 struct State {
     pod_name: String,
     prestop_seen: AtomicBool,
+    /// `POST /liveness?fail` was called: `/livez` answers 500.
+    liveness_failing: AtomicBool,
     fault: Mutex<Option<Fault>>,
     /// Keyed by endpoint (`/api`, `/delay`, `grpc /kubegrace.demo.Echo/Stream`, ...), never by
     /// the raw path, so arbitrary paths cannot grow the map.
@@ -266,6 +273,19 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
     match path.as_str() {
         "/healthz" => return Ok(only_get(&req).unwrap_or_else(|| text(StatusCode::OK, "ok\n"))),
         "/stats" => return Ok(only_get(&req).unwrap_or_else(|| stats(&state))),
+        "/livez" => {
+            return Ok(only_get(&req).unwrap_or_else(|| {
+                if state.liveness_failing.load(Ordering::SeqCst) {
+                    text(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "liveness failing (POST /liveness?fail)\n",
+                    )
+                } else {
+                    text(StatusCode::OK, "live\n")
+                }
+            }));
+        }
+        "/liveness" => return Ok(liveness(&state, &req)),
         "/fault" => return Ok(fault(&state, &req)),
         "/prestop" => {
             return Ok(match only_get(&req) {
@@ -346,6 +366,35 @@ async fn prestop(state: &State, req: &Request<Incoming>) -> Response<Body> {
         }
         Err(e) => text(StatusCode::BAD_REQUEST, e + "\n"),
     }
+}
+
+/// `POST /liveness?fail` makes `/livez` fail (kubelet then restarts the container);
+/// `POST /liveness?ok` heals it.
+fn liveness(state: &State, req: &Request<Incoming>) -> Response<Body> {
+    if *req.method() != Method::POST {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "POST /liveness?fail or POST /liveness?ok\n",
+        );
+    }
+    let fail = match (query_value(req, "fail"), query_value(req, "ok")) {
+        (Some(_), None) => true,
+        (None, Some(_)) => false,
+        _ => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "POST /liveness?fail or POST /liveness?ok\n",
+            );
+        }
+    };
+    state.liveness_failing.store(fail, Ordering::SeqCst);
+    let msg = if fail {
+        "liveness now fails: /livez answers 500\n"
+    } else {
+        "liveness healed: /livez answers 200\n"
+    };
+    print!("{msg}");
+    text(StatusCode::OK, msg)
 }
 
 fn stats(state: &State) -> Response<Body> {
@@ -623,6 +672,7 @@ async fn main() -> anyhow::Result<()> {
         echo: EchoServer::new(pod_name.clone()),
         pod_name,
         prestop_seen: AtomicBool::new(false),
+        liveness_failing: AtomicBool::new(false),
         fault: Mutex::new(None),
         stats: Mutex::new(BTreeMap::new()),
     });

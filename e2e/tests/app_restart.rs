@@ -1,0 +1,420 @@
+//! End-to-end, issue 17 item 1: a container restart inside a pod that stays must never
+//! make the pod worse.
+//!
+//! 1. The app's restart by kubelet after a failed livenessProbe, under constant load
+//!    through the Service: the demo app (3 replicas, livenessProbe on `/livez`) with and
+//!    without kubegrace, and ONE pod's app switched to fail its liveness
+//!    (`POST /liveness?fail` on its own port). kubelet runs the injected preStop
+//!    (`/drain?wait=true`), kills the app, starts it again. Asserted: the app container's
+//!    restartCount is 1, the pod is Ready again after the app is (the sidecar resumed by
+//!    itself: `kubegrace_drain_resumes_total` 1), the load saw 0 failed requests; without
+//!    kubegrace the same restart fails requests (> 0).
+//! 2. The sidecar's own restart (a native sidecar restarted by kubelet): its container is
+//!    killed with `crictl stop --timeout 0` (SIGKILL, as an OOM kill or a crash; the local
+//!    cluster's crictl is on PATH after `eval "$(e2e/cluster/env)"`); the pod comes back
+//!    Ready and serves through the sidecar, the sidecar's restartCount is 1 and the app's 0.
+//!
+//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::kubeconfig_path`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::PostParams;
+use kube::{Api, Client};
+use kubegrace_e2e::client_or_skip;
+use kubegrace_e2e::load::Summary;
+use kubegrace_e2e::scenario::kit::{self, PodAddr};
+use kubegrace_e2e::scenario::{self, Install, Options, Progress, Scenario, pod_ready};
+
+const WITH: &str = "live-with";
+const WITHOUT: &str = "live-without";
+const SIDECAR: &str = "kubegrace-sidecar";
+
+/// The demo app's Deployment with a livenessProbe on `/livez`: two failures a second
+/// apart and kubelet restarts the container.
+fn deployment_with_liveness(name: &str, replicas: i32, kubegrace: bool) -> Result<Deployment> {
+    let mut d = serde_json::to_value(scenario::deployment(name, replicas, kubegrace)?)?;
+    d["spec"]["template"]["spec"]["containers"][0]["livenessProbe"] = serde_json::json!({
+        "httpGet": {"path": "/livez", "port": "http"},
+        "periodSeconds": 1, "failureThreshold": 2, "timeoutSeconds": 1,
+    });
+    Ok(serde_json::from_value(d)?)
+}
+
+async fn create(sc: &Scenario, name: &str, replicas: i32, kubegrace: bool) -> Result<()> {
+    let post = PostParams::default();
+    let deployments: Api<Deployment> = Api::namespaced(sc.client.clone(), &sc.namespace);
+    deployments
+        .create(&post, &deployment_with_liveness(name, replicas, kubegrace)?)
+        .await
+        .with_context(|| format!("creating Deployment {name}"))?;
+    let services: Api<Service> = Api::namespaced(sc.client.clone(), &sc.namespace);
+    services
+        .create(&post, &scenario::service(name)?)
+        .await
+        .with_context(|| format!("creating Service {name}"))?;
+    Ok(())
+}
+
+/// The restart count of container `container` of pod `pod` (app or init container).
+async fn restarts(pods: &Api<Pod>, pod: &str, container: &str) -> Result<i32> {
+    let p = pods.get(pod).await?;
+    let status = p.status.unwrap_or_default();
+    status
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(status.init_container_statuses.iter().flatten())
+        .find(|c| c.name == container)
+        .map(|c| c.restart_count)
+        .with_context(|| format!("pod {pod}: no status for container {container}"))
+}
+
+/// A metric's value from a sidecar's `/metrics`, read from this host on the pod IP.
+async fn sidecar_metric(admin: &str, name: &str) -> Result<f64> {
+    let (status, _, body) = kit::http1(admin, "GET", "/metrics", Duration::from_secs(3)).await?;
+    ensure!(status == 200, "GET http://{admin}/metrics: {status}");
+    body.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == name).then(|| v.trim().parse::<f64>().ok()).flatten()
+        })
+        .with_context(|| format!("no {name} on {admin}"))
+}
+
+/// Restarts one pod's app through its liveness probe under load on the Service; returns
+/// the load's summary and the pod that restarted.
+async fn liveness_restart_under_load(
+    sc: &Scenario,
+    name: &str,
+    p: &Progress,
+) -> Result<(Summary, PodAddr)> {
+    let pods: Api<Pod> = Api::namespaced(sc.client.clone(), &sc.namespace);
+    let victim = kit::ready_pods(&pods, name)
+        .await?
+        .into_iter()
+        .next()
+        .with_context(|| format!("{name}: no ready pod"))?;
+    let load = sc.start_load(name, p).await?;
+    let outcome = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        p.step(format!(
+            "{name}: POST /liveness?fail on pod {}'s app ({})",
+            victim.name,
+            victim.app()
+        ));
+        let (status, _, body) = kit::http1(
+            &victim.app(),
+            "POST",
+            "/liveness?fail",
+            Duration::from_secs(3),
+        )
+        .await?;
+        ensure!(status == 200, "/liveness?fail: {status} {body}");
+        p.wait(
+            &format!("{name}: kubelet restarted pod {}'s app", victim.name),
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async {
+                match restarts(&pods, &victim.name, "app").await {
+                    Ok(n) if n >= 1 => Ok(n),
+                    Ok(n) => Err(format!("restartCount {n}")),
+                    Err(e) => Err(format!("{e:#}")),
+                }
+            },
+        )
+        .await?;
+        let restarted = Instant::now();
+        p.wait(
+            &format!("{name}: pod {} Ready again", victim.name),
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || async {
+                let pod = pods.get(&victim.name).await.map_err(|e| e.to_string())?;
+                if pod_ready(&pod) {
+                    Ok(())
+                } else {
+                    Err("not ready".to_owned())
+                }
+            },
+        )
+        .await?;
+        p.step(format!(
+            "{name}: pod {} Ready {:.1}s after its app container was restarted",
+            victim.name,
+            restarted.elapsed().as_secs_f64()
+        ));
+        // The pod takes its share again before the load stops.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    let summary = load.finish(p).await?;
+    outcome?;
+    Ok((summary, victim))
+}
+
+#[tokio::test]
+async fn an_app_liveness_restart_under_load_loses_nothing_with_kubegrace_and_fails_requests_without()
+-> Result<()> {
+    let test = "an_app_liveness_restart_under_load_loses_nothing_with_kubegrace_and_fails_requests_without";
+    let Some(client) = client_or_skip(test).await? else {
+        return Ok(());
+    };
+    let mut opts = Options::new("kg-restart").with_load_from_env()?;
+    opts.replicas = 3;
+    // minDelay covers the sidecar's readiness period (2 s) plus endpoint propagation:
+    // here the pod is not terminating, so only its readiness takes it out of the Service.
+    opts.drain.min_delay = "3s".into();
+    opts.drain.max_delay = "8s".into();
+    opts.load.lead_in = Duration::from_secs(2);
+    opts.load.max_duration = Duration::from_secs(90);
+    let p = Progress::default();
+    let keep = std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some();
+    let install = Install::new(&opts);
+    let mut namespaces = Vec::new();
+    let outcome = async {
+        install.helm_install(&client, &opts, &p).await?;
+        let sc = Scenario::named(&client, &opts, &p, "restart").await?;
+        namespaces.push(sc.namespace.clone());
+        sc.create_route(WITH, &p).await?;
+        create(&sc, WITH, opts.replicas, true).await?;
+        create(&sc, WITHOUT, opts.replicas, false).await?;
+        sc.settle(WITH, true, &p).await?;
+        sc.settle(WITHOUT, false, &p).await?;
+        let (with, victim) = liveness_restart_under_load(&sc, WITH, &p).await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &sc.namespace);
+        let app_restarts = restarts(&pods, &victim.name, "app").await?;
+        let sidecar_restarts = restarts(&pods, &victim.name, SIDECAR).await?;
+        let admin = victim
+            .admin()
+            .context("the injected pod has no admin port")?;
+        let resumes = sidecar_metric(&admin, "kubegrace_drain_resumes_total").await?;
+        let (without, bare) = liveness_restart_under_load(&sc, WITHOUT, &p).await?;
+        let bare_restarts = restarts(&pods, &bare.name, "app").await?;
+        Ok::<_, anyhow::Error>((
+            with,
+            without,
+            app_restarts,
+            sidecar_restarts,
+            resumes,
+            bare_restarts,
+        ))
+    }
+    .await;
+    if keep {
+        p.step(format!("keeping {} and {namespaces:?}", install.release));
+    } else {
+        install.uninstall(&client, &namespaces, &p).await;
+    }
+    let (with, without, app_restarts, sidecar_restarts, resumes, bare_restarts) = outcome?;
+    eprintln!(
+        "app liveness restart under load: with kubegrace {} of {} failed; without {} of {} failed {:?}",
+        with.failed, with.requests, without.failed, without.requests, without.by_detail
+    );
+    ensure!(app_restarts == 1, "the app restarted {app_restarts} times");
+    ensure!(
+        bare_restarts == 1,
+        "the bare app restarted {bare_restarts} times"
+    );
+    ensure!(
+        sidecar_restarts == 0,
+        "the sidecar restarted {sidecar_restarts} times: the pod was not saved by a resume"
+    );
+    ensure!(resumes == 1.0, "kubegrace_drain_resumes_total {resumes}");
+    ensure!(
+        with.failed == 0,
+        "with kubegrace {} of {} requests failed across the restart: {:?}",
+        with.failed,
+        with.requests,
+        with.by_detail
+    );
+    ensure!(
+        without.failed > 0,
+        "without kubegrace the restart failed nothing ({} sent): the baseline shows nothing",
+        without.requests
+    );
+    Ok(())
+}
+
+fn crictl() -> PathBuf {
+    std::env::var_os("KUBEGRACE_TOOLS_BIN")
+        .map(|d| PathBuf::from(d).join("crictl"))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("crictl"))
+}
+
+async fn run_crictl(args: &[&str]) -> Result<String> {
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(crictl())
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .context("crictl took longer than 30s")?
+    .with_context(|| {
+        format!(
+            "running {} (on PATH after eval \"$(e2e/cluster/env)\")",
+            crictl().display()
+        )
+    })?;
+    if !out.status.success() {
+        bail!(
+            "crictl {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[tokio::test]
+async fn the_sidecars_own_restart_comes_back_ready_and_serves() -> Result<()> {
+    let test = "the_sidecars_own_restart_comes_back_ready_and_serves";
+    let Some(client) = client_or_skip(test).await? else {
+        return Ok(());
+    };
+    let mut opts = Options::new("kg-screstart");
+    opts.replicas = 1;
+    let p = Progress::default();
+    let keep = std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some();
+    let install = Install::new(&opts);
+    let mut namespaces = Vec::new();
+    let outcome = async {
+        install.helm_install(&client, &opts, &p).await?;
+        let sc = Scenario::named(&client, &opts, &p, "screstart").await?;
+        namespaces.push(sc.namespace.clone());
+        sc.create_route(WITH, &p).await?;
+        create(&sc, WITH, 1, true).await?;
+        sc.settle(WITH, true, &p).await?;
+        sidecar_kill_and_back(&client, &sc, &p).await
+    }
+    .await;
+    if keep {
+        p.step(format!("keeping {} and {namespaces:?}", install.release));
+    } else {
+        install.uninstall(&client, &namespaces, &p).await;
+    }
+    outcome
+}
+
+async fn sidecar_kill_and_back(client: &Client, sc: &Scenario, p: &Progress) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &sc.namespace);
+    let pod = kit::ready_pods(&pods, WITH)
+        .await?
+        .into_iter()
+        .next()
+        .context("no ready pod")?;
+    let ids = run_crictl(&[
+        "ps",
+        "-q",
+        "--name",
+        SIDECAR,
+        "--label",
+        &format!("io.kubernetes.pod.name={}", pod.name),
+        "--label",
+        &format!("io.kubernetes.pod.namespace={}", sc.namespace),
+    ])
+    .await?;
+    let id = ids
+        .lines()
+        .next()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .with_context(|| format!("crictl finds no {SIDECAR} container in pod {}", pod.name))?
+        .to_owned();
+    p.step(format!(
+        "pod {}: crictl stop --timeout 0 {id} (SIGKILL the sidecar container)",
+        pod.name
+    ));
+    run_crictl(&["stop", "--timeout", "0", &id]).await?;
+    p.wait(
+        &format!("pod {}: kubelet restarted the sidecar", pod.name),
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            match restarts(&pods, &pod.name, SIDECAR).await {
+                Ok(n) if n >= 1 => Ok(()),
+                Ok(n) => Err(format!("restartCount {n}")),
+                Err(e) => Err(format!("{e:#}")),
+            }
+        },
+    )
+    .await?;
+    p.wait(
+        &format!(
+            "pod {} Ready again and serving through the sidecar",
+            pod.name
+        ),
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let now = pods.get(&pod.name).await.map_err(|e| e.to_string())?;
+            if !pod_ready(&now) {
+                return Err("not ready".to_owned());
+            }
+            match kit::http1(&pod.front(), "GET", "/", Duration::from_secs(3)).await {
+                Ok((200, _, body)) if body.starts_with("pod=") => Ok(()),
+                Ok((status, _, body)) => Err(format!("{status} {}", body.trim())),
+                Err(e) => Err(format!("{e:#}")),
+            }
+        },
+    )
+    .await?;
+    let sidecar = restarts(&pods, &pod.name, SIDECAR).await?;
+    let app = restarts(&pods, &pod.name, "app").await?;
+    ensure!(sidecar == 1, "the sidecar restarted {sidecar} times");
+    ensure!(
+        app == 0,
+        "the app restarted {app} times: the sidecar's restart took it along"
+    );
+    let admin = pod.admin().context("no admin port")?;
+    let phase = sidecar_metric(&admin, "kubegrace_drain_phase").await?;
+    ensure!(
+        phase == 0.0,
+        "the restarted sidecar is in drain phase {phase}"
+    );
+    Ok(())
+}
+
+/// The demo app's liveness switch, on a real process on loopback (no cluster needed).
+#[tokio::test]
+async fn the_demo_apps_liveness_switch_fails_only_livez() -> Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    let t = Duration::from_secs(10);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubegrace-demo-app"))
+        .args(["--listen", "127.0.0.1:0", "--pod-name", "demo-0"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting kubegrace-demo-app")?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(t, lines.next_line())
+        .await
+        .context("the app did not say where it listens")??
+        .context("the app exited before listening")?;
+    let addr = first
+        .split_whitespace()
+        .nth(3)
+        .with_context(|| format!("unexpected first line {first:?}"))?
+        .to_owned();
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    ensure!(kit::http1(&addr, "GET", "/livez", t).await?.0 == 200);
+    ensure!(kit::http1(&addr, "POST", "/liveness?fail", t).await?.0 == 200);
+    ensure!(kit::http1(&addr, "GET", "/livez", t).await?.0 == 500);
+    // Everything else keeps serving: a deadlocked health checker, not a dead app.
+    ensure!(kit::http1(&addr, "GET", "/", t).await?.0 == 200);
+    ensure!(kit::http1(&addr, "GET", "/healthz", t).await?.0 == 200);
+    ensure!(kit::http1(&addr, "GET", "/liveness?fail", t).await?.0 == 405);
+    ensure!(kit::http1(&addr, "POST", "/liveness", t).await?.0 == 400);
+    ensure!(kit::http1(&addr, "POST", "/liveness?ok", t).await?.0 == 200);
+    ensure!(kit::http1(&addr, "GET", "/livez", t).await?.0 == 200);
+    Ok(())
+}

@@ -31,8 +31,6 @@ use serde_json::json;
 
 /// The Deployment of flow 5: plain at first.
 const WEB: &str = "web";
-/// The sidecar's admin port (`/config`).
-const ADMIN_PORT: u16 = 15020;
 /// The drain.quiet value flow 6 switches to (the scenario's default is 500ms). `quiet` is
 /// not part of the time budget, so the edit changes no pod template and rolls nothing.
 const NEW_QUIET: &str = "800ms";
@@ -205,7 +203,7 @@ fn route_api(sc: &Scenario) -> Api<DynamicObject> {
 
 /// `drain.quiet` and the successful reload count in a sidecar's `GET /config`.
 async fn sidecar_config(sc: &Scenario, pod: &str) -> Result<(String, u64)> {
-    let body = sc.pod_get(pod, ADMIN_PORT, "/config").await?;
+    let body = sc.admin_get(pod, "/config").await?;
     let v: serde_json::Value =
         serde_json::from_str(&body).with_context(|| format!("/config of {pod}: {body}"))?;
     let quiet = v["config"]["drain"]["quiet"]

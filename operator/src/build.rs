@@ -11,8 +11,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kubegrace_sidecar::config::{
-    CircuitBreakerConfig, Config, DrainConfig, Endpoint, FailureKind, FallbackConfig,
-    HumanDuration, Protocol, RouteConfig, RouteMatch,
+    CATCH_ALL_ROUTE, CircuitBreakerConfig, Config, DrainConfig, Endpoint, FailureKind,
+    FallbackConfig, HumanDuration, Protocol, RouteConfig, RouteMatch,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -28,10 +28,9 @@ use crate::keys;
 /// after the app exited, and only 2s remain for it if the app used up the
 /// grace period; the margin keeps us clear of that cliff.
 pub const MARGIN: Duration = Duration::from_secs(5);
-/// The sidecar's admin port: /ready, /live, /drain.
-pub const ADMIN_PORT: u16 = 15020;
-/// Name of the catch-all route generated from the route-wide circuitBreaker.
-pub const DEFAULT_ROUTE: &str = "kubegrace-default";
+/// Name of the catch-all route generated from the route-wide circuitBreaker:
+/// the sidecar's own catch-all name, so the rendered config has one.
+pub const DEFAULT_ROUTE: &str = CATCH_ALL_ROUTE;
 
 /// Why a route cannot be applied: a condition reason and a message a person
 /// can act on.
@@ -127,7 +126,7 @@ pub fn budget(spec: &GraceRouteSpec) -> Result<Budget, Invalid> {
         required_seconds,
         seconds: required_seconds,
     };
-    match &spec.rollout.termination_grace_period_seconds {
+    match &spec.grace() {
         IntOrString::String(s) if s == "auto" => {}
         IntOrString::Int(n) => {
             let n = i64::from(*n);
@@ -186,7 +185,11 @@ pub fn check_template(
             if let Some(n) = &p.name {
                 if n == wanted {
                     let upstream = u16::try_from(p.container_port).unwrap_or(0);
-                    let listen = crate::inject::pick_sidecar_port(pod);
+                    let ports = crate::inject::Ports::default();
+                    let admin = ports
+                        .admin_port(pod, template.metadata.as_ref())
+                        .unwrap_or(0);
+                    let listen = ports.listen_port(pod, admin);
                     return Ok(PortPlan { listen, upstream });
                 }
                 names.push(n.clone());
@@ -267,7 +270,8 @@ pub fn sidecar_config(
         config.listen = Endpoint::Tcp(SocketAddr::from(([0, 0, 0, 0], p.listen)));
         config.upstream = Endpoint::Tcp(SocketAddr::from(([127, 0, 0, 1], p.upstream)));
     }
-    config.admin = Endpoint::Tcp(SocketAddr::from(([0, 0, 0, 0], ADMIN_PORT)));
+    // The admin address is per pod (chosen at injection against the pod's
+    // ports) and always passed as a flag; the file keeps the sidecar default.
     let shared_cb = spec.circuit_breaker.as_ref().map(breaker);
     for (i, r) in spec.routes.iter().enumerate() {
         let fail_on = match &r.fail_on {
@@ -301,7 +305,10 @@ pub fn sidecar_config(
             fail_on,
         });
     }
-    if let Some(cb) = shared_cb {
+    // A user route with the catch-all's name already is the catch-all's
+    // policy in the sidecar; a second one would be unreachable.
+    let has_catch_all = config.routes.iter().any(|r| r.name == DEFAULT_ROUTE);
+    if let Some(cb) = shared_cb.filter(|_| !has_catch_all) {
         // The route-wide breaker also guards traffic no route matches.
         config.routes.push(RouteConfig {
             name: DEFAULT_ROUTE.into(),
@@ -383,85 +390,199 @@ impl Target {
     }
 }
 
-/// The server-side apply body for the target: everything the route decides,
-/// nothing else (fields left out are not ours). Also returns notes on what
-/// could not be applied (a person should know).
+/// The server-side apply body for the target: only the rollout fields the
+/// route's explicit `rollout` block sets, nothing else (fields left out are
+/// not ours, and stay what the user's manifest says). Never the pod
+/// template: the grace period is raised per pod by the webhook, so neither
+/// a budget change nor a GitOps re-apply rolls the pods. `None` when there
+/// is nothing to write. Also returns notes on what could not be applied.
 pub fn target_apply(
-    route: &str,
-    rollout: &RolloutSpec,
-    budget: &Budget,
+    rollout: Option<&RolloutSpec>,
     target: &Target,
-) -> (Value, Vec<String>) {
+) -> (Option<Value>, Vec<String>) {
     let mut notes = Vec::new();
-    let original = target
-        .recorded
-        .clone()
-        .unwrap_or_else(|| serde_json::to_string(&target.current).unwrap_or_else(|_| "{}".into()));
-    let kind = target.kind.to_string();
     let mut spec = serde_json::Map::new();
-    spec.insert("minReadySeconds".into(), json!(rollout.min_ready_seconds));
-    spec.insert(
-        "template".into(),
-        json!({
-            "metadata": {"annotations": {keys::ROUTE: route}},
-            "spec": {"terminationGracePeriodSeconds": budget.seconds},
-        }),
-    );
-    match (target.kind, target.strategy_type.as_deref()) {
-        (TargetKind::Deployment, Some("Recreate")) => {
-            notes.push(format!(
-                "{} uses the Recreate strategy: maxSurge and maxUnavailable not applied",
-                target.id()
-            ));
+    // What we are about to own, with the value it has before we do.
+    let mut record: Originals = target
+        .recorded
+        .as_deref()
+        .and_then(|r| serde_json::from_str(r).ok())
+        .unwrap_or_default();
+    let fresh = target.recorded.is_none();
+    if let Some(r) = rollout {
+        if let Some(m) = r.min_ready_seconds {
+            spec.insert("minReadySeconds".into(), json!(m));
+            if fresh || record.min_ready_seconds.is_none() {
+                record.min_ready_seconds = target.current.min_ready_seconds;
+            }
         }
-        (TargetKind::Deployment, _) => {
-            spec.insert(
-                "strategy".into(),
-                json!({"rollingUpdate": {"maxSurge": rollout.max_surge, "maxUnavailable": rollout.max_unavailable}}),
-            );
-        }
-        (TargetKind::StatefulSet, Some("OnDelete")) => {
-            notes.push(format!(
-                "{} uses OnDelete updates: pods pick up the budget when deleted",
-                target.id()
-            ));
-        }
-        (TargetKind::StatefulSet, _) => {
-            // StatefulSets roll one pod at a time; maxUnavailable there is
-            // still behind a feature gate, so only the timing is applied.
-            notes.push(format!(
-                "{} is a StatefulSet: maxSurge/maxUnavailable do not apply",
-                target.id()
-            ));
+        let surge_fields = r.max_surge.is_some() || r.max_unavailable.is_some();
+        match (target.kind, target.strategy_type.as_deref()) {
+            (_, _) if !surge_fields => {}
+            (TargetKind::Deployment, Some("Recreate")) => {
+                notes.push(format!(
+                    "{} uses the Recreate strategy: maxSurge and maxUnavailable not applied",
+                    target.id()
+                ));
+            }
+            (TargetKind::Deployment, _) => {
+                let mut ru = serde_json::Map::new();
+                if let Some(v) = &r.max_surge {
+                    ru.insert("maxSurge".into(), json!(v));
+                    if fresh || record.max_surge.is_none() {
+                        record.max_surge = target.current.max_surge.clone();
+                    }
+                }
+                if let Some(v) = &r.max_unavailable {
+                    ru.insert("maxUnavailable".into(), json!(v));
+                    if fresh || record.max_unavailable.is_none() {
+                        record.max_unavailable = target.current.max_unavailable.clone();
+                    }
+                }
+                spec.insert("strategy".into(), json!({"rollingUpdate": ru}));
+            }
+            (TargetKind::StatefulSet, _) => {
+                // StatefulSets roll one pod at a time; maxUnavailable there is
+                // still behind a feature gate.
+                notes.push(format!(
+                    "{} is a StatefulSet: maxSurge/maxUnavailable do not apply",
+                    target.id()
+                ));
+            }
         }
     }
-    let body = json!({
+    if record == Originals::default() && spec.is_empty() {
+        return (None, notes);
+    }
+    let original = serde_json::to_string(&record).unwrap_or_else(|_| "{}".into());
+    let mut body = json!({
         "apiVersion": "apps/v1",
-        "kind": kind,
+        "kind": target.kind.to_string(),
         "metadata": {
             "name": target.name,
             "annotations": {keys::ORIGINAL: original},
         },
-        "spec": spec,
     });
-    (body, notes)
+    if !spec.is_empty() {
+        body["spec"] = Value::Object(spec);
+    }
+    (Some(body), notes)
+}
+
+/// The number of the container port named `name` in a pod template.
+pub fn app_port(template: &PodTemplateSpec, name: &str) -> Option<i32> {
+    template
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.name.as_deref() == Some(name))
+        .map(|p| p.container_port)
+}
+
+/// A Service port that reaches the app directly instead of the sidecar.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bypass {
+    pub service: String,
+    /// Index in `spec.ports` (for the JSON patch in the fix).
+    pub index: usize,
+    pub port: i32,
+    /// The targetPort as written (`8080`, or empty when it defaults to `port`).
+    pub target: String,
+}
+
+impl Bypass {
+    /// The sentence for conditions, Events and admission warnings: what is
+    /// wrong, and the exact command that fixes it.
+    pub fn explain(&self, port_name: &str) -> String {
+        let how = if self.target.is_empty() {
+            format!("{} (targetPort unset means the port number)", self.port)
+        } else if self.target.parse::<i32>().is_ok() {
+            format!("{} by number", self.target)
+        } else {
+            format!("{} (the app's renamed port)", self.target)
+        };
+        format!(
+            "Service {svc} port {port} targets {how}, which reaches the app directly: its traffic skips the sidecar and is not drained; fix: set targetPort: {port_name} in the Service (kubectl patch service {svc} --type=json -p '[{{\"op\":\"replace\",\"path\":\"/spec/ports/{i}/targetPort\",\"value\":\"{port_name}\"}}]')",
+            svc = self.service,
+            port = self.port,
+            i = self.index,
+        )
+    }
+}
+
+/// The Service ports that select the route's pods and resolve to the app's
+/// port instead of the sidecar's listener (pure). Port takeover moves the
+/// *name* to the sidecar and keeps the app's *number*, so a `targetPort`
+/// that is the number (or unset, which means the number) bypasses the
+/// sidecar, as does one naming the app's renamed port (`kg-<name>`).
+/// `pods` are the label sets of the route's pods (its targets' templates).
+pub fn bypassing_services(
+    services: &[k8s_openapi::api::core::v1::Service],
+    pods: &[BTreeMap<String, String>],
+    port_name: &str,
+    app_port: i32,
+) -> Vec<Bypass> {
+    let renamed = crate::inject::app_port_name(port_name, &Default::default());
+    let mut out = Vec::new();
+    for svc in services {
+        let Some(spec) = svc.spec.as_ref() else {
+            continue;
+        };
+        // A Service without a selector has hand-made endpoints: not ours to judge.
+        let Some(sel) = spec.selector.as_ref().filter(|s| !s.is_empty()) else {
+            continue;
+        };
+        let selects = pods
+            .iter()
+            .any(|labels| sel.iter().all(|(k, v)| labels.get(k) == Some(v)));
+        if !selects {
+            continue;
+        }
+        for (index, p) in spec.ports.iter().flatten().enumerate() {
+            if p.protocol.as_deref().is_some_and(|pr| pr != "TCP") {
+                continue;
+            }
+            let (bypasses, target) = match &p.target_port {
+                None => (p.port == app_port, String::new()),
+                Some(IntOrString::Int(n)) => (*n == app_port, n.to_string()),
+                Some(IntOrString::String(s)) => (*s == renamed, s.clone()),
+            };
+            if bypasses {
+                out.push(Bypass {
+                    service: svc.metadata.name.clone().unwrap_or_default(),
+                    index,
+                    port: p.port,
+                    target,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// The merge patch restoring what a route changed: the recorded originals,
-/// and the route pin removed from the pod template, in one write so the
-/// pods roll at most once.
+/// in one write so the pods roll at most once. The pod template is only
+/// touched where an earlier operator version wrote into it (a route pin or
+/// a grace period in the record); otherwise it is left exactly as it is.
 pub fn restore_patch(target: &Target) -> Option<Value> {
     let recorded = target.recorded.as_deref()?;
     let original: Originals = serde_json::from_str(recorded).unwrap_or_default();
-    let mut template_spec = serde_json::Map::new();
+    let mut template = serde_json::Map::new();
     if let Some(t) = original.termination_grace_period_seconds {
-        template_spec.insert("terminationGracePeriodSeconds".into(), json!(t));
+        template.insert("spec".into(), json!({"terminationGracePeriodSeconds": t}));
+    }
+    if target.pinned_route().is_some() {
+        template.insert(
+            "metadata".into(),
+            json!({"annotations": {keys::ROUTE: null}}),
+        );
     }
     let mut spec = serde_json::Map::new();
-    spec.insert(
-        "template".into(),
-        json!({"metadata": {"annotations": {keys::ROUTE: null}}, "spec": template_spec}),
-    );
+    if !template.is_empty() {
+        spec.insert("template".into(), Value::Object(template));
+    }
     if let Some(m) = original.min_ready_seconds {
         spec.insert("minReadySeconds".into(), json!(m));
     }
@@ -512,7 +633,7 @@ spec:
         let c = sidecar_config(&r.spec, &b, None).expect("valid");
         assert_eq!(c.drain, DrainConfig::default());
         assert!(c.routes.is_empty());
-        assert_eq!(r.spec.rollout.max_unavailable, IntOrString::Int(0));
+        assert!(r.spec.rollout.is_none(), "no rollout block unless written");
     }
 
     #[test]
@@ -588,13 +709,13 @@ spec:
             &r.spec,
             &b,
             Some(PortPlan {
-                listen: 15081,
+                listen: 15181,
                 upstream: 8080,
             }),
         )
         .expect("valid");
         assert_eq!(c.protocol, Protocol::Http2);
-        assert_eq!(c.listen.to_string(), "0.0.0.0:15081");
+        assert_eq!(c.listen.to_string(), "0.0.0.0:15181");
         assert_eq!(c.upstream.to_string(), "127.0.0.1:8080");
         assert_eq!(c.routes.len(), 3);
         assert_eq!(
@@ -650,7 +771,7 @@ spec:
         assert_eq!(
             check_template(&r.spec, "Deployment/web", &t).expect("found"),
             PortPlan {
-                listen: 15081,
+                listen: 15181,
                 upstream: 8080
             }
         );
@@ -674,51 +795,154 @@ spec:
     }
 
     #[test]
-    fn the_target_apply_sets_rollout_budget_pin_and_remembers_originals() {
+    fn without_a_rollout_block_nothing_is_written_into_the_workload() {
         let r = route(BASE);
-        let b = budget(&r.spec).expect("valid");
         let (body, notes) = target_apply(
-            "web",
-            &r.spec.rollout,
-            &b,
+            r.spec.rollout.as_ref(),
             &target(Some("RollingUpdate"), None),
         );
+        assert!(body.is_none(), "{body:?}");
         assert!(notes.is_empty());
-        assert_eq!(
-            body["spec"]["template"]["spec"]["terminationGracePeriodSeconds"],
-            50
+        // Only pinning the grace period is no reason to touch the workload either.
+        let r = route(&format!(
+            "{BASE}  rollout: {{terminationGracePeriodSeconds: 90}}\n"
+        ));
+        assert!(
+            target_apply(r.spec.rollout.as_ref(), &target(None, None))
+                .0
+                .is_none()
         );
+    }
+
+    #[test]
+    fn an_explicit_rollout_block_writes_only_its_fields_and_remembers_originals() {
+        let r = route(&format!(
+            "{BASE}  rollout: {{maxUnavailable: 0, minReadySeconds: 3}}\n"
+        ));
+        let (body, notes) = target_apply(
+            r.spec.rollout.as_ref(),
+            &target(Some("RollingUpdate"), None),
+        );
+        let body = body.expect("fields to write");
+        assert!(notes.is_empty());
         assert_eq!(
             body["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"],
             0
         );
-        assert_eq!(
-            body["spec"]["template"]["metadata"]["annotations"][keys::ROUTE],
-            "web"
+        assert!(
+            body["spec"]["strategy"]["rollingUpdate"]
+                .get("maxSurge")
+                .is_none()
+        );
+        assert_eq!(body["spec"]["minReadySeconds"], 3);
+        assert!(
+            body["spec"].get("template").is_none(),
+            "never the pod template: {body}"
         );
         let original = body["metadata"]["annotations"][keys::ORIGINAL]
             .as_str()
             .expect("string");
-        assert_eq!(
-            original,
-            r#"{"maxSurge":"25%","maxUnavailable":"25%","terminationGracePeriodSeconds":30}"#
-        );
-        // Once recorded, the record never changes (it would record our own values).
-        let (again, _) = target_apply("web", &r.spec.rollout, &b, &target(None, Some(original)));
-        assert_eq!(again, body);
+        assert_eq!(original, r#"{"maxUnavailable":"25%"}"#);
+        // Once recorded, a field's record never changes (it would record our own values).
+        let (again, _) = target_apply(r.spec.rollout.as_ref(), &target(None, Some(original)));
+        assert_eq!(again.expect("body"), body);
         let (recreate, notes) =
-            target_apply("web", &r.spec.rollout, &b, &target(Some("Recreate"), None));
-        assert!(recreate["spec"].get("strategy").is_none());
+            target_apply(r.spec.rollout.as_ref(), &target(Some("Recreate"), None));
+        assert!(
+            recreate.expect("minReadySeconds")["spec"]
+                .get("strategy")
+                .is_none()
+        );
         assert_eq!(notes.len(), 1);
+    }
+
+    #[test]
+    fn the_catch_all_is_the_sidecars_one_and_there_is_exactly_one() {
+        let r = route(&format!(
+            "{BASE}  circuitBreaker: {{maxConcurrent: 10}}\n  routes:\n  - {{name: api, match: {{pathPrefix: /api}}}}\n"
+        ));
+        let b = budget(&r.spec).expect("valid");
+        let c = sidecar_config(&r.spec, &b, None).expect("valid");
+        let (yaml, _) = render(&c).expect("render");
+        let back = Config::from_yaml(&yaml).expect("sidecar accepts it");
+        let catch_alls: Vec<&RouteConfig> = back
+            .routes
+            .iter()
+            .filter(|r| r.matcher == RouteMatch::default())
+            .collect();
+        assert_eq!(catch_alls.len(), 1, "{yaml}");
+        assert_eq!(catch_alls[0].name, CATCH_ALL_ROUTE);
+        assert_eq!(CATCH_ALL_ROUTE, kubegrace_sidecar::circuit::DEFAULT_ROUTE);
+        // A user route of that name is the catch-all's policy: no second one.
+        let r = route(&format!(
+            "{BASE}  circuitBreaker: {{maxConcurrent: 10}}\n  routes:\n  - {{name: default, timeout: 5s}}\n"
+        ));
+        let c = sidecar_config(&r.spec, &b, None).expect("valid");
+        assert_eq!(c.routes.len(), 1);
+    }
+
+    #[test]
+    fn a_service_targeting_the_app_number_bypasses_and_a_named_one_does_not() {
+        let svc = |name: &str, target: &str| -> k8s_openapi::api::core::v1::Service {
+            serde_yaml::from_str(&format!(
+                "metadata: {{name: {name}}}\nspec: {{selector: {{app: web}}, ports: [{{port: 80{target}}}]}}"
+            ))
+            .expect("service")
+        };
+        let services = vec![
+            svc("web-num", ", targetPort: 8080"),
+            svc("web-named", ", targetPort: http"),
+            svc("web-renamed", ", targetPort: kg-http"),
+        ];
+        let pods = vec![BTreeMap::from([("app".to_string(), "web".to_string())])];
+        let found = bypassing_services(&services, &pods, "http", 8080);
+        let names: Vec<&str> = found.iter().map(|b| b.service.as_str()).collect();
+        assert_eq!(names, vec!["web-num", "web-renamed"]);
+        let msg = found[0].explain("http");
+        assert!(
+            msg.contains("Service web-num port 80 targets 8080 by number"),
+            "{msg}"
+        );
+        assert!(msg.contains(r#"kubectl patch service web-num --type=json -p '[{"op":"replace","path":"/spec/ports/0/targetPort","value":"http"}]'"#), "{msg}");
+        // targetPort unset means the port number: 8080 -> 8080 bypasses.
+        let unset: k8s_openapi::api::core::v1::Service = serde_yaml::from_str(
+            "metadata: {name: u}\nspec: {selector: {app: web}, ports: [{port: 8080}]}",
+        )
+        .expect("service");
+        assert_eq!(bypassing_services(&[unset], &pods, "http", 8080).len(), 1);
+        // A Service selecting other pods is not ours.
+        let other = vec![BTreeMap::from([("app".to_string(), "db".to_string())])];
+        assert!(bypassing_services(&services, &other, "http", 8080).is_empty());
     }
 
     #[test]
     fn the_restore_patch_puts_originals_back_in_one_write() {
         let t = target(
             Some("RollingUpdate"),
-            Some(r#"{"maxSurge":"25%","maxUnavailable":"25%","terminationGracePeriodSeconds":30}"#),
+            Some(r#"{"maxSurge":"25%","maxUnavailable":"25%"}"#),
         );
         let patch = restore_patch(&t).expect("recorded");
+        assert_eq!(
+            patch["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"],
+            "25%"
+        );
+        assert!(
+            patch["spec"].get("template").is_none(),
+            "pod template untouched: {patch}"
+        );
+        assert_eq!(
+            patch["metadata"]["annotations"][keys::ORIGINAL],
+            Value::Null
+        );
+        assert!(restore_patch(&target(None, None)).is_none());
+        // A record from an earlier version (grace period in the template,
+        // route pin) is put back too.
+        let mut old = target(
+            Some("RollingUpdate"),
+            Some(r#"{"terminationGracePeriodSeconds":30}"#),
+        );
+        old.template = template("metadata: {annotations: {kubegrace.io/route: web}}");
+        let patch = restore_patch(&old).expect("recorded");
         assert_eq!(
             patch["spec"]["template"]["spec"]["terminationGracePeriodSeconds"],
             30
@@ -727,14 +951,5 @@ spec:
             patch["spec"]["template"]["metadata"]["annotations"][keys::ROUTE],
             Value::Null
         );
-        assert_eq!(
-            patch["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"],
-            "25%"
-        );
-        assert_eq!(
-            patch["metadata"]["annotations"][keys::ORIGINAL],
-            Value::Null
-        );
-        assert!(restore_patch(&target(None, None)).is_none());
     }
 }

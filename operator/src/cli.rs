@@ -102,6 +102,14 @@ pub struct RunArgs {
     pub sidecar_cpu_limit: String,
     #[arg(long, env = "KUBEGRACE_SIDECAR_MEMORY_LIMIT", default_value = "128Mi")]
     pub sidecar_memory_limit: String,
+    /// The sidecar's admin port tried first in each pod (the next free one
+    /// above it when a container uses it). Keep it outside the ranges meshes
+    /// use (Istio 15000-15090, Linkerd 4140-4191).
+    #[arg(long, env = "KUBEGRACE_SIDECAR_ADMIN_PORT", default_value_t = crate::inject::DEFAULT_ADMIN_PORT, value_parser = clap::value_parser!(u16).range(1..))]
+    pub sidecar_admin_port: u16,
+    /// The sidecar's listener port tried first in each pod.
+    #[arg(long, env = "KUBEGRACE_SIDECAR_LISTEN_PORT", default_value_t = crate::inject::FIRST_SIDECAR_PORT, value_parser = clap::value_parser!(u16).range(1..))]
+    pub sidecar_listen_port: u16,
     /// Lease (in --namespace) for controller leader election.
     #[arg(
         long,

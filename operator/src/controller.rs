@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams};
 use kube::core::{Selector, SelectorExt};
@@ -48,6 +48,9 @@ pub struct Context {
 pub const ACCEPTED: &str = "Accepted";
 pub const READY: &str = "Ready";
 pub const DEGRADED: &str = "Degraded";
+/// Degraded reason: a Service selecting the route's pods reaches the app
+/// around the sidecar (its targetPort is the app's number).
+pub const SERVICE_BYPASSES_SIDECAR: &str = "ServiceBypassesSidecar";
 
 fn selector_of(ls: &LabelSelector) -> Option<Selector> {
     Selector::try_from(ls.clone()).ok()
@@ -236,6 +239,38 @@ pub fn validate(
     }
     let config = build::sidecar_config(&route.spec, &budget, plan)?;
     Ok((budget, config))
+}
+
+/// The Services that select the route's pods (its targets' templates and
+/// `pods`, label sets of pods already seen) but reach the app around the
+/// sidecar, each as the sentence with its fix (pure; the controller and the
+/// admission webhook share it).
+pub fn service_bypasses(
+    route: &GraceRoute,
+    targets: &[&(Target, Option<String>)],
+    pods: &[BTreeMap<String, String>],
+    services: &[Service],
+) -> Vec<String> {
+    let Some(port) = route.spec.ports.first() else {
+        return Vec::new();
+    };
+    let mut labels: Vec<BTreeMap<String, String>> =
+        targets.iter().map(|(t, _)| template_labels(t)).collect();
+    labels.extend(pods.iter().cloned());
+    let numbers: BTreeSet<i32> = targets
+        .iter()
+        .filter_map(|(t, _)| build::app_port(&t.template, &port.name))
+        .collect();
+    let mut out = Vec::new();
+    for n in numbers {
+        for b in build::bypassing_services(services, &labels, &port.name, n) {
+            let s = b.explain(&port.name);
+            if !out.contains(&s) {
+                out.push(s);
+            }
+        }
+    }
+    out
 }
 
 /// Maps a Deployment/StatefulSet to the routes that may target it.
@@ -556,11 +591,14 @@ async fn apply(route: &GraceRoute, ctx: &Context) -> Result<Action> {
         .await
         .map_err(Error::kube(format!("applying ConfigMap {ns}/{cm_name}")))?;
 
-    // ---- apply: the targets' rollout fields and time budget
+    // ---- apply: the rollout fields of an explicit `rollout` block, nothing
+    // else (the grace period reaches pods through the webhook, so GitOps
+    // re-applies of the user's manifest and budget changes roll nothing)
     let mut notes = Vec::new();
     for (t, _) in &targets {
-        let (body, n) = build::target_apply(&name, &route.spec.rollout, &budget, t);
+        let (body, n) = build::target_apply(route.spec.rollout.as_ref(), t);
         notes.extend(n);
+        let Some(body) = body else { continue };
         let result = match t.kind {
             TargetKind::Deployment => Api::<Deployment>::namespaced(client.clone(), &ns)
                 .patch(&t.name, &pp, &Patch::Apply(&body))
@@ -600,6 +638,27 @@ async fn apply(route: &GraceRoute, ctx: &Context) -> Result<Action> {
         }
     }
     let count = count_pods(pods.values(), &ns_labels);
+    let short_grace = pods
+        .values()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && crate::inject::is_injected(p))
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
+                .unwrap_or(30)
+                < budget.seconds
+        })
+        .count();
+
+    // ---- observe: Services that reach the app around the sidecar
+    let services = Api::<Service>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube(format!("listing Services in {ns}")))?
+        .items;
+    let pod_labels: Vec<BTreeMap<String, String>> =
+        pods.values().map(|p| p.labels().clone()).collect();
+    let bypasses = service_bypasses(route, &targets, &pod_labels, &services);
 
     // ---- status
     let target_ids: Vec<String> = targets.iter().map(|t| t.0.id()).collect();
@@ -619,6 +678,12 @@ async fn apply(route: &GraceRoute, ctx: &Context) -> Result<Action> {
     for n in &notes {
         accepted_msg.push_str("; ");
         accepted_msg.push_str(n);
+    }
+    if short_grace > 0 {
+        accepted_msg.push_str(&format!(
+            "; {short_grace} running pods have a shorter terminationGracePeriodSeconds (set when they were created); they get {}s when they are next replaced",
+            budget.seconds
+        ));
     }
     let (ready, ready_reason, ready_msg) = if targets.is_empty() && route.spec.target_ref.is_some()
     {
@@ -683,6 +748,8 @@ async fn apply(route: &GraceRoute, ctx: &Context) -> Result<Action> {
         )
     } else if !count.missing.is_empty() {
         (true, "PodsNotInjected", ready_msg.clone())
+    } else if !bypasses.is_empty() {
+        (true, SERVICE_BYPASSES_SIDECAR, bypasses.join("; "))
     } else {
         (false, "AsExpected", String::new())
     };
@@ -695,7 +762,7 @@ async fn apply(route: &GraceRoute, ctx: &Context) -> Result<Action> {
                 DEGRADED,
                 degraded,
                 degraded_reason,
-                degraded_msg,
+                degraded_msg.clone(),
                 generation,
             ),
         ],
@@ -719,7 +786,7 @@ async fn apply(route: &GraceRoute, ctx: &Context) -> Result<Action> {
             "BudgetApplied",
             "Apply",
             format!(
-                "terminationGracePeriodSeconds {} on {} ({}); their pods roll once",
+                "terminationGracePeriodSeconds {} for new pods of {} ({}), set by the webhook at pod creation; the workload is not edited",
                 budget.seconds,
                 target_ids.join(", "),
                 budget.explain()
@@ -755,6 +822,21 @@ async fn apply(route: &GraceRoute, ctx: &Context) -> Result<Action> {
         )
         .await;
     }
+    if degraded_reason == SERVICE_BYPASSES_SIDECAR
+        && route
+            .condition(DEGRADED)
+            .is_none_or(|c| c.message != degraded_msg)
+    {
+        publish(
+            ctx,
+            route,
+            EventType::Warning,
+            SERVICE_BYPASSES_SIDECAR,
+            "Observe",
+            degraded_msg.clone(),
+        )
+        .await;
+    }
     if !overlaps.is_empty()
         && route
             .condition(DEGRADED)
@@ -787,10 +869,14 @@ async fn cleanup(route: &GraceRoute, ctx: &Context) -> Result<Action> {
     let ns = route.namespace().unwrap_or_default();
     let name = route.name_any();
     let workloads = Workloads::list(client, &ns).await?;
-    for (t, _) in workloads.of(route) {
-        // Only targets this route pinned: an overlapping, newer route never
-        // wrote anything.
-        if t.pinned_route() != Some(name.as_str()) {
+    let known = ctx.routes.state();
+    let others: Vec<&GraceRoute> = known.iter().map(AsRef::as_ref).collect();
+    let (held, _) = claim_targets(route, &workloads, &others);
+    for (t, _) in held {
+        // Only targets this route wrote to (an explicit rollout block, or a
+        // pin from an earlier version): an overlapping, newer route never
+        // wrote anything, and a route without rollout block wrote nothing.
+        if t.recorded.is_none() && t.pinned_route() != Some(name.as_str()) {
             continue;
         }
         let empty = json!({
@@ -880,7 +966,7 @@ pub async fn run(
     let routes = crate::scope::api::<GraceRoute>(&client, ns);
     let controller = Controller::new(routes, watcher::Config::default().any_semantic());
     let store = controller.store();
-    let (s1, s2, s3) = (store.clone(), store.clone(), store.clone());
+    let (s1, s2, s3, s4) = (store.clone(), store.clone(), store.clone(), store.clone());
     let managed =
         watcher::Config::default().labels(&format!("{}={}", keys::MANAGED_BY, FIELD_MANAGER));
     let ctx = Arc::new(Context {
@@ -920,6 +1006,20 @@ pub async fn run(
             crate::scope::api::<Pod>(&client, ns),
             watcher::Config::default(),
             move |p| routes_for_pod(&s3, &p),
+        )
+        // A Service created or changed after the route can bypass its
+        // sidecars; every route of the namespace re-checks (cheap, pure).
+        .watches(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default(),
+            move |svc| {
+                let ns = svc.namespace();
+                s4.state()
+                    .iter()
+                    .filter(|r| r.namespace() == ns)
+                    .map(|r| ObjectRef::from_obj(r.as_ref()))
+                    .collect::<Vec<_>>()
+            },
         )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

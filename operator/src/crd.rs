@@ -132,8 +132,21 @@ pub struct GraceRouteSpec {
     #[schemars(length(max = 64))]
     #[x_kube(validation = Rule::new("self.all(r, self.exists_one(o, o.name == r.name))").message("route names must be unique"))]
     pub routes: Vec<RouteSpec>,
-    #[serde(default)]
-    pub rollout: RolloutSpec,
+    /// Rollout pacing written into the target. Unset: the operator leaves
+    /// the workload's strategy and minReadySeconds alone (GitOps tools and
+    /// `helm upgrade` own them), and the grace period the budget needs is
+    /// set on each pod by the injecting webhook, never in the Deployment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutSpec>,
+}
+
+impl GraceRouteSpec {
+    /// `rollout.terminationGracePeriodSeconds`, `auto` when unset.
+    pub fn grace(&self) -> IntOrString {
+        self.rollout
+            .as_ref()
+            .map_or_else(r_grace, |r| r.termination_grace_period_seconds.clone())
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
@@ -407,18 +420,6 @@ pub struct FallbackSpec {
     pub body: String,
 }
 
-fn r_max_surge() -> IntOrString {
-    IntOrString::String("25%".into())
-}
-fn r_max_unavailable() -> IntOrString {
-    // Never take a serving pod away before its replacement is ready: the
-    // old pod then drains while the new one already takes traffic.
-    IntOrString::Int(0)
-}
-fn r_min_ready_seconds() -> i32 {
-    // Give routers time to add a new endpoint before the next old one goes.
-    5
-}
 fn r_grace() -> IntOrString {
     IntOrString::String("auto".into())
 }
@@ -446,24 +447,29 @@ fn grace_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// Rollout timing written into the target (Deployment `spec.strategy`,
-/// `spec.minReadySeconds`, pod template `terminationGracePeriodSeconds`).
+/// Rollout pacing written into the target (Deployment `spec.strategy`,
+/// `spec.minReadySeconds`) only for the fields set here: a field left out
+/// stays whatever the workload's own manifest says. The grace period is
+/// never written into the pod template; the webhook raises it on each pod.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[x_kube(validation = Rule::new("!(self.maxSurge == 0 || self.maxSurge == '0%') || !(self.maxUnavailable == 0 || self.maxUnavailable == '0%')").message("maxSurge and maxUnavailable cannot both be 0: the rollout could never progress"))]
+#[x_kube(validation = Rule::new("!has(self.maxSurge) || !has(self.maxUnavailable) || !(self.maxSurge == 0 || self.maxSurge == '0%') || !(self.maxUnavailable == 0 || self.maxUnavailable == '0%')").message("maxSurge and maxUnavailable cannot both be 0: the rollout could never progress"))]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutSpec {
-    /// Deployments only (StatefulSets have no surge).
-    #[serde(default = "r_max_surge")]
+    /// Deployments only (StatefulSets have no surge). Unset: not written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "int_or_percent")]
-    pub max_surge: IntOrString,
-    #[serde(default = "r_max_unavailable")]
+    pub max_surge: Option<IntOrString>,
+    /// Deployments only. Unset: not written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "int_or_percent")]
-    pub max_unavailable: IntOrString,
-    #[serde(default = "r_min_ready_seconds")]
+    pub max_unavailable: Option<IntOrString>,
+    /// Unset: not written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 3600))]
-    pub min_ready_seconds: i32,
+    pub min_ready_seconds: Option<i32>,
     /// `auto` (derived from drain and route timeouts) or a number of seconds,
-    /// which must be at least the derived budget.
+    /// which must be at least the derived budget. Set on each injected pod
+    /// by the webhook (raised to it, never lowered), not in the workload.
     #[serde(default = "r_grace")]
     #[schemars(schema_with = "grace_schema")]
     pub termination_grace_period_seconds: IntOrString,
@@ -472,9 +478,9 @@ pub struct RolloutSpec {
 impl Default for RolloutSpec {
     fn default() -> Self {
         Self {
-            max_surge: r_max_surge(),
-            max_unavailable: r_max_unavailable(),
-            min_ready_seconds: r_min_ready_seconds(),
+            max_surge: None,
+            max_unavailable: None,
+            min_ready_seconds: None,
             termination_grace_period_seconds: r_grace(),
         }
     }

@@ -7,7 +7,13 @@
 //! the port by name goes through the sidecar, the app keeps listening where
 //! it always did (nothing to change in the app), and the sidecar forwards
 //! to it on 127.0.0.1. A Service that targets the port by number bypasses
-//! the sidecar: name the port in the Service.
+//! the sidecar: name the port in the Service (the route reports such
+//! Services as `ServiceBypassesSidecar`).
+//!
+//! Ports of our own (admin, listener) are chosen per pod against every
+//! container port of the pod, from defaults outside the ranges meshes use
+//! (Istio 15000-15090, Linkerd 4140-4191), so a meshed pod or an app that
+//! listens on one of our defaults still gets the sidecar.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -16,9 +22,9 @@ use k8s_openapi::api::core::v1::{
     HTTPGetAction, HTTPHeader, Lifecycle, LifecycleHandler, ObjectFieldSelector, Pod, PodSpec,
     Probe, ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::build::ADMIN_PORT;
 use crate::keys;
 
 pub const SIDECAR_NAME: &str = "kubegrace-sidecar";
@@ -26,8 +32,15 @@ pub const CONFIG_VOLUME: &str = "kubegrace-config";
 pub const CONFIG_DIR: &str = "/etc/kubegrace";
 pub const TOKEN_HEADER: &str = "X-Kubegrace-Drain-Token";
 pub const DRAIN_PATH: &str = "/drain?wait=true";
-/// First port number tried for the sidecar's listener.
-pub const FIRST_SIDECAR_PORT: u16 = 15081;
+/// Default admin port (/ready, /live, /drain, /metrics): outside Istio's
+/// 15000-15090 (15020 is its merged-metrics port) and Linkerd's 4140-4191.
+pub const DEFAULT_ADMIN_PORT: u16 = 15180;
+/// First port number tried for the sidecar's listener (same reasoning).
+pub const FIRST_SIDECAR_PORT: u16 = 15181;
+/// The sidecar container's port name for the admin port; whoever calls the
+/// admin API of a running pod (probes, preStop, the operator) finds the
+/// number under this name.
+pub const ADMIN_PORT_NAME: &str = "kg-admin";
 /// The sidecar image's user (distroless nonroot); set explicitly so
 /// `runAsNonRoot` holds whatever the image says.
 pub const SIDECAR_UID: i64 = 65532;
@@ -47,25 +60,98 @@ pub struct InjectPlan {
     pub token: String,
     /// The route's time budget; the pod's grace period is raised to it.
     pub budget_seconds: Option<i64>,
+    pub ports: Ports,
 }
 
 /// Why a pod that asked for the sidecar did not get it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skip(pub String);
 
-/// The first free port from [`FIRST_SIDECAR_PORT`] up that no container of
-/// the pod uses.
-pub fn pick_sidecar_port(spec: &PodSpec) -> u16 {
-    let used: BTreeSet<i32> = spec
-        .containers
+/// Where the sidecar's own ports go: chart values (operator flags), and a
+/// pod annotation ([`keys::ADMIN_PORT`]) for the admin port of one pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ports {
+    /// Admin port tried first; the next free one above it otherwise.
+    pub admin: u16,
+    /// Listener port tried first; the next free one above it otherwise.
+    pub first_listen: u16,
+}
+
+impl Default for Ports {
+    fn default() -> Self {
+        Self {
+            admin: DEFAULT_ADMIN_PORT,
+            first_listen: FIRST_SIDECAR_PORT,
+        }
+    }
+}
+
+/// Every container port of the pod, init containers included.
+fn used_ports(spec: &PodSpec) -> BTreeSet<i32> {
+    spec.containers
         .iter()
         .chain(spec.init_containers.iter().flatten())
         .flat_map(|c| c.ports.iter().flatten())
         .map(|p| p.container_port)
-        .collect();
-    (FIRST_SIDECAR_PORT..u16::MAX)
-        .find(|p| !used.contains(&i32::from(*p)) && *p != ADMIN_PORT)
-        .unwrap_or(FIRST_SIDECAR_PORT)
+        .collect()
+}
+
+fn first_free(from: u16, used: &BTreeSet<i32>, also_not: Option<u16>) -> Option<u16> {
+    (from..u16::MAX).find(|p| !used.contains(&i32::from(*p)) && Some(*p) != also_not)
+}
+
+impl Ports {
+    /// The admin port for this pod: the pod's [`keys::ADMIN_PORT`]
+    /// annotation if it has one (refused when a container uses it: the
+    /// person who set it has to pick another), else the first port from
+    /// [`Ports::admin`] up that no container of the pod uses.
+    pub fn admin_port(&self, spec: &PodSpec, meta: Option<&ObjectMeta>) -> Result<u16, Skip> {
+        let used = used_ports(spec);
+        let wanted = meta
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get(keys::ADMIN_PORT));
+        if let Some(v) = wanted {
+            let port: u16 = v.trim().parse().ok().filter(|p| *p > 0).ok_or_else(|| {
+                Skip(format!(
+                    "annotation {}={v:?} is not a port number (1-65535); fix or remove it",
+                    keys::ADMIN_PORT
+                ))
+            })?;
+            if used.contains(&i32::from(port)) {
+                return Err(Skip(format!(
+                    "annotation {}={port} names a port a container of the pod already uses; pick a free one or remove the annotation (the sidecar then picks one from {} up)",
+                    keys::ADMIN_PORT,
+                    self.admin
+                )));
+            }
+            return Ok(port);
+        }
+        first_free(self.admin, &used, None).ok_or_else(|| {
+            Skip(format!(
+                "no free port from {} up for the admin port",
+                self.admin
+            ))
+        })
+    }
+
+    /// The first free port from [`Ports::first_listen`] up that no container
+    /// of the pod uses and that is not the admin port.
+    pub fn listen_port(&self, spec: &PodSpec, admin: u16) -> u16 {
+        first_free(self.first_listen, &used_ports(spec), Some(admin)).unwrap_or(self.first_listen)
+    }
+}
+
+/// The admin port of an injected pod: the sidecar's [`ADMIN_PORT_NAME`]
+/// port (what the webhook chose for this pod), for callers of its admin API.
+pub fn admin_port_of(pod: &Pod) -> Option<u16> {
+    let spec = pod.spec.as_ref()?;
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .filter(|c| c.name == SIDECAR_NAME)
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.name.as_deref() == Some(ADMIN_PORT_NAME))
+        .and_then(|p| u16::try_from(p.container_port).ok())
 }
 
 /// A new name for the app's port: `kg-<name>`, within the 15 characters a
@@ -142,10 +228,10 @@ fn http_get(path: &str, port: i32, token: Option<&str>) -> HTTPGetAction {
     }
 }
 
-fn drain_hook(token: &str) -> Lifecycle {
+fn drain_hook(token: &str, admin: u16) -> Lifecycle {
     Lifecycle {
         pre_stop: Some(LifecycleHandler {
-            http_get: Some(http_get(DRAIN_PATH, i32::from(ADMIN_PORT), Some(token))),
+            http_get: Some(http_get(DRAIN_PATH, i32::from(admin), Some(token))),
             ..Default::default()
         }),
         ..Default::default()
@@ -184,7 +270,7 @@ fn rename_probe_port(probe: &mut Option<Probe>, old: &str, new: &str) {
 }
 
 /// The sidecar container for this pod.
-fn sidecar(plan: &InjectPlan, listen: u16, upstream: i32) -> Container {
+fn sidecar(plan: &InjectPlan, listen: u16, admin: u16, upstream: i32) -> Container {
     Container {
         name: SIDECAR_NAME.into(),
         image: Some(plan.image.clone()),
@@ -198,8 +284,11 @@ fn sidecar(plan: &InjectPlan, listen: u16, upstream: i32) -> Container {
             format!("0.0.0.0:{listen}"),
             "--upstream".into(),
             format!("127.0.0.1:{upstream}"),
+            // Explicit, with the token below: the kubelet's probes and the
+            // app's preStop reach it on the pod IP, whatever the sidecar's
+            // built-in default is.
             "--admin".into(),
-            format!("0.0.0.0:{ADMIN_PORT}"),
+            format!("0.0.0.0:{admin}"),
         ]),
         env: Some(vec![
             EnvVar {
@@ -218,15 +307,15 @@ fn sidecar(plan: &InjectPlan, listen: u16, upstream: i32) -> Container {
                 ..Default::default()
             },
             ContainerPort {
-                name: Some("kg-admin".into()),
-                container_port: i32::from(ADMIN_PORT),
+                name: Some(ADMIN_PORT_NAME.into()),
+                container_port: i32::from(admin),
                 protocol: Some("TCP".into()),
                 ..Default::default()
             },
         ]),
         // /ready is 503 while draining or while the app is unreachable.
         readiness_probe: Some(Probe {
-            http_get: Some(http_get("/ready", i32::from(ADMIN_PORT), None)),
+            http_get: Some(http_get("/ready", i32::from(admin), None)),
             period_seconds: Some(2),
             failure_threshold: Some(1),
             timeout_seconds: Some(1),
@@ -235,14 +324,14 @@ fn sidecar(plan: &InjectPlan, listen: u16, upstream: i32) -> Container {
         // /live, not /ready: a native sidecar must start before the app, so
         // its startup cannot wait for the app.
         startup_probe: Some(Probe {
-            http_get: Some(http_get("/live", i32::from(ADMIN_PORT), None)),
+            http_get: Some(http_get("/live", i32::from(admin), None)),
             period_seconds: Some(1),
             failure_threshold: Some(30),
             timeout_seconds: Some(1),
             ..Default::default()
         }),
         liveness_probe: Some(Probe {
-            http_get: Some(http_get("/live", i32::from(ADMIN_PORT), None)),
+            http_get: Some(http_get("/live", i32::from(admin), None)),
             period_seconds: Some(10),
             failure_threshold: Some(3),
             timeout_seconds: Some(2),
@@ -252,7 +341,7 @@ fn sidecar(plan: &InjectPlan, listen: u16, upstream: i32) -> Container {
         // this holds its own SIGTERM until drained (it would otherwise get
         // TERM together with the app); in native mode it is a no-op twin of
         // the app's hook.
-        lifecycle: Some(drain_hook(&plan.token)),
+        lifecycle: Some(drain_hook(&plan.token, admin)),
         resources: Some(plan.resources.clone()),
         security_context: Some(SecurityContext {
             run_as_non_root: Some(true),
@@ -305,12 +394,8 @@ pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
             .flat_map(|c| c.ports.iter().flatten())
     };
     let taken: BTreeSet<String> = all_ports().filter_map(|p| p.name.clone()).collect();
-    if all_ports().any(|p| p.container_port == i32::from(ADMIN_PORT)) {
-        return Err(Skip(format!(
-            "a container already uses port {ADMIN_PORT}, the sidecar's admin port"
-        )));
-    }
-    let listen = pick_sidecar_port(spec);
+    let admin = plan.ports.admin_port(spec, Some(&pod.metadata))?;
+    let listen = plan.ports.listen_port(spec, admin);
     let new_name = app_port_name(&plan.port, &taken);
 
     let Some(app) = spec.containers.iter_mut().find(|c| {
@@ -345,10 +430,10 @@ pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
     // than we do, and the sidecar's hook still drains the proxy.
     let lifecycle = app.lifecycle.get_or_insert_with(Lifecycle::default);
     if lifecycle.pre_stop.is_none() {
-        lifecycle.pre_stop = drain_hook(&plan.token).pre_stop;
+        lifecycle.pre_stop = drain_hook(&plan.token, admin).pre_stop;
     }
 
-    let container = sidecar(plan, listen, upstream);
+    let container = sidecar(plan, listen, admin, upstream);
     if plan.native {
         // First, so it is up before any other init container or the app.
         spec.init_containers
@@ -434,6 +519,7 @@ spec:
             native,
             token: "t0k3n".into(),
             budget_seconds: Some(50),
+            ports: Ports::default(),
         }
     }
 
@@ -446,10 +532,11 @@ spec:
         assert_eq!(sc.restart_policy.as_deref(), Some("Always"));
         let sc_ports = sc.ports.as_ref().expect("ports");
         assert_eq!(sc_ports[0].name.as_deref(), Some("http"));
-        assert_eq!(sc_ports[0].container_port, 15081);
+        assert_eq!(sc_ports[0].container_port, 15181);
         let args = sc.args.as_ref().expect("args").join(" ");
         assert!(
-            args.contains("--listen 0.0.0.0:15081 --upstream 127.0.0.1:8080"),
+            args.contains("--listen 0.0.0.0:15181 --upstream 127.0.0.1:8080")
+                && args.contains("--admin 0.0.0.0:15180"),
             "{args}"
         );
         let app = &spec.containers[0];
@@ -472,7 +559,7 @@ spec:
             .and_then(|p| p.http_get.as_ref())
             .expect("hook");
         assert_eq!(hook.path.as_deref(), Some(DRAIN_PATH));
-        assert_eq!(hook.port, IntOrString::Int(15020));
+        assert_eq!(hook.port, IntOrString::Int(15180));
         assert_eq!(
             hook.http_headers.as_ref().expect("headers")[0].value,
             "t0k3n"
@@ -503,6 +590,72 @@ spec:
         let ann = out.metadata.annotations.as_ref().expect("annotations");
         assert_eq!(ann.get(keys::INJECTED).map(String::as_str), Some("true"));
         assert_eq!(ann.get(keys::ROUTE).map(String::as_str), Some("web"));
+    }
+
+    fn ports_of(c: &Container) -> Vec<(String, i32)> {
+        c.ports
+            .iter()
+            .flatten()
+            .map(|p| (p.name.clone().unwrap_or_default(), p.container_port))
+            .collect()
+    }
+
+    #[test]
+    fn a_pod_on_our_default_ports_and_istios_gets_the_next_free_ones() {
+        // An app that listens on Istio's 15020, on our default admin port
+        // and on our first listener port.
+        let yaml = POD.replace(
+            "{name: metrics, containerPort: 9090}",
+            "{name: metrics, containerPort: 15020}, {name: a, containerPort: 15180}, {name: b, containerPort: 15181}",
+        );
+        let out = inject(&pod(&yaml), &plan(true)).expect("injected, not skipped");
+        let spec = out.spec.as_ref().expect("spec");
+        let sc = &spec.init_containers.as_ref().expect("init")[0];
+        assert_eq!(
+            ports_of(sc),
+            vec![("http".into(), 15183), (ADMIN_PORT_NAME.into(), 15182)]
+        );
+        let args = sc.args.as_ref().expect("args").join(" ");
+        assert!(args.contains("--admin 0.0.0.0:15182"), "{args}");
+        // Probes and both preStop hooks follow the chosen port.
+        let port_of = |p: &Option<Probe>| {
+            p.as_ref()
+                .and_then(|p| p.http_get.as_ref())
+                .map(|h| h.port.clone())
+        };
+        for probe in [&sc.readiness_probe, &sc.startup_probe, &sc.liveness_probe] {
+            assert_eq!(port_of(probe), Some(IntOrString::Int(15182)));
+        }
+        for c in [sc, &spec.containers[0]] {
+            let hook = c
+                .lifecycle
+                .as_ref()
+                .and_then(|l| l.pre_stop.as_ref())
+                .and_then(|p| p.http_get.as_ref())
+                .expect("preStop");
+            assert_eq!(hook.port, IntOrString::Int(15182));
+        }
+        assert_eq!(admin_port_of(&out), Some(15182));
+    }
+
+    #[test]
+    fn the_admin_port_annotation_wins_and_a_taken_one_is_a_clear_skip() {
+        let yaml = POD.replace(
+            "annotations: {kubegrace.io/inject: enabled}",
+            "annotations: {kubegrace.io/inject: enabled, kubegrace.io/admin-port: '9901'}",
+        );
+        let out = inject(&pod(&yaml), &plan(false)).expect("injected");
+        assert_eq!(admin_port_of(&out), Some(9901));
+        let taken = yaml.replace("'9901'", "'9090'");
+        let err = inject(&pod(&taken), &plan(false)).expect_err("port in use");
+        assert!(
+            err.0.contains("kubegrace.io/admin-port=9090") && err.0.contains("pick a free one"),
+            "{}",
+            err.0
+        );
+        let bad = yaml.replace("'9901'", "'http'");
+        let err = inject(&pod(&bad), &plan(false)).expect_err("not a number");
+        assert!(err.0.contains("not a port number"), "{}", err.0);
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub mod keys {
     pub const ORIGINAL: &str = "kubegrace.io/original-rollout";
     pub const CONFIG_HASH: &str = "kubegrace.io/config-hash";
     pub const SIDECAR_MODE: &str = "kubegrace.io/sidecar-mode";
+    /// Pod annotation: the sidecar's admin port for this pod (else the
+    /// first free one from the chart's `sidecar.adminPort` up).
+    pub const ADMIN_PORT: &str = "kubegrace.io/admin-port";
     pub const ROUTE_LABEL: &str = "kubegrace.io/route";
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 }

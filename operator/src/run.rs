@@ -165,6 +165,10 @@ pub async fn run(
                 &args.sidecar_memory_limit,
             ),
             native,
+            ports: crate::inject::Ports {
+                admin: args.sidecar_admin_port,
+                first_listen: args.sidecar_listen_port,
+            },
         },
     });
     let webhook_task = tokio::spawn(server::serve(

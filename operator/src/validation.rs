@@ -13,7 +13,9 @@
 //!
 //! Allowed, with an admission warning (the route's conditions say the same
 //! later): a target that does not exist yet (GitOps applies objects in any
-//! order), a selector that matches nothing yet, and an overlap with an older
+//! order), a selector that matches nothing yet, a Service that already
+//! selects the target's pods by the app's port number (it would bypass the
+//! sidecar; the warning carries the fix), and an overlap with an older
 //! route on the same workload (the older one stays in force; refusing would
 //! make the order of two `kubectl apply`s decide which one is "invalid").
 //!
@@ -23,6 +25,7 @@
 
 use std::future::Future;
 
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::ListParams;
 use kube::core::DynamicObject;
@@ -50,6 +53,7 @@ pub fn judge(
     old: Option<&GraceRoute>,
     workloads: &Workloads,
     routes: &[GraceRoute],
+    services: &[Service],
 ) -> Verdict {
     if exempt(route, old) {
         return Verdict::Allow(Vec::new());
@@ -72,6 +76,12 @@ pub fn judge(
         .into_iter()
         .map(|o| format!("{o}: this route does not apply to it until that one goes"))
         .collect();
+    warnings.extend(controller::service_bypasses(
+        &route,
+        &targets,
+        &[],
+        services,
+    ));
     if workloads.of(&route).is_empty() {
         warnings.push(match &route.spec.target_ref {
             Some(t) => format!(
@@ -91,15 +101,23 @@ fn exempt(route: &GraceRoute, old: Option<&GraceRoute>) -> bool {
     route.metadata.deletion_timestamp.is_some() || old.is_some_and(|o| o.spec == route.spec)
 }
 
-/// Reads what [`judge`] needs: the namespace's workloads and routes.
-pub async fn lookup(client: &Client, ns: &str) -> Result<(Workloads, Vec<GraceRoute>)> {
+/// What [`judge`] reads of a namespace.
+pub type Namespace = (Workloads, Vec<GraceRoute>, Vec<Service>);
+
+/// Reads what [`judge`] needs: the namespace's workloads, routes and Services.
+pub async fn lookup(client: &Client, ns: &str) -> Result<Namespace> {
     let workloads = Workloads::list(client, ns).await?;
     let routes = Api::<GraceRoute>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await
         .map_err(Error::kube(format!("listing GraceRoutes in {ns}")))?
         .items;
-    Ok((workloads, routes))
+    let services = Api::<Service>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube(format!("listing Services in {ns}")))?
+        .items;
+    Ok((workloads, routes, services))
 }
 
 /// Answers one AdmissionReview; `lookup` reads the namespace (the server
@@ -111,7 +129,7 @@ pub async fn review<F, Fut>(
 ) -> (AdmissionReview<DynamicObject>, &'static str)
 where
     F: FnOnce(String) -> Fut,
-    Fut: Future<Output = Result<(Workloads, Vec<GraceRoute>)>>,
+    Fut: Future<Output = Result<Namespace>>,
 {
     let req: AdmissionRequest<GraceRoute> =
         match serde_json::from_slice::<AdmissionReview<GraceRoute>>(body)
@@ -133,7 +151,7 @@ where
     if exempt(route, old) {
         return (resp.into_review(), "allowed");
     }
-    if let Verdict::Refuse(invalid) = judge(route, old, &Workloads(Vec::new()), &[]) {
+    if let Verdict::Refuse(invalid) = judge(route, old, &Workloads(Vec::new()), &[], &[]) {
         return (refuse(resp, &invalid).into_review(), "refused");
     }
     let ns = req
@@ -141,7 +159,7 @@ where
         .clone()
         .or_else(|| route.namespace())
         .unwrap_or_default();
-    let (workloads, routes) = match lookup(ns).await {
+    let (workloads, routes, services) = match lookup(ns).await {
         Ok(v) => v,
         Err(e) => {
             // The API server is what failed, not the route: admit it, say the
@@ -154,7 +172,7 @@ where
             return (r.into_review(), "error");
         }
     };
-    match judge(route, old, &workloads, &routes) {
+    match judge(route, old, &workloads, &routes, &services) {
         Verdict::Refuse(invalid) => (refuse(resp, &invalid).into_review(), "refused"),
         Verdict::Allow(w) if w.is_empty() => (resp.into_review(), "allowed"),
         Verdict::Allow(w) => {
@@ -231,7 +249,7 @@ spec:
     async fn answer(body: &[u8], routes: Vec<GraceRoute>) -> (serde_json::Value, &'static str) {
         let (review, outcome) = review(body, |ns| async move {
             assert_eq!(ns, "shop");
-            Ok((workloads(), routes))
+            Ok((workloads(), routes, Vec::new()))
         })
         .await;
         (serde_json::to_value(&review).expect("json"), outcome)
@@ -270,7 +288,7 @@ spec:
         );
         // Refused before any lookup: the budget does not depend on the target.
         let (review, outcome) = review(&review_of("CREATE", &r, None), |_| async {
-            Err::<(Workloads, Vec<GraceRoute>), _>(Error::Config("no lookup expected".into()))
+            Err::<Namespace, _>(Error::Config("no lookup expected".into()))
         })
         .await;
         assert_eq!(outcome, "refused");
@@ -373,7 +391,7 @@ spec:
     #[tokio::test]
     async fn garbage_is_an_invalid_review_not_a_crash() {
         let (review, outcome) = review(b"{\"kind\": 1}", |_| async {
-            Ok((Workloads(Vec::new()), Vec::new()))
+            Ok((Workloads(Vec::new()), Vec::new(), Vec::new()))
         })
         .await;
         assert_eq!(outcome, "error");
@@ -388,7 +406,7 @@ spec:
             "{targetRef: {kind: Deployment, name: web}, ports: [{name: grpc}]}",
         );
         let (review, outcome) = review(&review_of("CREATE", &r, None), |_| async {
-            Err::<(Workloads, Vec<GraceRoute>), _>(Error::Config("apiserver away".into()))
+            Err::<Namespace, _>(Error::Config("apiserver away".into()))
         })
         .await;
         assert_eq!(outcome, "error");

@@ -22,7 +22,7 @@ use rand::Rng;
 
 use crate::admin::Metrics;
 use crate::build::config_map_name;
-use crate::crd::GraceRoute;
+use crate::crd::{GraceRoute, TargetKind};
 use crate::inject::{self, InjectPlan, Skip};
 use crate::{Error, Result, keys};
 
@@ -33,6 +33,8 @@ pub struct SidecarSettings {
     pub pull_policy: String,
     pub resources: ResourceRequirements,
     pub native: bool,
+    /// Where the sidecar's admin port and listener go (chart values).
+    pub ports: inject::Ports,
 }
 
 /// Requests and limits from the flags; an empty flag leaves it out.
@@ -75,8 +77,24 @@ pub enum Decision {
     Skip(Box<Pod>, String),
 }
 
-/// Picks the route for a pod: the one it is pinned to, else the oldest
-/// whose selector matches its labels (pure).
+/// Whether a pod being created belongs to the workload a `targetRef`
+/// names, from its owner reference (pure, no API call): a Deployment's
+/// pods are owned by its ReplicaSet `<name>-<pod-template-hash>`, a
+/// StatefulSet's by the StatefulSet. This is what lets the operator leave
+/// the user's pod template alone (no route pin in it).
+pub fn owned_by(pod: &Pod, target: &crate::crd::TargetRef) -> bool {
+    let hash = pod.labels().get("pod-template-hash");
+    pod.owner_references().iter().any(|o| match target.kind {
+        TargetKind::Deployment => {
+            o.kind == "ReplicaSet" && hash.is_some_and(|h| o.name == format!("{}-{h}", target.name))
+        }
+        TargetKind::StatefulSet => o.kind == "StatefulSet" && o.name == target.name,
+    })
+}
+
+/// Picks the route for a pod: the one it is pinned to (annotation), else
+/// the oldest whose targetRef owns it or whose selector matches its labels
+/// (pure; the controller's overlap rule: the older route holds the target).
 pub fn pick_route<'a>(pod: &Pod, routes: &'a [GraceRoute]) -> Option<&'a GraceRoute> {
     let mut live = routes
         .iter()
@@ -84,12 +102,12 @@ pub fn pick_route<'a>(pod: &Pod, routes: &'a [GraceRoute]) -> Option<&'a GraceRo
     if let Some(pinned) = pod.annotations().get(keys::ROUTE) {
         return live.find(|r| &r.name_any() == pinned);
     }
-    live.filter(|r| {
-        r.spec
-            .selector
-            .clone()
-            .and_then(|s| Selector::try_from(s).ok())
-            .is_some_and(|s| !s.selects_all() && s.matches(pod.labels()))
+    live.filter(|r| match (&r.spec.target_ref, &r.spec.selector) {
+        (Some(t), _) => owned_by(pod, t),
+        (None, Some(s)) => Selector::try_from(s.clone())
+            .ok()
+            .is_some_and(|s| !s.selects_all() && s.matches(pod.labels())),
+        _ => false,
     })
     .min_by_key(|r| {
         (
@@ -147,7 +165,13 @@ pub fn decide(
         resources: s.resources.clone(),
         native: s.native,
         token,
-        budget_seconds: route.status.as_ref().and_then(|st| st.budget_seconds),
+        // From the spec (pure), so a pod created before the route's first
+        // status write still gets the grace period its drain needs.
+        budget_seconds: crate::build::budget(&route.spec)
+            .ok()
+            .map(|b| b.seconds)
+            .or_else(|| route.status.as_ref().and_then(|st| st.budget_seconds)),
+        ports: s.ports,
     };
     match inject::inject(pod, &plan) {
         Ok(p) => Decision::Inject(Box::new(p)),
@@ -273,6 +297,7 @@ mod tests {
             pull_policy: "IfNotPresent".into(),
             resources: resources("50m", "32Mi", "", "128Mi"),
             native: true,
+            ports: inject::Ports::default(),
         }
     }
 
@@ -336,6 +361,69 @@ spec:
             ),
             Decision::Ignore
         );
+    }
+
+    #[test]
+    fn a_target_ref_route_finds_its_pods_by_owner_without_a_pin_in_the_template() {
+        let mut pod: Pod = serde_yaml::from_str(
+            r#"
+metadata:
+  name: web-5d8f-abcde
+  namespace: shop
+  labels: {app: web, pod-template-hash: 5d8f, kubegrace.io/inject: enabled}
+  ownerReferences: [{apiVersion: apps/v1, kind: ReplicaSet, name: web-5d8f, uid: u1}]
+spec:
+  terminationGracePeriodSeconds: 30
+  containers:
+  - {name: app, image: app, ports: [{name: http, containerPort: 8080}]}
+"#,
+        )
+        .expect("pod");
+        let routes = vec![
+            route(
+                "metadata: {name: other, namespace: shop}\nspec: {targetRef: {kind: Deployment, name: web-5d}, ports: [{name: http}]}",
+            ),
+            route(
+                "metadata: {name: web, namespace: shop}\nspec: {targetRef: {kind: Deployment, name: web}, ports: [{name: http}], drain: {maxDelay: 10s, timeout: 20s}}",
+            ),
+        ];
+        assert_eq!(
+            pick_route(&pod, &routes)
+                .map(ResourceExt::name_any)
+                .as_deref(),
+            Some("web")
+        );
+        // No status yet: the budget comes from the spec; 30s is raised, never lowered.
+        let Decision::Inject(after) =
+            decide(&pod, &BTreeMap::new(), &routes, &settings(), "t".into())
+        else {
+            panic!("expected injection");
+        };
+        assert_eq!(
+            after
+                .spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds),
+            Some(35)
+        );
+        pod.spec
+            .as_mut()
+            .expect("spec")
+            .termination_grace_period_seconds = Some(120);
+        let Decision::Inject(after) =
+            decide(&pod, &BTreeMap::new(), &routes, &settings(), "t".into())
+        else {
+            panic!("expected injection");
+        };
+        assert_eq!(
+            after
+                .spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds),
+            Some(120)
+        );
+        pod.metadata.owner_references = None;
+        assert!(pick_route(&pod, &routes).is_none());
     }
 
     #[test]

@@ -366,7 +366,10 @@ async fn the_api_server_refuses_invalid_routes_with_a_message_that_says_what_to_
         .await
         .expect("typed read");
     assert_eq!(good.spec.drain.max_delay.to_string(), "15s");
-    assert_eq!(good.spec.rollout.min_ready_seconds, 5);
+    assert!(
+        good.spec.rollout.is_none(),
+        "no rollout block is defaulted in: the workload's own strategy stays"
+    );
     assert_eq!(
         good.spec.ports[0].protocol,
         kubegrace_operator::crd::PortProtocol::Http
@@ -452,6 +455,8 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
     let config =
         kubegrace_sidecar::config::Config::from_yaml(yaml).expect("the sidecar accepts it");
     assert_eq!(config.drain.timeout.get(), Duration::from_secs(40));
+    // No rollout block: the Deployment is left exactly as the user wrote it
+    // (the grace period reaches pods through the webhook).
     let d = deployments.get("web").await.expect("deployment");
     let spec = d.spec.as_ref().expect("spec");
     assert_eq!(
@@ -459,15 +464,17 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
             .spec
             .as_ref()
             .and_then(|s| s.termination_grace_period_seconds),
-        Some(55)
+        Some(30)
     );
-    assert_eq!(spec.min_ready_seconds, Some(5));
+    assert_eq!(spec.min_ready_seconds.unwrap_or(0), 0);
     assert_eq!(
-        spec.strategy
-            .as_ref()
-            .and_then(|s| s.rolling_update.as_ref())
-            .and_then(|r| r.max_unavailable.clone()),
-        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0))
+        d.metadata.generation,
+        Some(1),
+        "the operator wrote nothing into it"
+    );
+    assert!(
+        !d.annotations()
+            .contains_key("kubegrace.io/original-rollout")
     );
 
     // Opt in: the operator copies the annotation into the template; the
@@ -579,7 +586,7 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
         before,
         "no roll"
     );
-    // A budget change does roll the pods, once.
+    // A budget change rolls nothing either: new pods get it from the webhook.
     routes
         .patch(
             "web",
@@ -588,19 +595,26 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
         )
         .await
         .expect("change budget");
-    let d = wait_for(30, "budget 65 on the template", || async {
-        let d = deployments.get("web").await.ok()?;
-        let tgps = d
-            .spec
-            .as_ref()?
-            .template
-            .spec
-            .as_ref()?
-            .termination_grace_period_seconds;
-        (tgps == Some(10 + 50 + 5)).then_some(d)
+    wait_for(30, "budget 65 in the status", || async {
+        let r = routes.get("web").await.ok()?;
+        (r.status?.budget_seconds == Some(10 + 50 + 5)).then_some(())
     })
     .await;
-    assert_eq!(generation(&d), before + 1, "exactly one template change");
+    let d = deployments.get("web").await.expect("deployment");
+    assert_eq!(generation(&d), before, "a budget change rolls nothing");
+    let mut next = pod.clone();
+    next.metadata.name = Some("direct-65".into());
+    let next = pods
+        .create(&PostParams::default(), &next)
+        .await
+        .expect("create pod");
+    assert_eq!(
+        next.spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds),
+        Some(65),
+        "a new pod gets the new budget from the webhook"
+    );
 
     // Numbers for the record: webhook and reconcile time as the operator sees them.
     let metrics = http_get(&format!("127.0.0.1:{admin}"), "/metrics")
@@ -1009,17 +1023,17 @@ async fn an_injected_pod_runs_serves_through_the_sidecar_and_drains_within_its_b
         .and_then(|s| s.pod_ip.clone())
         .expect("pod IP");
     let through = wait_for(20, "the app through the sidecar", || async {
-        let r = http_get(&format!("{ip}:15081"), "/").await?;
+        let r = http_get(&format!("{ip}:15181"), "/").await?;
         r.starts_with("HTTP/1.1 200").then_some(r)
     })
     .await;
     assert!(through.contains("pod="), "{through}");
-    let ready = http_get(&format!("{ip}:15020"), "/ready")
+    let ready = http_get(&format!("{ip}:15180"), "/ready")
         .await
         .expect("admin port");
     assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
     // Without the pod's token nobody may drain it.
-    let drain = http_get(&format!("{ip}:15020"), "/drain")
+    let drain = http_get(&format!("{ip}:15180"), "/drain")
         .await
         .expect("admin port");
     assert!(!drain.starts_with("HTTP/1.1 2"), "{drain}");

@@ -56,6 +56,7 @@ async fn start(limits: Limits) -> Server {
             pull_policy: "IfNotPresent".into(),
             resources: webhook::resources("", "", "", ""),
             native: true,
+            ports: kubegrace_operator::inject::Ports::default(),
         },
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");

@@ -442,6 +442,12 @@ impl Default for UpstreamPoolConfig {
     }
 }
 
+/// Name of the catch-all route: the sidecar's built-in route for whatever no
+/// configured route matched. A configured route with this name sets the
+/// catch-all's policy instead of adding a second one. The operator emits its
+/// route-wide breaker under this name, so both binaries share one constant.
+pub const CATCH_ALL_ROUTE: &str = "default";
+
 /// One route: a match, and the policy applied to what it matches.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -81,6 +81,16 @@ async fn main() -> Result<()> {
         report_args.extend(run.report_args(side));
         eprintln!("{side:>7} kubegrace: {}", run.describe());
     }
+    let (with_s, without_s) = (outcome.with.rollout_s, outcome.without.rollout_s);
+    let ratio = with_s / without_s.max(0.001);
+    eprintln!(
+        "rollout duration: with kubegrace {with_s:.1}s, without {without_s:.1}s ({ratio:.2}x{})",
+        if ratio <= 1.5 {
+            ", within 1.5x"
+        } else {
+            ", SLOWER than 1.5x"
+        }
+    );
     let path = args.out_dir.join("report.args");
     std::fs::write(&path, report_args.join("\n") + "\n")
         .with_context(|| format!("writing {}", path.display()))?;

@@ -781,36 +781,55 @@ impl Scenario {
         Ok(())
     }
 
-    /// Waits until GraceRoute `name` has computed its time budget and the operator wrote
-    /// it into Deployment `name`'s pod template (which rolls the Deployment once), so a
-    /// measurement that follows does not catch that roll.
+    /// Waits until GraceRoute `name` has computed its time budget, and checks that the
+    /// operator left Deployment `name` alone: the budget reaches pods through the webhook
+    /// (terminationGracePeriodSeconds raised on each pod it injects), never through the pod
+    /// template, so nothing rolls and a GitOps re-apply of the manifest changes nothing.
     pub async fn wait_budget_applied(&self, name: &str, p: &Progress) -> Result<i64> {
         let routes = graceroute_api(&self.client, &self.namespace);
-        let deployments = self.deployments();
-        p.wait(
-            &format!("GraceRoute {name}: time budget written into Deployment {name}"),
-            Duration::from_secs(60),
-            Duration::from_millis(500),
-            || async {
-                let r = routes.get(name).await.map_err(|e| e.to_string())?;
-                let budget = r.data["status"]["budgetSeconds"]
-                    .as_i64()
-                    .ok_or("no budget in the route's status yet")?;
-                let d = deployments.get(name).await.map_err(|e| e.to_string())?;
-                let tgp = d
-                    .spec
-                    .and_then(|s| s.template.spec)
-                    .and_then(|s| s.termination_grace_period_seconds);
-                if tgp == Some(budget) {
-                    Ok(budget)
-                } else {
-                    Err(format!(
-                        "budget {budget}s, template terminationGracePeriodSeconds {tgp:?}"
-                    ))
-                }
-            },
-        )
-        .await
+        let budget = p
+            .wait(
+                &format!("GraceRoute {name}: time budget computed"),
+                Duration::from_secs(60),
+                Duration::from_millis(500),
+                || async {
+                    let r = routes.get(name).await.map_err(|e| e.to_string())?;
+                    r.data["status"]["budgetSeconds"]
+                        .as_i64()
+                        .ok_or_else(|| "no budget in the route's status yet".to_string())
+                },
+            )
+            .await?;
+        let d = self.deployments().get(name).await?;
+        let tgp = d
+            .spec
+            .and_then(|s| s.template.spec)
+            .and_then(|s| s.termination_grace_period_seconds);
+        ensure!(
+            tgp != Some(budget),
+            "Deployment {name}'s pod template carries the budget {budget}s: the operator edited it"
+        );
+        Ok(budget)
+    }
+
+    /// The sidecar's admin port in pod `pod`: its `kg-admin` container port (chosen per
+    /// pod by the webhook, against the pod's own ports).
+    pub async fn admin_port(&self, pod: &str) -> Result<u16> {
+        let pod = self.pods().get(pod).await?;
+        let spec = pod.spec.context("pod without spec")?;
+        spec.containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .flat_map(|c| c.ports.iter().flatten())
+            .find(|p| p.name.as_deref() == Some("kg-admin"))
+            .and_then(|p| u16::try_from(p.container_port).ok())
+            .context("no kg-admin port: the pod has no sidecar")
+    }
+
+    /// `GET path` on the sidecar's admin port of pod `pod`.
+    pub async fn admin_get(&self, pod: &str, path: &str) -> Result<String> {
+        let port = self.admin_port(pod).await?;
+        self.pod_get(pod, port, path).await
     }
 
     /// The live pods of Deployment `name`.
@@ -893,6 +912,25 @@ impl Scenario {
                             "route not Ready: {} {}",
                             ready["reason"].as_str().unwrap_or("-"),
                             ready["message"].as_str().unwrap_or("")
+                        ));
+                    }
+                    // The budget reaches each pod through the webhook, not the template.
+                    let budget = r.data["status"]["budgetSeconds"].as_i64().unwrap_or(0);
+                    let short: Vec<String> = live
+                        .iter()
+                        .filter(|p| {
+                            p.spec
+                                .as_ref()
+                                .and_then(|s| s.termination_grace_period_seconds)
+                                .unwrap_or(30)
+                                < budget
+                        })
+                        .filter_map(|p| p.metadata.name.clone())
+                        .collect();
+                    if !short.is_empty() {
+                        return Err(format!(
+                            "pods with a grace period below the budget {budget}s: {}",
+                            short.join(", ")
                         ));
                     }
                 }

@@ -58,7 +58,7 @@ use matcher::CompiledMatch;
 
 /// Name of the built-in route that catches whatever no configured route
 /// matched. A configured route with this name sets its policy instead.
-pub const DEFAULT_ROUTE: &str = "default";
+pub const DEFAULT_ROUTE: &str = crate::config::CATCH_ALL_ROUTE;
 
 /// The routes in force: first match wins, the default route catches the rest.
 pub struct RouteTable {

@@ -1,0 +1,464 @@
+//! Situations every real cluster has, on the real cluster (issue 17, items 2-4):
+//!
+//! - a Service that targets the app's port *number* bypasses the sidecar: the route says
+//!   so (`Degraded`/`ServiceBypassesSidecar` naming the Service and the fix, an Event), the
+//!   validating webhook warns at `kubectl apply` time, and a named Service is not reported;
+//! - GitOps: the same manifest applied twice with client-side `kubectl apply` and twice
+//!   with `helm upgrade` (a tiny chart written here) makes no extra ReplicaSet, and the
+//!   pods still get the route's time budget (set per pod by the webhook);
+//! - a pod that already listens on Istio's 15020 and on our default admin and listener
+//!   ports is injected on the next free ones, all containers Ready, served by the sidecar.
+//!
+//! One chart install for all three. Skipped (with a message) outside the cluster tier.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kubegrace_e2e::scenario::{
+    APP_PORT, Install, Options, Progress, Scenario, WITH, graceroute_api, has_sidecar, service,
+};
+use kubegrace_e2e::{client_or_skip, demo_image};
+use serde_json::json;
+
+#[tokio::test]
+async fn bypassing_services_gitops_reapplies_and_taken_ports_are_handled() -> Result<()> {
+    let test = "bypassing_services_gitops_reapplies_and_taken_ports_are_handled";
+    let Some(client) = client_or_skip(test).await? else {
+        return Ok(());
+    };
+    let opts = Options::new("kg-e2e-real");
+    let p = Progress::default();
+    let install = Install::new(&opts);
+    let mut namespaces = Vec::new();
+    let outcome = async {
+        install.helm_install(&client, &opts, &p).await?;
+        let bypass = Scenario::named(&client, &opts, &p, "bypass").await?;
+        namespaces.push(bypass.namespace.clone());
+        let gitops = Scenario::named(&client, &opts, &p, "gitops").await?;
+        namespaces.push(gitops.namespace.clone());
+        let ports = Scenario::named(&client, &opts, &p, "ports").await?;
+        namespaces.push(ports.namespace.clone());
+        let mut failures = Vec::new();
+        for (flow, result) in [
+            ("bypassing Service", bypass_flow(&bypass, &p).await),
+            ("GitOps re-apply", gitops_flow(&gitops, &p).await),
+            ("taken ports", ports_flow(&ports, &p).await),
+        ] {
+            match result {
+                Ok(line) => eprintln!("{flow}: {line}"),
+                Err(e) => failures.push(format!("{flow}: {e:#}")),
+            }
+        }
+        Ok::<_, anyhow::Error>(failures)
+    }
+    .await;
+    if std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some() {
+        p.step(format!("keeping {} and {namespaces:?}", install.release));
+    } else {
+        install.uninstall(&client, &namespaces, &p).await;
+    }
+    let failures = outcome?;
+    if !failures.is_empty() {
+        bail!("{}", failures.join("\n"));
+    }
+    Ok(())
+}
+
+/// `kubectl <args>` with the test's kubeconfig, `stdin` piped in; stdout and stderr.
+async fn kubectl(args: &[&str], stdin: &str) -> Result<(String, String)> {
+    use tokio::io::AsyncWriteExt;
+    let kubeconfig = kubegrace_e2e::kubeconfig_path().context("no kubeconfig")?;
+    let bin = std::env::var_os("KUBEGRACE_TOOLS_BIN")
+        .map(|d| Path::new(&d).join("kubectl"))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| "kubectl".into());
+    let mut child = tokio::process::Command::new(&bin)
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if let Some(mut i) = child.stdin.take() {
+        i.write_all(stdin.as_bytes()).await?;
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .context("kubectl took longer than 60s")??;
+    let (o, e) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    ensure!(out.status.success(), "kubectl {args:?}: {e}");
+    Ok((o, e))
+}
+
+fn route_yaml(name: &str) -> String {
+    json!({
+        "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+        "metadata": {"name": name},
+        "spec": {"targetRef": {"kind": "Deployment", "name": name}, "ports": [{"name": "http"}],
+                 "drain": {"minDelay": "1s", "quiet": "500ms", "maxDelay": "5s", "timeout": "10s"}},
+    })
+    .to_string()
+}
+
+/// The route's condition `type_` as (status, reason, message).
+async fn condition(sc: &Scenario, route: &str, type_: &str) -> Result<(String, String, String)> {
+    let r = graceroute_api(&sc.client, &sc.namespace).get(route).await?;
+    let c = r.data["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .cloned()
+        .unwrap_or_default();
+    let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+    Ok((s("status"), s("reason"), s("message")))
+}
+
+/// Item 2: one Service by number (reported, with the fix), one by name (not reported).
+async fn bypass_flow(sc: &Scenario, p: &Progress) -> Result<String> {
+    // The app and the numeric Service exist first, so the webhook can see it at apply time.
+    sc.create_app(WITH, true, p).await?;
+    let services: Api<Service> = Api::namespaced(sc.client.clone(), &sc.namespace);
+    let numeric: Service = serde_json::from_value(json!({
+        "metadata": {"name": "by-number"},
+        "spec": {"selector": {"app": WITH}, "ports": [{"port": 80, "targetPort": APP_PORT}]},
+    }))?;
+    services.create(&PostParams::default(), &numeric).await?;
+    let (_, warnings) = kubectl(
+        &["apply", "-n", &sc.namespace, "-f", "-"],
+        &route_yaml(WITH),
+    )
+    .await?;
+    p.step(format!(
+        "kubectl apply of the route warned: {}",
+        warnings.trim()
+    ));
+    ensure!(
+        warnings.contains("Service by-number port 80 targets 8080 by number"),
+        "no admission warning about Service by-number: {warnings:?}"
+    );
+    ensure!(
+        !warnings.contains(&format!("Service {WITH} ")),
+        "the named Service {WITH} was reported: {warnings}"
+    );
+    sc.settle(WITH, true, p).await?;
+    let msg = p
+        .wait(
+            "route Degraded: ServiceBypassesSidecar",
+            Duration::from_secs(60),
+            Duration::from_millis(500),
+            || async {
+                let (status, reason, msg) = condition(sc, WITH, "Degraded")
+                    .await
+                    .map_err(|e| format!("{e:#}"))?;
+                if status == "True" && reason == "ServiceBypassesSidecar" {
+                    Ok(msg)
+                } else {
+                    Err(format!("Degraded {status} {reason}: {msg}"))
+                }
+            },
+        )
+        .await?;
+    ensure!(
+        msg.contains("Service by-number port 80 targets 8080 by number")
+            && msg.contains("kubectl patch service by-number")
+            && !msg.contains(&format!("Service {WITH} ")),
+        "condition message: {msg}"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(sc.client.clone(), &sc.namespace);
+    let seen = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .any(|e| e.reason.as_deref() == Some("ServiceBypassesSidecar"));
+    ensure!(seen, "no ServiceBypassesSidecar Event in {}", sc.namespace);
+    // The fix from the message clears it (the operator watches Services).
+    services
+        .patch(
+            "by-number",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ports": [{"port": 80, "targetPort": "http"}]}})),
+        )
+        .await?;
+    p.wait(
+        "Degraded cleared once the Service targets the port name",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            let (status, reason, msg) = condition(sc, WITH, "Degraded")
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+            if status == "False" {
+                Ok(())
+            } else {
+                Err(format!("Degraded {status} {reason}: {msg}"))
+            }
+        },
+    )
+    .await?;
+    Ok(format!("reported, then cleared by the fix: {msg}"))
+}
+
+/// A GitOps-style manifest: the inject label in the template (no operator copy), and the
+/// fields a chart typically spells out, which an operator editing them would fight over.
+fn gitops_deployment(name: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "replicas": 2,
+            "minReadySeconds": 0,
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}},
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name, "kubegrace.io/inject": "enabled"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "automountServiceAccountToken": false,
+                    "containers": [{
+                        "name": "app", "image": demo_image(), "imagePullPolicy": "Never",
+                        "ports": [{"name": "http", "containerPort": APP_PORT}],
+                        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 1},
+                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+                        "securityContext": {"allowPrivilegeEscalation": false, "runAsNonRoot": true,
+                                            "capabilities": {"drop": ["ALL"]}},
+                    }],
+                },
+            },
+        },
+    })
+}
+
+async fn replica_sets(sc: &Scenario, app: &str) -> Result<BTreeSet<String>> {
+    let rs: Api<ReplicaSet> = Api::namespaced(sc.client.clone(), &sc.namespace);
+    Ok(rs
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|r| r.metadata.name)
+        .collect())
+}
+
+/// Polls for `window` that the ReplicaSets of `app` stay `want` (an operator fighting the
+/// re-apply would add one within a second or two of it).
+async fn stays(sc: &Scenario, app: &str, want: &BTreeSet<String>, what: &str) -> Result<()> {
+    for _ in 0..10 {
+        let now = replica_sets(sc, app).await?;
+        ensure!(
+            &now == want,
+            "{what}: ReplicaSets of {app} changed from {want:?} to {now:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Ok(())
+}
+
+/// The app's Service (by port name, as the scenario's), which `settle` answers through.
+async fn create_service(sc: &Scenario, app: &str) -> Result<()> {
+    Api::<Service>::namespaced(sc.client.clone(), &sc.namespace)
+        .create(&PostParams::default(), &service(app)?)
+        .await
+        .with_context(|| format!("creating Service {app}"))?;
+    Ok(())
+}
+
+/// Every live pod of `app` has the sidecar and a grace period of at least `budget`.
+async fn pods_carry(sc: &Scenario, app: &str, budget: i64) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(sc.client.clone(), &sc.namespace);
+    for pod in pods
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await?
+    {
+        let tgp = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds);
+        ensure!(
+            has_sidecar(&pod) && tgp >= Some(budget),
+            "pod {:?}: sidecar {}, terminationGracePeriodSeconds {tgp:?}, budget {budget}",
+            pod.metadata.name,
+            has_sidecar(&pod)
+        );
+    }
+    Ok(())
+}
+
+/// Item 3.
+async fn gitops_flow(sc: &Scenario, p: &Progress) -> Result<String> {
+    let ns = sc.namespace.as_str();
+    // kubectl: route, then the manifest, applied client-side.
+    const KC: &str = "kubectl-app";
+    kubectl(&["apply", "-n", ns, "-f", "-"], &route_yaml(KC)).await?;
+    create_service(sc, KC).await?;
+    let manifest = gitops_deployment(KC).to_string();
+    kubectl(&["apply", "-n", ns, "-f", "-"], &manifest).await?;
+    sc.settle(KC, true, p).await?;
+    let budget = sc.wait_budget_applied(KC, p).await?;
+    ensure!(
+        budget > 5,
+        "the test needs a budget above the manifest's 5s"
+    );
+    pods_carry(sc, KC, budget).await?;
+    let first = replica_sets(sc, KC).await?;
+    ensure!(
+        first.len() == 1,
+        "ReplicaSets after the first apply: {first:?}"
+    );
+    for i in 1..=2 {
+        kubectl(&["apply", "-n", ns, "-f", "-"], &manifest).await?;
+        stays(sc, KC, &first, &format!("kubectl apply #{}", i + 1)).await?;
+    }
+
+    // helm: a chart of one Deployment, installed, then upgraded twice unchanged.
+    const HELM: &str = "helm-app";
+    kubectl(&["apply", "-n", ns, "-f", "-"], &route_yaml(HELM)).await?;
+    create_service(sc, HELM).await?;
+    let dir = std::env::temp_dir().join(format!("kg-real-chart-{ns}"));
+    std::fs::create_dir_all(dir.join("templates"))?;
+    std::fs::write(
+        dir.join("Chart.yaml"),
+        "apiVersion: v2\nname: gitops-app\nversion: 0.1.0\n",
+    )?;
+    std::fs::write(
+        dir.join("templates/deployment.yaml"),
+        // JSON is YAML: Helm reads it as the template.
+        serde_json::to_string_pretty(&gitops_deployment(HELM))?,
+    )?;
+    let chart = dir.to_string_lossy().into_owned();
+    let helm = |verb: &'static str| {
+        let chart = chart.clone();
+        async move {
+            let kubeconfig = kubegrace_e2e::kubeconfig_path().context("no kubeconfig")?;
+            let bin = std::env::var_os("KUBEGRACE_TOOLS_BIN")
+                .map(|d| Path::new(&d).join("helm"))
+                .filter(|p| p.exists())
+                .unwrap_or_else(|| "helm".into());
+            let out = tokio::time::timeout(
+                Duration::from_secs(90),
+                tokio::process::Command::new(bin)
+                    .args([verb, "gitops-app", &chart, "-n", ns, "--kubeconfig"])
+                    .arg(&kubeconfig)
+                    .kill_on_drop(true)
+                    .output(),
+            )
+            .await
+            .context("helm took longer than 90s")??;
+            ensure!(
+                out.status.success(),
+                "helm {verb}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Ok::<_, anyhow::Error>(())
+        }
+    };
+    helm("install").await?;
+    sc.settle(HELM, true, p).await?;
+    pods_carry(sc, HELM, budget).await?;
+    let first_helm = replica_sets(sc, HELM).await?;
+    ensure!(
+        first_helm.len() == 1,
+        "ReplicaSets after helm install: {first_helm:?}"
+    );
+    for i in 1..=2 {
+        helm("upgrade").await?;
+        stays(sc, HELM, &first_helm, &format!("helm upgrade #{i}")).await?;
+    }
+    pods_carry(sc, KC, budget).await?;
+    pods_carry(sc, HELM, budget).await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(format!(
+        "budget {budget}s on every pod; 1 ReplicaSet each after 3x kubectl apply and helm install + 2x upgrade"
+    ))
+}
+
+/// Item 4: the app listens on Istio's 15020 and on our default admin and listener ports.
+async fn ports_flow(sc: &Scenario, p: &Progress) -> Result<String> {
+    const APP: &str = "taken-ports";
+    let extra = |port: u16| {
+        json!({
+            "name": format!("also-{port}"), "image": demo_image(), "imagePullPolicy": "Never",
+            "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "KUBEGRACE_DEMO_LISTEN", "value": format!("0.0.0.0:{port}")}],
+            "ports": [{"name": format!("p{port}"), "containerPort": port}],
+            "resources": {"requests": {"cpu": "5m", "memory": "8Mi"}},
+            "securityContext": {"allowPrivilegeEscalation": false, "runAsNonRoot": true,
+                                "capabilities": {"drop": ["ALL"]}},
+        })
+    };
+    let mut d = gitops_deployment(APP);
+    d["spec"]["replicas"] = json!(1);
+    let containers = d["spec"]["template"]["spec"]["containers"]
+        .as_array_mut()
+        .context("containers")?;
+    for port in [15020, 15180, 15181] {
+        containers.push(extra(port));
+    }
+    kubectl(&["apply", "-n", &sc.namespace, "-f", "-"], &route_yaml(APP)).await?;
+    create_service(sc, APP).await?;
+    kubectl(&["apply", "-n", &sc.namespace, "-f", "-"], &d.to_string()).await?;
+    sc.settle(APP, true, p).await?;
+    let pods: Api<Pod> = Api::namespaced(sc.client.clone(), &sc.namespace);
+    let pod = pods
+        .list(&ListParams::default().labels(&format!("app={APP}")))
+        .await?
+        .items
+        .into_iter()
+        .next()
+        .context("no pod")?;
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let status = pod.status.clone().unwrap_or_default();
+    let all_ready = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(status.init_container_statuses.iter().flatten())
+        .all(|c| c.ready);
+    ensure!(
+        all_ready,
+        "not every container of {name} is ready: {status:?}"
+    );
+    let admin = sc.admin_port(&name).await?;
+    let spec = pod.spec.as_ref().context("spec")?;
+    let listen = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .filter(|c| c.name == "kubegrace-sidecar")
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.name.as_deref() == Some("http"))
+        .map(|p| p.container_port)
+        .context("the sidecar has no http port")?;
+    ensure!(
+        (admin, listen) == (15182, 15183),
+        "admin {admin}, listener {listen}: expected the next free ports 15182, 15183"
+    );
+    let ready = sc.admin_get(&name, "/ready").await?;
+    let body = sc
+        .pod_get(&name, u16::try_from(listen)?, "/")
+        .await
+        .context("GET / on the sidecar's listener")?;
+    ensure!(
+        body.starts_with("pod="),
+        "answer through the sidecar: {body}"
+    );
+    Ok(format!(
+        "injected with admin {admin} and listener {listen}; /ready {}; served: {}",
+        ready.trim(),
+        body.trim()
+    ))
+}

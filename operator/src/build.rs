@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kubegrace_sidecar::config::{
+use kubegrace_sidecar_api::config::{
     CATCH_ALL_ROUTE, CircuitBreakerConfig, Config, DrainConfig, Endpoint, FailureKind,
     FallbackConfig, HumanDuration, Protocol, RouteConfig, RouteMatch,
 };
@@ -872,7 +872,6 @@ spec:
             .collect();
         assert_eq!(catch_alls.len(), 1, "{yaml}");
         assert_eq!(catch_alls[0].name, CATCH_ALL_ROUTE);
-        assert_eq!(CATCH_ALL_ROUTE, kubegrace_sidecar::circuit::DEFAULT_ROUTE);
         // A user route of that name is the catch-all's policy: no second one.
         let r = route(&format!(
             "{BASE}  circuitBreaker: {{maxConcurrent: 10}}\n  routes:\n  - {{name: default, timeout: 5s}}\n"

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use kubegrace_sidecar::config::HumanDuration;
+use kubegrace_sidecar_api::config::HumanDuration;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -230,7 +230,7 @@ pub fn claim_targets<'w>(
 pub fn validate(
     route: &GraceRoute,
     targets: &[&(Target, Option<String>)],
-) -> Result<(Budget, kubegrace_sidecar::config::Config), Invalid> {
+) -> Result<(Budget, kubegrace_sidecar_api::config::Config), Invalid> {
     let budget = build::budget(&route.spec)?;
     let mut plan = None;
     for (t, _) in targets {
@@ -672,7 +672,7 @@ async fn apply(route: &GraceRoute, ctx: &Context) -> Result<Action> {
     if let Some((r, t)) = &budget.longest_route {
         accepted_msg.push_str(&format!(
             "; drain.timeout raised to {} for route {r:?}",
-            kubegrace_sidecar::config::HumanDuration(*t)
+            kubegrace_sidecar_api::config::HumanDuration(*t)
         ));
     }
     for n in &notes {

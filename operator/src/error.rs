@@ -30,7 +30,7 @@ pub enum Error {
     },
     /// The sidecar config we built does not pass the sidecar's own checks.
     #[error("sidecar config: {0}")]
-    SidecarConfig(#[from] kubegrace_sidecar::config::ConfigError),
+    SidecarConfig(#[from] kubegrace_sidecar_api::config::ConfigError),
     /// Certificate generation or loading.
     #[error("certificate: {0}")]
     Cert(String),

@@ -453,7 +453,7 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
         .and_then(|d| d.get("config.yaml"))
         .expect("config.yaml");
     let config =
-        kubegrace_sidecar::config::Config::from_yaml(yaml).expect("the sidecar accepts it");
+        kubegrace_sidecar_api::config::Config::from_yaml(yaml).expect("the sidecar accepts it");
     assert_eq!(config.drain.timeout.get(), Duration::from_secs(40));
     // No rollout block: the Deployment is left exactly as the user wrote it
     // (the grace period reaches pods through the webhook).

@@ -19,7 +19,6 @@ pub mod admin;
 pub mod app;
 pub mod circuit;
 pub mod cli;
-pub mod config;
 pub mod drain;
 pub mod error;
 pub mod inherit;
@@ -45,6 +44,8 @@ use crate::drain::{DrainReport, Phase};
 use crate::listen::{Listener, Peer, UnixCleanup};
 use crate::state::Shared;
 
+/// The config types live in the contract crate the operator shares.
+pub use kubegrace_sidecar_api::config;
 pub use cli::Settings;
 pub use error::{Error, Result};
 

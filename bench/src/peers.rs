@@ -362,7 +362,7 @@ mod tests {
     #[test]
     fn breaker_config_is_valid_sidecar_config() {
         let config =
-            kubegrace_sidecar::config::Config::from_yaml(&sidecar_breaker_yaml()).expect("valid");
+            kubegrace_sidecar::cli::config_from_yaml(&sidecar_breaker_yaml()).expect("valid");
         let cb = config.routes[0].circuit_breaker.as_ref().expect("breaker");
         assert_eq!((cb.max_concurrent, cb.max_queue), (10_000, 0));
     }

@@ -28,9 +28,6 @@ use crate::keys;
 /// after the app exited, and only 2s remain for it if the app used up the
 /// grace period; the margin keeps us clear of that cliff.
 pub const MARGIN: Duration = Duration::from_secs(5);
-/// Name of the catch-all route generated from the route-wide circuitBreaker:
-/// the sidecar's own catch-all name, so the rendered config has one.
-pub const DEFAULT_ROUTE: &str = CATCH_ALL_ROUTE;
 
 /// Why a route cannot be applied: a condition reason and a message a person
 /// can act on.
@@ -307,11 +304,11 @@ pub fn sidecar_config(
     }
     // A user route with the catch-all's name already is the catch-all's
     // policy in the sidecar; a second one would be unreachable.
-    let has_catch_all = config.routes.iter().any(|r| r.name == DEFAULT_ROUTE);
+    let has_catch_all = config.routes.iter().any(|r| r.name == CATCH_ALL_ROUTE);
     if let Some(cb) = shared_cb.filter(|_| !has_catch_all) {
         // The route-wide breaker also guards traffic no route matches.
         config.routes.push(RouteConfig {
-            name: DEFAULT_ROUTE.into(),
+            name: CATCH_ALL_ROUTE.into(),
             matcher: RouteMatch::default(),
             timeout: None,
             circuit_breaker: Some(cb),
@@ -329,8 +326,7 @@ pub fn sidecar_config(
 
 /// `config.yaml` and its hash (sha256, first 16 hex digits).
 pub fn render(config: &Config) -> Result<(String, String), Invalid> {
-    let yaml = config
-        .to_yaml()
+    let yaml = serde_yaml::to_string(config)
         .map_err(|e| Invalid::new("InvalidSpec", format!("rendering the sidecar config: {e}")))?;
     let digest = Sha256::digest(yaml.as_bytes());
     let mut hash = String::with_capacity(16);
@@ -611,6 +607,13 @@ mod tests {
         serde_yaml::from_str(yaml).expect("valid route yaml")
     }
 
+    /// Reads a rendered config back the way the sidecar reads its file.
+    fn sidecar_reads(yaml: &str) -> Config {
+        let config: Config = serde_yaml::from_str(yaml).expect("the sidecar parses it");
+        config.validate().expect("the sidecar accepts it");
+        config
+    }
+
     const BASE: &str = r#"
 apiVersion: kubegrace.io/v1alpha1
 kind: GraceRoute
@@ -736,10 +739,10 @@ spec:
                 .map(|c| c.max_concurrent),
             Some(10)
         );
-        assert_eq!(c.routes[2].name, DEFAULT_ROUTE);
+        assert_eq!(c.routes[2].name, CATCH_ALL_ROUTE);
         // The file the sidecar reads back is the file we wrote.
         let (yaml, hash) = render(&c).expect("render");
-        assert_eq!(Config::from_yaml(&yaml).expect("sidecar accepts it"), c);
+        assert_eq!(sidecar_reads(&yaml), c);
         assert_eq!(hash.len(), 16);
         assert_eq!(render(&c).expect("render").1, hash, "hash is stable");
     }
@@ -864,7 +867,7 @@ spec:
         let b = budget(&r.spec).expect("valid");
         let c = sidecar_config(&r.spec, &b, None).expect("valid");
         let (yaml, _) = render(&c).expect("render");
-        let back = Config::from_yaml(&yaml).expect("sidecar accepts it");
+        let back = sidecar_reads(&yaml);
         let catch_alls: Vec<&RouteConfig> = back
             .routes
             .iter()

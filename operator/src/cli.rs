@@ -105,10 +105,10 @@ pub struct RunArgs {
     /// The sidecar's admin port tried first in each pod (the next free one
     /// above it when a container uses it). Keep it outside the ranges meshes
     /// use (Istio 15000-15090, Linkerd 4140-4191).
-    #[arg(long, env = "KUBEGRACE_SIDECAR_ADMIN_PORT", default_value_t = crate::inject::DEFAULT_ADMIN_PORT, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, env = "KUBEGRACE_SIDECAR_ADMIN_PORT", default_value_t = kubegrace_sidecar_api::admin::DEFAULT_PORT, value_parser = clap::value_parser!(u16).range(1..))]
     pub sidecar_admin_port: u16,
     /// The sidecar's listener port tried first in each pod.
-    #[arg(long, env = "KUBEGRACE_SIDECAR_LISTEN_PORT", default_value_t = crate::inject::FIRST_SIDECAR_PORT, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, env = "KUBEGRACE_SIDECAR_LISTEN_PORT", default_value_t = kubegrace_sidecar_api::pod::FIRST_LISTEN_PORT, value_parser = clap::value_parser!(u16).range(1..))]
     pub sidecar_listen_port: u16,
     /// Lease (in --namespace) for controller leader election.
     #[arg(

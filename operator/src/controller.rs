@@ -582,7 +582,10 @@ async fn apply(route: &GraceRoute, ctx: &Context) -> Result<Action> {
             owner_references: Some(vec![owner]),
             ..Default::default()
         },
-        data: Some(BTreeMap::from([("config.yaml".to_string(), yaml)])),
+        data: Some(BTreeMap::from([(
+            kubegrace_sidecar_api::pod::CONFIG_FILE.to_string(),
+            yaml,
+        )])),
         ..Default::default()
     };
     let pp = PatchParams::apply(FIELD_MANAGER).force();

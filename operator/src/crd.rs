@@ -17,7 +17,9 @@ use std::fmt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
-use kubegrace_sidecar_api::config::{CircuitBreakerConfig, DrainConfig, FallbackConfig, HumanDuration};
+use kubegrace_sidecar_api::config::{
+    CircuitBreakerConfig, DrainConfig, FallbackConfig, HumanDuration,
+};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 

@@ -25,22 +25,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use kubegrace_sidecar_api::cli::{env, flag};
+use kubegrace_sidecar_api::{admin, pod};
+
 use crate::keys;
 
-pub const SIDECAR_NAME: &str = "kubegrace-sidecar";
-pub const CONFIG_VOLUME: &str = "kubegrace-config";
-pub const CONFIG_DIR: &str = "/etc/kubegrace";
-pub const TOKEN_HEADER: &str = "X-Kubegrace-Drain-Token";
-pub const DRAIN_PATH: &str = "/drain?wait=true";
-/// Default admin port (/ready, /live, /drain, /metrics): outside Istio's
-/// 15000-15090 (15020 is its merged-metrics port) and Linkerd's 4140-4191.
-pub const DEFAULT_ADMIN_PORT: u16 = 15180;
-/// First port number tried for the sidecar's listener (same reasoning).
-pub const FIRST_SIDECAR_PORT: u16 = 15181;
-/// The sidecar container's port name for the admin port; whoever calls the
-/// admin API of a running pod (probes, preStop, the operator) finds the
-/// number under this name.
-pub const ADMIN_PORT_NAME: &str = "kg-admin";
 /// The sidecar image's user (distroless nonroot); set explicitly so
 /// `runAsNonRoot` holds whatever the image says.
 pub const SIDECAR_UID: i64 = 65532;
@@ -80,8 +69,8 @@ pub struct Ports {
 impl Default for Ports {
     fn default() -> Self {
         Self {
-            admin: DEFAULT_ADMIN_PORT,
-            first_listen: FIRST_SIDECAR_PORT,
+            admin: admin::DEFAULT_PORT,
+            first_listen: pod::FIRST_LISTEN_PORT,
         }
     }
 }
@@ -141,16 +130,16 @@ impl Ports {
     }
 }
 
-/// The admin port of an injected pod: the sidecar's [`ADMIN_PORT_NAME`]
+/// The admin port of an injected pod: the sidecar's [`admin::PORT_NAME`]
 /// port (what the webhook chose for this pod), for callers of its admin API.
 pub fn admin_port_of(pod: &Pod) -> Option<u16> {
     let spec = pod.spec.as_ref()?;
     spec.containers
         .iter()
         .chain(spec.init_containers.iter().flatten())
-        .filter(|c| c.name == SIDECAR_NAME)
+        .filter(|c| c.name == pod::CONTAINER)
         .flat_map(|c| c.ports.iter().flatten())
-        .find(|p| p.name.as_deref() == Some(ADMIN_PORT_NAME))
+        .find(|p| p.name.as_deref() == Some(admin::PORT_NAME))
         .and_then(|p| u16::try_from(p.container_port).ok())
 }
 
@@ -184,7 +173,7 @@ pub fn is_injected(pod: &Pod) -> bool {
             s.containers
                 .iter()
                 .chain(s.init_containers.iter().flatten())
-                .any(|c| c.name == SIDECAR_NAME)
+                .any(|c| c.name == pod::CONTAINER)
         })
 }
 
@@ -220,7 +209,7 @@ fn http_get(path: &str, port: i32, token: Option<&str>) -> HTTPGetAction {
         scheme: Some("HTTP".into()),
         http_headers: token.map(|t| {
             vec![HTTPHeader {
-                name: TOKEN_HEADER.into(),
+                name: admin::TOKEN_HEADER.into(),
                 value: t.into(),
             }]
         }),
@@ -231,7 +220,11 @@ fn http_get(path: &str, port: i32, token: Option<&str>) -> HTTPGetAction {
 fn drain_hook(token: &str, admin: u16) -> Lifecycle {
     Lifecycle {
         pre_stop: Some(LifecycleHandler {
-            http_get: Some(http_get(DRAIN_PATH, i32::from(admin), Some(token))),
+            http_get: Some(http_get(
+                admin::path::DRAIN_WAIT,
+                i32::from(admin),
+                Some(token),
+            )),
             ..Default::default()
         }),
         ..Default::default()
@@ -272,32 +265,32 @@ fn rename_probe_port(probe: &mut Option<Probe>, old: &str, new: &str) {
 /// The sidecar container for this pod.
 fn sidecar(plan: &InjectPlan, listen: u16, admin: u16, upstream: i32) -> Container {
     Container {
-        name: SIDECAR_NAME.into(),
+        name: pod::CONTAINER.into(),
         image: Some(plan.image.clone()),
         image_pull_policy: Some(plan.pull_policy.clone()),
         // Flags win over the file, so pod-specific addresses live here and
         // the route's ConfigMap stays the same for every pod.
         args: Some(vec![
-            "--config".into(),
-            format!("{CONFIG_DIR}/config.yaml"),
-            "--listen".into(),
+            flag::CONFIG.into(),
+            pod::config_path(),
+            flag::LISTEN.into(),
             format!("0.0.0.0:{listen}"),
-            "--upstream".into(),
+            flag::UPSTREAM.into(),
             format!("127.0.0.1:{upstream}"),
             // Explicit, with the token below: the kubelet's probes and the
             // app's preStop reach it on the pod IP, whatever the sidecar's
             // built-in default is.
-            "--admin".into(),
+            flag::ADMIN.into(),
             format!("0.0.0.0:{admin}"),
         ]),
         env: Some(vec![
             EnvVar {
-                name: "KUBEGRACE_DRAIN_TOKEN".into(),
+                name: env::DRAIN_TOKEN.into(),
                 value: Some(plan.token.clone()),
                 ..Default::default()
             },
-            field_env("POD_NAME", "metadata.name"),
-            field_env("POD_NAMESPACE", "metadata.namespace"),
+            field_env(pod::POD_NAME_ENV, "metadata.name"),
+            field_env(pod::POD_NAMESPACE_ENV, "metadata.namespace"),
         ]),
         ports: Some(vec![
             ContainerPort {
@@ -307,7 +300,7 @@ fn sidecar(plan: &InjectPlan, listen: u16, admin: u16, upstream: i32) -> Contain
                 ..Default::default()
             },
             ContainerPort {
-                name: Some(ADMIN_PORT_NAME.into()),
+                name: Some(admin::PORT_NAME.into()),
                 container_port: i32::from(admin),
                 protocol: Some("TCP".into()),
                 ..Default::default()
@@ -315,7 +308,7 @@ fn sidecar(plan: &InjectPlan, listen: u16, admin: u16, upstream: i32) -> Contain
         ]),
         // /ready is 503 while draining or while the app is unreachable.
         readiness_probe: Some(Probe {
-            http_get: Some(http_get("/ready", i32::from(admin), None)),
+            http_get: Some(http_get(admin::path::READY, i32::from(admin), None)),
             period_seconds: Some(2),
             failure_threshold: Some(1),
             timeout_seconds: Some(1),
@@ -324,14 +317,14 @@ fn sidecar(plan: &InjectPlan, listen: u16, admin: u16, upstream: i32) -> Contain
         // /live, not /ready: a native sidecar must start before the app, so
         // its startup cannot wait for the app.
         startup_probe: Some(Probe {
-            http_get: Some(http_get("/live", i32::from(admin), None)),
+            http_get: Some(http_get(admin::path::LIVE, i32::from(admin), None)),
             period_seconds: Some(1),
             failure_threshold: Some(30),
             timeout_seconds: Some(1),
             ..Default::default()
         }),
         liveness_probe: Some(Probe {
-            http_get: Some(http_get("/live", i32::from(admin), None)),
+            http_get: Some(http_get(admin::path::LIVE, i32::from(admin), None)),
             period_seconds: Some(10),
             failure_threshold: Some(3),
             timeout_seconds: Some(2),
@@ -361,8 +354,8 @@ fn sidecar(plan: &InjectPlan, listen: u16, admin: u16, upstream: i32) -> Contain
             ..Default::default()
         }),
         volume_mounts: Some(vec![VolumeMount {
-            name: CONFIG_VOLUME.into(),
-            mount_path: CONFIG_DIR.into(),
+            name: pod::CONFIG_VOLUME.into(),
+            mount_path: pod::CONFIG_DIR.into(),
             read_only: Some(true),
             ..Default::default()
         }]),
@@ -443,7 +436,7 @@ pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
         spec.containers.push(container);
     }
     spec.volumes.get_or_insert_with(Vec::new).push(Volume {
-        name: CONFIG_VOLUME.into(),
+        name: pod::CONFIG_VOLUME.into(),
         config_map: Some(ConfigMapVolumeSource {
             name: plan.config_map.clone(),
             // A deleted route must not leave pods unable to start: the
@@ -528,7 +521,7 @@ spec:
         let out = inject(&pod(POD), &plan(true)).expect("injected");
         let spec = out.spec.as_ref().expect("spec");
         let sc = &spec.init_containers.as_ref().expect("init")[0];
-        assert_eq!(sc.name, SIDECAR_NAME);
+        assert_eq!(sc.name, pod::CONTAINER);
         assert_eq!(sc.restart_policy.as_deref(), Some("Always"));
         let sc_ports = sc.ports.as_ref().expect("ports");
         assert_eq!(sc_ports[0].name.as_deref(), Some("http"));
@@ -558,7 +551,7 @@ spec:
             .and_then(|l| l.pre_stop.as_ref())
             .and_then(|p| p.http_get.as_ref())
             .expect("hook");
-        assert_eq!(hook.path.as_deref(), Some(DRAIN_PATH));
+        assert_eq!(hook.path.as_deref(), Some(admin::path::DRAIN_WAIT));
         assert_eq!(hook.port, IntOrString::Int(15180));
         assert_eq!(
             hook.http_headers.as_ref().expect("headers")[0].value,
@@ -613,7 +606,7 @@ spec:
         let sc = &spec.init_containers.as_ref().expect("init")[0];
         assert_eq!(
             ports_of(sc),
-            vec![("http".into(), 15183), (ADMIN_PORT_NAME.into(), 15182)]
+            vec![("http".into(), 15183), (admin::PORT_NAME.into(), 15182)]
         );
         let args = sc.args.as_ref().expect("args").join(" ");
         assert!(args.contains("--admin 0.0.0.0:15182"), "{args}");
@@ -671,7 +664,7 @@ spec:
         let spec = out.spec.as_ref().expect("spec");
         assert!(spec.init_containers.is_none());
         assert_eq!(spec.containers.len(), 2);
-        assert_eq!(spec.containers[1].name, SIDECAR_NAME);
+        assert_eq!(spec.containers[1].name, pod::CONTAINER);
         assert!(spec.containers[1].restart_policy.is_none());
     }
 

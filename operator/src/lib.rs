@@ -36,20 +36,6 @@ pub const INJECT_FIELD_MANAGER: &str = "kubegrace-operator-inject";
 pub const RESTORE_FIELD_MANAGER: &str = "kubegrace-operator-restore";
 pub const FINALIZER: &str = "kubegrace.io/cleanup";
 
-/// Annotation and label keys (DESIGN.md "Names").
-pub mod keys {
-    pub const INJECT: &str = "kubegrace.io/inject";
-    pub const INJECTED: &str = "kubegrace.io/injected";
-    pub const ROUTE: &str = "kubegrace.io/route";
-    /// Why the webhook left a pod that asked for the sidecar alone.
-    pub const INJECT_SKIPPED: &str = "kubegrace.io/inject-skipped";
-    /// The values of the target's rollout fields before a route changed them.
-    pub const ORIGINAL: &str = "kubegrace.io/original-rollout";
-    pub const CONFIG_HASH: &str = "kubegrace.io/config-hash";
-    pub const SIDECAR_MODE: &str = "kubegrace.io/sidecar-mode";
-    /// Pod annotation: the sidecar's admin port for this pod (else the
-    /// first free one from the chart's `sidecar.adminPort` up).
-    pub const ADMIN_PORT: &str = "kubegrace.io/admin-port";
-    pub const ROUTE_LABEL: &str = "kubegrace.io/route";
-    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-}
+/// Annotation and label keys (DESIGN.md "Names"), shared with the tests
+/// through the contract crate.
+pub use kubegrace_sidecar_api::keys;

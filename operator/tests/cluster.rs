@@ -25,6 +25,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use kubegrace_operator::cli::RunArgs;
 use kubegrace_operator::crd::GraceRoute;
+use kubegrace_sidecar_api::config::Config;
+use kubegrace_sidecar_api::pod;
 use serde_json::json;
 
 /// Tests share the cluster-wide watches of their operators: one at a time.
@@ -450,10 +452,10 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
     let yaml = cm
         .data
         .as_ref()
-        .and_then(|d| d.get("config.yaml"))
+        .and_then(|d| d.get(pod::CONFIG_FILE))
         .expect("config.yaml");
-    let config =
-        kubegrace_sidecar_api::config::Config::from_yaml(yaml).expect("the sidecar accepts it");
+    let config: Config = serde_yaml::from_str(yaml).expect("the sidecar parses it");
+    config.validate().expect("the sidecar accepts it");
     assert_eq!(config.drain.timeout.get(), Duration::from_secs(40));
     // No rollout block: the Deployment is left exactly as the user wrote it
     // (the grace period reaches pods through the webhook).

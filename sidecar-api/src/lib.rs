@@ -1,3 +1,21 @@
-//! kubegrace-sidecar-api: what the operator and the sidecar must agree on.
+//! kubegrace-sidecar-api: what the operator and the sidecar must agree on,
+//! apart from both (the way linkerd2-proxy-api sits between its proxy and
+//! its control plane).
+//!
+//! - [`config`]: the sidecar's configuration, which the operator renders
+//!   into a ConfigMap and the sidecar reads.
+//! - [`admin`]: the admin port, its paths and the drain-token header.
+//! - [`cli`]: the sidecar's flags and `KUBEGRACE_*` environment names.
+//! - [`pod`]: container, volume and file names in an injected pod.
+//! - [`keys`]: annotation and label keys.
+//!
+//! The tests of both binaries and the cluster tests use these names too, so
+//! a rename is one change here that the compiler carries everywhere. The
+//! crate depends on serde and thiserror only: YAML parsing stays with the
+//! sidecar, rendering with the operator.
 
+pub mod admin;
+pub mod cli;
 pub mod config;
+pub mod keys;
+pub mod pod;

@@ -15,6 +15,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use kubegrace_sidecar_api::admin::{TOKEN_HEADER, path};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, Notify};
 use tokio::time::Instant;
@@ -22,7 +23,6 @@ use tokio::time::Instant;
 use crate::drain::Phase;
 use crate::state::Shared;
 
-const TOKEN_HEADER: &str = "x-kubegrace-drain-token";
 /// How long one upstream reachability answer is reused by `/ready`.
 const READY_CACHE: Duration = Duration::from_secs(1);
 
@@ -145,16 +145,17 @@ impl Admin {
         conn_waiters: &AtomicUsize,
         mode: Mode,
     ) -> Response<Full<Bytes>> {
-        let path = req.uri().path();
+        let requested = req.uri().path();
         let query = req.uri().query().unwrap_or("");
         let method = req.method();
         let read_only = method == Method::GET || method == Method::HEAD;
         if mode == Mode::ProbesOnly {
-            let probe = matches!(path, "/live" | "/healthz" | "/ready");
+            let probe = matches!(requested, path::LIVE | path::HEALTHZ | path::READY);
             // The preStop hook carries the token; without one configured
             // nothing is let through beyond the probes.
-            let pre_stop =
-                path == "/drain" && self.token.is_some() && self.check_token(&req).is_none();
+            let pre_stop = requested == path::DRAIN
+                && self.token.is_some()
+                && self.check_token(&req).is_none();
             if !probe && !pre_stop {
                 let mut resp = text(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -165,19 +166,19 @@ impl Admin {
                 return resp;
             }
         }
-        match path {
-            "/live" | "/healthz" if read_only => text(StatusCode::OK, "live\n"),
-            "/ready" if read_only => self.ready().await,
-            "/metrics" if read_only => self.metrics(),
-            "/config" if read_only => self.config(query),
-            "/breakers" if read_only => {
+        match requested {
+            path::LIVE | path::HEALTHZ if read_only => text(StatusCode::OK, "live\n"),
+            path::READY if read_only => self.ready().await,
+            path::METRICS if read_only => self.metrics(),
+            path::CONFIG if read_only => self.config(query),
+            path::BREAKERS if read_only => {
                 let snapshot = self.shared.live.load().routes.snapshot();
                 json(StatusCode::OK, &snapshot)
             }
             // Which app instance gets new requests, and what each still has
             // in flight (the app-upgrade recipe waits for 0 on the old one).
-            "/upstreams" if read_only => json(StatusCode::OK, &self.shared.upstreams.status()),
-            "/drain" if read_only || method == Method::POST => {
+            path::UPSTREAMS if read_only => json(StatusCode::OK, &self.shared.upstreams.status()),
+            path::DRAIN if read_only || method == Method::POST => {
                 if let Some(denied) = self.check_token(&req).or_else(|| self.check_origin(&req)) {
                     return denied;
                 }
@@ -188,7 +189,7 @@ impl Admin {
                 }
                 self.drain(wait).await
             }
-            "/drain/endpoint-removed" if method == Method::POST => {
+            path::DRAIN_ENDPOINT_REMOVED if method == Method::POST => {
                 if let Some(denied) = self.check_token(&req).or_else(|| self.check_origin(&req)) {
                     return denied;
                 }
@@ -197,7 +198,7 @@ impl Admin {
                 text(StatusCode::ACCEPTED, "endpoint removal noted\n")
             }
             // Outside Kubernetes: hand the sockets to a new process (upgrade.rs).
-            "/upgrade" if method == Method::POST => {
+            path::UPGRADE if method == Method::POST => {
                 // Starting a binary is never open, loopback or not.
                 if self.token.is_none() {
                     return text(
@@ -211,15 +212,15 @@ impl Admin {
                 let (status, body) = crate::upgrade::admin_upgrade().await;
                 text(status, &body)
             }
-            "/live"
-            | "/healthz"
-            | "/ready"
-            | "/metrics"
-            | "/config"
-            | "/breakers"
-            | "/upstreams"
-            | "/drain"
-            | "/drain/endpoint-removed" => {
+            path::LIVE
+            | path::HEALTHZ
+            | path::READY
+            | path::METRICS
+            | path::CONFIG
+            | path::BREAKERS
+            | path::UPSTREAMS
+            | path::DRAIN
+            | path::DRAIN_ENDPOINT_REMOVED => {
                 text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
             }
             _ => text(

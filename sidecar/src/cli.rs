@@ -9,8 +9,9 @@
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
+use kubegrace_sidecar_api::cli::env;
 
-use crate::config::{Config, Endpoint, HumanDuration, Protocol, SocketMode};
+use crate::config::{Config, ConfigError, Endpoint, HumanDuration, Protocol, SocketMode};
 use crate::error::{Error, Result};
 
 /// Exit status for anything the user must fix (BSD EX_USAGE).
@@ -29,14 +30,14 @@ pub enum LogFormat {
 #[command(name = "kubegrace-sidecar", version, about)]
 pub struct Cli {
     /// Where downstream traffic arrives (the port the Service targets); port 0 picks one.
-    #[arg(long, env = "KUBEGRACE_LISTEN", value_name = "ADDR")]
+    #[arg(long, env = env::LISTEN, value_name = "ADDR")]
     pub listen: Option<Endpoint>,
     /// The app, normally on loopback (host:port or unix:/path). Repeat it
     /// (or separate with commas) for blue/green app instances: new requests
     /// go to the one that most recently came up.
     #[arg(
         long,
-        env = "KUBEGRACE_UPSTREAM",
+        env = env::UPSTREAM,
         value_name = "ADDR",
         value_delimiter = ','
     )]
@@ -44,86 +45,86 @@ pub struct Cli {
     /// Admin port (TCP): /live /ready /drain /metrics /config /breakers /upstreams /upgrade.
     /// Default 127.0.0.1:15020. Any other than loopback needs --drain-token
     /// (or --admin-insecure), or the start is refused (exit 64).
-    #[arg(long, env = "KUBEGRACE_ADMIN", value_name = "ADDR")]
+    #[arg(long, env = env::ADMIN, value_name = "ADDR")]
     pub admin: Option<Endpoint>,
     /// Serve the admin port on a non-loopback address without a drain token:
     /// anyone who can reach it may then drain this process.
-    #[arg(long, env = "KUBEGRACE_ADMIN_INSECURE")]
+    #[arg(long, env = env::ADMIN_INSECURE)]
     pub admin_insecure: bool,
     /// Accept loops on as many SO_REUSEPORT listeners (TCP listen only).
-    #[arg(long, env = "KUBEGRACE_WORKERS", value_name = "N")]
+    #[arg(long, env = env::WORKERS, value_name = "N")]
     pub workers: Option<usize>,
     /// Permissions of a unix: listen socket, octal like chmod (0660).
-    #[arg(long, env = "KUBEGRACE_LISTEN_MODE", value_name = "MODE")]
+    #[arg(long, env = env::LISTEN_MODE, value_name = "MODE")]
     pub listen_mode: Option<SocketMode>,
     /// YAML config file; watched and reloaded on change or SIGHUP. A missing
     /// file is waited for (defaults and flags serve meanwhile); an invalid
     /// one stops the start (exit 64).
-    #[arg(long, env = "KUBEGRACE_CONFIG", value_name = "FILE")]
+    #[arg(long, env = env::CONFIG, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// auto (HTTP/1.1 + h2c), http1, http2 or tcp.
-    #[arg(long, env = "KUBEGRACE_PROTOCOL", value_name = "PROTOCOL", value_parser = parse_protocol)]
+    #[arg(long, env = env::PROTOCOL, value_name = "PROTOCOL", value_parser = parse_protocol)]
     pub protocol: Option<Protocol>,
     /// Serve at least this long after the drain trigger.
-    #[arg(long, env = "KUBEGRACE_DRAIN_MIN_DELAY", value_name = "DURATION")]
+    #[arg(long, env = env::DRAIN_MIN_DELAY, value_name = "DURATION")]
     pub drain_min_delay: Option<HumanDuration>,
     /// After the minimum delay, stop accepting once no connection arrived for this long.
-    #[arg(long, env = "KUBEGRACE_DRAIN_QUIET", value_name = "DURATION")]
+    #[arg(long, env = env::DRAIN_QUIET, value_name = "DURATION")]
     pub drain_quiet: Option<HumanDuration>,
     /// Stop accepting at the latest this long after the trigger.
-    #[arg(long, env = "KUBEGRACE_DRAIN_MAX_DELAY", value_name = "DURATION")]
+    #[arg(long, env = env::DRAIN_MAX_DELAY, value_name = "DURATION")]
     pub drain_max_delay: Option<HumanDuration>,
     /// Once closing, wait this long for in-flight work before force-closing.
-    #[arg(long, env = "KUBEGRACE_DRAIN_TIMEOUT", value_name = "DURATION")]
+    #[arg(long, env = env::DRAIN_TIMEOUT, value_name = "DURATION")]
     pub drain_timeout: Option<HumanDuration>,
     /// Most concurrent HTTP/2 streams per downstream connection (limits.maxConcurrentStreams).
-    #[arg(long, env = "KUBEGRACE_MAX_CONCURRENT_STREAMS", value_name = "N")]
+    #[arg(long, env = env::MAX_CONCURRENT_STREAMS, value_name = "N")]
     pub max_concurrent_streams: Option<u32>,
     /// HTTP/1 request bodies must arrive within this (plus 1s per limits.bodyMinRate bytes); 0s: off.
-    #[arg(long, env = "KUBEGRACE_BODY_READ_TIMEOUT", value_name = "DURATION")]
+    #[arg(long, env = env::BODY_READ_TIMEOUT, value_name = "DURATION")]
     pub body_read_timeout: Option<HumanDuration>,
     /// Cut a client that takes no response byte for this long; 0s: off.
-    #[arg(long, env = "KUBEGRACE_WRITE_TIMEOUT", value_name = "DURATION")]
+    #[arg(long, env = env::WRITE_TIMEOUT, value_name = "DURATION")]
     pub write_timeout: Option<HumanDuration>,
     /// Close upgraded tunnels and tcp-mode connections idle this long; 0s: never.
-    #[arg(long, env = "KUBEGRACE_TUNNEL_IDLE_TIMEOUT", value_name = "DURATION")]
+    #[arg(long, env = env::TUNNEL_IDLE_TIMEOUT, value_name = "DURATION")]
     pub tunnel_idle_timeout: Option<HumanDuration>,
     /// Most downstream connections open at once (0: no limit).
-    #[arg(long, env = "KUBEGRACE_MAX_CONNECTIONS", value_name = "N")]
+    #[arg(long, env = env::MAX_CONNECTIONS, value_name = "N")]
     pub max_connections: Option<usize>,
     /// Most admin connections open at once (probes still answered past it).
-    #[arg(long, env = "KUBEGRACE_ADMIN_MAX_CONNECTIONS", value_name = "N")]
+    #[arg(long, env = env::ADMIN_MAX_CONNECTIONS, value_name = "N")]
     pub admin_max_connections: Option<usize>,
     /// Upgrade protocols passed to the app, comma-separated (default: websocket).
     #[arg(
         long,
-        env = "KUBEGRACE_UPGRADE_PROTOCOLS",
+        env = env::UPGRADE_PROTOCOLS,
         value_name = "LIST",
         value_delimiter = ','
     )]
     pub upgrade_protocols: Option<Vec<String>>,
     /// Proxies in front whose X-Forwarded-Proto is kept (default 0: set from the connection).
-    #[arg(long, env = "KUBEGRACE_TRUSTED_HOPS", value_name = "N")]
+    #[arg(long, env = env::TRUSTED_HOPS, value_name = "N")]
     pub trusted_hops: Option<u32>,
     /// While the app refuses connections (restarting), hold a request this long for it to come back, then 503.
-    #[arg(long, env = "KUBEGRACE_UPSTREAM_HOLD_TIMEOUT", value_name = "DURATION")]
+    #[arg(long, env = env::UPSTREAM_HOLD_TIMEOUT, value_name = "DURATION")]
     pub upstream_hold_timeout: Option<HumanDuration>,
     /// Require this value in X-Kubegrace-Drain-Token on /drain.
     #[arg(
         long,
-        env = "KUBEGRACE_DRAIN_TOKEN",
+        env = env::DRAIN_TOKEN,
         value_name = "TOKEN",
         hide_env_values = true
     )]
     pub drain_token: Option<String>,
     /// Log as text or JSON lines.
-    #[arg(long, env = "KUBEGRACE_LOG_FORMAT", value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, env = env::LOG_FORMAT, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Write {"listen","admin","pid"} here once both ports are bound (for port 0).
-    #[arg(long, env = "KUBEGRACE_READY_FILE", value_name = "FILE")]
+    #[arg(long, env = env::READY_FILE, value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
     /// Binary started by an upgrade (SIGUSR2 or POST /upgrade); default: this one's path.
-    #[arg(long, env = "KUBEGRACE_UPGRADE_BINARY", value_name = "FILE")]
+    #[arg(long, env = env::UPGRADE_BINARY, value_name = "FILE")]
     pub upgrade_binary: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -142,7 +143,7 @@ pub enum Command {
         /// Its drain token, if it has one.
         #[arg(
             long,
-            env = "KUBEGRACE_DRAIN_TOKEN",
+            env = env::DRAIN_TOKEN,
             value_name = "TOKEN",
             hide_env_values = true
         )]
@@ -394,12 +395,32 @@ pub fn load_at_start(file: Option<&std::path::Path>, overrides: &Overrides) -> R
 /// Parses the file without validating: a relation between keys (minDelay <=
 /// maxDelay) may only hold once the flags are laid over it.
 fn parse_file(text: &str, path: &std::path::Path) -> Result<Config> {
+    parse_yaml(text, Some(path)).map_err(Error::Config)
+}
+
+/// A YAML config as the sidecar reads it from its file, without flags:
+/// parsed and validated. For tests and tools that hold the text (the
+/// operator's rendering, the bench's breaker config).
+pub fn config_from_yaml(text: &str) -> std::result::Result<Config, ConfigError> {
+    let config = parse_yaml(text, None)?;
+    config.validate()?;
+    Ok(config)
+}
+
+fn parse_yaml(
+    text: &str,
+    path: Option<&std::path::Path>,
+) -> std::result::Result<Config, ConfigError> {
     serde_yaml::from_str::<Config>(text).map_err(|e| {
-        let key = match e.location() {
-            Some(l) => format!("{} line {} column {}", path.display(), l.line(), l.column()),
-            None => path.display().to_string(),
+        // serde_yaml's message already names the field; the key says where.
+        let file = path.map(|p| p.display().to_string());
+        let key = match (file, e.location()) {
+            (Some(file), Some(l)) => format!("{file} line {} column {}", l.line(), l.column()),
+            (None, Some(l)) => format!("line {} column {}", l.line(), l.column()),
+            (Some(file), None) => file,
+            (None, None) => "config".into(),
         };
-        Error::Config(crate::config::ConfigError::new(key, e.to_string()))
+        ConfigError::new(key, e.to_string())
     })
 }
 
@@ -420,6 +441,42 @@ mod tests {
         let path = dir.join("config.yaml");
         std::fs::write(&path, text).expect("write");
         path
+    }
+
+    #[test]
+    fn the_sidecar_takes_the_arguments_the_operator_writes() {
+        use kubegrace_sidecar_api::cli::flag;
+        use kubegrace_sidecar_api::pod;
+        let config = pod::config_path();
+        let c = cli(&[
+            flag::CONFIG,
+            &config,
+            flag::LISTEN,
+            "0.0.0.0:15181",
+            flag::UPSTREAM,
+            "127.0.0.1:8080",
+            flag::ADMIN,
+            "0.0.0.0:15180",
+            flag::DRAIN_TOKEN,
+            "t0k3n",
+        ])
+        .expect("parse");
+        assert_eq!(c.config.as_deref(), Some(std::path::Path::new(&config)));
+        assert_eq!(c.drain_token.as_deref(), Some("t0k3n"));
+    }
+
+    #[test]
+    fn every_flag_has_its_kubegrace_environment_twin() {
+        use clap::CommandFactory;
+        for arg in Cli::command().get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if matches!(long, "help" | "version") {
+                continue;
+            }
+            let want = format!("KUBEGRACE_{}", long.replace('-', "_").to_ascii_uppercase());
+            let env = arg.get_env().and_then(|e| e.to_str());
+            assert_eq!(env, Some(want.as_str()), "--{long}");
+        }
     }
 
     #[test]

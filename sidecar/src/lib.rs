@@ -44,10 +44,10 @@ use crate::drain::{DrainReport, Phase};
 use crate::listen::{Listener, Peer, UnixCleanup};
 use crate::state::Shared;
 
-/// The config types live in the contract crate the operator shares.
-pub use kubegrace_sidecar_api::config;
 pub use cli::Settings;
 pub use error::{Error, Result};
+/// The config types live in the contract crate the operator shares.
+pub use kubegrace_sidecar_api::config;
 
 /// A running sidecar: listener, admin port, drain driver, reload watcher.
 pub struct Sidecar {

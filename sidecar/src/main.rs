@@ -76,7 +76,7 @@ fn main() {
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     // KUBEGRACE_LOG (or RUST_LOG) tunes verbosity; info is the default.
-    let filter = EnvFilter::try_from_env("KUBEGRACE_LOG")
+    let filter = EnvFilter::try_from_env(kubegrace_sidecar_api::cli::env::LOG)
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()

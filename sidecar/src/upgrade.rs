@@ -334,10 +334,11 @@ pub fn request(admin: std::net::SocketAddr, token: Option<&str>) -> Result<Strin
     // The sidecar answers once the new process is ready or has failed.
     let _ = stream.set_read_timeout(Some(READY_TIMEOUT + Duration::from_secs(30)));
     let token = token
-        .map(|t| format!("X-Kubegrace-Drain-Token: {t}\r\n"))
+        .map(|t| format!("{}: {t}\r\n", kubegrace_sidecar_api::admin::TOKEN_HEADER))
         .unwrap_or_default();
     let req = format!(
-        "POST /upgrade HTTP/1.1\r\nHost: {admin}\r\nContent-Length: 0\r\nConnection: close\r\n{token}\r\n"
+        "POST {} HTTP/1.1\r\nHost: {admin}\r\nContent-Length: 0\r\nConnection: close\r\n{token}\r\n",
+        kubegrace_sidecar_api::admin::path::UPGRADE
     );
     stream
         .write_all(req.as_bytes())

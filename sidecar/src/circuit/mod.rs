@@ -52,13 +52,9 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
 use http_body_util::Full;
 
-use crate::config::{CircuitBreakerConfig, FailureKind, RouteConfig};
+use crate::config::{CATCH_ALL_ROUTE, CircuitBreakerConfig, FailureKind, RouteConfig};
 use guard::{Guard, GuardTicket};
 use matcher::CompiledMatch;
-
-/// Name of the built-in route that catches whatever no configured route
-/// matched. A configured route with this name sets its policy instead.
-pub const DEFAULT_ROUTE: &str = crate::config::CATCH_ALL_ROUTE;
 
 /// The routes in force: first match wins, the default route catches the rest.
 pub struct RouteTable {
@@ -312,7 +308,7 @@ impl Route {
 
     fn builtin_default(previous: Option<&Arc<Route>>) -> Route {
         let config = RouteConfig {
-            name: DEFAULT_ROUTE.to_string(),
+            name: CATCH_ALL_ROUTE.to_string(),
             matcher: Default::default(),
             timeout: None,
             circuit_breaker: None,
@@ -441,10 +437,12 @@ impl RouteTable {
         // still matches at its own position with its own match first.
         let default_route = routes
             .iter()
-            .find(|route| route.name == DEFAULT_ROUTE)
+            .find(|route| route.name == CATCH_ALL_ROUTE)
             .cloned()
             .unwrap_or_else(|| {
-                Arc::new(Route::builtin_default(previous.get(DEFAULT_ROUTE).copied()))
+                Arc::new(Route::builtin_default(
+                    previous.get(CATCH_ALL_ROUTE).copied(),
+                ))
             });
         RouteTable {
             routes,

@@ -6,15 +6,15 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 
 use super::*;
-use crate::config::Config;
+use crate::cli::config_from_yaml;
 
 fn table(yaml: &str) -> RouteTable {
-    let config = Config::from_yaml(yaml).expect("valid config");
+    let config = config_from_yaml(yaml).expect("valid config");
     RouteTable::new(&config.routes)
 }
 
 fn routes(yaml: &str) -> Vec<RouteConfig> {
-    Config::from_yaml(yaml).expect("valid config").routes
+    config_from_yaml(yaml).expect("valid config").routes
 }
 
 const TWO_ROUTES: &str = r#"
@@ -35,7 +35,7 @@ fn first_match_wins_and_the_default_catches_the_rest() {
     assert_eq!(table.select(&Method::POST, None, "/other").name(), "writes");
     assert_eq!(
         table.select(&Method::GET, Some("h"), "/other").name(),
-        DEFAULT_ROUTE
+        CATCH_ALL_ROUTE
     );
     let api = table.select(&Method::GET, None, "/api");
     assert_eq!(api.timeout(), Some(Duration::from_secs(2)));
@@ -48,7 +48,7 @@ fn a_configured_default_route_sets_the_catch_alls_policy() {
         "routes: [{name: default, match: {path: /never}, circuitBreaker: {maxConcurrent: 3}}, {name: api, match: {pathPrefix: /api}}]",
     );
     let fallthrough = table.select(&Method::GET, None, "/x");
-    assert_eq!(fallthrough.name(), DEFAULT_ROUTE);
+    assert_eq!(fallthrough.name(), CATCH_ALL_ROUTE);
     assert!(fallthrough.guard.is_some());
     assert_eq!(table.select(&Method::GET, None, "/api").name(), "api");
     assert_eq!(

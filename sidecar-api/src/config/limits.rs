@@ -1,0 +1,209 @@
+//! Timers and limits: the drain protocol's timers, protection against
+//! abusive downstream traffic, and the pool of connections to the app.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, HumanDuration};
+
+/// The drain protocol's timers (see DESIGN.md, "Drain protocol").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct DrainConfig {
+    /// Serve at least this long after the trigger: routers lag.
+    pub min_delay: HumanDuration,
+    /// After `minDelay`, leave the grace phase once no new connection has
+    /// arrived for this long (the evidence that routers moved on).
+    pub quiet: HumanDuration,
+    /// Leave the grace phase at the latest after this long, evidence or not.
+    pub max_delay: HumanDuration,
+    /// Once closing, wait at most this long for in-flight work, then close
+    /// what is left and count it as force-closed.
+    pub timeout: HumanDuration,
+}
+
+impl Default for DrainConfig {
+    fn default() -> Self {
+        Self {
+            min_delay: HumanDuration::from_secs(2),
+            quiet: HumanDuration::from_secs(1),
+            max_delay: HumanDuration::from_secs(15),
+            timeout: HumanDuration::from_secs(30),
+        }
+    }
+}
+
+impl DrainConfig {
+    /// The longest a drain can take from trigger to `Drained`.
+    pub fn worst_case(&self) -> Duration {
+        self.max_delay.get() + self.timeout.get()
+    }
+}
+
+/// Protection against malformed and abusive downstream traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest request head (request line + headers) in bytes; beyond it
+    /// HTTP/1 gets 431.
+    pub max_header_bytes: usize,
+    /// Most headers in one request.
+    pub max_headers: usize,
+    /// A client must send its whole request head within this (slowloris).
+    pub header_read_timeout: HumanDuration,
+    /// Largest request body in bytes; 0 means unlimited. Beyond it: 413.
+    pub max_request_body_bytes: u64,
+    /// Close a downstream keep-alive connection idle for this long.
+    pub downstream_idle_timeout: HumanDuration,
+    /// Most concurrent HTTP/2 streams per downstream connection, announced
+    /// in SETTINGS_MAX_CONCURRENT_STREAMS (hyper's default, 200). A client
+    /// that opens more gets REFUSED_STREAM for the extra ones, which it may
+    /// retry; conforming clients queue them.
+    pub max_concurrent_streams: u32,
+    /// An HTTP/1 request body must arrive within this, extended by one
+    /// second per `bodyMinRate` bytes received (Apache mod_reqtimeout's
+    /// rule): a trickling sender gets 408. 0s turns it off.
+    pub body_read_timeout: HumanDuration,
+    /// Bytes per second that earn a slow upload one more second.
+    pub body_min_rate: u64,
+    /// A client that takes no response byte for this long while one is
+    /// waiting to be written is cut, which frees its app connection
+    /// (nginx's send_timeout). 0s turns it off.
+    pub write_timeout: HumanDuration,
+    /// Close an upgraded tunnel (WebSocket) or a `protocol: tcp`
+    /// connection after no byte moved either way for this long. 0s: never.
+    pub tunnel_idle_timeout: HumanDuration,
+    /// Downstream connections (tunnels included) open at once; past it new
+    /// connections are closed at once. 0: no limit.
+    pub max_connections: usize,
+    /// Admin connections open at once. Past it a new admin connection is
+    /// still served for one request with a 1s header timeout, but only
+    /// `/live`, `/ready` and a token-bearing `/drain` (probes and the
+    /// preStop hook must keep working); everything else gets 503.
+    pub admin_max_connections: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
+            header_read_timeout: HumanDuration::from_secs(10),
+            max_request_body_bytes: 0,
+            downstream_idle_timeout: HumanDuration::from_secs(120),
+            max_concurrent_streams: 200,
+            body_read_timeout: HumanDuration::from_secs(30),
+            body_min_rate: 500,
+            write_timeout: HumanDuration::from_secs(60),
+            tunnel_idle_timeout: HumanDuration::from_secs(3600),
+            max_connections: 10_000,
+            admin_max_connections: 64,
+        }
+    }
+}
+
+/// The pooled keep-alive connections from the sidecar to the app.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct UpstreamPoolConfig {
+    /// Drop a pooled connection idle for this long. Must stay below the
+    /// app's own keep-alive timeout (Go's default is 90s, Node's 5s) so the
+    /// proxy never reuses a socket the app is closing.
+    pub idle_timeout: HumanDuration,
+    /// Idle connections kept per upstream; sized for bursts so a burst never
+    /// degrades into a connection per request.
+    pub max_idle: usize,
+    pub connect_timeout: HumanDuration,
+    /// While the app refuses connections (its container is restarting:
+    /// liveness kill, crash, OOM kill), a request waits up to this long for
+    /// it to come back and is then sent; past it the proxy answers 503 with
+    /// `Retry-After`. 0 turns holding off (502 at once). See `app.rs`.
+    pub hold_timeout: HumanDuration,
+}
+
+impl Default for UpstreamPoolConfig {
+    fn default() -> Self {
+        Self {
+            // Below Node.js' 5s keepAliveTimeout, the shortest common default.
+            idle_timeout: HumanDuration::from_secs(4),
+            max_idle: 512,
+            connect_timeout: HumanDuration::from_secs(1),
+            // A kubelet restart of a crashed or liveness-killed container
+            // takes about a second; a few more cover a slow start.
+            hold_timeout: HumanDuration::from_secs(5),
+        }
+    }
+}
+
+impl DrainConfig {
+    pub fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if self.min_delay > self.max_delay {
+            return Err(ConfigError::new(
+                format!("{key}.minDelay"),
+                format!(
+                    "{} is longer than maxDelay {}; minDelay must be <= maxDelay",
+                    self.min_delay, self.max_delay
+                ),
+            ));
+        }
+        if self.timeout.get().is_zero() {
+            return Err(ConfigError::new(
+                format!("{key}.timeout"),
+                "must be more than 0s, or every in-flight request is cut at once",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl LimitsConfig {
+    pub fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if self.max_header_bytes < 1024 {
+            return Err(ConfigError::new(
+                format!("{key}.maxHeaderBytes"),
+                format!(
+                    "{} is too small for real clients; use at least 1024",
+                    self.max_header_bytes
+                ),
+            ));
+        }
+        if self.max_headers == 0 {
+            return Err(ConfigError::new(
+                format!("{key}.maxHeaders"),
+                "must be at least 1",
+            ));
+        }
+        if self.header_read_timeout.get().is_zero() {
+            return Err(ConfigError::new(
+                format!("{key}.headerReadTimeout"),
+                "must be more than 0s; it is the slowloris guard",
+            ));
+        }
+        if self.max_concurrent_streams == 0 {
+            return Err(ConfigError::new(
+                format!("{key}.maxConcurrentStreams"),
+                "must be at least 1, or no HTTP/2 request could be served",
+            ));
+        }
+        if self.admin_max_connections == 0 {
+            return Err(ConfigError::new(
+                format!("{key}.adminMaxConnections"),
+                "must be at least 1; the kubelet's probes need the admin port",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl UpstreamPoolConfig {
+    pub fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if self.connect_timeout.get().is_zero() {
+            return Err(ConfigError::new(
+                format!("{key}.connectTimeout"),
+                "must be more than 0s",
+            ));
+        }
+        Ok(())
+    }
+}

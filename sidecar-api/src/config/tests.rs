@@ -1,0 +1,67 @@
+//! The config as a whole, read from YAML the way the sidecar and the
+//! operator's tests read it.
+
+use super::*;
+
+/// What the sidecar does with its file: parse, then validate.
+fn from_yaml(text: &str) -> Result<Config, ConfigError> {
+    let config: Config =
+        serde_yaml::from_str(text).map_err(|e| ConfigError::new("yaml", e.to_string()))?;
+    config.validate()?;
+    Ok(config)
+}
+
+#[test]
+fn endpoints_accept_ports_addresses_and_unix_paths() {
+    assert_eq!(
+        ":8080".parse::<Endpoint>().expect("valid"),
+        Endpoint::Tcp("0.0.0.0:8080".parse().expect("addr"))
+    );
+    assert_eq!(
+        "unix:/run/app.sock".parse::<Endpoint>().expect("valid"),
+        Endpoint::Unix("/run/app.sock".into())
+    );
+    assert!("localhost".parse::<Endpoint>().is_err());
+}
+
+#[test]
+fn a_full_file_round_trips() {
+    let yaml = r#"
+listen: 0.0.0.0:8080
+upstream: 127.0.0.1:8081
+drain: {minDelay: 500ms, quiet: 300ms, maxDelay: 5s, timeout: 10s}
+routes:
+  - name: api
+    match: {pathPrefix: /api, methods: [GET, POST]}
+    timeout: 5s
+    circuitBreaker: {maxConcurrent: 64, maxQueue: 128, queueTimeout: 500ms, errorRatio: 0.5}
+    fallback: {status: 503, contentType: application/json, body: '{"error":"busy"}'}
+    failOn: [5xx, 504, connect-error]
+"#;
+    let config = from_yaml(yaml).expect("valid config");
+    assert_eq!(config.routes[0].fail_on[1], FailureKind::Status(504));
+    let again = from_yaml(&serde_yaml::to_string(&config).expect("render")).expect("re-parse");
+    assert_eq!(config, again);
+}
+
+#[test]
+fn errors_name_the_key_to_fix() {
+    let err = from_yaml("drain: {minDelay: 20s, maxDelay: 5s}").expect_err("invalid");
+    assert_eq!(err.key, "drain.minDelay");
+    let err =
+        from_yaml("routes: [{name: a, circuitBreaker: {errorRatio: 1.5}}]").expect_err("invalid");
+    assert_eq!(err.key, "routes[0].circuitBreaker.errorRatio");
+    let err = from_yaml("routes: [{name: a, failOn: [404]}]").expect_err("invalid");
+    assert!(err.message.contains("4xx"), "{err}");
+    let err = from_yaml("drian: {}").expect_err("unknown key");
+    assert!(err.message.contains("drian"), "{err}");
+}
+
+#[test]
+fn http2_stream_cap_defaults_to_200_and_refuses_zero() {
+    assert_eq!(Config::default().limits.max_concurrent_streams, 200);
+    let config = from_yaml("limits: {maxConcurrentStreams: 50}").expect("valid");
+    assert_eq!(config.limits.max_concurrent_streams, 50);
+    let err = from_yaml("limits: {maxConcurrentStreams: 0}").expect_err("invalid");
+    assert_eq!(err.key, "limits.maxConcurrentStreams");
+}

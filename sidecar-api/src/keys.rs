@@ -1,0 +1,27 @@
+//! Annotation and label keys (DESIGN.md "Names"): written by the operator
+//! and its webhook, set by users and the Helm chart, read by the tests.
+
+/// `enabled` or `disabled`, on a pod, a workload or a namespace: whether
+/// the webhook injects the sidecar.
+pub const INJECT: &str = "kubegrace.io/inject";
+/// Set by the webhook on a pod it injected.
+pub const INJECTED: &str = "kubegrace.io/injected";
+/// The GraceRoute a pod or workload belongs to (annotation).
+pub const ROUTE: &str = "kubegrace.io/route";
+/// Why the webhook left a pod that asked for the sidecar alone.
+pub const INJECT_SKIPPED: &str = "kubegrace.io/inject-skipped";
+/// The values of the target's rollout fields before a route changed them.
+pub const ORIGINAL: &str = "kubegrace.io/original-rollout";
+/// The hash of the sidecar config a pod template was rendered with: a
+/// config change rolls the pods.
+pub const CONFIG_HASH: &str = "kubegrace.io/config-hash";
+/// `native` (init container with restartPolicy Always) or `container`: how
+/// the sidecar was injected.
+pub const SIDECAR_MODE: &str = "kubegrace.io/sidecar-mode";
+/// Pod annotation: the sidecar's admin port for this pod (else the first
+/// free one from the chart's `sidecar.adminPort` up).
+pub const ADMIN_PORT: &str = "kubegrace.io/admin-port";
+/// The route that owns an object the operator created (label).
+pub const ROUTE_LABEL: &str = "kubegrace.io/route";
+/// The well-known label naming who manages an object.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";

@@ -28,10 +28,12 @@ use kubegrace_e2e::client_or_skip;
 use kubegrace_e2e::load::Summary;
 use kubegrace_e2e::scenario::kit::{self, PodAddr};
 use kubegrace_e2e::scenario::{self, Install, Options, Progress, Scenario, pod_ready};
+use kubegrace_sidecar_api::admin::path as admin_path;
+use kubegrace_sidecar_api::pod;
 
 const WITH: &str = "live-with";
 const WITHOUT: &str = "live-without";
-const SIDECAR: &str = "kubegrace-sidecar";
+const SIDECAR: &str = pod::CONTAINER;
 
 /// The demo app's Deployment with a livenessProbe on `/livez`: two failures a second
 /// apart and kubelet restarts the container.
@@ -75,7 +77,8 @@ async fn restarts(pods: &Api<Pod>, pod: &str, container: &str) -> Result<i32> {
 
 /// A metric's value from a sidecar's `/metrics`, read from this host on the pod IP.
 async fn sidecar_metric(admin: &str, name: &str) -> Result<f64> {
-    let (status, _, body) = kit::http1(admin, "GET", "/metrics", Duration::from_secs(3)).await?;
+    let (status, _, body) =
+        kit::http1(admin, "GET", admin_path::METRICS, Duration::from_secs(3)).await?;
     ensure!(status == 200, "GET http://{admin}/metrics: {status}");
     body.lines()
         .find_map(|l| {

@@ -24,6 +24,7 @@ use kube::{Api, Client};
 use kubegrace_e2e::client_or_skip;
 use kubegrace_e2e::scenario::kit::{self, ConstantLoad, PodAddr, Tally, stat};
 use kubegrace_e2e::scenario::{Install, Options, Progress, Scenario};
+use kubegrace_sidecar_api::config::FALLBACK_HEADER;
 use serde_json::json;
 
 const APP: &str = "demo-breaker";
@@ -213,13 +214,13 @@ async fn run(client: &Client, sc: &Scenario, p: &Progress) -> Result<()> {
         .map(|(_, n)| n)
         .sum();
     let (status, headers, body) = kit::http1(&service, "GET", "/", Duration::from_secs(5)).await?;
-    let outside_route = (status, headers.contains_key("x-kubegrace-fallback"), body);
+    let outside_route = (status, headers.contains_key(FALLBACK_HEADER), body);
     let (status, headers, body) =
         kit::http1(&service, "GET", "/api/items", Duration::from_secs(5)).await?;
     let fallback_seen = (
         status,
         headers
-            .get("x-kubegrace-fallback")
+            .get(FALLBACK_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
         body,

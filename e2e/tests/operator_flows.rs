@@ -27,6 +27,7 @@ use kubegrace_e2e::client_or_skip;
 use kubegrace_e2e::scenario::{
     Action, Install, Options, Progress, RunResult, Scenario, WITH, has_sidecar,
 };
+use kubegrace_sidecar_api::admin;
 use serde_json::json;
 
 /// The Deployment of flow 5: plain at first.
@@ -203,7 +204,7 @@ fn route_api(sc: &Scenario) -> Api<DynamicObject> {
 
 /// `drain.quiet` and the successful reload count in a sidecar's `GET /config`.
 async fn sidecar_config(sc: &Scenario, pod: &str) -> Result<(String, u64)> {
-    let body = sc.admin_get(pod, "/config").await?;
+    let body = sc.admin_get(pod, admin::path::CONFIG).await?;
     let v: serde_json::Value =
         serde_json::from_str(&body).with_context(|| format!("/config of {pod}: {body}"))?;
     let quiet = v["config"]["drain"]["quiet"]

@@ -525,11 +525,13 @@ spec:
         assert_eq!(sc.restart_policy.as_deref(), Some("Always"));
         let sc_ports = sc.ports.as_ref().expect("ports");
         assert_eq!(sc_ports[0].name.as_deref(), Some("http"));
-        assert_eq!(sc_ports[0].container_port, 15181);
+        let listen = pod::FIRST_LISTEN_PORT;
+        assert_eq!(sc_ports[0].container_port, i32::from(listen));
         let args = sc.args.as_ref().expect("args").join(" ");
+        let (l, u, a) = (flag::LISTEN, flag::UPSTREAM, flag::ADMIN);
         assert!(
-            args.contains("--listen 0.0.0.0:15181 --upstream 127.0.0.1:8080")
-                && args.contains("--admin 0.0.0.0:15180"),
+            args.contains(&format!("{l} 0.0.0.0:{listen} {u} 127.0.0.1:8080"))
+                && args.contains(&format!("{a} 0.0.0.0:{}", admin::DEFAULT_PORT)),
             "{args}"
         );
         let app = &spec.containers[0];
@@ -552,7 +554,7 @@ spec:
             .and_then(|p| p.http_get.as_ref())
             .expect("hook");
         assert_eq!(hook.path.as_deref(), Some(admin::path::DRAIN_WAIT));
-        assert_eq!(hook.port, IntOrString::Int(15180));
+        assert_eq!(hook.port, IntOrString::Int(i32::from(admin::DEFAULT_PORT)));
         assert_eq!(
             hook.http_headers.as_ref().expect("headers")[0].value,
             "t0k3n"
@@ -560,7 +562,7 @@ spec:
         let env = sc.env.as_ref().expect("env");
         assert!(
             env.iter()
-                .any(|e| e.name == "KUBEGRACE_DRAIN_TOKEN" && e.value.as_deref() == Some("t0k3n"))
+                .any(|e| e.name == env::DRAIN_TOKEN && e.value.as_deref() == Some("t0k3n"))
         );
         let sec = sc.security_context.as_ref().expect("security context");
         assert_eq!(sec.run_as_non_root, Some(true));

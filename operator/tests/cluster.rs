@@ -26,7 +26,7 @@ use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use kubegrace_operator::cli::RunArgs;
 use kubegrace_operator::crd::GraceRoute;
 use kubegrace_sidecar_api::config::Config;
-use kubegrace_sidecar_api::pod;
+use kubegrace_sidecar_api::{admin, keys, pod};
 use serde_json::json;
 
 /// Tests share the cluster-wide watches of their operators: one at a time.
@@ -110,7 +110,7 @@ impl TestNs {
         let name = format!("{prefix}-{:06x}", rand::random::<u32>() & 0xff_ffff);
         let mut labels = BTreeMap::from([(TEST_LABEL.to_string(), "true".to_string())]);
         if inject_label {
-            labels.insert("kubegrace.io/inject".into(), "enabled".into());
+            labels.insert(keys::INJECT.into(), "enabled".into());
         }
         let ns: Namespace =
             serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))
@@ -287,7 +287,7 @@ fn has_sidecar(p: &Pod) -> bool {
             .iter()
             .flatten()
             .chain(s.containers.iter())
-            .any(|c| c.name == "kubegrace-sidecar")
+            .any(|c| c.name == pod::CONTAINER)
     })
 }
 
@@ -474,10 +474,7 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
         Some(1),
         "the operator wrote nothing into it"
     );
-    assert!(
-        !d.annotations()
-            .contains_key("kubegrace.io/original-rollout")
-    );
+    assert!(!d.annotations().contains_key(keys::ORIGINAL));
 
     // Opt in: the operator copies the annotation into the template; the
     // rolled pods come back with the sidecar and the route turns Ready.
@@ -485,7 +482,7 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
         .patch(
             "web",
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"kubegrace.io/inject": "enabled"}}})),
+            &Patch::Merge(json!({"metadata": {"annotations": { (keys::INJECT): "enabled" }}})),
         )
         .await
         .expect("annotate");
@@ -511,7 +508,7 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
 
     // A pod created through the API server comes back injected, once.
     let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "direct", "labels": {"kubegrace.io/inject": "enabled"}, "annotations": {"kubegrace.io/route": "web"}},
+        "metadata": {"name": "direct", "labels": { (keys::INJECT): "enabled" }, "annotations": { (keys::ROUTE): "web" }},
         "spec": {"containers": [{"name": "app", "image": "localhost/kubegrace/pause:e2e", "imagePullPolicy": "Never",
                  "ports": [{"name": "http", "containerPort": 8080}]}]}
     }))
@@ -553,7 +550,7 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
                 .iter()
                 .flatten()
                 .chain(s.containers.iter())
-                .filter(|c| c.name == "kubegrace-sidecar")
+                .filter(|c| c.name == pod::CONTAINER)
                 .count()
         })
     };
@@ -649,14 +646,14 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
         .patch(
             "web",
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"kubegrace.io/inject": null}}})),
+            &Patch::Merge(json!({"metadata": {"annotations": { (keys::INJECT): null }}})),
         )
         .await
         .expect("un-annotate");
     wait_for(30, "template label removed", || async {
         let d = deployments.get("web").await.ok()?;
         let labels = d.spec?.template.metadata?.labels.unwrap_or_default();
-        (!labels.contains_key("kubegrace.io/inject")).then_some(())
+        (!labels.contains_key(keys::INJECT)).then_some(())
     })
     .await;
 
@@ -679,16 +676,13 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
         Some(30)
     );
     assert_eq!(spec.min_ready_seconds.unwrap_or(0), 0);
-    assert!(
-        !d.annotations()
-            .contains_key("kubegrace.io/original-rollout")
-    );
+    assert!(!d.annotations().contains_key(keys::ORIGINAL));
     assert!(
         spec.template
             .metadata
             .as_ref()
             .and_then(|m| m.annotations.as_ref())
-            .is_none_or(|a| !a.contains_key("kubegrace.io/route"))
+            .is_none_or(|a| !a.contains_key(keys::ROUTE))
     );
 
     let _ = stop.send(());
@@ -1028,17 +1022,18 @@ async fn an_injected_pod_runs_serves_through_the_sidecar_and_drains_within_its_b
         .and_then(|s| s.pod_ip.clone())
         .expect("pod IP");
     let through = wait_for(20, "the app through the sidecar", || async {
-        let r = http_get(&format!("{ip}:15181"), "/").await?;
+        let r = http_get(&format!("{ip}:{}", pod::FIRST_LISTEN_PORT), "/").await?;
         r.starts_with("HTTP/1.1 200").then_some(r)
     })
     .await;
     assert!(through.contains("pod="), "{through}");
-    let ready = http_get(&format!("{ip}:15180"), "/ready")
+    let admin_port = kubegrace_operator::inject::admin_port_of(&pod).expect("a kg-admin port");
+    let ready = http_get(&format!("{ip}:{admin_port}"), admin::path::READY)
         .await
         .expect("admin port");
     assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
     // Without the pod's token nobody may drain it.
-    let drain = http_get(&format!("{ip}:15180"), "/drain")
+    let drain = http_get(&format!("{ip}:{admin_port}"), admin::path::DRAIN)
         .await
         .expect("admin port");
     assert!(!drain.starts_with("HTTP/1.1 2"), "{drain}");
@@ -1578,7 +1573,7 @@ async fn with_watch_namespaces_the_operator_works_there_and_may_write_nothing_el
         .get("kubegrace-web")
         .await
         .expect("the route's ConfigMap, written as the ServiceAccount");
-    assert!(cm.data.is_some_and(|d| d.contains_key("config.yaml")));
+    assert!(cm.data.is_some_and(|d| d.contains_key(pod::CONFIG_FILE)));
     // Nothing happened in the other namespace: no status, no finalizer, no
     // ConfigMap (and the API server would have refused them anyway).
     let elsewhere = Api::<GraceRoute>::namespaced(client.clone(), o)

@@ -34,6 +34,7 @@ use kube::api::{
 };
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt as _};
+use kubegrace_sidecar_api::keys;
 use serde_json::{Value, json};
 
 /// The operator's custom resource, untyped (the bench does not link the
@@ -255,10 +256,10 @@ where
 fn pod(injected: bool) -> anyhow::Result<Pod> {
     let mut labels = json!({"app": "web"});
     if injected {
-        labels["kubegrace.io/inject"] = json!("enabled");
+        labels[keys::INJECT] = json!("enabled");
     }
     Ok(serde_json::from_value(json!({
-        "metadata": {"generateName": "bench-", "labels": labels, "annotations": {"kubegrace.io/route": "web"}},
+        "metadata": {"generateName": "bench-", "labels": labels, "annotations": { (keys::ROUTE): "web" }},
         "spec": {"containers": [{
             "name": "app", "image": "localhost/kubegrace/pause:e2e", "imagePullPolicy": "Never",
             "ports": [{"name": "http", "containerPort": 8080}]
@@ -381,7 +382,7 @@ async fn run(args: &Args, client: &Client, ns: &str) -> anyhow::Result<Value> {
             "clientConfig": {"url": format!("https://127.0.0.1:{webhook_port}/mutate")},
             "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}],
             "namespaceSelector": selector,
-            "objectSelector": {"matchLabels": {"kubegrace.io/inject": "enabled"}},
+            "objectSelector": {"matchLabels": { (keys::INJECT): "enabled" }},
             "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 10,
             "reinvocationPolicy": "IfNeeded",
         }]
@@ -438,7 +439,7 @@ async fn run(args: &Args, client: &Client, ns: &str) -> anyhow::Result<Value> {
     let deployment: Deployment = serde_json::from_value(json!({
         "metadata": {"name": "web"},
         "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
-                 "template": {"metadata": {"labels": {"app": "web", "kubegrace.io/inject": "enabled"}},
+                 "template": {"metadata": {"labels": {"app": "web", (keys::INJECT): "enabled"}},
                               "spec": {"containers": [{"name": "app", "image": "localhost/kubegrace/pause:e2e",
                                        "imagePullPolicy": "Never", "ports": [{"name": "http", "containerPort": 8080}]}]}}}
     }))?;
@@ -478,7 +479,7 @@ async fn run(args: &Args, client: &Client, ns: &str) -> anyhow::Result<Value> {
             if i >= 10 {
                 series.push(t.elapsed());
             }
-            let injected = created.annotations().contains_key("kubegrace.io/injected");
+            let injected = created.annotations().contains_key(keys::INJECTED);
             if injected != std::ptr::eq(p, &asking) {
                 bail!(
                     "pod {i}: injected={injected}, the webhook did not do what the series assumes"

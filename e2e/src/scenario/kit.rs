@@ -19,6 +19,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::Api;
 use kube::api::{DynamicObject, ListParams, PostParams};
+use kubegrace_sidecar_api::admin;
+use kubegrace_sidecar_api::config::FALLBACK_HEADER;
 use serde_json::json;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
@@ -402,7 +404,7 @@ pub async fn ready_pods(pods: &Api<Pod>, app: &str) -> Result<Vec<PodAddr>> {
             .with_context(|| format!("pod {name}: no app container port"))?;
         out.push(PodAddr {
             front_port: port_named("http").unwrap_or(app_port),
-            admin_port: port_named("kg-admin"),
+            admin_port: port_named(admin::PORT_NAME),
             name,
             uid,
             ip,
@@ -461,7 +463,13 @@ pub async fn deploy_with_route(
 
 /// The sidecar's `GET /breakers` entry of route `route` on this admin address.
 pub async fn breaker(admin_addr: &str, route: &str) -> Result<serde_json::Value> {
-    let (status, _, body) = http1(admin_addr, "GET", "/breakers", Duration::from_secs(3)).await?;
+    let (status, _, body) = http1(
+        admin_addr,
+        "GET",
+        admin::path::BREAKERS,
+        Duration::from_secs(3),
+    )
+    .await?;
     if status != 200 {
         bail!(
             "GET http://{admin_addr}/breakers: status {status}: {}",
@@ -542,7 +550,7 @@ impl ConstantLoad {
                     let t = &mut tallies[at];
                     match result {
                         Ok((status, headers, _)) => {
-                            match headers.get("x-kubegrace-fallback").map(|v| v.as_bytes()) {
+                            match headers.get(FALLBACK_HEADER).map(|v| v.as_bytes()) {
                                 Some(b"breaker_open") => t.fallback_breaker_open += 1,
                                 Some(_) => t.fallback_other += 1,
                                 None if (200..300).contains(&status) => t.ok += 1,

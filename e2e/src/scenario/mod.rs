@@ -47,6 +47,7 @@ use kube::api::{
     PatchParams, PostParams,
 };
 use kube::{Api, Client};
+use kubegrace_sidecar_api::{admin, keys, pod};
 use serde_json::json;
 
 use crate::load::report::{DemoRun, Event};
@@ -624,7 +625,7 @@ pub fn deployment(name: &str, replicas: i32, kubegrace: bool) -> Result<Deployme
     });
     if kubegrace {
         // What a user types: `kubectl annotate deployment demo-with kubegrace.io/inject=enabled`.
-        d["metadata"]["annotations"] = json!({"kubegrace.io/inject": "enabled"});
+        d["metadata"]["annotations"] = json!({ (keys::INJECT): "enabled" });
     }
     Ok(serde_json::from_value(d)?)
 }
@@ -646,7 +647,7 @@ pub fn has_sidecar(p: &Pod) -> bool {
             .iter()
             .flatten()
             .chain(s.containers.iter())
-            .any(|c| c.name == "kubegrace-sidecar")
+            .any(|c| c.name == pod::CONTAINER)
     })
 }
 
@@ -821,7 +822,7 @@ impl Scenario {
             .iter()
             .chain(spec.init_containers.iter().flatten())
             .flat_map(|c| c.ports.iter().flatten())
-            .find(|p| p.name.as_deref() == Some("kg-admin"))
+            .find(|p| p.name.as_deref() == Some(admin::PORT_NAME))
             .and_then(|p| u16::try_from(p.container_port).ok())
             .context("no kg-admin port: the pod has no sidecar")
     }
@@ -1287,13 +1288,13 @@ impl Scenario {
                 p.step(format!(
                     "{name}: annotate kubegrace.io/inject=enabled (the operator rolls it)"
                 ));
-                json!({"metadata": {"annotations": {"kubegrace.io/inject": "enabled"}}})
+                json!({"metadata": {"annotations": { (keys::INJECT): "enabled" }}})
             }
             Action::Inject(false) => {
                 p.step(format!(
                     "{name}: annotate kubegrace.io/inject- (the operator rolls it back)"
                 ));
-                json!({"metadata": {"annotations": {"kubegrace.io/inject": null}}})
+                json!({"metadata": {"annotations": { (keys::INJECT): null }}})
             }
         };
         deployments

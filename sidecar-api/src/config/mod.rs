@@ -26,7 +26,8 @@ use serde::{Deserialize, Serialize};
 pub use duration::HumanDuration;
 pub use limits::{DrainConfig, LimitsConfig, UpstreamPoolConfig};
 pub use route::{
-    CATCH_ALL_ROUTE, CircuitBreakerConfig, FailureKind, FallbackConfig, RouteConfig, RouteMatch,
+    CATCH_ALL_ROUTE, CircuitBreakerConfig, FALLBACK_HEADER, FailureKind, FallbackConfig,
+    RouteConfig, RouteMatch,
 };
 pub use values::{Endpoint, Protocol, SocketMode};
 

@@ -172,6 +172,10 @@ impl Default for CircuitBreakerConfig {
     }
 }
 
+/// The response header that marks a fallback (the sidecar answered, not the
+/// app); its value is the reason: `breaker_open`, `queue_full`, ...
+pub const FALLBACK_HEADER: &str = "x-kubegrace-fallback";
+
 /// The response served instead of the app's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]

@@ -390,7 +390,7 @@ impl Route {
             HeaderValue::from(retry_after_secs(rejection.retry_after())),
         );
         headers.insert(
-            "x-kubegrace-fallback",
+            crate::config::FALLBACK_HEADER,
             HeaderValue::from_static(rejection.reason()),
         );
         // A fallback must never be cached as if it were the app's answer.

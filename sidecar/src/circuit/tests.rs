@@ -93,7 +93,10 @@ async fn overload_queues_then_rejects_and_every_rejection_says_why() {
     let response = api.fallback(&full);
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(response.headers()["retry-after"], "1");
-    assert_eq!(response.headers()["x-kubegrace-fallback"], "queue_full");
+    assert_eq!(
+        response.headers()[crate::config::FALLBACK_HEADER],
+        "queue_full"
+    );
     assert_eq!(response.headers()["content-type"], "application/json");
 
     let mut metrics = String::new();

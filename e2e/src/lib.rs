@@ -1,11 +1,16 @@
 //! Shared helpers for kubegrace's cluster tests.
 //!
-//! Tests find the cluster through `KUBEGRACE_E2E_KUBECONFIG` only, never the shell's
-//! `KUBECONFIG`: a developer's `cargo test` must not touch whatever cluster the shell points
-//! at. Without it they print a message and skip; the cluster tier (`make test-cluster`,
-//! `e2e/cluster/with-cluster`) always sets it, and there a missing or unreachable cluster is
-//! an error, never a skip. Every test works in its own temporary namespace,
-//! labelled `kubegrace.io/e2e=true`, that is deleted afterwards (also when the test fails).
+//! One gate decides whether a cluster test runs: [`CLUSTER_TIER_ENV`]
+//! (`KUBEGRACE_E2E_CLUSTER=1`), which `e2e/run-cluster-tests` (so `make
+//! test-cluster`) and CI set. Without it every cluster test prints that it
+//! was skipped and passes without reading any kubeconfig, so `cargo test` on
+//! a developer's machine never touches the cluster the shell's `KUBECONFIG`
+//! points at. With it, a missing kubeconfig, an API server that does not
+//! answer or a missing image fails the test: the tier never passes by
+//! skipping. The cluster is the one in `KUBEGRACE_E2E_KUBECONFIG`
+//! ([`KUBECONFIG_ENV`]), never the shell's `KUBECONFIG`. Every test works in
+//! its own temporary namespace, labelled `kubegrace.io/e2e=true`, that is
+//! deleted afterwards (also when the test fails).
 
 pub mod load;
 pub mod scenario;
@@ -17,7 +22,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::{DeleteParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{Condition, await_condition};
@@ -36,33 +41,107 @@ pub fn image_tag() -> String {
         .unwrap_or_else(|| "e2e".into())
 }
 
+/// The sidecar image (built by `e2e/cluster/images`).
+pub fn sidecar_image() -> String {
+    format!("localhost/kubegrace/sidecar:{}", image_tag())
+}
+
 /// The demo app image (built by `e2e/cluster/images`).
 pub fn demo_image() -> String {
     std::env::var("KUBEGRACE_E2E_DEMO_IMAGE")
         .unwrap_or_else(|_| format!("localhost/kubegrace/demo-app:{}", image_tag()))
 }
 
-/// The kubeconfig the cluster tests should use: `KUBEGRACE_E2E_KUBECONFIG`, set by the
-/// cluster tier. The shell's `KUBECONFIG` is deliberately ignored.
+/// `1` turns the cluster tier on (set by `e2e/run-cluster-tests` and CI).
+pub const CLUSTER_TIER_ENV: &str = "KUBEGRACE_E2E_CLUSTER";
+/// The kubeconfig of the cluster under test (set by `e2e/cluster/with-cluster`).
+pub const KUBECONFIG_ENV: &str = "KUBEGRACE_E2E_KUBECONFIG";
+
+/// Whether the cluster tier is on: [`CLUSTER_TIER_ENV`] is `1`.
+pub fn cluster_tier() -> bool {
+    tier_on(std::env::var(CLUSTER_TIER_ENV).ok().as_deref())
+}
+
+/// Only `1` turns the tier on: a stray `0` or `false` must not.
+fn tier_on(value: Option<&str>) -> bool {
+    value.is_some_and(|v| v.trim() == "1")
+}
+
+/// The kubeconfig the cluster tests use: [`KUBECONFIG_ENV`]. The shell's
+/// `KUBECONFIG` is deliberately ignored.
 pub fn kubeconfig_path() -> Option<PathBuf> {
-    std::env::var_os("KUBEGRACE_E2E_KUBECONFIG")
+    std::env::var_os(KUBECONFIG_ENV)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
 }
 
-/// A client for the e2e cluster, or `None` (with a message) when no cluster is configured.
-pub async fn client_or_skip(test: &str) -> Result<Option<Client>> {
-    let Some(path) = kubeconfig_path() else {
+/// The gate of every cluster test: `Ok(None)` outside the cluster tier (the
+/// test prints that it was skipped and returns), a client for the cluster
+/// under test inside it, or an error that fails the test when the tier is on
+/// but the cluster is not there.
+pub async fn cluster_client(test: &str) -> Result<Option<Client>> {
+    if !cluster_tier() {
         eprintln!(
-            "SKIPPED {test}: not in the cluster tier (KUBEGRACE_E2E_KUBECONFIG unset; `make test-cluster` sets it)"
+            "SKIPPED {test}: cluster tier off ({CLUSTER_TIER_ENV}=1 turns it on; `make test-cluster` sets it)"
         );
         return Ok(None);
-    };
+    }
+    connect()
+        .await
+        .with_context(|| format!("{test}: {CLUSTER_TIER_ENV}=1 but no usable cluster"))
+        .map(Some)
+}
+
+/// A client for the cluster in [`KUBECONFIG_ENV`], once its API server has
+/// answered; an error names what is missing.
+pub async fn connect() -> Result<Client> {
+    let path = kubeconfig_path().with_context(|| {
+        format!("{KUBECONFIG_ENV} is not set (e2e/cluster/with-cluster sets it)")
+    })?;
     let kubeconfig = Kubeconfig::read_from(&path)
         .with_context(|| format!("reading kubeconfig {}", path.display()))?;
     let config =
         kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-    Ok(Some(Client::try_from(config)?))
+    let client = Client::try_from(config)?;
+    client
+        .apiserver_version()
+        .await
+        .with_context(|| format!("the API server of {} does not answer", path.display()))?;
+    Ok(client)
+}
+
+/// Fails unless every node-local image in `images` (`localhost/kubegrace/...:tag`, as
+/// `e2e/cluster/images` imports them) is on at least one node: with
+/// `imagePullPolicy: Never` a missing one would only show as a pod that
+/// never starts.
+pub async fn require_images(client: &Client, images: &[String]) -> Result<()> {
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .context("listing nodes")?;
+    let present = |image: &str| {
+        nodes.items.iter().any(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.images.as_ref())
+                .is_some_and(|imgs| {
+                    imgs.iter()
+                        .any(|i| i.names.iter().flatten().any(|x| x.ends_with(image)))
+                })
+        })
+    };
+    let missing: Vec<&str> = images
+        .iter()
+        .map(|i| i.trim_start_matches("localhost/"))
+        .filter(|i| !present(i))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "images not on any node: {} (e2e/cluster/images builds and imports them)",
+            missing.join(", ")
+        );
+    }
+    Ok(())
 }
 
 /// Runs `body` in a fresh namespace `kg-e2e-<prefix>-xxxxx` and deletes the namespace
@@ -183,4 +262,17 @@ pub async fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<(u16,
     tokio::time::timeout(timeout, fut)
         .await
         .map_err(|_| anyhow!("GET http://{addr}{path}: no answer within {timeout:?}"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tier_on;
+
+    #[test]
+    fn only_1_turns_the_cluster_tier_on() {
+        assert!(tier_on(Some("1")));
+        for off in [None, Some(""), Some("0"), Some("false"), Some("yes")] {
+            assert!(!tier_on(off), "{off:?}");
+        }
+    }
 }

@@ -14,7 +14,7 @@
 //!    cluster's crictl is on PATH after `eval "$(e2e/cluster/env)"`); the pod comes back
 //!    Ready and serves through the sidecar, the sidecar's restartCount is 1 and the app's 0.
 //!
-//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::kubeconfig_path`.
+//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::cluster_client`.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -24,7 +24,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::PostParams;
 use kube::{Api, Client};
-use kubegrace_e2e::client_or_skip;
+use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::load::Summary;
 use kubegrace_e2e::scenario::kit::{self, PodAddr};
 use kubegrace_e2e::scenario::{self, Install, Options, Progress, Scenario, pod_ready};
@@ -164,7 +164,7 @@ async fn liveness_restart_under_load(
 async fn an_app_liveness_restart_under_load_loses_nothing_with_kubegrace_and_fails_requests_without()
 -> Result<()> {
     let test = "an_app_liveness_restart_under_load_loses_nothing_with_kubegrace_and_fails_requests_without";
-    let Some(client) = client_or_skip(test).await? else {
+    let Some(client) = cluster_client(test).await? else {
         return Ok(());
     };
     let mut opts = Options::new("kg-restart").with_load_from_env()?;
@@ -280,7 +280,7 @@ async fn run_crictl(args: &[&str]) -> Result<String> {
 #[tokio::test]
 async fn the_sidecars_own_restart_comes_back_ready_and_serves() -> Result<()> {
     let test = "the_sidecars_own_restart_comes_back_ready_and_serves";
-    let Some(client) = client_or_skip(test).await? else {
+    let Some(client) = cluster_client(test).await? else {
         return Ok(());
     };
     let mut opts = Options::new("kg-screstart");

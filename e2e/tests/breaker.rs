@@ -14,14 +14,14 @@
 //! 4. fault off: a probe succeeds, every breaker closes, and every request sent after that
 //!    is the app's 200 again.
 //!
-//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::kubeconfig_path`.
+//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::cluster_client`.
 
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
-use kubegrace_e2e::client_or_skip;
+use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::scenario::kit::{self, ConstantLoad, PodAddr, Tally, stat};
 use kubegrace_e2e::scenario::{Install, Options, Progress, Scenario};
 use kubegrace_sidecar_api::config::FALLBACK_HEADER;
@@ -47,7 +47,7 @@ async fn an_open_breaker_serves_the_fallback_lets_only_probes_through_and_closes
 -> Result<()> {
     let test =
         "an_open_breaker_serves_the_fallback_lets_only_probes_through_and_closes_on_recovery";
-    let Some(client) = client_or_skip(test).await? else {
+    let Some(client) = cluster_client(test).await? else {
         return Ok(());
     };
     let mut opts = Options::new("kg-breaker");

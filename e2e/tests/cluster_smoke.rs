@@ -3,7 +3,7 @@
 //! follows Kubernetes' termination order: preStop hook, then SIGTERM, then SIGKILL at
 //! the end of the grace period, with the EndpointSlice showing the endpoint terminating.
 //!
-//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::kubeconfig_path`.
+//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::cluster_client`.
 
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 use kube::runtime::conditions;
 use kube::{Api, Client};
 use kubegrace_e2e::{
-    client_or_skip, demo_image, http_get, poll, wait_deleted, wait_for, with_namespace,
+    cluster_client, demo_image, http_get, poll, wait_deleted, wait_for, with_namespace,
 };
 use serde_json::json;
 
@@ -200,7 +200,7 @@ async fn endpoint_conditions(
 
 #[tokio::test]
 async fn service_cluster_ip_reaches_demo_deployment() -> Result<()> {
-    let Some(client) = client_or_skip("service_cluster_ip_reaches_demo_deployment").await? else {
+    let Some(client) = cluster_client("service_cluster_ip_reaches_demo_deployment").await? else {
         return Ok(());
     };
     with_namespace(&client, "svc", |client: Client, ns: String| async move {
@@ -263,7 +263,7 @@ async fn service_cluster_ip_reaches_demo_deployment() -> Result<()> {
 #[tokio::test]
 async fn pod_deletion_runs_prestop_then_sigterm_and_endpoint_terminates() -> Result<()> {
     let test = "pod_deletion_runs_prestop_then_sigterm_and_endpoint_terminates";
-    let Some(client) = client_or_skip(test).await? else {
+    let Some(client) = cluster_client(test).await? else {
         return Ok(());
     };
     with_namespace(&client, "stop", |client: Client, ns: String| async move {
@@ -320,7 +320,7 @@ async fn pod_deletion_runs_prestop_then_sigterm_and_endpoint_terminates() -> Res
 
 #[tokio::test]
 async fn grace_period_is_honoured_before_sigkill() -> Result<()> {
-    let Some(client) = client_or_skip("grace_period_is_honoured_before_sigkill").await? else {
+    let Some(client) = cluster_client("grace_period_is_honoured_before_sigkill").await? else {
         return Ok(());
     };
     with_namespace(&client, "grace", |client: Client, ns: String| async move {

@@ -16,7 +16,7 @@
 //! app's SIGTERM until the sidecar has drained); without it every one is cut. Both are
 //! asserted, and each exchange is printed with how far it got.
 //!
-//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::kubeconfig_path`.
+//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::cluster_client`.
 
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ use kube::api::DeleteParams;
 use kube::{Api, Client};
 use kubegrace_e2e::scenario::kit::{self, Session, stat};
 use kubegrace_e2e::scenario::{Install, Options, Progress, Scenario, WITH, WITHOUT};
-use kubegrace_e2e::{client_or_skip, wait_deleted};
+use kubegrace_e2e::{cluster_client, wait_deleted};
 
 /// Each exchange lasts about this long, well past the pod's deletion.
 const DELAY_MS: u64 = 8_000;
@@ -39,7 +39,7 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(45);
 async fn long_requests_and_streams_in_flight_at_termination_finish_with_kubegrace_and_are_cut_without()
 -> Result<()> {
     let test = "long_requests_and_streams_in_flight_at_termination_finish_with_kubegrace_and_are_cut_without";
-    let Some(client) = client_or_skip(test).await? else {
+    let Some(client) = cluster_client(test).await? else {
         return Ok(());
     };
     let mut opts = Options::new("kg-inflight");

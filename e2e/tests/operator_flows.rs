@@ -13,7 +13,7 @@
 //! says (this process by default, `job` for a loadgen Job; see
 //! `kubegrace_e2e::scenario::LoadMode`).
 //!
-//! Skipped (with a message) when no cluster is configured.
+//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::cluster_client`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -23,7 +23,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
-use kubegrace_e2e::client_or_skip;
+use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::scenario::{
     Action, Install, Options, Progress, RunResult, Scenario, WITH, has_sidecar,
 };
@@ -39,7 +39,7 @@ const NEW_QUIET: &str = "800ms";
 #[tokio::test]
 async fn annotate_edit_route_and_kill_the_operator_under_load() -> Result<()> {
     let test = "annotate_edit_route_and_kill_the_operator_under_load";
-    let Some(client) = client_or_skip(test).await? else {
+    let Some(client) = cluster_client(test).await? else {
         return Ok(());
     };
     let mut opts = Options::new("kg-e2e-ops").with_load_from_env()?;

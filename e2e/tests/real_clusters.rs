@@ -23,13 +23,13 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kubegrace_e2e::scenario::{
     APP_PORT, Install, Options, Progress, Scenario, WITH, graceroute_api, has_sidecar, service,
 };
-use kubegrace_e2e::{client_or_skip, demo_image};
+use kubegrace_e2e::{cluster_client, demo_image};
 use serde_json::json;
 
 #[tokio::test]
 async fn bypassing_services_gitops_reapplies_and_taken_ports_are_handled() -> Result<()> {
     let test = "bypassing_services_gitops_reapplies_and_taken_ports_are_handled";
-    let Some(client) = client_or_skip(test).await? else {
+    let Some(client) = cluster_client(test).await? else {
         return Ok(());
     };
     let opts = Options::new("kg-e2e-real");

@@ -6,10 +6,10 @@
 //! plain), HTTP/1.1 keep-alive load on each Service's ClusterIP while the pod template
 //! changes. The scenario itself is `kubegrace_e2e::scenario` (shared with `make demo`).
 //!
-//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::kubeconfig_path`.
+//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::cluster_client`.
 
 use anyhow::{Result, ensure};
-use kubegrace_e2e::client_or_skip;
+use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::load::report;
 use kubegrace_e2e::scenario::{self, Options, Progress};
 
@@ -17,7 +17,7 @@ use kubegrace_e2e::scenario::{self, Options, Progress};
 async fn rolling_update_under_load_loses_no_request_with_kubegrace_and_some_without() -> Result<()>
 {
     let test = "rolling_update_under_load_loses_no_request_with_kubegrace_and_some_without";
-    let Some(client) = client_or_skip(test).await? else {
+    let Some(client) = cluster_client(test).await? else {
         return Ok(());
     };
     let opts = Options::new("kg-e2e").with_load_from_env()?;

@@ -1,0 +1,329 @@
+//! What every operator-in-process test needs: the cluster gate, a labelled
+//! namespace, webhook configurations that call this host, the operator
+//! started as a task, and small waits and probes.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, CustomResourceExt, ResourceExt};
+use kubegrace_operator::cli::RunArgs;
+use kubegrace_operator::crd::GraceRoute;
+use kubegrace_sidecar_api::{keys, pod};
+use serde_json::json;
+
+/// Tests share the cluster-wide watches of their operators: one at a time.
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub const TEST_LABEL: &str = "kubegrace.io/test";
+
+/// The cluster under test, through the e2e crate's one gate: `None` outside
+/// the cluster tier (the test returns, having printed that it skipped); in
+/// the tier a missing or unreachable cluster fails the test.
+pub async fn cluster(test: &str) -> Option<Client> {
+    match kubegrace_e2e::cluster_client(test).await {
+        Ok(client) => client,
+        Err(e) => panic!("{e:#}"),
+    }
+}
+
+/// Polls `check` every 250ms until it returns Some, for at most `secs`.
+pub async fn wait_for<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {secs}s waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+pub fn free_port() -> u16 {
+    free_ports::<1>()[0]
+}
+
+/// Distinct free ports: the listeners are held until all are chosen (the
+/// kernel happily hands the same port to consecutive binds otherwise).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: Vec<std::net::TcpListener> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("free port"))
+        .collect();
+    std::array::from_fn(|i| listeners[i].local_addr().expect("addr").port())
+}
+
+pub async fn install_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = GraceRoute::crd();
+    crds.patch(
+        "graceroutes.kubegrace.io",
+        &PatchParams::apply("kubegrace-operator-tests").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("the generated CRD installs");
+    wait_for(60, "CRD Established", || async {
+        let c = crds.get("graceroutes.kubegrace.io").await.ok()?;
+        let established = c
+            .status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        established.then_some(())
+    })
+    .await;
+}
+
+pub struct TestNs {
+    client: Client,
+    pub name: String,
+}
+
+impl TestNs {
+    pub async fn new(client: &Client, prefix: &str, inject_label: bool) -> Self {
+        let name = format!("{prefix}-{:06x}", rand::random::<u32>() & 0xff_ffff);
+        let mut labels = BTreeMap::from([(TEST_LABEL.to_string(), "true".to_string())]);
+        if inject_label {
+            labels.insert(keys::INJECT.into(), "enabled".into());
+        }
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))
+                .expect("ns");
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create namespace");
+        Self {
+            client: client.clone(),
+            name,
+        }
+    }
+
+    pub async fn cleanup(self) {
+        let _ = Api::<MutatingWebhookConfiguration>::all(self.client.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await;
+        let _ = Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await;
+        // The operator is stopped by now: drop the routes' finalizers, or
+        // the namespace would wait for them forever.
+        let routes: Api<GraceRoute> = Api::namespaced(self.client.clone(), &self.name);
+        if let Ok(list) = routes.list(&ListParams::default()).await {
+            for r in list {
+                let _ = routes
+                    .patch(
+                        &r.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+            }
+        }
+        let _ = Api::<Namespace>::all(self.client.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await;
+    }
+}
+
+/// A webhook configuration for this namespace only, calling the operator on
+/// this host.
+pub async fn webhook_config(client: &Client, ns: &str, port: u16, failure_policy: &str) {
+    let mwc: MutatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": ns, "labels": {TEST_LABEL: "true"}},
+        "webhooks": [{
+            "name": "pod.inject.kubegrace.io",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}/mutate")},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "failurePolicy": failure_policy,
+            "sideEffects": "None",
+            "timeoutSeconds": 5,
+            "reinvocationPolicy": "IfNeeded",
+        }]
+    }))
+    .expect("mwc");
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &mwc)
+        .await
+        .expect("create webhook configuration");
+}
+
+/// The GraceRoute validating webhook for this namespace only, calling the
+/// operator on this host; failurePolicy Fail, so a refusal can only come
+/// from the operator's answer.
+pub async fn validating_webhook_config(client: &Client, ns: &str, port: u16) {
+    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": ns, "labels": {TEST_LABEL: "true"}},
+        "webhooks": [{
+            "name": "graceroutes.validate.kubegrace.io",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}/validate")},
+            "rules": [{"apiGroups": ["kubegrace.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["graceroutes"], "scope": "Namespaced"}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "timeoutSeconds": 5,
+        }]
+    }))
+    .expect("vwc");
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &vwc)
+        .await
+        .expect("create validating webhook configuration");
+}
+
+/// The operator running as a task: its shutdown trigger and the task.
+pub type Operator = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<kubegrace_operator::Result<()>>,
+);
+
+/// Starts the operator in-process with its webhook on `webhook_port`.
+pub fn start_operator(client: &Client, ns: &str, webhook_port: u16) -> Operator {
+    start_operator_extra(client, ns, webhook_port, &[])
+}
+
+/// [`start_operator`] with the admin port (metrics, `/readyz`) on `admin_port`.
+pub fn start_operator_with_admin(
+    client: &Client,
+    ns: &str,
+    webhook_port: u16,
+    admin_port: u16,
+) -> Operator {
+    start_operator_extra(
+        client,
+        ns,
+        webhook_port,
+        &[format!("--admin-addr=127.0.0.1:{admin_port}")],
+    )
+}
+
+/// The pause image the test Deployments run (no sidecar needed to schedule).
+pub fn pause_image() -> String {
+    format!("localhost/kubegrace/pause:{}", kubegrace_e2e::image_tag())
+}
+
+pub fn deployment(name: &str) -> Deployment {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{
+                    "name": "app", "image": pause_image(), "imagePullPolicy": "Never",
+                    "ports": [{"name": "http", "containerPort": 8080}]
+                }]}
+            }
+        }
+    }))
+    .expect("deployment")
+}
+
+pub fn condition(r: &GraceRoute, type_: &str) -> Option<(String, String, String)> {
+    r.condition(type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+pub fn has_sidecar(p: &Pod) -> bool {
+    p.spec.as_ref().is_some_and(|s| {
+        s.init_containers
+            .iter()
+            .flatten()
+            .chain(s.containers.iter())
+            .any(|c| c.name == pod::CONTAINER)
+    })
+}
+
+/// One HTTP/1.1 GET over a plain socket (the host reaches pod IPs on the
+/// local cluster's bridge); returns the status line and body.
+pub async fn http_get(addr: &str, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
+        .await
+        .ok()?
+        .ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(2), s.read_to_string(&mut out))
+        .await
+        .ok()?
+        .ok()?;
+    Some(out)
+}
+
+pub fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Starts the operator in-process on the given client: flags for this
+/// test's namespace, webhook configurations and Lease, `extra` replacing or
+/// adding to them.
+pub fn start_operator_extra(
+    client: &Client,
+    ns: &str,
+    webhook_port: u16,
+    extra: &[String],
+) -> Operator {
+    // The kernel may hand out the webhook's port again once it is free.
+    let admin = loop {
+        let p = free_port();
+        if p != webhook_port {
+            break p;
+        }
+    };
+    let mut flags = vec![
+        format!("--namespace={ns}"),
+        format!("--webhook-addr=127.0.0.1:{webhook_port}"),
+        format!("--admin-addr=127.0.0.1:{admin}"),
+        format!("--webhook-config={ns}"),
+        // Never the chart's default name: a real install may be running.
+        format!("--validating-webhook-config={ns}"),
+        "--webhook-extra-san=127.0.0.1".into(),
+        format!("--leader-election-lease=kubegrace-test-{ns}"),
+        format!("--sidecar-image={}", kubegrace_e2e::sidecar_image()),
+    ];
+    // clap refuses a flag given twice: `extra` replaces the default.
+    let name = |f: &str| f.split('=').next().unwrap_or_default().to_string();
+    flags.retain(|f| !extra.iter().any(|e| name(e) == name(f)));
+    flags.extend(extra.iter().cloned());
+    let args = RunArgs::from_args(flags).expect("valid flags");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(kubegrace_operator::run::run(
+        client.clone(),
+        args,
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    (tx, task)
+}
+
+pub fn graceroute(name: &str, target: &str) -> GraceRoute {
+    serde_json::from_value(json!({
+        "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+        "metadata": {"name": name},
+        "spec": {"targetRef": {"kind": "Deployment", "name": target}, "ports": [{"name": "http"}]}
+    }))
+    .expect("route")
+}

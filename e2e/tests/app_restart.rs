@@ -1,4 +1,4 @@
-//! End-to-end, issue 17 item 1: a container restart inside a pod that stays must never
+//! End-to-end: a container restart inside a pod that stays must never
 //! make the pod worse.
 //!
 //! 1. The app's restart by kubelet after a failed livenessProbe, under constant load

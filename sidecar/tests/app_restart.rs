@@ -1,4 +1,4 @@
-//! Issue 17, item 1: an app container restart inside a pod that stays must
+//! An app container restart inside a pod that stays must
 //! not take the pod down for good, and loses nothing that can be saved.
 //!
 //! kubelet restarts an app container after a failed livenessProbe (running
@@ -19,7 +19,7 @@
 //! - `/drain` with the app staying up (maintenance): stays drained;
 //! - SIGTERM wins: after a resume it still drains in-flight work and exits 0,
 //!   and a SIGTERM that came before the app returned is never undone;
-//! - item 3: the sidecar's own restart (kubelet restarting a native
+//! - the sidecar's own restart (kubelet restarting a native
 //!   sidecar): a new process on the same ports comes back ready and serves,
 //!   after a SIGKILL with connections open and after a clean SIGTERM exit.
 
@@ -486,7 +486,7 @@ async fn the_sidecars_own_restart_comes_back_ready_and_serves() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_resume_the_pods_deletion_drains_and_exits_in_both_sidecar_modes() -> Result<()> {
     use common::pod::Termination;
-    // Item 4: an app restart is the same in both modes (only the app container
+    // An app restart is the same in both modes (only the app container
     // restarts); what differs is the pod's deletion afterwards: classic
     // sidecars get SIGTERM together with the app's preStop, native ones last.
     for how in [Termination::RegularContainers, Termination::NativeSidecar] {

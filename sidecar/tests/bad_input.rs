@@ -1,4 +1,4 @@
-//! Issue 2, scenario 5: bad input is refused cleanly and never takes the
+//! Bad input is refused cleanly and never takes the
 //! proxy down: malformed requests get 400, oversized heads 431, a slow
 //! header sender (slowloris) is cut, bad flags and bad config files exit 64
 //! naming what to fix, and a bad file on reload keeps the last good config.

@@ -1,4 +1,4 @@
-//! Scenario 3: the adaptive limit follows the app's capacity.
+//! The adaptive limit follows the app's capacity.
 //!
 //! An open-loop client offers a steady rate the app handles comfortably;
 //! midway the app's capacity halves, so the same rate is now 1.7x what it

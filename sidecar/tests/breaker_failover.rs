@@ -1,4 +1,4 @@
-//! Scenario 1: the app starts failing. The breaker opens after exactly the
+//! The app starts failing: the breaker opens after exactly the
 //! configured evidence, fallbacks are served fast, the app sees only probe
 //! traffic while the breaker is open, and once the app recovers the breaker
 //! closes. A route without a breaker, hit the same way, is the baseline: the

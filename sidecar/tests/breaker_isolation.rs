@@ -1,4 +1,4 @@
-//! Scenario 4: per-route isolation. A failing `/api` opens its own breaker
+//! Per-route isolation: a failing `/api` opens its own breaker
 //! and leaves `/`'s alone. The baseline, both paths under one route, shows
 //! what isolation prevents: the failing half takes the healthy half down.
 

@@ -1,4 +1,4 @@
-//! Scenario 2: overload. The app serves C requests at once; clients offer
+//! Overload: the app serves C requests at once; clients offer
 //! 3C. Through a route limited to C (small queue, short queue timeout) the
 //! admitted requests keep the app's latency and the excess gets the
 //! fallback fast. Through a route without a limit (the baseline) the app

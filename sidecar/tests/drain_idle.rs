@@ -1,4 +1,4 @@
-//! Idle connections must not hold a drain hostage (pitfall 9): once the
+//! Idle connections must not hold a drain hostage: once the
 //! grace phase ends, idle HTTP/1 keep-alives are closed, idle HTTP/2
 //! connections get GOAWAY and close, and a connection that never sent a
 //! byte is closed too. None of them waits for the drain timeout or counts as

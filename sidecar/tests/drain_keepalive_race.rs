@@ -1,4 +1,4 @@
-//! Pitfall 7, the keep-alive idle race: an app that closes idle keep-alive
+//! The keep-alive idle race: an app that closes idle keep-alive
 //! connections (Node.js' keepAliveTimeout) loses the request that arrives
 //! on a connection just as it gives up on it. A client that reuses
 //! connections for about the app's idle timeout hits that window; the

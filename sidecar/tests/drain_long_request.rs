@@ -1,6 +1,6 @@
-//! Issue 2, scenario 4: work longer than the drain timeout is cut at the
-//! timeout, counted, and the process still exits in time with status 0
-//! (pitfalls 4 and 9: the drain is bounded, nothing keeps the pod alive).
+//! Work longer than the drain timeout is cut at the timeout, counted, and
+//! the process still exits in time with status 0: the drain is bounded, and
+//! nothing keeps the pod alive past it.
 //!
 //! Like Go's `http.Server.Shutdown(ctx)`, the wait is bounded by a
 //! configurable timeout; unlike it, the sidecar says what it left behind:

@@ -1,7 +1,7 @@
 //! Readiness is the sidecar's first drain signal and its health signal:
 //! `/ready` is 503 while the app is unreachable, 200 once it is, and 503 at
-//! once when a drain starts, while the data path keeps serving (pitfall 3:
-//! refusing work early is as bad as dying early). `/live` stays 200
+//! once when a drain starts, while the data path keeps serving (refusing
+//! work early is as bad as dying early). `/live` stays 200
 //! throughout: a draining or app-less sidecar must not be restarted.
 
 mod common;

@@ -1,5 +1,5 @@
-//! Issue 2, scenario 1: a rolling replacement under keep-alive load loses no
-//! request with the sidecar, and loses some without it.
+//! A rolling replacement under keep-alive load loses no request with the
+//! sidecar, and loses some without it.
 //!
 //! Two pods serve; a third (the surge pod) starts and becomes ready; then
 //! pod `a` is terminated the way kubelet does it while a constant-rate load
@@ -7,14 +7,14 @@
 //! signal it is gone at once, in-flight requests included.
 //!
 //! Without the sidecar the balancer keeps sending new connections to `a` for
-//! its propagation lag (pitfall 1) and the requests in flight when the app
+//! its propagation lag (routers learn late that a pod terminates) and the requests in flight when the app
 //! died are reset: the baseline must lose requests, or the scenario proves
 //! nothing. With the sidecar, readiness fails at once, the sidecar keeps
 //! serving through the lag, moves keep-alive clients with `Connection:
-//! close` (pitfall 6's HTTP/1 half), and only lets the app die once drained.
-//! Both kubelet orders are covered: classic sidecars get SIGTERM at the same
-//! time as the app's preStop (pitfall 2), native sidecars get it last
-//! (pitfall 5).
+//! close` (an HTTP/1 client cannot be told to move any other way), and only
+//! lets the app die once drained. Both kubelet orders are covered: classic
+//! sidecars get SIGTERM at the same time as the app's preStop, native
+//! sidecars get it last.
 
 mod common;
 

@@ -1,5 +1,6 @@
-//! Issue 2, scenario 3: a WebSocket cannot be told to move (pitfall 6), so
-//! the sidecar must keep it working through the whole drain, close it only
+//! A WebSocket in flight at the drain: it cannot be told to move (there is
+//! no GOAWAY or `Connection: close` for a tunnel), so the sidecar must keep
+//! it working through the whole drain, close it only
 //! at the drain timeout, and count it as force-closed.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Issue 12: the sidecar tried as an attacker would, on loopback, with raw
+//! The sidecar tried as an attacker would, on loopback, with raw
 //! sockets where the attack is in the framing. Each test shows one hole
 //! closed: client faults stay out of the breaker and the upstream error
 //! counter, slow bodies get 408, a client that stops reading is cut and its

@@ -1,4 +1,4 @@
-//! Issue 8: the app listens on a Unix socket (`--upstream unix:/path`).
+//! The app listens on a Unix socket (`--upstream unix:/path`).
 //!
 //! A real app (hyper, HTTP/1.1 + h2c + WebSocket) on a Unix socket, the real
 //! sidecar binary in front of it on loopback TCP, real clients: keep-alive

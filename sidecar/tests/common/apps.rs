@@ -374,7 +374,7 @@ pub fn switching_to_websocket(accept: &str) -> Response<Body> {
 /// A bare-bones HTTP/1.1 app that closes a keep-alive connection after it
 /// sat idle for `idle`, the way Node.js (`keepAliveTimeout`, 5s) does: a
 /// request that arrives as the app gives up on the connection is lost with
-/// it (pitfall 7). Only what the test needs: GET without a body.
+/// it (the keep-alive idle race). Only what the test needs: GET without a body.
 pub struct IdleClosingApp {
     pub addr: SocketAddr,
     pub stats: Arc<AppStats>,

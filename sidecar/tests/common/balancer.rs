@@ -1,7 +1,7 @@
 //! A client-side stand-in for kube-proxy and the endpoints controller.
 //!
 //! - New connections go only to pods whose readiness probe answered 200, as
-//!   seen `lag` ago: routers learn about a terminating pod late (pitfall 1).
+//!   seen `lag` ago: routers learn about a terminating pod late.
 //! - A connection, once made, stays with its pod until the server closes it
 //!   or answers `Connection: close` (that is [`load`](super::load)'s job).
 //! - A refused connection is not retried elsewhere: the client sees it.

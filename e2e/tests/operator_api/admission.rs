@@ -1,13 +1,9 @@
 //! Admission: the API server refuses invalid routes with a message that says
 //! what to fix, through the CRD schema and the operator's validating webhook.
 
-use std::time::Duration;
-
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use kubegrace_operator::crd::GraceRoute;
 use serde_json::json;
@@ -16,13 +12,11 @@ use crate::harness::*;
 
 #[tokio::test]
 async fn the_api_server_refuses_invalid_routes_with_a_message_that_says_what_to_fix() {
-    let Some(client) =
+    let Some((client, _serial)) =
         cluster("the_api_server_refuses_invalid_routes_with_a_message_that_says_what_to_fix").await
     else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    install_crd(&client).await;
     let ns = TestNs::new(&client, "kg-invalid", false).await;
     let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
     let cases = [
@@ -97,11 +91,9 @@ async fn the_api_server_refuses_invalid_routes_with_a_message_that_says_what_to_
 #[tokio::test]
 async fn the_validating_webhook_refuses_an_unknown_port_and_an_over_budget_route_and_allows_a_missing_target()
  {
-    let Some(client) = cluster("the_validating_webhook_refuses_an_unknown_port_and_an_over_budget_route_and_allows_a_missing_target").await else {
+    let Some((client, _serial)) = cluster("the_validating_webhook_refuses_an_unknown_port_and_an_over_budget_route_and_allows_a_missing_target").await else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    install_crd(&client).await;
     let ns = TestNs::new(&client, "kg-admit", false).await;
     let port = free_port();
     validating_webhook_config(&client, &ns.name, port).await;
@@ -209,27 +201,12 @@ async fn the_validating_webhook_refuses_an_unknown_port_and_an_over_budget_route
         (condition(&r, "Accepted")?.0 == "True").then_some(())
     })
     .await;
-    for name in ["web", "later"] {
-        routes
-            .delete(name, &DeleteParams::default())
-            .await
-            .expect("delete");
-    }
-    wait_for(
-        60,
+    delete_routes(
+        &routes,
+        &["web", "later"],
         "routes gone (finalizers removed through the webhook)",
-        || async {
-            routes
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .is_empty()
-                .then_some(())
-        },
     )
     .await;
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+    stop_operator((stop, task)).await;
     ns.cleanup().await;
 }

@@ -23,14 +23,18 @@ use serde_json::json;
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 pub const TEST_LABEL: &str = "kubegrace.io/test";
 
-/// The cluster under test, through the e2e crate's one gate: `None` outside
-/// the cluster tier (the test returns, having printed that it skipped); in
-/// the tier a missing or unreachable cluster fails the test.
-pub async fn cluster(test: &str) -> Option<Client> {
-    match kubegrace_e2e::cluster_client(test).await {
-        Ok(client) => client,
+/// The start of every test: the cluster under test through the e2e crate's
+/// one gate (`None` outside the cluster tier: the test returns, having
+/// printed that it skipped; in the tier a missing or unreachable cluster
+/// fails the test), this process's turn ([`SERIAL`]) and the CRD installed.
+pub async fn cluster(test: &str) -> Option<(Client, tokio::sync::MutexGuard<'static, ()>)> {
+    let client = match kubegrace_e2e::cluster_client(test).await {
+        Ok(client) => client?,
         Err(e) => panic!("{e:#}"),
-    }
+    };
+    let serial = SERIAL.lock().await;
+    install_crd(&client).await;
+    Some((client, serial))
 }
 
 /// Polls `check` every 250ms until it returns Some, for at most `secs`.
@@ -211,6 +215,63 @@ pub fn start_operator_with_admin(
         webhook_port,
         &[format!("--admin-addr=127.0.0.1:{admin_port}")],
     )
+}
+
+/// Stops an operator started here and waits (at most 20s) for it to end.
+pub async fn stop_operator((stop, task): Operator) {
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+}
+
+/// Waits until the operator has written its CA into the test's mutating
+/// webhook configuration: before that the API server cannot call it.
+pub async fn wait_ca_bundle(client: &Client, ns: &str) {
+    let mwcs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    wait_for(30, "caBundle patched", || async {
+        let m = mwcs.get(ns).await.ok()?;
+        m.webhooks?
+            .first()?
+            .client_config
+            .ca_bundle
+            .as_ref()
+            .map(|_| ())
+    })
+    .await;
+}
+
+/// Deletes the named routes and waits until they are gone: the operator
+/// (still running) removed its finalizer from each.
+pub async fn delete_routes(routes: &Api<GraceRoute>, names: &[&str], what: &str) {
+    for name in names {
+        routes
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    wait_for(60, what, || async {
+        routes
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+}
+
+/// Waits for a Warning Event with this reason in the namespace: what a
+/// person browsing `kubectl get events` sees.
+pub async fn wait_warning_event(client: &Client, ns: &str, reason: &str) {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+    wait_for(30, &format!("a Warning Event {reason}"), || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some("Warning"))
+            .then_some(())
+    })
+    .await;
 }
 
 /// The pause image the test Deployments run (no sidecar needed to schedule).

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use kubegrace_operator::crd::GraceRoute;
 use kubegrace_sidecar_api::pod;
@@ -73,15 +73,13 @@ async fn can_i(as_sa: &Client, verb: &str, group: &str, resource: &str, ns: Opti
 /// with the route; the route says why and what to do, with an Event.
 #[tokio::test]
 async fn a_users_configmap_named_like_the_routes_survives_untouched_and_the_route_says_why() {
-    let Some(client) = cluster(
+    let Some((client, _serial)) = cluster(
         "a_users_configmap_named_like_the_routes_survives_untouched_and_the_route_says_why",
     )
     .await
     else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    install_crd(&client).await;
     let ns = TestNs::new(&client, "kg-own", false).await;
     let port = free_port();
     // This operator watches only the test namespace.
@@ -125,19 +123,7 @@ async fn a_users_configmap_named_like_the_routes_survives_untouched_and_the_rout
     ] {
         assert!(msg.contains(part), "{part:?} not in {msg}");
     }
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &ns.name);
-    wait_for(30, "a Warning Event ConfigMapNotOwned", || async {
-        let list = events.list(&ListParams::default()).await.ok()?;
-        list.items
-            .iter()
-            .any(|e| {
-                e.reason.as_deref() == Some("ConfigMapNotOwned")
-                    && e.type_.as_deref() == Some("Warning")
-            })
-            .then_some(())
-    })
-    .await;
+    wait_warning_event(&client, &ns.name, "ConfigMapNotOwned").await;
     let untouched = |cm: &ConfigMap| {
         assert_eq!(cm.data, before.data, "data changed");
         assert_eq!(cm.labels(), before.labels(), "labels changed");
@@ -165,8 +151,7 @@ async fn a_users_configmap_named_like_the_routes_survives_untouched_and_the_rout
     let after = cms.get("kubegrace-web").await.expect("survives the route");
     untouched(&after);
     assert_eq!(after.metadata.uid, before.metadata.uid, "re-created");
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+    stop_operator((stop, task)).await;
     ns.cleanup().await;
 }
 
@@ -179,14 +164,12 @@ async fn a_users_configmap_named_like_the_routes_survives_untouched_and_the_rout
 async fn with_watch_namespaces_the_operator_works_there_and_may_write_nothing_elsewhere() {
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-    let Some(client) =
+    let Some((client, _serial)) =
         cluster("with_watch_namespaces_the_operator_works_there_and_may_write_nothing_elsewhere")
             .await
     else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    install_crd(&client).await;
     let op_ns = TestNs::new(&client, "kg-rbac-op", false).await;
     let watched = TestNs::new(&client, "kg-rbac-w", false).await;
     let other = TestNs::new(&client, "kg-rbac-x", false).await;
@@ -328,8 +311,7 @@ async fn with_watch_namespaces_the_operator_works_there_and_may_write_nothing_el
         routes.get_opt("web").await.ok()?.is_none().then_some(())
     })
     .await;
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+    stop_operator((stop, task)).await;
     for (kind, name) in cluster_roles {
         let dp = DeleteParams::default();
         let _ = match kind {

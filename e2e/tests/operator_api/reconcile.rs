@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -17,30 +16,18 @@ use crate::harness::*;
 
 #[tokio::test]
 async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
-    let Some(client) =
+    let Some((client, _serial)) =
         cluster("a_route_is_reconciled_injected_idempotent_and_restored_on_delete").await
     else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    install_crd(&client).await;
     let ns = TestNs::new(&client, "kg-route", false).await;
     let [port, admin] = free_ports::<2>();
     webhook_config(&client, &ns.name, port, "Fail").await;
     let (stop, task) = start_operator_with_admin(&client, &ns.name, port, admin);
 
     // The operator writes its CA into the webhook configuration.
-    let mwcs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    wait_for(30, "caBundle patched", || async {
-        let m = mwcs.get(&ns.name).await.ok()?;
-        m.webhooks?
-            .first()?
-            .client_config
-            .ca_bundle
-            .as_ref()
-            .map(|_| ())
-    })
-    .await;
+    wait_ca_bundle(&client, &ns.name).await;
 
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
     deployments
@@ -336,14 +323,12 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
 
 #[tokio::test]
 async fn an_unknown_port_and_an_overlapping_route_are_conditions_a_person_can_act_on() {
-    let Some(client) =
+    let Some((client, _serial)) =
         cluster("an_unknown_port_and_an_overlapping_route_are_conditions_a_person_can_act_on")
             .await
     else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    install_crd(&client).await;
     let ns = TestNs::new(&client, "kg-cond", false).await;
     let port = free_port();
     webhook_config(&client, &ns.name, port, "Ignore").await;
@@ -405,23 +390,7 @@ async fn an_unknown_port_and_an_overlapping_route_are_conditions_a_person_can_ac
         msg.contains("Deployment/web is also targeted by GraceRoute grpc"),
         "{msg}"
     );
-    for name in ["second", "grpc"] {
-        routes
-            .delete(name, &DeleteParams::default())
-            .await
-            .expect("delete");
-    }
-    wait_for(60, "routes gone", || async {
-        routes
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .is_empty()
-            .then_some(())
-    })
-    .await;
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+    delete_routes(&routes, &["second", "grpc"], "routes gone").await;
+    stop_operator((stop, task)).await;
     ns.cleanup().await;
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use kubegrace_operator::crd::GraceRoute;
 use serde_json::json;
@@ -14,15 +14,13 @@ use crate::harness::*;
 
 #[tokio::test]
 async fn with_the_webhook_down_and_failure_policy_ignore_pods_start_bare_and_the_route_says_so() {
-    let Some(client) = cluster(
+    let Some((client, _serial)) = cluster(
         "with_the_webhook_down_and_failure_policy_ignore_pods_start_bare_and_the_route_says_so",
     )
     .await
     else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    install_crd(&client).await;
     let ns = TestNs::new(&client, "kg-drift", true).await;
     // The webhook configuration points at a port nobody listens on.
     webhook_config(&client, &ns.name, free_port(), "Ignore").await;
@@ -58,33 +56,18 @@ async fn with_the_webhook_down_and_failure_policy_ignore_pods_start_bare_and_the
     .await;
     assert!(r.contains("1 of 1 pods lack the sidecar, e.g. bare"), "{r}");
     // ... and a person browsing events sees it too.
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &ns.name);
-    wait_for(30, "PodsNotInjected event", || async {
-        let list = events.list(&ListParams::default()).await.ok()?;
-        list.items
-            .iter()
-            .any(|e| {
-                e.reason.as_deref() == Some("PodsNotInjected")
-                    && e.type_.as_deref() == Some("Warning")
-            })
-            .then_some(())
-    })
-    .await;
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+    wait_warning_event(&client, &ns.name, "PodsNotInjected").await;
+    stop_operator((stop, task)).await;
     ns.cleanup().await;
 }
 
 #[tokio::test]
 async fn an_operator_killed_mid_reconcile_converges_when_it_starts_again() {
-    let Some(client) =
+    let Some((client, _serial)) =
         cluster("an_operator_killed_mid_reconcile_converges_when_it_starts_again").await
     else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    install_crd(&client).await;
     let ns = TestNs::new(&client, "kg-restart", false).await;
     let port = free_port();
     webhook_config(&client, &ns.name, port, "Ignore").await;
@@ -94,12 +77,7 @@ async fn an_operator_killed_mid_reconcile_converges_when_it_starts_again() {
         .await
         .expect("create deployment");
     let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
-    let route: GraceRoute = serde_json::from_value(json!({
-        "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
-        "metadata": {"name": "web"},
-        "spec": {"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": "http"}]}
-    }))
-    .expect("route");
+    let route = graceroute("web", "web");
     routes
         .create(&PostParams::default(), &route)
         .await
@@ -140,8 +118,7 @@ async fn an_operator_killed_mid_reconcile_converges_when_it_starts_again() {
         routes.get_opt("web").await.ok()?.is_none().then_some(())
     })
     .await;
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+    stop_operator((stop, task)).await;
     ns.cleanup().await;
 }
 
@@ -149,11 +126,11 @@ async fn an_operator_killed_mid_reconcile_converges_when_it_starts_again() {
 /// leader stops, the other takes over (it gave the Lease up on shutdown).
 #[tokio::test]
 async fn one_of_two_replicas_leads_and_the_other_takes_over() {
-    let Some(client) = cluster("one_of_two_replicas_leads_and_the_other_takes_over").await else {
+    let Some((client, _serial)) =
+        cluster("one_of_two_replicas_leads_and_the_other_takes_over").await
+    else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    install_crd(&client).await;
     let ns = TestNs::new(&client, "kg-lease", false).await;
     let [a_port, b_port, a_admin, b_admin] = free_ports::<4>();
     let (a_stop, a_task) = start_operator_with_admin(&client, &ns.name, a_port, a_admin);

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -22,33 +21,21 @@ use crate::harness::*;
 /// `e2e/cluster/images` (fails without them).
 #[tokio::test]
 async fn an_injected_pod_runs_serves_through_the_sidecar_and_drains_within_its_budget() {
-    let Some(client) =
+    let Some((client, _serial)) =
         cluster("an_injected_pod_runs_serves_through_the_sidecar_and_drains_within_its_budget")
             .await
     else {
         return;
     };
-    let _serial = SERIAL.lock().await;
     // In the cluster tier a missing image is a failure, not a skip.
     kubegrace_e2e::require_images(&client, &[kubegrace_e2e::sidecar_image(), demo_image()])
         .await
         .expect("the e2e images");
-    install_crd(&client).await;
     let ns = TestNs::new(&client, "kg-run", true).await;
     let port = free_port();
     webhook_config(&client, &ns.name, port, "Fail").await;
     let (stop, task) = start_operator(&client, &ns.name, port);
-    let mwcs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    wait_for(30, "caBundle patched", || async {
-        let m = mwcs.get(&ns.name).await.ok()?;
-        m.webhooks?
-            .first()?
-            .client_config
-            .ca_bundle
-            .as_ref()
-            .map(|_| ())
-    })
-    .await;
+    wait_ca_bundle(&client, &ns.name).await;
     let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
     let route: GraceRoute = serde_json::from_value(json!({
         "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
@@ -140,7 +127,6 @@ async fn an_injected_pod_runs_serves_through_the_sidecar_and_drains_within_its_b
         "the drain held the pod for at least minDelay"
     );
 
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+    stop_operator((stop, task)).await;
     ns.cleanup().await;
 }

@@ -284,14 +284,7 @@ fn routes_for_workload(
     store
         .state()
         .iter()
-        .filter(|r| r.namespace().as_deref() == Some(ns))
-        .filter(|r| match (&r.spec.target_ref, &r.spec.selector) {
-            (Some(t), _) => t.kind == kind && t.name == name,
-            (None, Some(s)) => {
-                selector_of(s).is_some_and(|s| !s.selects_all() && s.matches(labels))
-            }
-            _ => false,
-        })
+        .filter(|r| crate::route_match::covers_workload(r, kind, ns, name, labels))
         .map(|r| ObjectRef::from_obj(r.as_ref()))
         .collect()
 }

@@ -1,5 +1,5 @@
-//! End-to-end: a container restart inside a pod that stays must never
-//! make the pod worse.
+//! End-to-end: a container restart inside a pod that stays must never make the pod
+//! worse, with the sidecar native (an init container) or classic (a regular container).
 //!
 //! 1. The app's restart by kubelet after a failed livenessProbe, under constant load
 //!    through the Service: the demo app (3 replicas, livenessProbe on `/livez`) with and
@@ -8,7 +8,8 @@
 //!    (`/drain?wait=true`), kills the app, starts it again. Asserted: the app container's
 //!    restartCount is 1, the pod is Ready again after the app is (the sidecar resumed by
 //!    itself: `kubegrace_drain_resumes_total` 1), the load saw 0 failed requests; without
-//!    kubegrace the same restart fails requests (> 0).
+//!    kubegrace the same restart fails requests (> 0). Run twice: the chart's
+//!    `sidecar.mode` native and classic.
 //! 2. The sidecar's own restart (a native sidecar restarted by kubelet): its container is
 //!    killed with `crictl stop --timeout 0` (SIGKILL, as an OOM kill or a crash; the local
 //!    cluster's crictl is on PATH after `eval "$(e2e/cluster/env)"`); the pod comes back
@@ -167,7 +168,26 @@ async fn an_app_liveness_restart_under_load_loses_nothing_with_kubegrace_and_fai
     let Some(client) = cluster_client(test).await? else {
         return Ok(());
     };
-    let mut opts = Options::new("kg-restart").with_load_from_env()?;
+    liveness_restart_with_and_without(client, "native").await
+}
+
+/// The same with the sidecar as a regular container beside the app (the order of
+/// clusters without native sidecars): kubelet restarts only the app; the sidecar, which
+/// ran the same provisional drain, resumes by itself.
+#[tokio::test]
+async fn with_a_classic_sidecar_an_app_liveness_restart_under_load_loses_nothing() -> Result<()> {
+    let test = "with_a_classic_sidecar_an_app_liveness_restart_under_load_loses_nothing";
+    let Some(client) = cluster_client(test).await? else {
+        return Ok(());
+    };
+    liveness_restart_with_and_without(client, "classic").await
+}
+
+/// One pod's app restarted by its liveness probe under load, with kubegrace (sidecar in
+/// `mode`: `native` or `classic`) and without; asserts zero loss with, loss without.
+async fn liveness_restart_with_and_without(client: Client, mode: &str) -> Result<()> {
+    let mut opts = Options::new(&format!("kg-restart-{mode}")).with_load_from_env()?;
+    opts.chart_values.push(("sidecar.mode".into(), mode.into()));
     opts.replicas = 3;
     // minDelay covers the sidecar's readiness period (2 s) plus endpoint propagation:
     // here the pod is not terminating, so only its readiness takes it out of the Service.
@@ -192,6 +212,25 @@ async fn an_app_liveness_restart_under_load_loses_nothing_with_kubegrace_and_fai
         let pods: Api<Pod> = Api::namespaced(client.clone(), &sc.namespace);
         let app_restarts = restarts(&pods, &victim.name, "app").await?;
         let sidecar_restarts = restarts(&pods, &victim.name, SIDECAR).await?;
+        let placed = pods
+            .get(&victim.name)
+            .await?
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get("kubegrace.io/sidecar-mode")
+            .cloned()
+            .unwrap_or_default();
+        let want = if mode == "classic" {
+            "container"
+        } else {
+            "native"
+        };
+        ensure!(
+            placed == want,
+            "pod {} has kubegrace.io/sidecar-mode {placed:?}, expected {want:?} for mode {mode}",
+            victim.name
+        );
         let admin = victim
             .admin()
             .context("the injected pod has no admin port")?;

@@ -27,6 +27,32 @@ pub enum Command {
     Run(Box<RunArgs>),
 }
 
+/// How the webhook places the sidecar in a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SidecarMode {
+    /// Native where the API server is 1.29 or newer, classic below.
+    Auto,
+    /// An init container with `restartPolicy: Always` (Kubernetes 1.29+):
+    /// started before the app, stopped after it.
+    Native,
+    /// A regular container beside the app (clusters with the
+    /// SidecarContainers feature gate off, or a policy that forbids
+    /// restartable init containers); its preStop holds its own SIGTERM
+    /// until the drain is done.
+    Classic,
+}
+
+impl SidecarMode {
+    /// Whether to inject a native sidecar on an API server of this version.
+    pub fn native(self, major: &str, minor: &str) -> bool {
+        match self {
+            Self::Auto => crate::webhook::supports_native(major, minor),
+            Self::Native => true,
+            Self::Classic => false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -110,6 +136,10 @@ pub struct RunArgs {
     /// The sidecar's listener port tried first in each pod.
     #[arg(long, env = "KUBEGRACE_SIDECAR_LISTEN_PORT", default_value_t = kubegrace_sidecar_api::pod::FIRST_LISTEN_PORT, value_parser = clap::value_parser!(u16).range(1..))]
     pub sidecar_listen_port: u16,
+    /// Where the sidecar goes in the pod: `auto` (native on 1.29+),
+    /// `native` or `classic`.
+    #[arg(long, env = "KUBEGRACE_SIDECAR_MODE", value_enum, default_value_t = SidecarMode::Auto)]
+    pub sidecar_mode: SidecarMode,
     /// Lease (in --namespace) for controller leader election.
     #[arg(
         long,

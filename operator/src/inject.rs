@@ -307,9 +307,12 @@ fn sidecar(plan: &InjectPlan, listen: u16, admin: u16, upstream: i32) -> Contain
             },
         ]),
         // /ready is 503 while draining or while the app is unreachable.
+        // Every second (the kubelet's shortest period): the first probe
+        // usually runs before the app listens, and each period it waits
+        // after that is added to every new pod's start, so to the rollout.
         readiness_probe: Some(Probe {
             http_get: Some(http_get(admin::path::READY, i32::from(admin), None)),
-            period_seconds: Some(2),
+            period_seconds: Some(1),
             failure_threshold: Some(1),
             timeout_seconds: Some(1),
             ..Default::default()

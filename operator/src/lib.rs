@@ -17,6 +17,7 @@ pub mod error;
 pub mod inject;
 pub mod lease;
 pub mod ownership;
+pub mod route_match;
 pub mod run;
 pub mod scope;
 pub mod server;

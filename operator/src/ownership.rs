@@ -20,11 +20,10 @@
 //! ConfigMap can add those two labels; nobody sets both by accident.
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::{Api, Client, ResourceExt};
+use kube::ResourceExt;
 
 use crate::build::Invalid;
-use crate::crd::GraceRoute;
-use crate::{Error, FIELD_MANAGER, Result, keys};
+use crate::{FIELD_MANAGER, keys};
 
 /// The condition reason (and Event reason) of a refused ConfigMap.
 pub const REASON: &str = "ConfigMapNotOwned";
@@ -84,25 +83,6 @@ pub fn refusal(ns: &str, cm: &str, route: &str, why: &str) -> Invalid {
             keys::ROUTE_LABEL
         ),
     )
-}
-
-/// Reads the route's ConfigMap and decides; `Ok(Err(_))` is a refusal the
-/// route reports, `Err(_)` an API failure to retry.
-pub async fn check(
-    client: &Client,
-    route: &GraceRoute,
-) -> Result<std::result::Result<(), Invalid>> {
-    let ns = route.namespace().unwrap_or_default();
-    let name = route.name_any();
-    let cm_name = crate::build::config_map_name(&name);
-    let existing = Api::<ConfigMap>::namespaced(client.clone(), &ns)
-        .get_opt(&cm_name)
-        .await
-        .map_err(Error::kube(format!("reading ConfigMap {ns}/{cm_name}")))?;
-    Ok(match decide(existing.as_ref(), &name) {
-        Ownership::Absent | Ownership::Ours => Ok(()),
-        Ownership::Foreign(why) => Err(refusal(&ns, &cm_name, &name, &why)),
-    })
 }
 
 #[cfg(test)]

@@ -114,8 +114,11 @@ pub async fn run(
         .apiserver_version()
         .await
         .map_err(Error::kube("reading the API server version"))?;
-    let native = webhook::supports_native(&version.major, &version.minor);
-    tracing::info!(version = %version.git_version, native_sidecars = native, "connected");
+    let native = args.sidecar_mode.native(&version.major, &version.minor);
+    if native && !webhook::supports_native(&version.major, &version.minor) {
+        tracing::warn!(version = %version.git_version, "--sidecar-mode=native on an API server older than 1.29: pods may be refused");
+    }
+    tracing::info!(version = %version.git_version, native_sidecars = native, mode = ?args.sidecar_mode, "connected");
 
     // Serving certificate first: the webhook cannot answer without it.
     let resolver = Arc::new(CertResolver::default());

@@ -15,15 +15,16 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::ListParams;
+use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
-use kube::core::{DynamicObject, Selector, SelectorExt};
 use kube::{Api, Client, ResourceExt};
 use rand::Rng;
 
 use crate::admin::Metrics;
 use crate::build::config_map_name;
-use crate::crd::{GraceRoute, TargetKind};
+use crate::crd::GraceRoute;
 use crate::inject::{self, InjectPlan, Skip};
+use crate::route_match;
 use crate::{Error, Result, keys};
 
 /// What the operator's flags say about every sidecar.
@@ -77,46 +78,6 @@ pub enum Decision {
     Skip(Box<Pod>, String),
 }
 
-/// Whether a pod being created belongs to the workload a `targetRef`
-/// names, from its owner reference (pure, no API call): a Deployment's
-/// pods are owned by its ReplicaSet `<name>-<pod-template-hash>`, a
-/// StatefulSet's by the StatefulSet. This is what lets the operator leave
-/// the user's pod template alone (no route pin in it).
-pub fn owned_by(pod: &Pod, target: &crate::crd::TargetRef) -> bool {
-    let hash = pod.labels().get("pod-template-hash");
-    pod.owner_references().iter().any(|o| match target.kind {
-        TargetKind::Deployment => {
-            o.kind == "ReplicaSet" && hash.is_some_and(|h| o.name == format!("{}-{h}", target.name))
-        }
-        TargetKind::StatefulSet => o.kind == "StatefulSet" && o.name == target.name,
-    })
-}
-
-/// Picks the route for a pod: the one it is pinned to (annotation), else
-/// the oldest whose targetRef owns it or whose selector matches its labels
-/// (pure; the controller's overlap rule: the older route holds the target).
-pub fn pick_route<'a>(pod: &Pod, routes: &'a [GraceRoute]) -> Option<&'a GraceRoute> {
-    let mut live = routes
-        .iter()
-        .filter(|r| r.metadata.deletion_timestamp.is_none());
-    if let Some(pinned) = pod.annotations().get(keys::ROUTE) {
-        return live.find(|r| &r.name_any() == pinned);
-    }
-    live.filter(|r| match (&r.spec.target_ref, &r.spec.selector) {
-        (Some(t), _) => owned_by(pod, t),
-        (None, Some(s)) => Selector::try_from(s.clone())
-            .ok()
-            .is_some_and(|s| !s.selects_all() && s.matches(pod.labels())),
-        _ => false,
-    })
-    .min_by_key(|r| {
-        (
-            r.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            r.name_any(),
-        )
-    })
-}
-
 /// Decides and edits (pure; the token comes from the caller).
 pub fn decide(
     pod: &Pod,
@@ -130,7 +91,7 @@ pub fn decide(
     }
     let skip =
         |why: String| Decision::Skip(Box::new(inject::mark_skipped(pod, &Skip(why.clone()))), why);
-    let Some(route) = pick_route(pod, routes) else {
+    let Some(route) = route_match::pick_route(pod, routes) else {
         return skip(match pod.annotations().get(keys::ROUTE) {
             Some(r) => format!(
                 "GraceRoute {r} (from the {} annotation) does not exist",
@@ -388,7 +349,7 @@ spec:
             ),
         ];
         assert_eq!(
-            pick_route(&pod, &routes)
+            route_match::pick_route(&pod, &routes)
                 .map(ResourceExt::name_any)
                 .as_deref(),
             Some("web")
@@ -423,7 +384,7 @@ spec:
             Some(120)
         );
         pod.metadata.owner_references = None;
-        assert!(pick_route(&pod, &routes).is_none());
+        assert!(route_match::pick_route(&pod, &routes).is_none());
     }
 
     #[test]
@@ -474,7 +435,7 @@ status:
             ),
         ];
         assert_eq!(
-            pick_route(&pod, &routes).map(ResourceExt::name_any),
+            route_match::pick_route(&pod, &routes).map(ResourceExt::name_any),
             Some("a".to_string())
         );
     }

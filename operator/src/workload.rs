@@ -7,6 +7,15 @@
 //! Applied with its own field manager ([`crate::INJECT_FIELD_MANAGER`]):
 //! an apply that no longer sends a field removes it only if we own it, so a
 //! label the user put on the template themselves is never touched.
+//!
+//! Turning injection on waits for an accepted GraceRoute that covers the
+//! workload. Rolling earlier would be a wasted rollout: the webhook admits
+//! pods without a route bare, and creating the route later does not roll
+//! them again (the operator never writes the pod template for a route). So
+//! "annotate, then create the route" and "create the route, then annotate"
+//! both end in one rollout with the sidecar; while it waits the workload
+//! gets a `WaitingForGraceRoute` Event. The route watch below brings the
+//! workload back when a route appears or is accepted.
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -16,8 +25,11 @@ use futures_util::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::ListParams;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -25,6 +37,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::admin::Metrics;
+use crate::crd::{GraceRoute, TargetKind};
+use crate::route_match;
 use crate::{Error, INJECT_FIELD_MANAGER, Result, keys};
 
 /// A workload with a pod template.
@@ -39,11 +53,18 @@ pub trait Workload:
     + 'static
 {
     const KIND: &'static str;
+    const TARGET: TargetKind;
     fn template_meta(&self) -> Option<&ObjectMeta>;
+    fn template_labels(&self) -> std::collections::BTreeMap<String, String> {
+        self.template_meta()
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default()
+    }
 }
 
 impl Workload for Deployment {
     const KIND: &'static str = "Deployment";
+    const TARGET: TargetKind = TargetKind::Deployment;
     fn template_meta(&self) -> Option<&ObjectMeta> {
         self.spec
             .as_ref()
@@ -53,6 +74,7 @@ impl Workload for Deployment {
 
 impl Workload for StatefulSet {
     const KIND: &'static str = "StatefulSet";
+    const TARGET: TargetKind = TargetKind::StatefulSet;
     fn template_meta(&self) -> Option<&ObjectMeta> {
         self.spec
             .as_ref()
@@ -140,9 +162,33 @@ pub fn desired<K: Workload>(w: &K) -> Option<Value> {
     Some(body)
 }
 
+/// Whether applying `body` would turn injection on for pods that do not
+/// have it yet (the template's inject label becomes `enabled`): that write
+/// rolls the pods to get the sidecar, so it waits for a route (pure).
+pub fn turns_injection_on<K: Workload>(w: &K, body: &Value) -> bool {
+    let now = w
+        .template_meta()
+        .and_then(|m| m.labels.as_ref())
+        .and_then(|l| l.get(keys::INJECT))
+        .map(String::as_str);
+    let after = body["spec"]["template"]["metadata"]["labels"][keys::INJECT].as_str();
+    after == Some("enabled") && now != Some("enabled")
+}
+
+/// The accepted route that covers `w`, if any (pure).
+pub fn accepted_route<'a, K: Workload>(w: &K, routes: &'a [GraceRoute]) -> Option<&'a GraceRoute> {
+    let ns = w.namespace().unwrap_or_default();
+    let labels = w.template_labels();
+    routes.iter().find(|r| {
+        route_match::accepted(r)
+            && route_match::covers_workload(r, K::TARGET, &ns, &w.name_any(), &labels)
+    })
+}
+
 pub struct Context {
     pub client: Client,
     pub metrics: Arc<Metrics>,
+    pub recorder: Recorder,
 }
 
 async fn reconcile<K: Workload>(w: Arc<K>, ctx: Arc<Context>) -> Result<Action> {
@@ -152,6 +198,17 @@ async fn reconcile<K: Workload>(w: Arc<K>, ctx: Arc<Context>) -> Result<Action> 
             return Ok(Action::await_change());
         };
         let ns = w.namespace().unwrap_or_default();
+        if turns_injection_on(w.as_ref(), &body) {
+            let routes = Api::<GraceRoute>::namespaced(ctx.client.clone(), &ns)
+                .list(&ListParams::default())
+                .await
+                .map_err(Error::kube(format!("listing GraceRoutes in {ns}")))?
+                .items;
+            if accepted_route(w.as_ref(), &routes).is_none() {
+                wait_for_route(w.as_ref(), &ctx).await;
+                return Ok(Action::await_change());
+            }
+        }
         let api: Api<K> = Api::namespaced(ctx.client.clone(), &ns);
         api.patch(
             &w.name_any(),
@@ -180,6 +237,30 @@ async fn reconcile<K: Workload>(w: Arc<K>, ctx: Arc<Context>) -> Result<Action> 
     result
 }
 
+/// Says on the workload why its pods do not roll yet (an Event; the route
+/// watch brings the workload back).
+async fn wait_for_route<K: Workload>(w: &K, ctx: &Context) {
+    let note = format!(
+        "{}=enabled is set, but no accepted GraceRoute targets {} {}: the pods roll to get the sidecar once one is accepted (kubectl get graceroutes -n {})",
+        keys::INJECT,
+        K::KIND,
+        w.name_any(),
+        w.namespace().unwrap_or_default(),
+    );
+    tracing::info!(kind = K::KIND, name = %w.name_any(), "inject waits for an accepted GraceRoute");
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "WaitingForGraceRoute".into(),
+        note: Some(note),
+        action: "Inject".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &w.object_ref(&())).await {
+        // Events are for people; a failed one must not fail the reconcile.
+        tracing::debug!(error = %e, "publishing event");
+    }
+}
+
 fn error_policy<K: Workload>(_w: Arc<K>, err: &Error, _ctx: Arc<Context>) -> Action {
     tracing::warn!(error = %err, "inject propagation failed; retrying");
     Action::requeue(Duration::from_secs(10))
@@ -195,15 +276,46 @@ pub async fn run<K: Workload>(
     let ctx = Arc::new(Context {
         client: client.clone(),
         metrics,
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: INJECT_FIELD_MANAGER.into(),
+                instance: None,
+            },
+        ),
     });
-    Controller::new(
+    let controller = Controller::new(
         crate::scope::api::<K>(&client, namespace.as_deref()),
         watcher::Config::default(),
-    )
-    .graceful_shutdown_on(shutdown)
-    .run(reconcile::<K>, error_policy::<K>, ctx)
-    .for_each(|_| async {})
-    .await;
+    );
+    let workloads = controller.store();
+    controller
+        // A route that appears or is accepted releases the workloads it covers.
+        .watches(
+            crate::scope::api::<GraceRoute>(&client, namespace.as_deref()),
+            watcher::Config::default(),
+            move |route: GraceRoute| {
+                let ns = route.namespace().unwrap_or_default();
+                workloads
+                    .state()
+                    .iter()
+                    .filter(|w| {
+                        route_match::covers_workload(
+                            &route,
+                            K::TARGET,
+                            &ns,
+                            &w.name_any(),
+                            &w.template_labels(),
+                        )
+                    })
+                    .map(|w| ObjectRef::from_obj(w.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile::<K>, error_policy::<K>, ctx)
+        .for_each(|_| async {})
+        .await;
 }
 
 #[cfg(test)]
@@ -272,5 +384,65 @@ spec: {selector: {}, template: {metadata: {labels: {kubegrace.io/inject: enabled
         );
         let body = desired(&d).expect("release");
         assert!(body.get("spec").is_none());
+    }
+
+    fn route(yaml: &str) -> GraceRoute {
+        serde_yaml::from_str(yaml).expect("route")
+    }
+
+    const ACCEPTED_WEB: &str = r#"
+apiVersion: kubegrace.io/v1alpha1
+kind: GraceRoute
+metadata: {name: web, namespace: shop}
+spec: {targetRef: {kind: Deployment, name: web}, ports: [{name: http}]}
+status: {conditions: [{type: Accepted, status: "True", reason: Valid, message: "", lastTransitionTime: "2026-01-01T00:00:00Z"}]}
+"#;
+
+    #[test]
+    fn turning_injection_on_waits_for_an_accepted_route_covering_the_workload() {
+        let d = deploy(
+            "metadata: {name: web, namespace: shop, annotations: {kubegrace.io/inject: enabled}}\nspec: {selector: {}, template: {}}",
+        );
+        let body = desired(&d).expect("needs a write");
+        assert!(turns_injection_on(&d, &body));
+        // No route, a route for another workload, a route not yet accepted: wait.
+        assert!(accepted_route(&d, &[]).is_none());
+        let other = route(&ACCEPTED_WEB.replace("name: web}, ports", "name: api}, ports"));
+        assert!(accepted_route(&d, &[other]).is_none());
+        let pending = route(&ACCEPTED_WEB.replace("status: \"True\"", "status: \"False\""));
+        assert!(accepted_route(&d, &[pending]).is_none());
+        let elsewhere = route(&ACCEPTED_WEB.replace("namespace: shop", "namespace: other"));
+        assert!(accepted_route(&d, &[elsewhere]).is_none());
+        // The accepted route for it releases the write.
+        let ok = route(ACCEPTED_WEB);
+        assert_eq!(
+            accepted_route(&d, std::slice::from_ref(&ok)).map(ResourceExt::name_any),
+            Some("web".to_string())
+        );
+        // A selector route matching the template's labels counts too.
+        let by_labels = route(&ACCEPTED_WEB.replace(
+            "targetRef: {kind: Deployment, name: web}",
+            "selector: {matchLabels: {app: web}}",
+        ));
+        let labelled = deploy(
+            "metadata: {name: web, namespace: shop, annotations: {kubegrace.io/inject: enabled}}\nspec: {selector: {}, template: {metadata: {labels: {app: web}}}}",
+        );
+        assert!(accepted_route(&labelled, &[by_labels]).is_some());
+    }
+
+    #[test]
+    fn turning_injection_off_or_adopting_a_users_label_does_not_wait() {
+        // Disabling rolls the sidecar out: never gated on a route.
+        let off = deploy(
+            "metadata: {name: web, annotations: {kubegrace.io/inject: disabled}}\nspec: {selector: {}, template: {}}",
+        );
+        let body = desired(&off).expect("needs a write");
+        assert!(!turns_injection_on(&off, &body));
+        // The template already asks for the sidecar: the pods have what they asked for.
+        let on = deploy(
+            "metadata: {name: web, annotations: {kubegrace.io/inject: enabled}}\nspec: {selector: {}, template: {metadata: {labels: {kubegrace.io/inject: enabled}}}}",
+        );
+        let body = desired(&on).expect("needs ownership");
+        assert!(!turns_injection_on(&on, &body));
     }
 }

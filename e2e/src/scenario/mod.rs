@@ -225,6 +225,8 @@ pub struct Options {
     pub load: LoadOptions,
     /// Bound of one rollout (template change to every pod replaced and ready).
     pub rollout_timeout: Duration,
+    /// Extra chart values (`--set key=value`), e.g. `sidecar.mode=classic`.
+    pub chart_values: Vec<(String, String)>,
 }
 
 impl Options {
@@ -244,6 +246,7 @@ impl Options {
             drain: Drain::default(),
             load: LoadOptions::default(),
             rollout_timeout: Duration::from_secs(180),
+            chart_values: Vec::new(),
         }
     }
 
@@ -369,6 +372,9 @@ impl Install {
             &opts.operator_replicas.to_string(),
         ));
         args.extend(set("webhook.failurePolicy", "Fail"));
+        for (k, v) in &opts.chart_values {
+            args.extend(set(k, v));
+        }
         // Scoped at install (the chart ANDs this into every webhook entry): a shared
         // cluster's other tests never see this run's webhook, from its first moment.
         let key = RUN_LABEL.replace('.', "\\.");

@@ -1,0 +1,130 @@
+//! Step 3, build (pure): the objects the route wants, from what was
+//! validated. The sidecar ConfigMap (owned by the route, hot-reloaded by the
+//! sidecars) and, only for an explicit `rollout` block, the rollout fields of
+//! each target. The pod template is never among them: the grace period
+//! reaches pods through the webhook, so a GitOps re-apply changes nothing.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::ObjectMeta;
+use kube::{Resource, ResourceExt};
+use serde_json::Value;
+
+use super::dereference::Observed;
+use super::validate::Valid;
+use crate::build;
+use crate::crd::{GraceRoute, TargetKind};
+use crate::{Error, FIELD_MANAGER, Result, keys};
+
+/// What apply writes.
+#[derive(Debug, Clone)]
+pub struct Desired {
+    pub config_map: ConfigMap,
+    /// Server-side apply bodies for the targets' rollout fields.
+    pub rollout: Vec<RolloutFields>,
+    /// Sentences for the Accepted condition (fields left alone and why).
+    pub notes: Vec<String>,
+    /// The rendered config's hash (status and Events).
+    pub hash: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutFields {
+    pub kind: TargetKind,
+    pub name: String,
+    pub body: Value,
+}
+
+/// Builds what the route wants (pure).
+pub fn desired(route: &GraceRoute, valid: &Valid, observed: &Observed) -> Result<Desired> {
+    let (yaml, hash) = build::render(&valid.config).map_err(|i| Error::Config(i.message))?;
+    let name = route.name_any();
+    let owner = route
+        .controller_owner_ref(&())
+        .ok_or_else(|| Error::MissingField("GraceRoute without uid".into()))?;
+    let config_map = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(build::config_map_name(&name)),
+            namespace: route.namespace(),
+            labels: Some(BTreeMap::from([
+                (keys::MANAGED_BY.to_string(), FIELD_MANAGER.to_string()),
+                (keys::ROUTE_LABEL.to_string(), name.clone()),
+            ])),
+            annotations: Some(BTreeMap::from([(
+                keys::CONFIG_HASH.to_string(),
+                hash.clone(),
+            )])),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            kubegrace_sidecar_api::pod::CONFIG_FILE.to_string(),
+            yaml,
+        )])),
+        ..Default::default()
+    };
+    let mut rollout = Vec::new();
+    let mut notes = Vec::new();
+    for (t, _) in &observed.targets {
+        let (body, n) = build::target_apply(route.spec.rollout.as_ref(), t);
+        notes.extend(n);
+        if let Some(body) = body {
+            rollout.push(RolloutFields {
+                kind: t.kind,
+                name: t.name.clone(),
+                body,
+            });
+        }
+    }
+    Ok(Desired {
+        config_map,
+        rollout,
+        notes,
+        hash,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::fixtures::{DEPLOYMENT, ROUTE, observed, route};
+    use crate::controller::validate;
+
+    #[test]
+    fn without_a_rollout_block_only_the_owned_labelled_config_map_is_wanted() {
+        let r = route(ROUTE);
+        let seen = observed(&r, &[DEPLOYMENT], &[]);
+        let valid = validate::check(&r, &seen).expect("valid");
+        let d = desired(&r, &valid, &seen).expect("desired");
+        assert!(d.rollout.is_empty(), "{:?}", d.rollout);
+        let cm = &d.config_map;
+        assert_eq!(cm.name_any(), "kubegrace-web");
+        assert_eq!(cm.namespace().as_deref(), Some("shop"));
+        assert_eq!(
+            cm.labels().get(keys::ROUTE_LABEL).map(String::as_str),
+            Some("web")
+        );
+        assert_eq!(cm.annotations().get(keys::CONFIG_HASH), Some(&d.hash));
+        let owner = &cm.owner_references()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller),
+            ("GraceRoute", Some(true))
+        );
+        let yaml = &cm.data.as_ref().expect("data")[kubegrace_sidecar_api::pod::CONFIG_FILE];
+        assert!(yaml.contains("maxDelay: 5s"), "{yaml}");
+    }
+
+    #[test]
+    fn an_explicit_rollout_block_writes_only_its_fields_to_the_target() {
+        let r = route(&format!("{ROUTE}  rollout: {{minReadySeconds: 3}}\n"));
+        let seen = observed(&r, &[DEPLOYMENT], &[]);
+        let valid = validate::check(&r, &seen).expect("valid");
+        let d = desired(&r, &valid, &seen).expect("desired");
+        assert_eq!(d.rollout.len(), 1);
+        let body = &d.rollout[0].body;
+        assert_eq!(body["spec"]["minReadySeconds"], 3);
+        assert!(body["spec"].get("strategy").is_none(), "{body}");
+        assert!(body["spec"].get("template").is_none(), "{body}");
+    }
+}

@@ -1,0 +1,319 @@
+//! The GraceRoute controller, as a pipeline with one file per step:
+//!
+//! 1. [`dereference`]: read the targets (minus those an older route holds),
+//!    their pods, the namespace's labels and Services, the route's ConfigMap;
+//! 2. [`validate`] (pure): budget, ports, sidecar config, ConfigMap ownership;
+//! 3. [`desired`] (pure): the ConfigMap and an explicit `rollout` block's fields;
+//! 4. [`apply`]: server-side apply as `kubegrace-operator`;
+//! 5. [`status`] (pure): conditions and Events from what was observed, then
+//!    written.
+//!
+//! Level-triggered and idempotent: every pass runs the whole pipeline. An
+//! invalid route is not an error, it is a status (`Accepted=False`) and
+//! waits for a change; API failures are errors and are retried. A finalizer
+//! restores what an explicit `rollout` block changed on the targets when
+//! the route is deleted; the ConfigMap goes with the route through its
+//! owner reference.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use kube::api::ObjectMeta;
+use kube::core::SelectorExt;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+
+use crate::admin::Metrics;
+use crate::crd::{GraceRoute, TargetKind};
+use crate::{Error, FIELD_MANAGER, FINALIZER, Result, keys};
+
+pub mod apply;
+pub mod dereference;
+pub mod desired;
+pub mod status;
+pub mod validate;
+
+pub use dereference::{Observed, Workloads, claim_targets, deployment_target, statefulset_target};
+pub use status::{PodCount, count_pods};
+pub use validate::{service_bypasses, validate};
+
+use dereference::selector_of;
+
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    /// All routes, for overlap detection and for mapping watched objects.
+    pub routes: Store<GraceRoute>,
+}
+
+/// The condition types.
+pub const ACCEPTED: &str = "Accepted";
+pub const READY: &str = "Ready";
+pub const DEGRADED: &str = "Degraded";
+/// Degraded reason: a Service selecting the route's pods reaches the app
+/// around the sidecar (its targetPort is the app's number).
+pub const SERVICE_BYPASSES_SIDECAR: &str = "ServiceBypassesSidecar";
+
+/// One pass of the pipeline for a live route.
+async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {
+    let ns = route.namespace().unwrap_or_default();
+    let api: Api<GraceRoute> = Api::namespaced(ctx.client.clone(), &ns);
+    let known = ctx.routes.state();
+    let others: Vec<&GraceRoute> = known.iter().map(AsRef::as_ref).collect();
+
+    let observed = dereference::dereference(&ctx.client, route, &others).await?;
+    let valid = match validate::check(route, &observed) {
+        Ok(valid) => valid,
+        Err(invalid) => {
+            status::write(
+                ctx,
+                &api,
+                route,
+                status::rejected(route, &observed, &invalid),
+            )
+            .await?;
+            // A foreign ConfigMap is not watched (the watch is label-selected):
+            // look again now and then. Otherwise nothing changes until the
+            // route or a target does; watches bring us back.
+            return Ok(if invalid.reason == crate::ownership::REASON {
+                Action::requeue(Duration::from_secs(60))
+            } else {
+                Action::await_change()
+            });
+        }
+    };
+    let desired = desired::desired(route, &valid, &observed)?;
+    apply::apply(&ctx.client, &ns, &desired).await?;
+    let report = status::accepted(route, &observed, &valid, &desired);
+    let ready = report.ready();
+    status::write(ctx, &api, route, report).await?;
+    // Pods and workloads are watched; the periodic pass only catches drift
+    // a watch could have missed.
+    Ok(Action::requeue(Duration::from_secs(if ready {
+        300
+    } else {
+        30
+    })))
+}
+
+pub async fn reconcile(route: Arc<GraceRoute>, ctx: Arc<Context>) -> Result<Action> {
+    let start = Instant::now();
+    let ns = route
+        .namespace()
+        .ok_or_else(|| Error::MissingField("GraceRoute without namespace".into()))?;
+    let api: Api<GraceRoute> = Api::namespaced(ctx.client.clone(), &ns);
+    let result = finalizer(&api, FINALIZER, route, |event| async {
+        match event {
+            Finalizer::Apply(r) => reconcile_route(&r, &ctx).await,
+            Finalizer::Cleanup(r) => apply::cleanup(&r, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    ctx.metrics
+        .reconciled(start.elapsed(), result.as_ref().err().map(Error::kind));
+    result
+}
+
+pub fn error_policy(_route: Arc<GraceRoute>, err: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(error = %err, kind = err.kind(), "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(10))
+}
+
+pub(crate) async fn publish(
+    ctx: &Context,
+    route: &GraceRoute,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &route.object_ref(&())).await {
+        // Events are for people; a failed one must not fail the reconcile.
+        tracing::debug!(error = %e, "publishing event");
+    }
+}
+
+/// Maps a Deployment/StatefulSet to the routes that may target it.
+fn routes_for_workload(
+    store: &Store<GraceRoute>,
+    kind: TargetKind,
+    ns: &str,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+) -> Vec<ObjectRef<GraceRoute>> {
+    store
+        .state()
+        .iter()
+        .filter(|r| crate::route_match::covers_workload(r, kind, ns, name, labels))
+        .map(|r| ObjectRef::from_obj(r.as_ref()))
+        .collect()
+}
+
+/// Maps a pod to the route it is pinned to, or the routes selecting it.
+fn routes_for_pod(store: &Store<GraceRoute>, pod: &Pod) -> Vec<ObjectRef<GraceRoute>> {
+    let ns = pod.namespace().unwrap_or_default();
+    if let Some(name) = pod.annotations().get(keys::ROUTE) {
+        return vec![ObjectRef::new(name).within(&ns)];
+    }
+    let labels = pod.labels();
+    store
+        .state()
+        .iter()
+        .filter(|r| r.namespace().as_deref() == Some(ns.as_str()))
+        .filter(|r| {
+            r.spec
+                .selector
+                .as_ref()
+                .and_then(selector_of)
+                .is_some_and(|s| !s.selects_all() && s.matches(labels))
+        })
+        .map(|r| ObjectRef::from_obj(r.as_ref()))
+        .collect()
+}
+
+/// Runs the route controller until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    metrics: Arc<Metrics>,
+    identity: String,
+    namespace: Option<String>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    // One namespace (watch-namespaces mode, namespaced RBAC) or all.
+    let ns = namespace.as_deref();
+    let routes = crate::scope::api::<GraceRoute>(&client, ns);
+    let controller = Controller::new(routes, watcher::Config::default().any_semantic());
+    let store = controller.store();
+    let (s1, s2, s3, s4) = (store.clone(), store.clone(), store.clone(), store.clone());
+    let managed =
+        watcher::Config::default().labels(&format!("{}={}", keys::MANAGED_BY, FIELD_MANAGER));
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: Some(identity),
+            },
+        ),
+        client: client.clone(),
+        metrics,
+        routes: store,
+    });
+    let tpl_labels = |m: Option<&ObjectMeta>| m.and_then(|m| m.labels.clone()).unwrap_or_default();
+    controller
+        .owns(crate::scope::api::<ConfigMap>(&client, ns), managed)
+        .watches(
+            crate::scope::api::<Deployment>(&client, ns),
+            watcher::Config::default(),
+            move |d| {
+                let labels = tpl_labels(d.spec.as_ref().and_then(|s| s.template.metadata.as_ref()));
+                let ns = d.namespace().unwrap_or_default();
+                routes_for_workload(&s1, TargetKind::Deployment, &ns, &d.name_any(), &labels)
+            },
+        )
+        .watches(
+            crate::scope::api::<StatefulSet>(&client, ns),
+            watcher::Config::default(),
+            move |s| {
+                let labels = tpl_labels(s.spec.as_ref().and_then(|s| s.template.metadata.as_ref()));
+                let ns = s.namespace().unwrap_or_default();
+                routes_for_workload(&s2, TargetKind::StatefulSet, &ns, &s.name_any(), &labels)
+            },
+        )
+        .watches(
+            crate::scope::api::<Pod>(&client, ns),
+            watcher::Config::default(),
+            move |p| routes_for_pod(&s3, &p),
+        )
+        // A Service created or changed after the route can bypass its
+        // sidecars; every route of the namespace re-checks (cheap, pure).
+        .watches(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default(),
+            move |svc| {
+                let ns = svc.namespace();
+                s4.state()
+                    .iter()
+                    .filter(|r| r.namespace() == ns)
+                    .map(|r| ObjectRef::from_obj(r.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => tracing::debug!(route = %obj, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "reconcile error"),
+            }
+        })
+        .await;
+}
+
+/// YAML fixtures for the pipeline's unit tests: a route, a target, and what
+/// dereference would have observed.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+
+    pub const ROUTE: &str = r#"
+apiVersion: kubegrace.io/v1alpha1
+kind: GraceRoute
+metadata: {name: web, namespace: shop, uid: 7e1c0000-0000-4000-8000-000000000001, generation: 2}
+spec:
+  targetRef: {kind: Deployment, name: web}
+  ports: [{name: http}]
+  drain: {minDelay: 1s, quiet: 500ms, maxDelay: 5s, timeout: 10s}
+"#;
+
+    pub const DEPLOYMENT: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: shop}
+spec:
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web, kubegrace.io/inject: enabled}}
+    spec:
+      containers:
+      - {name: app, image: app, ports: [{name: http, containerPort: 8080}]}
+"#;
+
+    pub fn route(yaml: &str) -> GraceRoute {
+        serde_yaml::from_str(yaml).expect("route fixture")
+    }
+
+    /// What dereference reads for `route` when the namespace holds
+    /// `deployments` and `pods`.
+    pub fn observed(route: &GraceRoute, deployments: &[&str], pods: &[Pod]) -> Observed {
+        let deployments: Vec<Deployment> = deployments
+            .iter()
+            .map(|y| serde_yaml::from_str(y).expect("deployment fixture"))
+            .collect();
+        let workloads = Workloads::from_objects(&deployments, &[]);
+        let (targets, overlaps) = claim_targets(route, &workloads, &[]);
+        Observed {
+            targets: targets.into_iter().cloned().collect(),
+            overlaps,
+            pods: pods.iter().map(|p| (p.name_any(), p.clone())).collect(),
+            ..Observed::default()
+        }
+    }
+}

@@ -1,4 +1,4 @@
-//! Situations every real cluster has, on the real cluster (issue 17, items 2-4):
+//! Situations every real cluster has, on the real cluster:
 //!
 //! - a Service that targets the app's port *number* bypasses the sidecar: the route says
 //!   so (`Degraded`/`ServiceBypassesSidecar` naming the Service and the fix, an Event), the
@@ -40,9 +40,18 @@ async fn bypassing_services_gitops_reapplies_and_taken_ports_are_handled() -> Re
         install.helm_install(&client, &opts, &p).await?;
         let bypass = Scenario::named(&client, &opts, &p, "bypass").await?;
         namespaces.push(bypass.namespace.clone());
-        let gitops = Scenario::named(&client, &opts, &p, "gitops").await?;
+        // Each flow waits for as many pods as its Deployment asks for.
+        let gitops_opts = Options {
+            replicas: GITOPS_REPLICAS,
+            ..opts.clone()
+        };
+        let gitops = Scenario::named(&client, &gitops_opts, &p, "gitops").await?;
         namespaces.push(gitops.namespace.clone());
-        let ports = Scenario::named(&client, &opts, &p, "ports").await?;
+        let ports_opts = Options {
+            replicas: 1,
+            ..opts.clone()
+        };
+        let ports = Scenario::named(&client, &ports_opts, &p, "ports").await?;
         namespaces.push(ports.namespace.clone());
         let mut failures = Vec::new();
         for (flow, result) in [
@@ -124,7 +133,34 @@ async fn condition(sc: &Scenario, route: &str, type_: &str) -> Result<(String, S
     Ok((s("status"), s("reason"), s("message")))
 }
 
-/// Item 2: one Service by number (reported, with the fix), one by name (not reported).
+/// Waits until the route validator answers in `sc`'s namespace: the API server picks up
+/// the webhook's caBundle a moment after it is written, and with failurePolicy Ignore a
+/// route applied before that is admitted without warnings. The probe is a server-side dry
+/// run of a route whose target does not exist, which the validator always warns about.
+async fn route_validator_answers(sc: &Scenario, p: &Progress) -> Result<()> {
+    let probe = route_yaml("validator-probe");
+    p.wait(
+        "the route validator answers (server-side dry run)",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            let (_, warnings) = kubectl(
+                &["apply", "--dry-run=server", "-n", &sc.namespace, "-f", "-"],
+                &probe,
+            )
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+            if warnings.contains("does not exist in namespace") {
+                Ok(())
+            } else {
+                Err(format!("no warning yet: {warnings:?}"))
+            }
+        },
+    )
+    .await
+}
+
+/// A Service by number (reported, with the fix), one by name (not reported).
 async fn bypass_flow(sc: &Scenario, p: &Progress) -> Result<String> {
     // The app and the numeric Service exist first, so the webhook can see it at apply time.
     sc.create_app(WITH, true, p).await?;
@@ -134,6 +170,7 @@ async fn bypass_flow(sc: &Scenario, p: &Progress) -> Result<String> {
         "spec": {"selector": {"app": WITH}, "ports": [{"port": 80, "targetPort": APP_PORT}]},
     }))?;
     services.create(&PostParams::default(), &numeric).await?;
+    route_validator_answers(sc, p).await?;
     let (_, warnings) = kubectl(
         &["apply", "-n", &sc.namespace, "-f", "-"],
         &route_yaml(WITH),
@@ -211,6 +248,9 @@ async fn bypass_flow(sc: &Scenario, p: &Progress) -> Result<String> {
     Ok(format!("reported, then cleared by the fix: {msg}"))
 }
 
+/// Replicas of the GitOps flow's Deployments.
+const GITOPS_REPLICAS: i32 = 2;
+
 /// A GitOps-style manifest: the inject label in the template (no operator copy), and the
 /// fields a chart typically spells out, which an operator editing them would fight over.
 fn gitops_deployment(name: &str) -> serde_json::Value {
@@ -218,7 +258,7 @@ fn gitops_deployment(name: &str) -> serde_json::Value {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "labels": {"app": name}},
         "spec": {
-            "replicas": 2,
+            "replicas": GITOPS_REPLICAS,
             "minReadySeconds": 0,
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}},
             "selector": {"matchLabels": {"app": name}},
@@ -297,7 +337,7 @@ async fn pods_carry(sc: &Scenario, app: &str, budget: i64) -> Result<()> {
     Ok(())
 }
 
-/// Item 3.
+/// The same manifest re-applied by kubectl and by helm makes no new ReplicaSet, and the pods keep the budget.
 async fn gitops_flow(sc: &Scenario, p: &Progress) -> Result<String> {
     let ns = sc.namespace.as_str();
     // kubectl: route, then the manifest, applied client-side.
@@ -385,7 +425,7 @@ async fn gitops_flow(sc: &Scenario, p: &Progress) -> Result<String> {
     ))
 }
 
-/// Item 4: the app listens on Istio's 15020 and on our default admin and listener ports.
+/// The app listens on Istio's 15020 and on our default admin and listener ports.
 async fn ports_flow(sc: &Scenario, p: &Progress) -> Result<String> {
     const APP: &str = "taken-ports";
     let extra = |port: u16| {

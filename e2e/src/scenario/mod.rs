@@ -37,7 +37,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -422,6 +424,29 @@ impl Install {
                         hooks.len()
                     ));
                 }
+                if !hooks.is_empty() && with_ca == hooks.len() {
+                    Ok(())
+                } else {
+                    Err(format!("{with_ca}/{} entries have a caBundle", hooks.len()))
+                }
+            },
+        )
+        .await?;
+        // The route validator too: with failurePolicy Ignore, a route applied before its
+        // caBundle lands is admitted without the webhook's warnings.
+        let name = format!("{}-route-validator", install.release);
+        let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+        p.wait(
+            "the operator's CA in the route validator",
+            Duration::from_secs(90),
+            Duration::from_millis(500),
+            || async {
+                let v = vwcs.get(&name).await.map_err(|e| e.to_string())?;
+                let hooks = v.webhooks.unwrap_or_default();
+                let with_ca = hooks
+                    .iter()
+                    .filter(|w| w.client_config.ca_bundle.is_some())
+                    .count();
                 if !hooks.is_empty() && with_ca == hooks.len() {
                     Ok(())
                 } else {

@@ -10,14 +10,16 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use kubegrace_operator::cli::RunArgs;
 use kubegrace_operator::crd::GraceRoute;
-use kubegrace_sidecar_api::{keys, pod};
+use kubegrace_sidecar_api::keys;
 use serde_json::json;
+
+pub use kubegrace_e2e::scenario::{has_sidecar, pod_ready};
 
 /// Tests share the cluster-wide watches of their operators: one at a time.
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -302,16 +304,6 @@ pub fn condition(r: &GraceRoute, type_: &str) -> Option<(String, String, String)
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-pub fn has_sidecar(p: &Pod) -> bool {
-    p.spec.as_ref().is_some_and(|s| {
-        s.init_containers
-            .iter()
-            .flatten()
-            .chain(s.containers.iter())
-            .any(|c| c.name == pod::CONTAINER)
-    })
-}
-
 /// One HTTP/1.1 GET over a plain socket (the host reaches pod IPs on the
 /// local cluster's bridge); returns the status line and body.
 pub async fn http_get(addr: &str, path: &str) -> Option<String> {
@@ -328,13 +320,6 @@ pub async fn http_get(addr: &str, path: &str) -> Option<String> {
         .ok()?
         .ok()?;
     Some(out)
-}
-
-pub fn pod_ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Starts the operator in-process on the given client: flags for this

@@ -4,7 +4,7 @@
 //! operator's own `/metrics` histograms.
 //!
 //! The operator is the release binary `e2e/cluster/with-cluster` builds
-//! (`--operator-bin`), run on this host as `operator/tests/cluster.rs` runs
+//! (`--operator-bin`), run on this host as `e2e/tests/operator_api` runs
 //! it in-process: the API server calls its webhooks by URL on 127.0.0.1
 //! over TLS, with the caBundle the operator patches in itself. Everything it creates lives in
 //! one labelled namespace plus two webhook configurations named after it,

@@ -260,6 +260,7 @@ pub fn sidecar_config(
             quiet: spec.drain.quiet.0,
             max_delay: spec.drain.max_delay.0,
             timeout: HumanDuration(budget.effective_timeout()),
+            ..DrainConfig::default()
         },
         ..Config::default()
     };

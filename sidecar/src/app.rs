@@ -407,6 +407,7 @@ mod tests {
             quiet: HumanDuration::from_millis(50),
             max_delay: HumanDuration::from_millis(1000),
             timeout: HumanDuration::from_millis(1000),
+            ..DrainConfig::default()
         });
         let pool = UpstreamPoolConfig {
             hold_timeout: HumanDuration::from_millis(hold_ms),

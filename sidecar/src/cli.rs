@@ -11,7 +11,9 @@ use std::path::PathBuf;
 use clap::{Parser, ValueEnum};
 use kubegrace_sidecar_api::cli::env;
 
-use crate::config::{Config, ConfigError, Endpoint, HumanDuration, Protocol, SocketMode};
+use crate::config::{
+    Config, ConfigError, Endpoint, Http2GoAway, HumanDuration, Protocol, SocketMode,
+};
 use crate::error::{Error, Result};
 
 /// Exit status for anything the user must fix (BSD EX_USAGE).
@@ -77,6 +79,9 @@ pub struct Cli {
     /// Once closing, wait this long for in-flight work before force-closing.
     #[arg(long, env = env::DRAIN_TIMEOUT, value_name = "DURATION")]
     pub drain_timeout: Option<HumanDuration>,
+    /// How HTTP/2 connections are closed in a drain: auto, twoPhase or finalOnly (drain.http2GoAway).
+    #[arg(long, env = env::DRAIN_HTTP2_GOAWAY, value_name = "MODE", value_parser = parse_http2_go_away)]
+    pub drain_http2_goaway: Option<Http2GoAway>,
     /// Most concurrent HTTP/2 streams per downstream connection (limits.maxConcurrentStreams).
     #[arg(long, env = env::MAX_CONCURRENT_STREAMS, value_name = "N")]
     pub max_concurrent_streams: Option<u32>,
@@ -163,6 +168,17 @@ fn parse_protocol(s: &str) -> std::result::Result<Protocol, String> {
     }
 }
 
+fn parse_http2_go_away(s: &str) -> std::result::Result<Http2GoAway, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "auto" => Ok(Http2GoAway::Auto),
+        "twophase" | "two-phase" => Ok(Http2GoAway::TwoPhase),
+        "finalonly" | "final-only" => Ok(Http2GoAway::FinalOnly),
+        other => Err(format!(
+            "{other:?} is not an HTTP/2 GOAWAY mode; use auto, twoPhase or finalOnly"
+        )),
+    }
+}
+
 /// The flag/environment layer, laid over the file at start and on reload.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Overrides {
@@ -177,6 +193,7 @@ pub struct Overrides {
     pub drain_quiet: Option<HumanDuration>,
     pub drain_max_delay: Option<HumanDuration>,
     pub drain_timeout: Option<HumanDuration>,
+    pub drain_http2_goaway: Option<Http2GoAway>,
     pub max_concurrent_streams: Option<u32>,
     pub body_read_timeout: Option<HumanDuration>,
     pub write_timeout: Option<HumanDuration>,
@@ -227,6 +244,9 @@ impl Overrides {
         }
         if let Some(v) = self.drain_timeout {
             config.drain.timeout = v;
+        }
+        if let Some(v) = self.drain_http2_goaway {
+            config.drain.http2_go_away = v;
         }
         if let Some(v) = self.max_concurrent_streams {
             config.limits.max_concurrent_streams = v;
@@ -318,6 +338,7 @@ impl Cli {
                 drain_quiet: self.drain_quiet,
                 drain_max_delay: self.drain_max_delay,
                 drain_timeout: self.drain_timeout,
+                drain_http2_goaway: self.drain_http2_goaway,
                 max_concurrent_streams: self.max_concurrent_streams,
                 body_read_timeout: self.body_read_timeout,
                 write_timeout: self.write_timeout,

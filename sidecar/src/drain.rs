@@ -692,6 +692,7 @@ mod tests {
             quiet: HumanDuration::from_millis(quiet),
             max_delay: HumanDuration::from_millis(max),
             timeout: HumanDuration::from_millis(timeout),
+            ..DrainConfig::default()
         }
     }
 

@@ -250,6 +250,7 @@ pub fn handover_timers(current: DrainConfig) -> DrainConfig {
                 .max(HANDOVER_GRACE),
         ),
         timeout: current.timeout,
+        http2_go_away: current.http2_go_away,
     }
 }
 

@@ -21,6 +21,28 @@ pub struct DrainConfig {
     /// Once closing, wait at most this long for in-flight work, then close
     /// what is left and count it as force-closed.
     pub timeout: HumanDuration,
+    /// How a downstream HTTP/2 connection is told to go (docs/http2-drain.md).
+    pub http2_go_away: Http2GoAway,
+}
+
+/// The frames that end a downstream HTTP/2 connection in a drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Http2GoAway {
+    /// Per connection: `finalOnly` for a client recognised by its SETTINGS
+    /// as python's h2 (which fails on any frame after a GOAWAY),
+    /// `twoPhase` for every other client.
+    #[default]
+    Auto,
+    /// GOAWAY(2^31-1), PING, then GOAWAY(last stream) on the PING ack:
+    /// what conforming clients (hyper, Go, gRPC) need to stop opening
+    /// streams before the last stream id is fixed.
+    TwoPhase,
+    /// New streams are held unanswered, the streams already accepted
+    /// finish, then one GOAWAY naming the last accepted stream is the last
+    /// frame before the close: the held streams are above it, never seen
+    /// by the app, so the client may retry them.
+    FinalOnly,
 }
 
 impl Default for DrainConfig {
@@ -30,6 +52,7 @@ impl Default for DrainConfig {
             quiet: HumanDuration::from_secs(1),
             max_delay: HumanDuration::from_secs(15),
             timeout: HumanDuration::from_secs(30),
+            http2_go_away: Http2GoAway::Auto,
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod circuit;
 pub mod cli;
 pub mod drain;
 pub mod error;
+pub mod http2;
 pub mod inherit;
 pub mod listen;
 pub mod metrics;

@@ -1,10 +1,11 @@
 //! Serving downstream connections and forwarding their requests to the app.
 //!
-//! One task per connection, built on hyper-util's auto builder (HTTP/1.1
-//! with upgrades, HTTP/2 prior knowledge told apart by the preface). Each
-//! task selects on the drain watch: at `Closing` it calls hyper's
-//! `graceful_shutdown` (HTTP/1 closes once idle, HTTP/2 gets the two-phase
-//! GOAWAY); at the deadline it drops the connection and counts it.
+//! One task per connection. The first bytes tell HTTP/2 prior knowledge
+//! (the preface) from HTTP/1.1: HTTP/1.1 (with upgrades) is served by
+//! hyper, HTTP/2 by the h2 crate directly (http2.rs), so the drain can pick
+//! its frames per client. Each task selects on the drain watch: at
+//! `Closing` HTTP/1 closes once idle and HTTP/2 gets its GOAWAY sequence;
+//! at the deadline the task drops the connection and counts it.
 //!
 //! Per request the cost is kept to atomics and header edits: no lock, no
 //! boxing of bodies, and the route table and config come from one lock-free
@@ -27,16 +28,16 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
 use crate::circuit::{Permit, UpstreamOutcome};
 use crate::config::{LimitsConfig, Protocol};
 use crate::drain::{ConnGuard, Phase};
+use crate::http2::{Ending, H2Conn};
 use crate::metrics::{ClientError, ClientTimeout};
 use crate::state::Shared;
-use crate::upstream::{BodyFault, PoolReturn, UpstreamBody, UpstreamResponse};
+use crate::upstream::{BodyFault, DownstreamBody, PoolReturn, UpstreamBody, UpstreamResponse};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -51,10 +52,10 @@ const CRLF_CRLF: u32 = u32::from_be_bytes(*b"\r\n\r\n");
 
 /// Per-connection counters shared by the IO wrapper, the header timer and
 /// the request path.
-struct ConnActivity {
-    /// Bytes read from the client: the idle check and the header timer
-    /// watch it move.
-    bytes_read: AtomicU64,
+pub(crate) struct ConnActivity {
+    /// Bytes read from the client: the idle check, the header timer and
+    /// the HTTP/2 final GOAWAY's quiet check watch it move.
+    pub(crate) bytes_read: AtomicU64,
     /// Bytes written to the client, and whether the last write had to
     /// wait for the client to read: the write timeout watches both.
     bytes_written: AtomicU64,
@@ -304,16 +305,14 @@ impl Future for HeadSleep {
 
 impl hyper::rt::Sleep for HeadSleep {}
 
-/// Builds the per-connection server from the limits in force.
-fn server_builder(
-    protocol: Protocol,
+/// hyper's HTTP/1 server with the limits in force.
+fn http1_builder(
     limits: &LimitsConfig,
     act: &Arc<ConnActivity>,
     shared: &Arc<Shared>,
-) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+) -> hyper::server::conn::http1::Builder {
+    let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .http1()
         .timer(HeadTimer {
             act: act.clone(),
             shared: shared.clone(),
@@ -325,22 +324,151 @@ fn server_builder(
         .max_buf_size(limits.max_header_bytes.max(8192))
         .keep_alive(true);
     builder
-        .http2()
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
-        // Announced in SETTINGS; h2 answers REFUSED_STREAM past it (a
-        // stream the app never saw, so the client may retry it).
-        .max_concurrent_streams(limits.max_concurrent_streams);
-    match protocol {
-        Protocol::Http1 => builder.http1_only(),
-        Protocol::Http2 => builder.http2_only(),
-        Protocol::Auto | Protocol::Tcp => builder,
+}
+
+/// The HTTP/2 connection preface (RFC 9113 §3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads until the first bytes are, or cannot be, the HTTP/2 preface.
+/// Returns whether they are, and the bytes read (replayed to the server).
+async fn sniff_h2<S: AsyncRead + Unpin>(io: &mut S) -> io::Result<(bool, Vec<u8>)> {
+    let mut seen = Vec::with_capacity(H2_PREFACE.len());
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = io.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok((false, seen));
+        }
+        seen.extend_from_slice(&chunk[..n]);
+        let m = seen.len().min(H2_PREFACE.len());
+        if seen[..m] != H2_PREFACE[..m] {
+            return Ok((false, seen));
+        }
+        if m == H2_PREFACE.len() {
+            return Ok((true, seen));
+        }
+    }
+}
+
+/// The downstream socket with the bytes the protocol sniff took replayed
+/// in front.
+struct Rewind<T> {
+    pre: Bytes,
+    inner: T,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Rewind<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.pre.is_empty() {
+            let n = this.pre.len().min(buf.remaining());
+            buf.put_slice(&this.pre.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Rewind<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// A connection being served, whatever its protocol: runs until the
+/// connection ends; `shutdown` starts a graceful end.
+trait Served: Future<Output = Result<(), BoxError>> + Send {
+    fn shutdown(self: Pin<&mut Self>, why: Ending);
+}
+
+pin_project_lite::pin_project! {
+    struct Http1Served<C> {
+        #[pin]
+        conn: C,
+    }
+}
+
+impl<I, S, B> Future for Http1Served<hyper::server::conn::http1::UpgradeableConnection<I, S>>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    B: Body + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Output = Result<(), BoxError>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().conn.poll(cx).map_err(Into::into)
+    }
+}
+
+impl<I, S, B> Served for Http1Served<hyper::server::conn::http1::UpgradeableConnection<I, S>>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    B: Body + 'static,
+    B::Error: Into<BoxError>,
+    Self: Send,
+{
+    fn shutdown(self: Pin<&mut Self>, _why: Ending) {
+        // HTTP/1 closes once the response in flight is out.
+        self.project().conn.graceful_shutdown();
+    }
+}
+
+/// The HTTP/2 connection, its error boxed like hyper's.
+struct H2Served<T>(H2Conn<T>);
+
+impl<T> Future for H2Served<T>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Output = Result<(), BoxError>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.get_mut().0).poll(cx).map_err(Into::into)
+    }
+}
+
+impl<T> Served for H2Served<T>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    fn shutdown(self: Pin<&mut Self>, why: Ending) {
+        self.get_mut().0.shutdown(why);
     }
 }
 
 /// What a request needs from its connection.
-struct ConnCtx {
+pub(crate) struct ConnCtx {
     shared: Arc<Shared>,
-    act: Arc<ConnActivity>,
+    pub(crate) act: Arc<ConnActivity>,
     /// The client's address, rendered once per connection for X-Forwarded-For.
     peer_ip: HeaderValue,
 }
@@ -358,6 +486,7 @@ pub(crate) async fn serve_connection<S>(
     let live = shared.live.load();
     let protocol = live.config.protocol;
     let limits = live.config.limits;
+    let go_away = live.config.drain.http2_go_away;
     drop(live);
 
     let act = Arc::new(ConnActivity::default());
@@ -368,21 +497,57 @@ pub(crate) async fn serve_connection<S>(
         act: act.clone(),
         peer_ip,
     });
-    let io = TokioIo::new(CountingIo::new(stream, act.clone()));
-    let service = service_fn(move |req| {
-        let ctx = ctx.clone();
-        async move { Ok::<_, Infallible>(handle(ctx, req).await) }
-    });
-    let builder = server_builder(protocol, &limits, &act, &shared);
-    let conn = builder.serve_connection_with_upgrades(io, service);
-    tokio::pin!(conn);
-
+    let mut io = CountingIo::new(stream, act.clone());
     let mut drain_rx = shared.drain.subscribe();
+    // Before the protocol is known (the first 24 bytes, the length of the
+    // HTTP/2 preface) hyper's HTTP/1 header timer is not running yet, so a
+    // client that connects and says nothing (or half a word) is cut here.
+    let first_deadline = tokio::time::Instant::now() + limits.header_read_timeout.get();
+    let (h2, pre) = match protocol {
+        Protocol::Http1 => (false, Vec::new()),
+        Protocol::Http2 => (true, Vec::new()),
+        Protocol::Auto | Protocol::Tcp => tokio::select! {
+            sniffed = sniff_h2(&mut io) => match sniffed {
+                Ok(found) => found,
+                Err(err) => {
+                    tracing::debug!(%peer, error = %err, "downstream connection failed before its first request");
+                    return;
+                }
+            },
+            _ = tokio::time::sleep_until(first_deadline) => {
+                shared.metrics.client_timeout(ClientTimeout::HeaderRead);
+                tracing::debug!(%peer, "no request head within the header read timeout; closing");
+                return;
+            }
+            _ = drain_rx.wait_for(|s| s.force_close) => {
+                tracing::debug!(%peer, "drain deadline: force-closing connection");
+                guard.mark_forced();
+                return;
+            }
+        },
+    };
+    let io = Rewind {
+        pre: Bytes::from(pre),
+        inner: io,
+    };
+    let mut conn: Pin<Box<dyn Served>> = if h2 {
+        Box::pin(H2Served(H2Conn::new(io, ctx, &limits, go_away)))
+    } else {
+        let service = service_fn(move |req: Request<Incoming>| {
+            let ctx = ctx.clone();
+            async move { Ok::<_, Infallible>(handle(ctx, req.map(DownstreamBody::Http1)).await) }
+        });
+        let conn = http1_builder(&limits, &act, &shared)
+            .serve_connection(TokioIo::new(io), service)
+            .with_upgrades();
+        Box::pin(Http1Served { conn })
+    };
+
     let mut shutting_down = false;
     // A connection accepted in the instant the listener closed still gets
     // the graceful path.
     if drain_rx.borrow_and_update().phase >= Phase::Closing {
-        conn.as_mut().graceful_shutdown();
+        conn.as_mut().shutdown(Ending::Drain);
         shutting_down = true;
     }
 
@@ -394,10 +559,6 @@ pub(crate) async fn serve_connection<S>(
     let mut next_tick = tokio::time::Instant::now() + tick;
     let mut last_bytes = 0u64;
     let mut quiet_since = tokio::time::Instant::now();
-    // Before the protocol is known (the first 24 bytes, the length of the
-    // HTTP/2 preface) hyper's HTTP/1 header timer is not running yet, so a
-    // client that connects and says nothing (or half a word) is cut here.
-    let first_deadline = tokio::time::Instant::now() + limits.header_read_timeout.get();
     let mut first_checked = false;
     // An idle close that does not finish (an HTTP/2 client that never acks
     // the shutdown PING keeps hyper waiting for it) is cut after this. The
@@ -431,7 +592,7 @@ pub(crate) async fn serve_connection<S>(
                     break;
                 }
                 if state.phase >= Phase::Closing && !shutting_down {
-                    conn.as_mut().graceful_shutdown();
+                    conn.as_mut().shutdown(Ending::Drain);
                     shutting_down = true;
                 }
             }
@@ -465,7 +626,7 @@ pub(crate) async fn serve_connection<S>(
                     quiet_since = now;
                 } else if now - quiet_since >= idle_timeout {
                     tracing::debug!(%peer, "closing idle downstream connection");
-                    conn.as_mut().graceful_shutdown();
+                    conn.as_mut().shutdown(Ending::Idle);
                     shutting_down = true;
                     idle_close_deadline = Some(now + limits.header_read_timeout.get());
                 }
@@ -883,7 +1044,10 @@ fn finish_response<B>(ctx: &ConnCtx, version: Version, resp: &mut Response<B>) {
     }
 }
 
-async fn handle(ctx: Arc<ConnCtx>, mut req: Request<Incoming>) -> Response<ProxyBody> {
+pub(crate) async fn handle(
+    ctx: Arc<ConnCtx>,
+    mut req: Request<DownstreamBody>,
+) -> Response<ProxyBody> {
     let started = Instant::now();
     let shared = ctx.shared.clone();
     shared.metrics.request_started();

@@ -94,7 +94,7 @@ impl BodyWatch {
 #[derive(Debug)]
 pub struct BodyError {
     fault: BodyFault,
-    source: Option<hyper::Error>,
+    source: Option<BoxError>,
 }
 
 impl std::fmt::Display for BodyError {
@@ -115,7 +115,7 @@ impl std::fmt::Display for BodyError {
 impl std::error::Error for BodyError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.source
-            .as_ref()
+            .as_deref()
             .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
@@ -159,11 +159,72 @@ impl BodyDeadline {
     }
 }
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The request body as the client sends it: hyper's for HTTP/1, the h2
+/// crate's stream for HTTP/2 (see http2.rs).
+pub enum DownstreamBody {
+    Http1(Incoming),
+    Http2(crate::http2::H2Body),
+}
+
+/// A downstream body that failed, and whether the client simply went away.
+pub struct DownstreamError {
+    gone: bool,
+    source: BoxError,
+}
+
+impl http_body::Body for DownstreamBody {
+    type Data = bytes::Bytes;
+    type Error = DownstreamError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<std::result::Result<http_body::Frame<bytes::Bytes>, DownstreamError>>> {
+        match self.get_mut() {
+            DownstreamBody::Http1(body) => Pin::new(body).poll_frame(cx).map_err(|err| {
+                // hyper calls a body cut short by EOF or a reset
+                // "incomplete"/"canceled"; anything else is bad framing.
+                let gone = err.is_incomplete_message() || err.is_canceled();
+                DownstreamError {
+                    gone,
+                    source: Box::new(err),
+                }
+            }),
+            DownstreamBody::Http2(body) => Pin::new(body).poll_frame(cx).map_err(|err| {
+                // The client's RST_STREAM, a GOAWAY or a broken socket is
+                // a client gone; an error h2 found in the stream itself
+                // (a length that does not add up) is a bad body.
+                let gone = err.is_io() || err.is_go_away() || (err.is_reset() && err.is_remote());
+                DownstreamError {
+                    gone,
+                    source: Box::new(err),
+                }
+            }),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            DownstreamBody::Http1(body) => body.is_end_stream(),
+            DownstreamBody::Http2(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            DownstreamBody::Http1(body) => body.size_hint(),
+            DownstreamBody::Http2(body) => body.size_hint(),
+        }
+    }
+}
+
 /// What the proxy sends upstream: the downstream body, with the body
 /// length limit and read time limit, and the fault it ended with recorded
 /// for the proxy. Unboxed: one wrapper, no allocation unless it must wait.
 pub struct UpstreamBody {
-    inner: Incoming,
+    inner: DownstreamBody,
     /// Bytes still allowed under `limits.maxRequestBodyBytes`.
     remaining: Option<u64>,
     deadline: Option<BodyDeadline>,
@@ -173,7 +234,7 @@ pub struct UpstreamBody {
 impl UpstreamBody {
     /// `limit`: most bytes allowed; `timeout`: (bodyReadTimeout, bodyMinRate).
     pub fn new(
-        inner: Incoming,
+        inner: DownstreamBody,
         limit: Option<u64>,
         timeout: Option<(Duration, u64)>,
     ) -> (UpstreamBody, BodyWatch) {
@@ -199,7 +260,7 @@ impl UpstreamBody {
     fn fail(
         &mut self,
         fault: BodyFault,
-        source: Option<hyper::Error>,
+        source: Option<BoxError>,
     ) -> Poll<Option<std::result::Result<http_body::Frame<bytes::Bytes>, BodyError>>> {
         let _ =
             self.state
@@ -244,14 +305,12 @@ impl http_body::Body for UpstreamBody {
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(err))) => {
-                // hyper calls a body cut short by EOF or a reset
-                // "incomplete"/"canceled"; anything else is bad framing.
-                let fault = if err.is_incomplete_message() || err.is_canceled() {
+                let fault = if err.gone {
                     BodyFault::Gone
                 } else {
                     BodyFault::BadBody
                 };
-                this.fail(fault, Some(err))
+                this.fail(fault, Some(err.source))
             }
             Poll::Ready(None) => {
                 this.deadline = None;

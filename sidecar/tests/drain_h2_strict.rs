@@ -2,8 +2,10 @@
 //! issue 12 item 10, issue 19): a client that never acks PING and never
 //! lets its stream finish is force-closed at the drain deadline and
 //! counted; the per-connection stream cap is announced and the stream past
-//! it waits (a conforming client queues it) instead of breaking anything.
-
+//! it waits (a conforming client queues it) instead of breaking anything;
+//! and a rolling replacement loses nothing for a client with a strict
+//! GOAWAY state machine (python's h2 under httpx) nor for a conforming one
+//! (hyper), each measured against the drain that loses its requests.
 mod common;
 
 use std::time::Duration;
@@ -305,37 +307,227 @@ async fn service_front(balancer: common::balancer::Balancer) -> Result<std::net:
     Ok(addr)
 }
 
-/// What the python load reported.
+/// One load-generating scenario at a time: two in parallel on 2 shared
+/// cores would only measure the machine.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// What a load reported.
 #[derive(Debug)]
-struct PyReport {
+struct LoadOutcome {
     sent: u64,
     failed: u64,
     line: String,
 }
 
-/// The interpreter that has httpx with HTTP/2 (Debian: python3-httpx,
-/// python3-h2). KUBEGRACE_TEST_PYTHON names another one.
-fn python() -> Result<String> {
-    let python =
-        std::env::var("KUBEGRACE_TEST_PYTHON").unwrap_or_else(|_| "/usr/bin/python3".into());
-    let check = std::process::Command::new(&python)
-        .args(["-c", "import httpx, h2"])
+/// The interpreter with a current httpx (httpcore 1.x, python h2 4.x):
+/// `KUBEGRACE_TEST_PYTHON`, or the venv `.ci/run` installs.
+fn current_python() -> Result<String> {
+    let python = std::env::var("KUBEGRACE_TEST_PYTHON")
+        .unwrap_or_else(|_| "/var/cache/kubegrace/pyvenv/bin/python".into());
+    check_python(
+        &python,
+        "int(httpcore.__version__.split('.')[0]) >= 1",
+        "python3 -m venv /var/cache/kubegrace/pyvenv && \
+         /var/cache/kubegrace/pyvenv/bin/pip install 'httpx[http2]==0.28.1' (as .ci/run does), \
+         or set KUBEGRACE_TEST_PYTHON",
+    )?;
+    Ok(python)
+}
+
+/// Debian 12's httpx 0.23.3 / httpcore 0.16.3 / h2 4.1.0.
+fn debian_python() -> Result<String> {
+    let python = "/usr/bin/python3".to_string();
+    check_python(
+        &python,
+        "httpcore.__version__.startswith('0.16.')",
+        "apt-get install python3-httpx python3-h2 (as .ci/run does)",
+    )?;
+    Ok(python)
+}
+
+fn check_python(python: &str, condition: &str, hint: &str) -> Result<()> {
+    let script = format!("import httpx, h2, httpcore, sys; sys.exit(0 if {condition} else 3)");
+    let check = std::process::Command::new(python)
+        .args(["-c", &script])
         .output()
         .with_context(|| format!("run {python}"))?;
     ensure!(
         check.status.success(),
-        "{python} cannot import httpx and h2 (Debian: apt-get install python3-httpx python3-h2, \
-         or set KUBEGRACE_TEST_PYTHON): {}",
+        "{python} lacks the httpx this test needs ({condition}): {hint}: {}",
         String::from_utf8_lossy(&check.stderr)
     );
-    Ok(python)
+    Ok(())
 }
 
-/// A rolling replacement under the python h2 client's load: pods a and b
-/// serve, surge pod c comes up, a terminates as a native sidecar pod does.
-async fn python_rolling_replacement(sidecar_args: &[&str]) -> Result<PyReport> {
+/// The load of one scenario, started against the Service front.
+enum Client {
+    /// httpx with HTTP/2 on this interpreter (tests/h2_strict_support).
+    Python(String),
+    /// hyper's pooled client, HTTP/2 only: a conforming client.
+    Hyper,
+}
+
+/// 6 clients with one HTTP/2 connection each and 6 concurrent streams,
+/// bounded in count (30,000) and time (60 s); stops when `stop` exists.
+struct RunningLoad {
+    python: Option<tokio::process::Child>,
+    hyper: Option<tokio::task::JoinHandle<LoadOutcome>>,
+    stop: std::path::PathBuf,
+}
+
+impl RunningLoad {
+    fn start(client: &Client, front: std::net::SocketAddr, dir: &std::path::Path) -> Result<Self> {
+        let stop = dir.join("stop");
+        let url = format!("http://{front}/work?ms=30");
+        match client {
+            Client::Python(python) => {
+                let script = concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/tests/h2_strict_support/httpx_load.py"
+                );
+                let child = tokio::process::Command::new(python)
+                    .arg(script)
+                    .arg(&url)
+                    .args(["--clients", "6", "--streams", "6"])
+                    .args(["--max-requests", "30000", "--max-seconds", "60", "--stop"])
+                    .arg(&stop)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .context("start the python load")?;
+                Ok(RunningLoad {
+                    python: Some(child),
+                    hyper: None,
+                    stop,
+                })
+            }
+            Client::Hyper => Ok(RunningLoad {
+                python: None,
+                hyper: Some(tokio::spawn(hyper_load(url, stop.clone()))),
+                stop,
+            }),
+        }
+    }
+
+    async fn finish(self) -> Result<LoadOutcome> {
+        std::fs::write(&self.stop, b"stop")?;
+        if let Some(hyper) = self.hyper {
+            return within("the hyper load to end", Duration::from_secs(90), hyper)
+                .await?
+                .context("hyper load task");
+        }
+        let child = self.python.context("no load")?;
+        let out = within(
+            "the python load to end",
+            Duration::from_secs(90),
+            child.wait_with_output(),
+        )
+        .await??;
+        let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        ensure!(
+            out.status.success(),
+            "python load failed: {line}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&line).with_context(|| format!("parse {line:?}"))?;
+        let field = |k: &str| json.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+        Ok(LoadOutcome {
+            sent: field("sent"),
+            failed: field("failed"),
+            line,
+        })
+    }
+}
+
+/// hyper's client as services use it: one pooled HTTP/2 connection per
+/// client, a new one after GOAWAY, requests it never sent retried.
+async fn hyper_load(url: String, stop: std::path::PathBuf) -> LoadOutcome {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    const CLIENTS: usize = 6;
+    const STREAMS: usize = 6;
+    const MAX_REQUESTS: u64 = 30_000;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let sent = Arc::new(AtomicU64::new(0));
+    let ok = Arc::new(AtomicU64::new(0));
+    let stopped = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(std::sync::Mutex::new(BTreeMap::<String, u64>::new()));
+    let mut loops = Vec::new();
+    for _ in 0..CLIENTS {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .http2_only(true)
+                .build_http::<http_body_util::Empty<Bytes>>();
+        for _ in 0..STREAMS {
+            let (client, sent, ok, stopped, errors, url) = (
+                client.clone(),
+                sent.clone(),
+                ok.clone(),
+                stopped.clone(),
+                errors.clone(),
+                url.clone(),
+            );
+            loops.push(tokio::spawn(async move {
+                while !stopped.load(Ordering::Relaxed)
+                    && sent.fetch_add(1, Ordering::Relaxed) < MAX_REQUESTS
+                    && tokio::time::Instant::now() < deadline
+                {
+                    let outcome = async {
+                        let uri: http::Uri = url.parse().map_err(|e| format!("uri: {e}"))?;
+                        let resp = tokio::time::timeout(Duration::from_secs(10), client.get(uri))
+                            .await
+                            .map_err(|_| "timeout".to_string())?
+                            .map_err(|e| format!("request: {e:?}"))?;
+                        if resp.status() != StatusCode::OK {
+                            return Err(format!("status {}", resp.status()));
+                        }
+                        http_body_util::BodyExt::collect(resp.into_body())
+                            .await
+                            .map_err(|e| format!("body: {e:?}"))?;
+                        Ok::<_, String>(())
+                    }
+                    .await;
+                    if outcome.is_ok() {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Err(e) = outcome {
+                        let mut errors = errors.lock().unwrap_or_else(|p| p.into_inner());
+                        *errors.entry(e.chars().take(200).collect()).or_default() += 1;
+                    }
+                }
+            }));
+        }
+    }
+    let watch_stop = async {
+        while !stop.exists() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stopped.store(true, Ordering::Relaxed);
+    };
+    watch_stop.await;
+    for l in loops {
+        let _ = l.await;
+    }
+    let errors = errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let failed: u64 = errors.values().sum();
+    let sent = ok.load(Ordering::Relaxed) + failed;
+    LoadOutcome {
+        sent,
+        failed,
+        line: format!("{{sent: {sent}, failed: {failed}, errors: {errors:?}}}"),
+    }
+}
+
+/// A rolling replacement under the load: pods a and b serve, surge pod c
+/// comes up, a terminates as a native sidecar pod does, and b and c carry
+/// the load a while after a is gone.
+async fn rolling_replacement(client: &Client, sidecar_args: &[&str]) -> Result<LoadOutcome> {
     use common::pod::{Pod, Termination};
-    let python = python()?;
+    let _serial = SERIAL.lock().await;
     let balancer = common::balancer::Balancer::new(LAG);
     let mut a = Pod::start("a", Some(sidecar_args)).await?;
     let b = Pod::start("b", Some(sidecar_args)).await?;
@@ -346,31 +538,10 @@ async fn python_rolling_replacement(sidecar_args: &[&str]) -> Result<PyReport> {
     let front = service_front(balancer.clone()).await?;
 
     let dir = common::sidecar::scratch_dir("h2-strict")?;
-    let stop = dir.join("stop");
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/h2_strict_support/httpx_load.py"
-    );
-    let load = tokio::process::Command::new(&python)
-        .arg(script)
-        .arg(format!("http://{front}/work?ms=30"))
-        .args([
-            "--clients",
-            "6",
-            "--streams",
-            "6",
-            "--max-requests",
-            "30000",
-        ])
-        .args(["--max-seconds", "60", "--stop"])
-        .arg(&stop)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .context("start the python load")?;
-
-    wait_for("pod a to carry python load", WAIT, || async {
+    let load = RunningLoad::start(client, front, &dir)?;
+    // Pod a must hold connections with streams in flight when it drains,
+    // or the scenario proves nothing.
+    wait_for("pod a to carry the load", WAIT, || async {
         (a.app.served() >= 200).then_some(())
     })
     .await?;
@@ -379,46 +550,87 @@ async fn python_rolling_replacement(sidecar_args: &[&str]) -> Result<PyReport> {
     balancer.wait_routable("c", true, WAIT).await?;
     a.terminate(Termination::NativeSidecar, WAIT, WAIT).await?;
     balancer.wait_routable("a", false, WAIT).await?;
-    // The rollout goes on: b and c carry the load a while after a is gone.
     let served = b.app.served() + c.app.served();
     wait_for("b and c to carry the load", WAIT, || async {
         (b.app.served() + c.app.served() >= served + 300).then_some(())
     })
     .await?;
-    std::fs::write(&stop, b"stop")?;
-    let out = within(
-        "the python load to end",
-        Duration::from_secs(90),
-        load.wait_with_output(),
-    )
-    .await??;
+    let outcome = load.finish().await;
     let _ = std::fs::remove_dir_all(&dir);
-    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    ensure!(
-        out.status.success(),
-        "python load failed: {line}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json: serde_json::Value =
-        serde_json::from_str(&line).with_context(|| format!("parse {line:?}"))?;
-    let field = |k: &str| json.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
-    Ok(PyReport {
-        sent: field("sent"),
-        failed: field("failed"),
-        line,
-    })
+    outcome
+}
+
+/// The drain with hyper's GOAWAY, PING, GOAWAY for every client.
+fn two_phase() -> Vec<&'static str> {
+    let mut args = ROLLING_DRAIN.to_vec();
+    args.extend(["--drain-http2-goaway", "twoPhase"]);
+    args
+}
+
+/// The drain with held streams and one final GOAWAY for every client.
+fn final_only() -> Vec<&'static str> {
+    let mut args = ROLLING_DRAIN.to_vec();
+    args.extend(["--drain-http2-goaway", "finalOnly"]);
+    args
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn python_h2_client_still_loses_requests_to_the_two_phase_goaway_drain() -> Result<()> {
-    let old = python_rolling_replacement(ROLLING_DRAIN).await?;
-    println!("python h2 (httpx), two-phase GOAWAY drain: {}", old.line);
-    // The known gap (docs/http2-drain.md), measured so the fix can flip it:
-    // hyper's GOAWAY, PING, GOAWAY loses requests with a
-    // client that closes its side on the first GOAWAY.
+async fn python_h2_client_loses_nothing_where_the_two_phase_goaway_loses_requests() -> Result<()> {
+    let client = Client::Python(current_python()?);
+    let old = rolling_replacement(&client, &two_phase()).await?;
+    println!("httpx (current), drain.http2GoAway=twoPhase: {}", old.line);
+    let new = rolling_replacement(&client, ROLLING_DRAIN).await?;
+    println!("httpx (current), drain.http2GoAway=auto: {}", new.line);
+    // The baseline must lose, or the scenario proves nothing: the client
+    // closes its side on the first GOAWAY and fails on the PING.
     ensure!(
         old.sent > 0 && old.failed > 0,
-        "the two-phase GOAWAY baseline lost nothing: {}",
+        "the two-phase baseline lost nothing: {}",
+        old.line
+    );
+    ensure!(
+        new.sent >= 500 && new.failed == 0,
+        "python h2 lost requests with the per-client drain: {}",
+        new.line
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hyper_client_loses_nothing_where_a_final_only_goaway_loses_requests() -> Result<()> {
+    let new = rolling_replacement(&Client::Hyper, ROLLING_DRAIN).await?;
+    println!("hyper, drain.http2GoAway=auto: {}", new.line);
+    let old = rolling_replacement(&Client::Hyper, &final_only()).await?;
+    println!("hyper, drain.http2GoAway=finalOnly: {}", old.line);
+    // What the per-connection choice prevents: without the first GOAWAY a
+    // conforming client keeps opening streams, and hyper does not retry
+    // the ones above the final GOAWAY's last stream id.
+    ensure!(
+        old.sent > 0 && old.failed > 0,
+        "final-only lost nothing for hyper: {}",
+        old.line
+    );
+    ensure!(
+        new.sent >= 500 && new.failed == 0,
+        "hyper lost requests with the per-client drain: {}",
+        new.line
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debian_python_h2_client_is_measured() -> Result<()> {
+    let client = Client::Python(debian_python()?);
+    let old = rolling_replacement(&client, &two_phase()).await?;
+    println!(
+        "httpx 0.23 (Debian), drain.http2GoAway=twoPhase: {}",
+        old.line
+    );
+    let new = rolling_replacement(&client, ROLLING_DRAIN).await?;
+    println!("httpx 0.23 (Debian), drain.http2GoAway=auto: {}", new.line);
+    ensure!(
+        old.sent > 0 && old.failed > 0,
+        "the two-phase baseline lost nothing: {}",
         old.line
     );
     Ok(())

@@ -35,6 +35,16 @@ async def stream_loop(client, url, state, deadline, args):
                 state["errors"][key] = state["errors"].get(key, 0) + 1
         except Exception as exc:  # every failure is counted, never hidden
             key = f"{type(exc).__name__}: {exc}"[:200]
+            if os.environ.get("KUBEGRACE_LOAD_TRACE"):
+                import traceback
+                # The httpcore exception under httpx's mapping.
+                inner = exc.__cause__ or exc.__context__ or exc
+                while inner.__context__ is not None and len(key) < 400:
+                    frames = traceback.extract_tb(inner.__traceback__)
+                    key += " @ " + " < ".join(f"{f.name}:{f.lineno}" for f in reversed(frames[-4:]))
+                    inner = inner.__context__
+                frames = traceback.extract_tb(inner.__traceback__)
+                key += " @@ " + f"{type(inner).__name__} " + " < ".join(f"{f.name}:{f.lineno}" for f in reversed(frames[-5:]))
             state["errors"][key] = state["errors"].get(key, 0) + 1
 
 

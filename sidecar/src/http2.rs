@@ -524,6 +524,7 @@ where
             // deadline bounds a client that never sends it.
             (Http2GoAway::Auto, ClientKind::Unknown) => return,
         };
+        self.ctx.shared.metrics.http2_goaway(final_only);
         if final_only {
             let now = tokio::time::Instant::now();
             self.shutdown = Shutdown::Holding(Holding {
@@ -652,6 +653,10 @@ where
                         kind = ?this.wire.kind(),
                         "HTTP/2: accepted streams done; final GOAWAY"
                     );
+                    this.ctx
+                        .shared
+                        .metrics
+                        .http2_held_streams(this.held.len() as u64);
                     this.wire
                         .final_id
                         .store(this.last_accepted, Ordering::Release);

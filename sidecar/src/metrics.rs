@@ -39,6 +39,11 @@ pub struct Metrics {
     upgrades: AtomicU64,
     tcp_connect_errors: AtomicU64,
     idle_close_cuts: AtomicU64,
+    /// HTTP/2 connections sent away, by GOAWAY sequence (http2.rs).
+    http2_goaway_two_phase: AtomicU64,
+    http2_goaway_final_only: AtomicU64,
+    /// Streams held unanswered and left above a final GOAWAY's id.
+    http2_held_streams: AtomicU64,
     /// Requests whose body failed on the client's side: bad framing.
     client_bad_body: AtomicU64,
     /// ... or the client went away mid-body.
@@ -115,6 +120,22 @@ impl Metrics {
     /// (an HTTP/2 client that never answers the shutdown PING).
     pub fn idle_close_cut(&self) {
         self.idle_close_cuts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An HTTP/2 connection starts its GOAWAY sequence.
+    pub fn http2_goaway(&self, final_only: bool) {
+        let counter = if final_only {
+            &self.http2_goaway_final_only
+        } else {
+            &self.http2_goaway_two_phase
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Streams a final GOAWAY left above its last-stream-id: the app never
+    /// saw them, the client retries them on another connection.
+    pub fn http2_held_streams(&self, n: u64) {
+        self.http2_held_streams.fetch_add(n, Ordering::Relaxed);
     }
 
     pub fn body_too_large(&self) {
@@ -254,6 +275,35 @@ impl Metrics {
             out,
             "kubegrace_idle_close_cut_total {}",
             get(&self.idle_close_cuts)
+        );
+
+        family(
+            out,
+            "kubegrace_http2_goaway_total",
+            "counter",
+            "HTTP/2 connections sent away, by GOAWAY sequence: two_phase (GOAWAY, PING, GOAWAY) or final_only (held streams, then one GOAWAY as the last frame; drain.http2GoAway).",
+        );
+        for (sequence, counter) in [
+            ("two_phase", &self.http2_goaway_two_phase),
+            ("final_only", &self.http2_goaway_final_only),
+        ] {
+            let _ = writeln!(
+                out,
+                "kubegrace_http2_goaway_total{{sequence=\"{sequence}\"}} {}",
+                get(counter)
+            );
+        }
+
+        family(
+            out,
+            "kubegrace_http2_held_streams_total",
+            "counter",
+            "HTTP/2 streams held unanswered during a final-only GOAWAY and left above its last stream id (never sent to the app; the client retries them).",
+        );
+        let _ = writeln!(
+            out,
+            "kubegrace_http2_held_streams_total {}",
+            get(&self.http2_held_streams)
         );
 
         family(

@@ -467,7 +467,7 @@ where
 
 /// What a request needs from its connection.
 pub(crate) struct ConnCtx {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     pub(crate) act: Arc<ConnActivity>,
     /// The client's address, rendered once per connection for X-Forwarded-For.
     peer_ip: HeaderValue,

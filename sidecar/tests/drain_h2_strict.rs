@@ -560,6 +560,69 @@ async fn rolling_replacement(client: &Client, sidecar_args: &[&str]) -> Result<L
     outcome
 }
 
+/// The sequence each client kind got, from the sidecar's metrics.
+fn goaway_count(metrics: &common::sidecar::Metrics, sequence: &str) -> f64 {
+    let key = format!("kubegrace_http2_goaway_total{{sequence=\"{sequence}\"}}");
+    metrics.series.get(&key).copied().unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_h2_gets_the_final_goaway_and_hyper_the_two_phase_one() -> Result<()> {
+    let python = current_python()?;
+    let app = TestApp::start("a").await?;
+    let sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let _serial = SERIAL.lock().await;
+    let dir = common::sidecar::scratch_dir("h2-kinds")?;
+    let py_dir = dir.join("python");
+    let hyper_dir = dir.join("hyper");
+    std::fs::create_dir_all(&py_dir)?;
+    std::fs::create_dir_all(&hyper_dir)?;
+    let py = RunningLoad::start(&Client::Python(python), sidecar.listen, &py_dir)?;
+    let hyper = RunningLoad::start(&Client::Hyper, sidecar.listen, &hyper_dir)?;
+    // Six connections from each client kind, and streams on them.
+    sidecar
+        .wait_metric("kubegrace_open_connections", WAIT, |v| v >= 12.0)
+        .await?;
+    let served = app.served();
+    wait_for("both clients to be served", WAIT, || async {
+        (app.served() >= served + 200).then_some(())
+    })
+    .await?;
+    let resp = sidecar.admin(Method::POST, "/drain").await?;
+    ensure!(
+        resp.status == StatusCode::ACCEPTED,
+        "/drain: {}",
+        resp.status
+    );
+    sidecar
+        .wait_metric("kubegrace_http2_goaway_total", WAIT, |v| v >= 12.0)
+        .await?;
+    // The python connections hold the streams they open meanwhile and
+    // count them at their final GOAWAY.
+    sidecar
+        .wait_metric("kubegrace_http2_held_streams_total", WAIT, |v| v > 0.0)
+        .await?;
+    let report = sidecar.metrics().await?;
+    let _ = py.finish().await;
+    let _ = hyper.finish().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    // Six connections each; the sequence is chosen from the SETTINGS.
+    ensure!(
+        goaway_count(&report, "final_only") >= 6.0 && goaway_count(&report, "two_phase") >= 6.0,
+        "expected 6 final_only (python) and 6 two_phase (hyper): {:?}",
+        report.series
+    );
+    ensure!(
+        report
+            .sum("kubegrace_http2_held_streams_total")
+            .unwrap_or(0.0)
+            > 0.0,
+        "no held stream counted: {:?}",
+        report.series
+    );
+    Ok(())
+}
+
 /// The drain with hyper's GOAWAY, PING, GOAWAY for every client.
 fn two_phase() -> Vec<&'static str> {
     let mut args = ROLLING_DRAIN.to_vec();
@@ -618,8 +681,13 @@ async fn hyper_client_loses_nothing_where_a_final_only_goaway_loses_requests() -
     Ok(())
 }
 
+/// Debian 12's httpcore 0.16.3 fails every stream waiting when any GOAWAY
+/// arrives and then keeps handing out the dead connection, so no frame
+/// sequence is lossless for it under continuous load (docs/http2-drain.md).
+/// Measured, and checked for what the final-only sequence does promise
+/// even there: the GOAWAY is the last frame (no RECV_* in state CLOSED).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn debian_python_h2_client_is_measured() -> Result<()> {
+async fn debian_python_h2_client_gets_no_frame_after_the_final_goaway() -> Result<()> {
     let client = Client::Python(debian_python()?);
     let old = rolling_replacement(&client, &two_phase()).await?;
     println!(
@@ -632,6 +700,16 @@ async fn debian_python_h2_client_is_measured() -> Result<()> {
         old.sent > 0 && old.failed > 0,
         "the two-phase baseline lost nothing: {}",
         old.line
+    );
+    ensure!(
+        new.sent > 0 && !new.line.contains("Invalid input ConnectionInputs.RECV_"),
+        "a frame followed the final GOAWAY: {}",
+        new.line
+    );
+    ensure!(
+        new.failed > 0,
+        "httpcore 0.16.3 lost nothing: update docs/http2-drain.md and make this a zero-loss test: {}",
+        new.line
     );
     Ok(())
 }

@@ -52,16 +52,23 @@ const MAX_FRAME_SIZE: u32 = 16 * 1024;
 const MAX_SEND_BUF: usize = 400 * 1024;
 const MAX_LOCAL_ERROR_RESETS: usize = 1024;
 
-/// The final GOAWAY must not race a client that is about to open its
-/// next stream: python's h2 fails a stream it opens after reading the
-/// GOAWAY (SEND_HEADERS in state CLOSED) instead of retrying it. So it
-/// goes out only once the connection has been quiet (no byte read, no
-/// stream end written) this long: every request loop of the client has
-/// then got its last response and sent its next request (held) instead of
-/// being between the two. Measured: 50 ms still lost a request now and
-/// then on a loaded 2-core machine; so did "as many held streams as the
-/// most the client had in flight", which undercounts a client's loops.
+/// The final GOAWAY must not race the client. Two races were measured
+/// with httpcore 1.x, each losing a request now and then:
+/// - a request loop between getting its response and writing its next
+///   HEADERS fails the request (SEND_HEADERS in state CLOSED) if the
+///   GOAWAY is read meanwhile. So the GOAWAY goes out only once no new
+///   stream arrived and no stream end was written for this long: every
+///   loop has then sent its next request, which is held.
+/// - a task whose response was read by another task, but which waits for
+///   the read lock behind a task blocked reading the socket, only runs
+///   once more bytes arrive; if those are the GOAWAY it fails although
+///   its response is there (httpcore checks for the GOAWAY before its
+///   own events). So while waiting, PINGs (which the client answers and
+///   otherwise ignores) keep its readers cycling, and the GOAWAY waits
+///   for one PING round trip inside the quiet period.
 const FINAL_QUIET: Duration = Duration::from_millis(250);
+/// Between those PINGs.
+const FINAL_PING_EVERY: Duration = Duration::from_millis(25);
 /// A client that never goes quiet gets the final GOAWAY this long after
 /// its accepted streams are done anyway.
 const FINAL_QUIET_CAP: Duration = Duration::from_secs(2);
@@ -448,8 +455,14 @@ enum Shutdown {
 struct Holding {
     /// Since when the accepted streams are all done and written.
     done_since: Option<tokio::time::Instant>,
-    seen: (u64, u64),
+    /// (held streams, stream ends written) when last looked at.
+    seen: (usize, u64),
     quiet_since: tokio::time::Instant,
+    /// The user PINGs (see [`FINAL_QUIET`]); None if h2 has none to give.
+    pings: Option<h2::PingPong>,
+    /// When the PING in flight went out.
+    ping_sent: Option<tokio::time::Instant>,
+    last_pong: Option<tokio::time::Instant>,
     tick: Pin<Box<tokio::time::Sleep>>,
 }
 
@@ -527,10 +540,14 @@ where
         self.ctx.shared.metrics.http2_goaway(final_only);
         if final_only {
             let now = tokio::time::Instant::now();
+            let pings = conn.ping_pong();
             self.shutdown = Shutdown::Holding(Holding {
                 done_since: None,
                 seen: self.activity(),
                 quiet_since: now,
+                pings,
+                ping_sent: None,
+                last_pong: None,
                 tick: Box::pin(tokio::time::sleep(FINAL_QUIET)),
             });
         } else {
@@ -539,9 +556,9 @@ where
         }
     }
 
-    fn activity(&self) -> (u64, u64) {
+    fn activity(&self) -> (usize, u64) {
         (
-            self.ctx.act.bytes_read.load(Ordering::Relaxed),
+            self.held.len(),
             self.wire.ends_written.load(Ordering::Relaxed),
         )
     }
@@ -567,19 +584,60 @@ where
             hold.seen = activity;
             hold.quiet_since = now;
         }
+        if hold.ping_sent.is_some()
+            && let Some(pings) = hold.pings.as_mut()
+        {
+            match pings.poll_pong(cx) {
+                Poll::Ready(Ok(_)) => {
+                    hold.ping_sent = None;
+                    hold.last_pong = Some(now);
+                }
+                // No more PINGs; the quiet period alone decides.
+                Poll::Ready(Err(_)) => hold.pings = None,
+                Poll::Pending => {}
+            }
+        }
         let streams_done =
             self.wire.open_streams.load(Ordering::Acquire) == 0 && self.wire.all_ends_written();
+        let mut wake_at = (hold.quiet_since + FINAL_QUIET).max(now + Duration::from_millis(1));
         if !streams_done {
             hold.done_since = None;
         } else {
             let done_since = *hold.done_since.get_or_insert(now);
-            if now - hold.quiet_since >= FINAL_QUIET || now - done_since >= FINAL_QUIET_CAP {
+            let round_trip_in_quiet = match (&hold.pings, hold.last_pong) {
+                (None, _) => true,
+                (Some(_), Some(pong)) => pong >= hold.quiet_since && hold.ping_sent.is_none(),
+                (Some(_), None) => false,
+            };
+            if (now - hold.quiet_since >= FINAL_QUIET && round_trip_in_quiet)
+                || now - done_since >= FINAL_QUIET_CAP
+            {
                 return true;
             }
+            wake_at = wake_at.min(done_since + FINAL_QUIET_CAP);
+            if hold.ping_sent.is_none()
+                && let Some(pings) = hold.pings.as_mut()
+            {
+                let due = hold.last_pong.map_or(now, |pong| pong + FINAL_PING_EVERY);
+                if due <= now {
+                    if pings.send_ping(h2::Ping::opaque()).is_ok() {
+                        hold.ping_sent = Some(now);
+                        // Registers this task for the PONG.
+                        if let Poll::Ready(Ok(_)) = pings.poll_pong(cx) {
+                            hold.ping_sent = None;
+                            hold.last_pong = Some(now);
+                        }
+                    } else {
+                        hold.pings = None;
+                    }
+                } else {
+                    wake_at = wake_at.min(due);
+                }
+            }
         }
-        // Check again a quiet period from now (bytes read do not wake
-        // this task by themselves when h2 has nothing to do with them).
-        hold.tick.as_mut().reset(now + FINAL_QUIET);
+        // Check again then (the stream tasks and the PONG wake this task
+        // earlier).
+        hold.tick.as_mut().reset(wake_at);
         let _ = hold.tick.as_mut().poll(cx);
         false
     }

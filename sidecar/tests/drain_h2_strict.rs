@@ -425,6 +425,12 @@ impl RunningLoad {
         )
         .await??;
         let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if std::env::var_os("KUBEGRACE_LOAD_TRACE").is_some() {
+            println!(
+                "python load stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         ensure!(
             out.status.success(),
             "python load failed: {line}\n{}",

@@ -43,6 +43,12 @@ async def stream_loop(client, url, state, deadline, args):
                     frames = traceback.extract_tb(inner.__traceback__)
                     key += " @ " + " < ".join(f"{f.name}:{f.lineno}" for f in reversed(frames[-4:]))
                     inner = inner.__context__
+                tb = inner.__traceback__
+                while tb is not None:
+                    if "stream_id" in tb.tb_frame.f_locals:
+                        key += f" [stream {tb.tb_frame.f_locals['stream_id']}]"
+                        break
+                    tb = tb.tb_next
                 frames = traceback.extract_tb(inner.__traceback__)
                 key += " @@ " + f"{type(inner).__name__} " + " < ".join(f"{f.name}:{f.lineno}" for f in reversed(frames[-5:]))
             state["errors"][key] = state["errors"].get(key, 0) + 1
@@ -60,6 +66,30 @@ async def client_loop(url, state, deadline, args):
         )
 
 
+def trace_goaway():
+    """Debug aid: print the event batches around a GOAWAY to stderr."""
+    import collections
+    import h2.events
+    from httpcore._async import http2 as hc
+
+    orig = hc.AsyncHTTP2Connection._read_incoming_data
+    recent = collections.defaultdict(lambda: collections.deque(maxlen=4))
+
+    async def traced(self, request):
+        events = await orig(self, request)
+        desc = [
+            f"{type(e).__name__}({getattr(e, 'stream_id', '')}"
+            f"{',last=' + str(e.last_stream_id) if isinstance(e, h2.events.ConnectionTerminated) else ''})"
+            for e in events
+        ]
+        recent[id(self)].append(f"{time.monotonic():.3f} {desc}")
+        if any(isinstance(e, h2.events.ConnectionTerminated) for e in events):
+            print(f"GOAWAY batch on {id(self)}:", *recent[id(self)], sep="\n  ", file=sys.stderr)
+        return events
+
+    hc.AsyncHTTP2Connection._read_incoming_data = traced
+
+
 async def main():
     p = argparse.ArgumentParser()
     p.add_argument("url")
@@ -69,6 +99,8 @@ async def main():
     p.add_argument("--max-seconds", type=float, default=60.0)
     p.add_argument("--stop", default="/nonexistent")
     args = p.parse_args()
+    if os.environ.get("KUBEGRACE_LOAD_TRACE"):
+        trace_goaway()
     state = {"sent": 0, "ok": 0, "errors": {}}
     deadline = time.monotonic() + args.max_seconds
     await asyncio.gather(

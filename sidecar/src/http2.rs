@@ -313,6 +313,23 @@ impl<T> FrameIo<T> {
     }
 }
 
+impl<T> FrameIo<T> {
+    /// Moves the cursor over bytes the socket took, noting stream ends.
+    fn advance(&mut self, written: &[u8], patching: bool) -> Scan {
+        let wire = &self.wire;
+        self.out.walk(written, patching, |frame| {
+            let ends = match frame.kind() {
+                FRAME_DATA | FRAME_HEADERS => frame.header[4] & FLAG_END_STREAM != 0,
+                FRAME_RST_STREAM => true,
+                _ => false,
+            };
+            if ends {
+                wire.end_written(frame.stream_id());
+            }
+        })
+    }
+}
+
 impl<T: AsyncRead + Unpin> AsyncRead for FrameIo<T> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -366,20 +383,7 @@ impl<T: AsyncWrite + AsyncRead + Unpin> AsyncWrite for FrameIo<T> {
             Poll::Ready(Ok(n)) => n,
             other => return other,
         };
-        let wire = this.wire.clone();
-        let mut cursor = this.out;
-        let done = cursor.walk(&buf[..n], patching, |frame| {
-            let kind = frame.kind();
-            let ends = match kind {
-                FRAME_DATA | FRAME_HEADERS => frame.header[4] & FLAG_END_STREAM != 0,
-                FRAME_RST_STREAM => true,
-                _ => false,
-            };
-            if ends {
-                wire.end_written(frame.stream_id());
-            }
-        });
-        this.out = cursor;
+        let done = this.advance(&buf[..n], patching);
         if done.final_end && n == plan.keep {
             this.sealed = true;
             // The rest of `buf` is dropped, as promised above.
@@ -388,9 +392,39 @@ impl<T: AsyncWrite + AsyncRead + Unpin> AsyncWrite for FrameIo<T> {
         Poll::Ready(Ok(n))
     }
 
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.sealed || this.wire.final_set.load(Ordering::Acquire) {
+            // The final GOAWAY may need rewriting (or is out): one slice
+            // at a time, through the path that can.
+            let first = bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .map_or(&[][..], |b| &**b);
+            return Pin::new(this).poll_write(cx, first);
+        }
+        let n = match Pin::new(&mut this.inner).poll_write_vectored(cx, bufs) {
+            Poll::Ready(Ok(n)) => n,
+            other => return other,
+        };
+        let mut left = n;
+        for slice in bufs {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(slice.len());
+            this.advance(&slice[..take], false);
+            left -= take;
+        }
+        Poll::Ready(Ok(n))
+    }
+
     fn is_write_vectored(&self) -> bool {
-        // One slice at a time keeps the frame walk simple; h2 copes.
-        false
+        self.inner.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -519,9 +519,11 @@ pub(crate) async fn serve_connection<S>(
                 tracing::debug!(%peer, "no request head within the header read timeout; closing");
                 return;
             }
-            _ = drain_rx.wait_for(|s| s.force_close) => {
-                tracing::debug!(%peer, "drain deadline: force-closing connection");
-                guard.mark_forced();
+            // Nothing of a request yet: closing is the graceful path (as
+            // hyper-util's auto server cancels a connection still reading
+            // its version).
+            _ = drain_rx.wait_for(|s| s.phase >= Phase::Closing) => {
+                tracing::debug!(%peer, "closing: connection without a request closed");
                 return;
             }
         },

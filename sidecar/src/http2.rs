@@ -72,6 +72,17 @@ const FINAL_PING_EVERY: Duration = Duration::from_millis(25);
 /// A client that never goes quiet gets the final GOAWAY this long after
 /// its accepted streams are done anyway.
 const FINAL_QUIET_CAP: Duration = Duration::from_secs(2);
+/// The client's ack of h2's shutdown PING is handed to h2 this much later
+/// than it arrives: a client (the h2 crate's) can write that ack before the
+/// HEADERS of a stream it opened just before it read the first GOAWAY, and
+/// h2 fixes the final GOAWAY's last-stream-id on the ack, so that stream
+/// would be refused. A PING ack has no ordering tie to other frames.
+const SHUTDOWN_ACK_DELAY: Duration = Duration::from_millis(20);
+/// h2's shutdown PING payload (h2 `frame::Ping::SHUTDOWN`).
+const SHUTDOWN_PING: [u8; 8] = [0x0b, 0x7b, 0xa2, 0xf0, 0x8b, 0x9b, 0xfe, 0x54];
+const FRAME_PING: u8 = 0x6;
+const FLAG_ACK: u8 = 0x1;
+
 /// After the close, read (and drop) what the client still sends for at
 /// most this long, so unread bytes do not turn the close into a reset that
 /// could destroy the GOAWAY in the client's receive buffer.
@@ -272,6 +283,12 @@ struct FrameIo<T> {
     sealed: bool,
     shut: bool,
     linger: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The client's preface bytes still to skip before its frames.
+    preface_left: usize,
+    /// Where the reader is in the client's frames.
+    inbound: FrameCursor,
+    /// The shutdown PING's ack, held back (see [`SHUTDOWN_ACK_DELAY`]).
+    held_ack: Option<([u8; 17], Pin<Box<tokio::time::Sleep>>)>,
 }
 
 impl<T> FrameIo<T> {
@@ -284,6 +301,9 @@ impl<T> FrameIo<T> {
             sealed: false,
             shut: false,
             linger: None,
+            preface_left: PREFACE_LEN,
+            inbound: FrameCursor::default(),
+            held_ack: None,
         }
     }
 
@@ -330,6 +350,47 @@ impl<T> FrameIo<T> {
     }
 }
 
+impl<T> FrameIo<T> {
+    /// Walks the bytes just read (`buf[from..]`), taking out an ack of the
+    /// shutdown PING that lies whole in them; returns the new length.
+    fn filter_inbound(&mut self, buf: &mut [u8], from: usize) -> usize {
+        let mut end = buf.len();
+        let mut i = from;
+        let skip = self.preface_left.min(end - i);
+        self.preface_left -= skip;
+        i += skip;
+        while i < end {
+            let at_boundary = self.inbound.header_len == 0 && self.inbound.remaining == 0;
+            if at_boundary
+                && self.held_ack.is_none()
+                && end - i >= 17
+                && buf[i..i + 5] == [0, 0, 8, FRAME_PING, FLAG_ACK]
+                && buf[i + 9..i + 17] == SHUTDOWN_PING
+            {
+                let mut ack = [0u8; 17];
+                ack.copy_from_slice(&buf[i..i + 17]);
+                buf.copy_within(i + 17..end, i);
+                end -= 17;
+                let release = Box::pin(tokio::time::sleep(SHUTDOWN_ACK_DELAY));
+                self.held_ack = Some((ack, release));
+                continue;
+            }
+            // Up to the end of the current header or payload, so every
+            // frame start is looked at above. Never 0: a frame's end resets
+            // the cursor within `walk`.
+            let step = if usize::from(self.inbound.header_len) < 9 {
+                9 - usize::from(self.inbound.header_len)
+            } else {
+                self.inbound.remaining as usize
+            }
+            .min(end - i);
+            self.inbound.walk(&buf[i..i + step], false, |_| {});
+            i += step;
+        }
+        end
+    }
+}
+
 impl<T: AsyncRead + Unpin> AsyncRead for FrameIo<T> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -337,11 +398,36 @@ impl<T: AsyncRead + Unpin> AsyncRead for FrameIo<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        // A held ack goes to h2 once its delay is over, between frames.
+        if let Some((ack, release)) = this.held_ack.as_mut()
+            && this.inbound.header_len == 0
+            && this.inbound.remaining == 0
+            && buf.remaining() >= ack.len()
+            && release.as_mut().poll(cx).is_ready()
+        {
+            buf.put_slice(&ack[..]);
+            this.held_ack = None;
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let res = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if this.sniff.is_some() && buf.filled().len() > before {
-            let new = buf.filled()[before..].to_vec();
-            this.sniffed(&new);
+        let after = buf.filled().len();
+        if after > before {
+            if this.sniff.is_some() {
+                let new = buf.filled()[before..].to_vec();
+                this.sniffed(&new);
+            }
+            let kept = this.filter_inbound(buf.filled_mut(), before);
+            buf.set_filled(kept);
+            if kept == before {
+                // All of it was the held ack: nothing for h2 yet, but the
+                // read must not look like EOF.
+                if let Some((_, release)) = this.held_ack.as_mut() {
+                    let _ = release.as_mut().poll(cx);
+                }
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
         }
         res
     }
@@ -1059,6 +1145,32 @@ mod tests {
         out.extend_from_slice(&stream.to_be_bytes());
         out.extend_from_slice(payload);
         out
+    }
+
+    #[tokio::test]
+    async fn the_shutdown_ping_ack_is_taken_out_between_frames_and_others_pass() {
+        let mut io = FrameIo::new((), Arc::new(Wire::default()));
+        let mut wire = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        wire.extend(frame(FRAME_SETTINGS, 0, 0, &[0, 2, 0, 0, 0, 0]));
+        let settings_end = wire.len();
+        wire.extend(frame(FRAME_PING, FLAG_ACK, 0, &SHUTDOWN_PING));
+        let headers = frame(FRAME_HEADERS, 0x5, 3, &[0x82, 0x86]);
+        wire.extend(&headers);
+        // Read in two parts: the preface and SETTINGS, then the rest.
+        let mut buf = wire.clone();
+        let kept = io.filter_inbound(&mut buf[..settings_end], 0);
+        assert_eq!(kept, settings_end);
+        let kept = io.filter_inbound(&mut buf, settings_end);
+        assert_eq!(&buf[..kept], [&wire[..settings_end], &headers[..]].concat());
+        assert!(io.held_ack.is_some(), "the shutdown ack is held");
+
+        // A user PING's ack passes where it is.
+        let mut io = FrameIo::new((), Arc::new(Wire::default()));
+        let mut wire = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        wire.extend(frame(FRAME_PING, FLAG_ACK, 0, &[1; 8]));
+        let mut buf = wire.clone();
+        assert_eq!(io.filter_inbound(&mut buf, 0), wire.len());
+        assert!(io.held_ack.is_none());
     }
 
     #[test]

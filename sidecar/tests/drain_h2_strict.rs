@@ -1,6 +1,5 @@
-//! HTTP/2 clients that do not play along with the drain (issue 12 item 4,
-//! issue 12 item 10, issue 19): a client that never acks PING and never
-//! lets its stream finish is force-closed at the drain deadline and
+//! HTTP/2 clients that do not play along with the drain: a client that
+//! never acks PING and never lets its stream finish is force-closed at the drain deadline and
 //! counted; the per-connection stream cap is announced and the stream past
 //! it waits (a conforming client queues it) instead of breaking anything;
 //! and a rolling replacement loses nothing for a client with a strict

@@ -1,7 +1,7 @@
-//! Issue 2, scenario 2: HTTP/2 and gRPC streams in flight when the drain
-//! starts complete; the client is told with GOAWAY and moves its new streams
-//! to a new connection; no stream is reset before the drain timeout
-//! (pitfall 6: GOAWAY stops new streams, it must not cut the old ones).
+//! HTTP/2 and gRPC streams in flight when the drain starts complete; the
+//! client is told with GOAWAY and moves its new streams to a new connection;
+//! no stream is reset before the drain timeout (GOAWAY stops new streams, it
+//! must not cut the old ones).
 
 mod common;
 

@@ -147,9 +147,12 @@ async fn upstream_pool_idle_timeout_below_the_apps_hides_the_keep_alive_race() -
         "requests failed through a sidecar whose pool idles out first: {:?}",
         tuned.details
     );
-    // And not by giving up on keep-alive: connections are still reused.
+    // And not by giving up on keep-alive: connections are still reused (one per request
+    // would be `sent`). About 127 for 320 on a quiet machine; 160 when two builds shared
+    // the two cores, since the clients' pauses stretch past the pool's 50ms; the bound
+    // leaves room for that and still fails a pool that never reuses.
     ensure!(
-        tuned_connections < u64::from(tuned.sent) / 2,
+        tuned_connections < u64::from(tuned.sent) * 3 / 4,
         "the sidecar opened {tuned_connections} upstream connections for {} requests",
         tuned.sent
     );

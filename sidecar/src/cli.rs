@@ -45,7 +45,7 @@ pub struct Cli {
     )]
     pub upstream: Vec<Endpoint>,
     /// Admin port (TCP): /live /ready /drain /metrics /config /breakers /upstreams /upgrade.
-    /// Default 127.0.0.1:15020. Any other than loopback needs --drain-token
+    /// Default 127.0.0.1:15180. Any other than loopback needs --drain-token
     /// (or --admin-insecure), or the start is refused (exit 64).
     #[arg(long, env = env::ADMIN, value_name = "ADDR")]
     pub admin: Option<Endpoint>,

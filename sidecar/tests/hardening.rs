@@ -755,7 +755,7 @@ async fn an_exposed_admin_port_needs_a_token_or_the_explicit_flag() -> Result<()
     // The default admin address is loopback (the config in force shows it).
     let (code, output) = run_to_exit(&["--help"], WAIT).await?;
     ensure!(
-        code.success() && output.contains("127.0.0.1:15020"),
+        code.success() && output.contains("127.0.0.1:15180"),
         "{output}"
     );
     Ok(())

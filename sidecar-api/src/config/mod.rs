@@ -99,9 +99,12 @@ pub struct Config {
 }
 
 /// The default admin address: loopback, so nothing off the machine (or
-/// the pod) can drain the process unless it is exposed on purpose.
-pub const DEFAULT_ADMIN: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 15020);
+/// the pod) can drain the process unless it is exposed on purpose; the same
+/// port the webhook tries first, outside the ports meshes use.
+pub const DEFAULT_ADMIN: SocketAddr = SocketAddr::new(
+    std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+    crate::admin::DEFAULT_PORT,
+);
 
 /// Forwarding headers (`X-Forwarded-Proto`) from the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -41,7 +41,7 @@ pub fn covers_workload(
 pub fn accepted(route: &GraceRoute) -> bool {
     route.metadata.deletion_timestamp.is_none()
         && route
-            .condition("Accepted")
+            .condition(crate::controller::ACCEPTED)
             .is_some_and(|c| c.status == "True")
 }
 

@@ -124,13 +124,7 @@ pub fn deployment_target(d: &Deployment) -> Option<(Target, Option<String>)> {
         max_surge: ru.and_then(|r| r.max_surge.clone()),
         max_unavailable: ru.and_then(|r| r.max_unavailable.clone()),
         min_ready_seconds: Some(spec.min_ready_seconds.unwrap_or(0)),
-        termination_grace_period_seconds: Some(
-            spec.template
-                .spec
-                .as_ref()
-                .and_then(|s| s.termination_grace_period_seconds)
-                .unwrap_or(30),
-        ),
+        termination_grace_period_seconds: Some(grace_period(&spec.template)),
     };
     let annotations = d.annotations().clone();
     Some((
@@ -147,19 +141,22 @@ pub fn deployment_target(d: &Deployment) -> Option<(Target, Option<String>)> {
     ))
 }
 
+/// The pod template's grace period, with the API server's default.
+fn grace_period(template: &k8s_openapi::api::core::v1::PodTemplateSpec) -> i64 {
+    template
+        .spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds)
+        .unwrap_or(30)
+}
+
 pub fn statefulset_target(s: &StatefulSet) -> Option<(Target, Option<String>)> {
     let spec = s.spec.as_ref()?;
     let current = Originals {
         max_surge: None,
         max_unavailable: None,
         min_ready_seconds: Some(spec.min_ready_seconds.unwrap_or(0)),
-        termination_grace_period_seconds: Some(
-            spec.template
-                .spec
-                .as_ref()
-                .and_then(|s| s.termination_grace_period_seconds)
-                .unwrap_or(30),
-        ),
+        termination_grace_period_seconds: Some(grace_period(&spec.template)),
     };
     let annotations = s.annotations().clone();
     Some((

@@ -83,7 +83,8 @@ kg_wait() {
 kg_kubectl() { "$KG_BIN/kubectl" --kubeconfig="$KG_KUBECONFIG" "$@"; }
 
 # The interface of the default route (the real uplink), if any.
-kg_uplink() { ip -4 route show default 2>/dev/null | awk '{for (i=1;i<NF;i++) if ($i=="dev") {print $(i+1); exit}}'; }
+# awk reads to the end rather than `exit`, so that ip never dies of SIGPIPE under pipefail.
+kg_uplink() { ip -4 route show default 2>/dev/null | awk '!found {for (i=1;i<NF;i++) if ($i=="dev") {print $(i+1); found=1; break}}'; }
 
 # True when every component of the local cluster runs and the node is Ready.
 kg_cluster_healthy() {

@@ -10,7 +10,7 @@
 //!    itself: `kubegrace_drain_resumes_total` 1), the load saw 0 failed requests; without
 //!    kubegrace the same restart fails requests (> 0). Run twice: the chart's
 //!    `sidecar.mode` native and classic.
-//! 2. The sidecar's own restart (a native sidecar restarted by kubelet): its container is
+//! 2. The sidecar's own restart (restarted by kubelet, native and classic): its container is
 //!    killed with `crictl stop --timeout 0` (SIGKILL, as an OOM kill or a crash; the local
 //!    cluster's crictl is on PATH after `eval "$(e2e/cluster/env)"`); the pod comes back
 //!    Ready and serves through the sidecar, the sidecar's restartCount is 1 and the app's 0.
@@ -97,14 +97,14 @@ async fn liveness_restart_under_load(
     p: &Progress,
 ) -> Result<(Summary, PodAddr)> {
     let pods: Api<Pod> = Api::namespaced(sc.client.clone(), &sc.namespace);
-    let victim = kit::ready_pods(&pods, name)
-        .await?
-        .into_iter()
-        .next()
-        .with_context(|| format!("{name}: no ready pod"))?;
+    let candidates = kit::ready_pods(&pods, name).await?;
+    ensure!(!candidates.is_empty(), "{name}: no ready pod");
     let load = sc.start_load(name, p).await?;
     let outcome = async {
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // The victim is a pod the load is reaching now: a keep-alive pool reuses its most
+        // recent connections, so a pod picked blindly may carry none of them, and its
+        // restart would then prove nothing either way.
+        let victim = busiest_pod(&candidates, p).await?;
         p.step(format!(
             "{name}: POST /liveness?fail on pod {}'s app ({})",
             victim.name,
@@ -153,12 +153,63 @@ async fn liveness_restart_under_load(
         ));
         // The pod takes its share again before the load stops.
         tokio::time::sleep(Duration::from_secs(4)).await;
-        Ok::<_, anyhow::Error>(())
+        Ok::<_, anyhow::Error>(victim)
     }
     .await;
     let summary = load.finish(p).await?;
-    outcome?;
+    let victim = outcome?;
     Ok((summary, victim))
+}
+
+/// `/delay` requests each pod's app has seen so far (its `/stats`), in `pods` order.
+async fn delay_requests(pods: &[PodAddr]) -> Result<Vec<u64>> {
+    let mut seen = Vec::with_capacity(pods.len());
+    for pod in pods {
+        let (status, _, body) =
+            kit::http1(&pod.app(), "GET", "/stats", Duration::from_secs(3)).await?;
+        ensure!(status == 200, "GET {}/stats: {status}", pod.app());
+        let stats: serde_json::Value =
+            serde_json::from_str(&body).with_context(|| format!("{}/stats: {body}", pod.app()))?;
+        seen.push(
+            stats["endpoints"]["/delay"]["requests"]
+                .as_u64()
+                .unwrap_or(0),
+        );
+    }
+    Ok(seen)
+}
+
+/// The pod whose app served the most load requests over the last two seconds; an error
+/// when none served any (the load is not reaching the pods, so nothing could be shown).
+async fn busiest_pod(pods: &[PodAddr], p: &Progress) -> Result<PodAddr> {
+    let before = delay_requests(pods).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = delay_requests(pods).await?;
+    let served: Vec<u64> = after
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a.saturating_sub(*b))
+        .collect();
+    let (busiest, most) = served
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, n)| **n)
+        .map(|(i, n)| (i, *n))
+        .context("no pods")?;
+    let shares: Vec<String> = pods
+        .iter()
+        .zip(&served)
+        .map(|(pod, n)| format!("{} {n}", pod.name))
+        .collect();
+    p.step(format!(
+        "load requests served in 2s per pod: {}",
+        shares.join(", ")
+    ));
+    ensure!(
+        most > 0,
+        "no pod's app served a load request in 2s: the load does not reach the pods"
+    );
+    Ok(pods[busiest].clone())
 }
 
 #[tokio::test]
@@ -194,6 +245,11 @@ async fn liveness_restart_with_and_without(client: Client, mode: &str) -> Result
     opts.drain.min_delay = "3s".into();
     opts.drain.max_delay = "8s".into();
     opts.load.lead_in = Duration::from_secs(2);
+    // Requests that stay in the app for 200 ms: at 100/s about seven are in flight on the
+    // victim when kubelet kills its app, so the baseline's loss does not hang on the
+    // chance that none was (at 50 ms about two were, and CI once saw none lost).
+    opts.load.path = "/delay?ms=200".into();
+    opts.load.rate = 100.0;
     opts.load.max_duration = Duration::from_secs(90);
     let p = Progress::default();
     let keep = std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some();
@@ -257,6 +313,14 @@ async fn liveness_restart_with_and_without(client: Client, mode: &str) -> Result
         "app liveness restart under load: with kubegrace {} of {} failed; without {} of {} failed {:?}",
         with.failed, with.requests, without.failed, without.requests, without.by_detail
     );
+    for (label, summary) in [("with", &with), ("without", &without)] {
+        let per_pod: Vec<String> = summary
+            .by_pod
+            .iter()
+            .map(|(pod, k)| format!("{pod} {}/{}", k.failed, k.requests))
+            .collect();
+        eprintln!("  {label}: failed/sent per pod: {}", per_pod.join(", "));
+    }
     ensure!(app_restarts == 1, "the app restarted {app_restarts} times");
     ensure!(
         bare_restarts == 1,
@@ -322,28 +386,38 @@ async fn the_sidecars_own_restart_comes_back_ready_and_serves() -> Result<()> {
     let Some(client) = cluster_client(test).await? else {
         return Ok(());
     };
-    let mut opts = Options::new("kg-screstart");
+    // Both placements: kubelet restarts a native sidecar as an init container with
+    // `restartPolicy: Always` and a classic one as an ordinary container of the pod.
+    for mode in ["classic", "native"] {
+        sidecar_restart(&client, mode).await?;
+    }
+    Ok(())
+}
+
+async fn sidecar_restart(client: &Client, mode: &str) -> Result<()> {
+    let mut opts = Options::new(&format!("kg-screstart-{mode}"));
+    opts.chart_values.push(("sidecar.mode".into(), mode.into()));
     opts.replicas = 1;
     let p = Progress::default();
     let keep = std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some();
     let install = Install::new(&opts);
     let mut namespaces = Vec::new();
     let outcome = async {
-        install.helm_install(&client, &opts, &p).await?;
-        let sc = Scenario::named(&client, &opts, &p, "screstart").await?;
+        install.helm_install(client, &opts, &p).await?;
+        let sc = Scenario::named(client, &opts, &p, &format!("screstart-{mode}")).await?;
         namespaces.push(sc.namespace.clone());
         sc.create_route(WITH, &p).await?;
         create(&sc, WITH, 1, true).await?;
         sc.settle(WITH, true, &p).await?;
-        sidecar_kill_and_back(&client, &sc, &p).await
+        sidecar_kill_and_back(client, &sc, &p).await
     }
     .await;
     if keep {
         p.step(format!("keeping {} and {namespaces:?}", install.release));
     } else {
-        install.uninstall(&client, &namespaces, &p).await;
+        install.uninstall(client, &namespaces, &p).await;
     }
-    outcome
+    outcome.with_context(|| format!("sidecar.mode={mode}"))
 }
 
 async fn sidecar_kill_and_back(client: &Client, sc: &Scenario, p: &Progress) -> Result<()> {

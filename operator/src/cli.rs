@@ -136,9 +136,13 @@ pub struct RunArgs {
     /// The sidecar's listener port tried first in each pod.
     #[arg(long, env = "KUBEGRACE_SIDECAR_LISTEN_PORT", default_value_t = kubegrace_sidecar_api::pod::FIRST_LISTEN_PORT, value_parser = clap::value_parser!(u16).range(1..))]
     pub sidecar_listen_port: u16,
-    /// Where the sidecar goes in the pod: `auto` (native on 1.29+),
-    /// `native` or `classic`.
-    #[arg(long, env = "KUBEGRACE_SIDECAR_MODE", value_enum, default_value_t = SidecarMode::Auto)]
+    /// Where the sidecar goes in the pod: `classic` (a regular container
+    /// beside the app, the default), `native` (an init container with
+    /// `restartPolicy: Always`, 1.29+) or `auto` (native on 1.29+). Classic is
+    /// the default because the kubelet starts the app of a pod with a native
+    /// sidecar one sync (~1 s) after the sidecar, which slows every rollout by
+    /// about a second per new pod; the drain holds in both.
+    #[arg(long, env = "KUBEGRACE_SIDECAR_MODE", value_enum, default_value_t = SidecarMode::Classic)]
     pub sidecar_mode: SidecarMode,
     /// Lease (in --namespace) for controller leader election.
     #[arg(

@@ -348,6 +348,9 @@ pub fn start_operator_extra(
         "--webhook-extra-san=127.0.0.1".into(),
         format!("--leader-election-lease=kubegrace-test-{ns}"),
         format!("--sidecar-image={}", kubegrace_e2e::sidecar_image()),
+        // These tests check the native placement (an init container with restartPolicy
+        // Always); the default, classic, is what the chart-installed e2e suite runs.
+        "--sidecar-mode=native".into(),
     ];
     // clap refuses a flag given twice: `extra` replaces the default.
     let name = |f: &str| f.split('=').next().unwrap_or_default().to_string();

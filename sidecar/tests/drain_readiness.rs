@@ -345,3 +345,47 @@ async fn stay_serving_fails_ready_once_the_app_is_gone_and_resumes_with_it() -> 
     wait_ready_status(&sidecar, StatusCode::OK).await?;
     Ok(())
 }
+
+/// An exit drain never resumes, so an app that goes away and comes back in
+/// its grace phase must not turn the endpoint serving again: once the app
+/// was seen gone, /ready fails for the rest of the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stay_serving_stays_unready_after_the_app_flapped_in_a_sigterm_drain() -> Result<()> {
+    let app_addr = free_port()?;
+    let app = TestApp::start_on("a", app_addr).await?;
+    let sidecar = Sidecar::start(SidecarSpec::new(app_addr).args(&[
+        "--drain-readiness",
+        "stayServing",
+        "--drain-min-delay",
+        "20s",
+        "--drain-max-delay",
+        "30s",
+    ]))
+    .await?;
+    sidecar.signal("TERM")?;
+    sidecar
+        .wait_metric("kubegrace_drain_phase", WAIT, |p| p >= 1.0)
+        .await?;
+    ensure!(
+        sidecar.ready_status().await == Some(StatusCode::OK),
+        "/ready failed in the grace phase with stayServing and the app up"
+    );
+
+    app.kill().await;
+    drop(app);
+    wait_ready_status(&sidecar, StatusCode::SERVICE_UNAVAILABLE).await?;
+    let _app = TestApp::start_on("a", app_addr).await?;
+    sidecar
+        .wait_metric("kubegrace_app_up", WAIT, |up| up == 1.0)
+        .await?;
+    ensure!(
+        drain_phase(&sidecar).await == Some(1.0),
+        "expected the grace phase (1): an exit drain does not resume"
+    );
+    let ready = sidecar.ready_status().await;
+    ensure!(
+        ready == Some(StatusCode::SERVICE_UNAVAILABLE),
+        "/ready answered {ready:?} after the app came back in an exit drain"
+    );
+    Ok(())
+}

@@ -11,15 +11,16 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kubegrace_sidecar_api::config::{
-    CATCH_ALL_ROUTE, CircuitBreakerConfig, Config, DrainConfig, Endpoint, FailureKind,
-    FallbackConfig, HumanDuration, Protocol, RouteConfig, RouteMatch,
+    CATCH_ALL_ROUTE, CircuitBreakerConfig, Config, DrainConfig, DrainReadiness, Endpoint,
+    FailureKind, FallbackConfig, HumanDuration, Protocol, RouteConfig, RouteMatch,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::crd::{
-    CircuitBreakerSpec, FallbackSpec, GraceRouteSpec, PortProtocol, RolloutSpec, TargetKind,
+    CircuitBreakerSpec, FallbackSpec, GraceRouteSpec, PortProtocol, Readiness, RolloutSpec,
+    TargetKind,
 };
 use crate::keys;
 
@@ -216,6 +217,13 @@ fn protocol(p: PortProtocol) -> Protocol {
     }
 }
 
+fn readiness(r: Readiness) -> DrainReadiness {
+    match r {
+        Readiness::FailFast => DrainReadiness::FailFast,
+        Readiness::StayServing => DrainReadiness::StayServing,
+    }
+}
+
 fn breaker(cb: &CircuitBreakerSpec) -> CircuitBreakerConfig {
     CircuitBreakerConfig {
         max_concurrent: cb.max_concurrent,
@@ -260,6 +268,7 @@ pub fn sidecar_config(
             quiet: spec.drain.quiet.0,
             max_delay: spec.drain.max_delay.0,
             timeout: HumanDuration(budget.effective_timeout()),
+            readiness: readiness(spec.drain.readiness),
             ..DrainConfig::default()
         },
         ..Config::default()
@@ -659,6 +668,38 @@ spec:
         let c = sidecar_config(&r.spec, &b, None).expect("valid");
         assert_eq!(c.drain.timeout, HumanDuration::from_secs(60));
         assert_eq!(c.routes.len(), 2);
+    }
+
+    #[test]
+    fn drain_readiness_is_carried_into_the_sidecar_config() {
+        let b = budget(&route(BASE).spec).expect("valid");
+        let c = sidecar_config(&route(BASE).spec, &b, None).expect("valid");
+        assert_eq!(
+            c.drain.readiness,
+            DrainReadiness::FailFast,
+            "unset: the sidecar default"
+        );
+        let r = route(&format!(
+            "{BASE}  drain: {{maxDelay: 5s, readiness: stayServing}}\n"
+        ));
+        assert_eq!(r.spec.drain.readiness, Readiness::StayServing);
+        let b = budget(&r.spec).expect("valid");
+        let c = sidecar_config(&r.spec, &b, None).expect("valid");
+        assert_eq!(c.drain.readiness, DrainReadiness::StayServing);
+        assert_eq!(c.drain.max_delay, HumanDuration::from_secs(5));
+        // The file the sidecar reads back says the same.
+        let (yaml, _) = render(&c).expect("render");
+        assert!(yaml.contains("readiness: stayServing"), "{yaml}");
+        assert_eq!(
+            sidecar_reads(&yaml).drain.readiness,
+            DrainReadiness::StayServing
+        );
+        // The budget does not depend on it.
+        assert_eq!(b.required_seconds, 5 + 30 + 5);
+        let err =
+            serde_yaml::from_str::<GraceRoute>(&format!("{BASE}  drain: {{readiness: stay}}\n"))
+                .expect_err("unknown value");
+        assert!(err.to_string().contains("stayServing"), "{err}");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use kubegrace_sidecar_api::config::{
-    CircuitBreakerConfig, DrainConfig, FallbackConfig, HumanDuration,
+    CircuitBreakerConfig, DrainConfig, DrainReadiness, FallbackConfig, HumanDuration,
 };
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -210,8 +210,15 @@ fn d_max_delay() -> Duration {
 fn d_timeout() -> Duration {
     Duration(DrainConfig::default().timeout)
 }
+fn d_readiness() -> Readiness {
+    match DrainConfig::default().readiness {
+        DrainReadiness::FailFast => Readiness::FailFast,
+        DrainReadiness::StayServing => Readiness::StayServing,
+    }
+}
 
-/// The drain timers (see the sidecar's drain protocol).
+/// The drain timers, and what readiness does while draining (see the
+/// sidecar's drain protocol).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[x_kube(validation = Rule::new(durations_ok(&["minDelay", "maxDelay"], "duration(self.minDelay) <= duration(self.maxDelay)")).message(Message::Expression("'minDelay ' + self.minDelay + ' is longer than maxDelay ' + self.maxDelay + '; minDelay must be <= maxDelay'".into())).field_path(".minDelay"))]
 #[x_kube(validation = Rule::new(durations_ok(&["timeout"], "duration(self.timeout) > duration('0s')")).message("timeout must be more than 0s, or every in-flight request is cut at once").field_path(".timeout"))]
@@ -230,6 +237,20 @@ pub struct DrainSpec {
     /// Then wait at most this long for in-flight requests.
     #[serde(default = "d_timeout")]
     pub timeout: Duration,
+    /// What the sidecar's readiness answers during the grace phase:
+    /// `failFast` turns the endpoint not-serving at the drain's start;
+    /// `stayServing` keeps it serving (and terminating) until the listener
+    /// closes, for L4 load balancers with `externalTrafficPolicy: Local`.
+    #[serde(default = "d_readiness")]
+    pub readiness: Readiness,
+}
+
+/// The sidecar's `drain.readiness`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Readiness {
+    FailFast,
+    StayServing,
 }
 
 impl Default for DrainSpec {
@@ -239,6 +260,7 @@ impl Default for DrainSpec {
             quiet: d_quiet(),
             max_delay: d_max_delay(),
             timeout: d_timeout(),
+            readiness: d_readiness(),
         }
     }
 }

@@ -20,6 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, Notify};
 use tokio::time::Instant;
 
+use crate::config::DrainReadiness;
 use crate::drain::Phase;
 use crate::state::Shared;
 
@@ -275,21 +276,48 @@ impl Admin {
     }
 
     async fn ready(&self) -> Response<Full<Bytes>> {
-        let phase = self.shared.drain.phase();
-        if phase != Phase::Serving {
+        let drain = &self.shared.drain;
+        // `drain.readiness: stayServing` keeps the endpoint serving (and
+        // terminating) through the grace phase only, and only on the same
+        // terms as when serving: the app must be reachable below. Once the
+        // listener closes (`Closing`, `Drained`) a new connection is refused,
+        // so a 200 would send routers to a pod that cannot serve. An app seen
+        // gone since the trigger fails it too, for the rest of the drain: in
+        // a provisional drain that is an app restart (the upstream is down,
+        // the resume brings readiness back), in a termination the app is
+        // leaving; either way a flapping app must not flap the endpoint.
+        let serves = |phase: Phase| {
+            phase == Phase::Serving
+                || (phase == Phase::Draining
+                    && drain.timers().readiness == DrainReadiness::StayServing
+                    && !drain.app_seen_gone())
+        };
+        let phase = drain.phase();
+        if !serves(phase) {
             return text(StatusCode::SERVICE_UNAVAILABLE, &format!("{phase}\n"));
         }
         let probed = self.upstream_reachable().await;
+        // The probe may take up to a second: a drain that moved on in the
+        // meantime wins over the phase read before it.
+        let phase = drain.phase();
+        if !serves(phase) {
+            return text(StatusCode::SERVICE_UNAVAILABLE, &format!("{phase}\n"));
+        }
         // The app watch (app.rs) saw every probe above and every connect
         // since: it is the fresher of the two.
         let reachable = match self.shared.upstreams.app() {
             Some(app) => !app.is_down(),
             None => probed,
         };
-        if reachable {
+        if !reachable {
+            text(StatusCode::SERVICE_UNAVAILABLE, "app not reachable\n")
+        } else if phase == Phase::Serving {
             text(StatusCode::OK, "ready\n")
         } else {
-            text(StatusCode::SERVICE_UNAVAILABLE, "app not reachable\n")
+            text(
+                StatusCode::OK,
+                &format!("{phase}, still serving (drain.readiness: stayServing)\n"),
+            )
         }
     }
 

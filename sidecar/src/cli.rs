@@ -12,7 +12,7 @@ use clap::{Parser, ValueEnum};
 use kubegrace_sidecar_api::cli::env;
 
 use crate::config::{
-    Config, ConfigError, Endpoint, Http2GoAway, HumanDuration, Protocol, SocketMode,
+    Config, ConfigError, DrainReadiness, Endpoint, Http2GoAway, HumanDuration, Protocol, SocketMode,
 };
 use crate::error::{Error, Result};
 
@@ -82,6 +82,10 @@ pub struct Cli {
     /// How HTTP/2 connections are closed in a drain: auto, twoPhase or finalOnly (drain.http2GoAway).
     #[arg(long, env = env::DRAIN_HTTP2_GOAWAY, value_name = "MODE", value_parser = parse_http2_go_away)]
     pub drain_http2_goaway: Option<Http2GoAway>,
+    /// What /ready answers in the drain's grace phase: failFast (503 at the trigger) or
+    /// stayServing (200 while the app is reachable, until the listener closes) (drain.readiness).
+    #[arg(long, env = env::DRAIN_READINESS, value_name = "MODE", value_parser = parse_drain_readiness)]
+    pub drain_readiness: Option<DrainReadiness>,
     /// Most concurrent HTTP/2 streams per downstream connection (limits.maxConcurrentStreams).
     #[arg(long, env = env::MAX_CONCURRENT_STREAMS, value_name = "N")]
     pub max_concurrent_streams: Option<u32>,
@@ -179,6 +183,16 @@ fn parse_http2_go_away(s: &str) -> std::result::Result<Http2GoAway, String> {
     }
 }
 
+fn parse_drain_readiness(s: &str) -> std::result::Result<DrainReadiness, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "failfast" | "fail-fast" => Ok(DrainReadiness::FailFast),
+        "stayserving" | "stay-serving" => Ok(DrainReadiness::StayServing),
+        other => Err(format!(
+            "{other:?} is not a drain readiness mode; use failFast or stayServing"
+        )),
+    }
+}
+
 /// The flag/environment layer, laid over the file at start and on reload.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Overrides {
@@ -194,6 +208,7 @@ pub struct Overrides {
     pub drain_max_delay: Option<HumanDuration>,
     pub drain_timeout: Option<HumanDuration>,
     pub drain_http2_goaway: Option<Http2GoAway>,
+    pub drain_readiness: Option<DrainReadiness>,
     pub max_concurrent_streams: Option<u32>,
     pub body_read_timeout: Option<HumanDuration>,
     pub write_timeout: Option<HumanDuration>,
@@ -247,6 +262,9 @@ impl Overrides {
         }
         if let Some(v) = self.drain_http2_goaway {
             config.drain.http2_go_away = v;
+        }
+        if let Some(v) = self.drain_readiness {
+            config.drain.readiness = v;
         }
         if let Some(v) = self.max_concurrent_streams {
             config.limits.max_concurrent_streams = v;
@@ -339,6 +357,7 @@ impl Cli {
                 drain_max_delay: self.drain_max_delay,
                 drain_timeout: self.drain_timeout,
                 drain_http2_goaway: self.drain_http2_goaway,
+                drain_readiness: self.drain_readiness,
                 max_concurrent_streams: self.max_concurrent_streams,
                 body_read_timeout: self.body_read_timeout,
                 write_timeout: self.write_timeout,
@@ -643,6 +662,28 @@ mod tests {
         let bad = temp_file("invalid", "drain: {quiet: soon}\n");
         let err = load_at_start(Some(&bad), &Overrides::default()).expect_err("invalid");
         assert_eq!(err.exit_code(), EXIT_USAGE);
+    }
+
+    #[test]
+    fn drain_readiness_comes_from_the_flag_over_the_file() {
+        assert_eq!(
+            cli(&["--drain-readiness", "stayServing"])
+                .expect("parse")
+                .drain_readiness,
+            Some(DrainReadiness::StayServing)
+        );
+        let err = cli(&["--drain-readiness", "lazy"]).expect_err("invalid");
+        assert!(err.to_string().contains("--drain-readiness"), "{err}");
+        let path = temp_file("readiness", "drain: {readiness: stayServing}\n");
+        let file_only = load(Some(&path), &Overrides::default()).expect("load");
+        assert_eq!(file_only.drain.readiness, DrainReadiness::StayServing);
+        let c = cli(&["--drain-readiness", "failFast"]).expect("parse");
+        let flagged = load(Some(&path), &c.settings().overrides).expect("load");
+        assert_eq!(
+            flagged.drain.readiness,
+            DrainReadiness::FailFast,
+            "flag wins"
+        );
     }
 
     #[test]

@@ -9,7 +9,9 @@
 //!
 //! - `Draining`: keep serving (routers lag). Leave once `minDelay` passed AND
 //!   (no new connection for `quiet`, or the endpoint was reported removed),
-//!   or once `maxDelay` passed.
+//!   or once `maxDelay` passed. `/ready` fails from the trigger on, or with
+//!   `drain.readiness: stayServing` only once this phase is over or the app
+//!   is gone (`admin.rs`): the machine itself is the same in both modes.
 //! - `Closing`: listeners close, connections shut down gracefully; after
 //!   `timeout` whatever is still open is told to force-close.
 //! - `Drained`: nothing is left; the report is available.
@@ -57,7 +59,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::config::DrainConfig;
+use crate::config::{DrainConfig, DrainReadiness};
 
 /// Where a drain stands. Ordered: later phases compare greater.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -320,6 +322,13 @@ impl Drain {
         }
     }
 
+    /// Whether the app was seen gone since this drain's trigger. It stays
+    /// set until the cycle ends (a resume clears it), so a `stayServing`
+    /// drain never turns ready again on an app that flaps mid-drain.
+    pub fn app_seen_gone(&self) -> bool {
+        self.phase() != Phase::Serving && self.shared.app_gone.load(Ordering::Acquire)
+    }
+
     /// Evidence from `app.rs`: the app accepts connections. Returns to
     /// `Serving` if the rule allows it (see the module doc): a provisional
     /// drain, the app seen gone since its trigger, no SIGTERM. Returns
@@ -544,7 +553,17 @@ impl Drain {
         let open_at_trigger = self.open_connections() as u64;
         let accepted_at_trigger = self.connections_total();
         let force_closed_before = self.force_closed_total();
-        tracing::info!(trigger = %trigger, open = open_at_trigger, "drain started: readiness now fails, still serving");
+        let readiness = self.timers().readiness;
+        let ready_note = match readiness {
+            DrainReadiness::FailFast => "readiness now fails",
+            DrainReadiness::StayServing => "readiness stays up while the app does",
+        };
+        tracing::info!(
+            trigger = %trigger,
+            open = open_at_trigger,
+            readiness = readiness.as_str(),
+            "drain started: {ready_note}, still serving"
+        );
 
         let grace_end = self.grace(t0).await;
         let grace = t0.elapsed();

@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::config::DrainReadiness;
 use crate::drain::Drain;
 
 /// Upper bounds of the request duration histogram, in seconds.
@@ -244,6 +245,27 @@ impl Metrics {
             "0 serving, 1 draining, 2 closing, 3 drained.",
         );
         let _ = writeln!(out, "kubegrace_drain_phase {}", drain.phase() as u8);
+
+        // A state set (one series per mode, 1 on the one in force) rather
+        // than an info label, so a dashboard can sum pods per mode and the
+        // series exist before the first drain.
+        family(
+            out,
+            "kubegrace_drain_readiness",
+            "gauge",
+            "The drain.readiness mode in force: fail_fast (/ready fails at the trigger) or stay_serving (/ready stays 200 through the grace phase while the app is reachable).",
+        );
+        let readiness = drain.timers().readiness;
+        for (mode, value) in [
+            ("fail_fast", DrainReadiness::FailFast),
+            ("stay_serving", DrainReadiness::StayServing),
+        ] {
+            let _ = writeln!(
+                out,
+                "kubegrace_drain_readiness{{mode=\"{mode}\"}} {}",
+                u8::from(readiness == value)
+            );
+        }
 
         family(
             out,
@@ -539,5 +561,31 @@ mod tests {
         );
         assert!(out.contains("kubegrace_inflight_requests 0\n"), "{out}");
         assert!(out.contains("kubegrace_drain_phase 0\n"), "{out}");
+        assert!(
+            out.contains("kubegrace_drain_readiness{mode=\"fail_fast\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("kubegrace_drain_readiness{mode=\"stay_serving\"} 0\n"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn the_readiness_mode_in_force_is_the_one_set_to_1() {
+        let drain = Drain::new(DrainConfig {
+            readiness: DrainReadiness::StayServing,
+            ..DrainConfig::default()
+        });
+        let mut out = String::new();
+        Metrics::default().render(&drain, &mut out);
+        assert!(
+            out.contains("kubegrace_drain_readiness{mode=\"fail_fast\"} 0\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("kubegrace_drain_readiness{mode=\"stay_serving\"} 1\n"),
+            "{out}"
+        );
     }
 }

@@ -23,6 +23,35 @@ pub struct DrainConfig {
     pub timeout: HumanDuration,
     /// How a downstream HTTP/2 connection is told to go (docs/http2-drain.md).
     pub http2_go_away: Http2GoAway,
+    /// What `/ready` answers during the grace phase (`Draining`).
+    pub readiness: DrainReadiness,
+}
+
+/// What `/ready` answers while a drain is in its grace phase. Only the
+/// grace phase differs: once the listener closes (`Closing`, `Drained`) the
+/// pod cannot take a connection and `/ready` fails in both modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum DrainReadiness {
+    /// 503 from the trigger on: the endpoint turns not-serving and routers
+    /// stop picking it as soon as they see that.
+    #[default]
+    FailFast,
+    /// 200 through the grace phase while the app is reachable: the endpoint
+    /// stays `serving` (and `terminating`), so routers that honour the
+    /// terminating condition use it only as a last resort. For L4 load
+    /// balancers with `externalTrafficPolicy: Local`, where the last pod of
+    /// a node going unready blackholes the connections still sent there.
+    StayServing,
+}
+
+impl DrainReadiness {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::FailFast => "failFast",
+            Self::StayServing => "stayServing",
+        }
+    }
 }
 
 /// The frames that end a downstream HTTP/2 connection in a drain.
@@ -53,6 +82,7 @@ impl Default for DrainConfig {
             max_delay: HumanDuration::from_secs(15),
             timeout: HumanDuration::from_secs(30),
             http2_go_away: Http2GoAway::Auto,
+            readiness: DrainReadiness::FailFast,
         }
     }
 }

@@ -65,3 +65,19 @@ fn http2_stream_cap_defaults_to_200_and_refuses_zero() {
     let err = from_yaml("limits: {maxConcurrentStreams: 0}").expect_err("invalid");
     assert_eq!(err.key, "limits.maxConcurrentStreams");
 }
+
+#[test]
+fn drain_readiness_defaults_to_fail_fast_and_takes_only_its_two_values() {
+    assert_eq!(Config::default().drain.readiness, DrainReadiness::FailFast);
+    let config = from_yaml("drain: {readiness: stayServing}").expect("valid");
+    assert_eq!(config.drain.readiness, DrainReadiness::StayServing);
+    let config = from_yaml("drain: {readiness: failFast}").expect("valid");
+    assert_eq!(config.drain.readiness, DrainReadiness::FailFast);
+    let again = from_yaml(&serde_yaml::to_string(&config).expect("render")).expect("re-parse");
+    assert_eq!(config, again);
+    let err = from_yaml("drain: {readiness: stay}").expect_err("unknown value");
+    assert!(
+        err.message.contains("failFast") && err.message.contains("stayServing"),
+        "{err}"
+    );
+}

@@ -7,17 +7,22 @@
 //!   with `helm upgrade` (a tiny chart written here) makes no extra ReplicaSet, and the
 //!   pods still get the route's time budget (set per pod by the webhook);
 //! - a pod that already listens on Istio's 15020 and on our default admin and listener
-//!   ports is injected on the next free ones, all containers Ready, served by the sidecar.
+//!   ports is injected on the next free ones, all containers Ready, served by the sidecar;
+//! - `drain.readiness: stayServing` (for `externalTrafficPolicy: Local` load balancers):
+//!   a deleted pod's endpoint stays `serving: true, terminating: true` in its
+//!   EndpointSlice through the drain's grace phase, while with the default `failFast` the
+//!   same pod's endpoint stops serving within a probe period or two.
 //!
-//! One chart install for all three. Skipped (with a message) outside the cluster tier.
+//! One chart install for all four. Skipped (with a message) outside the cluster tier.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kubegrace_e2e::scenario::{
@@ -53,11 +58,14 @@ async fn bypassing_services_gitops_reapplies_and_taken_ports_are_handled() -> Re
         };
         let ports = Scenario::named(&client, &ports_opts, &p, "ports").await?;
         namespaces.push(ports.namespace.clone());
+        let serving = Scenario::named(&client, &ports_opts, &p, "serving").await?;
+        namespaces.push(serving.namespace.clone());
         let mut failures = Vec::new();
         for (flow, result) in [
             ("bypassing Service", bypass_flow(&bypass, &p).await),
             ("GitOps re-apply", gitops_flow(&gitops, &p).await),
             ("taken ports", ports_flow(&ports, &p).await),
+            ("stayServing readiness", stay_serving_flow(&serving, &p).await),
         ] {
             match result {
                 Ok(line) => eprintln!("{flow}: {line}"),
@@ -500,5 +508,96 @@ async fn ports_flow(sc: &Scenario, p: &Progress) -> Result<String> {
         "injected with admin {admin} and listener {listen}; /ready {}; served: {}",
         ready.trim(),
         body.trim()
+    ))
+}
+
+/// Grace phase of the two routes in `stay_serving_flow`: long enough that a probe period
+/// and the EndpointSlice controller's latency are small beside it.
+const SERVING_MIN_DELAY_S: u64 = 10;
+
+/// How long each app's deleted pod stayed `serving: true, terminating: true` in its
+/// EndpointSlice: `stayServing` through the grace phase, `failFast` (the baseline, same
+/// timers) at most a probe period or two.
+async fn stay_serving_flow(sc: &Scenario, p: &Progress) -> Result<String> {
+    const STAY: &str = "stay-serving";
+    const FAIL: &str = "fail-fast";
+    let ns = sc.namespace.as_str();
+    let mut old_pods = BTreeMap::new();
+    for (app, readiness) in [(STAY, "stayServing"), (FAIL, "failFast")] {
+        let route = json!({
+            "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+            "metadata": {"name": app},
+            "spec": {"targetRef": {"kind": "Deployment", "name": app}, "ports": [{"name": "http"}],
+                     "drain": {"minDelay": format!("{SERVING_MIN_DELAY_S}s"), "quiet": "500ms",
+                               "maxDelay": format!("{}s", SERVING_MIN_DELAY_S + 2),
+                               "timeout": "5s", "readiness": readiness}},
+        });
+        kubectl(&["apply", "-n", ns, "-f", "-"], &route.to_string()).await?;
+        create_service(sc, app).await?;
+        let mut d = gitops_deployment(app);
+        d["spec"]["replicas"] = json!(1);
+        kubectl(&["apply", "-n", ns, "-f", "-"], &d.to_string()).await?;
+    }
+    let pods: Api<Pod> = Api::namespaced(sc.client.clone(), ns);
+    for app in [STAY, FAIL] {
+        sc.settle(app, true, p).await?;
+        let pod = pods
+            .list(&ListParams::default().labels(&format!("app={app}")))
+            .await?
+            .items
+            .into_iter()
+            .find_map(|p| p.metadata.name)
+            .with_context(|| format!("{app}: no pod"))?;
+        old_pods.insert(app, pod);
+    }
+    p.step(format!(
+        "deleting {:?} and watching their EndpointSlices",
+        old_pods.values().collect::<Vec<_>>()
+    ));
+    for pod in old_pods.values() {
+        pods.delete(pod, &Default::default()).await?;
+    }
+    let slices: Api<EndpointSlice> = Api::namespaced(sc.client.clone(), ns);
+    // Per app: when its old endpoint was first and last seen serving while terminating.
+    let mut spans: BTreeMap<&str, (Option<Instant>, Option<Instant>)> = BTreeMap::new();
+    let watch_for = Duration::from_secs(SERVING_MIN_DELAY_S + 6);
+    let start = Instant::now();
+    while start.elapsed() < watch_for {
+        for (app, pod) in &old_pods {
+            let list = slices
+                .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={app}")))
+                .await?;
+            let serving_while_terminating = list.items.iter().flat_map(|s| &s.endpoints).any(|e| {
+                let c = e.conditions.clone().unwrap_or_default();
+                e.target_ref.as_ref().and_then(|r| r.name.as_deref()) == Some(pod.as_str())
+                    && c.serving == Some(true)
+                    && c.terminating == Some(true)
+            });
+            if serving_while_terminating {
+                let span = spans.entry(app).or_default();
+                let now = Instant::now();
+                span.0.get_or_insert(now);
+                span.1 = Some(now);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let lasted = |app: &str| match spans.get(app) {
+        Some((Some(first), Some(last))) => last.duration_since(*first).as_secs_f64(),
+        _ => 0.0,
+    };
+    let (stay, fail) = (lasted(STAY), lasted(FAIL));
+    ensure!(
+        stay >= (SERVING_MIN_DELAY_S / 2) as f64,
+        "stayServing: the deleted pod's endpoint was serving while terminating for {stay:.1}s, \
+         expected most of the {SERVING_MIN_DELAY_S}s grace phase (failFast: {fail:.1}s)"
+    );
+    ensure!(
+        fail < (SERVING_MIN_DELAY_S / 2) as f64,
+        "failFast: the deleted pod's endpoint was serving while terminating for {fail:.1}s: \
+         readiness did not fail at the drain's start (stayServing: {stay:.1}s)"
+    );
+    Ok(format!(
+        "serving while terminating: stayServing {stay:.1}s, failFast {fail:.1}s (grace phase {SERVING_MIN_DELAY_S}s)"
     ))
 }

@@ -12,15 +12,15 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kubegrace_sidecar_api::config::{
     CATCH_ALL_ROUTE, CircuitBreakerConfig, Config, DrainConfig, DrainReadiness, Endpoint,
-    FailureKind, FallbackConfig, HumanDuration, Protocol, RouteConfig, RouteMatch,
+    FailureKind, FallbackConfig, Http2GoAway, HumanDuration, Protocol, RouteConfig, RouteMatch,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::crd::{
-    CircuitBreakerSpec, FallbackSpec, GraceRouteSpec, PortProtocol, Readiness, RolloutSpec,
-    TargetKind,
+    CircuitBreakerSpec, FallbackSpec, GraceRouteSpec, Http2GoAwaySpec, PortProtocol, Readiness,
+    RolloutSpec, TargetKind,
 };
 use crate::keys;
 
@@ -224,6 +224,14 @@ fn readiness(r: Readiness) -> DrainReadiness {
     }
 }
 
+fn http2_go_away(g: Http2GoAwaySpec) -> Http2GoAway {
+    match g {
+        Http2GoAwaySpec::Auto => Http2GoAway::Auto,
+        Http2GoAwaySpec::TwoPhase => Http2GoAway::TwoPhase,
+        Http2GoAwaySpec::FinalOnly => Http2GoAway::FinalOnly,
+    }
+}
+
 fn breaker(cb: &CircuitBreakerSpec) -> CircuitBreakerConfig {
     CircuitBreakerConfig {
         max_concurrent: cb.max_concurrent,
@@ -269,7 +277,7 @@ pub fn sidecar_config(
             max_delay: spec.drain.max_delay.0,
             timeout: HumanDuration(budget.effective_timeout()),
             readiness: readiness(spec.drain.readiness),
-            ..DrainConfig::default()
+            http2_go_away: http2_go_away(spec.drain.http2_go_away),
         },
         ..Config::default()
     };
@@ -700,6 +708,28 @@ spec:
             serde_yaml::from_str::<GraceRoute>(&format!("{BASE}  drain: {{readiness: stay}}\n"))
                 .expect_err("unknown value");
         assert!(err.to_string().contains("stayServing"), "{err}");
+    }
+
+    #[test]
+    fn drain_http2_go_away_is_carried_into_the_sidecar_config() {
+        let b = budget(&route(BASE).spec).expect("valid");
+        let c = sidecar_config(&route(BASE).spec, &b, None).expect("valid");
+        assert_eq!(c.drain.http2_go_away, Http2GoAway::Auto, "unset: the sidecar default");
+        for (given, want) in [
+            ("auto", Http2GoAway::Auto),
+            ("twoPhase", Http2GoAway::TwoPhase),
+            ("finalOnly", Http2GoAway::FinalOnly),
+        ] {
+            let r = route(&format!("{BASE}  drain: {{http2GoAway: {given}}}\n"));
+            let b = budget(&r.spec).expect("valid");
+            let c = sidecar_config(&r.spec, &b, None).expect("valid");
+            assert_eq!(c.drain.http2_go_away, want, "{given}");
+            let (yaml, _) = render(&c).expect("render");
+            assert_eq!(sidecar_reads(&yaml).drain.http2_go_away, want, "{yaml}");
+        }
+        let err = serde_yaml::from_str::<GraceRoute>(&format!("{BASE}  drain: {{http2GoAway: two}}\n"))
+            .expect_err("unknown value");
+        assert!(err.to_string().contains("twoPhase"), "{err}");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use kubegrace_sidecar_api::config::{
-    CircuitBreakerConfig, DrainConfig, DrainReadiness, FallbackConfig, HumanDuration,
+    CircuitBreakerConfig, DrainConfig, DrainReadiness, FallbackConfig, Http2GoAway, HumanDuration,
 };
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -210,6 +210,13 @@ fn d_max_delay() -> Duration {
 fn d_timeout() -> Duration {
     Duration(DrainConfig::default().timeout)
 }
+fn d_http2_go_away() -> Http2GoAwaySpec {
+    match DrainConfig::default().http2_go_away {
+        Http2GoAway::Auto => Http2GoAwaySpec::Auto,
+        Http2GoAway::TwoPhase => Http2GoAwaySpec::TwoPhase,
+        Http2GoAway::FinalOnly => Http2GoAwaySpec::FinalOnly,
+    }
+}
 fn d_readiness() -> Readiness {
     match DrainConfig::default().readiness {
         DrainReadiness::FailFast => Readiness::FailFast,
@@ -243,6 +250,20 @@ pub struct DrainSpec {
     /// closes, for L4 load balancers with `externalTrafficPolicy: Local`.
     #[serde(default = "d_readiness")]
     pub readiness: Readiness,
+    /// How a downstream HTTP/2 connection is told to go: `auto` (per
+    /// client: `finalOnly` for python's h2, `twoPhase` for the rest),
+    /// `twoPhase` or `finalOnly` (docs/http2-drain.md).
+    #[serde(default = "d_http2_go_away")]
+    pub http2_go_away: Http2GoAwaySpec,
+}
+
+/// The sidecar's `drain.http2GoAway`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Http2GoAwaySpec {
+    Auto,
+    TwoPhase,
+    FinalOnly,
 }
 
 /// The sidecar's `drain.readiness`.
@@ -261,6 +282,7 @@ impl Default for DrainSpec {
             max_delay: d_max_delay(),
             timeout: d_timeout(),
             readiness: d_readiness(),
+            http2_go_away: d_http2_go_away(),
         }
     }
 }

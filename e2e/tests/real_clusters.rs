@@ -65,7 +65,10 @@ async fn bypassing_services_gitops_reapplies_and_taken_ports_are_handled() -> Re
             ("bypassing Service", bypass_flow(&bypass, &p).await),
             ("GitOps re-apply", gitops_flow(&gitops, &p).await),
             ("taken ports", ports_flow(&ports, &p).await),
-            ("stayServing readiness", stay_serving_flow(&serving, &p).await),
+            (
+                "stayServing readiness",
+                stay_serving_flow(&serving, &p).await,
+            ),
         ] {
             match result {
                 Ok(line) => eprintln!("{flow}: {line}"),

@@ -714,7 +714,11 @@ spec:
     fn drain_http2_go_away_is_carried_into_the_sidecar_config() {
         let b = budget(&route(BASE).spec).expect("valid");
         let c = sidecar_config(&route(BASE).spec, &b, None).expect("valid");
-        assert_eq!(c.drain.http2_go_away, Http2GoAway::Auto, "unset: the sidecar default");
+        assert_eq!(
+            c.drain.http2_go_away,
+            Http2GoAway::Auto,
+            "unset: the sidecar default"
+        );
         for (given, want) in [
             ("auto", Http2GoAway::Auto),
             ("twoPhase", Http2GoAway::TwoPhase),
@@ -727,8 +731,9 @@ spec:
             let (yaml, _) = render(&c).expect("render");
             assert_eq!(sidecar_reads(&yaml).drain.http2_go_away, want, "{yaml}");
         }
-        let err = serde_yaml::from_str::<GraceRoute>(&format!("{BASE}  drain: {{http2GoAway: two}}\n"))
-            .expect_err("unknown value");
+        let err =
+            serde_yaml::from_str::<GraceRoute>(&format!("{BASE}  drain: {{http2GoAway: two}}\n"))
+                .expect_err("unknown value");
         assert!(err.to_string().contains("twoPhase"), "{err}");
     }
 

@@ -11,21 +11,21 @@
 //! boxing of bodies, and the route table and config come from one lock-free
 //! snapshot load.
 //!
-//! The request path, in order, one module a step:
+//! The request path, in order, one module (proxy/*.rs) a step:
 //!
-//! 1. [`conn`]: the accepted socket is counted (bytes, heads, writes),
+//! 1. `conn`: the accepted socket is counted (bytes, heads, writes),
 //!    sniffed for the HTTP/2 preface and served by hyper (HTTP/1.1) or
 //!    http2.rs, under the header-read, idle and write timers and the drain.
-//! 2. [`handler`]: each request is counted, checked against the declared
+//! 2. `handler`: each request is counted, checked against the declared
 //!    body limit, routed and admitted by its route's circuit, and sent to
 //!    the app within the route's timeout; failures become local answers
 //!    (413, 408, 400, 502, 503, 504) counted as the client's or the app's.
-//! 3. [`headers`]: on the way, hop-by-hop headers come off both the request
+//! 3. `headers`: on the way, hop-by-hop headers come off both the request
 //!    and the response, `X-Forwarded-*` and `Host` are set, and only allowed
 //!    upgrades pass.
-//! 4. [`body`]: the response body streams to the client, carrying the
+//! 4. `body`: the response body streams to the client, carrying the
 //!    request's accounting and circuit permit until its last frame.
-//! 5. [`tunnel`]: after a `101 Switching Protocols`, both upgraded
+//! 5. `tunnel`: after a `101 Switching Protocols`, both upgraded
 //!    connections are joined and left to the drain's deadline.
 
 mod body;

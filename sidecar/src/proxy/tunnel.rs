@@ -1,12 +1,13 @@
 //! After a `101 Switching Protocols`: the client's and the app's upgraded
-//! connections joined into one tunnel.
+//! connections joined into one tunnel ([`crate::tunnel`], the copy loop
+//! TCP mode uses too).
 
 use std::sync::Arc;
 
 use hyper_util::rt::TokioIo;
 
-use crate::metrics::ClientTimeout;
 use crate::state::Shared;
+use crate::tunnel::TunnelEnd;
 
 /// Joins an upgraded downstream connection (WebSocket, ...) to the app's
 /// upgraded connection. The tunnel counts as an open connection for the
@@ -28,22 +29,16 @@ pub(super) fn spawn_tunnel(
         };
         let mut down = TokioIo::new(down);
         let mut up = TokioIo::new(up);
-        let mut drain_rx = shared.drain.subscribe();
-        let idle = shared.live.load().config.limits.tunnel_idle_timeout.get();
-        tokio::select! {
-            end = crate::tcp::copy_with_idle(&mut down, &mut up, idle) => match end {
-                crate::tcp::TunnelEnd::Closed(Err(err)) => {
-                    tracing::debug!(error = %err, "upgraded connection ended with an error");
-                }
-                crate::tcp::TunnelEnd::Closed(Ok(_)) => {}
-                crate::tcp::TunnelEnd::Idle => {
-                    shared.metrics.client_timeout(ClientTimeout::TunnelIdle);
-                    tracing::debug!("upgraded connection idle past limits.tunnelIdleTimeout; closing");
-                }
-            },
-            _ = drain_rx.wait_for(|s| s.force_close) => {
+        match crate::tunnel::run(&shared, &mut down, &mut up, &mut guard).await {
+            TunnelEnd::Closed(Err(err)) => {
+                tracing::debug!(error = %err, "upgraded connection ended with an error");
+            }
+            TunnelEnd::Closed(Ok(_)) => {}
+            TunnelEnd::Idle => {
+                tracing::debug!("upgraded connection idle past limits.tunnelIdleTimeout; closing");
+            }
+            TunnelEnd::Forced => {
                 tracing::debug!("drain deadline: closing upgraded connection");
-                guard.mark_forced();
             }
         }
     });

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::Full;
-use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
 
 use super::body::{Finish, ProxyBody};
 use super::conn::ConnCtx;
@@ -21,10 +21,11 @@ use super::headers::{
 };
 use super::tunnel::spawn_tunnel;
 use crate::circuit::{Permit, Rejection, Route, UpstreamOutcome};
+use crate::config::Config;
 use crate::drain::Phase;
 use crate::metrics::{ClientError, ClientTimeout};
 use crate::upstream::{
-    BodyFault, BodyWatch, DownstreamBody, PoolReturn, Upstream, UpstreamBody, UpstreamResponse,
+    BodyFault, BodyWatch, DownstreamBody, Upstream, UpstreamBody, UpstreamResponse,
 };
 
 pub(crate) async fn handle(
@@ -34,14 +35,12 @@ pub(crate) async fn handle(
     let mut scope = RequestScope::start(ctx, req.version());
     let shared = scope.ctx.shared.clone();
     let live = shared.live.load_full();
-    let h2 = scope.version == Version::HTTP_2;
-    if !h2 {
+    if scope.version != Version::HTTP_2 {
         scope.ctx.act.note_message_end(req.headers());
     }
 
     // 413 before anything is sent upstream when the length is declared.
-    let max_body = live.config.limits.max_request_body_bytes;
-    if declares_more_than(req.headers(), max_body) {
+    if declares_more_than(req.headers(), live.config.limits.max_request_body_bytes) {
         return scope.declared_too_large();
     }
 
@@ -58,26 +57,50 @@ pub(crate) async fn handle(
 
     let wants_upgrade = scope.negotiate_upgrade(req.headers_mut(), &live.config.upgrade_protocols);
     let downstream_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
+    let upstream = shared.upstreams.pick();
+    let Some((upstream_req, body_watch)) = upstream_request(
+        req,
+        &scope.ctx.peer_ip,
+        &live.config,
+        &upstream,
+        wants_upgrade,
+    ) else {
+        return scope.bad_target();
+    };
+    let h2 = scope.version == Version::HTTP_2;
+    match send_upstream(&upstream, upstream_req, h2, route.timeout()).await {
+        Ok(answer) => scope.respond_upstream(answer, downstream_upgrade),
+        Err(failure) => scope.upstream_failed(failure, &body_watch),
+    }
+}
 
+/// The request as the app gets it: hop-by-hop headers out, `X-Forwarded-*`
+/// and `Host` in, the target in the form the app's protocol needs, the body
+/// under the client-side limits. `None`: a target that cannot be rewritten.
+fn upstream_request(
+    req: Request<DownstreamBody>,
+    peer_ip: &HeaderValue,
+    config: &Config,
+    upstream: &Upstream,
+    wants_upgrade: bool,
+) -> Option<(Request<UpstreamBody>, BodyWatch)> {
+    let h2 = req.version() == Version::HTTP_2;
     let (mut parts, body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers, wants_upgrade);
     add_forwarded(
         &mut parts.headers,
-        &scope.ctx.peer_ip,
-        live.config.forwarded.trusted_hops != 0,
+        peer_ip,
+        config.forwarded.trusted_hops != 0,
     );
-    let upstream = shared.upstreams.pick();
     ensure_host(&mut parts.headers, &parts.uri, upstream.host());
-    parts.uri = match upstream_uri(&parts.uri, &upstream, h2) {
-        Some(uri) => uri,
-        None => return scope.bad_target(),
-    };
+    parts.uri = upstream_uri(&parts.uri, upstream, h2)?;
     parts.version = if h2 {
         Version::HTTP_2
     } else {
         Version::HTTP_11
     };
-    let limits = &live.config.limits;
+    let limits = &config.limits;
+    let max_body = limits.max_request_body_bytes;
     // HTTP/2 streams (gRPC client streaming) may idle for long by design;
     // the trickling-body guard is for HTTP/1, where a slow body holds a
     // whole connection and an app connection.
@@ -85,38 +108,7 @@ pub(crate) async fn handle(
         .then(|| (limits.body_read_timeout.get(), limits.body_min_rate));
     let (body, body_watch) =
         UpstreamBody::new(body, (max_body > 0).then_some(max_body), body_timeout);
-    let upstream_req = Request::from_parts(parts, body);
-
-    let (mut resp, pool_return) =
-        match send_upstream(&upstream, upstream_req, h2, route.timeout()).await {
-            Ok(UpstreamResponse {
-                response,
-                pool_return,
-            }) => (response, pool_return),
-            Err(failure) => return scope.upstream_failed(failure, &body_watch),
-        };
-    let permit = scope.permit.record(UpstreamOutcome::Status(resp.status()));
-
-    let upgraded = resp.status() == StatusCode::SWITCHING_PROTOCOLS && downstream_upgrade.is_some();
-    if resp.status() == StatusCode::SWITCHING_PROTOCOLS && !upgraded {
-        // The app switched protocols nobody asked it to (or one not
-        // allowed): never hand the client a raw tunnel past the proxy.
-        shared.metrics.upstream_error();
-        let resp = local_response(
-            StatusCode::BAD_GATEWAY,
-            "upstream switched protocols unasked\n",
-        );
-        return scope.respond_local(resp, permit);
-    }
-    if let (true, Some(downstream)) = (upgraded, downstream_upgrade) {
-        let upstream = hyper::upgrade::on(&mut resp);
-        spawn_tunnel(shared.clone(), downstream, upstream);
-    }
-    strip_hop_by_hop(resp.headers_mut(), upgraded);
-    // Answer in the client's HTTP version, not the app's (an HTTP/1.0 app
-    // must not turn off keep-alive for HTTP/1.1 clients).
-    *resp.version_mut() = scope.version;
-    scope.respond_upstream(resp, permit, pool_return)
+    Some((Request::from_parts(parts, body), body_watch))
 }
 
 /// Does the request declare (Content-Length) a body over `max_body`
@@ -392,13 +384,39 @@ impl RequestScope {
         resp.map(|body| ProxyBody::local(body, Some(finish)))
     }
 
-    /// The app's answer, its body streamed to the client.
+    /// The app's answer, its body streamed to the client. A `101` joins
+    /// the two upgraded connections; one nobody asked for is refused.
     fn respond_upstream(
-        self,
-        mut resp: Response<Incoming>,
-        permit: Option<Permit>,
-        pool_return: Option<PoolReturn>,
+        mut self,
+        answer: UpstreamResponse,
+        downstream_upgrade: Option<OnUpgrade>,
     ) -> Response<ProxyBody> {
+        let UpstreamResponse {
+            response: mut resp,
+            pool_return,
+        } = answer;
+        let permit = self.permit.record(UpstreamOutcome::Status(resp.status()));
+
+        let upgraded =
+            resp.status() == StatusCode::SWITCHING_PROTOCOLS && downstream_upgrade.is_some();
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS && !upgraded {
+            // The app switched protocols nobody asked it to (or one not
+            // allowed): never hand the client a raw tunnel past the proxy.
+            self.ctx.shared.metrics.upstream_error();
+            let resp = local_response(
+                StatusCode::BAD_GATEWAY,
+                "upstream switched protocols unasked\n",
+            );
+            return self.respond_local(resp, permit);
+        }
+        if let (true, Some(downstream)) = (upgraded, downstream_upgrade) {
+            let upstream = hyper::upgrade::on(&mut resp);
+            spawn_tunnel(self.ctx.shared.clone(), downstream, upstream);
+        }
+        strip_hop_by_hop(resp.headers_mut(), upgraded);
+        // Answer in the client's HTTP version, not the app's (an HTTP/1.0 app
+        // must not turn off keep-alive for HTTP/1.1 clients).
+        *resp.version_mut() = self.version;
         finish_response(&self.ctx, self.version, &mut resp);
         let finish = Finish::new(self.request, permit);
         resp.map(|body| ProxyBody::upstream(body, finish, pool_return))

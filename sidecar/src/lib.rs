@@ -30,6 +30,7 @@ pub mod proxy;
 pub mod reload;
 pub mod state;
 pub mod tcp;
+mod tunnel;
 pub mod upgrade;
 pub mod upstream;
 pub mod upstreams;

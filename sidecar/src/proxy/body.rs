@@ -1,0 +1,133 @@
+//! The response body on its way to the client, and the request's
+//! accounting that travels with it.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+
+use super::handler::RequestGuard;
+use crate::circuit::Permit;
+use crate::upstream::PoolReturn;
+
+/// Travels with the response body; dropped when the body ends.
+pub(super) struct Finish {
+    _request: RequestGuard,
+    _permit: Option<Permit>,
+}
+
+impl Finish {
+    pub(super) fn new(request: RequestGuard, permit: Option<Permit>) -> Finish {
+        Finish {
+            _request: request,
+            _permit: permit,
+        }
+    }
+}
+
+enum Inner {
+    Upstream(Incoming),
+    Local(Full<Bytes>),
+}
+
+/// The body sent downstream: the app's streamed body or one the proxy made.
+/// It carries the request's accounting and circuit permit, released the
+/// moment the last frame is out.
+pub struct ProxyBody {
+    inner: Inner,
+    finish: Option<Finish>,
+    /// The app connection this body is read from, handed back to the pool
+    /// once the body has been read to its end.
+    pool_return: Option<PoolReturn>,
+}
+
+impl ProxyBody {
+    pub(super) fn local(body: Full<Bytes>, finish: Option<Finish>) -> ProxyBody {
+        ProxyBody {
+            inner: Inner::Local(body),
+            finish,
+            pool_return: None,
+        }
+    }
+
+    pub(super) fn upstream(
+        body: Incoming,
+        finish: Finish,
+        pool_return: Option<PoolReturn>,
+    ) -> ProxyBody {
+        let mut body = ProxyBody {
+            inner: Inner::Upstream(body),
+            finish: Some(finish),
+            pool_return,
+        };
+        // An empty body (204, HEAD, Content-Length: 0) is never polled.
+        body.release_if_read();
+        body
+    }
+
+    /// Hands the app connection back once the whole body came off it. The
+    /// server stops polling as soon as `is_end_stream` says so, so this
+    /// cannot wait for the final `None`.
+    fn release_if_read(&mut self) {
+        if let Inner::Upstream(body) = &self.inner
+            && body.is_end_stream()
+            && let Some(pool_return) = self.pool_return.take()
+        {
+            pool_return.release();
+        }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let res = match &mut this.inner {
+            Inner::Upstream(body) => match Pin::new(body).poll_frame(cx) {
+                Poll::Ready(None) => {
+                    if let Some(pool_return) = this.pool_return.take() {
+                        pool_return.release();
+                    }
+                    Poll::Ready(None)
+                }
+                Poll::Ready(Some(Ok(frame))) => {
+                    this.release_if_read();
+                    Poll::Ready(Some(Ok(frame)))
+                }
+                other => other,
+            },
+            Inner::Local(body) => match Pin::new(body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+                Poll::Ready(Some(Err(never))) => match never {},
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
+        };
+        if matches!(res, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            this.finish = None;
+        }
+        res
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Inner::Upstream(body) => body.is_end_stream(),
+            Inner::Local(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Upstream(body) => body.size_hint(),
+            Inner::Local(body) => body.size_hint(),
+        }
+    }
+}

@@ -1,0 +1,670 @@
+//! The connection: one task per accepted socket, from the protocol sniff
+//! to the end of the connection, with the timers that guard it (header
+//! read, idle, write) and the drain's shutdown and deadline.
+
+use std::convert::Infallible;
+use std::error::Error as StdError;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Request;
+use http::header::{self, HeaderMap, HeaderValue};
+use http_body::Body;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+
+use super::handler::handle;
+use crate::config::{LimitsConfig, Protocol};
+use crate::drain::{ConnGuard, Phase};
+use crate::http2::{Ending, H2Conn};
+use crate::metrics::ClientTimeout;
+use crate::state::Shared;
+use crate::upstream::DownstreamBody;
+
+/// A stream offset not known (see [`ConnActivity::message_end`]).
+const UNKNOWN: u64 = u64::MAX;
+/// The last four bytes of a stream that ends a head (or a chunked body).
+const CRLF_CRLF: u32 = u32::from_be_bytes(*b"\r\n\r\n");
+
+/// Per-connection counters shared by the IO wrapper, the header timer and
+/// the request path.
+pub(crate) struct ConnActivity {
+    /// Bytes read from the client: the idle check, the header timer and
+    /// the HTTP/2 final GOAWAY's quiet check watch it move.
+    pub(crate) bytes_read: AtomicU64,
+    /// Bytes written to the client, and whether the last write had to
+    /// wait for the client to read: the write timeout watches both.
+    bytes_written: AtomicU64,
+    write_blocked: AtomicBool,
+    /// Requests (HTTP/2: streams) seen on this connection.
+    pub(super) requests: AtomicU64,
+    /// Requests whose response body has not ended yet.
+    pub(super) inflight: AtomicU32,
+    /// The header timer's view of pipelining (HTTP/1). While `head_scan`
+    /// is on, the IO wrapper looks for the end of the head being read and
+    /// stores its stream offset in `head_end`; the request path turns that
+    /// into `message_end` (head plus Content-Length) so the timer of the
+    /// next head can tell bytes already read past the previous message (a
+    /// pipelined head, buffered inside hyper) from an idle connection.
+    head_scan: AtomicBool,
+    head_end: AtomicU64,
+    message_end: AtomicU64,
+    /// The last four bytes read, big-endian: a message without a known
+    /// end (chunked) ended cleanly if the stream ends in CRLF CRLF.
+    tail: AtomicU32,
+}
+
+impl Default for ConnActivity {
+    fn default() -> Self {
+        ConnActivity {
+            bytes_read: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            write_blocked: AtomicBool::new(false),
+            requests: AtomicU64::new(0),
+            inflight: AtomicU32::new(0),
+            // The first head starts at offset 0.
+            head_scan: AtomicBool::new(true),
+            head_end: AtomicU64::new(UNKNOWN),
+            message_end: AtomicU64::new(UNKNOWN),
+            tail: AtomicU32::new(0),
+        }
+    }
+}
+
+impl ConnActivity {
+    /// At the start of the wait for request head number 2, 3, ...: are
+    /// bytes of it already read? Then its header timer must run at once.
+    fn next_head_buffered(&self) -> bool {
+        let read = self.bytes_read.load(Ordering::Relaxed);
+        let end = self.message_end.load(Ordering::Relaxed);
+        let buffered = if end != UNKNOWN {
+            read > end
+        } else {
+            // Without a known end, only a stream ending in CRLF CRLF is
+            // surely between messages; a partial head never ends so.
+            self.tail.load(Ordering::Relaxed) != CRLF_CRLF
+        };
+        self.head_end.store(UNKNOWN, Ordering::Relaxed);
+        // The scan for this head's end is only right if it starts at the
+        // head's first byte, i.e. nothing of it was read yet.
+        self.head_scan.store(!buffered, Ordering::Relaxed);
+        buffered
+    }
+
+    /// Remembers where this HTTP/1 request ends on the wire, for the header
+    /// timer of the next one: the head's end (found by the IO wrapper) plus
+    /// the Content-Length; unknown for chunked bodies (the stream tail tells).
+    pub(super) fn note_message_end(&self, headers: &HeaderMap) {
+        let head_end = self.head_end.swap(UNKNOWN, Ordering::Relaxed);
+        let end = if head_end == UNKNOWN || headers.contains_key(header::TRANSFER_ENCODING) {
+            UNKNOWN
+        } else {
+            let length = headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            head_end.saturating_add(length)
+        };
+        self.message_end.store(end, Ordering::Relaxed);
+    }
+}
+
+/// The downstream socket, counting bytes read and written. Everything
+/// else passes through.
+struct CountingIo<T> {
+    inner: T,
+    act: Arc<ConnActivity>,
+    /// Bytes read so far (this wrapper is the only reader).
+    read: u64,
+    /// How much of CRLF CRLF the head scan has matched.
+    scan_state: u8,
+}
+
+impl<T> CountingIo<T> {
+    fn new(inner: T, act: Arc<ConnActivity>) -> Self {
+        CountingIo {
+            inner,
+            act,
+            read: 0,
+            scan_state: 0,
+        }
+    }
+
+    /// Book-keeping for `n` new bytes at the end of `data`.
+    fn saw(&mut self, data: &[u8]) {
+        let act = &self.act;
+        if act.head_scan.load(Ordering::Relaxed) {
+            for (i, &b) in data.iter().enumerate() {
+                self.scan_state = match (self.scan_state, b) {
+                    (0 | 2, b'\r') => self.scan_state + 1,
+                    (1, b'\n') => 2,
+                    (3, b'\n') => 4,
+                    (_, b'\r') => 1,
+                    _ => 0,
+                };
+                if self.scan_state == 4 {
+                    self.scan_state = 0;
+                    act.head_end
+                        .store(self.read + i as u64 + 1, Ordering::Relaxed);
+                    act.head_scan.store(false, Ordering::Relaxed);
+                    break;
+                }
+            }
+        } else {
+            self.scan_state = 0;
+        }
+        let mut tail = act.tail.load(Ordering::Relaxed);
+        for &b in data.iter().rev().take(4).rev() {
+            tail = (tail << 8) | u32::from(b);
+        }
+        act.tail.store(tail, Ordering::Relaxed);
+        self.read += data.len() as u64;
+        act.bytes_read.store(self.read, Ordering::Relaxed);
+    }
+
+    fn wrote(&self, res: &Poll<io::Result<usize>>) {
+        match res {
+            Poll::Ready(Ok(n)) => {
+                self.act
+                    .bytes_written
+                    .fetch_add(*n as u64, Ordering::Relaxed);
+                self.act.write_blocked.store(false, Ordering::Relaxed);
+            }
+            Poll::Pending => self.act.write_blocked.store(true, Ordering::Relaxed),
+            Poll::Ready(Err(_)) => {}
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for CountingIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let res = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let filled = &buf.filled()[before..];
+            this.saw(filled);
+        }
+        res
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for CountingIo<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let res = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.wrote(&res);
+        res
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let res = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.wrote(&res);
+        res
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// hyper's HTTP/1 header-read timer, with one change: on a kept-alive
+/// connection the clock only starts when the next request's first byte
+/// arrives. hyper starts it as soon as it waits for the next head, which
+/// would close every keep-alive connection idle for `headerReadTimeout`
+/// and race clients reusing it; idle connections are the idle timeout's job.
+/// "Arrives" includes bytes hyper already buffered: a pipelined head sent
+/// half in the packet of the previous request is timed from the moment
+/// hyper starts waiting for it (see [`ConnActivity::next_head_buffered`]).
+#[derive(Clone)]
+struct HeadTimer {
+    act: Arc<ConnActivity>,
+    shared: Arc<Shared>,
+}
+
+impl hyper::rt::Timer for HeadTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        // The first request of a connection is timed from the start, like
+        // nginx's client_header_timeout: a client that connects and says
+        // nothing is the slowloris case.
+        let first = self.act.requests.load(Ordering::Relaxed) == 0;
+        let now = first || self.act.next_head_buffered();
+        let seen = self.act.bytes_read.load(Ordering::Relaxed);
+        Box::pin(HeadSleep {
+            act: self.act.clone(),
+            shared: self.shared.clone(),
+            seen,
+            duration,
+            sleep: now.then(|| Box::pin(tokio::time::sleep(duration))),
+        })
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.sleep(deadline.saturating_duration_since(Instant::now()))
+    }
+}
+
+struct HeadSleep {
+    act: Arc<ConnActivity>,
+    shared: Arc<Shared>,
+    seen: u64,
+    duration: Duration,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Future for HeadSleep {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        if this.sleep.is_none() {
+            if this.act.bytes_read.load(Ordering::Relaxed) == this.seen {
+                // No byte of a new request yet. hyper polls us again after
+                // every read, so no wake-up needs registering here.
+                return Poll::Pending;
+            }
+            this.sleep = Some(Box::pin(tokio::time::sleep(this.duration)));
+        }
+        match this.sleep.as_mut() {
+            Some(sleep) => {
+                let res = sleep.as_mut().poll(cx);
+                if res.is_ready() {
+                    this.shared
+                        .metrics
+                        .client_timeout(ClientTimeout::HeaderRead);
+                }
+                res
+            }
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl hyper::rt::Sleep for HeadSleep {}
+
+/// hyper's HTTP/1 server with the limits in force.
+fn http1_builder(
+    limits: &LimitsConfig,
+    act: &Arc<ConnActivity>,
+    shared: &Arc<Shared>,
+) -> hyper::server::conn::http1::Builder {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(HeadTimer {
+            act: act.clone(),
+            shared: shared.clone(),
+        })
+        .header_read_timeout(limits.header_read_timeout.get())
+        .max_headers(limits.max_headers)
+        // hyper answers 431 when the head outgrows the read buffer; its
+        // floor is 8 KiB.
+        .max_buf_size(limits.max_header_bytes.max(8192))
+        .keep_alive(true);
+    builder
+}
+
+/// The HTTP/2 connection preface (RFC 9113 §3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads until the first bytes are, or cannot be, the HTTP/2 preface.
+/// Returns whether they are, and the bytes read (replayed to the server).
+async fn sniff_h2<S: AsyncRead + Unpin>(io: &mut S) -> io::Result<(bool, Vec<u8>)> {
+    let mut seen = Vec::with_capacity(H2_PREFACE.len());
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = io.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok((false, seen));
+        }
+        seen.extend_from_slice(&chunk[..n]);
+        let m = seen.len().min(H2_PREFACE.len());
+        if seen[..m] != H2_PREFACE[..m] {
+            return Ok((false, seen));
+        }
+        if m == H2_PREFACE.len() {
+            return Ok((true, seen));
+        }
+    }
+}
+
+/// The downstream socket with the bytes the protocol sniff took replayed
+/// in front.
+struct Rewind<T> {
+    pre: Bytes,
+    inner: T,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Rewind<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.pre.is_empty() {
+            let n = this.pre.len().min(buf.remaining());
+            buf.put_slice(&this.pre.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Rewind<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// A connection being served, whatever its protocol: runs until the
+/// connection ends; `shutdown` starts a graceful end.
+trait Served: Future<Output = Result<(), BoxError>> + Send {
+    fn shutdown(self: Pin<&mut Self>, why: Ending);
+}
+
+pin_project_lite::pin_project! {
+    struct Http1Served<C> {
+        #[pin]
+        conn: C,
+    }
+}
+
+impl<I, S, B> Future for Http1Served<hyper::server::conn::http1::UpgradeableConnection<I, S>>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    B: Body + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Output = Result<(), BoxError>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().conn.poll(cx).map_err(Into::into)
+    }
+}
+
+impl<I, S, B> Served for Http1Served<hyper::server::conn::http1::UpgradeableConnection<I, S>>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    B: Body + 'static,
+    B::Error: Into<BoxError>,
+    Self: Send,
+{
+    fn shutdown(self: Pin<&mut Self>, _why: Ending) {
+        // HTTP/1 closes once the response in flight is out.
+        self.project().conn.graceful_shutdown();
+    }
+}
+
+/// The HTTP/2 connection, its error boxed like hyper's.
+struct H2Served<T>(H2Conn<T>);
+
+impl<T> Future for H2Served<T>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Output = Result<(), BoxError>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.get_mut().0).poll(cx).map_err(Into::into)
+    }
+}
+
+impl<T> Served for H2Served<T>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    fn shutdown(self: Pin<&mut Self>, why: Ending) {
+        self.get_mut().0.shutdown(why);
+    }
+}
+
+/// What a request needs from its connection.
+pub(crate) struct ConnCtx {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) act: Arc<ConnActivity>,
+    /// The client's address, rendered once per connection for X-Forwarded-For.
+    pub(super) peer_ip: HeaderValue,
+}
+
+/// Serves one accepted downstream connection until it closes, the drain
+/// closes it, or the drain deadline cuts it.
+pub(crate) async fn serve_connection<S>(
+    shared: Arc<Shared>,
+    stream: S,
+    peer: crate::listen::Peer,
+    mut guard: ConnGuard,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let live = shared.live.load();
+    let protocol = live.config.protocol;
+    let limits = live.config.limits;
+    let go_away = live.config.drain.http2_go_away;
+    drop(live);
+
+    let act = Arc::new(ConnActivity::default());
+    let peer_ip = HeaderValue::try_from(peer.forwarded_for())
+        .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+    let ctx = Arc::new(ConnCtx {
+        shared: shared.clone(),
+        act: act.clone(),
+        peer_ip,
+    });
+    let mut io = CountingIo::new(stream, act.clone());
+    let mut drain_rx = shared.drain.subscribe();
+    // Before the protocol is known (the first 24 bytes, the length of the
+    // HTTP/2 preface) hyper's HTTP/1 header timer is not running yet, so a
+    // client that connects and says nothing (or half a word) is cut here.
+    let first_deadline = tokio::time::Instant::now() + limits.header_read_timeout.get();
+    let (h2, pre) = match protocol {
+        Protocol::Http1 => (false, Vec::new()),
+        Protocol::Http2 => (true, Vec::new()),
+        Protocol::Auto | Protocol::Tcp => tokio::select! {
+            sniffed = sniff_h2(&mut io) => match sniffed {
+                Ok(found) => found,
+                Err(err) => {
+                    tracing::debug!(%peer, error = %err, "downstream connection failed before its first request");
+                    return;
+                }
+            },
+            _ = tokio::time::sleep_until(first_deadline) => {
+                shared.metrics.client_timeout(ClientTimeout::HeaderRead);
+                tracing::debug!(%peer, "no request head within the header read timeout; closing");
+                return;
+            }
+            // Nothing of a request yet: closing is the graceful path (as
+            // hyper-util's auto server cancels a connection still reading
+            // its version).
+            _ = drain_rx.wait_for(|s| s.phase >= Phase::Closing) => {
+                tracing::debug!(%peer, "closing: connection without a request closed");
+                return;
+            }
+        },
+    };
+    let io = Rewind {
+        pre: Bytes::from(pre),
+        inner: io,
+    };
+    let mut conn: Pin<Box<dyn Served>> = if h2 {
+        Box::pin(H2Served(H2Conn::new(io, ctx, &limits, go_away)))
+    } else {
+        let service = service_fn(move |req: Request<Incoming>| {
+            let ctx = ctx.clone();
+            async move { Ok::<_, Infallible>(handle(ctx, req.map(DownstreamBody::Http1)).await) }
+        });
+        let conn = http1_builder(&limits, &act, &shared)
+            .serve_connection(TokioIo::new(io), service)
+            .with_upgrades();
+        Box::pin(Http1Served { conn })
+    };
+
+    let mut shutting_down = false;
+    // A connection accepted in the instant the listener closed still gets
+    // the graceful path.
+    if drain_rx.borrow_and_update().phase >= Phase::Closing {
+        conn.as_mut().shutdown(Ending::Drain);
+        shutting_down = true;
+    }
+
+    // Idle check: close a connection with nothing in flight that has not
+    // sent a byte for `downstreamIdleTimeout` (checked in quarters, so the
+    // close lands between 1x and 1.25x the timeout).
+    let idle_timeout = limits.downstream_idle_timeout.get();
+    let tick = (idle_timeout / 4).max(Duration::from_millis(50));
+    let mut next_tick = tokio::time::Instant::now() + tick;
+    let mut last_bytes = 0u64;
+    let mut quiet_since = tokio::time::Instant::now();
+    let mut first_checked = false;
+    // An idle close that does not finish (an HTTP/2 client that never acks
+    // the shutdown PING keeps hyper waiting for it) is cut after this. The
+    // drain has its own bound: the deadline's force close below.
+    let mut idle_close_deadline: Option<tokio::time::Instant> = None;
+    // Write timeout: a client that takes no byte for `writeTimeout` while
+    // a write waits on it is cut; dropping the connection drops the
+    // response body and with it the app connection it streams from.
+    let write_timeout = limits.write_timeout.get();
+    let write_tick = (write_timeout / 4).max(Duration::from_millis(50));
+    let mut next_write_tick = tokio::time::Instant::now() + write_tick;
+    let mut last_written = 0u64;
+    let mut write_progress_at = tokio::time::Instant::now();
+
+    loop {
+        tokio::select! {
+            res = conn.as_mut() => {
+                if let Err(err) = res {
+                    tracing::debug!(%peer, error = %err, "downstream connection ended with an error");
+                }
+                break;
+            }
+            changed = drain_rx.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                let state = *drain_rx.borrow_and_update();
+                if state.force_close {
+                    tracing::debug!(%peer, "drain deadline: force-closing connection");
+                    guard.mark_forced();
+                    break;
+                }
+                if state.phase >= Phase::Closing && !shutting_down {
+                    conn.as_mut().shutdown(Ending::Drain);
+                    shutting_down = true;
+                }
+            }
+            _ = tokio::time::sleep_until(first_deadline), if !first_checked => {
+                first_checked = true;
+                if act.requests.load(Ordering::Relaxed) == 0 && act.bytes_read.load(Ordering::Relaxed) < 24 {
+                    shared.metrics.client_timeout(ClientTimeout::HeaderRead);
+                    tracing::debug!(%peer, "no request head within the header read timeout; closing");
+                    break;
+                }
+            }
+            _ = tokio::time::sleep_until(next_write_tick), if !write_timeout.is_zero() => {
+                let now = tokio::time::Instant::now();
+                next_write_tick = now + write_tick;
+                let written = act.bytes_written.load(Ordering::Relaxed);
+                if written != last_written || !act.write_blocked.load(Ordering::Relaxed) {
+                    last_written = written;
+                    write_progress_at = now;
+                } else if now - write_progress_at >= write_timeout {
+                    shared.metrics.client_timeout(ClientTimeout::Write);
+                    tracing::debug!(%peer, "client read nothing for limits.writeTimeout; closing");
+                    break;
+                }
+            }
+            _ = tokio::time::sleep_until(next_tick), if !shutting_down && !idle_timeout.is_zero() => {
+                let now = tokio::time::Instant::now();
+                next_tick = now + tick;
+                let bytes = act.bytes_read.load(Ordering::Relaxed);
+                if bytes != last_bytes || act.inflight.load(Ordering::Relaxed) > 0 {
+                    last_bytes = bytes;
+                    quiet_since = now;
+                } else if now - quiet_since >= idle_timeout {
+                    tracing::debug!(%peer, "closing idle downstream connection");
+                    conn.as_mut().shutdown(Ending::Idle);
+                    shutting_down = true;
+                    idle_close_deadline = Some(now + limits.header_read_timeout.get());
+                }
+            }
+            _ = sleep_until_opt(idle_close_deadline), if idle_close_deadline.is_some() => {
+                tracing::debug!(%peer, "idle close not acknowledged in time; dropping the connection");
+                shared.metrics.idle_close_cut();
+                break;
+            }
+        }
+    }
+}
+
+/// Sleeps until `at`, or forever without one (a disabled `select!` branch
+/// still builds its future).
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Past `limits.maxConnections` a new connection is closed at once (the
+/// caller drops it), so the sockets, tasks and app connections already
+/// open keep what they have. The admin port has its own limit.
+pub(crate) fn over_connection_cap(shared: &Shared) -> bool {
+    let cap = shared.live.load().config.limits.max_connections;
+    if cap == 0 || shared.drain.open_connections() < cap {
+        return false;
+    }
+    shared.metrics.connection_refused("proxy");
+    tracing::debug!(
+        limit = cap,
+        "limits.maxConnections reached; closing a new connection"
+    );
+    true
+}

@@ -1,0 +1,447 @@
+//! One request, from its head to the response head handed back to the
+//! connection. [`handle`] reads as the steps in the module doc; the
+//! request's accounting and circuit permit live in a [`RequestScope`], and
+//! every answer the proxy makes itself leaves through it.
+
+use std::error::Error as StdError;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body_util::Full;
+use hyper::upgrade::OnUpgrade;
+
+use super::body::{Finish, ProxyBody};
+use super::conn::ConnCtx;
+use super::headers::{
+    HTTP2_SETTINGS, add_forwarded, allow_upgrade, connection_has, ensure_host, strip_hop_by_hop,
+};
+use super::tunnel::spawn_tunnel;
+use crate::circuit::{Permit, Rejection, Route, UpstreamOutcome};
+use crate::config::Config;
+use crate::drain::Phase;
+use crate::metrics::{ClientError, ClientTimeout};
+use crate::upstream::{
+    BodyFault, BodyWatch, DownstreamBody, Upstream, UpstreamBody, UpstreamResponse,
+};
+
+pub(crate) async fn handle(
+    ctx: Arc<ConnCtx>,
+    mut req: Request<DownstreamBody>,
+) -> Response<ProxyBody> {
+    let mut scope = RequestScope::start(ctx, req.version());
+    let shared = scope.ctx.shared.clone();
+    let live = shared.live.load_full();
+    if scope.version != Version::HTTP_2 {
+        scope.ctx.act.note_message_end(req.headers());
+    }
+
+    // 413 before anything is sent upstream when the length is declared.
+    if declares_more_than(req.headers(), live.config.limits.max_request_body_bytes) {
+        return scope.declared_too_large();
+    }
+
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()));
+    let route = live.routes.select(req.method(), host, req.uri().path());
+    match route.admit().await {
+        Ok(permit) => scope.permit = PermitSlot(Some(permit)),
+        Err(rejection) => return scope.rejected(&route, &rejection),
+    }
+
+    let wants_upgrade = scope.negotiate_upgrade(req.headers_mut(), &live.config.upgrade_protocols);
+    let downstream_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
+    let upstream = shared.upstreams.pick();
+    let Some((upstream_req, body_watch)) = upstream_request(
+        req,
+        &scope.ctx.peer_ip,
+        &live.config,
+        &upstream,
+        wants_upgrade,
+    ) else {
+        return scope.bad_target();
+    };
+    let h2 = scope.version == Version::HTTP_2;
+    match send_upstream(&upstream, upstream_req, h2, route.timeout()).await {
+        Ok(answer) => scope.respond_upstream(answer, downstream_upgrade),
+        Err(failure) => scope.upstream_failed(failure, &body_watch),
+    }
+}
+
+/// The request as the app gets it: hop-by-hop headers out, `X-Forwarded-*`
+/// and `Host` in, the target in the form the app's protocol needs, the body
+/// under the client-side limits. `None`: a target that cannot be rewritten.
+fn upstream_request(
+    req: Request<DownstreamBody>,
+    peer_ip: &HeaderValue,
+    config: &Config,
+    upstream: &Upstream,
+    wants_upgrade: bool,
+) -> Option<(Request<UpstreamBody>, BodyWatch)> {
+    let h2 = req.version() == Version::HTTP_2;
+    let (mut parts, body) = req.into_parts();
+    strip_hop_by_hop(&mut parts.headers, wants_upgrade);
+    add_forwarded(
+        &mut parts.headers,
+        peer_ip,
+        config.forwarded.trusted_hops != 0,
+    );
+    ensure_host(&mut parts.headers, &parts.uri, upstream.host());
+    parts.uri = upstream_uri(&parts.uri, upstream, h2)?;
+    parts.version = if h2 {
+        Version::HTTP_2
+    } else {
+        Version::HTTP_11
+    };
+    let limits = &config.limits;
+    let max_body = limits.max_request_body_bytes;
+    // HTTP/2 streams (gRPC client streaming) may idle for long by design;
+    // the trickling-body guard is for HTTP/1, where a slow body holds a
+    // whole connection and an app connection.
+    let body_timeout = (!h2 && !wants_upgrade && !limits.body_read_timeout.get().is_zero())
+        .then(|| (limits.body_read_timeout.get(), limits.body_min_rate));
+    let (body, body_watch) =
+        UpstreamBody::new(body, (max_body > 0).then_some(max_body), body_timeout);
+    Some((Request::from_parts(parts, body), body_watch))
+}
+
+/// Does the request declare (Content-Length) a body over `max_body`
+/// (zero: no limit)?
+fn declares_more_than(headers: &HeaderMap, max_body: u64) -> bool {
+    max_body > 0
+        && headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|len| len > max_body)
+}
+
+/// The request target the app gets.
+fn upstream_uri(client_uri: &Uri, upstream: &Upstream, h2: bool) -> Option<Uri> {
+    let path_and_query = client_uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    if h2 {
+        // HTTP/2 needs an absolute URI (:scheme, :authority, :path).
+        let mut uri_parts = http::uri::Parts::default();
+        uri_parts.scheme = Some(upstream.scheme());
+        uri_parts.authority = Some(
+            client_uri
+                .authority()
+                .cloned()
+                .unwrap_or_else(|| upstream.authority().clone()),
+        );
+        uri_parts.path_and_query = Some(path_and_query);
+        Uri::from_parts(uri_parts).ok()
+    } else {
+        // HTTP/1.1 to the app in origin form, as a client talks to a server.
+        Some(Uri::from(path_and_query))
+    }
+}
+
+/// Why the app gave no response.
+enum SendFailure {
+    /// The route's timeout passed first.
+    TimedOut,
+    Failed(crate::Error),
+}
+
+/// Sends the request to the app in the client's protocol, within the
+/// route's timeout.
+async fn send_upstream(
+    upstream: &Upstream,
+    req: Request<UpstreamBody>,
+    h2: bool,
+    timeout: Option<Duration>,
+) -> Result<UpstreamResponse, SendFailure> {
+    let send = async {
+        if h2 {
+            upstream
+                .send_h2(req)
+                .await
+                .map(|response| UpstreamResponse {
+                    response,
+                    pool_return: None,
+                })
+        } else {
+            upstream.send_h1(req).await
+        }
+    };
+    match timeout {
+        Some(limit) => match tokio::time::timeout(limit, send).await {
+            Ok(r) => r.map_err(SendFailure::Failed),
+            Err(_) => Err(SendFailure::TimedOut),
+        },
+        None => send.await.map_err(SendFailure::Failed),
+    }
+}
+
+/// Ends a request's accounting when its response body ends (or is dropped).
+pub(super) struct RequestGuard {
+    ctx: Arc<ConnCtx>,
+    started: Instant,
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.ctx.act.inflight.fetch_sub(1, Ordering::Relaxed);
+        self.ctx
+            .shared
+            .metrics
+            .request_finished(self.started.elapsed());
+    }
+}
+
+/// A circuit permit that records `Cancelled` if the request is dropped
+/// before the app answered (client gone, drain deadline): a drain never
+/// counts as a breaker failure.
+struct PermitSlot(Option<Permit>);
+
+impl PermitSlot {
+    fn record(&mut self, outcome: UpstreamOutcome) -> Option<Permit> {
+        let mut permit = self.0.take()?;
+        permit.record(outcome);
+        Some(permit)
+    }
+}
+
+impl Drop for PermitSlot {
+    fn drop(&mut self) {
+        if let Some(permit) = self.0.as_mut() {
+            permit.record(UpstreamOutcome::Cancelled);
+        }
+    }
+}
+
+/// What one request holds from its start to its answer: the accounting
+/// and, once admitted, the circuit permit. The answer's body takes both
+/// (see [`Finish`]); a request dropped before it has one (client gone,
+/// drain deadline) releases them here.
+struct RequestScope {
+    ctx: Arc<ConnCtx>,
+    /// The client's HTTP version: the answer is in it.
+    version: Version,
+    // Fields drop in this order: on cancellation the permit goes first
+    // (as `Cancelled`), then the accounting, as when both were locals.
+    permit: PermitSlot,
+    request: RequestGuard,
+}
+
+impl RequestScope {
+    fn start(ctx: Arc<ConnCtx>, version: Version) -> RequestScope {
+        let started = Instant::now();
+        ctx.shared.metrics.request_started();
+        ctx.act.inflight.fetch_add(1, Ordering::Relaxed);
+        ctx.act.requests.fetch_add(1, Ordering::Relaxed);
+        RequestScope {
+            request: RequestGuard {
+                ctx: ctx.clone(),
+                started,
+            },
+            permit: PermitSlot(None),
+            ctx,
+            version,
+        }
+    }
+
+    /// Whether the request may switch protocols: an HTTP/1.1 `Upgrade`
+    /// with a protocol in `allowed` (the others are taken off the list).
+    fn negotiate_upgrade(&self, headers: &mut HeaderMap, allowed: &[String]) -> bool {
+        let asks_upgrade = self.version == Version::HTTP_11
+            && headers.contains_key(header::UPGRADE)
+            && connection_has(headers, "upgrade");
+        let wants_upgrade = asks_upgrade && allow_upgrade(headers, allowed);
+        if asks_upgrade && !wants_upgrade {
+            // Answered as a server that does not speak the protocol would:
+            // the request goes on as a plain one, without Upgrade.
+            self.ctx.shared.metrics.upgrade_ignored();
+            headers.remove(&HTTP2_SETTINGS);
+        }
+        wants_upgrade
+    }
+
+    fn declared_too_large(self) -> Response<ProxyBody> {
+        self.ctx.shared.metrics.body_too_large();
+        let mut resp = local_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
+        // The unread body would otherwise be drained by hyper first.
+        self.close_http1(&mut resp);
+        self.respond_local(resp, None)
+    }
+
+    fn rejected(self, route: &Route, rejection: &Rejection) -> Response<ProxyBody> {
+        self.ctx.shared.metrics.circuit_rejection();
+        tracing::debug!(
+            route = route.name(),
+            reason = rejection.reason(),
+            "request rejected by the circuit"
+        );
+        let resp = route.fallback(rejection);
+        self.respond_local(resp, None)
+    }
+
+    fn bad_target(mut self) -> Response<ProxyBody> {
+        let resp = local_response(StatusCode::BAD_REQUEST, "bad request target\n");
+        self.permit.record(UpstreamOutcome::Cancelled);
+        self.respond_local(resp, None)
+    }
+
+    fn upstream_failed(
+        mut self,
+        failure: SendFailure,
+        body_watch: &BodyWatch,
+    ) -> Response<ProxyBody> {
+        let err = match failure {
+            SendFailure::TimedOut => {
+                // Still waiting for the client's body: its slowness, not the app's.
+                if let Some(fault) = body_watch
+                    .fault()
+                    .or_else(|| body_watch.waiting_on_client().then_some(BodyFault::Timeout))
+                {
+                    return self.client_fault(fault);
+                }
+                self.ctx.shared.metrics.upstream_timeout();
+                let permit = self.permit.record(UpstreamOutcome::Timeout);
+                let resp = local_response(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n");
+                return self.respond_local(resp, permit);
+            }
+            SendFailure::Failed(err) => err,
+        };
+        // The request body failed on the client's side (limit, time,
+        // framing, client gone): the app did nothing wrong.
+        if let Some(fault) = body_watch.fault() {
+            tracing::debug!(error = %err, source = ?err.source(), "request body failed on the client's side");
+            return self.client_fault(fault);
+        }
+        // The app is restarting and did not come back within the hold
+        // (app.rs): 503 + Retry-After, and no breaker failure.
+        if let Some(resp) = crate::app::hold_expired_response(&err) {
+            let permit = self.permit.record(UpstreamOutcome::Cancelled);
+            return self.respond_local(resp, permit);
+        }
+        self.ctx.shared.metrics.upstream_error();
+        tracing::debug!(error = %err, source = ?err.source(), "upstream request failed");
+        let permit = self.permit.record(UpstreamOutcome::ConnectError);
+        let resp = local_response(StatusCode::BAD_GATEWAY, "upstream unavailable\n");
+        self.respond_local(resp, permit)
+    }
+
+    /// The answer to a request whose body failed on the client's side. It is
+    /// counted as the client's (never an upstream error, never a breaker
+    /// failure); a client that left gets nothing, as there is nobody to read it.
+    fn client_fault(mut self, fault: BodyFault) -> Response<ProxyBody> {
+        let metrics = &self.ctx.shared.metrics;
+        let (status, text) = match fault {
+            BodyFault::TooLarge => {
+                metrics.body_too_large();
+                (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n")
+            }
+            BodyFault::Timeout => {
+                metrics.client_timeout(ClientTimeout::BodyRead);
+                (
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request body not received in time\n",
+                )
+            }
+            BodyFault::BadBody => {
+                metrics.client_error(ClientError::BadBody);
+                (StatusCode::BAD_REQUEST, "malformed request body\n")
+            }
+            BodyFault::Gone => {
+                metrics.client_error(ClientError::Gone);
+                (StatusCode::BAD_REQUEST, "request body incomplete\n")
+            }
+        };
+        let permit = self.permit.record(UpstreamOutcome::ClientFault);
+        let mut resp = local_response(status, text);
+        // The rest of the body cannot be trusted to frame the next request.
+        self.close_http1(&mut resp);
+        self.respond_local(resp, permit)
+    }
+
+    /// Asks an HTTP/1 client to close the connection after this answer.
+    fn close_http1<B>(&self, resp: &mut Response<B>) {
+        if self.version != Version::HTTP_2 {
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+    }
+
+    /// An answer the proxy made itself.
+    fn respond_local(
+        self,
+        mut resp: Response<Full<Bytes>>,
+        permit: Option<Permit>,
+    ) -> Response<ProxyBody> {
+        finish_response(&self.ctx, self.version, &mut resp);
+        let finish = Finish::new(self.request, permit);
+        resp.map(|body| ProxyBody::local(body, Some(finish)))
+    }
+
+    /// The app's answer, its body streamed to the client. A `101` joins
+    /// the two upgraded connections; one nobody asked for is refused.
+    fn respond_upstream(
+        mut self,
+        answer: UpstreamResponse,
+        downstream_upgrade: Option<OnUpgrade>,
+    ) -> Response<ProxyBody> {
+        let UpstreamResponse {
+            response: mut resp,
+            pool_return,
+        } = answer;
+        let permit = self.permit.record(UpstreamOutcome::Status(resp.status()));
+
+        let upgraded =
+            resp.status() == StatusCode::SWITCHING_PROTOCOLS && downstream_upgrade.is_some();
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS && !upgraded {
+            // The app switched protocols nobody asked it to (or one not
+            // allowed): never hand the client a raw tunnel past the proxy.
+            self.ctx.shared.metrics.upstream_error();
+            let resp = local_response(
+                StatusCode::BAD_GATEWAY,
+                "upstream switched protocols unasked\n",
+            );
+            return self.respond_local(resp, permit);
+        }
+        if let (true, Some(downstream)) = (upgraded, downstream_upgrade) {
+            let upstream = hyper::upgrade::on(&mut resp);
+            spawn_tunnel(self.ctx.shared.clone(), downstream, upstream);
+        }
+        strip_hop_by_hop(resp.headers_mut(), upgraded);
+        // Answer in the client's HTTP version, not the app's (an HTTP/1.0 app
+        // must not turn off keep-alive for HTTP/1.1 clients).
+        *resp.version_mut() = self.version;
+        finish_response(&self.ctx, self.version, &mut resp);
+        let finish = Finish::new(self.request, permit);
+        resp.map(|body| ProxyBody::upstream(body, finish, pool_return))
+    }
+}
+
+fn local_response(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// Adds `Connection: close` to HTTP/1 responses while draining, so
+/// keep-alive clients move to other pods before the listener closes.
+fn finish_response<B>(ctx: &ConnCtx, version: Version, resp: &mut Response<B>) {
+    ctx.shared.metrics.response(resp.status());
+    if version != Version::HTTP_2
+        && resp.status() != StatusCode::SWITCHING_PROTOCOLS
+        && ctx.shared.drain.phase() != Phase::Serving
+    {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+}

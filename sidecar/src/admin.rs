@@ -26,6 +26,13 @@ use crate::state::Shared;
 
 /// How long one upstream reachability answer is reused by `/ready`.
 const READY_CACHE: Duration = Duration::from_secs(1);
+/// How long `/ready` waits for an app that does not accept connections
+/// yet before it answers 503. The kubelet's first readiness probe usually
+/// comes before the app listens: a 503 then costs the pod a whole probe
+/// period (a second), and a rolling update pays that once per new pod
+/// (measured: 2.0x the plain rollout's time). Within the injected probe's
+/// 1 s timeout, with room for the connect that came before.
+const READY_WAIT_FOR_APP: Duration = Duration::from_millis(700);
 
 pub(crate) struct Admin {
     shared: Arc<Shared>,
@@ -304,11 +311,26 @@ impl Admin {
             return text(StatusCode::SERVICE_UNAVAILABLE, &format!("{phase}\n"));
         }
         // The app watch (app.rs) saw every probe above and every connect
-        // since: it is the fresher of the two.
-        let reachable = match self.shared.upstreams.app() {
+        // since: it is the fresher of the two. An app not up yet gets a
+        // moment to come up (READY_WAIT_FOR_APP), only while serving: a
+        // drain answers at once.
+        let app = self.shared.upstreams.app();
+        let mut reachable = match app {
             Some(app) => !app.is_down(),
             None => probed,
         };
+        let mut phase = phase;
+        if !reachable
+            && phase == Phase::Serving
+            && let Some(app) = app
+            && app.wait_up(READY_WAIT_FOR_APP).await
+        {
+            phase = drain.phase();
+            if !serves(phase) {
+                return text(StatusCode::SERVICE_UNAVAILABLE, &format!("{phase}\n"));
+            }
+            reachable = true;
+        }
         if !reachable {
             text(StatusCode::SERVICE_UNAVAILABLE, "app not reachable\n")
         } else if phase == Phase::Serving {

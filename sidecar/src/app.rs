@@ -118,6 +118,16 @@ impl AppWatch {
         *self.up_tx.borrow() == Some(false)
     }
 
+    /// Waits at most `wait` for a connect to find the app up (the probe loop
+    /// connects every [`FAST_PROBE`] while it is down); whether it did.
+    pub async fn wait_up(&self, wait: Duration) -> bool {
+        let mut up = self.up_tx.subscribe();
+        matches!(
+            tokio::time::timeout(wait, up.wait_for(|v| *v == Some(true))).await,
+            Ok(Ok(_))
+        )
+    }
+
     /// Records what a connect to the app found, and passes it on to the
     /// drain machine. Cheap when nothing changes (one watch read).
     pub fn observe(&self, reachable: bool) {

@@ -11,6 +11,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -303,11 +304,9 @@ async fn stay_serving_keeps_ready_through_a_sigterm_drain() -> Result<()> {
     stay_serving_holds_ready_through_the_grace_phase_only(Trigger::Sigterm).await
 }
 
-/// The preStop drain of an app container restart: the app goes away while
-/// the drain is still in its grace phase. The upstream is gone, so /ready
-/// fails as with failFast; the resume brings it back with the app.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stay_serving_fails_ready_once_the_app_is_gone_and_resumes_with_it() -> Result<()> {
+/// An app and a stayServing sidecar in front of it whose grace phase lasts
+/// longer than any of these tests: (the app's address, the app, the sidecar).
+async fn stay_serving_with_a_long_grace_phase() -> Result<(SocketAddr, TestApp, Sidecar)> {
     let app_addr = free_port()?;
     let app = TestApp::start_on("a", app_addr).await?;
     let sidecar = Sidecar::start(SidecarSpec::new(app_addr).args(&[
@@ -319,6 +318,15 @@ async fn stay_serving_fails_ready_once_the_app_is_gone_and_resumes_with_it() -> 
         "30s",
     ]))
     .await?;
+    Ok((app_addr, app, sidecar))
+}
+
+/// The preStop drain of an app container restart: the app goes away while
+/// the drain is still in its grace phase. The upstream is gone, so /ready
+/// fails as with failFast; the resume brings it back with the app.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stay_serving_fails_ready_once_the_app_is_gone_and_resumes_with_it() -> Result<()> {
+    let (app_addr, app, sidecar) = stay_serving_with_a_long_grace_phase().await?;
     let resp = sidecar.admin(Method::POST, "/drain").await?;
     ensure!(
         resp.status == StatusCode::ACCEPTED,
@@ -351,17 +359,7 @@ async fn stay_serving_fails_ready_once_the_app_is_gone_and_resumes_with_it() -> 
 /// was seen gone, /ready fails for the rest of the drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stay_serving_stays_unready_after_the_app_flapped_in_a_sigterm_drain() -> Result<()> {
-    let app_addr = free_port()?;
-    let app = TestApp::start_on("a", app_addr).await?;
-    let sidecar = Sidecar::start(SidecarSpec::new(app_addr).args(&[
-        "--drain-readiness",
-        "stayServing",
-        "--drain-min-delay",
-        "20s",
-        "--drain-max-delay",
-        "30s",
-    ]))
-    .await?;
+    let (app_addr, app, sidecar) = stay_serving_with_a_long_grace_phase().await?;
     sidecar.signal("TERM")?;
     sidecar
         .wait_metric("kubegrace_drain_phase", WAIT, |p| p >= 1.0)

@@ -36,6 +36,17 @@ async fn wait_ready_status(sidecar: &Sidecar, want: StatusCode) -> Result<()> {
     .with_context(|| sidecar.logs_text())
 }
 
+/// `POST /drain` on the admin port, which must be accepted.
+async fn start_drain(sidecar: &Sidecar) -> Result<()> {
+    let resp = sidecar.admin(Method::POST, "/drain").await?;
+    ensure!(
+        resp.status == StatusCode::ACCEPTED,
+        "/drain answered {}",
+        resp.status
+    );
+    Ok(())
+}
+
 async fn live(sidecar: &Sidecar) -> Result<StatusCode> {
     Ok(sidecar.admin_get("/live").await?.status)
 }
@@ -74,12 +85,7 @@ async fn ready_follows_the_app_and_fails_at_once_on_drain_while_serving_goes_on(
     wait_ready_status(&sidecar, StatusCode::OK).await?;
 
     // Drain: readiness fails on the very next probe, no waiting.
-    let resp = sidecar.admin(Method::POST, "/drain").await?;
-    ensure!(
-        resp.status == StatusCode::ACCEPTED,
-        "/drain answered {}",
-        resp.status
-    );
+    start_drain(&sidecar).await?;
     ensure!(
         sidecar.ready_status().await == Some(StatusCode::SERVICE_UNAVAILABLE),
         "/ready still passes right after /drain"
@@ -190,12 +196,7 @@ async fn stay_serving_holds_ready_through_the_grace_phase_only(trigger: Trigger)
 
     match trigger {
         Trigger::Admin => {
-            let resp = sidecar.admin(Method::POST, "/drain").await?;
-            ensure!(
-                resp.status == StatusCode::ACCEPTED,
-                "/drain answered {}",
-                resp.status
-            );
+            start_drain(&sidecar).await?;
         }
         Trigger::Sigterm => sidecar.signal("TERM")?,
     }
@@ -327,12 +328,7 @@ async fn stay_serving_with_a_long_grace_phase() -> Result<(SocketAddr, TestApp, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stay_serving_fails_ready_once_the_app_is_gone_and_resumes_with_it() -> Result<()> {
     let (app_addr, app, sidecar) = stay_serving_with_a_long_grace_phase().await?;
-    let resp = sidecar.admin(Method::POST, "/drain").await?;
-    ensure!(
-        resp.status == StatusCode::ACCEPTED,
-        "/drain answered {}",
-        resp.status
-    );
+    start_drain(&sidecar).await?;
     ensure!(
         sidecar.ready_status().await == Some(StatusCode::OK),
         "/ready failed in the grace phase with stayServing and the app up"

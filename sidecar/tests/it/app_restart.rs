@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use crate::kit::WAIT;
 use crate::kit::app::TestApp;
 use crate::kit::balancer::Balancer;
+use crate::kit::http::{finished_ok, spawn_get};
 use crate::kit::http::{get, request};
 use crate::kit::load::{Load, LoadSpec};
 use crate::kit::pod::{Pod, pre_stop};
@@ -169,12 +170,7 @@ async fn a_prestop_drain_then_an_app_restart_serves_again_on_the_same_address() 
 /// (preStop, then the process dies, then a new one). Returns (failed, sent).
 async fn liveness_restart_under_load(sidecar: Option<&[&str]>) -> Result<(usize, u64, String)> {
     let balancer = Balancer::new(Duration::from_millis(300));
-    let mut a = Pod::start("a", sidecar).await?;
-    let b = Pod::start("b", sidecar).await?;
-    a.register(&balancer);
-    b.register(&balancer);
-    balancer.wait_routable("a", true, WAIT).await?;
-    balancer.wait_routable("b", true, WAIT).await?;
+    let (mut a, b) = Pod::pair(&balancer, sidecar).await?;
     let load = Load::start(
         balancer.clone(),
         LoadSpec {
@@ -384,20 +380,14 @@ async fn sigterm_after_a_resume_still_drains_and_exits() -> Result<()> {
     })
     .await?;
     // Now the pod really goes: in-flight work finishes, the process exits 0.
-    let work = tokio::spawn(async move { get(listen, "/work?ms=1200").await });
+    let work = spawn_get(listen, "/work?ms=1200", Duration::from_secs(10));
     wait_for("the work in flight", WAIT, || async {
         (app.inflight() >= 1).then_some(())
     })
     .await?;
     sidecar.signal("TERM")?;
-    let work = within("work", WAIT, work).await???;
-    ensure!(
-        work.status == StatusCode::OK,
-        "in-flight work got {}",
-        work.status
-    );
-    let status = sidecar.wait_exit(WAIT).await?;
-    ensure!(status.success(), "exit {status}");
+    finished_ok(work).await?;
+    sidecar.exits_cleanly().await?;
     Ok(())
 }
 
@@ -417,8 +407,7 @@ async fn a_sigterm_before_the_app_returns_is_never_undone() -> Result<()> {
         .await?;
     sidecar.signal("TERM")?;
     app = TestApp::start_on("a", addr).await?;
-    let status = sidecar.wait_exit(WAIT).await?;
-    ensure!(status.success(), "exit {status}");
+    sidecar.exits_cleanly().await?;
     ensure!(
         !sidecar.logs_text().contains("serving again"),
         "resumed after SIGTERM:\n{}",

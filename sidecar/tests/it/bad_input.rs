@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::kit::WAIT;
 use crate::kit::app::TestApp;
 use crate::kit::http::{get, request};
-use crate::kit::http::{raw_exchange, status_line};
+use crate::kit::http::{raw_exchange, raw_expect, status_line};
 use crate::kit::scratch_dir;
 use crate::kit::sidecar::{InProcess, Sidecar, SidecarSpec, run_env, run_to_exit};
 use crate::kit::{wait_for, within};
@@ -50,12 +50,7 @@ async fn malformed_requests_get_400_and_the_proxy_keeps_serving() -> Result<()> 
             status_line(&answer)
         );
     }
-    let ok = get(sidecar.listen, "/work").await?;
-    ensure!(
-        ok.status == StatusCode::OK,
-        "proxy stopped serving: {}",
-        ok.status
-    );
+    sidecar.ensure_serving().await?;
     Ok(())
 }
 
@@ -67,30 +62,15 @@ async fn oversized_request_heads_get_431() -> Result<()> {
         "GET /work HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n",
         "x".repeat(128 * 1024)
     );
-    let answer = raw_exchange(sidecar.listen, big.as_bytes()).await?;
-    ensure!(
-        status_line(&answer).starts_with("HTTP/1.1 431"),
-        "a 128 KiB header got {:?}",
-        status_line(&answer)
-    );
+    raw_expect(sidecar.listen, big.as_bytes(), 431, "a 128 KiB header").await?;
     // More headers than limits.maxHeaders (100 by default).
     let mut many = String::from("GET /work HTTP/1.1\r\nHost: a\r\n");
     for i in 0..200 {
         many.push_str(&format!("X-H{i}: v\r\n"));
     }
     many.push_str("\r\n");
-    let answer = raw_exchange(sidecar.listen, many.as_bytes()).await?;
-    ensure!(
-        status_line(&answer).starts_with("HTTP/1.1 431"),
-        "200 headers got {:?}",
-        status_line(&answer)
-    );
-    let ok = get(sidecar.listen, "/work").await?;
-    ensure!(
-        ok.status == StatusCode::OK,
-        "proxy stopped serving: {}",
-        ok.status
-    );
+    raw_expect(sidecar.listen, many.as_bytes(), 431, "200 headers").await?;
+    sidecar.ensure_serving().await?;
     Ok(())
 }
 
@@ -142,12 +122,7 @@ async fn a_slow_header_sender_is_cut_after_the_header_read_timeout() -> Result<(
         lines_sent.is_some(),
         "the slow sender was never cut: all 100 header lines (20s) went through"
     );
-    let ok = get(sidecar.listen, "/work").await?;
-    ensure!(
-        ok.status == StatusCode::OK,
-        "proxy stopped serving: {}",
-        ok.status
-    );
+    sidecar.ensure_serving().await?;
     Ok(())
 }
 
@@ -427,22 +402,18 @@ async fn a_body_over_the_limit_gets_413_and_smaller_ones_pass() -> Result<()> {
         "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 512\r\nConnection: close\r\n\r\n{}",
         "x".repeat(512)
     );
-    let answer = raw_exchange(sidecar.listen, small.as_bytes()).await?;
-    ensure!(
-        status_line(&answer).starts_with("HTTP/1.1 200"),
-        "512 bytes got {:?}",
-        status_line(&answer)
-    );
+    raw_expect(sidecar.listen, small.as_bytes(), 200, "512 bytes").await?;
     let big = format!(
         "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 4096\r\nConnection: close\r\n\r\n{}",
         "x".repeat(4096)
     );
-    let answer = raw_exchange(sidecar.listen, big.as_bytes()).await?;
-    ensure!(
-        status_line(&answer).starts_with("HTTP/1.1 413"),
-        "4096 bytes over a 1024 limit got {:?}",
-        status_line(&answer)
-    );
+    raw_expect(
+        sidecar.listen,
+        big.as_bytes(),
+        413,
+        "4096 bytes over a 1024 limit",
+    )
+    .await?;
     // Chunked, so the size is only known while streaming.
     let mut chunked = String::from(
         "POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
@@ -451,12 +422,13 @@ async fn a_body_over_the_limit_gets_413_and_smaller_ones_pass() -> Result<()> {
         chunked.push_str(&format!("400\r\n{}\r\n", "y".repeat(1024)));
     }
     chunked.push_str("0\r\n\r\n");
-    let answer = raw_exchange(sidecar.listen, chunked.as_bytes()).await?;
-    ensure!(
-        status_line(&answer).starts_with("HTTP/1.1 413"),
-        "4 KiB chunked over a 1024 limit got {:?}",
-        status_line(&answer)
-    );
+    raw_expect(
+        sidecar.listen,
+        chunked.as_bytes(),
+        413,
+        "4 KiB chunked over a 1024 limit",
+    )
+    .await?;
     Ok(())
 }
 

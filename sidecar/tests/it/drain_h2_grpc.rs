@@ -13,7 +13,7 @@ use crate::kit::sidecar::drain_flags;
 use crate::kit::sidecar::{Sidecar, SidecarSpec};
 use crate::kit::within;
 use anyhow::{Context, Result, bail, ensure};
-use http::{Method, StatusCode};
+use http::StatusCode;
 
 /// Streams last ~1.5s; the drain timeout is well above that, so nothing may
 /// be cut.
@@ -64,12 +64,7 @@ async fn h2_streams_in_flight_complete_and_new_streams_move_after_goaway() -> Re
         }));
     }
 
-    let resp = a.admin(Method::POST, "/drain").await?;
-    ensure!(
-        resp.status == StatusCode::ACCEPTED,
-        "/drain answered {}",
-        resp.status
-    );
+    a.start_drain().await?;
 
     // Keep opening short streams on the old connection, like a client with
     // a steady trickle of calls: each must succeed until GOAWAY arrives;
@@ -140,14 +135,13 @@ async fn h2_streams_in_flight_complete_and_new_streams_move_after_goaway() -> Re
         .await??
         .context("old connection ended with an error")?;
 
-    a.wait_metric("kubegrace_drain_phase", WAIT, |p| p >= 3.0)
-        .await?;
+    a.wait_phase(3.0).await?;
     let metrics = a.metrics().await?;
-    ensure!(
-        metrics.sum("kubegrace_drain_force_closed_total") == Some(0.0),
-        "streams were force-closed: {:?}",
-        metrics.series
-    );
+    metrics.expect(
+        "kubegrace_drain_force_closed_total",
+        0.0,
+        "streams were force-closed",
+    )?;
     println!(
         "h2: {served_while_draining} new streams served on the old connection between the drain trigger and GOAWAY"
     );
@@ -207,12 +201,7 @@ async fn grpc_server_streams_in_flight_complete_on_sigterm() -> Result<()> {
             "stream was cut or reordered: {seqs:?}"
         );
     }
-    let status = sidecar.wait_exit(WAIT).await?;
-    ensure!(
-        status.success(),
-        "sidecar exited with {status}:\n{}",
-        sidecar.logs_text()
-    );
+    sidecar.exits_cleanly().await?;
     match sidecar.drain_summary() {
         Some((_, 0)) => Ok(()),
         other => bail!("drain summary {other:?}; logs:\n{}", sidecar.logs_text()),
@@ -287,12 +276,7 @@ async fn h2_concurrent_streams_across_goaway_are_never_refused() -> Result<()> {
         (done.load(Ordering::SeqCst) >= 100).then_some(())
     })
     .await?;
-    let resp = a.admin(Method::POST, "/drain").await?;
-    ensure!(
-        resp.status == StatusCode::ACCEPTED,
-        "/drain answered {}",
-        resp.status
-    );
+    a.start_drain().await?;
 
     let mut failures = Vec::new();
     let mut served = [0u32; 2];

@@ -16,7 +16,7 @@ use crate::kit::sidecar::{InProcess, SidecarSpec};
 use crate::kit::{wait_for, within};
 use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -70,12 +70,7 @@ async fn client_that_ignores_ping_and_holds_its_stream_is_force_closed_at_the_de
     .await?;
 
     let started = std::time::Instant::now();
-    let resp = sidecar.admin(Method::POST, "/drain").await?;
-    ensure!(
-        resp.status == StatusCode::ACCEPTED,
-        "/drain: {}",
-        resp.status
-    );
+    sidecar.start_drain().await?;
 
     // The client reads nothing (no PING ack, no WINDOW_UPDATE); the sidecar
     // must close it at the deadline (max delay 1s + timeout 2s) and count it.
@@ -254,6 +249,27 @@ struct LoadOutcome {
     sent: u64,
     failed: u64,
     line: String,
+}
+
+/// The baseline frame sequence must lose requests (or the comparison
+/// proves nothing), the per-client drain none of at least 500.
+fn baseline_loses_the_drain_does_not(
+    old: &LoadOutcome,
+    new: &LoadOutcome,
+    baseline: &str,
+    client: &str,
+) -> Result<()> {
+    ensure!(
+        old.sent > 0 && old.failed > 0,
+        "{baseline} lost nothing for {client}: {}",
+        old.line
+    );
+    ensure!(
+        new.sent >= 500 && new.failed == 0,
+        "{client} lost requests with the per-client drain: {}",
+        new.line
+    );
+    Ok(())
 }
 
 /// The interpreter with a current httpx (httpcore 1.x, python h2 4.x):
@@ -528,12 +544,7 @@ async fn python_h2_gets_the_final_goaway_and_hyper_the_two_phase_one() -> Result
         (app.served() >= served + 200).then_some(())
     })
     .await?;
-    let resp = sidecar.admin(Method::POST, "/drain").await?;
-    ensure!(
-        resp.status == StatusCode::ACCEPTED,
-        "/drain: {}",
-        resp.status
-    );
+    sidecar.start_drain().await?;
     sidecar
         .wait_metric("kubegrace_http2_goaway_total", WAIT, |v| v >= 12.0)
         .await?;
@@ -584,19 +595,9 @@ async fn python_h2_client_loses_nothing_where_the_two_phase_goaway_loses_request
     println!("httpx (current), drain.http2GoAway=twoPhase: {}", old.line);
     let new = rolling_replacement(&client, ROLLING_DRAIN).await?;
     println!("httpx (current), drain.http2GoAway=auto: {}", new.line);
-    // The baseline must lose, or the scenario proves nothing: the client
-    // closes its side on the first GOAWAY and fails on the PING.
-    ensure!(
-        old.sent > 0 && old.failed > 0,
-        "the two-phase baseline lost nothing: {}",
-        old.line
-    );
-    ensure!(
-        new.sent >= 500 && new.failed == 0,
-        "python h2 lost requests with the per-client drain: {}",
-        new.line
-    );
-    Ok(())
+    // The baseline loses because the client closes its side on the first
+    // GOAWAY and fails on the PING.
+    baseline_loses_the_drain_does_not(&old, &new, "the two-phase GOAWAY", "python h2")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -608,17 +609,7 @@ async fn hyper_client_loses_nothing_where_a_final_only_goaway_loses_requests() -
     // What the per-connection choice prevents: without the first GOAWAY a
     // conforming client keeps opening streams, and hyper does not retry
     // the ones above the final GOAWAY's last stream id.
-    ensure!(
-        old.sent > 0 && old.failed > 0,
-        "final-only lost nothing for hyper: {}",
-        old.line
-    );
-    ensure!(
-        new.sent >= 500 && new.failed == 0,
-        "hyper lost requests with the per-client drain: {}",
-        new.line
-    );
-    Ok(())
+    baseline_loses_the_drain_does_not(&old, &new, "the final-only GOAWAY", "hyper")
 }
 
 /// Debian 12's httpcore 0.16.3 fails every stream waiting when any GOAWAY

@@ -12,7 +12,7 @@ use crate::kit::sidecar::{Sidecar, SidecarSpec};
 use crate::kit::within;
 use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
-use http::{Method, Request, StatusCode};
+use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use tokio::io::AsyncReadExt;
@@ -50,19 +50,11 @@ async fn idle_connections_are_closed_when_closing_without_waiting_for_the_timeou
     sidecar
         .wait_metric("kubegrace_open_connections", WAIT, |n| n >= 3.0)
         .await?;
-    let resp = sidecar.admin(Method::POST, "/drain").await?;
-    ensure!(
-        resp.status == StatusCode::ACCEPTED,
-        "/drain answered {}",
-        resp.status
-    );
+    sidecar.start_drain().await?;
 
-    sidecar
-        .wait_metric("kubegrace_drain_phase", WAIT, |p| p >= 3.0)
-        .await
-        .context(
-            "the drain never finished: an idle connection is holding it until the 10m timeout",
-        )?;
+    sidecar.wait_phase(3.0).await.context(
+        "the drain never finished: an idle connection is holding it until the 10m timeout",
+    )?;
     within("the idle HTTP/1 connection to close", WAIT, h1_conn)
         .await??
         .context("h1 connection ended with an error")?;
@@ -78,20 +70,19 @@ async fn idle_connections_are_closed_when_closing_without_waiting_for_the_timeou
     .await?
     .ok();
     let metrics = sidecar.metrics().await?;
-    ensure!(
-        metrics.sum("kubegrace_drain_force_closed_total") == Some(0.0),
-        "idle connections were counted as force-closed: {:?}",
-        metrics.series
-    );
-    ensure!(
-        metrics.sum("kubegrace_open_connections") == Some(0.0),
-        "{:?}",
-        metrics.series
-    );
+    metrics.expect(
+        "kubegrace_drain_force_closed_total",
+        0.0,
+        "idle connections were counted as force-closed",
+    )?;
+    metrics.expect(
+        "kubegrace_open_connections",
+        0.0,
+        "connections still open after the drain",
+    )?;
 
     // SIGINT behaves like SIGTERM: already drained, so exit 0 at once.
     sidecar.signal("INT")?;
-    let status = sidecar.wait_exit(WAIT).await?;
-    ensure!(status.success(), "exit {status}:\n{}", sidecar.logs_text());
+    sidecar.exits_cleanly().await?;
     Ok(())
 }

@@ -14,7 +14,7 @@ use crate::kit::sidecar::{InProcess, SidecarSpec};
 use crate::kit::{wait_for, within};
 use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
-use http::{Method, Request, StatusCode};
+use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::TokioIo;
@@ -74,15 +74,8 @@ async fn slow_uploads_and_downloads_in_flight_complete_across_closing() -> Resul
         || async { (app.stats.inflight.load(Ordering::SeqCst) >= 2).then_some(()) },
     )
     .await?;
-    let resp = sidecar.admin(Method::POST, "/drain").await?;
-    ensure!(
-        resp.status == StatusCode::ACCEPTED,
-        "/drain answered {}",
-        resp.status
-    );
-    sidecar
-        .wait_metric("kubegrace_drain_phase", WAIT, |p| p >= 2.0)
-        .await?;
+    sidecar.start_drain().await?;
+    sidecar.wait_phase(2.0).await?;
     let in_flight_while_closing = app.stats.inflight.load(Ordering::SeqCst);
 
     let (parts, body) = within("the upload", WAIT, upload)
@@ -116,15 +109,13 @@ async fn slow_uploads_and_downloads_in_flight_complete_across_closing() -> Resul
         body.len()
     );
 
-    sidecar
-        .wait_metric("kubegrace_drain_phase", WAIT, |p| p >= 3.0)
-        .await?;
+    sidecar.wait_phase(3.0).await?;
     let metrics = sidecar.metrics().await?;
-    ensure!(
-        metrics.sum("kubegrace_drain_force_closed_total") == Some(0.0),
-        "{:?}",
-        metrics.series
-    );
+    metrics.expect(
+        "kubegrace_drain_force_closed_total",
+        0.0,
+        "work was force-closed",
+    )?;
     println!(
         "h1 in flight: {in_flight_while_closing} transfers still running when Closing began; both completed"
     );

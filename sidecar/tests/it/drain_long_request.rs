@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::kit::WAIT;
 use crate::kit::app::TestApp;
-use crate::kit::http::request;
+use crate::kit::http::spawn_get;
 use crate::kit::sidecar::drain_flags;
 use crate::kit::sidecar::{Sidecar, SidecarSpec};
 use crate::kit::{wait_for, within};
@@ -40,16 +40,7 @@ async fn a_request_longer_than_the_drain_timeout_is_cut_and_the_exit_is_bounded(
     let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
     let listen = sidecar.listen;
     // 60s of work: far beyond any drain timeout.
-    let long = tokio::spawn(async move {
-        request(
-            listen,
-            Method::GET,
-            "/work?ms=60000",
-            &[],
-            Duration::from_secs(60),
-        )
-        .await
-    });
+    let long = spawn_get(listen, "/work?ms=60000", Duration::from_secs(60));
     app_busy(&app, 1).await?;
 
     let started = Instant::now();
@@ -96,16 +87,7 @@ async fn cut_h1_and_h2_work_is_counted_in_the_metrics_and_pre_stop_still_answers
     let app = TestApp::start("a").await?;
     let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
     let listen = sidecar.listen;
-    let h1 = tokio::spawn(async move {
-        request(
-            listen,
-            Method::GET,
-            "/work?ms=60000",
-            &[],
-            Duration::from_secs(60),
-        )
-        .await
-    });
+    let h1 = spawn_get(listen, "/work?ms=60000", Duration::from_secs(60));
     // An HTTP/2 stream on its own connection, also far longer than the timeout.
     let tcp = tokio::net::TcpStream::connect(listen).await?;
     let (mut h2, conn) = h2::client::handshake(tcp).await.context("h2 handshake")?;
@@ -133,21 +115,21 @@ async fn cut_h1_and_h2_work_is_counted_in_the_metrics_and_pre_stop_still_answers
         pre_stop.text()
     );
     let metrics = sidecar.metrics().await?;
-    ensure!(
-        metrics.sum("kubegrace_drain_phase") == Some(3.0),
-        "preStop answered before Drained: {:?}",
-        metrics.series
-    );
-    ensure!(
-        metrics.sum("kubegrace_drain_force_closed_total") == Some(2.0),
-        "expected both connections force-closed: {:?}",
-        metrics.series
-    );
-    ensure!(
-        metrics.sum("kubegrace_inflight_requests") == Some(0.0),
-        "requests still in flight after the drain: {:?}",
-        metrics.series
-    );
+    metrics.expect(
+        "kubegrace_drain_phase",
+        3.0,
+        "preStop answered before Drained",
+    )?;
+    metrics.expect(
+        "kubegrace_drain_force_closed_total",
+        2.0,
+        "expected both connections force-closed",
+    )?;
+    metrics.expect(
+        "kubegrace_inflight_requests",
+        0.0,
+        "requests still in flight after the drain",
+    )?;
     ensure!(
         metrics
             .sum("kubegrace_drain_seconds")
@@ -167,8 +149,7 @@ async fn cut_h1_and_h2_work_is_counted_in_the_metrics_and_pre_stop_still_answers
         Err(e) => bail!("h2 task failed: {e}"),
     }
     sidecar.signal("TERM")?;
-    let status = sidecar.wait_exit(WAIT).await?;
-    ensure!(status.success(), "exit {status}:\n{}", sidecar.logs_text());
+    sidecar.exits_cleanly().await?;
     Ok(())
 }
 

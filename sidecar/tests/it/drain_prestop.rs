@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::kit::WAIT;
 use crate::kit::app::TestApp;
-use crate::kit::http::get;
+use crate::kit::http::{finished_ok, spawn_get};
 use crate::kit::pod::pre_stop;
 use crate::kit::sidecar::drain_flags;
 use crate::kit::sidecar::{Sidecar, SidecarSpec};
@@ -24,7 +24,7 @@ async fn pre_stop_answers_only_after_in_flight_work_completed() -> Result<()> {
     let app = TestApp::start("a").await?;
     let sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
     let listen = sidecar.listen;
-    let work = tokio::spawn(async move { get(listen, "/work?ms=1500").await });
+    let work = spawn_get(listen, "/work?ms=1500", Duration::from_secs(10));
     wait_for("the work to reach the app", WAIT, || async {
         (app.stats.inflight.load(Ordering::SeqCst) >= 1).then_some(())
     })
@@ -36,12 +36,7 @@ async fn pre_stop_answers_only_after_in_flight_work_completed() -> Result<()> {
         app.stats.inflight.load(Ordering::SeqCst) == 0,
         "preStop answered while the app was still working on a request"
     );
-    let work = within("work", WAIT, work).await???;
-    ensure!(
-        work.status == StatusCode::OK,
-        "in-flight work got {}",
-        work.status
-    );
+    finished_ok(work).await?;
     ensure!(
         matches!(&hook, Ok(r) if r.status == StatusCode::OK),
         "preStop: {hook:?}"
@@ -88,25 +83,17 @@ async fn a_second_sigterm_does_not_cut_work_in_flight() -> Result<()> {
     let app = TestApp::start("a").await?;
     let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
     let listen = sidecar.listen;
-    let work = tokio::spawn(async move { get(listen, "/work?ms=1500").await });
+    let work = spawn_get(listen, "/work?ms=1500", Duration::from_secs(10));
     wait_for("the work to reach the app", WAIT, || async {
         (app.stats.inflight.load(Ordering::SeqCst) >= 1).then_some(())
     })
     .await?;
     sidecar.signal("TERM")?;
-    sidecar
-        .wait_metric("kubegrace_drain_phase", WAIT, |p| p >= 1.0)
-        .await?;
+    sidecar.wait_phase(1.0).await?;
     // Impatient tooling sends it again; only SIGKILL is the hard stop.
     sidecar.signal("TERM")?;
     sidecar.signal("INT")?;
-    let work = within("work", WAIT, work).await???;
-    ensure!(
-        work.status == StatusCode::OK,
-        "in-flight work got {}",
-        work.status
-    );
-    let status = sidecar.wait_exit(WAIT).await?;
-    ensure!(status.success(), "exit {status}");
+    finished_ok(work).await?;
+    sidecar.exits_cleanly().await?;
     Ok(())
 }

@@ -33,17 +33,6 @@ async fn wait_ready_status(sidecar: &Sidecar, want: StatusCode) -> Result<()> {
     .with_context(|| sidecar.logs_text())
 }
 
-/// `POST /drain` on the admin port, which must be accepted.
-async fn start_drain(sidecar: &Sidecar) -> Result<()> {
-    let resp = sidecar.admin(Method::POST, "/drain").await?;
-    ensure!(
-        resp.status == StatusCode::ACCEPTED,
-        "/drain answered {}",
-        resp.status
-    );
-    Ok(())
-}
-
 async fn live(sidecar: &Sidecar) -> Result<StatusCode> {
     Ok(sidecar.admin_get("/live").await?.status)
 }
@@ -82,7 +71,7 @@ async fn ready_follows_the_app_and_fails_at_once_on_drain_while_serving_goes_on(
     wait_ready_status(&sidecar, StatusCode::OK).await?;
 
     // Drain: readiness fails on the very next probe, no waiting.
-    start_drain(&sidecar).await?;
+    sidecar.start_drain().await?;
     ensure!(
         sidecar.ready_status().await == Some(StatusCode::SERVICE_UNAVAILABLE),
         "/ready still passes right after /drain"
@@ -106,11 +95,7 @@ async fn ready_follows_the_app_and_fails_at_once_on_drain_while_serving_goes_on(
         );
     }
     let metrics = sidecar.metrics().await?;
-    ensure!(
-        metrics.sum("kubegrace_drain_phase") == Some(1.0),
-        "expected the grace phase (1): {:?}",
-        metrics.series
-    );
+    metrics.expect("kubegrace_drain_phase", 1.0, "expected the grace phase (1)")?;
     Ok(())
 }
 
@@ -193,13 +178,11 @@ async fn stay_serving_holds_ready_through_the_grace_phase_only(trigger: Trigger)
 
     match trigger {
         Trigger::Admin => {
-            start_drain(&sidecar).await?;
+            sidecar.start_drain().await?;
         }
         Trigger::Sigterm => sidecar.signal("TERM")?,
     }
-    sidecar
-        .wait_metric("kubegrace_drain_phase", WAIT, |p| p >= 1.0)
-        .await?;
+    sidecar.wait_phase(1.0).await?;
 
     // The grace phase: /ready stays 200. A probe counts only when the phase
     // was Draining both before and after it (a drain never goes back here).
@@ -242,9 +225,7 @@ async fn stay_serving_holds_ready_through_the_grace_phase_only(trigger: Trigger)
     );
 
     // The listener is closed from Closing on: /ready must fail.
-    sidecar
-        .wait_metric("kubegrace_drain_phase", WAIT, |p| p >= 2.0)
-        .await?;
+    sidecar.wait_phase(2.0).await?;
     let ready = sidecar.ready_status().await;
     ensure!(
         ready != Some(StatusCode::OK),
@@ -265,19 +246,17 @@ async fn stay_serving_holds_ready_through_the_grace_phase_only(trigger: Trigger)
 
     match trigger {
         Trigger::Admin => {
-            sidecar
-                .wait_metric("kubegrace_drain_phase", WAIT, |p| p >= 3.0)
-                .await?;
+            sidecar.wait_phase(3.0).await?;
             ensure!(
                 sidecar.ready_status().await == Some(StatusCode::SERVICE_UNAVAILABLE),
                 "/ready is not 503 once drained"
             );
             let metrics = sidecar.metrics().await?;
-            ensure!(
-                metrics.sum("kubegrace_drain_force_closed_total") == Some(0.0),
-                "{:?}",
-                metrics.series
-            );
+            metrics.expect(
+                "kubegrace_drain_force_closed_total",
+                0.0,
+                "work was force-closed",
+            )?;
         }
         Trigger::Sigterm => {
             let status = sidecar.wait_exit(WAIT).await?;
@@ -325,7 +304,7 @@ async fn stay_serving_with_a_long_grace_phase() -> Result<(SocketAddr, TestApp, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stay_serving_fails_ready_once_the_app_is_gone_and_resumes_with_it() -> Result<()> {
     let (app_addr, app, sidecar) = stay_serving_with_a_long_grace_phase().await?;
-    start_drain(&sidecar).await?;
+    sidecar.start_drain().await?;
     ensure!(
         sidecar.ready_status().await == Some(StatusCode::OK),
         "/ready failed in the grace phase with stayServing and the app up"
@@ -354,9 +333,7 @@ async fn stay_serving_fails_ready_once_the_app_is_gone_and_resumes_with_it() -> 
 async fn stay_serving_stays_unready_after_the_app_flapped_in_a_sigterm_drain() -> Result<()> {
     let (app_addr, app, sidecar) = stay_serving_with_a_long_grace_phase().await?;
     sidecar.signal("TERM")?;
-    sidecar
-        .wait_metric("kubegrace_drain_phase", WAIT, |p| p >= 1.0)
-        .await?;
+    sidecar.wait_phase(1.0).await?;
     ensure!(
         sidecar.ready_status().await == Some(StatusCode::OK),
         "/ready failed in the grace phase with stayServing and the app up"

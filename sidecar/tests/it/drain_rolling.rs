@@ -45,12 +45,7 @@ struct Outcome {
 async fn rolling_replacement(how: Termination) -> Result<Outcome> {
     let sidecar = (how != Termination::Bare).then_some(DRAIN);
     let balancer = Balancer::new(LAG);
-    let mut a = Pod::start("a", sidecar).await?;
-    let b = Pod::start("b", sidecar).await?;
-    a.register(&balancer);
-    b.register(&balancer);
-    balancer.wait_routable("a", true, WAIT).await?;
-    balancer.wait_routable("b", true, WAIT).await?;
+    let (mut a, b) = Pod::pair(&balancer, sidecar).await?;
 
     let load = Load::start(
         balancer.clone(),

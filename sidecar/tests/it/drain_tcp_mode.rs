@@ -9,7 +9,7 @@ use crate::kit::sidecar::{Sidecar, SidecarSpec};
 use crate::kit::{wait_for, within};
 use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
-use http::{Method, Request, StatusCode};
+use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -63,12 +63,7 @@ async fn tcp_mode_drains_by_connection_and_counts_what_it_cuts() -> Result<()> {
     })
     .await?;
 
-    let resp = sidecar.admin(Method::POST, "/drain").await?;
-    ensure!(
-        resp.status == StatusCode::ACCEPTED,
-        "/drain answered {}",
-        resp.status
-    );
+    sidecar.start_drain().await?;
     // Grace phase: a new connection is still taken and served.
     let mut b = connect(sidecar.listen).await?;
     ensure!(
@@ -82,9 +77,7 @@ async fn tcp_mode_drains_by_connection_and_counts_what_it_cuts() -> Result<()> {
     );
 
     // Closing: the listener is gone.
-    sidecar
-        .wait_metric("kubegrace_drain_phase", WAIT, |p| p >= 2.0)
-        .await?;
+    sidecar.wait_phase(2.0).await?;
     wait_for("new connections to be refused", WAIT, || async {
         TcpStream::connect(sidecar.listen)
             .await
@@ -101,27 +94,21 @@ async fn tcp_mode_drains_by_connection_and_counts_what_it_cuts() -> Result<()> {
         !matches!(outcome, Ok(StatusCode::OK)),
         "the long work was not cut: {outcome:?}"
     );
-    sidecar
-        .wait_metric("kubegrace_drain_phase", WAIT, |p| p >= 3.0)
-        .await?;
+    sidecar.wait_phase(3.0).await?;
     let metrics = sidecar.metrics().await?;
-    let forced = metrics
-        .sum("kubegrace_drain_force_closed_total")
-        .unwrap_or(0.0);
-    ensure!(
-        forced >= 1.0,
-        "nothing counted as force-closed: {:?}",
-        metrics.series
-    );
-    ensure!(
-        metrics.sum("kubegrace_open_connections") == Some(0.0),
-        "{:?}",
-        metrics.series
-    );
+    let forced = metrics.expect_at_least(
+        "kubegrace_drain_force_closed_total",
+        1.0,
+        "nothing counted as force-closed",
+    )?;
+    metrics.expect(
+        "kubegrace_open_connections",
+        0.0,
+        "connections still open after the drain",
+    )?;
     drop(b);
     sidecar.signal("TERM")?;
-    let status = sidecar.wait_exit(WAIT).await?;
-    ensure!(status.success(), "exit {status}:\n{}", sidecar.logs_text());
+    sidecar.exits_cleanly().await?;
     println!("tcp mode: {forced} connections force-closed at the timeout");
     Ok(())
 }

@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use crate::kit::WAIT;
 use crate::kit::app::TestApp;
+use crate::kit::http::websocket;
 use crate::kit::sidecar::drain_flags;
 use crate::kit::sidecar::{Sidecar, SidecarSpec};
 use crate::kit::within;
 use anyhow::{Context, Result, bail, ensure};
 use futures_util::{SinkExt, StreamExt};
-use http::{Method, StatusCode};
-use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 
 const DRAIN: &[&str] = &drain_flags("300ms", "200ms", "3s", "2s");
@@ -23,20 +22,7 @@ async fn websocket_survives_the_grace_phase_and_is_force_closed_at_the_timeout()
     let app = TestApp::start("a").await?;
     let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
 
-    let tcp = TcpStream::connect(sidecar.listen).await?;
-    let url = format!("ws://{}/ws", sidecar.listen);
-    let (mut ws, resp) = within(
-        "WebSocket handshake",
-        WAIT,
-        tokio_tungstenite::client_async(url, tcp),
-    )
-    .await?
-    .context("WebSocket handshake through the sidecar")?;
-    ensure!(
-        resp.status() == StatusCode::SWITCHING_PROTOCOLS,
-        "handshake answered {}",
-        resp.status()
-    );
+    let mut ws = websocket(sidecar.listen).await?;
     ws.send(Message::text("before")).await?;
     let echo = within("echo before the drain", WAIT, ws.next())
         .await?
@@ -44,12 +30,7 @@ async fn websocket_survives_the_grace_phase_and_is_force_closed_at_the_timeout()
     ensure!(echo == Message::text("before"), "unexpected echo {echo:?}");
 
     // /drain rather than SIGTERM: the process stays up to show its metrics.
-    let resp = sidecar.admin(Method::POST, "/drain").await?;
-    ensure!(
-        resp.status == StatusCode::ACCEPTED,
-        "/drain answered {}",
-        resp.status
-    );
+    sidecar.start_drain().await?;
 
     // Echo every 100ms and note the drain phase each echo happened in.
     let mut echoed_in_phase = [0u32; 4];
@@ -99,28 +80,22 @@ async fn websocket_survives_the_grace_phase_and_is_force_closed_at_the_timeout()
         "no echo once closing: the tunnel was cut before the drain timeout: {echoed_in_phase:?}"
     );
     // Closed at the timeout, and counted.
-    let phase = sidecar
-        .wait_metric("kubegrace_drain_phase", WAIT, |p| p >= 3.0)
-        .await?;
+    let phase = sidecar.wait_phase(3.0).await?;
     let metrics = sidecar.metrics().await?;
-    let forced = metrics
-        .sum("kubegrace_drain_force_closed_total")
-        .unwrap_or(0.0);
-    ensure!(
-        forced >= 1.0,
-        "the WebSocket was not counted as force-closed: {:?}",
-        metrics.series
-    );
-    ensure!(
-        metrics.sum("kubegrace_open_connections") == Some(0.0),
-        "connections still open after the drain: {:?}",
-        metrics.series
-    );
+    metrics.expect_at_least(
+        "kubegrace_drain_force_closed_total",
+        1.0,
+        "the WebSocket was not counted as force-closed",
+    )?;
+    metrics.expect(
+        "kubegrace_open_connections",
+        0.0,
+        "connections still open after the drain",
+    )?;
     ensure!(phase >= 3.0);
 
     sidecar.signal("TERM")?;
-    let status = sidecar.wait_exit(WAIT).await?;
-    ensure!(status.success(), "exit {status}:\n{}", sidecar.logs_text());
+    sidecar.exits_cleanly().await?;
     match sidecar.drain_summary() {
         Some((_, forced)) if forced >= 1 => Ok(()),
         other => bail!(

@@ -19,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use crate::kit::app::TestApp;
-use crate::kit::http::{get, raw_exchange, read_response, request, status_line};
+use crate::kit::http::{get, raw_exchange, raw_expect, read_response, request, status_line};
 use crate::kit::sidecar::{InProcess, SidecarSpec};
 use crate::kit::{WAIT, wait_for, within};
 
@@ -40,12 +40,13 @@ async fn invalid_chunk_sizes_get_400_and_move_no_breaker_or_upstream_counter() -
         "-1\r\nx\r\n0\r\n\r\n".to_string(),
     ];
     for body in &bodies {
-        let answer = raw_exchange(sidecar.listen, format!("{head}{body}").as_bytes()).await?;
-        ensure!(
-            status_line(&answer).starts_with("HTTP/1.1 400"),
-            "chunked body {body:?} got {:?}",
-            status_line(&answer)
-        );
+        raw_expect(
+            sidecar.listen,
+            format!("{head}{body}").as_bytes(),
+            400,
+            &format!("chunked body {body:?}"),
+        )
+        .await?;
     }
     // A client that leaves mid-body: nothing to answer, nothing to blame.
     let mut gone = TcpStream::connect(sidecar.listen).await?;
@@ -78,16 +79,13 @@ async fn invalid_chunk_sizes_get_400_and_move_no_breaker_or_upstream_counter() -
         "client faults counted against the app: {route}"
     );
     // The route still serves everyone else.
-    let ok = raw_exchange(
+    raw_expect(
         sidecar.listen,
         b"POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+        200,
+        "good upload",
     )
     .await?;
-    ensure!(
-        status_line(&ok).starts_with("HTTP/1.1 200"),
-        "good upload got {:?}",
-        status_line(&ok)
-    );
     ensure!(
         sidecar.ready_status().await == Some(StatusCode::OK),
         "bad input hurt /ready"
@@ -206,16 +204,7 @@ async fn a_stalled_reader_is_cut_and_its_app_connection_freed() -> Result<()> {
 async fn upgrade_h2c_never_reaches_the_app_websocket_does() -> Result<()> {
     let app = TestApp::start("a").await?;
     let sidecar = InProcess::start(SidecarSpec::new(app.addr)).await?;
-    let answer = raw_exchange(
-        sidecar.listen,
-        b"GET /h2c HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\nPRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
-    )
-    .await?;
-    ensure!(
-        status_line(&answer).starts_with("HTTP/1.1 200"),
-        "h2c upgrade answered {:?} (a 101 is a tunnel around the proxy)",
-        status_line(&answer)
-    );
+    raw_expect(sidecar.listen, b"GET /h2c HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\nPRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 200, "h2c upgrade (a 101 is a tunnel around the proxy)").await?;
     let seen = app
         .last_head("/h2c")
         .context("the app never got the plain request")?;

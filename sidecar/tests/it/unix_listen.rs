@@ -75,12 +75,7 @@ async fn serves_on_a_unix_socket_drains_and_removes_it() -> Result<()> {
     proc.signal("TERM")?;
     let (status, body) = slow.await.context("join")??;
     ensure!(status.is_success(), "in-flight request: {status} {body}");
-    let code = proc.wait_exit(WAIT).await?.code();
-    ensure!(
-        code == Some(0),
-        "exit {code:?}; logs:\n{}",
-        proc.logs_text()
-    );
+    proc.exits_cleanly().await?;
     ensure!(
         !sock.exists(),
         "the socket file is removed at exit; logs:\n{}",
@@ -153,12 +148,7 @@ async fn an_inherited_unix_socket_is_served_and_left_to_its_owner() -> Result<()
     let (status, body) = unix_get(&sock, "/work").await?;
     ensure!(status.is_success(), "{status} {body}");
     proc.signal("TERM")?;
-    let code = proc.wait_exit(WAIT).await?.code();
-    ensure!(
-        code == Some(0),
-        "exit {code:?}; logs:\n{}",
-        proc.logs_text()
-    );
+    proc.exits_cleanly().await?;
     ensure!(
         sock.exists(),
         "an inherited socket's file belongs to whoever made it; logs:\n{}",

@@ -21,6 +21,7 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::kit::app::TestApp;
+use crate::kit::http::websocket;
 use crate::kit::http::{connect, header, send};
 use crate::kit::sidecar::{InProcess, Sidecar, SidecarSpec};
 use crate::kit::{WAIT, scratch_dir, wait_for, within};
@@ -120,16 +121,7 @@ async fn websocket_upgrade_passes_through() -> Result<()> {
     let app = unix_app(&dir).await?;
     let sidecar = InProcess::start(SidecarSpec::to(&app).fast_drain("2s")).await?;
 
-    let tcp = TcpStream::connect(sidecar.listen).await?;
-    let url = format!("ws://{}/ws", sidecar.listen);
-    let (mut ws, resp) = within(
-        "WebSocket handshake",
-        WAIT,
-        tokio_tungstenite::client_async(url, tcp),
-    )
-    .await?
-    .context("WebSocket handshake through the sidecar")?;
-    ensure!(resp.status() == StatusCode::SWITCHING_PROTOCOLS);
+    let mut ws = websocket(sidecar.listen).await?;
     for i in 0..5 {
         let text = format!("message {i}");
         ws.send(Message::text(text.clone())).await?;

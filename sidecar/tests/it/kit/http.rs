@@ -133,6 +133,25 @@ pub async fn get(addr: SocketAddr, path: &str) -> Result<Response> {
     request(addr, Method::GET, path, &[], Duration::from_secs(10)).await
 }
 
+/// One GET in the background, given `limit` to answer: work in flight.
+pub fn spawn_get(
+    addr: SocketAddr,
+    path: &str,
+    limit: Duration,
+) -> tokio::task::JoinHandle<Result<Response>> {
+    let path = path.to_string();
+    tokio::spawn(async move { request(addr, Method::GET, &path, &[], limit).await })
+}
+
+/// The answer of a [`spawn_get`], which must be a 200.
+pub async fn finished_ok(work: tokio::task::JoinHandle<Result<Response>>) -> Result<Response> {
+    let resp = within("the work in flight", WAIT, work).await???;
+    if resp.status != StatusCode::OK {
+        bail!("in-flight work got {}: {}", resp.status, resp.text());
+    }
+    Ok(resp)
+}
+
 /// One HTTP/1.1 GET over a Unix socket: (status, body).
 pub async fn unix_get(path: &Path, target: &str) -> Result<(StatusCode, String)> {
     let fut = async {
@@ -155,6 +174,23 @@ pub async fn unix_get(path: &Path, target: &str) -> Result<(StatusCode, String)>
         .context("no answer within 10s")?
 }
 
+/// A WebSocket through the proxy at `addr` (`GET /ws`), handshake checked.
+pub async fn websocket(addr: SocketAddr) -> Result<tokio_tungstenite::WebSocketStream<TcpStream>> {
+    let tcp = TcpStream::connect(addr).await?;
+    let url = format!("ws://{addr}/ws");
+    let (ws, resp) = within(
+        "WebSocket handshake",
+        WAIT,
+        tokio_tungstenite::client_async(url, tcp),
+    )
+    .await?
+    .context("WebSocket handshake through the sidecar")?;
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        bail!("the WebSocket handshake answered {}", resp.status());
+    }
+    Ok(ws)
+}
+
 /// The first line of a raw answer.
 pub fn status_line(answer: &str) -> &str {
     answer.lines().next().unwrap_or("")
@@ -175,6 +211,16 @@ pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Result<String> {
     )
     .await?;
     Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// [`raw_exchange`], which must be answered with `status`; `what` names
+/// the request in the error. Returns the whole answer.
+pub async fn raw_expect(addr: SocketAddr, bytes: &[u8], status: u16, what: &str) -> Result<String> {
+    let answer = raw_exchange(addr, bytes).await?;
+    if !status_line(&answer).starts_with(&format!("HTTP/1.1 {status}")) {
+        bail!("{what} got {:?}, not {status}", status_line(&answer));
+    }
+    Ok(answer)
 }
 
 /// Reads one HTTP/1.1 response with a Content-Length body off `reader`;

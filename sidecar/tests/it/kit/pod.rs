@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use http::StatusCode;
 
+use super::WAIT;
 use super::app::TestApp;
 use super::balancer::Balancer;
 use super::http::{self as client, Response};
@@ -56,6 +57,18 @@ impl Pod {
             app,
             sidecar,
         })
+    }
+
+    /// Pods `a` and `b` (with a sidecar each when `sidecar_args` is
+    /// `Some`), registered with `balancer` and routable.
+    pub async fn pair(balancer: &Balancer, sidecar_args: Option<&[&str]>) -> Result<(Pod, Pod)> {
+        let a = Pod::start("a", sidecar_args).await?;
+        let b = Pod::start("b", sidecar_args).await?;
+        for pod in [&a, &b] {
+            pod.register(balancer);
+            balancer.wait_routable(&pod.name, true, WAIT).await?;
+        }
+        Ok((a, b))
     }
 
     /// Registers the pod with the balancer, probing the sidecar's `/ready`

@@ -131,11 +131,15 @@ impl SidecarSpec {
 }
 
 /// A sidecar's two ports and what a test asks of them.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Ports {
     pub listen: SocketAddr,
     pub admin: SocketAddr,
+    /// The binary's output, for the errors of waits that time out.
+    logs: Option<Logs>,
 }
+
+type Logs = Arc<Mutex<Vec<String>>>;
 
 impl Ports {
     fn unknown() -> Self {
@@ -143,6 +147,7 @@ impl Ports {
         Self {
             listen: unbound,
             admin: unbound,
+            logs: None,
         }
     }
 
@@ -156,6 +161,31 @@ impl Ports {
 
     pub async fn admin_get(&self, path: &str) -> Result<Response> {
         self.admin(Method::GET, path).await
+    }
+
+    /// `POST /drain`, which must be accepted (202).
+    pub async fn start_drain(&self) -> Result<()> {
+        let resp = self.admin(Method::POST, "/drain").await?;
+        if resp.status != StatusCode::ACCEPTED {
+            bail!("/drain answered {}: {}", resp.status, resp.text());
+        }
+        Ok(())
+    }
+
+    /// Waits (bounded) until the drain reached `phase` (0 serving, 1
+    /// draining, 2 closing, 3 drained) or beyond.
+    pub async fn wait_phase(&self, phase: f64) -> Result<f64> {
+        self.wait_metric("kubegrace_drain_phase", WAIT, |p| p >= phase)
+            .await
+    }
+
+    /// A request through the proxy still gets a 200.
+    pub async fn ensure_serving(&self) -> Result<()> {
+        let resp = client::get(self.listen, "/work").await?;
+        if resp.status != StatusCode::OK {
+            bail!("the proxy stopped serving: {}", resp.status);
+        }
+        Ok(())
     }
 
     /// `GET /ready` status, or `None` when the admin port does not answer.
@@ -201,6 +231,10 @@ impl Ports {
             pred(value).then_some(value)
         })
         .await
+        .with_context(|| match &self.logs {
+            Some(logs) => format!("logs so far:\n{}", lock_logs(logs).join("\n")),
+            None => "in-process sidecar".into(),
+        })
     }
 
     /// `GET /breakers`.
@@ -280,6 +314,7 @@ impl InProcess {
             ports: Ports {
                 listen: sidecar.listen_addr(),
                 admin: sidecar.admin_addr(),
+                logs: None,
             },
             config_path,
             sidecar: Some(sidecar),
@@ -312,7 +347,7 @@ pub struct Sidecar {
     child: Child,
     pub pid: u32,
     pub config_path: Option<PathBuf>,
-    logs: Arc<Mutex<Vec<String>>>,
+    logs: Logs,
     /// The tasks copying stdout and stderr into `logs`.
     readers: Vec<JoinHandle<()>>,
     exit: Option<ExitStatus>,
@@ -347,16 +382,16 @@ pub fn command(args: &[String]) -> Command {
     cmd
 }
 
-fn capture(
-    stream: impl AsyncRead + Unpin + Send + 'static,
-    logs: Arc<Mutex<Vec<String>>>,
-) -> JoinHandle<()> {
+fn lock_logs(logs: &Logs) -> std::sync::MutexGuard<'_, Vec<String>> {
+    logs.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn capture(stream: impl AsyncRead + Unpin + Send + 'static, logs: Logs) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut lines = BufReader::new(stream).lines();
         while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(mut logs) = logs.lock() {
-                logs.push(line);
-            }
+            lock_logs(&logs).push(line);
         }
     })
 }
@@ -402,7 +437,7 @@ impl Sidecar {
     pub fn spawn_command(mut cmd: Command) -> Result<Self> {
         let mut child = cmd.spawn().with_context(|| format!("spawn {BIN}"))?;
         let pid = child.id().context("child pid")?;
-        let logs = Arc::new(Mutex::new(Vec::new()));
+        let logs: Logs = Arc::default();
         let mut readers = Vec::new();
         if let Some(out) = child.stdout.take() {
             readers.push(capture(out, logs.clone()));
@@ -411,7 +446,10 @@ impl Sidecar {
             readers.push(capture(err, logs.clone()));
         }
         Ok(Self {
-            ports: Ports::unknown(),
+            ports: Ports {
+                logs: Some(logs.clone()),
+                ..Ports::unknown()
+            },
             child,
             pid,
             config_path: None,
@@ -425,7 +463,8 @@ impl Sidecar {
     pub async fn learn_ports(&mut self) -> Result<()> {
         let line = self.wait_log("kubegrace-sidecar ready ", WAIT).await?;
         let (listen, admin) = parse_ready_line(&line).context("a TCP ready line")?;
-        self.ports = Ports { listen, admin };
+        self.ports.listen = listen;
+        self.ports.admin = admin;
         Ok(())
     }
 
@@ -489,8 +528,17 @@ impl Sidecar {
         Ok(status)
     }
 
+    /// Waits (bounded) for the exit, which must be status 0.
+    pub async fn exits_cleanly(&mut self) -> Result<()> {
+        let status = self.wait_exit(WAIT).await?;
+        if !status.success() {
+            bail!("exit {status}; logs:\n{}", self.logs_text());
+        }
+        Ok(())
+    }
+
     pub fn logs(&self) -> Vec<String> {
-        self.logs.lock().map(|l| l.clone()).unwrap_or_default()
+        lock_logs(&self.logs).clone()
     }
 
     pub fn logs_text(&self) -> String {
@@ -516,19 +564,6 @@ impl Sidecar {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-    }
-
-    /// [`Ports::wait_metric`], with the logs in the error.
-    pub async fn wait_metric(
-        &self,
-        metric: &str,
-        limit: Duration,
-        pred: impl Fn(f64) -> bool,
-    ) -> Result<f64> {
-        self.ports
-            .wait_metric(metric, limit, pred)
-            .await
-            .with_context(|| format!("logs so far:\n{}", self.logs_text()))
     }
 
     /// The drain summary of the exit log line, e.g. "drained 12 connections
@@ -651,6 +686,30 @@ impl Metrics {
             }
         }
         Self { series }
+    }
+
+    /// The metric `name` (summed over its series) is `value`; `what` says
+    /// what it means when it is not.
+    pub fn expect(&self, name: &str, value: f64, what: &str) -> Result<()> {
+        if self.sum(name) != Some(value) {
+            bail!(
+                "{what}: {name} is {:?}, not {value}; {:?}",
+                self.sum(name),
+                self.series
+            );
+        }
+        Ok(())
+    }
+
+    /// The metric `name` (summed over its series) is at least `min`.
+    pub fn expect_at_least(&self, name: &str, min: f64, what: &str) -> Result<f64> {
+        match self.sum(name) {
+            Some(value) if value >= min => Ok(value),
+            other => bail!(
+                "{what}: {name} is {other:?}, below {min}; {:?}",
+                self.series
+            ),
+        }
     }
 
     /// One series, exactly as exposed (`name{labels}`).

@@ -71,11 +71,7 @@ async fn tokenless_admin_refuses_browsers_and_upgrades() -> Result<()> {
     let sidecar = InProcess::start(SidecarSpec::new(app.addr)).await?;
     let limit = Duration::from_secs(10);
     let resp = request(sidecar.admin, Method::POST, "/upgrade", &[], limit).await?;
-    ensure!(
-        resp.status == StatusCode::FORBIDDEN,
-        "tokenless /upgrade: {}",
-        resp.status
-    );
+    resp.expect(StatusCode::FORBIDDEN, "tokenless /upgrade")?;
     ensure!(resp.text().contains("--drain-token"), "{}", resp.text());
     for headers in [
         &[
@@ -100,11 +96,7 @@ async fn tokenless_admin_refuses_browsers_and_upgrades() -> Result<()> {
     );
     // A plain client on loopback (curl, a script) still drains.
     let resp = request(sidecar.admin, Method::GET, "/drain", &[], limit).await?;
-    ensure!(
-        resp.status == StatusCode::ACCEPTED,
-        "plain GET /drain: {}",
-        resp.status
-    );
+    resp.expect(StatusCode::ACCEPTED, "plain GET /drain")?;
     Ok(())
 }
 
@@ -129,11 +121,10 @@ async fn the_prestop_drain_with_the_token_works_past_the_admin_cap() -> Result<(
     .await?;
     // Without the token the preStop path is not let through...
     let resp = request(sidecar.admin, Method::GET, "/drain", &[], limit).await?;
-    ensure!(
-        resp.status == StatusCode::SERVICE_UNAVAILABLE,
-        "tokenless /drain past the cap: {}",
-        resp.status
-    );
+    resp.expect(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "tokenless /drain past the cap",
+    )?;
     // ... with it, it is (the kubelet's preStop GET with the injected header).
     let resp = request(
         sidecar.admin,
@@ -143,11 +134,7 @@ async fn the_prestop_drain_with_the_token_works_past_the_admin_cap() -> Result<(
         limit,
     )
     .await?;
-    ensure!(
-        resp.status == StatusCode::ACCEPTED,
-        "preStop /drain past the cap: {}",
-        resp.status
-    );
+    resp.expect(StatusCode::ACCEPTED, "preStop /drain past the cap")?;
     ensure!(sidecar.ready_status().await == Some(StatusCode::SERVICE_UNAVAILABLE));
     Ok(())
 }

@@ -175,7 +175,7 @@ async fn bad_flags_exit_64_naming_the_flag() -> Result<()> {
 }
 
 #[tokio::test]
-async fn environment_twins_of_flags_are_checked_too() -> Result<()> {
+async fn environment_twins_are_checked_too() -> Result<()> {
     let (status, output) = run_env(&[], &[("KUBEGRACE_DRAIN_MIN_DELAY", "soon")], WAIT).await?;
     ensure!(
         status.code() == Some(EX_USAGE),
@@ -309,11 +309,7 @@ async fn a_bad_file_on_reload_keeps_the_last_good_config_and_traffic_flows() -> 
     );
     keep_alive_request(&mut conn).await?;
     let fresh = get(sidecar.listen, "/work").await?;
-    ensure!(
-        fresh.status == StatusCode::OK,
-        "new connection got {}",
-        fresh.status
-    );
+    fresh.expect(StatusCode::OK, "new connection")?;
     ensure!(
         sidecar.ready_status().await == Some(StatusCode::OK),
         "a bad reload made the pod unready"
@@ -383,11 +379,7 @@ async fn drain_requires_the_token_when_one_is_configured() -> Result<()> {
         limit,
     )
     .await?;
-    ensure!(
-        resp.status == StatusCode::ACCEPTED,
-        "/drain with the token answered {}",
-        resp.status
-    );
+    resp.expect(StatusCode::ACCEPTED, "/drain with the token")?;
     ensure!(
         sidecar.ready_status().await == Some(StatusCode::SERVICE_UNAVAILABLE),
         "draining, yet /ready does not fail"

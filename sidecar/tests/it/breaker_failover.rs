@@ -47,11 +47,7 @@ async fn breaker_opens_on_evidence_serves_fallbacks_and_closes_on_recovery() -> 
     // Healthy: 10 good requests, below minRequests on their own.
     for _ in 0..10 {
         let reply = client.get(&sidecar.url("/api/items")).await?;
-        ensure!(
-            reply.status == StatusCode::OK,
-            "healthy app answered {}",
-            reply.status
-        );
+        reply.expect(StatusCode::OK, "healthy app")?;
     }
     ensure!(sidecar.route("api").await?["breaker"]["state"] == "closed");
 
@@ -67,11 +63,7 @@ async fn breaker_opens_on_evidence_serves_fallbacks_and_closes_on_recovery() -> 
         if reply.fallback.is_some() {
             break reply;
         }
-        ensure!(
-            reply.status == StatusCode::INTERNAL_SERVER_ERROR,
-            "failing app answered {}",
-            reply.status
-        );
+        reply.expect(StatusCode::INTERNAL_SERVER_ERROR, "failing app")?;
         failure_latencies.push(reply.latency);
         failures_seen += 1;
         ensure!(failures_seen <= 50, "the breaker never opened");
@@ -174,11 +166,7 @@ async fn breaker_opens_on_evidence_serves_fallbacks_and_closes_on_recovery() -> 
     .await?;
     for _ in 0..20 {
         let reply = client.get(&sidecar.url("/api/items")).await?;
-        ensure!(
-            reply.status == StatusCode::OK,
-            "closed breaker, healthy app: {}",
-            reply.status
-        );
+        reply.expect(StatusCode::OK, "closed breaker, healthy app")?;
     }
     let api = sidecar.route("api").await?;
     ensure!(api["breaker"]["state"] == "closed", "{api}");

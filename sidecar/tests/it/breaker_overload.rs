@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::kit::app::TestApp;
+use crate::kit::app::{AppControl, TestApp};
 use crate::kit::http::{Pool, quantile};
 use crate::kit::sidecar::{InProcess, SidecarSpec};
 use crate::kit::{timing_sensitive, wait_for};
@@ -87,6 +87,20 @@ async fn offer_load(client: &Pool, url: String) -> Result<Tally> {
     Ok(tally)
 }
 
+/// Offers the load to `url` and says what the app went through: the
+/// tally, the most requests inside the app at once, the requests it got.
+async fn measure(control: &AppControl, client: &Pool, url: String) -> Result<(Tally, u32, u64)> {
+    control.reset_peak();
+    let before = control.received.load(Ordering::Relaxed);
+    let tally = offer_load(client, url).await?;
+    let peak = control.peak_inside.load(Ordering::Relaxed);
+    Ok((
+        tally,
+        peak,
+        control.received.load(Ordering::Relaxed) - before,
+    ))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn excess_load_gets_fast_fallbacks_and_admitted_requests_keep_their_latency() -> Result<()> {
     // Latency comparisons: alone among the timing-sensitive tests.
@@ -97,19 +111,13 @@ async fn excess_load_gets_fast_fallbacks_and_admitted_requests_keep_their_latenc
     let control = Arc::clone(&app.control);
 
     // Baseline: no limit. The app holds all 3C requests at once.
-    control.reset_peak();
-    let before = control.received.load(Ordering::Relaxed);
-    let mut baseline = offer_load(&client, sidecar.url("/unlimited/work")).await?;
-    let baseline_peak = control.peak_inside.load(Ordering::Relaxed);
-    let baseline_received = control.received.load(Ordering::Relaxed) - before;
+    let (mut baseline, baseline_peak, baseline_received) =
+        measure(&control, &client, sidecar.url("/unlimited/work")).await?;
     let baseline_p50 = quantile(&mut baseline.ok_latencies, 0.5);
 
     // Limited to C: the app never holds more than C.
-    control.reset_peak();
-    let before = control.received.load(Ordering::Relaxed);
-    let mut limited = offer_load(&client, sidecar.url("/limited/work")).await?;
-    let limited_peak = control.peak_inside.load(Ordering::Relaxed);
-    let limited_received = control.received.load(Ordering::Relaxed) - before;
+    let (mut limited, limited_peak, limited_received) =
+        measure(&control, &client, sidecar.url("/limited/work")).await?;
     let limited_p50 = quantile(&mut limited.ok_latencies, 0.5);
     let limited_p90 = quantile(&mut limited.ok_latencies, 0.9);
     let fallback_p50 = quantile(&mut limited.fallback_latencies, 0.5);

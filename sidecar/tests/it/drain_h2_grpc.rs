@@ -136,12 +136,8 @@ async fn h2_streams_in_flight_complete_and_new_streams_move_after_goaway() -> Re
         .context("old connection ended with an error")?;
 
     a.wait_phase(3.0).await?;
-    let metrics = a.metrics().await?;
-    metrics.expect(
-        "kubegrace_drain_force_closed_total",
-        0.0,
-        "streams were force-closed",
-    )?;
+    a.expect_nothing_force_closed("streams were force-closed")
+        .await?;
     println!(
         "h2: {served_while_draining} new streams served on the old connection between the drain trigger and GOAWAY"
     );

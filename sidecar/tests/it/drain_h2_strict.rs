@@ -517,7 +517,7 @@ async fn rolling_replacement(client: &Client, sidecar_args: &[&str]) -> Result<L
 }
 
 /// The sequence each client kind got, from the sidecar's metrics.
-fn goaway_count(metrics: &crate::kit::sidecar::Metrics, sequence: &str) -> f64 {
+fn goaway_count(metrics: &crate::kit::metrics::Metrics, sequence: &str) -> f64 {
     let key = format!("kubegrace_http2_goaway_total{{sequence=\"{sequence}\"}}");
     metrics.series.get(&key).copied().unwrap_or(0.0)
 }

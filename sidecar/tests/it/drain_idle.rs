@@ -75,11 +75,7 @@ async fn idle_connections_are_closed_when_closing_without_waiting_for_the_timeou
         0.0,
         "idle connections were counted as force-closed",
     )?;
-    metrics.expect(
-        "kubegrace_open_connections",
-        0.0,
-        "connections still open after the drain",
-    )?;
+    metrics.expect_no_open_connections()?;
 
     // SIGINT behaves like SIGTERM: already drained, so exit 0 at once.
     sidecar.signal("INT")?;

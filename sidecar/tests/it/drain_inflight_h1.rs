@@ -81,11 +81,7 @@ async fn slow_uploads_and_downloads_in_flight_complete_across_closing() -> Resul
     let (parts, body) = within("the upload", WAIT, upload)
         .await??
         .context("the upload was cut")?;
-    ensure!(
-        parts.status == StatusCode::OK,
-        "upload answered {}",
-        parts.status
-    );
+    ensure!(parts.status == StatusCode::OK, "upload {}", parts.status);
     ensure!(
         body == format!("{}\n", CHUNKS * CHUNK),
         "the app got a partial upload: {body:?}"
@@ -110,12 +106,9 @@ async fn slow_uploads_and_downloads_in_flight_complete_across_closing() -> Resul
     );
 
     sidecar.wait_phase(3.0).await?;
-    let metrics = sidecar.metrics().await?;
-    metrics.expect(
-        "kubegrace_drain_force_closed_total",
-        0.0,
-        "work was force-closed",
-    )?;
+    sidecar
+        .expect_nothing_force_closed("work was force-closed")
+        .await?;
     println!(
         "h1 in flight: {in_flight_while_closing} transfers still running when Closing began; both completed"
     );

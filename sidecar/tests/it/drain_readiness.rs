@@ -25,16 +25,34 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-async fn wait_ready_status(sidecar: &Sidecar, want: StatusCode) -> Result<()> {
-    wait_for(&format!("/ready to answer {want}"), WAIT, || async {
-        (sidecar.ready_status().await == Some(want)).then_some(())
-    })
-    .await
-    .with_context(|| sidecar.logs_text())
-}
-
 async fn live(sidecar: &Sidecar) -> Result<StatusCode> {
     Ok(sidecar.admin_get("/live").await?.status)
+}
+
+/// In the grace phase with stayServing and the app up `/ready` passes;
+/// once the app is gone it fails.
+async fn app_goes_away_in_the_grace_phase(sidecar: &Sidecar, app: TestApp) -> Result<()> {
+    ensure!(
+        sidecar.ready_status().await == Some(StatusCode::OK),
+        "/ready failed in the grace phase with stayServing and the app up"
+    );
+    app.kill().await;
+    drop(app);
+    sidecar
+        .wait_ready_status(StatusCode::SERVICE_UNAVAILABLE)
+        .await
+}
+
+/// `/ready` fails (503) while `/live` still answers 200.
+async fn unready_but_live(sidecar: &Sidecar, when: &str) -> Result<()> {
+    sidecar
+        .wait_ready_status(StatusCode::SERVICE_UNAVAILABLE)
+        .await?;
+    ensure!(
+        live(sidecar).await? == StatusCode::OK,
+        "/live failed {when}"
+    );
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -49,26 +67,18 @@ async fn ready_follows_the_app_and_fails_at_once_on_drain_while_serving_goes_on(
     .await?;
 
     // No app yet.
-    wait_ready_status(&sidecar, StatusCode::SERVICE_UNAVAILABLE).await?;
-    ensure!(
-        live(&sidecar).await? == StatusCode::OK,
-        "/live failed without an app"
-    );
+    unready_but_live(&sidecar, "without an app").await?;
 
     // The app comes up.
     let app = TestApp::start_on("a", app_addr).await?;
-    wait_ready_status(&sidecar, StatusCode::OK).await?;
+    sidecar.wait_ready_status(StatusCode::OK).await?;
 
     // The app goes away, and comes back.
     app.kill().await;
     drop(app);
-    wait_ready_status(&sidecar, StatusCode::SERVICE_UNAVAILABLE).await?;
-    ensure!(
-        live(&sidecar).await? == StatusCode::OK,
-        "/live failed when the app went away"
-    );
+    unready_but_live(&sidecar, "when the app went away").await?;
     let _app = TestApp::start_on("a", app_addr).await?;
-    wait_ready_status(&sidecar, StatusCode::OK).await?;
+    sidecar.wait_ready_status(StatusCode::OK).await?;
 
     // Drain: readiness fails on the very next probe, no waiting.
     sidecar.start_drain().await?;
@@ -84,11 +94,7 @@ async fn ready_follows_the_app_and_fails_at_once_on_drain_while_serving_goes_on(
     // (minDelay is 5s: this is the grace phase).
     for _ in 0..5 {
         let resp = get(sidecar.listen, "/work").await?;
-        ensure!(
-            resp.status == StatusCode::OK,
-            "draining sidecar answered {}",
-            resp.status
-        );
+        resp.expect(StatusCode::OK, "draining sidecar")?;
         ensure!(
             resp.connection_close(),
             "a response while draining lacks Connection: close"
@@ -238,11 +244,7 @@ async fn stay_serving_holds_ready_through_the_grace_phase_only(trigger: Trigger)
     let resp = within("the slow request", WAIT, slow)
         .await??
         .context("the slow request was cut")?;
-    ensure!(
-        resp.status == StatusCode::OK,
-        "the in-flight request answered {}",
-        resp.status
-    );
+    resp.expect(StatusCode::OK, "the in-flight request")?;
 
     match trigger {
         Trigger::Admin => {
@@ -251,12 +253,9 @@ async fn stay_serving_holds_ready_through_the_grace_phase_only(trigger: Trigger)
                 sidecar.ready_status().await == Some(StatusCode::SERVICE_UNAVAILABLE),
                 "/ready is not 503 once drained"
             );
-            let metrics = sidecar.metrics().await?;
-            metrics.expect(
-                "kubegrace_drain_force_closed_total",
-                0.0,
-                "work was force-closed",
-            )?;
+            sidecar
+                .expect_nothing_force_closed("work was force-closed")
+                .await?;
         }
         Trigger::Sigterm => {
             let status = sidecar.wait_exit(WAIT).await?;
@@ -305,14 +304,7 @@ async fn stay_serving_with_a_long_grace_phase() -> Result<(SocketAddr, TestApp, 
 async fn stay_serving_fails_ready_once_the_app_is_gone_and_resumes_with_it() -> Result<()> {
     let (app_addr, app, sidecar) = stay_serving_with_a_long_grace_phase().await?;
     sidecar.start_drain().await?;
-    ensure!(
-        sidecar.ready_status().await == Some(StatusCode::OK),
-        "/ready failed in the grace phase with stayServing and the app up"
-    );
-
-    app.kill().await;
-    drop(app);
-    wait_ready_status(&sidecar, StatusCode::SERVICE_UNAVAILABLE).await?;
+    app_goes_away_in_the_grace_phase(&sidecar, app).await?;
     ensure!(
         drain_phase(&sidecar).await == Some(1.0),
         "expected the grace phase (1) while the app is gone"
@@ -322,7 +314,7 @@ async fn stay_serving_fails_ready_once_the_app_is_gone_and_resumes_with_it() -> 
     sidecar
         .wait_metric("kubegrace_drain_phase", WAIT, |p| p == 0.0)
         .await?;
-    wait_ready_status(&sidecar, StatusCode::OK).await?;
+    sidecar.wait_ready_status(StatusCode::OK).await?;
     Ok(())
 }
 
@@ -334,14 +326,7 @@ async fn stay_serving_stays_unready_after_the_app_flapped_in_a_sigterm_drain() -
     let (app_addr, app, sidecar) = stay_serving_with_a_long_grace_phase().await?;
     sidecar.signal("TERM")?;
     sidecar.wait_phase(1.0).await?;
-    ensure!(
-        sidecar.ready_status().await == Some(StatusCode::OK),
-        "/ready failed in the grace phase with stayServing and the app up"
-    );
-
-    app.kill().await;
-    drop(app);
-    wait_ready_status(&sidecar, StatusCode::SERVICE_UNAVAILABLE).await?;
+    app_goes_away_in_the_grace_phase(&sidecar, app).await?;
     let _app = TestApp::start_on("a", app_addr).await?;
     sidecar
         .wait_metric("kubegrace_app_up", WAIT, |up| up == 1.0)

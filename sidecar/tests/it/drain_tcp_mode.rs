@@ -101,11 +101,7 @@ async fn tcp_mode_drains_by_connection_and_counts_what_it_cuts() -> Result<()> {
         1.0,
         "nothing counted as force-closed",
     )?;
-    metrics.expect(
-        "kubegrace_open_connections",
-        0.0,
-        "connections still open after the drain",
-    )?;
+    metrics.expect_no_open_connections()?;
     drop(b);
     sidecar.signal("TERM")?;
     sidecar.exits_cleanly().await?;

@@ -87,11 +87,7 @@ async fn websocket_survives_the_grace_phase_and_is_force_closed_at_the_timeout()
         1.0,
         "the WebSocket was not counted as force-closed",
     )?;
-    metrics.expect(
-        "kubegrace_open_connections",
-        0.0,
-        "connections still open after the drain",
-    )?;
+    metrics.expect_no_open_connections()?;
     ensure!(phase >= 3.0);
 
     sidecar.signal("TERM")?;

@@ -203,16 +203,23 @@ async fn bad_input_gets_4xx_not_a_crash() -> Result<()> {
     Ok(())
 }
 
+/// Sends `opening` on a fresh connection and says whether the proxy closed
+/// it within 10s.
+async fn sent_and_closed(sidecar: &InProcess, opening: &[u8]) -> Result<bool> {
+    let mut stream = TcpStream::connect(sidecar.listen).await?;
+    stream.write_all(opening).await?;
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await;
+    Ok(read.is_ok())
+}
+
 #[tokio::test]
 async fn a_silent_client_is_cut_at_the_header_read_timeout() -> Result<()> {
     let app = TestApp::start("app").await?;
     let config = "limits: {headerReadTimeout: 300ms}\n";
     let sidecar = sidecar(app.addr, Some(config)).await?;
-    let mut stream = TcpStream::connect(sidecar.listen).await?;
-    stream.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n").await?;
-    let mut buf = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await;
-    assert!(read.is_ok(), "the proxy must close a slow head");
+    let closed = sent_and_closed(&sidecar, b"GET / HTTP/1.1\r\nhost: x\r\n").await?;
+    assert!(closed, "the proxy must close a slow head");
     wait_until("connection closed", || {
         sidecar.lib().drain().open_connections() == 0
     })
@@ -226,15 +233,8 @@ async fn a_client_that_never_speaks_is_cut_at_the_header_read_timeout() -> Resul
     let config = "limits: {headerReadTimeout: 300ms}\n";
     let sidecar = sidecar(app.addr, Some(config)).await?;
     for opening in [&b""[..], &b"GE"[..]] {
-        let mut stream = TcpStream::connect(sidecar.listen).await?;
-        stream.write_all(opening).await?;
-        let mut buf = Vec::new();
-        let read =
-            tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await;
-        assert!(
-            read.is_ok(),
-            "the proxy must close a silent client ({opening:?})"
-        );
+        let closed = sent_and_closed(&sidecar, opening).await?;
+        assert!(closed, "the proxy must close a silent client ({opening:?})");
     }
     wait_until("connections closed", || {
         sidecar.lib().drain().open_connections() == 0

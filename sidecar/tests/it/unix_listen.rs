@@ -92,25 +92,13 @@ async fn a_file_or_a_live_socket_at_the_path_is_refused_and_kept() -> Result<()>
     std::fs::write(&file, "keep me")?;
     let upstream = free_port()?;
     let mut proc = Sidecar::spawn_args(&args(&file, upstream, &[])?, &[])?;
-    let code = proc.wait_exit(WAIT).await?.code();
-    ensure!(code == Some(64), "exit {code:?}: {}", proc.logs_text());
-    ensure!(
-        proc.logs_text().contains("not a socket"),
-        "{}",
-        proc.logs_text()
-    );
+    proc.exits_with(64, "not a socket").await?;
     ensure!(std::fs::read_to_string(&file)? == "keep me");
 
     let live_path = dir.join("live.sock");
     let live = std::os::unix::net::UnixListener::bind(&live_path)?;
     let mut proc = Sidecar::spawn_args(&args(&live_path, upstream, &[])?, &[])?;
-    let code = proc.wait_exit(WAIT).await?.code();
-    ensure!(code == Some(64), "exit {code:?}: {}", proc.logs_text());
-    ensure!(
-        proc.logs_text().contains("something is listening on it"),
-        "{}",
-        proc.logs_text()
-    );
+    proc.exits_with(64, "something is listening on it").await?;
     ensure!(live_path.exists(), "a live socket is never unlinked");
     drop(live);
     let _ = std::fs::remove_dir_all(&dir);

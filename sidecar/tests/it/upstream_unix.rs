@@ -26,16 +26,21 @@ use crate::kit::http::{connect, header, send};
 use crate::kit::sidecar::{InProcess, Sidecar, SidecarSpec};
 use crate::kit::{WAIT, scratch_dir, wait_for, within};
 
-/// The app on a Unix socket in `dir`.
-async fn unix_app(dir: &std::path::Path) -> Result<TestApp> {
-    TestApp::start_unix("unix", &dir.join("app.sock")).await
+/// The app on a Unix socket in a fresh directory.
+async fn unix_app(tag: &str) -> Result<TestApp> {
+    TestApp::start_unix("unix", &scratch_dir(tag)?.join("app.sock")).await
+}
+
+/// The app on a Unix socket and the sidecar in front of it.
+async fn unix_app_behind_sidecar(tag: &str) -> Result<(TestApp, InProcess)> {
+    let app = unix_app(tag).await?;
+    let sidecar = InProcess::start(SidecarSpec::to(&app).fast_drain("2s")).await?;
+    Ok((app, sidecar))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http1_keep_alive_reuses_one_app_connection_and_keeps_the_host() -> Result<()> {
-    let dir = scratch_dir("unix-h1")?;
-    let app = unix_app(&dir).await?;
-    let sidecar = InProcess::start(SidecarSpec::to(&app).fast_drain("2s")).await?;
+    let (app, sidecar) = unix_app_behind_sidecar("unix-h1").await?;
 
     let mut client = connect(sidecar.listen).await?;
     let mut conns = BTreeSet::new();
@@ -76,9 +81,7 @@ async fn http1_keep_alive_reuses_one_app_connection_and_keeps_the_host() -> Resu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2c_grpc_style_call_keeps_its_trailers() -> Result<()> {
-    let dir = scratch_dir("unix-h2")?;
-    let app = unix_app(&dir).await?;
-    let sidecar = InProcess::start(SidecarSpec::to(&app).fast_drain("2s")).await?;
+    let (_app, sidecar) = unix_app_behind_sidecar("unix-h2").await?;
 
     let tcp = TcpStream::connect(sidecar.listen).await?;
     let (mut sender, conn) =
@@ -117,9 +120,7 @@ async fn h2c_grpc_style_call_keeps_its_trailers() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websocket_upgrade_passes_through() -> Result<()> {
-    let dir = scratch_dir("unix-ws")?;
-    let app = unix_app(&dir).await?;
-    let sidecar = InProcess::start(SidecarSpec::to(&app).fast_drain("2s")).await?;
+    let (_app, sidecar) = unix_app_behind_sidecar("unix-ws").await?;
 
     let mut ws = websocket(sidecar.listen).await?;
     for i in 0..5 {
@@ -164,8 +165,7 @@ async fn slow_requests(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_lets_in_flight_requests_finish_where_a_kill_loses_them() -> Result<()> {
     const N: usize = 8;
-    let dir = scratch_dir("unix-drain")?;
-    let app = unix_app(&dir).await?;
+    let app = unix_app("unix-drain").await?;
     let spec = SidecarSpec::to(&app).fast_drain("2s");
 
     // Baseline: the proxy killed outright loses every request in flight.

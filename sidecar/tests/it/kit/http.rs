@@ -39,6 +39,14 @@ impl Response {
     pub fn header(&self, name: &str) -> String {
         header(&self.headers, name)
     }
+
+    /// The answer must have `status`; `what` names the request.
+    pub fn expect(&self, status: StatusCode, what: &str) -> Result<&Self> {
+        if self.status != status {
+            bail!("{what}: {}, not {status}", self.status);
+        }
+        Ok(self)
+    }
 }
 
 /// True when `headers` ask to close the connection.
@@ -293,6 +301,16 @@ pub struct Reply {
     pub retry_after: Option<u64>,
     pub body: String,
     pub latency: Duration,
+}
+
+impl Reply {
+    /// The answer must have `status`; `what` names the request.
+    pub fn expect(&self, status: StatusCode, what: &str) -> Result<&Self> {
+        if self.status != status {
+            bail!("{what}: {}, not {status} ({})", self.status, self.body);
+        }
+        Ok(self)
+    }
 }
 
 /// A pooled client (many keep-alive connections per host), as a service

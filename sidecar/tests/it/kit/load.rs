@@ -223,18 +223,7 @@ impl Load {
 
     /// Waits (bounded) until `n` more requests succeeded than now.
     pub async fn wait_ok(&self, n: u64, within: Duration) -> Result<()> {
-        let target = self.ok() + n;
-        wait_for(&format!("{target} requests answered"), within, || async {
-            (self.ok() >= target).then_some(())
-        })
-        .await
-        .with_context(|| {
-            format!(
-                "load stalled at {} answered, {} done",
-                self.ok(),
-                self.done()
-            )
-        })
+        self.wait_count("answered", Self::ok, n, within).await
     }
 
     /// Requests finished so far (any outcome).
@@ -244,11 +233,28 @@ impl Load {
 
     /// Waits (bounded) until `n` more requests have finished than now.
     pub async fn wait_more(&self, n: u64, within: Duration) -> Result<()> {
-        let target = self.done() + n;
-        wait_for(&format!("{target} requests done"), within, || async {
-            (self.done() >= target).then_some(())
+        self.wait_count("done", Self::done, n, within).await
+    }
+
+    async fn wait_count(
+        &self,
+        what: &str,
+        count: fn(&Self) -> u64,
+        n: u64,
+        within: Duration,
+    ) -> Result<()> {
+        let target = count(self) + n;
+        wait_for(&format!("{target} requests {what}"), within, || async {
+            (count(self) >= target).then_some(())
         })
         .await
+        .with_context(|| {
+            format!(
+                "load stalled at {} answered, {} done",
+                self.ok(),
+                self.done()
+            )
+        })
     }
 
     /// Stops the loop and collects every worker's report.

@@ -18,6 +18,7 @@
 //!   connection clients that record the outcome of every request and why it
 //!   failed.
 //! - [`http`]: one-shot and pooled clients, raw-socket exchanges.
+//! - [`metrics`]: the ready line, the exit line and `/metrics`, parsed.
 //! - [`grpc`]: hand-written prost messages and a prost codec for tonic (no
 //!   protoc, no generated code).
 
@@ -26,6 +27,7 @@ pub mod balancer;
 pub mod grpc;
 pub mod http;
 pub mod load;
+pub mod metrics;
 pub mod pod;
 pub mod sidecar;
 pub mod upgrade;

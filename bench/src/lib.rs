@@ -7,6 +7,7 @@
 
 pub mod parse;
 pub mod peers;
+pub mod proc;
 pub mod procfs;
 pub mod report;
 pub mod scenario;

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::Context as _;
+use kubegrace_sidecar_api::cli::{self, flag};
 
 /// One peer: a way of reaching the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -127,9 +128,9 @@ impl Env {
             Peer::Direct => return Ok(None),
             Peer::Kubegrace | Peer::KubegraceCb => {
                 cmd.arg(&self.sidecar_bin)
-                    .args(["--listen", &format!("127.0.0.1:{}", self.port(peer))])
-                    .args(["--upstream", &format!("127.0.0.1:{up}")])
-                    .args(["--admin", &format!("127.0.0.1:{}", self.admin_port(peer))]);
+                    .args([flag::LISTEN, &format!("127.0.0.1:{}", self.port(peer))])
+                    .args([flag::UPSTREAM, &format!("127.0.0.1:{up}")])
+                    .args([flag::ADMIN, &format!("127.0.0.1:{}", self.admin_port(peer))]);
                 if timers == DrainTimers::Zero {
                     cmd.args(["--drain-min-delay", "0s", "--drain-quiet", "0s"])
                         .args(["--drain-max-delay", "0s", "--drain-timeout", "30s"]);
@@ -137,11 +138,11 @@ impl Env {
                 if peer == Peer::KubegraceCb {
                     let file = dir.join("config.yaml");
                     write(&file, &sidecar_breaker_yaml())?;
-                    cmd.arg("--config").arg(file);
+                    cmd.arg(flag::CONFIG).arg(file);
                 }
                 // Warnings only: a log line per request would measure the
                 // terminal, and the peers run without access logs too.
-                cmd.env("KUBEGRACE_LOG", "warn");
+                cmd.env(cli::env::LOG, "warn");
             }
             Peer::Nginx => {
                 let conf = dir.join("nginx.conf");

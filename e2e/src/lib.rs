@@ -20,13 +20,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::core::v1::{Namespace, Node};
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{Condition, await_condition};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 /// Label on every namespace a test creates.
@@ -168,7 +169,7 @@ where
 
     let outcome = tokio::spawn(body(client.clone(), name.clone())).await;
 
-    if std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some() {
+    if scenario::keep_from_env() {
         eprintln!("keeping namespace {name} (KUBEGRACE_E2E_KEEP_NAMESPACE)");
     } else if let Err(e) = namespaces.delete(&name, &DeleteParams::background()).await {
         eprintln!("warning: could not delete namespace {name}: {e}");
@@ -178,6 +179,47 @@ where
         Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
         Err(join) => Err(anyhow!("test task failed: {join}")),
     }
+}
+
+/// A cluster test in a namespace of its own: skipped outside the cluster tier
+/// ([`cluster_client`]), else `body` runs in a fresh namespace `kg-e2e-<prefix>-xxxxx`
+/// ([`with_namespace`]).
+pub async fn in_test_namespace<F, Fut>(test: &str, prefix: &str, body: F) -> Result<()>
+where
+    F: FnOnce(Client, String) -> Fut,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
+    let Some(client) = cluster_client(test).await? else {
+        return Ok(());
+    };
+    with_namespace(&client, prefix, body).await
+}
+
+/// Removes what an operator-in-process test made for namespace `ns`, once its operator has
+/// stopped: the webhook configurations named after the namespace, the finalizers of its
+/// GraceRoutes (nobody is left to remove them, and the namespace would wait for them
+/// forever), then the namespace. Best effort: what is already gone is no error.
+pub async fn delete_test_namespace(client: &Client, ns: &str) {
+    let dp = DeleteParams::default();
+    let _ = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .delete(ns, &dp)
+        .await;
+    let _ = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .delete(ns, &dp)
+        .await;
+    let routes = scenario::graceroute_api(client, ns);
+    if let Ok(list) = routes.list(&ListParams::default()).await {
+        for r in list {
+            let _ = routes
+                .patch(
+                    &r.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+                )
+                .await;
+        }
+    }
+    let _ = Api::<Namespace>::all(client.clone()).delete(ns, &dp).await;
 }
 
 /// Waits until `cond` holds for the named object, at most `timeout`.
@@ -230,38 +272,61 @@ pub async fn poll<T, Fut>(
 where
     Fut: Future<Output = Option<T>>,
 {
+    let found = poll_until(
+        timeout,
+        interval,
+        || {
+            let probed = probe();
+            async { probed.await.ok_or(()) }
+        },
+        |()| {},
+    )
+    .await;
+    found.with_context(|| format!("timed out after {timeout:?} waiting for {what}"))
+}
+
+/// The loop under every wait: polls `probe` every `interval` until it returns `Ok`, at
+/// most `timeout`, and hands each `Err` to `missed` (to say what is still missing).
+/// `None` when the time ran out.
+pub async fn poll_until<T, E, Fut>(
+    timeout: Duration,
+    interval: Duration,
+    mut probe: impl FnMut() -> Fut,
+    mut missed: impl FnMut(E),
+) -> Option<T>
+where
+    Fut: Future<Output = std::result::Result<T, E>>,
+{
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if let Some(v) = probe().await {
-            return Ok(v);
+        match probe().await {
+            Ok(v) => return Some(v),
+            Err(e) => missed(e),
         }
         if tokio::time::Instant::now() >= deadline {
-            bail!("timed out after {timeout:?} waiting for {what}");
+            return None;
         }
         tokio::time::sleep(interval).await;
     }
 }
 
+/// Distinct free loopback ports: the listeners are held until all are chosen (the kernel
+/// happily hands the same port to consecutive binds otherwise).
+pub fn free_ports<const N: usize>() -> std::io::Result<[u16; N]> {
+    let listeners = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut ports = [0u16; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener.local_addr()?.port();
+    }
+    Ok(ports)
+}
+
 /// A plain HTTP/1.1 GET (one connection, no proxy); returns status and body.
 pub async fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<(u16, String)> {
-    let fut = async {
-        let stream = tokio::net::TcpStream::connect(addr)
-            .await
-            .with_context(|| format!("connecting to {addr}"))?;
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-        tokio::spawn(conn);
-        let req = hyper::Request::get(path)
-            .header(hyper::header::HOST, addr)
-            .body(Empty::<Bytes>::new())?;
-        let resp = sender.send_request(req).await?;
-        let status = resp.status().as_u16();
-        let body = resp.into_body().collect().await?.to_bytes();
-        Ok::<_, anyhow::Error>((status, String::from_utf8_lossy(&body).into_owned()))
-    };
-    tokio::time::timeout(timeout, fut)
-        .await
-        .map_err(|_| anyhow!("GET http://{addr}{path}: no answer within {timeout:?}"))?
+    let (status, _, body) = scenario::kit::http1(addr, "GET", path, timeout).await?;
+    Ok((status, body))
 }
 
 #[cfg(test)]

@@ -28,9 +28,11 @@ use kube::{Api, Client};
 use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::load::Summary;
 use kubegrace_e2e::scenario::kit::{self, PodAddr};
-use kubegrace_e2e::scenario::{self, Install, Options, Progress, Scenario, pod_ready};
+use kubegrace_e2e::scenario::{
+    self, Options, Progress, Scenario, keep_from_env, pod_ready, with_install,
+};
 use kubegrace_sidecar_api::admin::path as admin_path;
-use kubegrace_sidecar_api::pod;
+use kubegrace_sidecar_api::{keys, pod};
 
 const WITH: &str = "live-with";
 const WITHOUT: &str = "live-without";
@@ -252,13 +254,8 @@ async fn liveness_restart_with_and_without(client: Client, mode: &str) -> Result
     opts.load.rate = 100.0;
     opts.load.max_duration = Duration::from_secs(90);
     let p = Progress::default();
-    let keep = std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some();
-    let install = Install::new(&opts);
-    let mut namespaces = Vec::new();
-    let outcome = async {
-        install.helm_install(&client, &opts, &p).await?;
-        let sc = Scenario::named(&client, &opts, &p, "restart").await?;
-        namespaces.push(sc.namespace.clone());
+    let outcome = with_install(&client, &opts, &p, keep_from_env(), async |run| {
+        let sc = run.scenario("restart").await?;
         sc.create_route(WITH, &p).await?;
         create(&sc, WITH, opts.replicas, true).await?;
         create(&sc, WITHOUT, opts.replicas, false).await?;
@@ -274,7 +271,7 @@ async fn liveness_restart_with_and_without(client: Client, mode: &str) -> Result
             .metadata
             .annotations
             .unwrap_or_default()
-            .get("kubegrace.io/sidecar-mode")
+            .get(keys::SIDECAR_MODE)
             .cloned()
             .unwrap_or_default();
         let want = if mode == "classic" {
@@ -293,7 +290,7 @@ async fn liveness_restart_with_and_without(client: Client, mode: &str) -> Result
         let resumes = sidecar_metric(&admin, "kubegrace_drain_resumes_total").await?;
         let (without, bare) = liveness_restart_under_load(&sc, WITHOUT, &p).await?;
         let bare_restarts = restarts(&pods, &bare.name, "app").await?;
-        Ok::<_, anyhow::Error>((
+        Ok((
             with,
             without,
             app_restarts,
@@ -301,13 +298,8 @@ async fn liveness_restart_with_and_without(client: Client, mode: &str) -> Result
             resumes,
             bare_restarts,
         ))
-    }
+    })
     .await;
-    if keep {
-        p.step(format!("keeping {} and {namespaces:?}", install.release));
-    } else {
-        install.uninstall(&client, &namespaces, &p).await;
-    }
     let (with, without, app_restarts, sidecar_restarts, resumes, bare_restarts) = outcome?;
     eprintln!(
         "app liveness restart under load: with kubegrace {} of {} failed; without {} of {} failed {:?}",
@@ -399,24 +391,14 @@ async fn sidecar_restart(client: &Client, mode: &str) -> Result<()> {
     opts.chart_values.push(("sidecar.mode".into(), mode.into()));
     opts.replicas = 1;
     let p = Progress::default();
-    let keep = std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some();
-    let install = Install::new(&opts);
-    let mut namespaces = Vec::new();
-    let outcome = async {
-        install.helm_install(client, &opts, &p).await?;
-        let sc = Scenario::named(client, &opts, &p, &format!("screstart-{mode}")).await?;
-        namespaces.push(sc.namespace.clone());
+    let outcome = with_install(client, &opts, &p, keep_from_env(), async |run| {
+        let sc = run.scenario(&format!("screstart-{mode}")).await?;
         sc.create_route(WITH, &p).await?;
         create(&sc, WITH, 1, true).await?;
         sc.settle(WITH, true, &p).await?;
         sidecar_kill_and_back(client, &sc, &p).await
-    }
+    })
     .await;
-    if keep {
-        p.step(format!("keeping {} and {namespaces:?}", install.release));
-    } else {
-        install.uninstall(client, &namespaces, &p).await;
-    }
     outcome.with_context(|| format!("sidecar.mode={mode}"))
 }
 
@@ -496,41 +478,5 @@ async fn sidecar_kill_and_back(client: &Client, sc: &Scenario, p: &Progress) -> 
         phase == 0.0,
         "the restarted sidecar is in drain phase {phase}"
     );
-    Ok(())
-}
-
-/// The demo app's liveness switch, on a real process on loopback (no cluster needed).
-#[tokio::test]
-async fn the_demo_apps_liveness_switch_fails_only_livez() -> Result<()> {
-    use tokio::io::AsyncBufReadExt;
-    let t = Duration::from_secs(10);
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubegrace-demo-app"))
-        .args(["--listen", "127.0.0.1:0", "--pod-name", "demo-0"])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting kubegrace-demo-app")?;
-    let stdout = child.stdout.take().context("no stdout")?;
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let first = tokio::time::timeout(t, lines.next_line())
-        .await
-        .context("the app did not say where it listens")??
-        .context("the app exited before listening")?;
-    let addr = first
-        .split_whitespace()
-        .nth(3)
-        .with_context(|| format!("unexpected first line {first:?}"))?
-        .to_owned();
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    ensure!(kit::http1(&addr, "GET", "/livez", t).await?.0 == 200);
-    ensure!(kit::http1(&addr, "POST", "/liveness?fail", t).await?.0 == 200);
-    ensure!(kit::http1(&addr, "GET", "/livez", t).await?.0 == 500);
-    // Everything else keeps serving: a deadlocked health checker, not a dead app.
-    ensure!(kit::http1(&addr, "GET", "/", t).await?.0 == 200);
-    ensure!(kit::http1(&addr, "GET", "/healthz", t).await?.0 == 200);
-    ensure!(kit::http1(&addr, "GET", "/liveness?fail", t).await?.0 == 405);
-    ensure!(kit::http1(&addr, "POST", "/liveness", t).await?.0 == 400);
-    ensure!(kit::http1(&addr, "POST", "/liveness?ok", t).await?.0 == 200);
-    ensure!(kit::http1(&addr, "GET", "/livez", t).await?.0 == 200);
     Ok(())
 }

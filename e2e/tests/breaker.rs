@@ -1,4 +1,4 @@
-//! End-to-end test 4: the circuit breaker, on a real cluster.
+//! The circuit breaker, on a real cluster.
 //!
 //! The chart installed with the local images; the demo app (2 replicas) annotated
 //! `kubegrace.io/inject=enabled` with a GraceRoute that puts a breaker and a fallback on the
@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
 use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::scenario::kit::{self, ConstantLoad, PodAddr, Tally, stat};
-use kubegrace_e2e::scenario::{Install, Options, Progress, Scenario};
+use kubegrace_e2e::scenario::{Options, Progress, Scenario, keep_from_env, with_install};
 use kubegrace_sidecar_api::config::FALLBACK_HEADER;
 use serde_json::json;
 
@@ -53,14 +53,8 @@ async fn an_open_breaker_serves_the_fallback_lets_only_probes_through_and_closes
     let mut opts = Options::new("kg-breaker");
     opts.replicas = 2;
     let p = Progress::default();
-    let keep = std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some();
-
-    let install = Install::new(&opts);
-    let mut namespaces = Vec::new();
-    let outcome = async {
-        install.helm_install(&client, &opts, &p).await?;
-        let sc = Scenario::new(&client, &opts, &p).await?;
-        namespaces.push(sc.namespace.clone());
+    with_install(&client, &opts, &p, keep_from_env(), async |run| {
+        let sc = run.scenario("rollout").await?;
         let routes = json!({"routes": [{
             "name": ROUTE,
             "match": {"pathPrefix": "/api"},
@@ -73,18 +67,9 @@ async fn an_open_breaker_serves_the_fallback_lets_only_probes_through_and_closes
             "fallback": {"status": 200, "contentType": "application/json", "body": FALLBACK_BODY},
         }]});
         kit::deploy_with_route(&sc, APP, routes, &p).await?;
-        run(&client, &sc, &p).await
-    }
-    .await;
-    if keep {
-        p.step(format!(
-            "keeping release {} and namespaces {namespaces:?}",
-            install.release
-        ));
-    } else {
-        install.uninstall(&client, &namespaces, &p).await;
-    }
-    outcome
+        breaker_phases(&client, &sc, &p).await
+    })
+    .await
 }
 
 /// The `/api` requests each pod's app has seen, summed.
@@ -117,7 +102,69 @@ async fn breakers(pods: &[PodAddr]) -> std::result::Result<Vec<(String, u64)>, S
     Ok(out)
 }
 
-async fn run(client: &Client, sc: &Scenario, p: &Progress) -> Result<()> {
+/// The half-open transitions of every pod's breaker, summed: each one let a probe through.
+async fn half_open_probes(pods: &[PodAddr]) -> std::result::Result<u64, String> {
+    Ok(breakers(pods).await?.iter().map(|(_, n)| n).sum())
+}
+
+/// Flips the fault switch of every pod's app (`Some(status)` on, `None` off), straight to
+/// the app (the sidecar is not asked), then waits until every pod's breaker is in a state
+/// `settled` accepts (`breakers_are` says which, for the log).
+async fn switch_faults(
+    pods: &[PodAddr],
+    fault: Option<u16>,
+    breakers_are: &str,
+    settled: impl Fn(&str) -> bool,
+    p: &Progress,
+) -> Result<()> {
+    for pod in pods {
+        kit::set_fault(&pod.app(), fault).await?;
+    }
+    p.step(match fault {
+        Some(status) => format!("fault switch on: every pod's app answers {status}"),
+        None => "fault switch off".to_owned(),
+    });
+    p.wait(
+        &format!("every pod's breaker {breakers_are}"),
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let b = breakers(pods).await?;
+            if b.iter().all(|(state, _)| settled(state)) {
+                Ok(())
+            } else {
+                Err(format!("breakers {b:?}"))
+            }
+        },
+    )
+    .await
+}
+
+/// Waits until the load's tally of `phase` is `enough`.
+async fn wait_tally(
+    load: &ConstantLoad,
+    phase: usize,
+    what: &str,
+    enough: impl Fn(&Tally) -> bool,
+    p: &Progress,
+) -> Result<()> {
+    p.wait(
+        what,
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let t = load.tally(phase);
+            if enough(&t) {
+                Ok(())
+            } else {
+                Err(format!("{t:?}"))
+            }
+        },
+    )
+    .await
+}
+
+async fn breaker_phases(client: &Client, sc: &Scenario, p: &Progress) -> Result<()> {
     let pod_api: Api<Pod> = Api::namespaced(client.clone(), &sc.namespace);
     let pods = kit::ready_pods(&pod_api, APP).await?;
     ensure!(
@@ -136,61 +183,38 @@ async fn run(client: &Client, sc: &Scenario, p: &Progress) -> Result<()> {
     );
 
     // 1. Healthy.
-    p.wait(
+    wait_tally(
+        &load,
+        HEALTHY,
         "50 answers from the healthy app",
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-        || async {
-            let t = load.tally(HEALTHY);
-            if t.ok >= 50 {
-                Ok(t)
-            } else {
-                Err(format!("{t:?}"))
-            }
-        },
+        |t| t.ok >= 50,
+        p,
     )
     .await?;
     let healthy = load.tally(HEALTHY);
     load.set_phase(FAULTING);
 
-    // 2. Fault on every pod, straight to the app (the sidecar is not asked).
-    for pod in &pods {
-        kit::set_fault(&pod.app(), Some(503)).await?;
-    }
-    p.step("fault switch on: every pod's app answers 503");
-    p.wait(
-        "every pod's breaker open",
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        || async {
-            let b = breakers(&pods).await?;
-            if b.iter()
-                .all(|(state, _)| state != "closed" && state != "none")
-            {
-                Ok(())
-            } else {
-                Err(format!("breakers {b:?}"))
-            }
-        },
+    // 2. Fault on every pod.
+    switch_faults(
+        &pods,
+        Some(503),
+        "open",
+        |state| state != "closed" && state != "none",
+        p,
     )
     .await?;
     load.set_phase(OPEN);
 
     // 3. Open: fallbacks, and only probes reach the app.
     let app_before = app_requests(&pods).await.map_err(anyhow::Error::msg)?;
-    let probes_before: u64 = breakers(&pods)
-        .await
-        .map_err(anyhow::Error::msg)?
-        .iter()
-        .map(|(_, n)| n)
-        .sum();
+    let probes_before = half_open_probes(&pods).await.map_err(anyhow::Error::msg)?;
     p.wait(
         "150 requests sent with the breakers open, and at least 2 half-open probes",
         Duration::from_secs(60),
         Duration::from_millis(200),
         || async {
             let t = load.tally(OPEN);
-            let probes: u64 = breakers(&pods).await?.iter().map(|(_, n)| n).sum();
+            let probes = half_open_probes(&pods).await?;
             if t.done() >= 150 && probes >= probes_before + 2 {
                 Ok(())
             } else {
@@ -207,12 +231,7 @@ async fn run(client: &Client, sc: &Scenario, p: &Progress) -> Result<()> {
     // read had its transition counted too. At the start one probe per pod may straddle the
     // two reads (its transition before, its arrival after), hence the slack in the bound.
     let app_after = app_requests(&pods).await.map_err(anyhow::Error::msg)?;
-    let probes_after: u64 = breakers(&pods)
-        .await
-        .map_err(anyhow::Error::msg)?
-        .iter()
-        .map(|(_, n)| n)
-        .sum();
+    let probes_after = half_open_probes(&pods).await.map_err(anyhow::Error::msg)?;
     let (status, headers, body) = kit::http1(&service, "GET", "/", Duration::from_secs(5)).await?;
     let outside_route = (status, headers.contains_key(FALLBACK_HEADER), body);
     let (status, headers, body) =
@@ -231,37 +250,14 @@ async fn run(client: &Client, sc: &Scenario, p: &Progress) -> Result<()> {
     load.set_phase(RECOVERING);
 
     // 4. Recovery.
-    for pod in &pods {
-        kit::set_fault(&pod.app(), None).await?;
-    }
-    p.step("fault switch off");
-    p.wait(
-        "every pod's breaker closed",
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        || async {
-            let b = breakers(&pods).await?;
-            if b.iter().all(|(state, _)| state == "closed") {
-                Ok(())
-            } else {
-                Err(format!("breakers {b:?}"))
-            }
-        },
-    )
-    .await?;
+    switch_faults(&pods, None, "closed", |state| state == "closed", p).await?;
     load.set_phase(RECOVERED);
-    p.wait(
+    wait_tally(
+        &load,
+        RECOVERED,
         "100 answers after the breakers closed",
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-        || async {
-            let t = load.tally(RECOVERED);
-            if t.done() >= 100 {
-                Ok(())
-            } else {
-                Err(format!("{t:?}"))
-            }
-        },
+        |t| t.done() >= 100,
+        p,
     )
     .await?;
     let tallies = load.stop().await;

@@ -16,25 +16,15 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 use kube::runtime::conditions;
 use kube::{Api, Client};
-use kubegrace_e2e::{
-    cluster_client, demo_image, http_get, poll, wait_deleted, wait_for, with_namespace,
-};
+use kubegrace_e2e::scenario::demo_container;
+use kubegrace_e2e::{http_get, in_test_namespace, poll, wait_deleted, wait_for};
 use serde_json::json;
 
 const APP_PORT: u16 = 8080;
 
 fn container(args: &[&str], pre_stop_hold_ms: Option<u64>) -> serde_json::Value {
-    let mut c = json!({
-        "name": "app",
-        "image": demo_image(),
-        "imagePullPolicy": "Never",
-        "args": args,
-        "ports": [{"name": "http", "containerPort": APP_PORT}],
-        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
-        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 1},
-        "securityContext": {"allowPrivilegeEscalation": false, "runAsNonRoot": true,
-                            "capabilities": {"drop": ["ALL"]}},
-    });
+    let mut c = demo_container();
+    c["args"] = json!(args);
     if let Some(ms) = pre_stop_hold_ms {
         c["lifecycle"] = json!({"preStop": {"httpGet": {"path": format!("/prestop?hold_ms={ms}"), "port": "http"}}});
     }
@@ -200,10 +190,7 @@ async fn endpoint_conditions(
 
 #[tokio::test]
 async fn service_cluster_ip_reaches_demo_deployment() -> Result<()> {
-    let Some(client) = cluster_client("service_cluster_ip_reaches_demo_deployment").await? else {
-        return Ok(());
-    };
-    with_namespace(&client, "svc", |client: Client, ns: String| async move {
+    in_test_namespace("service_cluster_ip_reaches_demo_deployment", "svc", |client: Client, ns: String| async move {
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
         let services: Api<Service> = Api::namespaced(client.clone(), &ns);
         let deployment: Deployment = serde_json::from_value(json!({
@@ -263,10 +250,7 @@ async fn service_cluster_ip_reaches_demo_deployment() -> Result<()> {
 #[tokio::test]
 async fn pod_deletion_runs_prestop_then_sigterm_and_endpoint_terminates() -> Result<()> {
     let test = "pod_deletion_runs_prestop_then_sigterm_and_endpoint_terminates";
-    let Some(client) = cluster_client(test).await? else {
-        return Ok(());
-    };
-    with_namespace(&client, "stop", |client: Client, ns: String| async move {
+    in_test_namespace(test, "stop", |client: Client, ns: String| async move {
         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
         let services: Api<Service> = Api::namespaced(client.clone(), &ns);
         let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns);
@@ -320,49 +304,50 @@ async fn pod_deletion_runs_prestop_then_sigterm_and_endpoint_terminates() -> Res
 
 #[tokio::test]
 async fn grace_period_is_honoured_before_sigkill() -> Result<()> {
-    let Some(client) = cluster_client("grace_period_is_honoured_before_sigkill").await? else {
-        return Ok(());
-    };
-    with_namespace(&client, "grace", |client: Client, ns: String| async move {
-        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        const GRACE: i64 = 5;
-        let created = pods
-            .create(
-                &PostParams::default(),
-                &pod("stubborn", GRACE, &["--on-sigterm", "ignore"], None)?,
+    in_test_namespace(
+        "grace_period_is_honoured_before_sigkill",
+        "grace",
+        |client: Client, ns: String| async move {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            const GRACE: i64 = 5;
+            let created = pods
+                .create(
+                    &PostParams::default(),
+                    &pod("stubborn", GRACE, &["--on-sigterm", "ignore"], None)?,
+                )
+                .await?;
+            let uid = created.metadata.uid.context("pod without uid")?;
+            pod_ip(&pods, "stubborn").await?;
+
+            let logs = follow_logs(pods.clone(), "stubborn".into(), Duration::from_secs(60));
+            let started = Instant::now();
+            pods.delete("stubborn", &DeleteParams::default()).await?;
+            wait_deleted(
+                &pods,
+                "stubborn",
+                &uid,
+                Duration::from_secs(GRACE as u64 + 30),
             )
             .await?;
-        let uid = created.metadata.uid.context("pod without uid")?;
-        pod_ip(&pods, "stubborn").await?;
-
-        let logs = follow_logs(pods.clone(), "stubborn".into(), Duration::from_secs(60));
-        let started = Instant::now();
-        pods.delete("stubborn", &DeleteParams::default()).await?;
-        wait_deleted(
-            &pods,
-            "stubborn",
-            &uid,
-            Duration::from_secs(GRACE as u64 + 30),
-        )
-        .await?;
-        let elapsed = started.elapsed();
-        eprintln!("pod gone {elapsed:?} after deletion (grace {GRACE}s, SIGTERM ignored)");
-        let lines = logs.await?;
-        ensure!(
-            lines.iter().any(|l| l.contains("ignoring SIGTERM")),
-            "the app never saw SIGTERM: {lines:?}"
-        );
-        ensure!(
-            !lines.iter().any(|l| l.contains("exiting")),
-            "the app exited by itself, it should have been killed: {lines:?}"
-        );
-        // SIGKILL only when the grace period is over (a little slack for clock granularity).
-        ensure!(
-            elapsed >= Duration::from_millis(GRACE as u64 * 1000 - 500)
-                && elapsed < Duration::from_secs(GRACE as u64 + 20),
-            "pod took {elapsed:?} to go with a grace period of {GRACE}s"
-        );
-        Ok(())
-    })
+            let elapsed = started.elapsed();
+            eprintln!("pod gone {elapsed:?} after deletion (grace {GRACE}s, SIGTERM ignored)");
+            let lines = logs.await?;
+            ensure!(
+                lines.iter().any(|l| l.contains("ignoring SIGTERM")),
+                "the app never saw SIGTERM: {lines:?}"
+            );
+            ensure!(
+                !lines.iter().any(|l| l.contains("exiting")),
+                "the app exited by itself, it should have been killed: {lines:?}"
+            );
+            // SIGKILL only when the grace period is over (a little slack for clock granularity).
+            ensure!(
+                elapsed >= Duration::from_millis(GRACE as u64 * 1000 - 500)
+                    && elapsed < Duration::from_secs(GRACE as u64 + 20),
+                "pod took {elapsed:?} to go with a grace period of {GRACE}s"
+            );
+            Ok(())
+        },
+    )
     .await
 }

@@ -238,3 +238,22 @@ async fn sigterm_ignored_keeps_serving() -> Result<()> {
     ensure!(status == 200);
     Ok(())
 }
+
+/// A failing liveness check is all the switch breaks: `/livez` answers 500, everything else
+/// keeps serving, and switching it back restores `/livez`.
+#[tokio::test]
+async fn the_demo_apps_liveness_switch_fails_only_livez() -> Result<()> {
+    let app = App::start(&[]).await?;
+    let addr = app.addr.as_str();
+    ensure!(kit::http1(addr, "GET", "/livez", T).await?.0 == 200);
+    ensure!(kit::http1(addr, "POST", "/liveness?fail", T).await?.0 == 200);
+    ensure!(kit::http1(addr, "GET", "/livez", T).await?.0 == 500);
+    // Everything else keeps serving: a deadlocked health checker, not a dead app.
+    ensure!(kit::http1(addr, "GET", "/", T).await?.0 == 200);
+    ensure!(kit::http1(addr, "GET", "/healthz", T).await?.0 == 200);
+    ensure!(kit::http1(addr, "GET", "/liveness?fail", T).await?.0 == 405);
+    ensure!(kit::http1(addr, "POST", "/liveness", T).await?.0 == 400);
+    ensure!(kit::http1(addr, "POST", "/liveness?ok", T).await?.0 == 200);
+    ensure!(kit::http1(addr, "GET", "/livez", T).await?.0 == 200);
+    Ok(())
+}

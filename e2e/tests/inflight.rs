@@ -1,4 +1,4 @@
-//! End-to-end test 3: long requests and streams in flight when their pod is deleted.
+//! Long requests and streams in flight when their pod is deleted.
 //!
 //! On the real cluster: the chart installed with the local images, the demo app deployed
 //! twice (one replica each): `demo-with` annotated `kubegrace.io/inject=enabled` with a
@@ -25,7 +25,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
 use kube::{Api, Client};
 use kubegrace_e2e::scenario::kit::{self, Session, stat};
-use kubegrace_e2e::scenario::{Install, Options, Progress, Scenario, WITH, WITHOUT};
+use kubegrace_e2e::scenario::{Options, Progress, WITH, WITHOUT, keep_from_env, with_install};
 use kubegrace_e2e::{cluster_client, wait_deleted};
 
 /// Each exchange lasts about this long, well past the pod's deletion.
@@ -47,29 +47,14 @@ async fn long_requests_and_streams_in_flight_at_termination_finish_with_kubegrac
     // Closing waits for in-flight work up to `timeout`: longer than the exchanges.
     opts.drain.timeout = "20s".into();
     let p = Progress::default();
-    let keep = std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some();
-
-    let install = Install::new(&opts);
-    let mut namespaces = Vec::new();
-    let outcome = async {
-        install.helm_install(&client, &opts, &p).await?;
-        let sc = Scenario::new(&client, &opts, &p).await?;
-        namespaces.push(sc.namespace.clone());
+    let (with, without) = with_install(&client, &opts, &p, keep_from_env(), async |run| {
+        let sc = run.scenario("rollout").await?;
         sc.deploy(&p).await?;
         let with = delete_pod_in_flight(&client, &sc.namespace, WITH, true, &p).await?;
         let without = delete_pod_in_flight(&client, &sc.namespace, WITHOUT, false, &p).await?;
-        Ok::<_, anyhow::Error>((with, without))
-    }
-    .await;
-    if keep {
-        p.step(format!(
-            "keeping release {} and namespaces {namespaces:?}",
-            install.release
-        ));
-    } else {
-        install.uninstall(&client, &namespaces, &p).await;
-    }
-    let (with, without) = outcome?;
+        Ok((with, without))
+    })
+    .await?;
 
     let finished = |s: &[Session]| s.iter().filter(|s| s.finished()).count();
     eprintln!(

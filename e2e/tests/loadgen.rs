@@ -218,6 +218,14 @@ fn config(addr: SocketAddr, protocol: Protocol, rate: f64, duration_ms: u64) -> 
     }
 }
 
+/// [`config`] on a single connection, so every request reuses (or replaces) the same one.
+fn one_connection(addr: SocketAddr, protocol: Protocol, rate: f64, duration_ms: u64) -> Config {
+    Config {
+        connections: 1,
+        ..config(addr, protocol, rate, duration_ms)
+    }
+}
+
 fn only_reason(s: &Summary, reason: Reason) -> Result<()> {
     ensure!(
         s.requests == s.scheduled,
@@ -322,11 +330,7 @@ async fn a_connection_cut_mid_request_is_reset() -> Result<()> {
 #[tokio::test]
 async fn a_failure_is_attributed_to_the_pod_its_connection_talked_to() -> Result<()> {
     let addr = raw_server(Misbehave::AnswerOnceThenCut).await?;
-    let cfg = Config {
-        connections: 1,
-        ..config(addr, Protocol::Http1, 20.0, 500)
-    };
-    let s = load::run(&cfg).await?;
+    let s = load::run(&one_connection(addr, Protocol::Http1, 20.0, 500)).await?;
     assert_eq!((s.requests, s.ok, s.by_reason.reset), (10, 5, 5), "{s:?}");
     assert_eq!(s.by_pod.keys().collect::<Vec<_>>(), ["p1"]);
     assert_eq!(s.by_pod["p1"].failed, 5);
@@ -344,11 +348,7 @@ async fn a_failure_is_attributed_to_the_pod_its_connection_talked_to() -> Result
 #[tokio::test]
 async fn a_keepalive_connection_closed_between_requests_is_not_a_failure() -> Result<()> {
     let addr = raw_server(Misbehave::CloseWhenIdle).await?;
-    let cfg = Config {
-        connections: 1,
-        ..config(addr, Protocol::Http1, 20.0, 500)
-    };
-    let s = load::run(&cfg).await?;
+    let s = load::run(&one_connection(addr, Protocol::Http1, 20.0, 500)).await?;
     only_reason(&s, Reason::Ok)?;
     assert_eq!(s.requests, 10);
     // Every request needed a new connection. Whether hyper noticed the close while the
@@ -501,11 +501,7 @@ async fn grpc_unary_and_stream_against_the_echo_server() -> Result<()> {
     assert!(replies.iter().all(|r| r.pod == "pod-a" && r.message == "s"));
 
     // Through the runner: unary and streams, all ok, one connection reused.
-    let cfg = Config {
-        connections: 1,
-        ..config(addr, Protocol::Grpc, 80.0, 500)
-    };
-    let s = load::run(&cfg).await?;
+    let s = load::run(&one_connection(addr, Protocol::Grpc, 80.0, 500)).await?;
     only_reason(&s, Reason::Ok)?;
     assert_eq!(s.by_kind["grpc-stream"].requests, 10);
     assert_eq!(s.by_kind["grpc-unary"].requests, 30);
@@ -523,11 +519,7 @@ async fn the_echo_server_mounts_on_a_tonic_server() -> Result<()> {
             .add_service(EchoServer::new("pod-t"))
             .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
     );
-    let cfg = Config {
-        connections: 1,
-        ..config(addr, Protocol::Grpc, 40.0, 500)
-    };
-    let s = load::run(&cfg).await?;
+    let s = load::run(&one_connection(addr, Protocol::Grpc, 40.0, 500)).await?;
     only_reason(&s, Reason::Ok)?;
     assert_eq!(s.requests, 20);
     Ok(())

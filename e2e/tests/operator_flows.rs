@@ -1,11 +1,12 @@
 //! What a user does to a running app with the operator, under constant load:
 //!
-//! 5. `kubectl annotate deployment web kubegrace.io/inject=enabled`: the operator rolls the
-//!    pods, they come back with the sidecar; removing the annotation rolls them back out.
-//! 6. Editing a GraceRoute: the sidecars reload the new config (ConfigMap volume) without a
-//!    restart, and the route's status shows the new config hash.
-//! 7. Operator pods killed (grace period 0) in the middle of a rollout: no failed request,
-//!    every new pod injected, the other replica takes the Lease.
+//! - annotate: `kubectl annotate deployment web kubegrace.io/inject=enabled`: the operator
+//!   rolls the pods, they come back with the sidecar; removing the annotation rolls them
+//!   back out.
+//! - edit the route: the sidecars reload the new GraceRoute config (ConfigMap volume)
+//!   without a restart, and the route's status shows the new config hash.
+//! - kill the operator: operator pods killed (grace period 0) in the middle of a rollout:
+//!   no failed request, every new pod injected, the other replica takes the Lease.
 //!
 //! One chart install (two operator replicas, `failurePolicy: Fail`) for the three flows;
 //! each flow has its own temporary labelled namespace, deleted at the end. All three run,
@@ -25,14 +26,14 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::scenario::{
-    Action, Install, Options, Progress, RunResult, Scenario, WITH, has_sidecar,
+    Action, Options, Progress, RunResult, Scenario, WITH, has_sidecar, keep_from_env, with_install,
 };
 use kubegrace_sidecar_api::admin;
 use serde_json::json;
 
-/// The Deployment of flow 5: plain at first.
+/// The Deployment the annotate flow opts in: plain at first.
 const WEB: &str = "web";
-/// The drain.quiet value flow 6 switches to (this test starts from 1s). `quiet` is
+/// The drain.quiet value the route edit switches to (this test starts from 1s). `quiet` is
 /// not part of the time budget, so the edit changes no pod template and rolls nothing.
 const NEW_QUIET: &str = "800ms";
 
@@ -43,25 +44,19 @@ async fn annotate_edit_route_and_kill_the_operator_under_load() -> Result<()> {
         return Ok(());
     };
     let mut opts = Options::new("kg-e2e-ops").with_load_from_env()?;
-    // The chart's default; flow 7 kills one replica while the other serves.
+    // The chart's default; the kill flow kills one replica while the other serves.
     opts.operator_replicas = 2;
     // The drain's documented defaults (minDelay 2s, quiet 1s), not the scenario's faster
-    // 1s/500ms: flow 5 rolls the sidecar *out* while three injected pods drain at once,
+    // 1s/500ms: the annotate flow rolls the sidecar *out* while three injected pods drain at once,
     // and on this single loaded node kube-proxy then lagged past 1.5 s: 1 connection of
     // ~1300 was refused by a sidecar already in Closing, in 2 of 2 runs.
     opts.drain.min_delay = "2s".into();
     opts.drain.quiet = "1s".into();
     let p = Progress::default();
-    let install = Install::new(&opts);
-    let mut namespaces = Vec::new();
-    let outcome = async {
-        install.helm_install(&client, &opts, &p).await?;
-        let annotate = Scenario::named(&client, &opts, &p, "annotate").await?;
-        namespaces.push(annotate.namespace.clone());
-        let reload = Scenario::named(&client, &opts, &p, "reload").await?;
-        namespaces.push(reload.namespace.clone());
-        let kill = Scenario::named(&client, &opts, &p, "opkill").await?;
-        namespaces.push(kill.namespace.clone());
+    let (report, failures) = with_install(&client, &opts, &p, keep_from_env(), async |run| {
+        let annotate = run.scenario("annotate").await?;
+        let reload = run.scenario("reload").await?;
+        let kill = run.scenario("opkill").await?;
         // Everything is created up front, so the three apps start side by side.
         annotate.create_route(WEB, &p).await?;
         annotate.create_app(WEB, false, &p).await?;
@@ -72,28 +67,18 @@ async fn annotate_edit_route_and_kill_the_operator_under_load() -> Result<()> {
         let mut report = Vec::new();
         let mut failures = Vec::new();
         for (flow, result) in [
-            ("5 annotate", annotate_flow(&annotate, &p).await),
-            ("6 edit GraceRoute", edit_route_flow(&reload, &p).await),
-            ("7 kill operator", kill_operator_flow(&kill, &p).await),
+            ("annotate", annotate_flow(&annotate, &p).await),
+            ("edit GraceRoute", edit_route_flow(&reload, &p).await),
+            ("kill operator", kill_operator_flow(&kill, &p).await),
         ] {
             match result {
                 Ok(lines) => report.extend(lines.into_iter().map(|l| format!("{flow}: {l}"))),
                 Err(e) => failures.push(format!("{flow}: {e:#}")),
             }
         }
-        Ok::<_, anyhow::Error>((report, failures))
-    }
-    .await;
-    let keep = std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some();
-    if keep {
-        p.step(format!(
-            "keeping release {} and namespaces {namespaces:?}",
-            install.release
-        ));
-    } else {
-        install.uninstall(&client, &namespaces, &p).await;
-    }
-    let (report, failures) = outcome?;
+        Ok((report, failures))
+    })
+    .await?;
     for line in &report {
         eprintln!("{line}");
     }
@@ -119,7 +104,8 @@ fn names(pods: &[Pod]) -> BTreeSet<String> {
         .collect()
 }
 
-/// Flow 5. The pods the annotation replaces are the plain ones: they die the naive way
+/// Annotating the Deployment rolls in the sidecar, removing the annotation rolls it out.
+/// The pods the annotation replaces are the plain ones: they die the naive way
 /// (the demo app exits at once on SIGTERM), so the requests they had in flight can fail;
 /// that is the loss kubegrace exists to prevent, and it is reported, not hidden. What must
 /// hold: the new pods are injected and lose nothing, and the roll that takes the sidecar
@@ -220,7 +206,8 @@ async fn sidecar_config(sc: &Scenario, pod: &str) -> Result<(String, u64)> {
     Ok((quiet, v["source"]["reloads"].as_u64().unwrap_or(0)))
 }
 
-/// Flow 6.
+/// Editing the GraceRoute reaches every sidecar by hot reload: no pod restarts, the route's
+/// status shows the new config hash.
 async fn edit_route_flow(sc: &Scenario, p: &Progress) -> Result<Vec<String>> {
     sc.wait_budget_applied(WITH, p).await?;
     sc.settle(WITH, true, p).await?;
@@ -353,7 +340,8 @@ async fn edit_route_flow(sc: &Scenario, p: &Progress) -> Result<Vec<String>> {
     Ok(vec![line])
 }
 
-/// Flow 7.
+/// Operator pods killed mid-rollout: no request fails, every new pod is injected, the
+/// other replica takes the Lease.
 async fn kill_operator_flow(sc: &Scenario, p: &Progress) -> Result<Vec<String>> {
     sc.wait_budget_applied(WITH, p).await?;
     sc.settle(WITH, true, p).await?;

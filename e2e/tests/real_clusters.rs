@@ -26,9 +26,11 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kubegrace_e2e::scenario::{
-    APP_PORT, Install, Options, Progress, Scenario, WITH, graceroute_api, has_sidecar, service,
+    APP_PORT, Options, Progress, Scenario, WITH, demo_container, graceroute_api, has_sidecar,
+    keep_from_env, route_condition, service, with_install,
 };
 use kubegrace_e2e::{cluster_client, demo_image};
+use kubegrace_sidecar_api::{admin, keys, pod};
 use serde_json::json;
 
 #[tokio::test]
@@ -39,27 +41,20 @@ async fn bypassing_services_gitops_reapplies_and_taken_ports_are_handled() -> Re
     };
     let opts = Options::new("kg-e2e-real");
     let p = Progress::default();
-    let install = Install::new(&opts);
-    let mut namespaces = Vec::new();
-    let outcome = async {
-        install.helm_install(&client, &opts, &p).await?;
-        let bypass = Scenario::named(&client, &opts, &p, "bypass").await?;
-        namespaces.push(bypass.namespace.clone());
+    let failures = with_install(&client, &opts, &p, keep_from_env(), async |run| {
+        let bypass = run.scenario("bypass").await?;
         // Each flow waits for as many pods as its Deployment asks for.
         let gitops_opts = Options {
             replicas: GITOPS_REPLICAS,
             ..opts.clone()
         };
-        let gitops = Scenario::named(&client, &gitops_opts, &p, "gitops").await?;
-        namespaces.push(gitops.namespace.clone());
+        let gitops = run.scenario_with(&gitops_opts, "gitops").await?;
         let ports_opts = Options {
             replicas: 1,
             ..opts.clone()
         };
-        let ports = Scenario::named(&client, &ports_opts, &p, "ports").await?;
-        namespaces.push(ports.namespace.clone());
-        let serving = Scenario::named(&client, &ports_opts, &p, "serving").await?;
-        namespaces.push(serving.namespace.clone());
+        let ports = run.scenario_with(&ports_opts, "ports").await?;
+        let serving = run.scenario_with(&ports_opts, "serving").await?;
         let mut failures = Vec::new();
         for (flow, result) in [
             ("bypassing Service", bypass_flow(&bypass, &p).await),
@@ -75,15 +70,9 @@ async fn bypassing_services_gitops_reapplies_and_taken_ports_are_handled() -> Re
                 Err(e) => failures.push(format!("{flow}: {e:#}")),
             }
         }
-        Ok::<_, anyhow::Error>(failures)
-    }
-    .await;
-    if std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some() {
-        p.step(format!("keeping {} and {namespaces:?}", install.release));
-    } else {
-        install.uninstall(&client, &namespaces, &p).await;
-    }
-    let failures = outcome?;
+        Ok(failures)
+    })
+    .await?;
     if !failures.is_empty() {
         bail!("{}", failures.join("\n"));
     }
@@ -135,13 +124,33 @@ fn route_yaml(name: &str) -> String {
 /// The route's condition `type_` as (status, reason, message).
 async fn condition(sc: &Scenario, route: &str, type_: &str) -> Result<(String, String, String)> {
     let r = graceroute_api(&sc.client, &sc.namespace).get(route).await?;
-    let c = r.data["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
-        .cloned()
-        .unwrap_or_default();
-    let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
-    Ok((s("status"), s("reason"), s("message")))
+    Ok(route_condition(&r, type_))
+}
+
+/// Waits until the `Degraded` condition of route `WITH` is as `wanted(status, reason)`
+/// says; returns its message.
+async fn wait_degraded(
+    sc: &Scenario,
+    p: &Progress,
+    what: &str,
+    wanted: impl Fn(&str, &str) -> bool,
+) -> Result<String> {
+    p.wait(
+        what,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            let (status, reason, msg) = condition(sc, WITH, "Degraded")
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+            if wanted(&status, &reason) {
+                Ok(msg)
+            } else {
+                Err(format!("Degraded {status} {reason}: {msg}"))
+            }
+        },
+    )
+    .await
 }
 
 /// Waits until the route validator answers in `sc`'s namespace: the API server picks up
@@ -200,23 +209,13 @@ async fn bypass_flow(sc: &Scenario, p: &Progress) -> Result<String> {
         "the named Service {WITH} was reported: {warnings}"
     );
     sc.settle(WITH, true, p).await?;
-    let msg = p
-        .wait(
-            "route Degraded: ServiceBypassesSidecar",
-            Duration::from_secs(60),
-            Duration::from_millis(500),
-            || async {
-                let (status, reason, msg) = condition(sc, WITH, "Degraded")
-                    .await
-                    .map_err(|e| format!("{e:#}"))?;
-                if status == "True" && reason == "ServiceBypassesSidecar" {
-                    Ok(msg)
-                } else {
-                    Err(format!("Degraded {status} {reason}: {msg}"))
-                }
-            },
-        )
-        .await?;
+    let msg = wait_degraded(
+        sc,
+        p,
+        "route Degraded: ServiceBypassesSidecar",
+        |status, reason| status == "True" && reason == "ServiceBypassesSidecar",
+    )
+    .await?;
     ensure!(
         msg.contains("Service by-number port 80 targets 8080 by number")
             && msg.contains("kubectl patch service by-number")
@@ -240,20 +239,11 @@ async fn bypass_flow(sc: &Scenario, p: &Progress) -> Result<String> {
             &Patch::Merge(json!({"spec": {"ports": [{"port": 80, "targetPort": "http"}]}})),
         )
         .await?;
-    p.wait(
+    wait_degraded(
+        sc,
+        p,
         "Degraded cleared once the Service targets the port name",
-        Duration::from_secs(60),
-        Duration::from_millis(500),
-        || async {
-            let (status, reason, msg) = condition(sc, WITH, "Degraded")
-                .await
-                .map_err(|e| format!("{e:#}"))?;
-            if status == "False" {
-                Ok(())
-            } else {
-                Err(format!("Degraded {status} {reason}: {msg}"))
-            }
-        },
+        |status, _| status == "False",
     )
     .await?;
     Ok(format!("reported, then cleared by the fix: {msg}"))
@@ -265,6 +255,8 @@ const GITOPS_REPLICAS: i32 = 2;
 /// A GitOps-style manifest: the inject label in the template (no operator copy), and the
 /// fields a chart typically spells out, which an operator editing them would fight over.
 fn gitops_deployment(name: &str) -> serde_json::Value {
+    let mut app = demo_container();
+    app["resources"] = json!({"requests": {"cpu": "10m", "memory": "16Mi"}});
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "labels": {"app": name}},
@@ -274,19 +266,11 @@ fn gitops_deployment(name: &str) -> serde_json::Value {
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}},
             "selector": {"matchLabels": {"app": name}},
             "template": {
-                "metadata": {"labels": {"app": name, "kubegrace.io/inject": "enabled"}},
+                "metadata": {"labels": {"app": name, (keys::INJECT): "enabled"}},
                 "spec": {
                     "terminationGracePeriodSeconds": 5,
                     "automountServiceAccountToken": false,
-                    "containers": [{
-                        "name": "app", "image": demo_image(), "imagePullPolicy": "Never",
-                        "ports": [{"name": "http", "containerPort": APP_PORT}],
-                        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
-                        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 1},
-                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
-                        "securityContext": {"allowPrivilegeEscalation": false, "runAsNonRoot": true,
-                                            "capabilities": {"drop": ["ALL"]}},
-                    }],
+                    "containers": [app],
                 },
             },
         },
@@ -455,7 +439,7 @@ async fn ports_flow(sc: &Scenario, p: &Progress) -> Result<String> {
     let containers = d["spec"]["template"]["spec"]["containers"]
         .as_array_mut()
         .context("containers")?;
-    for port in [15020, 15180, 15181] {
+    for port in [15020, admin::DEFAULT_PORT, pod::FIRST_LISTEN_PORT] {
         containers.push(extra(port));
     }
     kubectl(&["apply", "-n", &sc.namespace, "-f", "-"], &route_yaml(APP)).await?;
@@ -489,7 +473,7 @@ async fn ports_flow(sc: &Scenario, p: &Progress) -> Result<String> {
         .iter()
         .flatten()
         .chain(spec.containers.iter())
-        .filter(|c| c.name == "kubegrace-sidecar")
+        .filter(|c| c.name == pod::CONTAINER)
         .flat_map(|c| c.ports.iter().flatten())
         .find(|p| p.name.as_deref() == Some("http"))
         .map(|p| p.container_port)
@@ -498,7 +482,7 @@ async fn ports_flow(sc: &Scenario, p: &Progress) -> Result<String> {
         (admin, listen) == (15182, 15183),
         "admin {admin}, listener {listen}: expected the next free ports 15182, 15183"
     );
-    let ready = sc.admin_get(&name, "/ready").await?;
+    let ready = sc.admin_get(&name, admin::path::READY).await?;
     let body = sc
         .pod_get(&name, u16::try_from(listen)?, "/")
         .await

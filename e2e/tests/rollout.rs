@@ -22,8 +22,7 @@ async fn rolling_update_under_load_loses_no_request_with_kubegrace_and_some_with
     };
     let opts = Options::new("kg-e2e").with_load_from_env()?;
     let p = Progress::default();
-    let keep = std::env::var_os("KUBEGRACE_E2E_KEEP_NAMESPACE").is_some();
-    let outcome = scenario::run(&client, &opts, &p, Some(1), keep).await?;
+    let outcome = scenario::run(&client, &opts, &p, Some(1), scenario::keep_from_env()).await?;
 
     let out_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e-rollout");
     let result = outcome.demo_result();

@@ -28,10 +28,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-    PostParams,
-};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt as _};
 use kubegrace_sidecar_api::keys;
@@ -224,33 +221,19 @@ async fn metrics(admin: u16) -> anyhow::Result<String> {
     Ok(out)
 }
 
-fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {
-    let listeners = (0..N)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<Vec<_>>>()?;
-    let mut ports = [0u16; N];
-    for (p, l) in ports.iter_mut().zip(&listeners) {
-        *p = l.local_addr()?.port();
-    }
-    Ok(ports)
-}
-
 /// Polls `check` every 100 ms until it is Some or `secs` pass.
-async fn wait_for<T, F, Fut>(secs: u64, what: &str, mut check: F) -> anyhow::Result<T>
+async fn wait_for<T, F, Fut>(secs: u64, what: &str, check: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = check().await {
-            return Ok(v);
-        }
-        if Instant::now() > deadline {
-            bail!("timed out after {secs}s waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    kubegrace_e2e::poll(
+        what,
+        Duration::from_secs(secs),
+        Duration::from_millis(100),
+        check,
+    )
+    .await
 }
 
 fn pod(injected: bool) -> anyhow::Result<Pod> {
@@ -277,6 +260,30 @@ fn route(name: &str, quiet_ms: u64) -> anyhow::Result<GraceRoute> {
     }))?)
 }
 
+/// Times `n` dry-run creates of a route, after 10 untimed ones that warm the path up.
+async fn time_dry_run_routes(
+    routes: &Api<GraceRoute>,
+    n: usize,
+    what: &str,
+) -> anyhow::Result<Series> {
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let mut series = Series::default();
+    for i in 0..n + 10 {
+        let t = Instant::now();
+        routes
+            .create(&dry, &route(&format!("dry-{i}"), 1000)?)
+            .await
+            .context(what.to_owned())?;
+        if i >= 10 {
+            series.push(t.elapsed());
+        }
+    }
+    Ok(series)
+}
+
 struct Setup {
     client: Client,
     ns: String,
@@ -284,29 +291,7 @@ struct Setup {
 
 impl Setup {
     async fn cleanup(&self) {
-        let dp = DeleteParams::default();
-        let _ = Api::<MutatingWebhookConfiguration>::all(self.client.clone())
-            .delete(&self.ns, &dp)
-            .await;
-        let _ = Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
-            .delete(&self.ns, &dp)
-            .await;
-        let routes: Api<GraceRoute> =
-            Api::namespaced_with(self.client.clone(), &self.ns, &route_resource());
-        if let Ok(list) = routes.list(&ListParams::default()).await {
-            for r in list {
-                let _ = routes
-                    .patch(
-                        &r.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-                    )
-                    .await;
-            }
-        }
-        let _ = Api::<Namespace>::all(self.client.clone())
-            .delete(&self.ns, &dp)
-            .await;
+        kubegrace_e2e::delete_test_namespace(&self.client, &self.ns).await;
     }
 }
 
@@ -373,7 +358,7 @@ async fn run(args: &Args, client: &Client, ns: &str) -> anyhow::Result<Value> {
         .create(&PostParams::default(), &namespace)
         .await
         .context("creating the namespace")?;
-    let [webhook_port, admin_port] = free_ports::<2>()?;
+    let [webhook_port, admin_port] = kubegrace_e2e::free_ports::<2>()?;
     let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
     let mwc: MutatingWebhookConfiguration = serde_json::from_value(json!({
         "metadata": {"name": ns, "labels": {"kubegrace.io/test": "bench"}},
@@ -499,17 +484,7 @@ async fn run(args: &Args, client: &Client, ns: &str) -> anyhow::Result<Value> {
 
     // ---- 2. GraceRoute admission: dry-run creates before and after the
     // validating webhook exists.
-    let mut route_without = Series::default();
-    for i in 0..args.routes + 10 {
-        let t = Instant::now();
-        routes
-            .create(&dry, &route(&format!("dry-{i}"), 1000)?)
-            .await
-            .context("dry-run route create")?;
-        if i >= 10 {
-            route_without.push(t.elapsed());
-        }
-    }
+    let route_without = time_dry_run_routes(&routes, args.routes, "dry-run route create").await?;
     let vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
         "metadata": {"name": ns, "labels": {"kubegrace.io/test": "bench"}},
         "webhooks": [{
@@ -543,17 +518,12 @@ async fn run(args: &Args, client: &Client, ns: &str) -> anyhow::Result<Value> {
     })
     .await?;
     let before = metrics(admin_port).await?;
-    let mut route_with = Series::default();
-    for i in 0..args.routes + 10 {
-        let t = Instant::now();
-        routes
-            .create(&dry, &route(&format!("dry-{i}"), 1000)?)
-            .await
-            .context("dry-run route create through the webhook")?;
-        if i >= 10 {
-            route_with.push(t.elapsed());
-        }
-    }
+    let route_with = time_dry_run_routes(
+        &routes,
+        args.routes,
+        "dry-run route create through the webhook",
+    )
+    .await?;
     let after = metrics(admin_port).await?;
     let validate_server = Histogram::parse(
         &after,

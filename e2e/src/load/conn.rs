@@ -95,15 +95,7 @@ impl Http1Pool {
                 .map_err(|e| Failure::new(Reason::Other, format!("building request: {e}")))?;
             match sender.try_send_request(req).await {
                 Ok(resp) => {
-                    let status = resp.status().as_u16();
-                    ctx.set(Phase::Body);
-                    let body = resp
-                        .into_body()
-                        .collect()
-                        .await
-                        .map_err(|e| classify_error(&e))?
-                        .to_bytes();
-                    ctx.answered(pod_from_body(&body));
+                    let status = read_answer(resp, ctx).await?;
                     self.put_idle((sender, info));
                     return classify_status(status);
                 }
@@ -163,6 +155,21 @@ impl Http1Pool {
     }
 }
 
+/// Reads an answer's body to its end and notes the pod it names; returns the status, or
+/// how the body failed.
+async fn read_answer(resp: Response<Incoming>, ctx: &RequestCtx) -> Result<u16, Failure> {
+    let status = resp.status().as_u16();
+    ctx.set(Phase::Body);
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| classify_error(&e))?
+        .to_bytes();
+    ctx.answered(pod_from_body(&body));
+    Ok(status)
+}
+
 /// The request body type of the HTTP/2 pool: tonic's body, so plain HTTP/2 requests
 /// (empty body) and gRPC calls share one pool implementation.
 pub type H2Body = tonic::body::Body;
@@ -202,16 +209,7 @@ impl Http2Pool {
             .body(H2Body::default())
             .map_err(|e| Failure::new(Reason::Other, format!("building request: {e}")))?;
         let resp = self.send(req, ctx).await?;
-        let status = resp.status().as_u16();
-        ctx.set(Phase::Body);
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| classify_error(&e))?
-            .to_bytes();
-        ctx.answered(pod_from_body(&body));
-        classify_status(status)
+        classify_status(read_answer(resp, ctx).await?)
     }
 
     /// Sends one request and returns the response head (the body is the caller's).

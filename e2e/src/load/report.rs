@@ -149,24 +149,14 @@ pub fn table(result: &DemoResult) -> String {
         "without kubegrace".to_owned(),
         "with kubegrace".to_owned(),
     );
-    let w0 = rows
-        .iter()
-        .chain([&head])
-        .map(|r| r.0.len())
-        .max()
-        .unwrap_or(0);
-    let w1 = rows
-        .iter()
-        .chain([&head])
-        .map(|r| r.1.len())
-        .max()
-        .unwrap_or(0);
-    let w2 = rows
-        .iter()
-        .chain([&head])
-        .map(|r| r.2.len())
-        .max()
-        .unwrap_or(0);
+    let width = |cell: fn(&(String, String, String)) -> &String| {
+        rows.iter()
+            .chain([&head])
+            .map(|r| cell(r).len())
+            .max()
+            .unwrap_or(0)
+    };
+    let (w0, w1, w2) = (width(|r| &r.0), width(|r| &r.1), width(|r| &r.2));
     let mut out = String::new();
     let mut line = |r: &(String, String, String)| {
         let _ = writeln!(out, "{:<w0$}  {:>w1$}  {:>w2$}", r.0, r.1, r.2);

@@ -15,13 +15,11 @@ use futures_util::{SinkExt, StreamExt};
 use http_body_util::{BodyExt, Empty};
 use hyper::header::HeaderMap;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DynamicObject, ListParams, PostParams};
+use kube::api::ListParams;
 use kubegrace_sidecar_api::admin;
 use kubegrace_sidecar_api::config::FALLBACK_HEADER;
-use serde_json::json;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -30,7 +28,7 @@ use crate::load::conn::{ConnStats, Http2Pool};
 use crate::load::grpc::{self, EchoRequest};
 use crate::load::outcome::RequestCtx;
 use crate::load::target::Target;
-use crate::scenario::{Progress, Scenario, deployment, graceroute_api, service};
+use crate::scenario::{Progress, Scenario, graceroute};
 
 /// How one long exchange ended.
 #[derive(Clone, Debug)]
@@ -424,40 +422,10 @@ pub async fn deploy_with_route(
     route_spec: serde_json::Value,
     p: &Progress,
 ) -> Result<()> {
-    let post = PostParams::default();
-    let d = &sc.opts.drain;
-    let mut spec = json!({
-        "targetRef": {"kind": "Deployment", "name": name},
-        "ports": [{"name": "http", "protocol": "http"}],
-        "drain": {"minDelay": d.min_delay, "quiet": d.quiet, "maxDelay": d.max_delay, "timeout": d.timeout},
-    });
-    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), route_spec.as_object()) {
-        spec.extend(extra.clone());
-    }
-    let route: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
-        "metadata": {"name": name},
-        "spec": spec,
-    }))?;
-    graceroute_api(&sc.client, &sc.namespace)
-        .create(&post, &route)
-        .await
-        .context("creating the GraceRoute")?;
+    let route = graceroute(name, &sc.opts.drain, route_spec)?;
+    sc.post_route(&route).await?;
     p.step(format!("GraceRoute {name}: {}", route.data["spec"]));
-    let deployments: Api<Deployment> = Api::namespaced(sc.client.clone(), &sc.namespace);
-    deployments
-        .create(&post, &deployment(name, sc.opts.replicas, true)?)
-        .await
-        .with_context(|| format!("creating Deployment {name}"))?;
-    let services: Api<Service> = Api::namespaced(sc.client.clone(), &sc.namespace);
-    services
-        .create(&post, &service(name)?)
-        .await
-        .with_context(|| format!("creating Service {name}"))?;
-    p.step(format!(
-        "Deployment {name} ({} replicas, annotated kubegrace.io/inject=enabled) and its Service",
-        sc.opts.replicas
-    ));
+    sc.create_app(name, true, p).await?;
     sc.settle(name, true, p).await
 }
 

@@ -13,7 +13,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, CustomResourceExt, ResourceExt};
+use kube::{Api, Client, CustomResourceExt};
 use kubegrace_operator::cli::RunArgs;
 use kubegrace_operator::crd::GraceRoute;
 use kubegrace_sidecar_api::keys;
@@ -39,36 +39,46 @@ pub async fn cluster(test: &str) -> Option<(Client, tokio::sync::MutexGuard<'sta
     Some((client, serial))
 }
 
+/// Runs a test's `body` in the cluster tier ([`cluster`]; outside it, returns at once) in
+/// its own labelled namespace `<prefix>-xxxxxx` (labelled `kubegrace.io/inject=enabled`
+/// too when `inject_label`), deleted after the body returns.
+pub async fn in_cluster(
+    test: &str,
+    prefix: &str,
+    inject_label: bool,
+    body: impl AsyncFnOnce(&Client, &TestNs),
+) {
+    let Some((client, _serial)) = cluster(test).await else {
+        return;
+    };
+    let ns = TestNs::new(&client, prefix, inject_label).await;
+    body(&client, &ns).await;
+    ns.cleanup().await;
+}
+
 /// Polls `check` every 250ms until it returns Some, for at most `secs`.
-pub async fn wait_for<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+pub async fn wait_for<T, F, Fut>(secs: u64, what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {secs}s waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    kubegrace_e2e::poll(
+        what,
+        Duration::from_secs(secs),
+        Duration::from_millis(250),
+        check,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 pub fn free_port() -> u16 {
     free_ports::<1>()[0]
 }
 
-/// Distinct free ports: the listeners are held until all are chosen (the
-/// kernel happily hands the same port to consecutive binds otherwise).
+/// Distinct free ports ([`kubegrace_e2e::free_ports`]).
 pub fn free_ports<const N: usize>() -> [u16; N] {
-    let listeners: Vec<std::net::TcpListener> = (0..N)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("free port"))
-        .collect();
-    std::array::from_fn(|i| listeners[i].local_addr().expect("addr").port())
+    kubegrace_e2e::free_ports().expect("free ports")
 }
 
 pub async fn install_crd(client: &Client) {
@@ -118,30 +128,9 @@ impl TestNs {
         }
     }
 
+    /// Deletes the namespace and what the test made for it ([`kubegrace_e2e::delete_test_namespace`]).
     pub async fn cleanup(self) {
-        let _ = Api::<MutatingWebhookConfiguration>::all(self.client.clone())
-            .delete(&self.name, &DeleteParams::default())
-            .await;
-        let _ = Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
-            .delete(&self.name, &DeleteParams::default())
-            .await;
-        // The operator is stopped by now: drop the routes' finalizers, or
-        // the namespace would wait for them forever.
-        let routes: Api<GraceRoute> = Api::namespaced(self.client.clone(), &self.name);
-        if let Ok(list) = routes.list(&ListParams::default()).await {
-            for r in list {
-                let _ = routes
-                    .patch(
-                        &r.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-                    )
-                    .await;
-            }
-        }
-        let _ = Api::<Namespace>::all(self.client.clone())
-            .delete(&self.name, &DeleteParams::default())
-            .await;
+        kubegrace_e2e::delete_test_namespace(&self.client, &self.name).await;
     }
 }
 
@@ -241,6 +230,58 @@ pub async fn wait_ca_bundle(client: &Client, ns: &str) {
     .await;
 }
 
+/// Creates `obj` through `api`; panics with `what` when the API server refuses.
+pub async fn create<K>(api: &Api<K>, obj: &K, what: &str) -> K
+where
+    K: Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
+{
+    api.create(&PostParams::default(), obj).await.expect(what)
+}
+
+/// Merge-patches the spec of route `name` with `spec`.
+pub async fn patch_route_spec(
+    routes: &Api<GraceRoute>,
+    name: &str,
+    spec: serde_json::Value,
+) -> kube::Result<GraceRoute> {
+    routes
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": spec })),
+        )
+        .await
+}
+
+/// Deletes route `name` and waits until it is gone: the operator (still running) removed
+/// its finalizer.
+pub async fn delete_route(routes: &Api<GraceRoute>, name: &str) {
+    routes
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete route");
+    wait_for(60, &format!("route {name} gone"), || async {
+        routes.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+}
+
+/// Waits until route `name` has the condition `(type, status, reason)`; returns its
+/// message.
+pub async fn wait_condition(
+    routes: &Api<GraceRoute>,
+    name: &str,
+    (type_, want_status, want_reason): (&str, &str, &str),
+) -> String {
+    let what = format!("{name}: {type_}={want_status} {want_reason}");
+    wait_for(60, &what, || async {
+        let r = routes.get(name).await.ok()?;
+        let (status, reason, msg) = condition(&r, type_)?;
+        (status == want_status && reason == want_reason).then_some(msg)
+    })
+    .await
+}
+
 /// Deletes the named routes and waits until they are gone: the operator
 /// (still running) removed its finalizer from each.
 pub async fn delete_routes(routes: &Api<GraceRoute>, names: &[&str], what: &str) {
@@ -297,6 +338,13 @@ pub fn deployment(name: &str) -> Deployment {
         }
     }))
     .expect("deployment")
+}
+
+/// Creates Deployment `web` ([`deployment`]) in `ns`; returns the namespace's Deployments.
+pub async fn create_web_deployment(client: &Client, ns: &str) -> Api<Deployment> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    create(&deployments, &deployment("web"), "create deployment").await;
+    deployments
 }
 
 pub fn condition(r: &GraceRoute, type_: &str) -> Option<(String, String, String)> {
@@ -368,11 +416,20 @@ pub fn start_operator_extra(
     (tx, task)
 }
 
+/// GraceRoute `name` on Deployment `target`, port `http`, nothing else set.
 pub fn graceroute(name: &str, target: &str) -> GraceRoute {
+    graceroute_spec(
+        name,
+        json!({"targetRef": {"kind": "Deployment", "name": target}, "ports": [{"name": "http"}]}),
+    )
+}
+
+/// GraceRoute `name` with this spec.
+pub fn graceroute_spec(name: &str, spec: serde_json::Value) -> GraceRoute {
     serde_json::from_value(json!({
         "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
         "metadata": {"name": name},
-        "spec": {"targetRef": {"kind": "Deployment", "name": target}, "ports": [{"name": "http"}]}
+        "spec": spec,
     }))
     .expect("route")
 }

@@ -15,10 +15,7 @@ use crate::harness::*;
 
 /// `helm template` of the chart's RBAC with `watchNamespaces`, as objects.
 fn render_rbac(release: &str, release_ns: &str, watch: &str) -> Vec<serde_yaml::Value> {
-    let helm = std::env::var_os("KUBEGRACE_TOOLS_BIN")
-        .map(|d| std::path::PathBuf::from(d).join("helm"))
-        .filter(|p| p.exists())
-        .unwrap_or_else(|| "helm".into());
+    let helm = kubegrace_e2e::scenario::helm_bin();
     let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/kubegrace");
     let out = std::process::Command::new(&helm)
         .args(["template", release])
@@ -73,86 +70,65 @@ async fn can_i(as_sa: &Client, verb: &str, group: &str, resource: &str, ns: Opti
 /// with the route; the route says why and what to do, with an Event.
 #[tokio::test]
 async fn a_users_configmap_named_like_the_routes_survives_untouched_and_the_route_says_why() {
-    let Some((client, _serial)) = cluster(
+    in_cluster(
         "a_users_configmap_named_like_the_routes_survives_untouched_and_the_route_says_why",
+        "kg-own",
+        false,
+        async |client, ns| {
+            let port = free_port();
+            // This operator watches only the test namespace.
+            let (stop, task) = start_operator_extra(
+                client,
+                &ns.name,
+                port,
+                &[format!("--watch-namespaces={}", ns.name)],
+            );
+            let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+            let user_cm: ConfigMap = serde_json::from_value(json!({
+                "metadata": {"name": "kubegrace-web", "labels": {"app": "web"}},
+                "data": {"settings.ini": "mine=1\n"}
+            }))
+            .expect("cm");
+            let before = create(&cms, &user_cm, "create the user's ConfigMap").await;
+            create_web_deployment(client, &ns.name).await;
+            let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
+            create(&routes, &graceroute("web", "web"), "create route").await;
+            let msg =
+                wait_condition(&routes, "web", ("Accepted", "False", "ConfigMapNotOwned")).await;
+            let cm_ref = format!("ConfigMap {}/kubegrace-web", ns.name);
+            for part in [
+                cm_ref.as_str(),
+                "was not created by kubegrace",
+                "will not overwrite or delete it",
+                "Rename or delete that ConfigMap",
+            ] {
+                assert!(msg.contains(part), "{part:?} not in {msg}");
+            }
+            wait_warning_event(client, &ns.name, "ConfigMapNotOwned").await;
+            let untouched = |cm: &ConfigMap| {
+                assert_eq!(cm.data, before.data, "data changed");
+                assert_eq!(cm.labels(), before.labels(), "labels changed");
+                assert!(cm.owner_references().is_empty(), "owner reference added");
+                assert!(
+                    cm.managed_fields()
+                        .iter()
+                        .all(|m| m.manager.as_deref() != Some(kubegrace_operator::FIELD_MANAGER)),
+                    "kubegrace manages fields of it: {:?}",
+                    cm.managed_fields()
+                );
+            };
+            untouched(&cms.get("kubegrace-web").await.expect("still there"));
+            // Deleting the route leaves the ConfigMap alone.
+            delete_route(&routes, "web").await;
+            // The garbage collector would act within seconds if it had an owner.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let after = cms.get("kubegrace-web").await.expect("survives the route");
+            untouched(&after);
+            assert_eq!(after.metadata.uid, before.metadata.uid, "re-created");
+            stop_operator((stop, task)).await;
+        },
     )
-    .await
-    else {
-        return;
-    };
-    let ns = TestNs::new(&client, "kg-own", false).await;
-    let port = free_port();
-    // This operator watches only the test namespace.
-    let (stop, task) = start_operator_extra(
-        &client,
-        &ns.name,
-        port,
-        &[format!("--watch-namespaces={}", ns.name)],
-    );
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
-    let user_cm: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "kubegrace-web", "labels": {"app": "web"}},
-        "data": {"settings.ini": "mine=1\n"}
-    }))
-    .expect("cm");
-    let before = cms
-        .create(&PostParams::default(), &user_cm)
-        .await
-        .expect("create the user's ConfigMap");
-    Api::<Deployment>::namespaced(client.clone(), &ns.name)
-        .create(&PostParams::default(), &deployment("web"))
-        .await
-        .expect("create deployment");
-    let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
-    routes
-        .create(&PostParams::default(), &graceroute("web", "web"))
-        .await
-        .expect("create route");
-    let msg = wait_for(60, "Accepted=False ConfigMapNotOwned", || async {
-        let r = routes.get("web").await.ok()?;
-        let (status, reason, msg) = condition(&r, "Accepted")?;
-        (status == "False" && reason == "ConfigMapNotOwned").then_some(msg)
-    })
     .await;
-    let cm_ref = format!("ConfigMap {}/kubegrace-web", ns.name);
-    for part in [
-        cm_ref.as_str(),
-        "was not created by kubegrace",
-        "will not overwrite or delete it",
-        "Rename or delete that ConfigMap",
-    ] {
-        assert!(msg.contains(part), "{part:?} not in {msg}");
-    }
-    wait_warning_event(&client, &ns.name, "ConfigMapNotOwned").await;
-    let untouched = |cm: &ConfigMap| {
-        assert_eq!(cm.data, before.data, "data changed");
-        assert_eq!(cm.labels(), before.labels(), "labels changed");
-        assert!(cm.owner_references().is_empty(), "owner reference added");
-        assert!(
-            cm.managed_fields()
-                .iter()
-                .all(|m| m.manager.as_deref() != Some(kubegrace_operator::FIELD_MANAGER)),
-            "kubegrace manages fields of it: {:?}",
-            cm.managed_fields()
-        );
-    };
-    untouched(&cms.get("kubegrace-web").await.expect("still there"));
-    // Deleting the route leaves the ConfigMap alone.
-    routes
-        .delete("web", &DeleteParams::default())
-        .await
-        .expect("delete route");
-    wait_for(60, "route gone", || async {
-        routes.get_opt("web").await.ok()?.is_none().then_some(())
-    })
-    .await;
-    // The garbage collector would act within seconds if it had an owner.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = cms.get("kubegrace-web").await.expect("survives the route");
-    untouched(&after);
-    assert_eq!(after.metadata.uid, before.metadata.uid, "re-created");
-    stop_operator((stop, task)).await;
-    ns.cleanup().await;
 }
 
 /// The chart's namespaced RBAC mode, enforced by the real API server: the
@@ -204,18 +180,12 @@ async fn with_watch_namespaces_the_operator_works_there_and_may_write_nothing_el
             "ClusterRole" => {
                 let cr: ClusterRole = serde_json::from_value(j).expect("cr");
                 cluster_roles.push(("ClusterRole", cr.name_any()));
-                Api::<ClusterRole>::all(client.clone())
-                    .create(&pp, &cr)
-                    .await
-                    .expect("cr");
+                create(&Api::all(client.clone()), &cr, "cr").await;
             }
             "ClusterRoleBinding" => {
                 let crb: ClusterRoleBinding = serde_json::from_value(j).expect("crb");
                 cluster_roles.push(("ClusterRoleBinding", crb.name_any()));
-                Api::<ClusterRoleBinding>::all(client.clone())
-                    .create(&pp, &crb)
-                    .await
-                    .expect("crb");
+                create(&Api::all(client.clone()), &crb, "crb").await;
             }
             other => panic!("unexpected {other} in the RBAC render"),
         }
@@ -303,14 +273,7 @@ async fn with_watch_namespaces_the_operator_works_there_and_may_write_nothing_el
     );
     assert!(!task.is_finished(), "the operator stopped: {task:?}");
     // Let the operator remove its finalizer while it runs.
-    routes
-        .delete("web", &DeleteParams::default())
-        .await
-        .expect("delete");
-    wait_for(60, "route gone", || async {
-        routes.get_opt("web").await.ok()?.is_none().then_some(())
-    })
-    .await;
+    delete_route(&routes, "web").await;
     stop_operator((stop, task)).await;
     for (kind, name) in cluster_roles {
         let dp = DeleteParams::default();

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams};
 use kube::{Api, ResourceExt};
 use kubegrace_operator::crd::GraceRoute;
 use kubegrace_sidecar_api::{admin, pod};
@@ -21,112 +21,99 @@ use crate::harness::*;
 /// `e2e/cluster/images` (fails without them).
 #[tokio::test]
 async fn an_injected_pod_runs_serves_through_the_sidecar_and_drains_within_its_budget() {
-    let Some((client, _serial)) =
-        cluster("an_injected_pod_runs_serves_through_the_sidecar_and_drains_within_its_budget")
+    in_cluster("an_injected_pod_runs_serves_through_the_sidecar_and_drains_within_its_budget", "kg-run", true, async |client, ns| {
+        // In the cluster tier a missing image is a failure, not a skip.
+        kubegrace_e2e::require_images(client, &[kubegrace_e2e::sidecar_image(), demo_image()])
             .await
-    else {
-        return;
-    };
-    // In the cluster tier a missing image is a failure, not a skip.
-    kubegrace_e2e::require_images(&client, &[kubegrace_e2e::sidecar_image(), demo_image()])
-        .await
-        .expect("the e2e images");
-    let ns = TestNs::new(&client, "kg-run", true).await;
-    let port = free_port();
-    webhook_config(&client, &ns.name, port, "Fail").await;
-    let (stop, task) = start_operator(&client, &ns.name, port);
-    wait_ca_bundle(&client, &ns.name).await;
-    let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
-    let route: GraceRoute = serde_json::from_value(json!({
-        "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
-        "metadata": {"name": "demo"},
-        "spec": {"targetRef": {"kind": "Deployment", "name": "demo"}, "ports": [{"name": "http"}],
-                 "drain": {"minDelay": "1s", "quiet": "500ms", "maxDelay": "3s", "timeout": "5s"}}
-    }))
-    .expect("route");
-    routes
-        .create(&PostParams::default(), &route)
-        .await
-        .expect("create route");
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
-    let demo: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "demo"},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "demo"}},
-            "template": {
-                "metadata": {"labels": {"app": "demo"}},
-                "spec": {"containers": [{
-                    "name": "app", "image": demo_image(), "imagePullPolicy": "Never",
-                    "ports": [{"name": "http", "containerPort": 8080}],
-                    "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 1}
-                }]}
+            .expect("the e2e images");
+        let port = free_port();
+        webhook_config(client, &ns.name, port, "Fail").await;
+        let (stop, task) = start_operator(client, &ns.name, port);
+        wait_ca_bundle(client, &ns.name).await;
+        let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
+        let route = graceroute_spec(
+            "demo",
+            json!({"targetRef": {"kind": "Deployment", "name": "demo"}, "ports": [{"name": "http"}],
+                     "drain": {"minDelay": "1s", "quiet": "500ms", "maxDelay": "3s", "timeout": "5s"}}),
+        );
+        create(&routes, &route, "create route").await;
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+        let demo: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": "demo"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "demo"}},
+                "template": {
+                    "metadata": {"labels": {"app": "demo"}},
+                    "spec": {"containers": [{
+                        "name": "app", "image": demo_image(), "imagePullPolicy": "Never",
+                        "ports": [{"name": "http", "containerPort": 8080}],
+                        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 1}
+                    }]}
+                }
             }
-        }
-    }))
-    .expect("deployment");
-    deployments
-        .create(&PostParams::default(), &demo)
-        .await
-        .expect("create");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    let pod = wait_for(120, "an injected demo pod Ready", || async {
-        let list = pods
-            .list(&ListParams::default().labels("app=demo"))
+        }))
+        .expect("deployment");
+        create(&deployments, &demo, "create").await;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+        let pod = wait_for(120, "an injected demo pod Ready", || async {
+            let list = pods
+                .list(&ListParams::default().labels("app=demo"))
+                .await
+                .ok()?;
+            list.items
+                .into_iter()
+                .find(|p| has_sidecar(p) && pod_ready(p) && p.metadata.deletion_timestamp.is_none())
+        })
+        .await;
+        let ip = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.clone())
+            .expect("pod IP");
+        let through = wait_for(20, "the app through the sidecar", || async {
+            let r = http_get(&format!("{ip}:{}", pod::FIRST_LISTEN_PORT), "/").await?;
+            r.starts_with("HTTP/1.1 200").then_some(r)
+        })
+        .await;
+        assert!(through.contains("pod="), "{through}");
+        let admin_port = kubegrace_operator::inject::admin_port_of(&pod).expect("a kg-admin port");
+        let ready = http_get(&format!("{ip}:{admin_port}"), admin::path::READY)
             .await
-            .ok()?;
-        list.items
-            .into_iter()
-            .find(|p| has_sidecar(p) && pod_ready(p) && p.metadata.deletion_timestamp.is_none())
+            .expect("admin port");
+        assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+        // Without the pod's token nobody may drain it.
+        let drain = http_get(&format!("{ip}:{admin_port}"), admin::path::DRAIN)
+            .await
+            .expect("admin port");
+        assert!(!drain.starts_with("HTTP/1.1 2"), "{drain}");
+
+        let budget = routes
+            .get("demo")
+            .await
+            .ok()
+            .and_then(|r| r.status?.budget_seconds)
+            .expect("budget");
+        assert_eq!(budget, 3 + 5 + 5);
+        let name = pod.name_any();
+        let t0 = std::time::Instant::now();
+        pods.delete(&name, &DeleteParams::default())
+            .await
+            .expect("delete pod");
+        wait_for(
+            u64::try_from(budget).unwrap_or(13) + 15,
+            "pod gone",
+            || async { pods.get_opt(&name).await.ok()?.is_none().then_some(()) },
+        )
+        .await;
+        let took = t0.elapsed();
+        println!("injected pod terminated in {took:?} (budget {budget}s)");
+        assert!(
+            took >= Duration::from_secs(1),
+            "the drain held the pod for at least minDelay"
+        );
+
+        stop_operator((stop, task)).await;
     })
     .await;
-    let ip = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.pod_ip.clone())
-        .expect("pod IP");
-    let through = wait_for(20, "the app through the sidecar", || async {
-        let r = http_get(&format!("{ip}:{}", pod::FIRST_LISTEN_PORT), "/").await?;
-        r.starts_with("HTTP/1.1 200").then_some(r)
-    })
-    .await;
-    assert!(through.contains("pod="), "{through}");
-    let admin_port = kubegrace_operator::inject::admin_port_of(&pod).expect("a kg-admin port");
-    let ready = http_get(&format!("{ip}:{admin_port}"), admin::path::READY)
-        .await
-        .expect("admin port");
-    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
-    // Without the pod's token nobody may drain it.
-    let drain = http_get(&format!("{ip}:{admin_port}"), admin::path::DRAIN)
-        .await
-        .expect("admin port");
-    assert!(!drain.starts_with("HTTP/1.1 2"), "{drain}");
-
-    let budget = routes
-        .get("demo")
-        .await
-        .ok()
-        .and_then(|r| r.status?.budget_seconds)
-        .expect("budget");
-    assert_eq!(budget, 3 + 5 + 5);
-    let name = pod.name_any();
-    let t0 = std::time::Instant::now();
-    pods.delete(&name, &DeleteParams::default())
-        .await
-        .expect("delete pod");
-    wait_for(
-        u64::try_from(budget).unwrap_or(13) + 15,
-        "pod gone",
-        || async { pods.get_opt(&name).await.ok()?.is_none().then_some(()) },
-    )
-    .await;
-    let took = t0.elapsed();
-    println!("injected pod terminated in {took:?} (budget {budget}s)");
-    assert!(
-        took >= Duration::from_secs(1),
-        "the drain held the pod for at least minDelay"
-    );
-
-    stop_operator((stop, task)).await;
-    ns.cleanup().await;
 }

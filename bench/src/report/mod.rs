@@ -1,0 +1,427 @@
+//! The results file (`bench/results/latest.json`) and what is generated
+//! from it: the README tables and the SVG plot. Rendering is pure, so the
+//! report can be re-generated from a saved JSON without re-running load.
+
+mod plot;
+mod tables;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::peers::Peer;
+use crate::scenario::{FIXED_RATE, KEEPALIVE_64, KEEPALIVE_256};
+use crate::stats::Spread;
+
+pub use plot::svg;
+pub use tables::{markdown, num, splice_readme};
+
+/// One round of one scenario against one peer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    pub rps: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: Option<f64>,
+    pub requests: u64,
+    pub errors: u64,
+    /// CPU seconds the proxy used during the round (none for direct).
+    pub cpu_s: Option<f64>,
+    pub wall_s: f64,
+    /// Proxy VmRSS sampled near the end of the round, while loaded.
+    pub rss_kib: Option<u64>,
+}
+
+/// How a peer compares with a reference peer (direct or nginx), medians.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Compare {
+    /// peer / reference: above 1 is more throughput.
+    pub rps: f64,
+    /// peer / reference: above 1 is slower.
+    pub p50: f64,
+    pub p99: f64,
+    pub p50_added_ms: f64,
+    pub p99_added_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p999_added_ms: Option<f64>,
+    /// peer / reference; absent against direct (no proxy, no RSS).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rss_kib: Option<f64>,
+}
+
+/// All rounds of one scenario against one peer, summarised.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cell {
+    pub rounds: usize,
+    pub rps: Spread,
+    pub p50_ms: Spread,
+    pub p99_ms: Spread,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p999_ms: Option<Spread>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rss_kib: Option<Spread>,
+    /// Proxy CPU seconds per 100,000 requests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_s_per_100k: Option<Spread>,
+    /// Share of one core the proxy used (1.0 = its core was saturated).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy_cpu: Option<Spread>,
+    /// Requests per proxy CPU-second: throughput per core, whichever side
+    /// of the machine was the bottleneck.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rps_per_core: Option<Spread>,
+    pub requests: u64,
+    pub errors: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vs_direct: Option<Compare>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vs_nginx: Option<Compare>,
+    pub samples: Vec<Sample>,
+}
+
+impl Cell {
+    pub fn from_samples(samples: Vec<Sample>) -> Option<Cell> {
+        let col = |f: &dyn Fn(&Sample) -> Option<f64>| -> Option<Spread> {
+            Spread::of(
+                &samples
+                    .iter()
+                    .map(|s| f(s).unwrap_or(f64::NAN))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        Some(Cell {
+            rounds: samples.len(),
+            rps: col(&|s| Some(s.rps))?,
+            p50_ms: col(&|s| Some(s.p50_ms))?,
+            p99_ms: col(&|s| Some(s.p99_ms))?,
+            p999_ms: col(&|s| s.p999_ms),
+            rss_kib: col(&|s| s.rss_kib.map(|r| r as f64)),
+            cpu_s_per_100k: col(&|s| {
+                let cpu = s.cpu_s?;
+                (s.requests > 0).then(|| cpu / s.requests as f64 * 100_000.0)
+            }),
+            proxy_cpu: col(&|s| Some(s.cpu_s? / s.wall_s)),
+            rps_per_core: col(&|s| {
+                let cpu = s.cpu_s?;
+                (cpu > 0.0).then(|| s.requests as f64 / cpu)
+            }),
+            requests: samples.iter().map(|s| s.requests).sum(),
+            errors: samples.iter().map(|s| s.errors).sum(),
+            vs_direct: None,
+            vs_nginx: None,
+            samples,
+        })
+    }
+
+    pub fn compare(&self, reference: &Cell) -> Compare {
+        let rss = match (self.rss_kib, reference.rss_kib) {
+            (Some(a), Some(b)) if b.median > 0.0 => Some(a.median / b.median),
+            _ => None,
+        };
+        let p999 = match (self.p999_ms, reference.p999_ms) {
+            (Some(a), Some(b)) => Some(
+                self.paired_added(reference, |s| s.p999_ms)
+                    .unwrap_or(a.median - b.median),
+            ),
+            _ => None,
+        };
+        Compare {
+            rps: self.rps.median / reference.rps.median,
+            p50: self.p50_ms.median / reference.p50_ms.median,
+            p99: self.p99_ms.median / reference.p99_ms.median,
+            p50_added_ms: self
+                .paired_added(reference, |s| Some(s.p50_ms))
+                .unwrap_or(self.p50_ms.median - reference.p50_ms.median),
+            p99_added_ms: self
+                .paired_added(reference, |s| Some(s.p99_ms))
+                .unwrap_or(self.p99_ms.median - reference.p99_ms.median),
+            p999_added_ms: p999,
+            rss_kib: rss,
+        }
+    }
+
+    /// Latency added over the reference, paired by round: the median over
+    /// rounds of (this peer's figure - the reference's figure in the same
+    /// round). Both ran in the same round, minutes apart at most, so a
+    /// noisy stretch of the machine shows in both and cancels, where the
+    /// difference of two medians can pair a quiet round with a noisy one.
+    fn paired_added(&self, reference: &Cell, pick: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
+        if self.samples.len() != reference.samples.len() || self.samples.is_empty() {
+            return None;
+        }
+        let diffs = self
+            .samples
+            .iter()
+            .zip(&reference.samples)
+            .map(|(a, b)| Some(pick(a)? - pick(b)?))
+            .collect::<Option<Vec<f64>>>()?;
+        Spread::of(&diffs).map(|s| s.median)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioResult {
+    pub id: String,
+    pub title: String,
+    /// Keyed by peer name.
+    pub peers: BTreeMap<String, Cell>,
+}
+
+/// Memory of one proxy, KiB, summed over its processes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Memory {
+    /// After start-up and one request, before any load.
+    pub idle_rss_kib: u64,
+    /// Sampled near the end of each 256-connection round (median of rounds).
+    pub loaded_rss_kib: Option<Spread>,
+    /// VmHWM after all load: the most it ever held.
+    pub peak_rss_kib: u64,
+}
+
+/// One drain test against one peer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DrainResult {
+    pub test: String,
+    pub peer: String,
+    /// How the stop was requested (`kill -TERM`, `nginx -s quit`, ...).
+    pub how: String,
+    /// From the stop command to the process exit, ms; None when it did not
+    /// exit within the harness's bound (then `timed_out` rounds count it).
+    pub exit_ms: Option<Spread>,
+    pub timed_out: u32,
+    pub rounds: u32,
+    /// Median over rounds of connections the proxy closed (idle test) and
+    /// slow requests answered 2xx / failed (slow test).
+    pub closed_by_proxy: u32,
+    pub ok: u32,
+    pub failed: u32,
+    pub connections: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    pub seconds: u32,
+    pub rounds: u32,
+    pub rate: u32,
+    pub proxy_cpus: String,
+    pub load_cpus: String,
+    pub drain_idle: u32,
+    pub drain_slow: u32,
+    pub drain_slow_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub generated_at: String,
+    pub git_rev: String,
+    pub machine: BTreeMap<String, String>,
+    pub settings: Settings,
+    pub versions: BTreeMap<String, String>,
+    /// Peers that could not be measured, and why.
+    pub unavailable: BTreeMap<String, String>,
+    pub scenarios: Vec<ScenarioResult>,
+    pub memory: BTreeMap<String, Memory>,
+    pub drain: Vec<DrainResult>,
+    /// One line per target of the issue: met, or missed by how much.
+    pub verdicts: Vec<String>,
+    pub wall_seconds: f64,
+}
+
+/// Fills `vs_direct` and `vs_nginx` in every cell.
+pub fn add_comparisons(scenarios: &mut [ScenarioResult]) {
+    for s in scenarios {
+        let direct = s.peers.get(Peer::Direct.name()).cloned();
+        let nginx = s.peers.get(Peer::Nginx.name()).cloned();
+        for cell in s.peers.values_mut() {
+            cell.vs_direct = direct.as_ref().map(|d| cell.compare(d));
+            cell.vs_nginx = nginx.as_ref().map(|n| cell.compare(n));
+        }
+    }
+}
+
+impl Report {
+    pub fn scenario(&self, id: &str) -> Option<&ScenarioResult> {
+        self.scenarios.iter().find(|s| s.id == id)
+    }
+
+    /// Peer names in report order, only those with any result.
+    pub fn peers(&self) -> Vec<&'static str> {
+        Peer::ALL
+            .iter()
+            .map(|p| p.name())
+            .filter(|n| self.scenarios.iter().any(|s| s.peers.contains_key(*n)))
+            .collect()
+    }
+
+    /// The issue's targets, judged on the medians.
+    pub fn judge(&self) -> Vec<String> {
+        let r: &Report = self;
+        let mut verdicts = Vec::new();
+        let us = Peer::Kubegrace.name();
+        let others = [Peer::Nginx, Peer::Haproxy, Peer::Caddy].map(|p| p.name());
+        // (what, value of a peer, higher is better)
+        type Metric<'a> = (
+            String,
+            Box<dyn Fn(&str) -> Option<f64> + 'a>,
+            bool,
+            &'static str,
+        );
+        let mut metrics: Vec<Metric> = Vec::new();
+        for id in [KEEPALIVE_64, KEEPALIVE_256] {
+            let Some(title) = r.scenario(id).map(|s| s.title.clone()) else {
+                continue;
+            };
+            metrics.push((
+                format!("throughput per proxy core, {title}"),
+                Box::new(move |p| r.scenario(id)?.peers.get(p)?.rps_per_core.map(|s| s.median)),
+                true,
+                "req/CPU-s",
+            ));
+            metrics.push((
+                format!("throughput, {title}"),
+                Box::new(move |p| Some(r.scenario(id)?.peers.get(p)?.rps.median)),
+                true,
+                "req/s",
+            ));
+        }
+        if r.scenario(FIXED_RATE).is_some() {
+            metrics.push((
+                "p99 latency added over direct at a fixed rate".into(),
+                Box::new(move |p| {
+                    r.scenario(FIXED_RATE)?
+                        .peers
+                        .get(p)?
+                        .vs_direct
+                        .as_ref()
+                        .map(|c| c.p99_added_ms)
+                }),
+                false,
+                "ms",
+            ));
+        }
+        metrics.push((
+            "idle memory (VmRSS)".into(),
+            Box::new(move |p| Some(r.memory.get(p)?.idle_rss_kib as f64)),
+            false,
+            "KiB",
+        ));
+        metrics.push((
+            "memory under 256 connections (VmRSS)".into(),
+            Box::new(move |p| Some(r.memory.get(p)?.loaded_rss_kib?.median)),
+            false,
+            "KiB",
+        ));
+        for (what, value, higher_better, unit) in &metrics {
+            let Some(ours) = value(us) else {
+                verdicts.push(format!("{what}: kubegrace not measured"));
+                continue;
+            };
+            let best = others
+                .iter()
+                .filter_map(|p| Some((*p, value(p)?)))
+                .max_by(|a, b| {
+                    let o = a.1.total_cmp(&b.1);
+                    if *higher_better { o } else { o.reverse() }
+                });
+            let Some((best_name, best_value)) = best else {
+                verdicts.push(format!("{what}: no other proxy measured"));
+                continue;
+            };
+            let we_win = if *higher_better {
+                ours >= best_value
+            } else {
+                ours <= best_value
+            };
+            let pct = if best_value.abs() > f64::EPSILON {
+                ((ours - best_value) / best_value.abs() * 100.0).abs()
+            } else {
+                0.0
+            };
+            let cmp = if we_win { "MET" } else { "MISSED" };
+            if *unit == "ms" {
+                // Added latency can be near zero or negative (noise), where a
+                // percentage means nothing: say it in milliseconds.
+                verdicts.push(format!(
+                    "{cmp}: {what}: kubegrace {ours:+.3} ms, the best other proxy ({best_name}) {best_value:+.3} ms: \
+                     {:+.3} ms",
+                    ours - best_value
+                ));
+                continue;
+            }
+            let dir = match (we_win, *higher_better) {
+                (true, true) => "ahead of",
+                (true, false) => "below",
+                (false, true) => "behind",
+                (false, false) => "above",
+            };
+            verdicts.push(format!(
+                "{cmp}: {what}: kubegrace {} {unit}, {pct:.1}% {dir} the best other proxy ({best_name}, {} {unit})",
+                num(ours),
+                num(best_value)
+            ));
+        }
+        verdicts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(rps: f64, p99: f64, cpu: f64) -> Sample {
+        Sample {
+            rps,
+            p50_ms: p99 / 2.0,
+            p99_ms: p99,
+            p999_ms: Some(p99 * 2.0),
+            requests: (rps * 5.0) as u64,
+            errors: 0,
+            cpu_s: Some(cpu),
+            wall_s: 5.0,
+            rss_kib: Some(10_000),
+        }
+    }
+
+    #[test]
+    fn added_latency_is_paired_by_round() {
+        // Round 2 was noisy for both; the difference of medians (40 - 2)
+        // would pair direct's quiet round with the peer's noisy one.
+        let direct = Cell::from_samples(vec![
+            sample(1000.0, 1.0, 0.0),
+            sample(1000.0, 50.0, 0.0),
+            sample(1000.0, 2.0, 0.0),
+        ])
+        .expect("direct");
+        let peer = Cell::from_samples(vec![
+            sample(1000.0, 3.0, 1.0),
+            sample(1000.0, 52.0, 1.0),
+            sample(1000.0, 40.0, 1.0),
+        ])
+        .expect("peer");
+        let added = peer.compare(&direct);
+        assert_eq!(added.p99_added_ms, 2.0);
+        assert_eq!(added.p50_added_ms, 1.0);
+        // Unequal round counts cannot be paired: medians then.
+        let short = Cell::from_samples(vec![sample(1000.0, 10.0, 1.0)]).expect("short");
+        assert_eq!(short.compare(&direct).p99_added_ms, 8.0);
+    }
+
+    #[test]
+    fn cells_summarise_rounds_and_compare() {
+        let ours = Cell::from_samples(vec![
+            sample(100.0, 2.0, 5.0),
+            sample(120.0, 1.0, 5.0),
+            sample(110.0, 3.0, 5.0),
+        ])
+        .expect("cell");
+        assert_eq!(ours.rps.median, 110.0);
+        assert_eq!(ours.proxy_cpu.expect("cpu").median, 1.0);
+        // 550 requests on 5 CPU-seconds
+        assert_eq!(ours.rps_per_core.expect("per core").median, 110.0);
+        let reference = Cell::from_samples(vec![sample(220.0, 1.0, 5.0)]).expect("cell");
+        let c = ours.compare(&reference);
+        assert_eq!(c.rps, 0.5);
+        assert_eq!(c.p99_added_ms, 1.0);
+        assert_eq!(c.rss_kib, Some(1.0));
+    }
+}

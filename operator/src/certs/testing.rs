@@ -1,6 +1,9 @@
 //! What the certificate unit tests share.
 
-fn sans() -> Vec<String> {
+use super::{Step, Stored, next_state, service_sans};
+
+/// The webhook Service's names, and one extra IP.
+pub(super) fn sans() -> Vec<String> {
     service_sans(
         "kubegrace-webhook",
         "kubegrace-system",

@@ -19,7 +19,7 @@ impl Drain {
 
     /// The grace phase: returns once the evidence (or the ceiling) says the
     /// routers have moved on. Re-plans whenever timers are reloaded.
-    async fn grace(&self, t0: Instant) -> GraceEnd {
+    pub(super) async fn grace(&self, t0: Instant) -> GraceEnd {
         let mut timers_rx = self.machine.timers_tx.subscribe();
         loop {
             // Armed before the flag is read, so a removal between the two

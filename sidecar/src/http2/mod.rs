@@ -15,7 +15,7 @@
 //! retries them elsewhere (httpcore 1.x does so on a new connection).
 //!
 //! Which client is which is read from its first SETTINGS frame (see
-//! [`classify`]); `drain.http2GoAway` forces one behaviour for all.
+//! [`classify`](client::classify)); `drain.http2GoAway` forces one behaviour for all.
 //!
 //! h2 cannot send a GOAWAY with a chosen last-stream-id, nor say when a
 //! stream's last frame reached the socket, so [`FrameIo`](frame_io::FrameIo) watches the
@@ -36,6 +36,5 @@ mod frames;
 mod stream;
 mod wire;
 
-pub(crate) use client::{ClientKind, classify};
 pub(crate) use conn::{Ending, H2Conn};
 pub use stream::H2Body;

@@ -18,10 +18,10 @@ pub mod inject;
 pub mod lease;
 pub mod ownership;
 pub mod route_match;
+pub mod route_webhook;
 pub mod run;
 pub mod scope;
 pub mod server;
-pub mod validation;
 pub mod webhook;
 pub mod workload;
 

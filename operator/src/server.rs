@@ -1,6 +1,6 @@
 //! The webhook's HTTPS server (rustls): `POST /mutate` (pods, see
 //! [`crate::webhook`]) and `POST /validate` (GraceRoutes, see
-//! [`crate::validation`]), served by every replica.
+//! [`crate::route_webhook`]), served by every replica.
 //!
 //! The port is reachable by anything that can reach the pod, and nothing
 //! authenticates the caller (the API server presents no client certificate
@@ -185,7 +185,9 @@ fn refuse(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
     respond(status, body.to_string().into_bytes())
 }
 
-struct Shared {
+/// What every connection of the admission server shares: the webhook, the
+/// request limits and the in-flight slots.
+struct AdmissionServer {
     hook: Arc<Webhook>,
     limits: Limits,
     in_flight: Semaphore,
@@ -193,9 +195,9 @@ struct Shared {
 
 async fn handle(
     req: Request<Incoming>,
-    shared: Arc<Shared>,
+    server: Arc<AdmissionServer>,
 ) -> std::result::Result<Response<Full<Bytes>>, std::convert::Infallible> {
-    let metrics = &shared.hook.metrics;
+    let metrics = &server.hook.metrics;
     let endpoint = match (req.method(), req.uri().path()) {
         (&hyper::Method::POST, "/mutate") => Endpoint::Mutate,
         (&hyper::Method::POST, "/validate") => Endpoint::Validate,
@@ -226,13 +228,13 @@ async fn handle(
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let too_large = format!("the body exceeds {} bytes", shared.limits.max_body);
-    if declared.is_some_and(|n| n > shared.limits.max_body as u64) {
+    let too_large = format!("the body exceeds {} bytes", server.limits.max_body);
+    if declared.is_some_and(|n| n > server.limits.max_body as u64) {
         metrics.webhook_rejected("too_large");
         return Ok(refuse(StatusCode::PAYLOAD_TOO_LARGE, &too_large));
     }
     // Bounded memory: a body is read only with a slot.
-    let Ok(Ok(_slot)) = tokio::time::timeout(IN_FLIGHT_WAIT, shared.in_flight.acquire()).await
+    let Ok(Ok(_slot)) = tokio::time::timeout(IN_FLIGHT_WAIT, server.in_flight.acquire()).await
     else {
         metrics.webhook_rejected("busy");
         return Ok(refuse(
@@ -241,8 +243,8 @@ async fn handle(
         ));
     };
     let start = Instant::now();
-    let read = Limited::new(req.into_body(), shared.limits.max_body).collect();
-    let body = match tokio::time::timeout(shared.limits.read_timeout, read).await {
+    let read = Limited::new(req.into_body(), server.limits.max_body).collect();
+    let body = match tokio::time::timeout(server.limits.read_timeout, read).await {
         Ok(Ok(b)) => b.to_bytes(),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             metrics.webhook_rejected("too_large");
@@ -261,24 +263,24 @@ async fn handle(
                 StatusCode::REQUEST_TIMEOUT,
                 &format!(
                     "the body did not arrive within {:?}",
-                    shared.limits.read_timeout
+                    server.limits.read_timeout
                 ),
             ));
         }
     };
-    if let Err(why) = check_review(&body, endpoint, &shared.limits.watch_namespaces) {
+    if let Err(why) = check_review(&body, endpoint, &server.limits.watch_namespaces) {
         metrics.webhook_rejected("malformed");
         return Ok(refuse(StatusCode::BAD_REQUEST, &why));
     }
     let review = match endpoint {
         Endpoint::Mutate => {
-            let (review, result) = shared.hook.review(&body).await;
+            let (review, result) = server.hook.review(&body).await;
             metrics.webhook(start.elapsed(), result);
             review
         }
         Endpoint::Validate => {
             let (review, result) =
-                crate::validation::review_with_client(&shared.hook.client, &body).await;
+                crate::route_webhook::review_with_client(&server.hook.client, &body).await;
             metrics.route_validation(start.elapsed(), result);
             review
         }
@@ -394,7 +396,7 @@ pub async fn serve_on(
     let metrics = hook.metrics.clone();
     metrics.ready.store(true, Ordering::Relaxed);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
-    let shared = Arc::new(Shared {
+    let server = Arc::new(AdmissionServer {
         hook,
         in_flight: Semaphore::new(limits.max_in_flight),
         limits,
@@ -412,21 +414,21 @@ pub async fn serve_on(
                     continue;
                 };
                 let acceptor = acceptor.clone();
-                let shared = shared.clone();
+                let server = server.clone();
                 let watcher = graceful.watcher();
                 tokio::spawn(async move {
                     let _permit = permit;
-                    let read_timeout = shared.limits.read_timeout;
-                    let idle = shared.limits.idle_timeout;
+                    let read_timeout = server.limits.read_timeout;
+                    let idle = server.limits.idle_timeout;
                     let Ok(Ok(tls)) = tokio::time::timeout(read_timeout, acceptor.accept(stream)).await else {
-                        shared.hook.metrics.webhook_rejected("read_timeout");
+                        server.hook.metrics.webhook_rejected("read_timeout");
                         return;
                     };
                     let epoch = Instant::now();
                     let last_ms = Arc::new(AtomicU64::new(0));
                     let io = Activity { io: tls, epoch, last_ms: last_ms.clone() };
-                    let svc_shared = shared.clone();
-                    let svc = hyper::service::service_fn(move |req| handle(req, svc_shared.clone()));
+                    let svc_server = server.clone();
+                    let svc = hyper::service::service_fn(move |req| handle(req, svc_server.clone()));
                     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                     builder
                         .http1()
@@ -435,7 +437,7 @@ pub async fn serve_on(
                     builder
                         .http2()
                         .timer(TokioTimer::new())
-                        .max_concurrent_streams(u32::try_from(shared.limits.max_in_flight).unwrap_or(u32::MAX));
+                        .max_concurrent_streams(u32::try_from(server.limits.max_in_flight).unwrap_or(u32::MAX));
                     let conn = builder.serve_connection(TokioIo::new(io), svc);
                     until_idle(watcher.watch(conn.into_owned()), epoch, &last_ms, idle).await;
                 });

@@ -1,7 +1,7 @@
 //! The sidecar-injection webhook: `POST /mutate`, served by every replica
 //! (the HTTPS server, its limits and the request checks are
 //! [`crate::server`]; the same server answers `POST /validate` for
-//! GraceRoutes, see [`crate::validation`]). Pods only, CREATE only; the
+//! GraceRoutes, see [`crate::route_webhook`]). Pods only, CREATE only; the
 //! decision is [`decide`] (pure), the pod edit is [`crate::inject`] (pure), the answer is a JSON patch
 //! from the difference.
 //!
@@ -262,6 +262,20 @@ mod tests {
         }
     }
 
+    /// The pod as injected for `routes`; fails the test if it is not.
+    fn injected(pod: &Pod, routes: &[GraceRoute], token: String) -> Box<Pod> {
+        match decide(pod, &BTreeMap::new(), routes, &settings(), token) {
+            Decision::Inject(after) => after,
+            other => panic!("expected injection, got {other:?}"),
+        }
+    }
+
+    fn grace_period(pod: &Pod) -> Option<i64> {
+        pod.spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds)
+    }
+
     fn route(yaml: &str) -> GraceRoute {
         serde_yaml::from_str(yaml).expect("route")
     }
@@ -295,18 +309,8 @@ spec:
         let routes = vec![route(
             "metadata: {name: web, namespace: shop}\nspec: {targetRef: {kind: Deployment, name: web}, ports: [{name: http}]}\nstatus: {budgetSeconds: 50}",
         )];
-        let Decision::Inject(after) =
-            decide(&pod, &BTreeMap::new(), &routes, &settings(), "tok".into())
-        else {
-            panic!("expected injection");
-        };
-        assert_eq!(
-            after
-                .spec
-                .as_ref()
-                .and_then(|s| s.termination_grace_period_seconds),
-            Some(50)
-        );
+        let after = injected(&pod, &routes, "tok".into());
+        assert_eq!(grace_period(&after), Some(50));
         let patch = patch_for(&pod, &after).expect("patch");
         let mut doc = serde_json::to_value(&pod).expect("json");
         json_patch::patch(&mut doc, &patch).expect("applies");
@@ -355,32 +359,13 @@ spec:
             Some("web")
         );
         // No status yet: the budget comes from the spec; 30s is raised, never lowered.
-        let Decision::Inject(after) =
-            decide(&pod, &BTreeMap::new(), &routes, &settings(), "t".into())
-        else {
-            panic!("expected injection");
-        };
-        assert_eq!(
-            after
-                .spec
-                .as_ref()
-                .and_then(|s| s.termination_grace_period_seconds),
-            Some(35)
-        );
+        assert_eq!(grace_period(&injected(&pod, &routes, "t".into())), Some(35));
         pod.spec
             .as_mut()
             .expect("spec")
             .termination_grace_period_seconds = Some(120);
-        let Decision::Inject(after) =
-            decide(&pod, &BTreeMap::new(), &routes, &settings(), "t".into())
-        else {
-            panic!("expected injection");
-        };
         assert_eq!(
-            after
-                .spec
-                .as_ref()
-                .and_then(|s| s.termination_grace_period_seconds),
+            grace_period(&injected(&pod, &routes, "t".into())),
             Some(120)
         );
         pod.metadata.owner_references = None;

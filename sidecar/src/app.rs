@@ -55,6 +55,7 @@ use tokio::time::Instant;
 use crate::config::{Endpoint, UpstreamPoolConfig};
 use crate::drain::{Drain, Phase};
 use crate::error::Error;
+use crate::metrics::Family;
 
 /// Probe period while the app is down or a provisional drain runs. A
 /// kubelet restart leaves the app's port closed for a second or more; 50 ms
@@ -298,53 +299,55 @@ impl AppWatch {
 
     /// Appended to `/metrics`.
     pub fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let mut family = |name: &str, kind: &str, help: &str, lines: &[(&str, u64)]| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for (labels, v) in lines {
-                let _ = writeln!(out, "{name}{labels} {v}");
-            }
-        };
-        family(
+        Family::new(
+            out,
             "kubegrace_app_up",
             "gauge",
             "1 while the app accepts connections, 0 while it refuses them (restarting).",
-            &[("", u64::from(!self.is_down()))],
-        );
-        family(
+        )
+        .value(u64::from(!self.is_down()));
+        Family::new(
+            out,
             "kubegrace_app_down_total",
             "counter",
             "Times the app was seen refusing connections (container restart, crash, OOM kill).",
-            &[("", get(&self.downs))],
-        );
-        family(
+        )
+        .value(get(&self.downs));
+        Family::new(
+            out,
             "kubegrace_drain_resumes_total",
             "counter",
             "Provisional drains (preStop, /drain) that returned to serving because the app was gone and came back without a SIGTERM.",
-            &[("", self.drain.resumes_total())],
-        );
-        family(
+        )
+        .value(self.drain.resumes_total());
+        Family::new(
+            out,
             "kubegrace_held_requests",
             "gauge",
             "Requests waiting now for the app to accept connections again.",
-            &[("", get(&self.held_now))],
-        );
-        family(
+        )
+        .value(get(&self.held_now));
+        Family::new(
+            out,
             "kubegrace_held_requests_total",
             "counter",
             "Requests held while the app was down, by outcome: sent once it was back, or 503 when the hold ran out.",
-            &[
-                ("{outcome=\"sent\"}", get(&self.held_sent)),
-                ("{outcome=\"expired\"}", get(&self.held_expired)),
+        )
+        .by(
+            "outcome",
+            [
+                ("sent", get(&self.held_sent)),
+                ("expired", get(&self.held_expired)),
             ],
         );
-        family(
+        Family::new(
+            out,
             "kubegrace_app_lost_requests_total",
             "counter",
             "Requests the app had received when its connection failed (it died with them in flight): the app's loss, answered 502.",
-            &[("", get(&self.lost))],
-        );
+        )
+        .value(get(&self.lost));
     }
 }
 

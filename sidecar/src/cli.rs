@@ -476,11 +476,7 @@ mod tests {
     }
 
     fn temp_file(name: &str, text: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("kubegrace-cli-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let path = dir.join("config.yaml");
-        std::fs::write(&path, text).expect("write");
-        path
+        crate::testing::config_file("cli", name, text)
     }
 
     #[test]

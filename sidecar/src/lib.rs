@@ -30,6 +30,8 @@ pub mod proxy;
 pub mod reload;
 pub mod state;
 pub mod tcp;
+#[cfg(test)]
+mod testing;
 mod tunnel;
 pub mod upgrade;
 pub mod upstream;

@@ -338,18 +338,11 @@ impl Drop for UnixCleanup {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn temp_dir(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("kubegrace-listen-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        dir
-    }
+    use crate::testing::temp_dir;
 
     #[tokio::test]
     async fn a_stale_socket_is_replaced_a_live_one_and_a_file_are_not() {
-        let dir = temp_dir("stale");
+        let dir = temp_dir("listen", "stale");
         let path = dir.join("s.sock");
         // Stale: bound, then the listener closed without unlinking.
         drop(std::os::unix::net::UnixListener::bind(&path).expect("bind"));
@@ -373,7 +366,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_disarmed_or_replaced_path_is_left_alone() {
-        let dir = temp_dir("disarm");
+        let dir = temp_dir("listen", "disarm");
         let path = dir.join("s.sock");
         let (listener, mut cleanup) = bind_unix(&path, None).expect("bind");
         cleanup.disarm();

@@ -5,7 +5,7 @@
 //! no label lookup. Connection and drain numbers are read from the drain
 //! tracker at scrape time rather than kept twice.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -202,148 +202,109 @@ impl Metrics {
     /// Prometheus text exposition format 0.0.4.
     pub fn render(&self, drain: &Drain, out: &mut String) {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        family(
+        Family::new(
             out,
             "kubegrace_inflight_requests",
             "gauge",
             "Requests between arrival and the end of the response body.",
-        );
-        let _ = writeln!(
-            out,
-            "kubegrace_inflight_requests {}",
-            self.inflight().max(0)
-        );
-
-        family(
+        )
+        .value(self.inflight().max(0));
+        Family::new(
             out,
             "kubegrace_open_connections",
             "gauge",
             "Downstream connections (and upgraded tunnels) open now.",
-        );
-        let _ = writeln!(
-            out,
-            "kubegrace_open_connections {}",
-            drain.open_connections()
-        );
-
-        family(
+        )
+        .value(drain.open_connections());
+        Family::new(
             out,
             "kubegrace_connections_total",
             "counter",
             "Downstream connections accepted.",
-        );
-        let _ = writeln!(
-            out,
-            "kubegrace_connections_total {}",
-            drain.connections_total()
-        );
-
-        family(
+        )
+        .value(drain.connections_total());
+        Family::new(
             out,
             "kubegrace_drain_phase",
             "gauge",
             "0 serving, 1 draining, 2 closing, 3 drained.",
-        );
-        let _ = writeln!(out, "kubegrace_drain_phase {}", drain.phase() as u8);
+        )
+        .value(drain.phase() as u8);
 
         // A state set (one series per mode, 1 on the one in force) rather
         // than an info label, so a dashboard can sum pods per mode and the
         // series exist before the first drain.
-        family(
+        let readiness = drain.timers().readiness;
+        Family::new(
             out,
             "kubegrace_drain_readiness",
             "gauge",
             "The drain.readiness mode in force: fail_fast (/ready fails at the trigger) or stay_serving (/ready stays 200 through the grace phase while the app is reachable).",
+        )
+        .by(
+            "mode",
+            [
+                ("fail_fast", DrainReadiness::FailFast),
+                ("stay_serving", DrainReadiness::StayServing),
+            ]
+            .map(|(mode, value)| (mode, u8::from(readiness == value))),
         );
-        let readiness = drain.timers().readiness;
-        for (mode, value) in [
-            ("fail_fast", DrainReadiness::FailFast),
-            ("stay_serving", DrainReadiness::StayServing),
-        ] {
-            let _ = writeln!(
-                out,
-                "kubegrace_drain_readiness{{mode=\"{mode}\"}} {}",
-                u8::from(readiness == value)
-            );
-        }
 
-        family(
+        Family::new(
             out,
             "kubegrace_drain_seconds",
             "gauge",
             "Seconds since the drain was triggered (final value once drained).",
-        );
-        let _ = writeln!(out, "kubegrace_drain_seconds {}", drain.drain_seconds());
-
-        family(
+        )
+        .value(drain.drain_seconds());
+        Family::new(
             out,
             "kubegrace_drain_force_closed_total",
             "counter",
             "Connections still open at the drain deadline and closed by force.",
-        );
-        let _ = writeln!(
-            out,
-            "kubegrace_drain_force_closed_total {}",
-            drain.force_closed_total()
-        );
-
-        family(
+        )
+        .value(drain.force_closed_total());
+        Family::new(
             out,
             "kubegrace_idle_close_cut_total",
             "counter",
             "Idle downstream connections whose graceful close (HTTP/2: GOAWAY and PING) went unanswered and were dropped.",
-        );
-        let _ = writeln!(
-            out,
-            "kubegrace_idle_close_cut_total {}",
-            get(&self.idle_close_cuts)
-        );
-
-        family(
+        )
+        .value(get(&self.idle_close_cuts));
+        Family::new(
             out,
             "kubegrace_http2_goaway_total",
             "counter",
             "HTTP/2 connections sent away, by GOAWAY sequence: two_phase (GOAWAY, PING, GOAWAY) or final_only (held streams, then one GOAWAY as the last frame; drain.http2GoAway).",
+        )
+        .by(
+            "sequence",
+            [
+                ("two_phase", get(&self.http2_goaway_two_phase)),
+                ("final_only", get(&self.http2_goaway_final_only)),
+            ],
         );
-        for (sequence, counter) in [
-            ("two_phase", &self.http2_goaway_two_phase),
-            ("final_only", &self.http2_goaway_final_only),
-        ] {
-            let _ = writeln!(
-                out,
-                "kubegrace_http2_goaway_total{{sequence=\"{sequence}\"}} {}",
-                get(counter)
-            );
-        }
-
-        family(
+        Family::new(
             out,
             "kubegrace_http2_held_streams_total",
             "counter",
             "HTTP/2 streams held unanswered during a final-only GOAWAY and left above its last stream id (never sent to the app; the client retries them).",
-        );
-        let _ = writeln!(
-            out,
-            "kubegrace_http2_held_streams_total {}",
-            get(&self.http2_held_streams)
-        );
-
-        family(
+        )
+        .value(get(&self.http2_held_streams));
+        Family::new(
             out,
             "kubegrace_requests_total",
             "counter",
             "Responses sent downstream, by status class.",
+        )
+        .by(
+            "code_class",
+            (1..)
+                .zip(&self.by_class)
+                .map(|(class, c)| (format!("{class}xx"), get(c))),
         );
-        for (i, c) in self.by_class.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "kubegrace_requests_total{{code_class=\"{}xx\"}} {}",
-                i + 1,
-                get(c)
-            );
-        }
 
-        family(
+        Family::new(
             out,
             "kubegrace_request_duration_seconds",
             "histogram",
@@ -373,140 +334,140 @@ impl Metrics {
             get(&self.duration_count)
         );
 
-        family(
+        Family::new(
             out,
             "kubegrace_config_reloads_total",
             "counter",
             "Configuration reloads by result.",
+        )
+        .by(
+            "result",
+            [
+                ("success", get(&self.reloads_ok)),
+                ("error", get(&self.reloads_error)),
+            ],
         );
-        let _ = writeln!(
-            out,
-            "kubegrace_config_reloads_total{{result=\"success\"}} {}",
-            get(&self.reloads_ok)
-        );
-        let _ = writeln!(
-            out,
-            "kubegrace_config_reloads_total{{result=\"error\"}} {}",
-            get(&self.reloads_error)
-        );
-
-        family(
+        Family::new(
             out,
             "kubegrace_upstream_errors_total",
             "counter",
             "Requests the app could not answer, by kind.",
+        )
+        .by(
+            "kind",
+            [
+                ("connect", get(&self.upstream_errors)),
+                ("timeout", get(&self.upstream_timeouts)),
+                ("tcp_connect", get(&self.tcp_connect_errors)),
+            ],
         );
-        let _ = writeln!(
-            out,
-            "kubegrace_upstream_errors_total{{kind=\"connect\"}} {}",
-            get(&self.upstream_errors)
-        );
-        let _ = writeln!(
-            out,
-            "kubegrace_upstream_errors_total{{kind=\"timeout\"}} {}",
-            get(&self.upstream_timeouts)
-        );
-        let _ = writeln!(
-            out,
-            "kubegrace_upstream_errors_total{{kind=\"tcp_connect\"}} {}",
-            get(&self.tcp_connect_errors)
-        );
-
-        family(
+        Family::new(
             out,
             "kubegrace_rejected_requests_total",
             "counter",
             "Requests answered by the proxy itself, by reason.",
+        )
+        .by(
+            "reason",
+            [
+                ("body_too_large", get(&self.rejected_body_too_large)),
+                ("circuit", get(&self.circuit_rejections)),
+            ],
         );
-        let _ = writeln!(
-            out,
-            "kubegrace_rejected_requests_total{{reason=\"body_too_large\"}} {}",
-            get(&self.rejected_body_too_large)
-        );
-        let _ = writeln!(
-            out,
-            "kubegrace_rejected_requests_total{{reason=\"circuit\"}} {}",
-            get(&self.circuit_rejections)
-        );
-
-        family(
+        Family::new(
             out,
             "kubegrace_upgrades_total",
             "counter",
             "Upgraded connections (WebSocket and others) passed through.",
-        );
-        let _ = writeln!(out, "kubegrace_upgrades_total {}", get(&self.upgrades));
-
-        family(
+        )
+        .value(get(&self.upgrades));
+        Family::new(
             out,
             "kubegrace_upgrades_ignored_total",
             "counter",
             "Upgrade requests for a protocol not in upgradeProtocols, forwarded without Upgrade.",
-        );
-        let _ = writeln!(
-            out,
-            "kubegrace_upgrades_ignored_total {}",
-            get(&self.upgrades_ignored)
-        );
-
-        family(
+        )
+        .value(get(&self.upgrades_ignored));
+        Family::new(
             out,
             "kubegrace_client_errors_total",
             "counter",
             "Requests that failed on the client's side, by kind; never counted against the app.",
+        )
+        .by(
+            "kind",
+            [
+                ("bad_body", get(&self.client_bad_body)),
+                ("gone", get(&self.client_gone)),
+            ],
         );
-        for (kind, c) in [
-            ("bad_body", &self.client_bad_body),
-            ("gone", &self.client_gone),
-        ] {
-            let _ = writeln!(
-                out,
-                "kubegrace_client_errors_total{{kind=\"{kind}\"}} {}",
-                get(c)
-            );
-        }
-
-        family(
+        Family::new(
             out,
             "kubegrace_client_timeouts_total",
             "counter",
             "Clients cut by a time limit, by limit.",
+        )
+        .by(
+            "kind",
+            [
+                ("header_read", get(&self.timeout_header_read)),
+                ("body_read", get(&self.timeout_body_read)),
+                ("write", get(&self.timeout_write)),
+                ("tunnel_idle", get(&self.timeout_tunnel_idle)),
+            ],
         );
-        for (kind, c) in [
-            ("header_read", &self.timeout_header_read),
-            ("body_read", &self.timeout_body_read),
-            ("write", &self.timeout_write),
-            ("tunnel_idle", &self.timeout_tunnel_idle),
-        ] {
-            let _ = writeln!(
-                out,
-                "kubegrace_client_timeouts_total{{kind=\"{kind}\"}} {}",
-                get(c)
-            );
-        }
-
-        family(
+        Family::new(
             out,
             "kubegrace_connections_refused_total",
             "counter",
             "Connections past limits.maxConnections (closed at once) or limits.adminMaxConnections (probes only).",
+        )
+        .by(
+            "listener",
+            [
+                ("proxy", get(&self.refused_proxy)),
+                ("admin", get(&self.refused_admin)),
+            ],
         );
-        for (listener, c) in [
-            ("proxy", &self.refused_proxy),
-            ("admin", &self.refused_admin),
-        ] {
-            let _ = writeln!(
-                out,
-                "kubegrace_connections_refused_total{{listener=\"{listener}\"}} {}",
-                get(c)
-            );
-        }
     }
 }
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+/// One metric family of the text format: its HELP and TYPE lines once,
+/// then its series. Every `/metrics` part (the proxy, the route table, the
+/// app watch) writes through it, so the format is written in one place.
+pub(crate) struct Family<'a> {
+    out: &'a mut String,
+    name: &'a str,
+}
+
+impl<'a> Family<'a> {
+    pub(crate) fn new(out: &'a mut String, name: &'a str, kind: &str, help: &str) -> Self {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        Family { out, name }
+    }
+
+    /// The family's one series, without labels.
+    pub(crate) fn value(self, value: impl fmt::Display) {
+        let _ = writeln!(self.out, "{} {value}", self.name);
+    }
+
+    /// One series; `labels` as they go between the braces (`a="x",b="y"`),
+    /// their values already escaped.
+    pub(crate) fn series(&mut self, labels: fmt::Arguments<'_>, value: impl fmt::Display) {
+        let _ = writeln!(self.out, "{}{{{labels}}} {value}", self.name);
+    }
+
+    /// One series per (label value, value) under the one label `label`.
+    pub(crate) fn by<L: fmt::Display, V: fmt::Display>(
+        mut self,
+        label: &str,
+        series: impl IntoIterator<Item = (L, V)>,
+    ) {
+        for (label_value, value) in series {
+            self.series(format_args!("{label}=\"{label_value}\""), value);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -166,14 +166,7 @@ pub fn apply(shared: &Shared, mut next: Config) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::config::HumanDuration;
-
-    fn temp_dir(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("kubegrace-reload-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        dir
-    }
+    use crate::testing::{config_file, temp_dir};
 
     fn shared(config: Config) -> Arc<Shared> {
         Shared::new(config, None).expect("shared state")
@@ -181,13 +174,11 @@ mod tests {
 
     #[test]
     fn a_good_file_applies_and_flags_still_win() {
-        let dir = temp_dir("good");
-        let file = dir.join("config.yaml");
-        std::fs::write(
-            &file,
+        let file = config_file(
+            "reload",
+            "good",
             "drain: {minDelay: 1s, quiet: 1s}\nlimits: {maxRequestBodyBytes: 10}\n",
-        )
-        .expect("write");
+        );
         let overrides = Overrides {
             drain_quiet: Some(HumanDuration::from_millis(250)),
             ..Overrides::default()
@@ -209,9 +200,7 @@ mod tests {
 
     #[test]
     fn a_bad_file_keeps_the_last_good_config_and_says_why() {
-        let dir = temp_dir("bad");
-        let file = dir.join("config.yaml");
-        std::fs::write(&file, "drain: {timeout: 0s}\n").expect("write");
+        let file = config_file("reload", "bad", "drain: {timeout: 0s}\n");
         let shared = shared(Config::default());
         assert!(reload(&shared, &file, &Overrides::default()).is_err());
         assert_eq!(shared.live.load().config, Config::default());
@@ -235,13 +224,11 @@ mod tests {
 
     #[test]
     fn socket_changes_need_a_restart() {
-        let dir = temp_dir("restart");
-        let file = dir.join("config.yaml");
-        std::fs::write(
-            &file,
+        let file = config_file(
+            "reload",
+            "restart",
             "upstream: 127.0.0.1:9999\nadmin: 127.0.0.1:15021\ndrain: {timeout: 5s}\n",
-        )
-        .expect("write");
+        );
         let shared = shared(Config::default());
         let needs = reload(&shared, &file, &Overrides::default()).expect("reload");
         assert_eq!(needs, vec!["upstream".to_string(), "admin".to_string()]);
@@ -261,7 +248,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_configmap_style_symlink_swap_is_noticed() {
-        let dir = temp_dir("symlink");
+        let dir = temp_dir("reload", "symlink");
         let v1 = dir.join("v1");
         let v2 = dir.join("v2");
         std::fs::create_dir_all(&v1).expect("v1");

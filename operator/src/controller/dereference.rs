@@ -126,17 +126,14 @@ pub fn deployment_target(d: &Deployment) -> Option<(Target, Option<String>)> {
         min_ready_seconds: Some(spec.min_ready_seconds.unwrap_or(0)),
         termination_grace_period_seconds: Some(grace_period(&spec.template)),
     };
-    let annotations = d.annotations().clone();
     Some((
-        Target {
-            kind: TargetKind::Deployment,
-            name: d.name_any(),
-            template: spec.template.clone(),
-            strategy_type: strategy.and_then(|s| s.type_.clone()),
+        target(
+            TargetKind::Deployment,
+            d,
+            &spec.template,
+            strategy.and_then(|s| s.type_.clone()),
             current,
-            recorded: annotations.get(keys::ORIGINAL).cloned(),
-            annotations,
-        },
+        ),
         pod_selector(Some(&spec.selector)),
     ))
 }
@@ -158,19 +155,38 @@ pub fn statefulset_target(s: &StatefulSet) -> Option<(Target, Option<String>)> {
         min_ready_seconds: Some(spec.min_ready_seconds.unwrap_or(0)),
         termination_grace_period_seconds: Some(grace_period(&spec.template)),
     };
-    let annotations = s.annotations().clone();
     Some((
-        Target {
-            kind: TargetKind::StatefulSet,
-            name: s.name_any(),
-            template: spec.template.clone(),
-            strategy_type: spec.update_strategy.as_ref().and_then(|u| u.type_.clone()),
+        target(
+            TargetKind::StatefulSet,
+            s,
+            &spec.template,
+            spec.update_strategy.as_ref().and_then(|u| u.type_.clone()),
             current,
-            recorded: annotations.get(keys::ORIGINAL).cloned(),
-            annotations,
-        },
+        ),
         pod_selector(Some(&spec.selector)),
     ))
+}
+
+/// What the two workload kinds have in common as a [`Target`]: the name,
+/// the annotations (with the originals a route recorded there) and the pod
+/// template; the kind-specific parts are passed in.
+fn target(
+    kind: TargetKind,
+    workload: &impl ResourceExt,
+    template: &k8s_openapi::api::core::v1::PodTemplateSpec,
+    strategy_type: Option<String>,
+    current: Originals,
+) -> Target {
+    let annotations = workload.annotations().clone();
+    Target {
+        kind,
+        name: workload.name_any(),
+        template: template.clone(),
+        strategy_type,
+        current,
+        recorded: annotations.get(keys::ORIGINAL).cloned(),
+        annotations,
+    }
 }
 
 /// The workloads of one namespace, with the selectors of their pods.

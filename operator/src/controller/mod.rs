@@ -43,7 +43,7 @@ pub mod validate;
 
 pub use dereference::{Observed, Workloads, claim_targets, deployment_target, statefulset_target};
 pub use status::{PodCount, count_pods};
-pub use validate::{service_bypasses, validate};
+pub use validate::{budget_and_config, service_bypasses};
 
 use dereference::selector_of;
 

@@ -2,7 +2,7 @@
 //! budget fits, every target's pod template declares the route's ports, the
 //! sidecar config passes the sidecar's own checks, and the ConfigMap the
 //! route writes is absent or ours. The admission webhook runs the same
-//! [`validate`], so `kubectl apply` and the route's conditions agree.
+//! [`budget_and_config`], so `kubectl apply` and the route's conditions agree.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -23,7 +23,7 @@ pub struct Valid {
 
 /// Validates `route` against what was observed (pure).
 pub fn check(route: &GraceRoute, observed: &Observed) -> Result<Valid, Invalid> {
-    let (budget, config) = validate(route, &observed.target_refs())?;
+    let (budget, config) = budget_and_config(route, &observed.target_refs())?;
     // Never take over, or through the owner reference delete, a ConfigMap
     // that someone else made under the route's ConfigMap name.
     let name = route.name_any();
@@ -38,11 +38,11 @@ pub fn check(route: &GraceRoute, observed: &Observed) -> Result<Valid, Invalid> 
     Ok(Valid { budget, config })
 }
 
-/// Validate + build (pure): the time budget and the sidecar config, checked
-/// against the pod template of every target the route holds. The controller
+/// The time budget and the sidecar config (pure), checked against the pod
+/// template of every target the route holds. The controller
 /// turns an [`Invalid`] into `Accepted=False`; the admission webhook refuses
 /// the route with the same message.
-pub fn validate(
+pub fn budget_and_config(
     route: &GraceRoute,
     targets: &[&(Target, Option<String>)],
 ) -> Result<(Budget, kubegrace_sidecar_api::config::Config), Invalid> {

@@ -11,8 +11,6 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
 /// A duration written the way people write them: `300ms`, `2s`, `1m30s`.
 ///
 /// Serialised back in the same human form, so `/config` and the operator's
@@ -179,20 +177,9 @@ impl fmt::Display for HumanDuration {
     }
 }
 
-impl Serialize for HumanDuration {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for HumanDuration {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        // A bare number is ambiguous (seconds? milliseconds?), so only
-        // strings are accepted and the error says how to write one.
-        let text = String::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
-}
+// A bare number is ambiguous (seconds? milliseconds?), so only strings
+// are accepted and the error says how to write one.
+serde_as_text!(HumanDuration);
 
 #[cfg(test)]
 mod tests {

@@ -192,8 +192,9 @@ impl Default for UpstreamPoolConfig {
 impl DrainConfig {
     pub fn validate(&self, key: &str) -> Result<(), ConfigError> {
         if self.min_delay > self.max_delay {
-            return Err(ConfigError::new(
-                format!("{key}.minDelay"),
+            return Err(ConfigError::at(
+                key,
+                "minDelay",
                 format!(
                     "{} is longer than maxDelay {}; minDelay must be <= maxDelay",
                     self.min_delay, self.max_delay
@@ -201,8 +202,9 @@ impl DrainConfig {
             ));
         }
         if self.timeout.get().is_zero() {
-            return Err(ConfigError::new(
-                format!("{key}.timeout"),
+            return Err(ConfigError::at(
+                key,
+                "timeout",
                 "must be more than 0s, or every in-flight request is cut at once",
             ));
         }
@@ -213,8 +215,9 @@ impl DrainConfig {
 impl LimitsConfig {
     pub fn validate(&self, key: &str) -> Result<(), ConfigError> {
         if self.max_header_bytes < 1024 {
-            return Err(ConfigError::new(
-                format!("{key}.maxHeaderBytes"),
+            return Err(ConfigError::at(
+                key,
+                "maxHeaderBytes",
                 format!(
                     "{} is too small for real clients; use at least 1024",
                     self.max_header_bytes
@@ -222,26 +225,26 @@ impl LimitsConfig {
             ));
         }
         if self.max_headers == 0 {
-            return Err(ConfigError::new(
-                format!("{key}.maxHeaders"),
-                "must be at least 1",
-            ));
+            return Err(ConfigError::at(key, "maxHeaders", "must be at least 1"));
         }
         if self.header_read_timeout.get().is_zero() {
-            return Err(ConfigError::new(
-                format!("{key}.headerReadTimeout"),
+            return Err(ConfigError::at(
+                key,
+                "headerReadTimeout",
                 "must be more than 0s; it is the slowloris guard",
             ));
         }
         if self.max_concurrent_streams == 0 {
-            return Err(ConfigError::new(
-                format!("{key}.maxConcurrentStreams"),
+            return Err(ConfigError::at(
+                key,
+                "maxConcurrentStreams",
                 "must be at least 1, or no HTTP/2 request could be served",
             ));
         }
         if self.admin_max_connections == 0 {
-            return Err(ConfigError::new(
-                format!("{key}.adminMaxConnections"),
+            return Err(ConfigError::at(
+                key,
+                "adminMaxConnections",
                 "must be at least 1; the kubelet's probes need the admin port",
             ));
         }
@@ -252,8 +255,9 @@ impl LimitsConfig {
 impl UpstreamPoolConfig {
     pub fn validate(&self, key: &str) -> Result<(), ConfigError> {
         if self.connect_timeout.get().is_zero() {
-            return Err(ConfigError::new(
-                format!("{key}.connectTimeout"),
+            return Err(ConfigError::at(
+                key,
+                "connectTimeout",
                 "must be more than 0s",
             ));
         }

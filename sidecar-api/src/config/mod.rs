@@ -12,6 +12,27 @@
 //! YAML file > defaults. On reload only the file is re-read; flags and
 //! environment still win over it.
 
+/// Serde for a value type people write as text: it is serialised as its
+/// `Display` text and read back only from a string, through `FromStr`, so
+/// the file and `/config` show it as it was written and a parse error says
+/// how to write it.
+macro_rules! serde_as_text {
+    ($($ty:ty),* $(,)?) => {$(
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = <String as serde::Deserialize>::deserialize(deserializer)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    )*};
+}
+
 mod duration;
 mod limits;
 mod route;
@@ -46,6 +67,12 @@ impl ConfigError {
             key: key.into(),
             message: message.into(),
         }
+    }
+
+    /// A problem with `field` of the section at `key` (`drain` + `minDelay`
+    /// is `drain.minDelay`).
+    pub fn at(key: &str, field: &str, message: impl Into<String>) -> Self {
+        Self::new(format!("{key}.{field}"), message)
     }
 }
 
@@ -178,24 +205,13 @@ impl Config {
                 ));
             }
         }
-        // Port 0 means "pick a free port" (tests run many sidecars side by
-        // side), so two port-0 endpoints never collide.
-        if self.listen == self.upstream && !self.listen.is_any_port() {
-            return Err(ConfigError::new(
-                "upstream",
-                format!(
-                    "{} is also the listen address; the proxy would call itself",
-                    self.upstream
-                ),
-            ));
-        }
+        self.apart_from_listen("upstream", &self.upstream, "the proxy would call itself")?;
         for (i, endpoint) in self.upstreams.iter().enumerate() {
-            if *endpoint == self.listen && !self.listen.is_any_port() {
-                return Err(ConfigError::new(
-                    format!("upstreams[{i}]"),
-                    format!("{endpoint} is also the listen address; the proxy would call itself"),
-                ));
-            }
+            self.apart_from_listen(
+                format!("upstreams[{i}]"),
+                endpoint,
+                "the proxy would call itself",
+            )?;
             if self.upstreams[..i].contains(endpoint) {
                 return Err(ConfigError::new(
                     format!("upstreams[{i}]"),
@@ -227,21 +243,14 @@ impl Config {
                 ),
             ));
         }
-        if self.admin == self.listen && !self.admin.is_any_port() {
-            return Err(ConfigError::new(
-                "admin",
-                format!(
-                    "{} is also the listen address; give the admin port its own",
-                    self.admin
-                ),
-            ));
-        }
+        self.apart_from_listen("admin", &self.admin, "give the admin port its own")?;
         let mut names = std::collections::HashSet::new();
         for (i, route) in self.routes.iter().enumerate() {
             let key = format!("routes[{i}]");
             if !names.insert(route.name.as_str()) {
-                return Err(ConfigError::new(
-                    format!("{key}.name"),
+                return Err(ConfigError::at(
+                    &key,
+                    "name",
                     format!(
                         "{:?} is used by an earlier route; route names must be unique",
                         route.name
@@ -249,6 +258,24 @@ impl Config {
                 ));
             }
             route.validate(&key)?;
+        }
+        Ok(())
+    }
+
+    /// `endpoint` (the key `key`) must not be the listen address. Port 0
+    /// means "pick a free port" (tests run many sidecars side by side), so
+    /// two port-0 endpoints never collide.
+    fn apart_from_listen(
+        &self,
+        key: impl Into<String>,
+        endpoint: &Endpoint,
+        why: &str,
+    ) -> Result<(), ConfigError> {
+        if *endpoint == self.listen && !self.listen.is_any_port() {
+            return Err(ConfigError::new(
+                key,
+                format!("{endpoint} is also the listen address; {why}"),
+            ));
         }
         Ok(())
     }

@@ -198,12 +198,13 @@ impl Default for FallbackConfig {
 impl RouteConfig {
     pub fn validate(&self, key: &str) -> Result<(), ConfigError> {
         if self.name.is_empty() {
-            return Err(ConfigError::new(format!("{key}.name"), "must not be empty"));
+            return Err(ConfigError::at(key, "name", "must not be empty"));
         }
         let m = &self.matcher;
         if m.path.is_some() && m.path_prefix.is_some() {
-            return Err(ConfigError::new(
-                format!("{key}.match"),
+            return Err(ConfigError::at(
+                key,
+                "match",
                 "set path (exact) or pathPrefix, not both",
             ));
         }
@@ -228,8 +229,9 @@ impl RouteConfig {
         if let Some(t) = self.timeout
             && t.get().is_zero()
         {
-            return Err(ConfigError::new(
-                format!("{key}.timeout"),
+            return Err(ConfigError::at(
+                key,
+                "timeout",
                 "must be more than 0s; leave it out for no timeout",
             ));
         }
@@ -246,14 +248,12 @@ impl RouteConfig {
 impl CircuitBreakerConfig {
     pub fn validate(&self, key: &str) -> Result<(), ConfigError> {
         if self.max_concurrent == 0 {
-            return Err(ConfigError::new(
-                format!("{key}.maxConcurrent"),
-                "must be at least 1",
-            ));
+            return Err(ConfigError::at(key, "maxConcurrent", "must be at least 1"));
         }
         if !(0.0..=1.0).contains(&self.error_ratio) || self.error_ratio.is_nan() {
-            return Err(ConfigError::new(
-                format!("{key}.errorRatio"),
+            return Err(ConfigError::at(
+                key,
+                "errorRatio",
                 format!(
                     "{} is not a ratio; use a number from 0 (off) to 1",
                     self.error_ratio
@@ -261,20 +261,19 @@ impl CircuitBreakerConfig {
             ));
         }
         if self.error_ratio > 0.0 && self.window.get().is_zero() {
-            return Err(ConfigError::new(
-                format!("{key}.window"),
+            return Err(ConfigError::at(
+                key,
+                "window",
                 "must be more than 0s when errorRatio is set",
             ));
         }
         if self.open_for.get().is_zero() {
-            return Err(ConfigError::new(
-                format!("{key}.openFor"),
-                "must be more than 0s",
-            ));
+            return Err(ConfigError::at(key, "openFor", "must be more than 0s"));
         }
         if self.max_open_for < self.open_for {
-            return Err(ConfigError::new(
-                format!("{key}.maxOpenFor"),
+            return Err(ConfigError::at(
+                key,
+                "maxOpenFor",
                 format!(
                     "{} is shorter than openFor {}",
                     self.max_open_for, self.open_for
@@ -282,15 +281,17 @@ impl CircuitBreakerConfig {
             ));
         }
         if self.half_open_probes == 0 {
-            return Err(ConfigError::new(
-                format!("{key}.halfOpenProbes"),
+            return Err(ConfigError::at(
+                key,
+                "halfOpenProbes",
                 "must be at least 1, or the breaker could never close again",
             ));
         }
         if self.adaptive && (self.min_concurrent == 0 || self.min_concurrent > self.max_concurrent)
         {
-            return Err(ConfigError::new(
-                format!("{key}.minConcurrent"),
+            return Err(ConfigError::at(
+                key,
+                "minConcurrent",
                 format!(
                     "{} must be between 1 and maxConcurrent {} when adaptive is on",
                     self.min_concurrent, self.max_concurrent
@@ -298,8 +299,9 @@ impl CircuitBreakerConfig {
             ));
         }
         if self.max_queue > 0 && self.queue_timeout.get().is_zero() {
-            return Err(ConfigError::new(
-                format!("{key}.queueTimeout"),
+            return Err(ConfigError::at(
+                key,
+                "queueTimeout",
                 "must be more than 0s when maxQueue is above 0",
             ));
         }
@@ -310,8 +312,9 @@ impl CircuitBreakerConfig {
 impl FallbackConfig {
     pub fn validate(&self, key: &str) -> Result<(), ConfigError> {
         if !(200..=599).contains(&self.status) {
-            return Err(ConfigError::new(
-                format!("{key}.status"),
+            return Err(ConfigError::at(
+                key,
+                "status",
                 format!("{} is not a response status; use 200-599", self.status),
             ));
         }
@@ -322,8 +325,9 @@ impl FallbackConfig {
             .bytes()
             .any(|b| (b < 0x20 && b != b'\t') || b == 0x7f)
         {
-            return Err(ConfigError::new(
-                format!("{key}.contentType"),
+            return Err(ConfigError::at(
+                key,
+                "contentType",
                 "is not a valid header value",
             ));
         }

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 /// Where a listener or upstream lives: a TCP address or a Unix socket path
 /// (`unix:/run/app.sock`).
@@ -57,19 +57,6 @@ impl fmt::Display for Endpoint {
     }
 }
 
-impl Serialize for Endpoint {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Endpoint {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
-}
-
 /// File permissions for a Unix listen socket, written in octal like chmod
 /// (`"0660"`, `"660"`); serialised the same way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -95,20 +82,10 @@ impl fmt::Display for SocketMode {
     }
 }
 
-impl Serialize for SocketMode {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for SocketMode {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        // YAML reads an unquoted 0660 as the decimal 660 (YAML 1.2) or as
-        // 432 (1.1): only a string says what was meant.
-        let text = String::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
-}
+// Both only from strings. For a socket mode it matters most: YAML reads an
+// unquoted 0660 as the decimal 660 (YAML 1.2) or as 432 (1.1), and only a
+// string says what was meant.
+serde_as_text!(Endpoint, SocketMode);
 
 /// How the listener treats the bytes it accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]

@@ -162,17 +162,25 @@ mod tests {
         Arc::new(Limiter::new(limit, queue, Duration::from_millis(100)))
     }
 
+    /// A request waiting for a slot in its own task, once it is queued.
+    async fn queued_request(
+        limiter: &Arc<Limiter>,
+    ) -> tokio::task::JoinHandle<Result<(), Rejection>> {
+        let waiter = {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.acquire().await.map(drop) })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(limiter.queued(), 1);
+        waiter
+    }
+
     #[tokio::test(start_paused = true)]
     async fn admits_up_to_the_limit_then_queues_then_rejects() {
         let limiter = limiter(2, 1);
         let a = limiter.acquire().await.expect("slot 1");
         let _b = limiter.acquire().await.expect("slot 2");
-        let waiter = {
-            let limiter = limiter.clone();
-            tokio::spawn(async move { limiter.acquire().await.map(|_slot| ()) })
-        };
-        tokio::task::yield_now().await;
-        assert_eq!(limiter.queued(), 1);
+        let waiter = queued_request(&limiter).await;
         assert_eq!(limiter.acquire().await.err(), Some(Rejection::QueueFull));
         drop(a);
         assert_eq!(waiter.await.expect("task"), Ok(()));
@@ -191,12 +199,7 @@ mod tests {
     async fn a_client_that_leaves_the_queue_frees_its_place() {
         let limiter = limiter(1, 1);
         let held = limiter.acquire().await.expect("slot");
-        let leaving = {
-            let limiter = limiter.clone();
-            tokio::spawn(async move { limiter.acquire().await.map(drop) })
-        };
-        tokio::task::yield_now().await;
-        assert_eq!(limiter.queued(), 1);
+        let leaving = queued_request(&limiter).await;
         // The downstream went away: the proxy drops the admit future.
         leaving.abort();
         let _ = leaving.await;

@@ -1,11 +1,11 @@
 //! Prometheus text and the `/breakers` JSON for the route table.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::Route;
 use super::breaker::BreakerState;
+use crate::metrics::Family;
 
 /// Renders every route's series, each family with its HELP and TYPE once.
 ///
@@ -14,7 +14,7 @@ use super::breaker::BreakerState;
 pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, out: &mut String) {
     let guarded = || routes.clone().filter(|route| route.guard.is_some());
 
-    family(
+    let mut family = Family::new(
         out,
         "kubegrace_breaker_state",
         "gauge",
@@ -23,15 +23,11 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
     for route in guarded() {
         if let Some(guard) = &route.guard {
             let state = guard.current_state() as u8;
-            let _ = writeln!(
-                out,
-                "kubegrace_breaker_state{{route=\"{}\"}} {state}",
-                escape(&route.name)
-            );
+            family.series(format_args!("route=\"{}\"", escape(&route.name)), state);
         }
     }
 
-    family(
+    let mut family = Family::new(
         out,
         "kubegrace_breaker_transitions_total",
         "counter",
@@ -44,17 +40,14 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
             (BreakerState::Open, &stats.transitions_to_open),
             (BreakerState::HalfOpen, &stats.transitions_to_half_open),
         ] {
-            let _ = writeln!(
-                out,
-                "kubegrace_breaker_transitions_total{{route=\"{}\",to=\"{}\"}} {}",
-                escape(&route.name),
-                to.as_str(),
-                counter.load(Ordering::Relaxed)
+            family.series(
+                format_args!("route=\"{}\",to=\"{}\"", escape(&route.name), to.as_str()),
+                counter.load(Ordering::Relaxed),
             );
         }
     }
 
-    family(
+    let mut family = Family::new(
         out,
         "kubegrace_rejections_total",
         "counter",
@@ -67,16 +60,14 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
             ("queue_full", &stats.rejected_queue_full),
             ("queue_timeout", &stats.rejected_queue_timeout),
         ] {
-            let _ = writeln!(
-                out,
-                "kubegrace_rejections_total{{route=\"{}\",reason=\"{reason}\"}} {}",
-                escape(&route.name),
-                counter.load(Ordering::Relaxed)
+            family.series(
+                format_args!("route=\"{}\",reason=\"{reason}\"", escape(&route.name)),
+                counter.load(Ordering::Relaxed),
             );
         }
     }
 
-    family(
+    let mut family = Family::new(
         out,
         "kubegrace_concurrency_limit",
         "gauge",
@@ -84,16 +75,14 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
     );
     for route in guarded() {
         if let Some(guard) = &route.guard {
-            let _ = writeln!(
-                out,
-                "kubegrace_concurrency_limit{{route=\"{}\"}} {}",
-                escape(&route.name),
-                guard.limit()
+            family.series(
+                format_args!("route=\"{}\"", escape(&route.name)),
+                guard.limit(),
             );
         }
     }
 
-    family(
+    let mut family = Family::new(
         out,
         "kubegrace_queue_depth",
         "gauge",
@@ -101,34 +90,25 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
     );
     for route in guarded() {
         if let Some(guard) = &route.guard {
-            let _ = writeln!(
-                out,
-                "kubegrace_queue_depth{{route=\"{}\"}} {}",
-                escape(&route.name),
-                guard.queued()
+            family.series(
+                format_args!("route=\"{}\"", escape(&route.name)),
+                guard.queued(),
             );
         }
     }
 
-    family(
+    let mut family = Family::new(
         out,
         "kubegrace_route_inflight",
         "gauge",
         "Requests admitted to the app and not finished, per route.",
     );
     for route in routes {
-        let _ = writeln!(
-            out,
-            "kubegrace_route_inflight{{route=\"{}\"}} {}",
-            escape(&route.name),
-            route.inflight()
+        family.series(
+            format_args!("route=\"{}\"", escape(&route.name)),
+            route.inflight(),
         );
     }
-}
-
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
 /// Label values escape backslash, quote and newline (exposition format).

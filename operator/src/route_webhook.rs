@@ -4,7 +4,7 @@
 //! The CRD schema and its CEL rules see one object; they cannot see the
 //! target's pod template. This webhook refuses what needs it, with the
 //! controller's own pure functions ([`controller::claim_targets`],
-//! [`controller::validate`]), so the two never disagree:
+//! [`controller::budget_and_config`]), so the two never disagree:
 //! - a port name the target's pod template does not declare (the message
 //!   lists the names it does have);
 //! - a budget that cannot fit a pinned `rollout.terminationGracePeriodSeconds`
@@ -68,7 +68,7 @@ pub fn judge(
         .get_or_insert_with(|| Time(jiff::Timestamp::now()));
     let others: Vec<&GraceRoute> = routes.iter().collect();
     let (targets, overlaps) = controller::claim_targets(&route, workloads, &others);
-    if let Err(invalid) = controller::validate(&route, &targets) {
+    if let Err(invalid) = controller::budget_and_config(&route, &targets) {
         return Verdict::Refuse(invalid);
     }
     let ns = route.namespace().unwrap_or_default();

@@ -1,0 +1,39 @@
+//! The pure middle of the pipeline: GraceRoute spec (+ the target's pod
+//! template) -> sidecar config, time budget and the target's rollout fields.
+//! Nothing here talks to the API server, so every rule is tested from inline
+//! YAML.
+//!
+//! One file per output: [`budget`] (the time a drain needs and the grace
+//! period it becomes), [`sidecar_config`] (the sidecar's `config.yaml`
+//! in the route's ConfigMap), [`rollout`] (the target workload's rollout
+//! fields and their restore) and [`bypass`] (the Services that reach the
+//! app around the sidecar).
+
+mod budget;
+mod bypass;
+mod rollout;
+mod sidecar_config;
+#[cfg(test)]
+mod testing;
+
+pub use budget::{Budget, MARGIN, budget};
+pub use bypass::{Bypass, app_port, bypassing_services};
+pub use rollout::{Originals, Target, restore_patch, target_apply};
+pub use sidecar_config::{PortPlan, check_template, config_map_name, render, sidecar_config};
+
+/// Why a route cannot be applied: a condition reason and a message a person
+/// can act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Invalid {
+    pub fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+        }
+    }
+}

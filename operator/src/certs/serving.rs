@@ -1,0 +1,98 @@
+//! What the TLS server serves: the current certificate, handed to every
+//! handshake, and the `--cert-dir` mode that reads it from files.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+
+use crate::{Error, Result};
+
+/// Hands the current certificate to every TLS handshake.
+#[derive(Debug, Default)]
+pub struct CertResolver {
+    current: RwLock<Option<Arc<CertifiedKey>>>,
+}
+
+impl CertResolver {
+    pub fn set(&self, key: CertifiedKey) {
+        let mut cur = self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *cur = Some(Arc::new(key));
+    }
+    pub fn is_loaded(&self) -> bool {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
+    }
+}
+
+impl ResolvesServerCert for CertResolver {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Parses PEM chain + key into what rustls serves.
+pub fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey> {
+    let certs = rustls_pemfile::certs(&mut &*cert_pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::Cert(format!("reading certificate PEM: {e}")))?;
+    if certs.is_empty() {
+        return Err(Error::Cert("no certificate in PEM".into()));
+    }
+    let key = rustls_pemfile::private_key(&mut &*key_pem)
+        .map_err(|e| Error::Cert(format!("reading key PEM: {e}")))?
+        .ok_or_else(|| Error::Cert("no private key in PEM".into()))?;
+    let signer = rustls::crypto::ring::sign::any_supported_type(&key)
+        .map_err(|e| Error::Cert(format!("unsupported key: {e}")))?;
+    Ok(CertifiedKey::new(certs, signer))
+}
+
+fn mtime(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// `--cert-dir` mode: loads tls.crt/tls.key.
+pub fn load_dir(dir: &Path, resolver: &CertResolver) -> Result<()> {
+    let read = |f: &str| {
+        std::fs::read(dir.join(f)).map_err(Error::io(format!("reading {}", dir.join(f).display())))
+    };
+    resolver.set(certified_key(&read("tls.crt")?, &read("tls.key")?)?);
+    Ok(())
+}
+
+/// Re-reads the directory when tls.crt changes (cert-manager renewals).
+pub async fn watch_dir(
+    dir: PathBuf,
+    resolver: Arc<CertResolver>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut seen = mtime(&dir.join("tls.crt"));
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(30)) => {}
+            _ = shutdown.changed() => return,
+        }
+        let now = mtime(&dir.join("tls.crt"));
+        if now != seen {
+            match load_dir(&dir, &resolver) {
+                Ok(()) => {
+                    tracing::info!(dir = %dir.display(), "serving certificate reloaded");
+                    seen = now;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reloading serving certificate; keeping the old one")
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! The way back from a provisional drain: a container restart, told from
+//! the end of the pod by the app going away and coming back (see the
+//! module doc of [`super`]).
+
+use std::sync::PoisonError;
+use std::sync::atomic::Ordering;
+
+use super::{Drain, DrainState, Phase};
+
+impl Drain {
+    /// Evidence from `app.rs`: a connect to the app was refused (or timed
+    /// out). Only counts while a drain is under way.
+    pub fn app_gone(&self) {
+        if self.phase() != Phase::Serving && !self.machine.app_gone.swap(true, Ordering::AcqRel) {
+            tracing::info!(phase = %self.phase(), "drain: the app is gone; if it comes back without a SIGTERM, this was a container restart and the sidecar resumes");
+        }
+    }
+
+    /// Whether the app was seen gone since this drain's trigger. It stays
+    /// set until the cycle ends (a resume clears it), so a `stayServing`
+    /// drain never turns ready again on an app that flaps mid-drain.
+    pub fn app_seen_gone(&self) -> bool {
+        self.phase() != Phase::Serving && self.machine.app_gone.load(Ordering::Acquire)
+    }
+
+    /// Evidence from `app.rs`: the app accepts connections. Returns to
+    /// `Serving` if the rule allows it (see the module doc): a provisional
+    /// drain, the app seen gone since its trigger, no SIGTERM. Returns
+    /// whether it resumed.
+    pub fn resume(&self, why: &str) -> bool {
+        let mut cycle = self.lock();
+        let phase = self.phase();
+        if phase == Phase::Serving
+            || self.is_exit()
+            || !self.machine.app_gone.load(Ordering::Acquire)
+        {
+            return false;
+        }
+        let drained_for = cycle
+            .trigger
+            .as_ref()
+            .map(|(_, at)| at.elapsed())
+            .unwrap_or_default();
+        let trigger = cycle
+            .trigger
+            .take()
+            .map(|(reason, _)| reason)
+            .unwrap_or_else(|| "unknown".to_string());
+        cycle.id += 1;
+        self.machine.app_gone.store(false, Ordering::Release);
+        self.machine
+            .endpoint_removed
+            .store(false, Ordering::Release);
+        *self
+            .machine
+            .report
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        self.machine
+            .phase
+            .store(Phase::Serving as u8, Ordering::Release);
+        self.machine.tx.send_replace(DrainState {
+            phase: Phase::Serving,
+            force_close: false,
+            exit: false,
+        });
+        let total = self.machine.resumes.fetch_add(1, Ordering::Relaxed) + 1;
+        drop(cycle);
+        tracing::warn!(
+            from = %phase,
+            trigger = %trigger,
+            drained_secs = drained_for.as_secs_f64(),
+            resumes = total,
+            "{why} and no SIGTERM came: that drain was an app container restart, not the end of the pod; serving again"
+        );
+        true
+    }
+
+    /// Drains that returned to `Serving` because the app came back.
+    pub fn resumes_total(&self) -> u64 {
+        self.machine.resumes.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::super::testing::timers;
+    use super::super::{Drain, Phase};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_provisional_drain_resumes_once_the_app_was_gone_and_is_back() {
+        let drain = Drain::new(timers(100, 50, 1000, 1000));
+        tokio::spawn(drain.clone().run());
+        drain.trigger("admin /drain");
+        drain.drained().await;
+        assert!(
+            !drain.resume("back"),
+            "no evidence yet: the app never went away"
+        );
+        assert_eq!(drain.phase(), Phase::Drained);
+        drain.app_gone();
+        assert!(drain.resume("the app is reachable again"));
+        assert_eq!(drain.phase(), Phase::Serving);
+        assert_eq!(drain.resumes_total(), 1);
+        assert_eq!(drain.report(), None);
+        // The next drain is a full new cycle with its own report.
+        let t0 = Instant::now();
+        assert!(drain.trigger("admin /drain"));
+        let report = drain.drained().await;
+        assert_eq!(Instant::now() - t0, Duration::from_millis(100));
+        assert_eq!(report.trigger, "admin /drain");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn evidence_from_before_the_trigger_does_not_count() {
+        let drain = Drain::new(timers(100, 50, 1000, 1000));
+        tokio::spawn(drain.clone().run());
+        drain.app_gone(); // while serving: not evidence
+        drain.trigger("admin /drain");
+        drain.drained().await;
+        assert!(!drain.resume("back"));
+        assert_eq!(drain.phase(), Phase::Drained);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sigterm_always_wins() {
+        // SIGTERM first: the app going and coming back changes nothing.
+        let drain = Drain::new(timers(100, 50, 1000, 1000));
+        tokio::spawn(drain.clone().run());
+        assert!(drain.trigger_exit("SIGTERM"));
+        assert!(drain.subscribe().borrow().exit);
+        drain.app_gone();
+        assert!(!drain.resume("back"));
+        drain.drained().await;
+        assert!(!drain.resume("back"));
+        assert_eq!(drain.phase(), Phase::Drained);
+
+        // SIGTERM after a provisional drain: that drain can no longer resume.
+        let drain = Drain::new(timers(100, 50, 1000, 1000));
+        tokio::spawn(drain.clone().run());
+        drain.trigger("admin /drain");
+        drain.app_gone();
+        assert!(!drain.trigger_exit("SIGTERM"), "joins the drain under way");
+        assert!(drain.is_exit());
+        assert!(!drain.resume("back"));
+        drain.drained().await;
+        assert_eq!(drain.phase(), Phase::Drained);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resume_mid_grace_ends_that_cycle_for_good() {
+        let drain = Drain::new(timers(1000, 500, 5000, 5000));
+        tokio::spawn(drain.clone().run());
+        let mut rx = drain.subscribe();
+        drain.trigger("admin /drain");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drain.app_gone();
+        assert!(drain.resume("back"));
+        // The old cycle's timers pass: nothing moves.
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert_eq!(drain.phase(), Phase::Serving);
+        assert!(!rx.borrow_and_update().force_close);
+        // And the driver takes the next trigger.
+        drain.trigger("admin /drain");
+        drain.drained().await;
+    }
+}

@@ -1,0 +1,354 @@
+//! One downstream HTTP/2 connection and the way it ends.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::server::{Connection, Handshake, SendResponse};
+use h2::{Reason, RecvStream};
+use http::Request;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::client::ClientKind;
+use super::frame_io::FrameIo;
+use super::stream::{OpenStream, serve_stream};
+use super::wire::Wire;
+use crate::config::{Http2GoAway, LimitsConfig};
+use crate::proxy::ConnCtx;
+
+/// What hyper's server announces; kept so clients see the same limits.
+const STREAM_WINDOW: u32 = 1024 * 1024;
+const CONN_WINDOW: u32 = 1024 * 1024;
+const MAX_FRAME_SIZE: u32 = 16 * 1024;
+const MAX_SEND_BUF: usize = 400 * 1024;
+const MAX_LOCAL_ERROR_RESETS: usize = 1024;
+
+/// The final GOAWAY must not race the client. Two races were measured
+/// with httpcore 1.x, each losing a request now and then:
+/// - a request loop between getting its response and writing its next
+///   HEADERS fails the request (SEND_HEADERS in state CLOSED) if the
+///   GOAWAY is read meanwhile. So the GOAWAY goes out only once no new
+///   stream arrived and no stream end was written for this long: every
+///   loop has then sent its next request, which is held.
+/// - a task whose response was read by another task, but which waits for
+///   the read lock behind a task blocked reading the socket, only runs
+///   once more bytes arrive; if those are the GOAWAY it fails although
+///   its response is there (httpcore checks for the GOAWAY before its
+///   own events). So while waiting, PINGs (which the client answers and
+///   otherwise ignores) keep its readers cycling, and the GOAWAY waits
+///   for one PING round trip inside the quiet period.
+const FINAL_QUIET: Duration = Duration::from_millis(250);
+/// Between those PINGs.
+const FINAL_PING_EVERY: Duration = Duration::from_millis(25);
+/// A client that never goes quiet gets the final GOAWAY this long after
+/// its accepted streams are done anyway.
+const FINAL_QUIET_CAP: Duration = Duration::from_secs(2);
+
+/// Why the connection is asked to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// The drain reached `Closing`.
+    Drain,
+    /// Idle past `limits.downstreamIdleTimeout`.
+    Idle,
+}
+
+enum State<T> {
+    Handshaking(Pin<Box<Handshake<FrameIo<T>, Bytes>>>),
+    Serving(Box<Connection<FrameIo<T>, Bytes>>),
+}
+
+/// How far the connection's shutdown has got.
+enum Shutdown {
+    None,
+    /// Asked for; waits for the handshake or the client's SETTINGS.
+    Requested,
+    /// The two-phase GOAWAY is under way (h2's graceful shutdown).
+    TwoPhase,
+    /// New streams held; waiting for the accepted ones to finish.
+    Holding(Holding),
+    /// The final GOAWAY is queued; the connection closes after it.
+    Final,
+}
+
+struct Holding {
+    /// Since when the accepted streams are all done and written.
+    done_since: Option<tokio::time::Instant>,
+    /// (held streams, stream ends written) when last looked at.
+    seen: (usize, u64),
+    quiet_since: tokio::time::Instant,
+    /// The user PINGs (see [`FINAL_QUIET`]); None if h2 has none to give.
+    pings: Option<h2::PingPong>,
+    /// When the PING in flight went out.
+    ping_sent: Option<tokio::time::Instant>,
+    last_pong: Option<tokio::time::Instant>,
+    tick: Pin<Box<tokio::time::Sleep>>,
+}
+
+/// One downstream HTTP/2 connection: a future that ends when the
+/// connection does, and [`H2Conn::shutdown`] to start its end.
+pub(crate) struct H2Conn<T> {
+    state: State<T>,
+    ctx: Arc<ConnCtx>,
+    wire: Arc<Wire>,
+    mode: Http2GoAway,
+    shutdown: Shutdown,
+    /// The highest stream id handed to the app.
+    last_accepted: u32,
+    /// Streams opened after the shutdown began: never dispatched, kept
+    /// (unanswered) until the final GOAWAY, which names a lower id.
+    held: Vec<(Request<RecvStream>, SendResponse<Bytes>)>,
+}
+
+impl<T> H2Conn<T>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    pub(crate) fn new(io: T, ctx: Arc<ConnCtx>, limits: &LimitsConfig, mode: Http2GoAway) -> Self {
+        let wire = Arc::new(Wire::default());
+        let mut builder = h2::server::Builder::new();
+        builder
+            .initial_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONN_WINDOW)
+            .max_frame_size(MAX_FRAME_SIZE)
+            .max_send_buffer_size(MAX_SEND_BUF)
+            .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
+            .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+            // Announced in SETTINGS; h2 answers REFUSED_STREAM past it (a
+            // stream the app never saw, so the client may retry it).
+            .max_concurrent_streams(limits.max_concurrent_streams);
+        let handshake = builder.handshake(FrameIo::new(io, wire.clone()));
+        H2Conn {
+            state: State::Handshaking(Box::pin(handshake)),
+            ctx,
+            wire,
+            mode,
+            shutdown: Shutdown::None,
+            last_accepted: 0,
+            held: Vec::new(),
+        }
+    }
+
+    /// Starts the end of the connection (idempotent): the two-phase
+    /// GOAWAY or the held streams and final GOAWAY, per client kind.
+    pub(crate) fn shutdown(&mut self, why: Ending) {
+        if matches!(self.shutdown, Shutdown::None) {
+            tracing::trace!(?why, "HTTP/2 connection shutdown requested");
+            self.shutdown = Shutdown::Requested;
+        }
+    }
+
+    /// Turns a requested shutdown into frames once the kind is known.
+    fn start_shutdown(&mut self) {
+        let State::Serving(conn) = &mut self.state else {
+            return;
+        };
+        if !matches!(self.shutdown, Shutdown::Requested) {
+            return;
+        }
+        let final_only = match (self.mode, self.wire.kind()) {
+            (Http2GoAway::TwoPhase, _) => false,
+            (Http2GoAway::FinalOnly, _) => true,
+            (Http2GoAway::Auto, ClientKind::Strict) => true,
+            (Http2GoAway::Auto, ClientKind::Conforming) => false,
+            // The first frame of the client must be SETTINGS; until it is
+            // read, neither sequence is known to be safe. The drain's
+            // deadline bounds a client that never sends it.
+            (Http2GoAway::Auto, ClientKind::Unknown) => return,
+        };
+        self.ctx.shared.metrics.http2_goaway(final_only);
+        if final_only {
+            let now = tokio::time::Instant::now();
+            let pings = conn.ping_pong();
+            self.shutdown = Shutdown::Holding(Holding {
+                done_since: None,
+                seen: self.activity(),
+                quiet_since: now,
+                pings,
+                ping_sent: None,
+                last_pong: None,
+                tick: Box::pin(tokio::time::sleep(FINAL_QUIET)),
+            });
+        } else {
+            conn.graceful_shutdown();
+            self.shutdown = Shutdown::TwoPhase;
+        }
+    }
+
+    fn activity(&self) -> (usize, u64) {
+        (
+            self.held.len(),
+            self.wire.ends_written.load(Ordering::Relaxed),
+        )
+    }
+
+    fn accept(&mut self, request: Request<RecvStream>, respond: SendResponse<Bytes>) {
+        let id = respond.stream_id().as_u32();
+        self.last_accepted = self.last_accepted.max(id);
+        self.wire.open_streams.fetch_add(1, Ordering::AcqRel);
+        let open = OpenStream(Some(self.wire.clone()));
+        tokio::spawn(serve_stream(self.ctx.clone(), open, request, respond));
+    }
+
+    /// Holding: is it time for the final GOAWAY? Registers the wake-ups
+    /// that will tell otherwise.
+    fn poll_final_due(&mut self, cx: &mut Context<'_>) -> bool {
+        self.wire.waker.register(cx.waker());
+        let activity = self.activity();
+        let Shutdown::Holding(hold) = &mut self.shutdown else {
+            return false;
+        };
+        let now = tokio::time::Instant::now();
+        if activity != hold.seen {
+            hold.seen = activity;
+            hold.quiet_since = now;
+        }
+        if hold.ping_sent.is_some()
+            && let Some(pings) = hold.pings.as_mut()
+        {
+            match pings.poll_pong(cx) {
+                Poll::Ready(Ok(_)) => {
+                    hold.ping_sent = None;
+                    hold.last_pong = Some(now);
+                }
+                // No more PINGs; the quiet period alone decides.
+                Poll::Ready(Err(_)) => hold.pings = None,
+                Poll::Pending => {}
+            }
+        }
+        let streams_done =
+            self.wire.open_streams.load(Ordering::Acquire) == 0 && self.wire.all_ends_written();
+        let mut wake_at = (hold.quiet_since + FINAL_QUIET).max(now + Duration::from_millis(1));
+        if !streams_done {
+            hold.done_since = None;
+        } else {
+            let done_since = *hold.done_since.get_or_insert(now);
+            let round_trip_in_quiet = match (&hold.pings, hold.last_pong) {
+                (None, _) => true,
+                (Some(_), Some(pong)) => pong >= hold.quiet_since && hold.ping_sent.is_none(),
+                (Some(_), None) => false,
+            };
+            if (now - hold.quiet_since >= FINAL_QUIET && round_trip_in_quiet)
+                || now - done_since >= FINAL_QUIET_CAP
+            {
+                return true;
+            }
+            wake_at = wake_at.min(done_since + FINAL_QUIET_CAP);
+            if hold.ping_sent.is_none()
+                && let Some(pings) = hold.pings.as_mut()
+            {
+                let due = hold.last_pong.map_or(now, |pong| pong + FINAL_PING_EVERY);
+                if due <= now {
+                    if pings.send_ping(h2::Ping::opaque()).is_ok() {
+                        hold.ping_sent = Some(now);
+                        // Registers this task for the PONG.
+                        if let Poll::Ready(Ok(_)) = pings.poll_pong(cx) {
+                            hold.ping_sent = None;
+                            hold.last_pong = Some(now);
+                        }
+                    } else {
+                        hold.pings = None;
+                    }
+                } else {
+                    wake_at = wake_at.min(due);
+                }
+            }
+        }
+        // Check again then (the stream tasks and the PONG wake this task
+        // earlier).
+        hold.tick.as_mut().reset(wake_at);
+        let _ = hold.tick.as_mut().poll(cx);
+        false
+    }
+}
+
+impl<T> Future for H2Conn<T>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Output = Result<(), h2::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if let State::Handshaking(handshake) = &mut this.state {
+            match handshake.as_mut().poll(cx) {
+                Poll::Ready(Ok(conn)) => this.state = State::Serving(Box::new(conn)),
+                Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        loop {
+            this.start_shutdown();
+            let State::Serving(conn) = &mut this.state else {
+                return Poll::Pending;
+            };
+            match this.shutdown {
+                Shutdown::None | Shutdown::Requested | Shutdown::TwoPhase => {
+                    match conn.poll_accept(cx) {
+                        Poll::Ready(Some(Ok((request, respond)))) => {
+                            this.accept(request, respond);
+                        }
+                        Poll::Ready(Some(Err(err))) => return Poll::Ready(Err(err)),
+                        Poll::Ready(None) => return Poll::Ready(Ok(())),
+                        Poll::Pending => {
+                            // Reading the client's SETTINGS may have made
+                            // a requested shutdown startable.
+                            if matches!(this.shutdown, Shutdown::Requested)
+                                && this.wire.kind() != ClientKind::Unknown
+                            {
+                                continue;
+                            }
+                            return Poll::Pending;
+                        }
+                    }
+                }
+                Shutdown::Holding(_) => {
+                    // New streams are taken from h2 but never dispatched.
+                    match conn.poll_accept(cx) {
+                        // httpcore retries a stream above the GOAWAY's
+                        // last-stream-id only when that id is not 0, so a
+                        // connection that never had a stream serves its
+                        // first one.
+                        Poll::Ready(Some(Ok((request, respond)))) if this.last_accepted == 0 => {
+                            this.accept(request, respond);
+                            continue;
+                        }
+                        Poll::Ready(Some(Ok(stream))) => {
+                            this.held.push(stream);
+                            continue;
+                        }
+                        Poll::Ready(Some(Err(err))) => return Poll::Ready(Err(err)),
+                        Poll::Ready(None) => return Poll::Ready(Ok(())),
+                        Poll::Pending => {}
+                    }
+                    if !this.poll_final_due(cx) {
+                        return Poll::Pending;
+                    }
+                    tracing::debug!(
+                        last_stream = this.last_accepted,
+                        held = this.held.len(),
+                        kind = ?this.wire.kind(),
+                        "HTTP/2: accepted streams done; final GOAWAY"
+                    );
+                    this.ctx
+                        .shared
+                        .metrics
+                        .http2_held_streams(this.held.len() as u64);
+                    this.wire
+                        .final_id
+                        .store(this.last_accepted, Ordering::Release);
+                    this.wire.final_set.store(true, Ordering::Release);
+                    if let State::Serving(conn) = &mut this.state {
+                        conn.abrupt_shutdown(Reason::NO_ERROR);
+                    }
+                    this.shutdown = Shutdown::Final;
+                }
+                Shutdown::Final => return conn.poll_closed(cx),
+            }
+        }
+    }
+}

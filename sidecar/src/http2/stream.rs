@@ -1,0 +1,272 @@
+//! One HTTP/2 stream: the request body from the client, the proxy's
+//! answer back into h2 with flow control, and the bookkeeping the final
+//! GOAWAY needs.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::{Reason, RecvStream, SendStream};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+
+use super::wire::Wire;
+use crate::proxy::{ConnCtx, ProxyBody};
+
+/// Counts an accepted stream until its last frame is handed to h2 (or
+/// its task ends without one).
+pub(super) struct OpenStream(pub(super) Option<Arc<Wire>>);
+
+impl OpenStream {
+    /// Call after [`Wire::expect_end`] and before handing the last frame
+    /// to h2: the client may answer it with its next stream at once, and
+    /// that one must not look like more concurrency than it has.
+    fn finish(&mut self) {
+        if let Some(wire) = self.0.take() {
+            wire.open_streams.fetch_sub(1, Ordering::AcqRel);
+            wire.waker.wake();
+        }
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// The request body of an HTTP/2 stream. Flow-control capacity goes back
+/// to the client as each chunk is taken, as hyper does.
+pub struct H2Body {
+    recv: RecvStream,
+    /// Content-Length still to come, for an exact size hint (the app's
+    /// HTTP/1 request then carries a length instead of chunks).
+    remaining: Option<u64>,
+    data_done: bool,
+}
+
+impl H2Body {
+    fn new(recv: RecvStream, headers: &HeaderMap) -> Self {
+        let remaining = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        H2Body {
+            recv,
+            remaining,
+            data_done: false,
+        }
+    }
+}
+
+impl Body for H2Body {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        let this = self.get_mut();
+        if !this.data_done {
+            match this.recv.poll_data(cx) {
+                Poll::Ready(Some(Ok(data))) => {
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    if let Some(remaining) = this.remaining.as_mut() {
+                        *remaining = remaining.saturating_sub(data.len() as u64);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Poll::Ready(Some(Err(err))) => return Poll::Ready(Some(Err(err))),
+                Poll::Ready(None) => this.data_done = true,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        match this.recv.poll_trailers(cx) {
+            Poll::Ready(Ok(Some(trailers))) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+            Poll::Ready(Ok(None)) => Poll::Ready(None),
+            Poll::Ready(Err(err)) => Poll::Ready(Some(Err(err))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.recv.is_end_stream() {
+            return SizeHint::with_exact(0);
+        }
+        match self.remaining {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
+    }
+}
+
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+
+/// Connection-specific headers are malformed in HTTP/2 (RFC 9113 §8.2.2);
+/// the proxy strips hop-by-hop headers already, this is the last guard.
+fn strip_connection_headers(headers: &mut HeaderMap) {
+    headers.remove(header::CONNECTION);
+    headers.remove(&KEEP_ALIVE);
+    headers.remove(&PROXY_CONNECTION);
+    headers.remove(header::TRANSFER_ENCODING);
+    headers.remove(header::UPGRADE);
+    if headers
+        .get(header::TE)
+        .is_some_and(|te| te.as_bytes() != b"trailers")
+    {
+        headers.remove(header::TE);
+    }
+}
+
+/// A stream's bookkeeping for the final GOAWAY.
+struct StreamEnd {
+    open: OpenStream,
+    wire: Arc<Wire>,
+    id: u32,
+}
+
+impl StreamEnd {
+    /// Before handing the stream's last frame to h2.
+    fn ending(&mut self) {
+        self.wire.expect_end(self.id);
+        self.open.finish();
+    }
+
+    /// h2 refused the last frame (the stream is gone): nothing to await.
+    fn refused(&self) {
+        self.wire.forget_end(self.id);
+    }
+}
+
+/// One stream: the proxy's answer, then its body into h2 with flow control.
+pub(super) async fn serve_stream(
+    ctx: Arc<ConnCtx>,
+    open: OpenStream,
+    request: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+) {
+    let Some(wire) = open.0.clone() else {
+        return;
+    };
+    let mut end = StreamEnd {
+        open,
+        wire,
+        id: respond.stream_id().as_u32(),
+    };
+    let (parts, recv) = request.into_parts();
+    let body = H2Body::new(recv, &parts.headers);
+    let request = Request::from_parts(parts, crate::upstream::DownstreamBody::Http2(body));
+    // A client that resets the stream while the app works: the request
+    // future is dropped, which cancels the upstream call.
+    let response = tokio::select! {
+        response = crate::proxy::handle(ctx, request) => response,
+        _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => return,
+    };
+    let (mut parts, mut body) = response.into_parts();
+    strip_connection_headers(&mut parts.headers);
+    // As hyper's server: a body of known length announces it.
+    if !parts.headers.contains_key(header::CONTENT_LENGTH)
+        && let Some(len) = body.size_hint().exact()
+        && !matches!(
+            parts.status,
+            http::StatusCode::NO_CONTENT | http::StatusCode::NOT_MODIFIED
+        )
+    {
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    }
+    let head = Response::from_parts(parts, ());
+    if body.is_end_stream() {
+        end.ending();
+        if respond.send_response(head, true).is_err() {
+            end.refused();
+        }
+        return;
+    }
+    let Ok(mut send) = respond.send_response(head, false) else {
+        return;
+    };
+    pump(&mut end, &mut send, &mut body).await;
+}
+
+/// Sends the body; on the client's reset it stops (dropping the body
+/// drops the app's response with it).
+async fn pump(end: &mut StreamEnd, send: &mut SendStream<Bytes>, body: &mut ProxyBody) {
+    loop {
+        let frame = tokio::select! {
+            frame = body.frame() => frame,
+            _ = std::future::poll_fn(|cx| send.poll_reset(cx)) => return,
+        };
+        match frame {
+            None => {
+                end.ending();
+                if send.send_data(Bytes::new(), true).is_err() {
+                    end.refused();
+                }
+                return;
+            }
+            Some(Err(err)) => {
+                tracing::debug!(error = %err, "response body failed mid-stream; resetting the stream");
+                end.ending();
+                send.send_reset(Reason::INTERNAL_ERROR);
+                return;
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    // As hyper: wait for any send capacity, then queue the
+                    // whole chunk (h2 bounds what it buffers per stream).
+                    send.reserve_capacity(1);
+                    if send.capacity() == 0 {
+                        loop {
+                            // A reset ends the wait like a closed stream.
+                            let cap = std::future::poll_fn(|cx| {
+                                if send.poll_reset(cx).is_ready() {
+                                    return Poll::Ready(None);
+                                }
+                                send.poll_capacity(cx)
+                            })
+                            .await;
+                            match cap {
+                                Some(Ok(0)) => continue,
+                                Some(Ok(_)) => break,
+                                Some(Err(_)) | None => return,
+                            }
+                        }
+                    }
+                    let last = body.is_end_stream();
+                    if last {
+                        end.ending();
+                    }
+                    if send.send_data(data, last).is_err() {
+                        end.refused();
+                        return;
+                    }
+                    if last {
+                        return;
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        end.ending();
+                        if send.send_trailers(trailers).is_err() {
+                            end.refused();
+                        }
+                        return;
+                    }
+                }
+            },
+        }
+    }
+}

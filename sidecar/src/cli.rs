@@ -705,4 +705,15 @@ mod tests {
             Some(Protocol::Http2)
         );
     }
+
+    #[test]
+    fn the_http1_fast_path_is_on_unless_switched_off() {
+        assert!(load(None, &Overrides::default()).expect("load").proxy.http1_fast_path);
+        let path = temp_file("fastpath", "proxy: {http1FastPath: false}\n");
+        let file_off = load(Some(&path), &Overrides::default()).expect("load");
+        assert!(!file_off.proxy.http1_fast_path);
+        let c = cli(&["--http1-fast-path", "true"]).expect("parse");
+        let flag_on = load(Some(&path), &c.settings().overrides).expect("load");
+        assert!(flag_on.proxy.http1_fast_path, "flag wins");
+    }
 }

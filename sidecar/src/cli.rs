@@ -708,7 +708,12 @@ mod tests {
 
     #[test]
     fn the_http1_fast_path_is_on_unless_switched_off() {
-        assert!(load(None, &Overrides::default()).expect("load").proxy.http1_fast_path);
+        assert!(
+            load(None, &Overrides::default())
+                .expect("load")
+                .proxy
+                .http1_fast_path
+        );
         let path = temp_file("fastpath", "proxy: {http1FastPath: false}\n");
         let file_off = load(Some(&path), &Overrides::default()).expect("load");
         assert!(!file_off.proxy.http1_fast_path);

@@ -269,7 +269,9 @@ where
         done = complete;
     }
     // Everything of the request in one buffer: it may go again on another
-    // connection if a pooled one turns out closed.
+    // connection if a pooled one turns out closed before it took a byte.
+    // Once written it never goes again (as in upstream.rs): the app may
+    // have acted on it.
     let replayable = done;
     progress.body_read.store(done, Ordering::Relaxed);
     loop {
@@ -284,9 +286,11 @@ where
                 reused: false,
             },
         };
-        let retry = app.reused && replayable;
         if let Err(err) = app.io.write_all(&client.out).await {
-            if retry {
+            // A write fails only on a socket the app had already reset: it
+            // took nothing.
+            if app.reused && replayable {
+                tracing::debug!(error = %err, "pooled app connection was closed; retrying on another");
                 continue;
             }
             return Err(lost(upstream, &err.to_string()));
@@ -299,10 +303,6 @@ where
         let close = !sent_all || closing(ctx, ctl, req);
         match read_response_head(&mut app, req, close, client).await {
             Ok(head) => return Ok((app, head, sent_all)),
-            Err(HeadError::Eof) if retry => {
-                tracing::debug!("pooled app connection was closed; retrying on another");
-                continue;
-            }
             Err(HeadError::Eof) => return Err(lost(upstream, "app closed the connection")),
             Err(HeadError::Io(err)) => return Err(lost(upstream, &err.to_string())),
             Err(HeadError::Bad) => return Err(Failure::Lost("malformed response head".into())),
@@ -411,19 +411,9 @@ async fn read_response_head<T>(
             Ok(0) if app.buf.is_empty() => return Err(HeadError::Eof),
             Ok(0) => return Err(HeadError::Bad),
             Ok(_) => {}
-            Err(err) if app.reused && app.buf.is_empty() && is_reset(&err) => {
-                return Err(HeadError::Eof);
-            }
             Err(err) => return Err(HeadError::Io(err)),
         }
     }
-}
-
-fn is_reset(err: &std::io::Error) -> bool {
-    matches!(
-        err.kind(),
-        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
-    )
 }
 
 /// Writes the response head (in the client's write buffer) and relays the

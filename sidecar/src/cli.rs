@@ -115,6 +115,9 @@ pub struct Cli {
     /// Proxies in front whose X-Forwarded-Proto is kept (default 0: set from the connection).
     #[arg(long, env = env::TRUSTED_HOPS, value_name = "N")]
     pub trusted_hops: Option<u32>,
+    /// Relay plain HTTP/1.1 exchanges as bytes (true, the default) or serve every request through hyper (proxy.http1FastPath).
+    #[arg(long, env = env::HTTP1_FAST_PATH, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub http1_fast_path: Option<bool>,
     /// While the app refuses connections (restarting), hold a request this long for it to come back, then 503.
     #[arg(long, env = env::UPSTREAM_HOLD_TIMEOUT, value_name = "DURATION")]
     pub upstream_hold_timeout: Option<HumanDuration>,
@@ -217,6 +220,7 @@ pub struct Overrides {
     pub admin_max_connections: Option<usize>,
     pub upgrade_protocols: Option<Vec<String>>,
     pub trusted_hops: Option<u32>,
+    pub http1_fast_path: Option<bool>,
     pub upstream_hold_timeout: Option<HumanDuration>,
 }
 
@@ -294,6 +298,9 @@ impl Overrides {
         if let Some(v) = self.trusted_hops {
             config.forwarded.trusted_hops = v;
         }
+        if let Some(v) = self.http1_fast_path {
+            config.proxy.http1_fast_path = v;
+        }
         if let Some(v) = self.upstream_hold_timeout {
             config.upstream_pool.hold_timeout = v;
         }
@@ -366,6 +373,7 @@ impl Cli {
                 admin_max_connections: self.admin_max_connections,
                 upgrade_protocols: self.upgrade_protocols.clone(),
                 trusted_hops: self.trusted_hops,
+                http1_fast_path: self.http1_fast_path,
                 upstream_hold_timeout: self.upstream_hold_timeout,
             },
             drain_token: self.drain_token.clone().filter(|t| !t.is_empty()),
@@ -692,5 +700,21 @@ mod tests {
             cli(&["--protocol", "HTTP2"]).expect("parse").protocol,
             Some(Protocol::Http2)
         );
+    }
+
+    #[test]
+    fn the_http1_fast_path_is_on_unless_switched_off() {
+        assert!(
+            load(None, &Overrides::default())
+                .expect("load")
+                .proxy
+                .http1_fast_path
+        );
+        let path = temp_file("fastpath", "proxy: {http1FastPath: false}\n");
+        let file_off = load(Some(&path), &Overrides::default()).expect("load");
+        assert!(!file_off.proxy.http1_fast_path);
+        let c = cli(&["--http1-fast-path", "true"]).expect("parse");
+        let flag_on = load(Some(&path), &c.settings().overrides).expect("load");
+        assert!(flag_on.proxy.http1_fast_path, "flag wins");
     }
 }

@@ -496,6 +496,8 @@ pub struct Upstream {
     host: HeaderValue,
     connect_timeout: Duration,
     h1: Arc<H1Pool>,
+    /// Idle raw sockets of the HTTP/1.1 fast path (proxy/h1).
+    raw: Arc<crate::proxy::h1::RawPool>,
     /// The shared HTTP/2 connection, if one is up, with its generation.
     h2: Mutex<Option<(u64, http2::SendRequest<UpstreamBody>)>>,
     h2_generation: AtomicU64,
@@ -530,12 +532,14 @@ impl Upstream {
             idle_timeout: pool.idle_timeout.get(),
         });
         spawn_reaper(&h1);
+        let raw = crate::proxy::h1::RawPool::new(pool.max_idle, pool.idle_timeout.get());
         Ok(Upstream {
             endpoint: endpoint.clone(),
             authority,
             host,
             connect_timeout: pool.connect_timeout.get(),
             h1,
+            raw,
             h2: Mutex::new(None),
             h2_generation: AtomicU64::new(0),
             h2_connecting: tokio::sync::Mutex::new(()),
@@ -634,6 +638,19 @@ impl Upstream {
         let res = self.send_h1_inner(req).await;
         self.note_lost(res.as_ref().err());
         res
+    }
+
+    /// The fast path's idle app connections.
+    pub(crate) fn raw_pool(&self) -> &crate::proxy::h1::RawPool {
+        &self.raw
+    }
+
+    /// The fast path lost a request the app had received (its connection
+    /// died under it): counted, and the probe woken, as in `note_lost`.
+    pub(crate) fn lost_in_flight(&self) {
+        if let Some(app) = self.app.as_ref() {
+            app.lost_in_flight();
+        }
     }
 
     /// A request the app had received whose connection died is the app's

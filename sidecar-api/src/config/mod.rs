@@ -120,6 +120,9 @@ pub struct Config {
     pub upgrade_protocols: Vec<String>,
     /// Which client-supplied forwarding headers to believe.
     pub forwarded: ForwardedConfig,
+    /// How the proxy itself serves requests.
+    #[serde(skip_serializing_if = "ProxyConfig::is_default")]
+    pub proxy: ProxyConfig,
     /// Per-route policy; first match wins, and a built-in default route
     /// (no timeout, no breaker) catches the rest.
     pub routes: Vec<RouteConfig>,
@@ -144,6 +147,32 @@ pub struct ForwardedConfig {
     pub trusted_hops: u32,
 }
 
+/// How the proxy serves requests (`proxy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    /// Plain HTTP/1.1 exchanges (no upgrade, no `Expect`, origin-form
+    /// target) are relayed as bytes: heads parsed in place and rewritten in
+    /// one buffer, bodies passed through by their framing. Everything else
+    /// (HTTP/2, h2c, upgrades, HTTP/1.0) is served by hyper, as is every
+    /// request with this off. New connections pick up a reload.
+    pub http1_fast_path: bool,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            http1_fast_path: true,
+        }
+    }
+}
+
+impl ProxyConfig {
+    fn is_default(&self) -> bool {
+        *self == ProxyConfig::default()
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -159,6 +188,7 @@ impl Default for Config {
             upstream_pool: UpstreamPoolConfig::default(),
             upgrade_protocols: vec!["websocket".to_string()],
             forwarded: ForwardedConfig::default(),
+            proxy: ProxyConfig::default(),
             routes: Vec::new(),
         }
     }

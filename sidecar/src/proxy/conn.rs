@@ -352,11 +352,17 @@ async fn sniff_h2<S: AsyncRead + Unpin>(io: &mut S) -> io::Result<(bool, Vec<u8>
     }
 }
 
-/// The downstream socket with the bytes the protocol sniff took replayed
-/// in front.
-struct Rewind<T> {
+/// The downstream socket with the bytes the protocol sniff (or the
+/// HTTP/1 fast path) took replayed in front.
+pub(super) struct Rewind<T> {
     pre: Bytes,
     inner: T,
+}
+
+impl<T> Rewind<T> {
+    pub(super) fn new(pre: Bytes, inner: T) -> Self {
+        Rewind { pre, inner }
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Rewind<T> {
@@ -401,11 +407,11 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Rewind<T> {
     }
 }
 
-type BoxError = Box<dyn StdError + Send + Sync>;
+pub(super) type BoxError = Box<dyn StdError + Send + Sync>;
 
 /// A connection being served, whatever its protocol: runs until the
 /// connection ends; `shutdown` starts a graceful end.
-trait Served: Future<Output = Result<(), BoxError>> + Send {
+pub(super) trait Served: Future<Output = Result<(), BoxError>> + Send {
     fn shutdown(self: Pin<&mut Self>, why: Ending);
 }
 
@@ -489,6 +495,7 @@ pub(crate) async fn serve_connection<S>(
     let protocol = live.config.protocol;
     let limits = live.config.limits;
     let go_away = live.config.drain.http2_go_away;
+    let fast_path = live.config.proxy.http1_fast_path;
     drop(live);
 
     let act = Arc::new(ConnActivity::default());
@@ -530,21 +537,13 @@ pub(crate) async fn serve_connection<S>(
             }
         },
     };
-    let io = Rewind {
-        pre: Bytes::from(pre),
-        inner: io,
-    };
+    let io = Rewind::new(Bytes::from(pre), io);
     let mut conn: Pin<Box<dyn Served>> = if h2 {
         Box::pin(H2Served(H2Conn::new(io, ctx, &limits, go_away)))
+    } else if fast_path {
+        super::h1::serve(io, ctx, limits)
     } else {
-        let service = service_fn(move |req: Request<Incoming>| {
-            let ctx = ctx.clone();
-            async move { Ok::<_, Infallible>(handle(ctx, req.map(DownstreamBody::Http1)).await) }
-        });
-        let conn = http1_builder(&limits, &act, &shared)
-            .serve_connection(TokioIo::new(io), service)
-            .with_upgrades();
-        Box::pin(Http1Served { conn })
+        hyper_http1(io, ctx, &limits)
     };
 
     let mut shutting_down = false;
@@ -642,6 +641,26 @@ pub(crate) async fn serve_connection<S>(
             }
         }
     }
+}
+
+/// An HTTP/1 connection served by hyper (with upgrades).
+pub(super) fn hyper_http1<I>(
+    io: I,
+    ctx: Arc<ConnCtx>,
+    limits: &LimitsConfig,
+) -> Pin<Box<dyn Served>>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let builder = http1_builder(limits, &ctx.act, &ctx.shared);
+    let service = service_fn(move |req: Request<Incoming>| {
+        let ctx = ctx.clone();
+        async move { Ok::<_, Infallible>(handle(ctx, req.map(DownstreamBody::Http1)).await) }
+    });
+    let conn = builder
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades();
+    Box::pin(Http1Served { conn })
 }
 
 /// Sleeps until `at`, or forever without one (a disabled `select!` branch

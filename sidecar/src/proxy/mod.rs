@@ -30,6 +30,7 @@
 
 mod body;
 mod conn;
+pub(crate) mod h1;
 mod handler;
 mod headers;
 mod tunnel;

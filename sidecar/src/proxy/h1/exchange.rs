@@ -1,0 +1,695 @@
+//! One request on the fast path, from its parsed head to the end of the
+//! response body: the same steps and answers as handler.rs, on bytes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes};
+use http::{Method, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::chunked::ChunkFramer;
+use super::head::{self, Framing, Parsed, Refusal, ResponseHead, Rewrite};
+use super::pool::AppConn;
+use super::{Client, Control, Next};
+use crate::circuit::{Permit, UpstreamOutcome};
+use crate::config::LimitsConfig;
+use crate::drain::Phase;
+use crate::metrics::{ClientError, ClientTimeout};
+use crate::upstream::{BodyFault, Upstream};
+
+use super::super::conn::ConnCtx;
+
+/// Bytes read from a socket at a time while relaying a body.
+const READ_CHUNK: usize = 16 * 1024;
+/// The largest response head taken from the app (hyper's client allows
+/// about this much buffered).
+const MAX_RESPONSE_HEAD: usize = 400 * 1024;
+
+/// Parses the head in the client's buffer and, if it is complete and
+/// this path's, serves the whole exchange. `None`: the head is partial.
+pub(super) async fn try_request<T>(
+    client: &mut Client<T>,
+    ctx: &Arc<ConnCtx>,
+    limits: &LimitsConfig,
+    ctl: &Control,
+) -> Option<Next>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let shared = &ctx.shared;
+    let live = shared.live.load_full();
+    let rewrite = Rewrite {
+        peer_ip: ctx.peer_ip.as_bytes(),
+        trust_proto: live.config.forwarded.trusted_hops != 0,
+    };
+    let max_head = limits.max_header_bytes.max(8192);
+    let (route, req) = match head::parse_request(
+        &client.buf,
+        limits.max_headers,
+        max_head,
+        &rewrite,
+        &mut client.out,
+    ) {
+        Parsed::Partial => return None,
+        Parsed::Fallback => return Some(Next::Fallback),
+        Parsed::Refused(refusal) => return Some(refuse(client, refusal).await),
+        Parsed::Done(head) => {
+            let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::GET);
+            let route = live.routes.select(&method, head.host, head.path);
+            let req = Request {
+                framing: head.framing,
+                close: head.close,
+                has_host: head.has_host,
+                head_request: method == Method::HEAD,
+            };
+            let len = head.len;
+            client.buf.advance(len);
+            (route, req)
+        }
+    };
+
+    let mut scope = Scope::start(ctx.clone());
+    if let Framing::Length(n) = req.framing {
+        let max = limits.max_request_body_bytes;
+        if max > 0 && n > max {
+            shared.metrics.body_too_large();
+            let resp = local_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
+            return Some(scope.answer(client, ctl, resp, None, true).await);
+        }
+    }
+    match route.admit().await {
+        Ok(permit) => scope.permit = Some(permit),
+        Err(rejection) => {
+            shared.metrics.circuit_rejection();
+            tracing::debug!(
+                route = route.name(),
+                reason = rejection.reason(),
+                "request rejected by the circuit"
+            );
+            let resp = route.fallback(&rejection);
+            // The unread body would frame the next request.
+            let close = req.framing != Framing::Empty;
+            return Some(scope.answer(client, ctl, resp, None, close).await);
+        }
+    }
+
+    let upstream = shared.upstreams.pick();
+    if !req.has_host {
+        head::put_header(&mut client.out, b"host", upstream.host().as_bytes());
+    }
+    client.out.extend_from_slice(b"\r\n");
+    let body = BodyRules {
+        max: limits.max_request_body_bytes,
+        timeout: limits.body_read_timeout.get(),
+        min_rate: limits.body_min_rate,
+    };
+    let progress = Progress::default();
+    let sent = send(client, ctx, ctl, &upstream, &req, &body, &progress);
+    let sent = match route.timeout() {
+        Some(limit) => match tokio::time::timeout(limit, sent).await {
+            Ok(res) => res,
+            Err(_) if progress.waiting_on_client.load(Ordering::Relaxed) => {
+                Err(Failure::Client(BodyFault::Timeout))
+            }
+            Err(_) => Err(Failure::TimedOut(
+                progress.body_read.load(Ordering::Relaxed),
+            )),
+        },
+        None => sent.await,
+    };
+    let (mut app, response, body_done) = match sent {
+        Ok(sent) => sent,
+        Err(failure) => return Some(scope.failed(client, ctl, failure, &upstream).await),
+    };
+
+    let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let permit = scope.record(UpstreamOutcome::Status(status));
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        // Nobody asked (upgrades are hyper's): never a raw tunnel.
+        shared.metrics.upstream_error();
+        let resp = local_response(
+            StatusCode::BAD_GATEWAY,
+            "upstream switched protocols unasked\n",
+        );
+        return Some(scope.answer(client, ctl, resp, permit, true).await);
+    }
+    shared.metrics.response(status);
+    let next = match relay_response(client, &mut app, &response).await {
+        Ok(()) => {
+            // An app that answered before it had the whole body may still
+            // be waiting for the rest: never reused.
+            if response.reusable && body_done {
+                upstream.raw_pool().push(app);
+            }
+            if !body_done {
+                // The rest of the request body is still coming.
+                Next::Linger
+            } else if response.close {
+                Next::Close
+            } else {
+                Next::KeepAlive
+            }
+        }
+        Err(()) => Next::Abort,
+    };
+    drop(permit);
+    drop(scope);
+    Some(next)
+}
+
+/// What the exchange needs of the request head after the buffer moved on.
+struct Request {
+    framing: Framing,
+    close: bool,
+    has_host: bool,
+    head_request: bool,
+}
+
+/// Whether this answer ends the connection: the client asked, the drain
+/// started (HTTP/1 clients move to other pods early), or the connection
+/// was asked to close.
+fn closing(ctx: &ConnCtx, ctl: &Control, req: &Request) -> bool {
+    req.close || ctl.ending().is_some() || ctx.shared.drain.phase() != Phase::Serving
+}
+
+/// The client-side limits on a request body.
+struct BodyRules {
+    max: u64,
+    timeout: Duration,
+    min_rate: u64,
+}
+
+/// How far the request got, for an exchange cut by the route's timeout.
+#[derive(Default)]
+struct Progress {
+    /// Waiting for the client's body bytes (rather than for the app).
+    waiting_on_client: AtomicBool,
+    /// The whole request was read from the client.
+    body_read: AtomicBool,
+}
+
+/// Why the app gave no response.
+enum Failure {
+    /// The route's timeout; whether the whole request had been read.
+    TimedOut(bool),
+    /// The client's body failed (limit, time, framing, gone).
+    Client(BodyFault),
+    /// Connecting failed (the error says whether the hold ran out);
+    /// whether the whole request had been read from the client.
+    Connect(crate::Error, bool),
+    /// The connection died under a request the app had received, or the
+    /// app answered with something that is not HTTP/1.
+    Lost(String),
+}
+
+/// The request body still to relay.
+enum BodyLeft {
+    Length(u64),
+    Chunked(ChunkFramer),
+}
+
+impl BodyLeft {
+    fn new(framing: Framing) -> Option<BodyLeft> {
+        match framing {
+            Framing::Length(n) => Some(BodyLeft::Length(n)),
+            Framing::Chunked => Some(BodyLeft::Chunked(ChunkFramer::default())),
+            Framing::Empty | Framing::Close => None,
+        }
+    }
+
+    /// How many of `data`'s bytes belong to the body, and whether it is
+    /// complete with them.
+    fn take(&mut self, data: &[u8]) -> Result<(usize, bool), BodyFault> {
+        match self {
+            BodyLeft::Length(left) => {
+                let n = (data.len() as u64).min(*left);
+                *left -= n;
+                Ok((n as usize, *left == 0))
+            }
+            BodyLeft::Chunked(framer) => {
+                let n = framer.feed(data).map_err(|_| BodyFault::BadBody)?;
+                Ok((n, framer.is_done()))
+            }
+        }
+    }
+}
+
+/// Sends the head and body to the app (a pooled connection, or a new one)
+/// and reads the response head. Returns the app connection, the head, and
+/// whether the whole request body went out.
+async fn send<T>(
+    client: &mut Client<T>,
+    ctx: &ConnCtx,
+    ctl: &Control,
+    upstream: &Upstream,
+    req: &Request,
+    rules: &BodyRules,
+    progress: &Progress,
+) -> Result<(AppConn, ResponseHead, bool), Failure>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut left = BodyLeft::new(req.framing);
+    let mut received = 0u64;
+    let mut done = left.is_none();
+    // The body bytes already read go in the same write as the head.
+    if let Some(body) = left.as_mut()
+        && !client.buf.is_empty()
+    {
+        let (n, complete) = body.take(&client.buf).map_err(Failure::Client)?;
+        received += n as u64;
+        if rules.max > 0 && received > rules.max {
+            return Err(Failure::Client(BodyFault::TooLarge));
+        }
+        client.out.extend_from_slice(&client.buf[..n]);
+        client.buf.advance(n);
+        done = complete;
+    }
+    // Everything of the request in one buffer: it may go again on another
+    // connection if a pooled one turns out closed before it took a byte.
+    // Once written it never goes again (as in upstream.rs): the app may
+    // have acted on it.
+    let replayable = done;
+    progress.body_read.store(done, Ordering::Relaxed);
+    loop {
+        let mut app = match upstream.raw_pool().pop() {
+            Some(app) => app,
+            None => AppConn {
+                io: upstream
+                    .connect()
+                    .await
+                    .map_err(|err| Failure::Connect(err, done))?,
+                buf: bytes::BytesMut::with_capacity(super::READ_BUF),
+                reused: false,
+            },
+        };
+        if let Err(err) = app.io.write_all(&client.out).await {
+            // A write fails only on a socket the app had already reset: it
+            // took nothing.
+            if app.reused && replayable {
+                tracing::debug!(error = %err, "pooled app connection was closed; retrying on another");
+                continue;
+            }
+            return Err(lost(upstream, &err.to_string()));
+        }
+        let mut sent_all = done;
+        if !done {
+            sent_all =
+                stream_body(client, &mut app, &mut left, &mut received, rules, progress).await?;
+        }
+        let close = !sent_all || closing(ctx, ctl, req);
+        match read_response_head(&mut app, req, close, client).await {
+            Ok(head) => return Ok((app, head, sent_all)),
+            Err(HeadError::Eof) => return Err(lost(upstream, "app closed the connection")),
+            Err(HeadError::Io(err)) => return Err(lost(upstream, &err.to_string())),
+            Err(HeadError::Bad) => return Err(Failure::Lost("malformed response head".into())),
+        }
+    }
+}
+
+fn lost(upstream: &Upstream, why: &str) -> Failure {
+    upstream.lost_in_flight();
+    Failure::Lost(why.to_string())
+}
+
+/// Relays the rest of the request body from the client to the app, under
+/// the body limits. Ok(false): the app stopped taking it (it may have
+/// answered early; the caller reads its answer).
+async fn stream_body<T>(
+    client: &mut Client<T>,
+    app: &mut AppConn,
+    left: &mut Option<BodyLeft>,
+    received: &mut u64,
+    rules: &BodyRules,
+    progress: &Progress,
+) -> Result<bool, Failure>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let Some(body) = left.as_mut() else {
+        return Ok(true);
+    };
+    let started = tokio::time::Instant::now();
+    loop {
+        client.buf.reserve(READ_CHUNK);
+        progress.waiting_on_client.store(true, Ordering::Relaxed);
+        let read = client.io.read_buf(&mut client.buf);
+        let read = if rules.timeout.is_zero() {
+            read.await
+        } else {
+            let earned = if rules.min_rate == 0 {
+                Duration::ZERO
+            } else {
+                Duration::from_secs_f64(*received as f64 / rules.min_rate as f64)
+            };
+            match tokio::time::timeout_at(started + rules.timeout + earned, read).await {
+                Ok(read) => read,
+                Err(_) => return Err(Failure::Client(BodyFault::Timeout)),
+            }
+        };
+        progress.waiting_on_client.store(false, Ordering::Relaxed);
+        match read {
+            Ok(0) | Err(_) => return Err(Failure::Client(BodyFault::Gone)),
+            Ok(_) => {}
+        }
+        let (n, complete) = body.take(&client.buf).map_err(Failure::Client)?;
+        *received += n as u64;
+        if rules.max > 0 && *received > rules.max {
+            return Err(Failure::Client(BodyFault::TooLarge));
+        }
+        if complete {
+            progress.body_read.store(true, Ordering::Relaxed);
+        }
+        if app.io.write_all(&client.buf[..n]).await.is_err() {
+            client.buf.advance(n);
+            return Ok(false);
+        }
+        client.buf.advance(n);
+        if complete {
+            return Ok(true);
+        }
+    }
+}
+
+enum HeadError {
+    /// The app closed before any byte of an answer.
+    Eof,
+    Io(std::io::Error),
+    Bad,
+}
+
+/// Reads the app's response head, skipping informational (1xx) ones, and
+/// writes the client's version of it to the client's write buffer.
+async fn read_response_head<T>(
+    app: &mut AppConn,
+    req: &Request,
+    close: bool,
+    client: &mut Client<T>,
+) -> Result<ResponseHead, HeadError> {
+    loop {
+        if !app.buf.is_empty() {
+            match head::parse_response(&app.buf, req.head_request, close, &mut client.out) {
+                Parsed::Done(head) if (100..200).contains(&head.status) && head.status != 101 => {
+                    app.buf.advance(head.len);
+                    continue;
+                }
+                Parsed::Done(head) => {
+                    app.buf.advance(head.len);
+                    return Ok(head);
+                }
+                Parsed::Partial if app.buf.len() < MAX_RESPONSE_HEAD => {}
+                Parsed::Partial | Parsed::Refused(_) | Parsed::Fallback => {
+                    return Err(HeadError::Bad);
+                }
+            }
+        }
+        app.buf.reserve(READ_CHUNK);
+        match app.io.read_buf(&mut app.buf).await {
+            Ok(0) if app.buf.is_empty() => return Err(HeadError::Eof),
+            Ok(0) => return Err(HeadError::Bad),
+            Ok(_) => {}
+            Err(err) => return Err(HeadError::Io(err)),
+        }
+    }
+}
+
+/// Writes the response head (in the client's write buffer) and relays the
+/// body by its framing. Err: either side broke mid-body.
+async fn relay_response<T>(
+    client: &mut Client<T>,
+    app: &mut AppConn,
+    response: &ResponseHead,
+) -> Result<(), ()>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut left = match response.framing {
+        Framing::Empty => None,
+        Framing::Length(n) => Some(RespLeft::Length(n)),
+        Framing::Chunked => Some(RespLeft::Chunked(ChunkFramer::default())),
+        Framing::Close => Some(RespLeft::Close),
+    };
+    let mut done = left.is_none();
+    if let Some(body) = left.as_mut() {
+        let (n, complete) = body.take(&app.buf)?;
+        client.out.extend_from_slice(&app.buf[..n]);
+        app.buf.advance(n);
+        done = complete;
+    }
+    client.io.write_all(&client.out).await.map_err(|_| ())?;
+    let Some(body) = left.as_mut() else {
+        return Ok(());
+    };
+    while !done {
+        app.buf.reserve(READ_CHUNK);
+        match app.io.read_buf(&mut app.buf).await {
+            Ok(0) if matches!(body, RespLeft::Close) => return Ok(()),
+            Ok(0) | Err(_) => return Err(()),
+            Ok(_) => {}
+        }
+        let (n, complete) = body.take(&app.buf)?;
+        client.io.write_all(&app.buf[..n]).await.map_err(|_| ())?;
+        app.buf.advance(n);
+        done = complete;
+    }
+    Ok(())
+}
+
+enum RespLeft {
+    Length(u64),
+    Chunked(ChunkFramer),
+    Close,
+}
+
+impl RespLeft {
+    fn take(&mut self, data: &[u8]) -> Result<(usize, bool), ()> {
+        match self {
+            RespLeft::Length(left) => {
+                let n = (data.len() as u64).min(*left);
+                *left -= n;
+                Ok((n as usize, *left == 0))
+            }
+            RespLeft::Chunked(framer) => {
+                let n = framer.feed(data).map_err(|_| ())?;
+                Ok((n, framer.is_done()))
+            }
+            RespLeft::Close => Ok((data.len(), false)),
+        }
+    }
+}
+
+/// The answer to a head the proxy refuses, as hyper gives it: a bare
+/// status, then the connection closes.
+async fn refuse<T>(client: &mut Client<T>, refusal: Refusal) -> Next
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let status = match refusal {
+        Refusal::BadRequest => StatusCode::BAD_REQUEST,
+        Refusal::UriTooLong => StatusCode::URI_TOO_LONG,
+        Refusal::TooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+    };
+    tracing::debug!(%status, "refused a request head");
+    client.out.clear();
+    write_status_line(&mut client.out, status);
+    client
+        .out
+        .extend_from_slice(b"connection: close\r\ncontent-length: 0\r\n\r\n");
+    let _ = client.io.write_all(&client.out).await;
+    Next::Linger
+}
+
+fn write_status_line(out: &mut Vec<u8>, status: StatusCode) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+fn local_response(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// One request's accounting and circuit permit (handler.rs's
+/// `RequestScope`): a request dropped before its answer (client gone,
+/// drain deadline) records `Cancelled` and ends its accounting here.
+struct Scope {
+    ctx: Arc<ConnCtx>,
+    started: Instant,
+    permit: Option<Permit>,
+}
+
+impl Scope {
+    fn start(ctx: Arc<ConnCtx>) -> Scope {
+        ctx.shared.metrics.request_started();
+        ctx.act.inflight.fetch_add(1, Ordering::Relaxed);
+        ctx.act.requests.fetch_add(1, Ordering::Relaxed);
+        Scope {
+            ctx,
+            started: Instant::now(),
+            permit: None,
+        }
+    }
+
+    fn record(&mut self, outcome: UpstreamOutcome) -> Option<Permit> {
+        let mut permit = self.permit.take()?;
+        permit.record(outcome);
+        Some(permit)
+    }
+
+    /// The answer to a request whose app exchange failed, as handler.rs
+    /// gives it.
+    async fn failed<T>(
+        mut self,
+        client: &mut Client<T>,
+        ctl: &Control,
+        failure: Failure,
+        upstream: &Upstream,
+    ) -> Next
+    where
+        T: AsyncRead + AsyncWrite + Unpin,
+    {
+        let metrics = &self.ctx.shared.metrics;
+        match failure {
+            Failure::Client(fault) => self.client_fault(client, ctl, fault).await,
+            Failure::TimedOut(body_read) => {
+                metrics.upstream_timeout();
+                let permit = self.record(UpstreamOutcome::Timeout);
+                let resp = local_response(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n");
+                // With part of the body unread the connection cannot go on.
+                self.answer(client, ctl, resp, permit, !body_read).await
+            }
+            Failure::Connect(err, body_read) => {
+                // Nothing was sent: the connection goes on if nothing of
+                // the request is left unread.
+                let close = !body_read;
+                // The app is restarting and did not come back within the
+                // hold (app.rs): 503 + Retry-After, no breaker failure.
+                if let Some(resp) = crate::app::hold_expired_response(&err) {
+                    let permit = self.record(UpstreamOutcome::Cancelled);
+                    return self.answer(client, ctl, resp, permit, close).await;
+                }
+                metrics.upstream_error();
+                tracing::debug!(error = %err, endpoint = %upstream.endpoint(), "upstream request failed");
+                let permit = self.record(UpstreamOutcome::ConnectError);
+                let resp = local_response(StatusCode::BAD_GATEWAY, "upstream unavailable\n");
+                self.answer(client, ctl, resp, permit, close).await
+            }
+            Failure::Lost(why) => {
+                metrics.upstream_error();
+                tracing::debug!(error = %why, "upstream request failed");
+                let permit = self.record(UpstreamOutcome::ConnectError);
+                let resp = local_response(StatusCode::BAD_GATEWAY, "upstream unavailable\n");
+                self.answer(client, ctl, resp, permit, true).await
+            }
+        }
+    }
+
+    /// A request body that failed on the client's side: the client's
+    /// fault, never the app's; the connection closes after the answer.
+    async fn client_fault<T>(
+        mut self,
+        client: &mut Client<T>,
+        ctl: &Control,
+        fault: BodyFault,
+    ) -> Next
+    where
+        T: AsyncRead + AsyncWrite + Unpin,
+    {
+        let metrics = &self.ctx.shared.metrics;
+        let (status, text) = match fault {
+            BodyFault::TooLarge => {
+                metrics.body_too_large();
+                (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n")
+            }
+            BodyFault::Timeout => {
+                metrics.client_timeout(ClientTimeout::BodyRead);
+                (
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request body not received in time\n",
+                )
+            }
+            BodyFault::BadBody => {
+                metrics.client_error(ClientError::BadBody);
+                (StatusCode::BAD_REQUEST, "malformed request body\n")
+            }
+            BodyFault::Gone => {
+                metrics.client_error(ClientError::Gone);
+                (StatusCode::BAD_REQUEST, "request body incomplete\n")
+            }
+        };
+        let permit = self.record(UpstreamOutcome::ClientFault);
+        let resp = local_response(status, text);
+        self.answer(client, ctl, resp, permit, true).await
+    }
+
+    /// Writes an answer the proxy made itself; the request ends with it.
+    async fn answer<T>(
+        self,
+        client: &mut Client<T>,
+        ctl: &Control,
+        resp: Response<Full<Bytes>>,
+        permit: Option<Permit>,
+        close: bool,
+    ) -> Next
+    where
+        T: AsyncRead + AsyncWrite + Unpin,
+    {
+        let ctx = &self.ctx;
+        ctx.shared.metrics.response(resp.status());
+        let close = close || ctl.ending().is_some() || ctx.shared.drain.phase() != Phase::Serving;
+        let (parts, body) = resp.into_parts();
+        let body = match body.collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(never) => match never {},
+        };
+        let out = &mut client.out;
+        out.clear();
+        write_status_line(out, parts.status);
+        for (name, value) in &parts.headers {
+            if name == http::header::CONNECTION || name == http::header::CONTENT_LENGTH {
+                continue;
+            }
+            head::put_header(out, name.as_str().as_bytes(), value.as_bytes());
+        }
+        head::put_header(out, b"content-length", body.len().to_string().as_bytes());
+        if close {
+            head::put_header(out, b"connection", b"close");
+        }
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&body);
+        let written = client.io.write_all(&client.out).await;
+        drop(permit);
+        drop(self);
+        match (written, close) {
+            (Err(_), _) => Next::Abort,
+            // Part of the request may still be on its way.
+            (Ok(()), true) => Next::Linger,
+            (Ok(()), false) => Next::KeepAlive,
+        }
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.as_mut() {
+            permit.record(UpstreamOutcome::Cancelled);
+        }
+        self.permit = None;
+        self.ctx.act.inflight.fetch_sub(1, Ordering::Relaxed);
+        self.ctx
+            .shared
+            .metrics
+            .request_finished(self.started.elapsed());
+    }
+}

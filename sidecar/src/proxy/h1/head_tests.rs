@@ -1,0 +1,290 @@
+use super::*;
+
+const REWRITE: Rewrite<'static> = Rewrite {
+    peer_ip: b"10.0.0.7",
+    trust_proto: false,
+};
+
+/// A parsed request head, owned: framing, close, has_host, path, host.
+type Owned = (Framing, bool, bool, String, Option<String>);
+
+fn request(raw: &str) -> (Parsed<Owned>, String) {
+    let mut out = Vec::new();
+    let parsed = match parse_request(raw.as_bytes(), 100, 64 * 1024, &REWRITE, &mut out) {
+        Parsed::Done(h) => {
+            assert!(h.len <= raw.len());
+            Parsed::Done((
+                h.framing,
+                h.close,
+                h.has_host,
+                h.path.to_string(),
+                h.host.map(str::to_string),
+            ))
+        }
+        Parsed::Partial => Parsed::Partial,
+        Parsed::Fallback => Parsed::Fallback,
+        Parsed::Refused(r) => Parsed::Refused(r),
+    };
+    (parsed, String::from_utf8_lossy(&out).into_owned())
+}
+
+fn refused(raw: &str) -> Option<Refusal> {
+    match request(raw).0 {
+        Parsed::Refused(r) => Some(r),
+        _ => None,
+    }
+}
+
+fn falls_back(raw: &str) -> bool {
+    matches!(request(raw).0, Parsed::Fallback)
+}
+
+#[test]
+fn a_plain_get_is_rewritten_in_one_buffer() {
+    let (parsed, out) = request(
+        "GET /a/b?x=1 HTTP/1.1\r\nHost: shop\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\n\
+         Keep-Alive: timeout=5\r\nProxy-Connection: x\r\nTE: gzip, trailers\r\nAccept: */*\r\n\r\n",
+    );
+    let Parsed::Done((framing, close, has_host, path, host)) = parsed else {
+        panic!("{parsed:?}");
+    };
+    assert_eq!(framing, Framing::Empty);
+    assert!(!close && has_host);
+    assert_eq!(path, "/a/b");
+    assert_eq!(host.as_deref(), Some("shop"));
+    assert_eq!(
+        out,
+        "GET /a/b?x=1 HTTP/1.1\r\nHost: shop\r\nte: trailers\r\nAccept: */*\r\n\
+         x-forwarded-for: 10.0.0.7\r\nx-forwarded-proto: http\r\n"
+    );
+}
+
+#[test]
+fn forwarded_headers_are_appended_or_replaced() {
+    let (_, out) = request(
+        "GET / HTTP/1.1\r\nX-Forwarded-For: 203.0.113.1\r\nX-Forwarded-Proto: https\r\n\r\n",
+    );
+    assert_eq!(
+        out,
+        "GET / HTTP/1.1\r\nX-Forwarded-For: 203.0.113.1, 10.0.0.7\r\nx-forwarded-proto: http\r\n"
+    );
+    let trusted = Rewrite {
+        trust_proto: true,
+        ..REWRITE
+    };
+    let mut out = Vec::new();
+    let raw = b"GET / HTTP/1.1\r\nX-Forwarded-Proto: https\r\n\r\n";
+    assert!(matches!(
+        parse_request(raw, 100, 65536, &trusted, &mut out),
+        Parsed::Done(RequestHead {
+            has_host: false,
+            ..
+        })
+    ));
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        "GET / HTTP/1.1\r\nX-Forwarded-Proto: https\r\nx-forwarded-for: 10.0.0.7\r\n"
+    );
+}
+
+#[test]
+fn framing_and_close_are_read() {
+    let cases = [
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n",
+            Framing::Length(5),
+        ),
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+            Framing::Empty,
+        ),
+        (
+            "POST / HTTP/1.1\r\ntransfer-encoding: Chunked\r\n\r\n",
+            Framing::Chunked,
+        ),
+    ];
+    for (raw, want) in cases {
+        match request(raw).0 {
+            Parsed::Done((framing, ..)) => assert_eq!(framing, want, "{raw}"),
+            other => panic!("{raw}: {other:?}"),
+        }
+    }
+    match request("GET / HTTP/1.1\r\nConnection: Close\r\n\r\n").0 {
+        Parsed::Done((_, close, ..)) => assert!(close),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn smuggling_shapes_are_refused() {
+    let bad = [
+        "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+        "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+        "POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
+        "POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n",
+        "POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
+        "POST / HTTP/1.1\r\nContent-Length: \r\n\r\n",
+        // obs-fold
+        "GET / HTTP/1.1\r\nX-A: 1\r\n folded\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+        "GET / HTTP/1.1\r\nBad Name: x\r\n\r\n",
+        "GET / HTTP/1.1\r\n: x\r\n\r\n",
+        "GET /\x01 HTTP/1.1\r\n\r\n",
+        "GET / HTTP/1.1\r\nX: a\x00b\r\n\r\n",
+        "G(T / HTTP/1.1\r\n\r\n",
+        "GET / HTTP/2.0\r\n\r\n",
+    ];
+    for raw in bad {
+        assert_eq!(refused(raw), Some(Refusal::BadRequest), "{raw:?}");
+    }
+}
+
+#[test]
+fn what_this_path_does_not_serve_goes_to_hyper() {
+    let hyper_s = [
+        "GET / HTTP/1.0\r\n\r\n",
+        "CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n",
+        "GET http://a/ HTTP/1.1\r\n\r\n",
+        "OPTIONS * HTTP/1.1\r\n\r\n",
+        "GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+        "GET / HTTP/1.1\r\nConnection: Upgrade\r\n\r\n",
+        "POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n",
+        "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+        "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+        "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+        "POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+        "GET / HTTP/1.1\r\nConnection: a, b, c, d, e, f, g, h, i\r\n\r\n",
+        "POST / HTTP/1.1\r\nConnection: Content-Length\r\nContent-Length: 1\r\n\r\n",
+        "GET / HTTP/1.1\r\nConnection: host\r\nHost: a\r\n\r\n",
+    ];
+    for raw in hyper_s {
+        assert!(falls_back(raw), "{raw:?}: {:?}", request(raw).0);
+    }
+}
+
+#[test]
+fn limits_give_431_and_partial_heads_wait() {
+    assert!(matches!(
+        request("GET / HTTP/1.1\r\nHost: a\r\n").0,
+        Parsed::Partial
+    ));
+    let mut out = Vec::new();
+    let many = format!("GET / HTTP/1.1\r\n{}\r\n", "X: 1\r\n".repeat(11));
+    assert!(matches!(
+        parse_request(many.as_bytes(), 10, 65536, &REWRITE, &mut out),
+        Parsed::Refused(Refusal::TooLarge)
+    ));
+    // More than this path holds but within a larger limit: hyper's.
+    let lots = format!("GET / HTTP/1.1\r\n{}\r\n", "X: 1\r\n".repeat(120));
+    assert!(matches!(
+        parse_request(lots.as_bytes(), 200, 65536, &REWRITE, &mut out),
+        Parsed::Fallback
+    ));
+    let big = format!("GET / HTTP/1.1\r\nX: {}", "y".repeat(9000));
+    assert!(matches!(
+        parse_request(big.as_bytes(), 100, 8192, &REWRITE, &mut out),
+        Parsed::Refused(Refusal::TooLarge)
+    ));
+}
+
+fn response(raw: &str, head_request: bool, close: bool) -> (Parsed<ResponseHead>, String) {
+    let mut out = Vec::new();
+    let parsed = parse_response(raw.as_bytes(), head_request, close, &mut out);
+    (parsed, String::from_utf8_lossy(&out).into_owned())
+}
+
+#[test]
+fn response_heads_keep_their_framing_and_lose_hop_by_hop() {
+    let (parsed, out) = response(
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\n\
+         Keep-Alive: timeout=5\r\nX-App: a\r\n\r\nhello",
+        false,
+        false,
+    );
+    let Parsed::Done(head) = parsed else {
+        panic!("{parsed:?}")
+    };
+    assert_eq!(head.framing, Framing::Length(5));
+    assert!(head.reusable && !head.close);
+    assert_eq!(
+        out,
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-App: a\r\n\r\n"
+    );
+
+    let (parsed, out) = response(
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+        false,
+        true,
+    );
+    let Parsed::Done(head) = parsed else {
+        panic!("{parsed:?}")
+    };
+    assert_eq!(head.framing, Framing::Chunked);
+    assert!(head.close);
+    assert_eq!(
+        out,
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nconnection: close\r\n\r\n"
+    );
+}
+
+#[test]
+fn response_framing_follows_rfc_9112() {
+    let framing = |raw: &str, head_request: bool| match response(raw, head_request, false).0 {
+        Parsed::Done(h) => (h.framing, h.reusable, h.close),
+        other => panic!("{raw}: {other:?}"),
+    };
+    assert_eq!(
+        framing("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", true),
+        (Framing::Empty, true, false)
+    );
+    assert_eq!(
+        framing("HTTP/1.1 204 No Content\r\n\r\n", false),
+        (Framing::Empty, true, false)
+    );
+    assert_eq!(
+        framing(
+            "HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n",
+            false
+        ),
+        (Framing::Empty, true, false)
+    );
+    assert_eq!(
+        framing("HTTP/1.1 200 OK\r\n\r\n", false),
+        (Framing::Close, false, true)
+    );
+    assert_eq!(
+        framing("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", false),
+        (Framing::Close, false, true)
+    );
+    assert_eq!(
+        framing(
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            false
+        ),
+        (Framing::Chunked, false, false)
+    );
+    assert_eq!(
+        framing(
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\n",
+            false
+        ),
+        (Framing::Length(3), false, false)
+    );
+    assert_eq!(
+        framing("HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\n", false),
+        (Framing::Length(3), false, false)
+    );
+    assert!(matches!(
+        response(
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+            false,
+            false
+        )
+        .0,
+        Parsed::Refused(_)
+    ));
+    assert!(matches!(
+        response("HTTP/1.1 100 Continue\r\n\r\n", false, false).0,
+        Parsed::Done(ResponseHead { status: 100, .. })
+    ));
+}

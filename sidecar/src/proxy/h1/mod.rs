@@ -1,0 +1,276 @@
+//! The HTTP/1.1 fast path: plain request/response exchanges relayed as
+//! bytes, the way nginx and HAProxy do it, instead of through hyper's
+//! server and client and the owned `http` types between them.
+//!
+//! Per connection: one read buffer and one write buffer. Per request:
+//!
+//! 1. `head`: the request head is parsed in place (httparse over the read
+//!    buffer); the route, the breaker and the drain policy are decided from
+//!    its slices, and the head the app gets is written, rewritten, into the
+//!    write buffer (hop-by-hop and `Connection`-listed headers out,
+//!    `X-Forwarded-*` and `Host` in).
+//! 2. `exchange`: an app connection comes off the LIFO pool (`pool`) or is
+//!    opened (with the app-restart hold); the head and the body bytes
+//!    already read go in one write, the rest of the body is relayed by its
+//!    framing (Content-Length, or chunked followed by `chunked`'s framer)
+//!    under the body limits; the response head is parsed and rewritten the
+//!    same way (`Connection: close` while draining) and its body relayed by
+//!    its framing. A clean end puts the app connection back on the pool.
+//!
+//! What this path does not serve goes to hyper, with the bytes already
+//! read replayed in front ([`Rewind`]): HTTP/1.0, upgrades (WebSocket,
+//! h2c), `Expect`, CONNECT, absolute-form targets, Transfer-Encoding other
+//! than exactly `chunked`, heads over 100 headers when the limit allows
+//! more. The switch from then on is for the rest of the connection, and
+//! happens only between messages, so no byte is read twice. HTTP/2 never
+//! comes here (conn.rs sniffs it first).
+//!
+//! Every guarantee of the hyper path holds here and is tested on both:
+//! 400/413/431 and the header, body and write timers, smuggling refusals
+//! (conflicting or duplicate Content-Length, CL with TE, bad chunk sizes,
+//! obs-fold, bare LF in chunk framing), drain accounting, breaker
+//! outcomes and metrics.
+
+mod chunked;
+mod exchange;
+mod head;
+mod pool;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::Notify;
+
+pub(crate) use pool::RawPool;
+
+use super::conn::{BoxError, ConnCtx, Rewind, Served, hyper_http1};
+use crate::config::LimitsConfig;
+use crate::http2::Ending;
+use crate::metrics::ClientTimeout;
+
+/// The first read buffer of a connection; grows for bigger heads.
+const READ_BUF: usize = 4096;
+
+/// The connection's end as the connection loop asks for it.
+#[derive(Default)]
+struct Control {
+    /// 0: none; 1: drain; 2: idle.
+    ending: AtomicU8,
+    notify: Notify,
+}
+
+impl Control {
+    fn ending(&self) -> Option<Ending> {
+        match self.ending.load(Ordering::Acquire) {
+            1 => Some(Ending::Drain),
+            2 => Some(Ending::Idle),
+            _ => None,
+        }
+    }
+
+    fn ask(&self, why: Ending) {
+        let code = match why {
+            Ending::Drain => 1,
+            Ending::Idle => 2,
+        };
+        self.ending.store(code, Ordering::Release);
+        self.notify.notify_one();
+    }
+}
+
+struct FastServed {
+    run: Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>,
+    ctl: Arc<Control>,
+}
+
+impl Future for FastServed {
+    type Output = Result<(), BoxError>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.run.as_mut().poll(cx)
+    }
+}
+
+impl Served for FastServed {
+    fn shutdown(self: Pin<&mut Self>, why: Ending) {
+        self.ctl.ask(why);
+    }
+}
+
+/// Serves an HTTP/1 connection on the fast path, handing it to hyper if
+/// it meets a request this path does not serve.
+pub(super) fn serve<T>(io: T, ctx: Arc<ConnCtx>, limits: LimitsConfig) -> Pin<Box<dyn Served>>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let ctl = Arc::new(Control::default());
+    let run = Box::pin(run(io, ctx, limits, ctl.clone()));
+    Box::pin(FastServed { run, ctl })
+}
+
+/// What to do with the connection after one exchange.
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    KeepAlive,
+    /// Close cleanly (the last answer said so).
+    Close,
+    /// Close after an error answer, reading (and dropping) what the client
+    /// still sends for a moment, so the answer is not lost to a reset.
+    Linger,
+    /// Drop at once: the exchange broke mid-message.
+    Abort,
+    /// The head in the buffer is hyper's.
+    Fallback,
+}
+
+/// The client side of a connection: its socket and buffers.
+struct Client<T> {
+    io: T,
+    /// Bytes read from the client not yet consumed.
+    buf: BytesMut,
+    /// Heads being written (to the app, then to the client).
+    out: Vec<u8>,
+}
+
+async fn run<T>(
+    io: T,
+    ctx: Arc<ConnCtx>,
+    limits: LimitsConfig,
+    ctl: Arc<Control>,
+) -> Result<(), BoxError>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let started = tokio::time::Instant::now();
+    let header_timeout = limits.header_read_timeout.get();
+    let mut client = Client {
+        io,
+        buf: BytesMut::with_capacity(READ_BUF),
+        out: Vec::with_capacity(1024),
+    };
+    let mut first = true;
+    loop {
+        // The header timer: the first head is timed from the connection's
+        // start, later ones from their first byte (an idle keep-alive
+        // connection is the idle timer's business).
+        let mut deadline = if first {
+            Some(started + header_timeout)
+        } else if !client.buf.is_empty() {
+            Some(tokio::time::Instant::now() + header_timeout)
+        } else {
+            None
+        };
+        first = false;
+        let next = loop {
+            if client.buf.is_empty() && ctl.ending().is_some() {
+                // Nothing of a request yet: closing is the graceful path.
+                return Ok(());
+            }
+            if !client.buf.is_empty() {
+                // `None`: the head is not complete yet.
+                if let Some(next) = exchange::try_request(&mut client, &ctx, &limits, &ctl).await {
+                    break next;
+                }
+            }
+            let read = tokio::select! {
+                read = client.io.read_buf(&mut client.buf) => read,
+                _ = sleep_until_opt(deadline), if deadline.is_some() => {
+                    ctx.shared.metrics.client_timeout(ClientTimeout::HeaderRead);
+                    tracing::debug!("no request head within the header read timeout; closing");
+                    return Ok(());
+                }
+                _ = ctl.notify.notified(), if client.buf.is_empty() => continue,
+            };
+            match read {
+                Ok(0) => return Ok(()),
+                Ok(_) => {
+                    if deadline.is_none() {
+                        deadline = Some(tokio::time::Instant::now() + header_timeout);
+                    }
+                }
+                Err(err) => return Err(err.into()),
+            }
+        };
+        match next {
+            Next::KeepAlive => {
+                if ctl.ending().is_some() {
+                    return Ok(());
+                }
+            }
+            Next::Close => {
+                let _ = client.io.shutdown().await;
+                return Ok(());
+            }
+            Next::Linger => {
+                linger(&mut client.io).await;
+                return Ok(());
+            }
+            Next::Abort => return Ok(()),
+            Next::Fallback => break,
+        }
+    }
+    hand_to_hyper(client, ctx, limits, ctl).await
+}
+
+/// Serves the rest of the connection with hyper, the unconsumed bytes
+/// replayed first.
+async fn hand_to_hyper<T>(
+    client: Client<T>,
+    ctx: Arc<ConnCtx>,
+    limits: LimitsConfig,
+    ctl: Arc<Control>,
+) -> Result<(), BoxError>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let pre: Bytes = client.buf.freeze();
+    let io = Rewind::new(pre, client.io);
+    let mut served = hyper_http1(io, ctx, &limits);
+    let mut asked = false;
+    loop {
+        if !asked && let Some(why) = ctl.ending() {
+            served.as_mut().shutdown(why);
+            asked = true;
+        }
+        tokio::select! {
+            res = served.as_mut() => return res,
+            _ = ctl.notify.notified(), if !asked => {}
+        }
+    }
+}
+
+/// How long, and how much, a connection closed after an error answer
+/// reads on (nginx's lingering close).
+const LINGER_TIME: std::time::Duration = std::time::Duration::from_millis(300);
+const LINGER_BYTES: usize = 256 * 1024;
+
+/// Half-closes and drops what the client still sends, briefly: closing a
+/// socket with unread bytes resets it, and a reset can destroy the answer
+/// before the client reads it.
+async fn linger<T: AsyncRead + AsyncWrite + Unpin>(io: &mut T) {
+    if io.shutdown().await.is_err() {
+        return;
+    }
+    let mut scratch = [0u8; 4096];
+    let mut read = 0;
+    let _ = tokio::time::timeout(LINGER_TIME, async {
+        while read < LINGER_BYTES {
+            match io.read(&mut scratch).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => read += n,
+            }
+        }
+    })
+    .await;
+}
+
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kubegrace_sidecar_api::config::{
-    CATCH_ALL_ROUTE, CircuitBreakerConfig, Config, DrainConfig, DrainReadiness, Endpoint,
+    CATCH_ALL_ROUTE, CircuitBreakerConfig, Config, DrainConfig, DrainGrpcHealth, DrainReadiness, Endpoint,
     FailureKind, FallbackConfig, Http2GoAway, HumanDuration, Protocol, RouteConfig, RouteMatch,
 };
 use serde::{Deserialize, Serialize};
@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::crd::{
-    CircuitBreakerSpec, FallbackSpec, GraceRouteSpec, Http2GoAwaySpec, PortProtocol, Readiness,
+    CircuitBreakerSpec, FallbackSpec, GraceRouteSpec, GrpcHealthSpec, Http2GoAwaySpec, PortProtocol, Readiness,
     RolloutSpec, TargetKind,
 };
 use crate::keys;
@@ -224,6 +224,13 @@ fn readiness(r: Readiness) -> DrainReadiness {
     }
 }
 
+fn grpc_health(g: GrpcHealthSpec) -> DrainGrpcHealth {
+    match g {
+        GrpcHealthSpec::NotServing => DrainGrpcHealth::NotServing,
+        GrpcHealthSpec::App => DrainGrpcHealth::App,
+    }
+}
+
 fn http2_go_away(g: Http2GoAwaySpec) -> Http2GoAway {
     match g {
         Http2GoAwaySpec::Auto => Http2GoAway::Auto,
@@ -278,6 +285,7 @@ pub fn sidecar_config(
             timeout: HumanDuration(budget.effective_timeout()),
             readiness: readiness(spec.drain.readiness),
             http2_go_away: http2_go_away(spec.drain.http2_go_away),
+            grpc_health: grpc_health(spec.drain.grpc_health),
         },
         ..Config::default()
     };
@@ -708,6 +716,30 @@ spec:
             serde_yaml::from_str::<GraceRoute>(&format!("{BASE}  drain: {{readiness: stay}}\n"))
                 .expect_err("unknown value");
         assert!(err.to_string().contains("stayServing"), "{err}");
+    }
+
+    #[test]
+    fn drain_grpc_health_is_carried_into_the_sidecar_config() {
+        let b = budget(&route(BASE).spec).expect("valid");
+        let c = sidecar_config(&route(BASE).spec, &b, None).expect("valid");
+        assert_eq!(
+            c.drain.grpc_health,
+            DrainGrpcHealth::NotServing,
+            "unset: the sidecar default"
+        );
+        let r = route(&format!("{BASE}  drain: {{grpcHealth: app}}\n"));
+        let b = budget(&r.spec).expect("valid");
+        let c = sidecar_config(&r.spec, &b, None).expect("valid");
+        assert_eq!(c.drain.grpc_health, DrainGrpcHealth::App);
+        let (yaml, _) = render(&c).expect("render");
+        assert_eq!(
+            sidecar_reads(&yaml).drain.grpc_health,
+            DrainGrpcHealth::App,
+            "{yaml}"
+        );
+        let err = serde_yaml::from_str::<GraceRoute>(&format!("{BASE}  drain: {{grpcHealth: off}}\n"))
+            .expect_err("unknown value");
+        assert!(err.to_string().contains("notServing"), "{err}");
     }
 
     #[test]

@@ -30,6 +30,7 @@
 
 mod body;
 mod conn;
+mod grpc_health;
 mod handler;
 mod headers;
 mod tunnel;

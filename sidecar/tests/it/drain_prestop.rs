@@ -1,0 +1,99 @@
+//! The preStop contract: `/drain?wait=true` answers 200 only once drained,
+//! and always gets its answer out, even when SIGTERM arrives at the same
+//! moment (classic sidecars: kubelet sends the sidecar SIGTERM while the
+//! app's preStop is calling it). A hook that fails is a FailedPreStopHook
+//! event on every rollout.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::kit::WAIT;
+use crate::kit::app::TestApp;
+use crate::kit::http::{finished_ok, spawn_get};
+use crate::kit::pod::pre_stop;
+use crate::kit::sidecar::drain_flags;
+use crate::kit::sidecar::{Sidecar, SidecarSpec};
+use crate::kit::{wait_for, within};
+use anyhow::{Result, ensure};
+use http::StatusCode;
+
+const DRAIN: &[&str] = &drain_flags("100ms", "50ms", "2s", "10s");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pre_stop_answers_only_after_in_flight_work_completed() -> Result<()> {
+    let app = TestApp::start("a").await?;
+    let sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let listen = sidecar.listen;
+    let work = spawn_get(listen, "/work?ms=1500", Duration::from_secs(10));
+    wait_for("the work to reach the app", WAIT, || async {
+        (app.stats.inflight.load(Ordering::SeqCst) >= 1).then_some(())
+    })
+    .await?;
+    let hook = pre_stop(sidecar.admin, WAIT).await;
+    // When the hook answers, the app must be done with the work (the
+    // client may still be reading the last bytes of the answer).
+    ensure!(
+        app.stats.inflight.load(Ordering::SeqCst) == 0,
+        "preStop answered while the app was still working on a request"
+    );
+    finished_ok(work).await?;
+    ensure!(
+        matches!(&hook, Ok(r) if r.status == StatusCode::OK),
+        "preStop: {hook:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pre_stop_gets_its_answer_when_sigterm_arrives_at_the_same_time() -> Result<()> {
+    // The race is timing-dependent: try it a few times.
+    let mut failures = Vec::new();
+    const ROUNDS: usize = 10;
+    for round in 0..ROUNDS {
+        let app = TestApp::start("a").await?;
+        let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+        let admin = sidecar.admin;
+        // Both orders: kubelet starts the two at the same time.
+        if round % 2 == 1 {
+            sidecar.signal("TERM")?;
+        }
+        let hook = tokio::spawn(async move { pre_stop(admin, WAIT).await });
+        if round % 2 == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            sidecar.signal("TERM")?;
+        }
+        let hook = within("preStop", WAIT, hook).await??;
+        let status = sidecar.wait_exit(WAIT).await?;
+        ensure!(status.success(), "round {round}: exit {status}");
+        match hook {
+            Ok(r) if r.status == StatusCode::OK => {}
+            other => failures.push(format!("round {round}: {other:?}")),
+        }
+    }
+    ensure!(
+        failures.is_empty(),
+        "preStop lost its answer in {} of {ROUNDS} rounds: {failures:?}",
+        failures.len()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_does_not_cut_work_in_flight() -> Result<()> {
+    let app = TestApp::start("a").await?;
+    let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let listen = sidecar.listen;
+    let work = spawn_get(listen, "/work?ms=1500", Duration::from_secs(10));
+    wait_for("the work to reach the app", WAIT, || async {
+        (app.stats.inflight.load(Ordering::SeqCst) >= 1).then_some(())
+    })
+    .await?;
+    sidecar.signal("TERM")?;
+    sidecar.wait_phase(1.0).await?;
+    // Impatient tooling sends it again; only SIGKILL is the hard stop.
+    sidecar.signal("TERM")?;
+    sidecar.signal("INT")?;
+    finished_ok(work).await?;
+    sidecar.exits_cleanly().await?;
+    Ok(())
+}

@@ -1,0 +1,102 @@
+//! A WebSocket in flight at the drain: it cannot be told to move (there is
+//! no GOAWAY or `Connection: close` for a tunnel), so the sidecar must keep
+//! it working through the whole drain, close it only
+//! at the drain timeout, and count it as force-closed.
+
+use std::time::Duration;
+
+use crate::kit::WAIT;
+use crate::kit::app::TestApp;
+use crate::kit::http::websocket;
+use crate::kit::sidecar::drain_flags;
+use crate::kit::sidecar::{Sidecar, SidecarSpec};
+use crate::kit::within;
+use anyhow::{Context, Result, bail, ensure};
+use futures_util::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::Message;
+
+const DRAIN: &[&str] = &drain_flags("300ms", "200ms", "3s", "2s");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_survives_the_grace_phase_and_is_force_closed_at_the_timeout() -> Result<()> {
+    let app = TestApp::start("a").await?;
+    let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+
+    let mut ws = websocket(sidecar.listen).await?;
+    ws.send(Message::text("before")).await?;
+    let echo = within("echo before the drain", WAIT, ws.next())
+        .await?
+        .context("closed")??;
+    ensure!(echo == Message::text("before"), "unexpected echo {echo:?}");
+
+    // /drain rather than SIGTERM: the process stays up to show its metrics.
+    sidecar.start_drain().await?;
+
+    // Echo every 100ms and note the drain phase each echo happened in.
+    let mut echoed_in_phase = [0u32; 4];
+    let mut end = None;
+    for i in 0..300 {
+        let phase = sidecar
+            .metrics()
+            .await?
+            .sum("kubegrace_drain_phase")
+            .context("no drain phase")?;
+        let text = format!("message {i}");
+        if let Err(e) = ws.send(Message::text(text.clone())).await {
+            end = Some(format!("send failed: {e}"));
+            break;
+        }
+        match within("echo", WAIT, ws.next()).await? {
+            Some(Ok(Message::Text(t))) if t.as_str() == text => {
+                echoed_in_phase[(phase as usize).min(3)] += 1;
+            }
+            Some(Ok(Message::Close(frame))) => {
+                end = Some(format!("close frame {frame:?}"));
+                break;
+            }
+            Some(Ok(other)) => bail!("unexpected message {other:?}"),
+            Some(Err(e)) => {
+                end = Some(format!("{e}"));
+                break;
+            }
+            None => {
+                end = Some("stream ended without a close frame".into());
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let end = end.context("the WebSocket was never closed (30s of echoes)")?;
+    println!(
+        "websocket: echoes by drain phase [serving, draining, closing, drained] = {echoed_in_phase:?}; ended by {end}"
+    );
+
+    ensure!(
+        echoed_in_phase[1] > 0,
+        "no echo while draining (grace phase): {echoed_in_phase:?}"
+    );
+    ensure!(
+        echoed_in_phase[2] > 0,
+        "no echo once closing: the tunnel was cut before the drain timeout: {echoed_in_phase:?}"
+    );
+    // Closed at the timeout, and counted.
+    let phase = sidecar.wait_phase(3.0).await?;
+    let metrics = sidecar.metrics().await?;
+    metrics.expect_at_least(
+        "kubegrace_drain_force_closed_total",
+        1.0,
+        "the WebSocket was not counted as force-closed",
+    )?;
+    metrics.expect_no_open_connections()?;
+    ensure!(phase >= 3.0);
+
+    sidecar.signal("TERM")?;
+    sidecar.exits_cleanly().await?;
+    match sidecar.drain_summary() {
+        Some((_, forced)) if forced >= 1 => Ok(()),
+        other => bail!(
+            "exit summary {other:?} does not count the WebSocket:\n{}",
+            sidecar.logs_text()
+        ),
+    }
+}

@@ -18,7 +18,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use kubegrace_sidecar_api::config::{
-    CircuitBreakerConfig, DrainConfig, DrainReadiness, FallbackConfig, Http2GoAway, HumanDuration,
+    CircuitBreakerConfig, DrainConfig, DrainGrpcHealth, DrainReadiness, FallbackConfig,
+    Http2GoAway, HumanDuration,
 };
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -217,6 +218,12 @@ fn d_http2_go_away() -> Http2GoAwaySpec {
         Http2GoAway::FinalOnly => Http2GoAwaySpec::FinalOnly,
     }
 }
+fn d_grpc_health() -> GrpcHealthSpec {
+    match DrainConfig::default().grpc_health {
+        DrainGrpcHealth::NotServing => GrpcHealthSpec::NotServing,
+        DrainGrpcHealth::App => GrpcHealthSpec::App,
+    }
+}
 fn d_readiness() -> Readiness {
     match DrainConfig::default().readiness {
         DrainReadiness::FailFast => Readiness::FailFast,
@@ -255,6 +262,21 @@ pub struct DrainSpec {
     /// `twoPhase` or `finalOnly` (docs/http2-drain.md).
     #[serde(default = "d_http2_go_away")]
     pub http2_go_away: Http2GoAwaySpec,
+    /// Who answers the gRPC health service (`grpc.health.v1.Health`) once
+    /// the drain starts: `notServing` (the sidecar answers Check and pushes
+    /// down Watch streams NOT_SERVING, so clients that balance on health
+    /// checks leave before the GOAWAY) or `app` (health calls always reach
+    /// the app).
+    #[serde(default = "d_grpc_health")]
+    pub grpc_health: GrpcHealthSpec,
+}
+
+/// The sidecar's `drain.grpcHealth`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum GrpcHealthSpec {
+    NotServing,
+    App,
 }
 
 /// The sidecar's `drain.http2GoAway`.
@@ -283,6 +305,7 @@ impl Default for DrainSpec {
             timeout: d_timeout(),
             readiness: d_readiness(),
             http2_go_away: d_http2_go_away(),
+            grpc_health: d_grpc_health(),
         }
     }
 }

@@ -12,7 +12,8 @@ use clap::{Parser, ValueEnum};
 use kubegrace_sidecar_api::cli::env;
 
 use crate::config::{
-    Config, ConfigError, DrainReadiness, Endpoint, Http2GoAway, HumanDuration, Protocol, SocketMode,
+    Config, ConfigError, DrainGrpcHealth, DrainReadiness, Endpoint, Http2GoAway, HumanDuration,
+    Protocol, SocketMode,
 };
 use crate::error::{Error, Result};
 
@@ -86,6 +87,10 @@ pub struct Cli {
     /// stayServing (200 while the app is reachable, until the listener closes) (drain.readiness).
     #[arg(long, env = env::DRAIN_READINESS, value_name = "MODE", value_parser = parse_drain_readiness)]
     pub drain_readiness: Option<DrainReadiness>,
+    /// Who answers grpc.health.v1.Health once a drain starts: notServing (the sidecar, with
+    /// NOT_SERVING) or app (drain.grpcHealth).
+    #[arg(long, env = env::DRAIN_GRPC_HEALTH, value_name = "WHO", value_parser = parse_drain_grpc_health)]
+    pub drain_grpc_health: Option<DrainGrpcHealth>,
     /// Most concurrent HTTP/2 streams per downstream connection (limits.maxConcurrentStreams).
     #[arg(long, env = env::MAX_CONCURRENT_STREAMS, value_name = "N")]
     pub max_concurrent_streams: Option<u32>,
@@ -196,6 +201,16 @@ fn parse_drain_readiness(s: &str) -> std::result::Result<DrainReadiness, String>
     }
 }
 
+fn parse_drain_grpc_health(s: &str) -> std::result::Result<DrainGrpcHealth, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "notserving" | "not-serving" => Ok(DrainGrpcHealth::NotServing),
+        "app" => Ok(DrainGrpcHealth::App),
+        other => Err(format!(
+            "{other:?} is not a gRPC health mode; use notServing or app"
+        )),
+    }
+}
+
 /// The flag/environment layer, laid over the file at start and on reload.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Overrides {
@@ -212,6 +227,7 @@ pub struct Overrides {
     pub drain_timeout: Option<HumanDuration>,
     pub drain_http2_goaway: Option<Http2GoAway>,
     pub drain_readiness: Option<DrainReadiness>,
+    pub drain_grpc_health: Option<DrainGrpcHealth>,
     pub max_concurrent_streams: Option<u32>,
     pub body_read_timeout: Option<HumanDuration>,
     pub write_timeout: Option<HumanDuration>,
@@ -269,6 +285,9 @@ impl Overrides {
         }
         if let Some(v) = self.drain_readiness {
             config.drain.readiness = v;
+        }
+        if let Some(v) = self.drain_grpc_health {
+            config.drain.grpc_health = v;
         }
         if let Some(v) = self.max_concurrent_streams {
             config.limits.max_concurrent_streams = v;
@@ -365,6 +384,7 @@ impl Cli {
                 drain_timeout: self.drain_timeout,
                 drain_http2_goaway: self.drain_http2_goaway,
                 drain_readiness: self.drain_readiness,
+                drain_grpc_health: self.drain_grpc_health,
                 max_concurrent_streams: self.max_concurrent_streams,
                 body_read_timeout: self.body_read_timeout,
                 write_timeout: self.write_timeout,
@@ -686,6 +706,22 @@ mod tests {
         assert_eq!(
             flagged.drain.readiness,
             DrainReadiness::FailFast,
+            "flag wins"
+        );
+    }
+
+    #[test]
+    fn grpc_health_comes_from_the_flag_over_the_file() {
+        let err = cli(&["--drain-grpc-health", "off"]).expect_err("invalid");
+        assert!(err.to_string().contains("notServing or app"), "{err}");
+        let path = temp_file("grpc-health", "drain: {grpcHealth: app}\n");
+        let file_only = load(Some(&path), &Overrides::default()).expect("load");
+        assert_eq!(file_only.drain.grpc_health, DrainGrpcHealth::App);
+        let c = cli(&["--drain-grpc-health", "notServing"]).expect("parse");
+        let flagged = load(Some(&path), &c.settings().overrides).expect("load");
+        assert_eq!(
+            flagged.drain.grpc_health,
+            DrainGrpcHealth::NotServing,
             "flag wins"
         );
     }

@@ -56,6 +56,17 @@ pub struct Metrics {
     refused_proxy: AtomicU64,
     refused_admin: AtomicU64,
     upgrades_ignored: AtomicU64,
+    /// NOT_SERVING answers the sidecar gave for the app while draining
+    /// (drain.grpcHealth: notServing), by health RPC.
+    grpc_health_check: AtomicU64,
+    grpc_health_watch: AtomicU64,
+}
+
+/// The two RPCs of `grpc.health.v1.Health`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthRpc {
+    Check,
+    Watch,
 }
 
 /// Why a request failed on the client's side (never the app's fault).
@@ -129,6 +140,16 @@ impl Metrics {
             &self.http2_goaway_final_only
         } else {
             &self.http2_goaway_two_phase
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The sidecar told a health client NOT_SERVING: answered a Check, or
+    /// pushed the status down (or answered) a Watch stream.
+    pub fn grpc_health_not_serving(&self, rpc: HealthRpc) {
+        let counter = match rpc {
+            HealthRpc::Check => &self.grpc_health_check,
+            HealthRpc::Watch => &self.grpc_health_watch,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -251,6 +272,23 @@ impl Metrics {
         );
 
         Family::new(
+            out,
+            "kubegrace_grpc_health_not_serving_total",
+            "counter",
+            "NOT_SERVING answers the sidecar gave to grpc.health.v1.Health calls while draining (drain.grpcHealth: notServing), by rpc: check (answered) or watch (pushed down an open stream or answered).",
+        );
+        for (rpc, counter) in [
+            ("check", &self.grpc_health_check),
+            ("watch", &self.grpc_health_watch),
+        ] {
+            let _ = writeln!(
+                out,
+                "kubegrace_grpc_health_not_serving_total{{rpc=\"{rpc}\"}} {}",
+                get(counter)
+            );
+        }
+
+        family(
             out,
             "kubegrace_drain_seconds",
             "gauge",

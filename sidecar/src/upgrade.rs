@@ -252,6 +252,7 @@ pub fn handover_timers(current: DrainConfig) -> DrainConfig {
         timeout: current.timeout,
         http2_go_away: current.http2_go_away,
         readiness: current.readiness,
+        grpc_health: current.grpc_health,
     }
 }
 

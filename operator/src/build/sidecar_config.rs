@@ -6,14 +6,16 @@ use std::net::SocketAddr;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kubegrace_sidecar_api::config::{
-    CATCH_ALL_ROUTE, CircuitBreakerConfig, Config, DrainConfig, DrainReadiness, Endpoint,
-    FailureKind, FallbackConfig, Http2GoAway, HumanDuration, Protocol, RouteConfig, RouteMatch,
+    CATCH_ALL_ROUTE, CircuitBreakerConfig, Config, DrainConfig, DrainGrpcHealth, DrainReadiness,
+    Endpoint, FailureKind, FallbackConfig, Http2GoAway, HumanDuration, Protocol, RouteConfig,
+    RouteMatch,
 };
 use sha2::{Digest, Sha256};
 
 use super::{Budget, Invalid};
 use crate::crd::{
-    CircuitBreakerSpec, FallbackSpec, GraceRouteSpec, Http2GoAwaySpec, PortProtocol, Readiness,
+    CircuitBreakerSpec, FallbackSpec, GraceRouteSpec, GrpcHealthSpec, Http2GoAwaySpec,
+    PortProtocol, Readiness,
 };
 
 /// Where the sidecar listens and where the app is, for one pod shape.
@@ -81,6 +83,13 @@ fn protocol(p: PortProtocol) -> Protocol {
     }
 }
 
+fn grpc_health(g: GrpcHealthSpec) -> DrainGrpcHealth {
+    match g {
+        GrpcHealthSpec::NotServing => DrainGrpcHealth::NotServing,
+        GrpcHealthSpec::App => DrainGrpcHealth::App,
+    }
+}
+
 fn readiness(r: Readiness) -> DrainReadiness {
     match r {
         Readiness::FailFast => DrainReadiness::FailFast,
@@ -142,6 +151,7 @@ pub fn sidecar_config(
             timeout: HumanDuration(budget.effective_timeout()),
             readiness: readiness(spec.drain.readiness),
             http2_go_away: http2_go_away(spec.drain.http2_go_away),
+            grpc_health: grpc_health(spec.drain.grpc_health),
         },
         ..Config::default()
     };
@@ -264,6 +274,28 @@ mod tests {
         // The budget does not depend on it.
         assert_eq!(b.required_seconds, 5 + 30 + 5);
         assert_unknown_value_names("{readiness: stay}", "stayServing");
+    }
+
+    #[test]
+    fn drain_grpc_health_is_carried_into_the_sidecar_config() {
+        let b = budget(&route(BASE).spec).expect("valid");
+        let c = sidecar_config(&route(BASE).spec, &b, None).expect("valid");
+        assert_eq!(
+            c.drain.grpc_health,
+            DrainGrpcHealth::NotServing,
+            "unset: the sidecar default"
+        );
+        let r = route(&format!("{BASE}  drain: {{grpcHealth: app}}\n"));
+        let b = budget(&r.spec).expect("valid");
+        let c = sidecar_config(&r.spec, &b, None).expect("valid");
+        assert_eq!(c.drain.grpc_health, DrainGrpcHealth::App);
+        let (yaml, _) = render(&c).expect("render");
+        assert_eq!(
+            sidecar_reads(&yaml).drain.grpc_health,
+            DrainGrpcHealth::App,
+            "{yaml}"
+        );
+        assert_unknown_value_names("{grpcHealth: off}", "notServing");
     }
 
     #[test]

@@ -25,6 +25,36 @@ pub struct DrainConfig {
     pub http2_go_away: Http2GoAway,
     /// What `/ready` answers during the grace phase (`Draining`).
     pub readiness: DrainReadiness,
+    /// Who answers the gRPC health service (`grpc.health.v1.Health`) once
+    /// a drain has started.
+    pub grpc_health: DrainGrpcHealth,
+}
+
+/// Who answers `grpc.health.v1.Health/Check` and `/Watch` once a drain has
+/// started. gRPC clients that balance on the client side with health checks
+/// (grpc-go's `healthCheckConfig`, Envoy's gRPC health checker) leave a
+/// backend that reports NOT_SERVING; without that they keep sending to the
+/// pod until its GOAWAY, as late as the drain allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum DrainGrpcHealth {
+    /// From the trigger on the sidecar answers Check with NOT_SERVING
+    /// itself, pushes NOT_SERVING down the Watch streams the app is
+    /// answering, and ends those streams (UNAVAILABLE) when the listener
+    /// closes. Before a drain every health call goes to the app.
+    #[default]
+    NotServing,
+    /// Health calls always go to the app, which answers for itself.
+    App,
+}
+
+impl DrainGrpcHealth {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotServing => "notServing",
+            Self::App => "app",
+        }
+    }
 }
 
 /// What `/ready` answers while a drain is in its grace phase. Only the
@@ -83,6 +113,7 @@ impl Default for DrainConfig {
             timeout: HumanDuration::from_secs(30),
             http2_go_away: Http2GoAway::Auto,
             readiness: DrainReadiness::FailFast,
+            grpc_health: DrainGrpcHealth::NotServing,
         }
     }
 }

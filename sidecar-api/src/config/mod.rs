@@ -45,7 +45,9 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 
 pub use duration::HumanDuration;
-pub use limits::{DrainConfig, DrainReadiness, Http2GoAway, LimitsConfig, UpstreamPoolConfig};
+pub use limits::{
+    DrainConfig, DrainGrpcHealth, DrainReadiness, Http2GoAway, LimitsConfig, UpstreamPoolConfig,
+};
 pub use route::{
     CATCH_ALL_ROUTE, CircuitBreakerConfig, FALLBACK_HEADER, FailureKind, FallbackConfig,
     RouteConfig, RouteMatch,

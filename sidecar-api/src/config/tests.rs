@@ -81,3 +81,20 @@ fn drain_readiness_defaults_to_fail_fast_and_takes_only_its_two_values() {
         "{err}"
     );
 }
+
+#[test]
+fn grpc_health_defaults_to_not_serving_and_takes_only_its_two_values() {
+    assert_eq!(
+        Config::default().drain.grpc_health,
+        DrainGrpcHealth::NotServing
+    );
+    let config = from_yaml("drain: {grpcHealth: app}").expect("valid");
+    assert_eq!(config.drain.grpc_health, DrainGrpcHealth::App);
+    let again = from_yaml(&serde_yaml::to_string(&config).expect("render")).expect("re-parse");
+    assert_eq!(config, again);
+    let err = from_yaml("drain: {grpcHealth: off}").expect_err("unknown value");
+    assert!(
+        err.message.contains("notServing") && err.message.contains("app"),
+        "{err}"
+    );
+}

@@ -9,6 +9,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
+use super::grpc_health::HealthBody;
 use super::handler::RequestGuard;
 use crate::circuit::Permit;
 use crate::upstream::PoolReturn;
@@ -31,6 +32,8 @@ impl Finish {
 enum Inner {
     Upstream(Incoming),
     Local(Full<Bytes>),
+    /// A gRPC health answer while draining (grpc_health.rs).
+    Health(Box<HealthBody>),
 }
 
 /// The body sent downstream: the app's streamed body or one the proxy made.
@@ -48,6 +51,17 @@ impl ProxyBody {
     pub(super) fn local(body: Full<Bytes>, finish: Option<Finish>) -> ProxyBody {
         ProxyBody {
             inner: Inner::Local(body),
+            finish,
+            pool_return: None,
+        }
+    }
+
+    /// A gRPC health answer: the sidecar's own, or the app's Watch stream
+    /// it takes over when a drain starts. No pooled HTTP/1 connection
+    /// travels with it: gRPC is HTTP/2.
+    pub(super) fn health(body: HealthBody, finish: Option<Finish>) -> ProxyBody {
+        ProxyBody {
+            inner: Inner::Health(Box::new(body)),
             finish,
             pool_return: None,
         }
@@ -110,6 +124,7 @@ impl Body for ProxyBody {
                 Poll::Ready(None) => Poll::Ready(None),
                 Poll::Pending => Poll::Pending,
             },
+            Inner::Health(body) => Pin::new(body.as_mut()).poll_frame(cx),
         };
         if matches!(res, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
             this.finish = None;
@@ -121,6 +136,7 @@ impl Body for ProxyBody {
         match &self.inner {
             Inner::Upstream(body) => body.is_end_stream(),
             Inner::Local(body) => body.is_end_stream(),
+            Inner::Health(body) => body.is_end_stream(),
         }
     }
 
@@ -128,6 +144,7 @@ impl Body for ProxyBody {
         match &self.inner {
             Inner::Upstream(body) => body.size_hint(),
             Inner::Local(body) => body.size_hint(),
+            Inner::Health(body) => body.size_hint(),
         }
     }
 }

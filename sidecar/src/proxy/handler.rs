@@ -16,14 +16,15 @@ use hyper::upgrade::OnUpgrade;
 
 use super::body::{Finish, ProxyBody};
 use super::conn::ConnCtx;
+use super::grpc_health::{health_rpc, not_serving_response, watching};
 use super::headers::{
     HTTP2_SETTINGS, add_forwarded, allow_upgrade, connection_has, ensure_host, strip_hop_by_hop,
 };
 use super::tunnel::spawn_tunnel;
 use crate::circuit::{Permit, Rejection, Route, UpstreamOutcome};
-use crate::config::Config;
+use crate::config::{Config, DrainGrpcHealth};
 use crate::drain::Phase;
-use crate::metrics::{ClientError, ClientTimeout};
+use crate::metrics::{ClientError, ClientTimeout, HealthRpc};
 use crate::upstream::{
     BodyFault, BodyWatch, DownstreamBody, Upstream, UpstreamBody, UpstreamResponse,
 };
@@ -37,6 +38,15 @@ pub(crate) async fn handle(
     let live = shared.live.load_full();
     if scope.version != Version::HTTP_2 {
         scope.ctx.act.note_message_end(req.headers());
+    }
+
+    // While draining the sidecar speaks for the app's gRPC health service.
+    let health =
+        health_rpc(&req).filter(|_| live.config.drain.grpc_health == DrainGrpcHealth::NotServing);
+    if let Some(rpc) = health
+        && shared.drain.phase() != Phase::Serving
+    {
+        return scope.health_not_serving(rpc);
     }
 
     // 413 before anything is sent upstream when the length is declared.
@@ -69,6 +79,7 @@ pub(crate) async fn handle(
     };
     let h2 = scope.version == Version::HTTP_2;
     match send_upstream(&upstream, upstream_req, h2, route.timeout()).await {
+        Ok(answer) if health == Some(HealthRpc::Watch) => scope.respond_watch(answer),
         Ok(answer) => scope.respond_upstream(answer, downstream_upgrade),
         Err(failure) => scope.upstream_failed(failure, &body_watch),
     }
@@ -382,6 +393,27 @@ impl RequestScope {
         finish_response(&self.ctx, self.version, &mut resp);
         let finish = Finish::new(self.request, permit);
         resp.map(|body| ProxyBody::local(body, Some(finish)))
+    }
+
+    /// The sidecar's NOT_SERVING for a health call while draining.
+    fn health_not_serving(self, rpc: HealthRpc) -> Response<ProxyBody> {
+        let mut resp = not_serving_response(rpc, self.ctx.shared.clone());
+        finish_response(&self.ctx, self.version, &mut resp);
+        let finish = Finish::new(self.request, None);
+        resp.map(|body| ProxyBody::health(body, Some(finish)))
+    }
+
+    /// The app's answer to a health Watch: streamed as it is until a drain
+    /// starts, then taken over (grpc_health.rs).
+    fn respond_watch(mut self, answer: UpstreamResponse) -> Response<ProxyBody> {
+        let mut resp = answer.response;
+        let permit = self.permit.record(UpstreamOutcome::Status(resp.status()));
+        strip_hop_by_hop(resp.headers_mut(), false);
+        *resp.version_mut() = self.version;
+        finish_response(&self.ctx, self.version, &mut resp);
+        let finish = Finish::new(self.request, permit);
+        let shared = self.ctx.shared.clone();
+        resp.map(|body| ProxyBody::health(watching(body, shared), Some(finish)))
     }
 
     /// The app's answer, its body streamed to the client. A `101` joins

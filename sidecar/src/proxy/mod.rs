@@ -30,6 +30,7 @@
 
 mod body;
 mod conn;
+mod grpc_health;
 pub(crate) mod h1;
 mod handler;
 mod headers;

@@ -276,19 +276,16 @@ impl Metrics {
             "kubegrace_grpc_health_not_serving_total",
             "counter",
             "NOT_SERVING answers the sidecar gave to grpc.health.v1.Health calls while draining (drain.grpcHealth: notServing), by rpc: check (answered) or watch (pushed down an open stream or answered).",
+        )
+        .by(
+            "rpc",
+            [
+                ("check", get(&self.grpc_health_check)),
+                ("watch", get(&self.grpc_health_watch)),
+            ],
         );
-        for (rpc, counter) in [
-            ("check", &self.grpc_health_check),
-            ("watch", &self.grpc_health_watch),
-        ] {
-            let _ = writeln!(
-                out,
-                "kubegrace_grpc_health_not_serving_total{{rpc=\"{rpc}\"}} {}",
-                get(counter)
-            );
-        }
 
-        family(
+        Family::new(
             out,
             "kubegrace_drain_seconds",
             "gauge",

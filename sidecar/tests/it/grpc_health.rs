@@ -359,6 +359,19 @@ async fn watch_gets_not_serving_pushed_and_never_holds_the_drain() -> Result<()>
                 told < Duration::from_millis(1000),
                 "NOT_SERVING took {told:?}"
             );
+            // A Watch opened while draining is answered by the sidecar.
+            let watches_before = app.watches.load(Ordering::Relaxed);
+            let mut late = channel(&sidecar).await?;
+            let mut late_stream = watch(&mut late).await?;
+            let msg = within("late watch", WAIT, late_stream.message())
+                .await?
+                .context("late watch failed")?
+                .context("late watch ended at once")?;
+            ensure!(msg.status == NOT_SERVING, "late watch said {}", msg.status);
+            ensure!(
+                app.watches.load(Ordering::Relaxed) == watches_before,
+                "the app saw the late watch"
+            );
             // Nothing after it but the end of the call, when the listener closes.
             let end = within("the watch's end", WAIT, stream.message()).await?;
             let status = match end {
@@ -368,23 +381,6 @@ async fn watch_gets_not_serving_pushed_and_never_holds_the_drain() -> Result<()>
             ensure!(
                 status.code() == tonic::Code::Unavailable,
                 "ended with {status:?}"
-            );
-            // A Watch opened now is answered by the sidecar.
-            let watches_before = app.watches.load(Ordering::Relaxed);
-            match channel(&sidecar).await {
-                Ok(mut late) => {
-                    if let Ok(mut s) = watch(&mut late).await {
-                        let msg = within("late watch", WAIT, s.message()).await?;
-                        if let Ok(Some(msg)) = msg {
-                            ensure!(msg.status == NOT_SERVING, "late watch said {}", msg.status);
-                        }
-                    }
-                }
-                Err(_) => {} // the listener closed already: nothing to watch
-            }
-            ensure!(
-                app.watches.load(Ordering::Relaxed) == watches_before,
-                "the app saw the late watch"
             );
         }
         sidecar.wait_phase(3.0).await?;
@@ -442,8 +438,7 @@ async fn a_health_checking_client_leaves_the_pod_before_its_goaway() -> Result<(
         let t0 = Instant::now();
         let mut calls: Vec<(usize, Duration, bool)> = Vec::new();
         let mut drained = false;
-        let mut next = 0usize;
-        for i in 0..200 {
+        for (i, next) in (0..200).zip(0usize..) {
             if i == 40 {
                 a.start_drain().await?;
                 drained = true;
@@ -454,7 +449,6 @@ async fn a_health_checking_client_leaves_the_pod_before_its_goaway() -> Result<(
             let pick = (0..2)
                 .map(|k| (next + k) % 2)
                 .find(|&k| healthy[k].load(Ordering::Relaxed));
-            next += 1;
             let Some(k) = pick else { continue };
             let grpc = &mut clients[k];
             let ok = async {

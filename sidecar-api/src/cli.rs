@@ -17,6 +17,8 @@ pub mod flag {
     /// The drain token (prefer [`super::env::DRAIN_TOKEN`]: arguments are
     /// visible in the pod spec and `ps`).
     pub const DRAIN_TOKEN: &str = "--drain-token";
+    /// The app's readiness check, as JSON ([`crate::config::AppReadiness`]).
+    pub const APP_READINESS: &str = "--app-readiness";
 }
 
 /// Environment variables, one per flag (`--drain-min-delay` is
@@ -47,6 +49,7 @@ pub mod env {
     pub const TRUSTED_HOPS: &str = "KUBEGRACE_TRUSTED_HOPS";
     pub const HTTP1_FAST_PATH: &str = "KUBEGRACE_HTTP1_FAST_PATH";
     pub const UPSTREAM_HOLD_TIMEOUT: &str = "KUBEGRACE_UPSTREAM_HOLD_TIMEOUT";
+    pub const APP_READINESS: &str = "KUBEGRACE_APP_READINESS";
     pub const DRAIN_TOKEN: &str = "KUBEGRACE_DRAIN_TOKEN";
     pub const LOG_FORMAT: &str = "KUBEGRACE_LOG_FORMAT";
     pub const READY_FILE: &str = "KUBEGRACE_READY_FILE";

@@ -21,6 +21,10 @@ pub const SIDECAR_MODE: &str = "kubegrace.io/sidecar-mode";
 /// Pod annotation: the sidecar's admin port for this pod (else the first
 /// free one from the chart's `sidecar.adminPort` up).
 pub const ADMIN_PORT: &str = "kubegrace.io/admin-port";
+/// Pod annotation: where the app's readiness probe runs. The webhook sets
+/// `sidecar` when it moved an `httpGet` probe into the sidecar's `/ready`
+/// (one probe per pod); a user sets `app` to keep it on the app container.
+pub const APP_READINESS: &str = "kubegrace.io/app-readiness";
 /// The route that owns an object the operator created (label).
 pub const ROUTE_LABEL: &str = "kubegrace.io/route";
 /// The well-known label naming who manages an object.

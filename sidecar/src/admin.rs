@@ -20,6 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, Notify};
 use tokio::time::Instant;
 
+use crate::app_readiness::AppReadinessCheck;
 use crate::config::DrainReadiness;
 use crate::drain::Phase;
 use crate::state::Shared;
@@ -39,6 +40,8 @@ pub(crate) struct Admin {
     token: Option<String>,
     /// Last upstream check: when, and whether the app accepted a connection.
     reachability: Mutex<Option<(Instant, bool)>>,
+    /// The app's own readiness check (`appReadiness`), when configured.
+    app_check: AppReadinessCheck,
     /// `/drain?wait=true` callers whose connection has not finished yet.
     /// The process waits for them before exiting, or a preStop hook racing
     /// SIGTERM would lose its answer.
@@ -72,6 +75,7 @@ impl Admin {
             shared,
             token,
             reachability: Mutex::new(None),
+            app_check: AppReadinessCheck::default(),
             waiters: AtomicUsize::new(0),
             waiters_done: Notify::new(),
             open: Arc::new(AtomicUsize::new(0)),
@@ -332,8 +336,29 @@ impl Admin {
             reachable = true;
         }
         if !reachable {
-            text(StatusCode::SERVICE_UNAVAILABLE, "app not reachable\n")
-        } else if phase == Phase::Serving {
+            return text(StatusCode::SERVICE_UNAVAILABLE, "app not reachable\n");
+        }
+        // The app's own readiness probe, moved here by the webhook: the pod
+        // is Ready when the app passes it, without a second probe's ticker.
+        let app_probe = self.shared.live.load().config.app_readiness.clone();
+        if let Some(probe) = app_probe {
+            let (ready, last) = self.app_check.ready(&probe).await;
+            if !ready {
+                let seen = last.map_or_else(|| "not checked".to_string(), |o| o.to_string());
+                return text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &format!(
+                        "app not ready: GET {} on port {}: {seen}\n",
+                        probe.path, probe.port
+                    ),
+                );
+            }
+            phase = drain.phase();
+            if !serves(phase) {
+                return text(StatusCode::SERVICE_UNAVAILABLE, &format!("{phase}\n"));
+            }
+        }
+        if phase == Phase::Serving {
             text(StatusCode::OK, "ready\n")
         } else {
             text(

@@ -12,8 +12,8 @@ use clap::{Parser, ValueEnum};
 use kubegrace_sidecar_api::cli::env;
 
 use crate::config::{
-    Config, ConfigError, DrainGrpcHealth, DrainReadiness, Endpoint, Http2GoAway, HumanDuration,
-    Protocol, SocketMode,
+    AppReadiness, Config, ConfigError, DrainGrpcHealth, DrainReadiness, Endpoint, Http2GoAway,
+    HumanDuration, Protocol, SocketMode,
 };
 use crate::error::{Error, Result};
 
@@ -126,6 +126,9 @@ pub struct Cli {
     /// While the app refuses connections (restarting), hold a request this long for it to come back, then 503.
     #[arg(long, env = env::UPSTREAM_HOLD_TIMEOUT, value_name = "DURATION")]
     pub upstream_hold_timeout: Option<HumanDuration>,
+    /// The app's HTTP readiness check behind /ready, as JSON: {"port":8080,"path":"/healthz"} (appReadiness).
+    #[arg(long, env = env::APP_READINESS, value_name = "JSON", value_parser = parse_app_readiness)]
+    pub app_readiness: Option<AppReadiness>,
     /// Require this value in X-Kubegrace-Drain-Token on /drain.
     #[arg(
         long,
@@ -211,6 +214,12 @@ fn parse_drain_grpc_health(s: &str) -> std::result::Result<DrainGrpcHealth, Stri
     }
 }
 
+fn parse_app_readiness(s: &str) -> std::result::Result<AppReadiness, String> {
+    serde_yaml::from_str(s).map_err(|e| {
+        format!("not an app readiness check ({e}); e.g. {{\"port\":8080,\"path\":\"/healthz\"}}")
+    })
+}
+
 /// The flag/environment layer, laid over the file at start and on reload.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Overrides {
@@ -238,6 +247,7 @@ pub struct Overrides {
     pub trusted_hops: Option<u32>,
     pub http1_fast_path: Option<bool>,
     pub upstream_hold_timeout: Option<HumanDuration>,
+    pub app_readiness: Option<AppReadiness>,
 }
 
 impl Overrides {
@@ -323,6 +333,9 @@ impl Overrides {
         if let Some(v) = self.upstream_hold_timeout {
             config.upstream_pool.hold_timeout = v;
         }
+        if let Some(v) = &self.app_readiness {
+            config.app_readiness = Some(v.clone());
+        }
     }
 
     /// Flag spelling of a config key, so a validation error can name what
@@ -342,6 +355,9 @@ impl Overrides {
             "listenMode" if self.listen_mode.is_some() => Some("--listen-mode"),
             "admin" if self.admin.is_some() => Some("--admin"),
             "listen" if self.listen.is_some() => Some("--listen"),
+            k if k.starts_with("appReadiness.") && self.app_readiness.is_some() => {
+                Some("--app-readiness")
+            }
             "limits.adminMaxConnections" if self.admin_max_connections.is_some() => {
                 Some("--admin-max-connections")
             }
@@ -395,6 +411,7 @@ impl Cli {
                 trusted_hops: self.trusted_hops,
                 http1_fast_path: self.http1_fast_path,
                 upstream_hold_timeout: self.upstream_hold_timeout,
+                app_readiness: self.app_readiness.clone(),
             },
             drain_token: self.drain_token.clone().filter(|t| !t.is_empty()),
             admin_insecure: self.admin_insecure,

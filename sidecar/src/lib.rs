@@ -17,6 +17,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod app_readiness;
 pub mod circuit;
 pub mod cli;
 pub mod drain;

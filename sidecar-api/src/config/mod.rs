@@ -35,6 +35,7 @@ macro_rules! serde_as_text {
 
 mod duration;
 mod limits;
+mod readiness;
 mod route;
 #[cfg(test)]
 mod tests;
@@ -48,6 +49,7 @@ pub use duration::HumanDuration;
 pub use limits::{
     DrainConfig, DrainGrpcHealth, DrainReadiness, Http2GoAway, LimitsConfig, UpstreamPoolConfig,
 };
+pub use readiness::{AppReadiness, ProbeHeader};
 pub use route::{
     CATCH_ALL_ROUTE, CircuitBreakerConfig, FALLBACK_HEADER, FailureKind, FallbackConfig,
     RouteConfig, RouteMatch,
@@ -128,6 +130,10 @@ pub struct Config {
     /// Per-route policy; first match wins, and a built-in default route
     /// (no timeout, no breaker) catches the rest.
     pub routes: Vec<RouteConfig>,
+    /// The app's own HTTP readiness check, run behind `/ready` (the webhook
+    /// moves an app's `httpGet` readiness probe here: one probe per pod).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub app_readiness: Option<AppReadiness>,
 }
 
 /// The default admin address: loopback, so nothing off the machine (or
@@ -192,6 +198,7 @@ impl Default for Config {
             forwarded: ForwardedConfig::default(),
             proxy: ProxyConfig::default(),
             routes: Vec::new(),
+            app_readiness: None,
         }
     }
 }
@@ -223,6 +230,9 @@ impl Config {
         self.drain.validate("drain")?;
         self.limits.validate("limits")?;
         self.upstream_pool.validate("upstreamPool")?;
+        if let Some(readiness) = &self.app_readiness {
+            readiness.validate("appReadiness")?;
+        }
         for (i, protocol) in self.upgrade_protocols.iter().enumerate() {
             let token_ok = !protocol.is_empty()
                 && protocol

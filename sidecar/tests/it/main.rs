@@ -9,6 +9,7 @@
 mod kit;
 
 mod admin_hardening;
+mod app_readiness;
 mod app_restart;
 mod app_upgrade;
 mod bad_input;

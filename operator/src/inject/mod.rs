@@ -26,9 +26,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use kubegrace_sidecar_api::cli::{env, flag};
+use kubegrace_sidecar_api::config::AppReadiness;
 use kubegrace_sidecar_api::{admin, pod};
 
 use crate::keys;
+
+mod app_readiness;
+
+pub use app_readiness::{APP_READINESS_IN_SIDECAR, APP_READINESS_ON_APP};
+use app_readiness::{keeps_own_readiness, take_http_readiness};
 
 /// The sidecar image's user (distroless nonroot); set explicitly so
 /// `runAsNonRoot` holds whatever the image says.
@@ -263,7 +269,37 @@ fn rename_probe_port(probe: &mut Option<Probe>, old: &str, new: &str) {
 }
 
 /// The sidecar container for this pod.
-fn sidecar(plan: &InjectPlan, listen: u16, admin: u16, upstream: i32) -> Container {
+fn sidecar(
+    plan: &InjectPlan,
+    listen: u16,
+    admin: u16,
+    upstream: i32,
+    app_readiness: Option<&AppReadiness>,
+) -> Container {
+    let mut vars = vec![
+        EnvVar {
+            name: env::DRAIN_TOKEN.into(),
+            value: Some(plan.token.clone()),
+            ..Default::default()
+        },
+        field_env(pod::POD_NAME_ENV, "metadata.name"),
+        field_env(pod::POD_NAMESPACE_ENV, "metadata.namespace"),
+    ];
+    // The app's check runs inside /ready: the same JSON the flag takes.
+    if let Some(check) = app_readiness.and_then(|r| serde_json::to_string(r).ok()) {
+        vars.push(EnvVar {
+            name: env::APP_READINESS.into(),
+            value: Some(check),
+            ..Default::default()
+        });
+    }
+    // /ready may wait for the app's check (its own timeout) after the
+    // connect check: give the kubelet's probe room for both.
+    let ready_timeout = app_readiness.map_or(1, |r| {
+        i32::try_from(r.timeout_seconds)
+            .unwrap_or(1)
+            .saturating_add(1)
+    });
     Container {
         name: pod::CONTAINER.into(),
         image: Some(plan.image.clone()),
@@ -283,15 +319,7 @@ fn sidecar(plan: &InjectPlan, listen: u16, admin: u16, upstream: i32) -> Contain
             flag::ADMIN.into(),
             format!("0.0.0.0:{admin}"),
         ]),
-        env: Some(vec![
-            EnvVar {
-                name: env::DRAIN_TOKEN.into(),
-                value: Some(plan.token.clone()),
-                ..Default::default()
-            },
-            field_env(pod::POD_NAME_ENV, "metadata.name"),
-            field_env(pod::POD_NAMESPACE_ENV, "metadata.namespace"),
-        ]),
+        env: Some(vars),
         ports: Some(vec![
             ContainerPort {
                 name: Some(plan.port.clone()),
@@ -306,7 +334,8 @@ fn sidecar(plan: &InjectPlan, listen: u16, admin: u16, upstream: i32) -> Contain
                 ..Default::default()
             },
         ]),
-        // /ready is 503 while draining or while the app is unreachable.
+        // /ready is 503 while draining, while the app is unreachable, or
+        // while the app's own readiness check (moved here) fails.
         // Every second (the kubelet's shortest period): the first probe
         // usually runs before the app listens, and each period it waits
         // after that is added to every new pod's start, so to the rollout.
@@ -314,7 +343,7 @@ fn sidecar(plan: &InjectPlan, listen: u16, admin: u16, upstream: i32) -> Contain
             http_get: Some(http_get(admin::path::READY, i32::from(admin), None)),
             period_seconds: Some(1),
             failure_threshold: Some(1),
-            timeout_seconds: Some(1),
+            timeout_seconds: Some(ready_timeout),
             ..Default::default()
         }),
         // No startupProbe: with one, the kubelet starts the app only after
@@ -410,6 +439,11 @@ pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
             }
         )));
     };
+    let app_readiness = if keeps_own_readiness(&pod.metadata) {
+        None
+    } else {
+        take_http_readiness(app)
+    };
     let mut upstream = 0;
     for p in app.ports.iter_mut().flatten() {
         if p.name.as_deref() == Some(plan.port.as_str()) {
@@ -427,7 +461,7 @@ pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
         lifecycle.pre_stop = drain_hook(&plan.token, admin).pre_stop;
     }
 
-    let container = sidecar(plan, listen, admin, upstream);
+    let container = sidecar(plan, listen, admin, upstream, app_readiness.as_ref());
     if plan.native {
         // First, so it is up before any other init container or the app.
         spec.init_containers
@@ -461,6 +495,10 @@ pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
     );
     ann.entry(keys::ROUTE.into())
         .or_insert_with(|| plan.route.clone());
+    if app_readiness.is_some() {
+        // Where the app's readiness probe went, for whoever reads the pod.
+        ann.insert(keys::APP_READINESS.into(), APP_READINESS_IN_SIDECAR.into());
+    }
     Ok(out)
 }
 
@@ -480,7 +518,7 @@ mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-    const POD: &str = r#"
+    pub(super) const POD: &str = r#"
 apiVersion: v1
 kind: Pod
 metadata:
@@ -495,11 +533,11 @@ spec:
     readinessProbe: {httpGet: {path: /healthz, port: http}}
 "#;
 
-    fn pod(yaml: &str) -> Pod {
+    pub(super) fn pod(yaml: &str) -> Pod {
         serde_yaml::from_str(yaml).expect("valid pod")
     }
 
-    fn plan(native: bool) -> InjectPlan {
+    pub(super) fn plan(native: bool) -> InjectPlan {
         InjectPlan {
             route: "web".into(),
             config_map: "kubegrace-web".into(),
@@ -539,14 +577,30 @@ spec:
         let app_ports = app.ports.as_ref().expect("ports");
         assert_eq!(app_ports[0].name.as_deref(), Some("kg-http"));
         assert_eq!(app_ports[0].container_port, 8080);
-        // The app's probe followed the rename.
-        let probe_port = &app
-            .readiness_probe
-            .as_ref()
-            .and_then(|p| p.http_get.as_ref())
-            .expect("probe")
-            .port;
-        assert_eq!(probe_port, &IntOrString::String("kg-http".into()));
+        // The app's httpGet readiness probe moved into the sidecar's /ready,
+        // with its named port resolved: one readiness probe per pod.
+        assert!(app.readiness_probe.is_none(), "{:?}", app.readiness_probe);
+        let moved = sc
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == env::APP_READINESS)
+            .and_then(|e| e.value.as_deref())
+            .expect("app readiness env");
+        let moved: AppReadiness = serde_json::from_str(moved).expect("json");
+        assert_eq!(moved, AppReadiness::http_get(8080, "/healthz"));
+        assert_eq!(
+            sc.readiness_probe.as_ref().and_then(|p| p.timeout_seconds),
+            Some(2)
+        );
+        assert_eq!(
+            out.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(keys::APP_READINESS))
+                .map(String::as_str),
+            Some(APP_READINESS_IN_SIDECAR)
+        );
         // preStop drains through the sidecar, with the pod's token.
         let hook = app
             .lifecycle

@@ -28,7 +28,8 @@ use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::scenario::{
     Action, Options, Progress, RunResult, Scenario, WITH, has_sidecar, keep_from_env, with_install,
 };
-use kubegrace_sidecar_api::admin;
+use kubegrace_sidecar_api::cli::env;
+use kubegrace_sidecar_api::{admin, keys, pod};
 use serde_json::json;
 
 /// The Deployment the annotate flow opts in: plain at first.
@@ -125,6 +126,9 @@ async fn annotate_flow(sc: &Scenario, p: &Progress) -> Result<Vec<String>> {
         injected_pods.iter().all(has_sidecar) && injected.is_disjoint(&plain),
         "after the annotation, pods {injected:?} (before: {plain:?}) are not all new and injected"
     );
+    for pod in &injected_pods {
+        readiness_moved_to_sidecar(pod)?;
+    }
     let on_injected = failed_on(&inject, &injected);
 
     let remove = sc.roll_under_load(WEB, Action::Inject(false), p).await?;
@@ -164,6 +168,54 @@ async fn annotate_flow(sc: &Scenario, p: &Progress) -> Result<Vec<String>> {
         remove.summary.by_detail
     );
     Ok(lines)
+}
+
+/// One readiness probe per pod: the app's `httpGet` probe left the app
+/// container and runs inside the sidecar's `/ready` (the sidecar got it as
+/// `KUBEGRACE_APP_READINESS`, and the pod says so in its annotation).
+fn readiness_moved_to_sidecar(injected: &Pod) -> Result<()> {
+    let name = injected.metadata.name.as_deref().unwrap_or("?");
+    let annotation = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(keys::APP_READINESS));
+    ensure!(
+        annotation.map(String::as_str) == Some(keys::APP_READINESS_IN_SIDECAR),
+        "pod {name}: {} is {annotation:?}, want {:?}",
+        keys::APP_READINESS,
+        keys::APP_READINESS_IN_SIDECAR
+    );
+    let spec = injected.spec.as_ref().context("pod without spec")?;
+    let containers: Vec<_> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .collect();
+    let probed: Vec<&str> = containers
+        .iter()
+        .filter(|c| c.readiness_probe.is_some())
+        .map(|c| c.name.as_str())
+        .collect();
+    ensure!(
+        probed == [pod::CONTAINER],
+        "pod {name}: readiness probes on {probed:?}, want only the sidecar's"
+    );
+    let carried = containers
+        .iter()
+        .filter(|c| c.name == pod::CONTAINER)
+        .flat_map(|c| c.env.iter().flatten())
+        .any(|e| {
+            e.name == env::APP_READINESS
+                && e.value.as_deref().is_some_and(|v| v.contains("/healthz"))
+        });
+    ensure!(
+        carried,
+        "pod {name}: the sidecar has no {} with the app's /healthz check",
+        env::APP_READINESS
+    );
+    Ok(())
 }
 
 /// What must not change when a route is edited: pod UID and every container's restart

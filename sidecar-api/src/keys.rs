@@ -25,6 +25,11 @@ pub const ADMIN_PORT: &str = "kubegrace.io/admin-port";
 /// `sidecar` when it moved an `httpGet` probe into the sidecar's `/ready`
 /// (one probe per pod); a user sets `app` to keep it on the app container.
 pub const APP_READINESS: &str = "kubegrace.io/app-readiness";
+/// `kubegrace.io/app-readiness` value: the app's probe runs in the sidecar.
+pub const APP_READINESS_IN_SIDECAR: &str = "sidecar";
+/// `kubegrace.io/app-readiness` value a user sets to keep the app's probe
+/// on the app container.
+pub const APP_READINESS_ON_APP: &str = "app";
 /// The route that owns an object the operator created (label).
 pub const ROUTE_LABEL: &str = "kubegrace.io/route";
 /// The well-known label naming who manages an object.

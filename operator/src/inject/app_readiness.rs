@@ -7,12 +7,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kubegrace_sidecar_api::config::{AppReadiness, ProbeHeader};
 
 use crate::keys;
-
-/// `kubegrace.io/app-readiness` value: the app's probe runs in the sidecar.
-pub const APP_READINESS_IN_SIDECAR: &str = "sidecar";
-/// `kubegrace.io/app-readiness` value a user sets to keep the app's probe
-/// on the app container.
-pub const APP_READINESS_ON_APP: &str = "app";
+pub use crate::keys::{APP_READINESS_IN_SIDECAR, APP_READINESS_ON_APP};
 
 pub(super) fn keeps_own_readiness(meta: &ObjectMeta) -> bool {
     meta.annotations

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use crate::kit::app::TestApp;
-use crate::kit::sidecar::{Sidecar, SidecarSpec};
 use crate::kit::free_port;
+use crate::kit::sidecar::{Sidecar, SidecarSpec};
 use anyhow::{Context, Result, ensure};
 use http::StatusCode;
 

@@ -26,7 +26,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use kubegrace_sidecar_api::cli::{env, flag};
-use kubegrace_sidecar_api::{admin, pod};
+use kubegrace_sidecar_api::{admin, pod, report};
 
 use crate::keys;
 
@@ -282,6 +282,10 @@ fn sidecar(plan: &InjectPlan, listen: u16, admin: u16, upstream: i32) -> Contain
             // built-in default is.
             flag::ADMIN.into(),
             format!("0.0.0.0:{admin}"),
+            // The drain report becomes the container's termination message,
+            // which the operator reads once the sidecar has exited.
+            flag::TERMINATION_LOG.into(),
+            report::DEFAULT_PATH.into(),
         ]),
         env: Some(vec![
             EnvVar {
@@ -361,6 +365,9 @@ fn sidecar(plan: &InjectPlan, listen: u16, admin: u16, upstream: i32) -> Contain
             ..Default::default()
         }]),
         restart_policy: plan.native.then(|| "Always".into()),
+        // The file holds the drain report after a clean exit; the log tail
+        // stands in only when the sidecar failed before writing one.
+        termination_message_path: Some(report::DEFAULT_PATH.into()),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     }
@@ -524,6 +531,10 @@ spec:
         let sc = &spec.init_containers.as_ref().expect("init")[0];
         assert_eq!(sc.name, pod::CONTAINER);
         assert_eq!(sc.restart_policy.as_deref(), Some("Always"));
+        assert_eq!(
+            sc.termination_message_path.as_deref(),
+            Some(report::DEFAULT_PATH)
+        );
         let sc_ports = sc.ports.as_ref().expect("ports");
         assert_eq!(sc_ports[0].name.as_deref(), Some("http"));
         let listen = pod::FIRST_LISTEN_PORT;

@@ -25,6 +25,7 @@ mod drain_idle;
 mod drain_inflight_h1;
 mod drain_keepalive_race;
 mod drain_long_request;
+mod drain_report_file;
 mod drain_prestop;
 mod drain_readiness;
 mod drain_rolling;

@@ -8,9 +8,10 @@
 //! and counts and announces the new ones.
 //!
 //! Each pod is counted once: by UID, in the inbox for the life of the
-//! process (a watch shows the same terminated pod several times, and the
-//! route in the controller's cache may not show our last status write yet),
-//! and in `status.lastDrains.podUids` across operator restarts.
+//! process (a watch shows the same terminated pod several times), and in
+//! `status.lastDrains.podUids` across operator restarts. The inbox also
+//! keeps the totals it last wrote: the route in the controller's cache may
+//! not show that status write yet when the next pod's report comes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, PoisonError};
@@ -109,6 +110,7 @@ pub struct Inbox {
 struct Boxes {
     pending: BTreeMap<String, BTreeMap<String, PodDrain>>,
     counted: BTreeMap<String, BTreeSet<String>>,
+    written: BTreeMap<String, LastDrains>,
 }
 
 /// `namespace/name`: the route's key here and its `route` metric label.
@@ -156,14 +158,30 @@ impl Inbox {
             .unwrap_or_default()
     }
 
-    /// The status holding `drains` was written: they are counted.
-    pub fn counted(&self, route: &ObjectRef<GraceRoute>, drains: &[PodDrain]) {
+    /// The totals this process last wrote for `route`, if any: newer than
+    /// (or the same as) what the cached route shows.
+    pub fn written(&self, route: &ObjectRef<GraceRoute>) -> Option<LastDrains> {
+        self.lock().written.get(&route_label(route)).cloned()
+    }
+
+    /// The status holding `drains` (and totals `last`) was written: they are
+    /// counted.
+    pub fn counted(
+        &self,
+        route: &ObjectRef<GraceRoute>,
+        drains: &[PodDrain],
+        last: Option<&LastDrains>,
+    ) {
         let mut boxes = self.lock();
-        let set = boxes.counted.entry(route_label(route)).or_default();
+        let key = route_label(route);
+        let set = boxes.counted.entry(key.clone()).or_default();
         if set.len() + drains.len() > MAX_REMEMBERED {
             set.clear();
         }
         set.extend(drains.iter().map(|d| d.uid.clone()));
+        if let Some(last) = last {
+            boxes.written.insert(key, last.clone());
+        }
     }
 
     /// Writing the status failed: the reports wait for the next reconcile.
@@ -181,6 +199,7 @@ impl Inbox {
         let key = route_label(route);
         boxes.pending.remove(&key);
         boxes.counted.remove(&key);
+        boxes.written.remove(&key);
     }
 }
 
@@ -353,8 +372,10 @@ mod tests {
         inbox.put_back(&route, taken);
         let taken = inbox.take(&route);
         assert_eq!(taken.len(), 1);
-        inbox.counted(&route, &taken);
+        let folded = fold(None, taken.clone(), now());
+        inbox.counted(&route, &taken, folded.last.as_ref());
         inbox.offer(&p, std::slice::from_ref(&route));
         assert!(inbox.take(&route).is_empty());
+        assert_eq!(inbox.written(&route), folded.last);
     }
 }

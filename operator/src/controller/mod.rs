@@ -122,8 +122,10 @@ async fn write_with_drains(
     );
     let taken = ctx.drains.take(&key);
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
-    let folded = drains::fold(report.status.last_drains.as_ref(), taken.clone(), now);
-    report.status.last_drains = folded.last;
+    // What this process wrote last, else what the (maybe stale) cache shows.
+    let base = ctx.drains.written(&key).or(report.status.last_drains.take());
+    let folded = drains::fold(base.as_ref(), taken.clone(), now);
+    report.status.last_drains = folded.last.clone();
     for drain in folded.new.iter().filter(|d| !d.clean()) {
         report.events.push(status::Note {
             type_: EventType::Warning,
@@ -136,7 +138,7 @@ async fn write_with_drains(
         ctx.drains.put_back(&key, taken);
         return Err(err);
     }
-    ctx.drains.counted(&key, &taken);
+    ctx.drains.counted(&key, &taken, folded.last.as_ref());
     for drain in &folded.new {
         ctx.metrics
             .pod_drained(&label, drain.clean(), drain.outcome.requests_cut);

@@ -82,8 +82,11 @@ async fn a_rollout_with_one_request_past_the_drain_timeout_shows_one_force_close
     );
     let s = &found.status;
     ensure!(
-        (s["pods"].as_i64(), s["forceClosed"].as_i64(), s["clean"].as_i64())
-            == (Some(3), Some(1), Some(2)),
+        (
+            s["pods"].as_i64(),
+            s["forceClosed"].as_i64(),
+            s["clean"].as_i64()
+        ) == (Some(3), Some(1), Some(2)),
         "status.lastDrains should count 3 pods, 1 force-closed, 2 clean: {s}"
     );
     ensure!(
@@ -206,7 +209,9 @@ async fn printer_column(client: &Client, ns: &str, name: &str) -> Result<Option<
         .iter()
         .position(|c| c["name"] == name)
         .with_context(|| format!("no column {name} in {columns:?}"))?;
-    Ok(table["rows"][0]["cells"][index].as_str().map(str::to_string))
+    Ok(table["rows"][0]["cells"][index]
+        .as_str()
+        .map(str::to_string))
 }
 
 /// (clean, force_closed) drains of this route, summed over the operator pods' `/metrics`

@@ -63,7 +63,8 @@ async fn scrape(admin: SocketAddr) -> Result<String> {
         .lines()
         .find_map(|l| {
             let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-type").then(|| v.trim().to_string())
+            k.eq_ignore_ascii_case("content-type")
+                .then(|| v.trim().to_string())
         })
         .with_context(|| format!("no Content-Type from {admin}: {head}"))?;
     ensure!(
@@ -260,7 +261,10 @@ async fn both_binaries_metrics_parse_exist_from_the_start_and_feed_the_dashboard
     let fresh = scrape(side.admin_addr()).await?;
     promtool_check("fresh sidecar", &fresh).await?;
     let (head, _) = http(side.listen_addr(), "GET", "/api/hello").await?;
-    ensure!(head.starts_with("HTTP/1.1 200"), "through the sidecar: {head}");
+    ensure!(
+        head.starts_with("HTTP/1.1 200"),
+        "through the sidecar: {head}"
+    );
     let (head, _) = http(side.admin_addr(), "POST", "/drain").await?;
     ensure!(head.starts_with("HTTP/1.1 202"), "/drain: {head}");
     let used = scrape(side.admin_addr()).await?;
@@ -309,8 +313,10 @@ async fn both_binaries_metrics_parse_exist_from_the_start_and_feed_the_dashboard
     let _ = stop.send(());
 
     // The dashboard asks only for what the two binaries export.
-    let exported: BTreeSet<(String, String)> =
-        families(&used).union(&families(&op_used)).cloned().collect();
+    let exported: BTreeSet<(String, String)> = families(&used)
+        .union(&families(&op_used))
+        .cloned()
+        .collect();
     let queried = dashboard_metrics()?;
     ensure!(
         queried.len() >= 10,

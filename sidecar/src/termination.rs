@@ -66,7 +66,11 @@ mod tests {
         assert_eq!(back.trigger, "SIGTERM");
         assert_eq!(back.duration_ms, 31_250);
         assert_eq!(
-            (back.connections, back.inflight_at_trigger, back.requests_finished),
+            (
+                back.connections,
+                back.inflight_at_trigger,
+                back.requests_finished
+            ),
             (7, 3, 40)
         );
         assert_eq!((back.force_closed, back.requests_cut), (1, 1));
@@ -90,9 +94,6 @@ mod tests {
         assert_eq!(text, message(&report("SIGTERM")));
         assert_eq!(target(Some(Path::new(""))), None);
         // The default is written only where the kubelet created the file.
-        assert_eq!(
-            target(None).is_some(),
-            Path::new(DEFAULT_PATH).is_file()
-        );
+        assert_eq!(target(None).is_some(), Path::new(DEFAULT_PATH).is_file());
     }
 }

@@ -74,14 +74,12 @@ pub fn report_of(pod: &Pod) -> Option<PodDrain> {
         list.as_ref()
             .and_then(|l| l.iter().find(|c| c.name == CONTAINER).cloned())
     };
-    let container = sidecar(&status.init_container_statuses)
-        .or_else(|| sidecar(&status.container_statuses))?;
+    let container =
+        sidecar(&status.init_container_statuses).or_else(|| sidecar(&status.container_statuses))?;
     let message = container.state?.terminated?.message?;
     let outcome = parse(&message)?;
     let labels = pod.labels().clone();
-    let revision = REVISION_LABELS
-        .iter()
-        .find_map(|k| labels.get(*k).cloned());
+    let revision = REVISION_LABELS.iter().find_map(|k| labels.get(*k).cloned());
     Some(PodDrain {
         uid: pod.uid()?,
         pod: pod.name_any(),
@@ -251,10 +249,7 @@ pub fn fold(last: Option<&LastDrains>, drains: Vec<PodDrain>, now: Time) -> Fold
         totals.summary = summary(totals);
         new.push(drain);
     }
-    Folded {
-        last: current,
-        new,
-    }
+    Folded { last: current, new }
 }
 
 /// `3/3 clean`, or `1/3 force-closed` when any drain cut something.
@@ -330,10 +325,14 @@ mod tests {
 
     #[test]
     fn a_rollout_totals_its_pods_once_each() {
-        let drains: Vec<PodDrain> = [("u1", REPORT.to_string()), ("u2", clean_report()), ("u3", clean_report())]
-            .iter()
-            .map(|(uid, m)| report_of(&pod(uid, "old", true, m)).expect("report"))
-            .collect();
+        let drains: Vec<PodDrain> = [
+            ("u1", REPORT.to_string()),
+            ("u2", clean_report()),
+            ("u3", clean_report()),
+        ]
+        .iter()
+        .map(|(uid, m)| report_of(&pod(uid, "old", true, m)).expect("report"))
+        .collect();
         let first = fold(None, drains[..2].to_vec(), now());
         assert_eq!(first.new.len(), 2);
         // The watch shows u2 again (its Deleted event), with u3.

@@ -118,12 +118,21 @@ async fn write_with_drains(
     ctx.metrics.route_seen(&label);
     ctx.metrics.pods_not_injected(
         &label,
-        i64::from(report.status.pods_expected.saturating_sub(report.status.pods_injected)).max(0),
+        i64::from(
+            report
+                .status
+                .pods_expected
+                .saturating_sub(report.status.pods_injected),
+        )
+        .max(0),
     );
     let taken = ctx.drains.take(&key);
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
     // What this process wrote last, else what the (maybe stale) cache shows.
-    let base = ctx.drains.written(&key).or(report.status.last_drains.take());
+    let base = ctx
+        .drains
+        .written(&key)
+        .or(report.status.last_drains.take());
     let folded = drains::fold(base.as_ref(), taken.clone(), now);
     report.status.last_drains = folded.last.clone();
     for drain in folded.new.iter().filter(|d| !d.clean()) {
@@ -168,8 +177,8 @@ async fn publish_on_workloads(
             .metadata
             .as_ref()
             .and_then(|m| m.labels.as_ref());
-        let owns_pod = template
-            .is_some_and(|l| l.iter().all(|(k, v)| drain.labels.get(k) == Some(v)));
+        let owns_pod =
+            template.is_some_and(|l| l.iter().all(|(k, v)| drain.labels.get(k) == Some(v)));
         if !owns_pod {
             continue;
         }

@@ -186,7 +186,8 @@ async fn excess_load_gets_fast_fallbacks_and_admitted_requests_keep_their_latenc
 
     // The sidecar's own books agree and nothing is left in flight or queued.
     let metrics = sidecar.metrics().await?;
-    let full = metrics.get(r#"kubegrace_rejected_requests_total{route="limited",reason="queue_full"}"#);
+    let full =
+        metrics.get(r#"kubegrace_rejected_requests_total{route="limited",reason="queue_full"}"#);
     let timeout =
         metrics.get(r#"kubegrace_rejected_requests_total{route="limited",reason="queue_timeout"}"#);
     ensure!(

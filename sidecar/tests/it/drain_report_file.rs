@@ -55,9 +55,16 @@ async fn drain_with_one_request(work_ms: u64) -> Result<DrainOutcome> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_report_file_counts_a_request_cut_at_the_drain_timeout() -> Result<()> {
     let report = drain_with_one_request(60_000).await?;
-    ensure!(report.kind == KIND && report.trigger == "SIGTERM", "{report:?}");
     ensure!(
-        (report.inflight_at_trigger, report.force_closed, report.requests_cut) == (1, 1, 1),
+        report.kind == KIND && report.trigger == "SIGTERM",
+        "{report:?}"
+    );
+    ensure!(
+        (
+            report.inflight_at_trigger,
+            report.force_closed,
+            report.requests_cut
+        ) == (1, 1, 1),
         "want 1 in flight at the trigger, 1 connection force-closed, 1 request cut: {report:?}"
     );
     ensure!(!report.is_clean(), "{report:?}");

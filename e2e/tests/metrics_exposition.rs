@@ -9,7 +9,7 @@
 //!   fresh process are all the families it shows after traffic, a drain, a
 //!   reconcile, a webhook call and a pod drain;
 //! - every metric the chart's Grafana dashboard queries is a family one of
-//!   the two binaries really exports.
+//!   the two binaries really exports, and the README names every family.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -24,6 +24,7 @@ use tokio::process::{Child, Command};
 
 const T: Duration = Duration::from_secs(10);
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+const README: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
 const DASHBOARD: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../charts/kubegrace/dashboards/kubegrace.json"
@@ -34,7 +35,8 @@ async fn http(addr: SocketAddr, method: &str, path: &str) -> Result<(String, Str
     let exchange = async {
         let mut s = tokio::net::TcpStream::connect(addr).await?;
         s.write_all(
-            format!("{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            // The admin port refuses a Host that is not an address (DNS rebinding).
+            format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 .as_bytes(),
         )
         .await?;
@@ -76,7 +78,16 @@ async fn scrape(admin: SocketAddr) -> Result<String> {
 
 /// `promtool check metrics`: parses the exposition text and lints the names.
 async fn promtool_check(what: &str, text: &str) -> Result<()> {
-    let promtool = std::env::var("PROMTOOL").unwrap_or_else(|_| "promtool".into());
+    // The same search as charts/kubegrace/hack/lint: $PROMTOOL, the copy .ci/run
+    // caches beside the cluster tools, then PATH.
+    let cached = "/var/cache/kubegrace/bin/promtool";
+    let promtool = std::env::var("PROMTOOL").unwrap_or_else(|_| {
+        if std::path::Path::new(cached).exists() {
+            cached.into()
+        } else {
+            "promtool".into()
+        }
+    });
     let mut child = Command::new(&promtool)
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
@@ -85,7 +96,7 @@ async fn promtool_check(what: &str, text: &str) -> Result<()> {
         .kill_on_drop(true)
         .spawn()
         .with_context(|| {
-            format!("running {promtool} (Debian: apt-get install prometheus; or set PROMTOOL)")
+            format!("running {promtool} (.ci/run fetches it; Debian package prometheus; or set PROMTOOL)")
         })?;
     let mut stdin = child.stdin.take().context("promtool stdin")?;
     stdin.write_all(text.as_bytes()).await?;
@@ -330,6 +341,17 @@ async fn both_binaries_metrics_parse_exist_from_the_start_and_feed_the_dashboard
         unknown.is_empty(),
         "the dashboard queries metrics no binary exports: {unknown:?}\nexported: {:?}",
         names(&exported)
+    );
+
+    // The README's metric reference names every family the binaries export.
+    let readme = std::fs::read_to_string(README).with_context(|| format!("reading {README}"))?;
+    let undocumented: Vec<_> = names(&exported)
+        .into_iter()
+        .filter(|n| !readme.contains(&format!("`{n}`")) && !readme.contains(&format!("`{n}{{")))
+        .collect();
+    ensure!(
+        undocumented.is_empty(),
+        "exported families README.md does not name (section Metrics): {undocumented:?}"
     );
 
     let _ = std::fs::remove_dir_all(&dir);

@@ -9,7 +9,8 @@
 //!   fresh process are all the families it shows after traffic, a drain, a
 //!   reconcile, a webhook call and a pod drain;
 //! - every metric the chart's Grafana dashboard queries is a family one of
-//!   the two binaries really exports, and the README names every family.
+//!   the two binaries really exports, so is every metric the chart's
+//!   PrometheusRule alerts on, and the README names every family.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -25,6 +26,10 @@ use tokio::process::{Child, Command};
 const T: Duration = Duration::from_secs(10);
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 const README: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
+const RULES: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../charts/kubegrace/templates/prometheusrule.yaml"
+);
 const DASHBOARD: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../charts/kubegrace/dashboards/kubegrace.json"
@@ -216,9 +221,24 @@ fn dashboard_metrics() -> Result<BTreeSet<String>> {
     .context("the dashboard is not JSON")?;
     let mut queries = Vec::new();
     collect_queries(&json, &mut queries);
+    Ok(metric_names(queries.iter().map(String::as_str)))
+}
+
+/// Every `kubegrace_*` name in the `expr:` lines of the chart's
+/// PrometheusRule template (plain PromQL: Helm templates only its labels).
+fn alert_metrics() -> Result<BTreeSet<String>> {
+    let template = std::fs::read_to_string(RULES).with_context(|| format!("reading {RULES}"))?;
+    Ok(metric_names(
+        template
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("expr:")),
+    ))
+}
+
+fn metric_names<'a>(queries: impl Iterator<Item = &'a str>) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
-    for q in &queries {
-        let mut rest = q.as_str();
+    for q in queries {
+        let mut rest = q;
         while let Some(at) = rest.find("kubegrace_") {
             let tail = &rest[at..];
             let end = tail
@@ -228,7 +248,7 @@ fn dashboard_metrics() -> Result<BTreeSet<String>> {
             rest = &tail[end..];
         }
     }
-    Ok(found)
+    found
 }
 
 fn collect_queries(v: &serde_json::Value, out: &mut Vec<String>) {
@@ -341,6 +361,21 @@ async fn both_binaries_metrics_parse_exist_from_the_start_and_feed_the_dashboard
         unknown.is_empty(),
         "the dashboard queries metrics no binary exports: {unknown:?}\nexported: {:?}",
         names(&exported)
+    );
+
+    // The alerts, too.
+    let alerted = alert_metrics()?;
+    ensure!(
+        alerted.len() >= 5,
+        "the PrometheusRule names only {alerted:?}: is {RULES} the rule template?"
+    );
+    let unknown: Vec<_> = alerted
+        .iter()
+        .filter(|m| family_of(m, &exported).is_none())
+        .collect();
+    ensure!(
+        unknown.is_empty(),
+        "the PrometheusRule alerts on metrics no binary exports: {unknown:?}"
     );
 
     // The README's metric reference names every family the binaries export.

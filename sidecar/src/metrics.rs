@@ -227,6 +227,22 @@ impl Metrics {
     /// Prometheus text exposition format 0.0.4.
     pub fn render(&self, drain: &Drain, out: &mut String) {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        // The same labels as the operator's kubegrace_operator_build_info, so a
+        // query can find sidecars whose version differs from the operator's.
+        Family::new(
+            out,
+            "kubegrace_build_info",
+            "gauge",
+            "The sidecar's version and git revision.",
+        )
+        .series(
+            format_args!(
+                "version=\"{}\",revision=\"{}\"",
+                env!("CARGO_PKG_VERSION"),
+                option_env!("KUBEGRACE_REVISION").unwrap_or("unknown")
+            ),
+            1,
+        );
         Family::new(
             out,
             "kubegrace_inflight_requests",
@@ -517,6 +533,13 @@ mod tests {
         let drain = Drain::new(DrainConfig::default());
         let mut out = String::new();
         m.render(&drain, &mut out);
+        assert!(
+            out.contains(&format!(
+                "kubegrace_build_info{{version=\"{}\",revision=\"",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{out}"
+        );
         assert!(
             out.contains("kubegrace_requests_total{code_class=\"2xx\"} 1\n"),
             "{out}"

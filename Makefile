@@ -18,7 +18,7 @@ test: lint test-unit test-cluster ## every test: lint, unit + in-process, then t
 
 test-unit: ## unit and in-process integration tests (loopback only, no cluster)
 	$(CARGO) test --workspace --exclude kubegrace-e2e
-	$(CARGO) test -p kubegrace-e2e --lib --bins --test loadgen --test demo_app
+	$(CARGO) test -p kubegrace-e2e --lib --bins --test loadgen --test demo_app --test metrics_exposition
 
 test-cluster: ## cluster tests on $$KUBECONFIG, or on the local single-node cluster (booted and torn down here)
 	e2e/run-cluster-tests

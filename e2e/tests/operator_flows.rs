@@ -175,7 +175,7 @@ async fn annotate_flow(sc: &Scenario, p: &Progress) -> Result<Vec<String>> {
 /// `KUBEGRACE_APP_READINESS`, and the pod says so in its annotation).
 fn readiness_moved_to_sidecar(injected: &Pod) -> Result<()> {
     let name = injected.metadata.name.as_deref().unwrap_or("?");
-    let annotation = pod
+    let annotation = injected
         .metadata
         .annotations
         .as_ref()

@@ -108,6 +108,13 @@ pub struct Metrics {
     route_validations: Mutex<BTreeMap<&'static str, u64>>,
     pub route_validation_duration: Histogram,
     webhook_rejections: Mutex<BTreeMap<&'static str, u64>>,
+    /// Pod drains counted from sidecar termination messages, by route
+    /// (`namespace/name`) and outcome.
+    pod_drains: Mutex<BTreeMap<String, DrainCounts>>,
+    /// Pods that should carry the sidecar and don't, by route.
+    pods_not_injected: Mutex<BTreeMap<String, i64>>,
+    /// The webhook's serving certificate, for its expiry.
+    certificate: std::sync::OnceLock<Arc<crate::certs::CertResolver>>,
     pub leader: AtomicBool,
     /// Serving certificate loaded and webhook listening.
     pub ready: AtomicBool,
@@ -128,10 +135,21 @@ impl Default for Metrics {
             route_validations: zeros(&ROUTE_VALIDATION_RESULTS),
             route_validation_duration: Histogram::default(),
             webhook_rejections: zeros(&WEBHOOK_REJECTIONS),
+            pod_drains: Mutex::new(BTreeMap::new()),
+            pods_not_injected: Mutex::new(BTreeMap::new()),
+            certificate: std::sync::OnceLock::new(),
             leader: AtomicBool::new(false),
             ready: AtomicBool::new(false),
         }
     }
+}
+
+/// One route's drain counters.
+#[derive(Default, Clone, Copy)]
+struct DrainCounts {
+    clean: u64,
+    force_closed: u64,
+    requests_cut: u64,
 }
 
 fn bump(map: &Mutex<BTreeMap<&'static str, u64>>, key: &'static str) {
@@ -170,6 +188,101 @@ impl Metrics {
     /// `reason`: connection_cap, read_timeout, too_large, malformed, busy.
     pub fn webhook_rejected(&self, reason: &'static str) {
         bump(&self.webhook_rejections, reason);
+    }
+
+    /// Makes `route`'s drain series exist at 0 (a route the operator
+    /// reconciles has them before its first drain).
+    pub fn route_seen(&self, route: &str) {
+        self.drain_counts(|counts| {
+            counts.entry(route.to_string()).or_default();
+        });
+    }
+
+    /// One pod's drain, counted once: clean or force-closed, and the
+    /// requests it cut.
+    pub fn pod_drained(&self, route: &str, clean: bool, requests_cut: u64) {
+        self.drain_counts(|counts| {
+            let c = counts.entry(route.to_string()).or_default();
+            if clean {
+                c.clean += 1;
+            } else {
+                c.force_closed += 1;
+            }
+            c.requests_cut += requests_cut;
+        });
+    }
+
+    /// The route's pods that should carry the sidecar and don't, as its
+    /// last status said.
+    pub fn pods_not_injected(&self, route: &str, missing: i64) {
+        self.pods_not_injected
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(route.to_string(), missing);
+    }
+
+    /// The route is deleted: its series go.
+    pub fn forget_route(&self, route: &str) {
+        self.pods_not_injected
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(route);
+        self.drain_counts(|counts| {
+            counts.remove(route);
+        });
+    }
+
+    /// The controllers stopped here: the per-route gauges would go stale
+    /// (and double an alert's count beside the new leader's).
+    pub fn stopped_leading(&self) {
+        self.pods_not_injected
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+    }
+
+    /// Exposes the expiry of the certificate `resolver` serves.
+    pub fn watch_certificate(&self, resolver: Arc<crate::certs::CertResolver>) {
+        let _ = self.certificate.set(resolver);
+    }
+
+    fn drain_counts(&self, f: impl FnOnce(&mut BTreeMap<String, DrainCounts>)) {
+        f(&mut self
+            .pod_drains
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner));
+    }
+
+    fn render_drains(&self, out: &mut String) {
+        let counts = self
+            .pod_drains
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let _ = writeln!(
+            out,
+            "# HELP kubegrace_operator_pod_drains_total Pod drains read from sidecar termination messages, by route and outcome (clean, force_closed).\n# TYPE kubegrace_operator_pod_drains_total counter"
+        );
+        for (route, c) in &counts {
+            let route = escape_label(route);
+            let _ = writeln!(
+                out,
+                "kubegrace_operator_pod_drains_total{{route=\"{route}\",outcome=\"clean\"}} {}\nkubegrace_operator_pod_drains_total{{route=\"{route}\",outcome=\"force_closed\"}} {}",
+                c.clean, c.force_closed
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP kubegrace_operator_requests_cut_total Requests cut by drains that reached drain.timeout, by route.\n# TYPE kubegrace_operator_requests_cut_total counter"
+        );
+        for (route, c) in &counts {
+            let _ = writeln!(
+                out,
+                "kubegrace_operator_requests_cut_total{{route=\"{}\"}} {}",
+                escape_label(route),
+                c.requests_cut
+            );
+        }
     }
 
     pub fn render(&self) -> String {
@@ -243,6 +356,35 @@ impl Metrics {
             "reason",
             &self.webhook_rejections,
         );
+        self.render_drains(&mut out);
+        let _ = writeln!(
+            out,
+            "# HELP kubegrace_operator_pods_not_injected Pods that should carry the sidecar and don't, by route (the route's last status).\n# TYPE kubegrace_operator_pods_not_injected gauge"
+        );
+        for (route, n) in self
+            .pods_not_injected
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "kubegrace_operator_pods_not_injected{{route=\"{}\"}} {n}",
+                escape_label(route)
+            );
+        }
+        // No sample until a certificate is loaded: a 0 would read as
+        // "expired in 1970" to an expiry alert.
+        let _ = writeln!(
+            out,
+            "# HELP kubegrace_operator_certificate_expiry_timestamp_seconds When the webhook's serving certificate expires (Unix seconds).\n# TYPE kubegrace_operator_certificate_expiry_timestamp_seconds gauge"
+        );
+        if let Some(at) = self.certificate.get().and_then(|r| r.not_after()) {
+            let _ = writeln!(
+                out,
+                "kubegrace_operator_certificate_expiry_timestamp_seconds {at}"
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP kubegrace_operator_leader 1 if this replica runs the controllers.\n# TYPE kubegrace_operator_leader gauge\nkubegrace_operator_leader {}",
@@ -250,6 +392,14 @@ impl Metrics {
         );
         out
     }
+}
+
+/// Label values escape backslash, quote and newline (exposition format).
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn respond(status: StatusCode, body: String) -> Response<Full<Bytes>> {

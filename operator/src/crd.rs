@@ -14,7 +14,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use kubegrace_sidecar_api::config::{
@@ -107,6 +107,7 @@ impl JsonSchema for Duration {
     printcolumn = r#"{"name":"Injected","type":"string","jsonPath":".status.injected","description":"pods carrying the sidecar / pods that should"}"#,
     printcolumn = r#"{"name":"Budget","type":"string","jsonPath":".status.budget","description":"terminationGracePeriodSeconds in force"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"LastDrains","type":"string","jsonPath":".status.lastDrains.summary","description":"drain outcomes of the pods the last rollout replaced"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("has(self.targetRef) != has(self.selector)").message("set exactly one of targetRef (a Deployment or StatefulSet) and selector (pod labels)"))]
@@ -588,6 +589,39 @@ pub struct GraceRouteStatus {
     pub config_map: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_hash: Option<String>,
+    /// The drain reports of the pods the last rollout (or scale-down)
+    /// replaced, read from their sidecars' termination messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_drains: Option<LastDrains>,
+}
+
+/// Totals of the drain reports of one rollout: the pods of one pod-template
+/// revision that went away. A report from a pod of another revision starts
+/// the next totals.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastDrains {
+    /// The pod-template hash (`pod-template-hash` or
+    /// `controller-revision-hash`) of the drained pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// Pods whose drain report was counted.
+    pub pods: i32,
+    /// ... of which nothing was closed by force.
+    pub clean: i32,
+    /// ... of which a connection was still open at drain.timeout and closed.
+    pub force_closed: i32,
+    /// Requests cut by those force-closes.
+    pub requests_cut: i64,
+    /// When the latest report was counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<Time>,
+    /// `3/3 clean` or `1/3 force-closed`, for the printer column.
+    pub summary: String,
+    /// UIDs of the counted pods, so a pod is counted once even across
+    /// operator restarts (bounded; the oldest are dropped first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_uids: Vec<String>,
 }
 
 impl GraceRoute {

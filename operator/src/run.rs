@@ -122,6 +122,7 @@ pub async fn run(
 
     // Serving certificate first: the webhook cannot answer without it.
     let resolver = Arc::new(CertResolver::default());
+    metrics.watch_certificate(resolver.clone());
     let mut tasks = tokio::task::JoinSet::new();
     match &args.cert_dir {
         Some(dir) => {
@@ -249,6 +250,8 @@ pub async fn run(
             controllers.await;
         }
         metrics.leader.store(false, Ordering::Relaxed);
+        // What the controllers last saw is the new leader's to report now.
+        metrics.stopped_leading();
         if *rx.borrow() {
             elector.release().await;
             break;

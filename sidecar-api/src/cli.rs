@@ -19,6 +19,9 @@ pub mod flag {
     pub const DRAIN_TOKEN: &str = "--drain-token";
     /// The app's readiness check, as JSON ([`crate::config::AppReadiness`]).
     pub const APP_READINESS: &str = "--app-readiness";
+    /// Where the final drain report is written (the container's termination
+    /// message; see [`crate::report`]).
+    pub const TERMINATION_LOG: &str = "--termination-log";
 }
 
 /// Environment variables, one per flag (`--drain-min-delay` is
@@ -53,6 +56,7 @@ pub mod env {
     pub const DRAIN_TOKEN: &str = "KUBEGRACE_DRAIN_TOKEN";
     pub const LOG_FORMAT: &str = "KUBEGRACE_LOG_FORMAT";
     pub const READY_FILE: &str = "KUBEGRACE_READY_FILE";
+    pub const TERMINATION_LOG: &str = "KUBEGRACE_TERMINATION_LOG";
     pub const UPGRADE_BINARY: &str = "KUBEGRACE_UPGRADE_BINARY";
     /// The `tracing` filter (`info`, `kubegrace_sidecar=debug`); no flag.
     pub const LOG: &str = "KUBEGRACE_LOG";

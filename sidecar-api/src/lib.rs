@@ -8,6 +8,8 @@
 //! - [`cli`]: the sidecar's flags and `KUBEGRACE_*` environment names.
 //! - [`pod`]: container, volume and file names in an injected pod.
 //! - [`keys`]: annotation and label keys.
+//! - [`report`]: the drain report a sidecar leaves as its termination
+//!   message, and the operator collects.
 //!
 //! The tests of both binaries and the cluster tests use these names too, so
 //! a rename is one change here that the compiler carries everywhere. The
@@ -19,3 +21,4 @@ pub mod cli;
 pub mod config;
 pub mod keys;
 pub mod pod;
+pub mod report;

@@ -143,6 +143,9 @@ pub struct Cli {
     /// Write {"listen","admin","pid"} here once both ports are bound (for port 0).
     #[arg(long, env = env::READY_FILE, value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
+    /// Write the final drain report (JSON) here on exit: the container's termination message. Default /dev/termination-log when it exists; empty: never.
+    #[arg(long, env = env::TERMINATION_LOG, value_name = "FILE")]
+    pub termination_log: Option<PathBuf>,
     /// Binary started by an upgrade (SIGUSR2 or POST /upgrade); default: this one's path.
     #[arg(long, env = env::UPGRADE_BINARY, value_name = "FILE")]
     pub upgrade_binary: Option<PathBuf>,
@@ -378,6 +381,8 @@ pub struct Settings {
     /// `--admin-insecure`: a non-loopback admin port without a token is meant.
     pub admin_insecure: bool,
     pub ready_file: Option<PathBuf>,
+    /// `--termination-log` as given (see [`crate::termination::target`]).
+    pub termination_log: Option<PathBuf>,
     pub log_format: LogFormat,
     /// What an upgrade starts (None: the running executable's path).
     pub upgrade_binary: Option<PathBuf>,
@@ -416,6 +421,7 @@ impl Cli {
             drain_token: self.drain_token.clone().filter(|t| !t.is_empty()),
             admin_insecure: self.admin_insecure,
             ready_file: self.ready_file.clone(),
+            termination_log: self.termination_log.clone(),
             log_format: self.log_format,
             upgrade_binary: self.upgrade_binary.clone(),
         }

@@ -31,6 +31,7 @@ pub mod proxy;
 pub mod reload;
 pub mod state;
 pub mod tcp;
+pub mod termination;
 #[cfg(test)]
 mod testing;
 mod tunnel;
@@ -509,7 +510,7 @@ where
 }
 
 /// The drain reason of an upgrade hand-over.
-const UPGRADE_REASON: &str = "upgrade";
+pub const UPGRADE_REASON: &str = "upgrade";
 
 /// Starts the sidecar with signal handling, announces the bound ports and
 /// runs until SIGTERM/SIGINT and the drain that follows are over.

@@ -29,6 +29,8 @@ fn main() {
         }
     }
     let settings = args.settings();
+    let termination_log =
+        kubegrace_sidecar::termination::target(settings.termination_log.as_deref());
     init_logging(settings.log_format);
 
     let startup = match cli::load_at_start(settings.config_file.as_deref(), &settings.overrides) {
@@ -61,6 +63,14 @@ fn main() {
                 force_closed = report.force_closed,
                 "{report}"
             );
+            // An upgrade hands the container to the new process, whose own
+            // drain writes the message the kubelet will read.
+            if let Some(path) =
+                termination_log.filter(|_| report.trigger != kubegrace_sidecar::UPGRADE_REASON)
+                && let Err(err) = kubegrace_sidecar::termination::write(&report, &path)
+            {
+                tracing::warn!(path = %path.display(), error = %err, "cannot write the drain report as the termination message");
+            }
             // Connection tasks may still hold sockets the drain already gave
             // up on; exiting closes them.
             runtime.shutdown_background();

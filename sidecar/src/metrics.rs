@@ -35,8 +35,8 @@ pub struct Metrics {
     reloads_error: AtomicU64,
     upstream_errors: AtomicU64,
     upstream_timeouts: AtomicU64,
-    rejected_body_too_large: AtomicU64,
-    circuit_rejections: AtomicU64,
+    /// Requests refused with 413 (a client error: declared or sent too much).
+    client_body_too_large: AtomicU64,
     upgrades: AtomicU64,
     tcp_connect_errors: AtomicU64,
     idle_close_cuts: AtomicU64,
@@ -161,11 +161,7 @@ impl Metrics {
     }
 
     pub fn body_too_large(&self) {
-        self.rejected_body_too_large.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn circuit_rejection(&self) {
-        self.circuit_rejections.fetch_add(1, Ordering::Relaxed);
+        self.client_body_too_large.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn upgrade(&self) {
@@ -213,6 +209,14 @@ impl Metrics {
         self.inflight.load(Ordering::Relaxed)
     }
 
+    /// In flight now and finished so far, for the drain report.
+    pub fn request_tally(&self) -> crate::drain::RequestTally {
+        crate::drain::RequestTally {
+            inflight: u64::try_from(self.inflight()).unwrap_or(0),
+            finished: self.duration_count.load(Ordering::Relaxed),
+        }
+    }
+
     pub fn requests_total(&self) -> u64 {
         self.by_class
             .iter()
@@ -223,6 +227,22 @@ impl Metrics {
     /// Prometheus text exposition format 0.0.4.
     pub fn render(&self, drain: &Drain, out: &mut String) {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        // The same labels as the operator's kubegrace_operator_build_info, so a
+        // query can find sidecars whose version differs from the operator's.
+        Family::new(
+            out,
+            "kubegrace_build_info",
+            "gauge",
+            "The sidecar's version and git revision.",
+        )
+        .series(
+            format_args!(
+                "version=\"{}\",revision=\"{}\"",
+                env!("CARGO_PKG_VERSION"),
+                option_env!("KUBEGRACE_REVISION").unwrap_or("unknown")
+            ),
+            1,
+        );
         Family::new(
             out,
             "kubegrace_inflight_requests",
@@ -396,33 +416,22 @@ impl Metrics {
                 ("tcp_connect", get(&self.tcp_connect_errors)),
             ],
         );
-        Family::new(
-            out,
-            "kubegrace_rejected_requests_total",
-            "counter",
-            "Requests answered by the proxy itself, by reason.",
-        )
-        .by(
-            "reason",
-            [
-                ("body_too_large", get(&self.rejected_body_too_large)),
-                ("circuit", get(&self.circuit_rejections)),
-            ],
-        );
+        // One family for every Upgrade request: tunneled (101 from the app,
+        // bytes passed through) or ignored (a protocol not in
+        // upgradeProtocols, forwarded without Upgrade).
         Family::new(
             out,
             "kubegrace_upgrades_total",
             "counter",
-            "Upgraded connections (WebSocket and others) passed through.",
+            "HTTP/1.1 Upgrade requests (WebSocket and others), by result: tunneled (passed through) or ignored (protocol not in upgradeProtocols, forwarded without Upgrade).",
         )
-        .value(get(&self.upgrades));
-        Family::new(
-            out,
-            "kubegrace_upgrades_ignored_total",
-            "counter",
-            "Upgrade requests for a protocol not in upgradeProtocols, forwarded without Upgrade.",
-        )
-        .value(get(&self.upgrades_ignored));
+        .by(
+            "result",
+            [
+                ("tunneled", get(&self.upgrades)),
+                ("ignored", get(&self.upgrades_ignored)),
+            ],
+        );
         Family::new(
             out,
             "kubegrace_client_errors_total",
@@ -434,6 +443,7 @@ impl Metrics {
             [
                 ("bad_body", get(&self.client_bad_body)),
                 ("gone", get(&self.client_gone)),
+                ("body_too_large", get(&self.client_body_too_large)),
             ],
         );
         Family::new(
@@ -523,6 +533,13 @@ mod tests {
         let drain = Drain::new(DrainConfig::default());
         let mut out = String::new();
         m.render(&drain, &mut out);
+        assert!(
+            out.contains(&format!(
+                "kubegrace_build_info{{version=\"{}\",revision=\"",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{out}"
+        );
         assert!(
             out.contains("kubegrace_requests_total{code_class=\"2xx\"} 1\n"),
             "{out}"

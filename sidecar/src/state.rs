@@ -73,7 +73,7 @@ impl Shared {
             Some(app),
         )?;
         let routes = RouteTable::new(&config.routes);
-        Ok(Arc::new(Shared {
+        let shared = Arc::new(Shared {
             live: ArcSwap::from_pointee(Live { config, routes }),
             status: Mutex::new(ConfigStatus {
                 file,
@@ -82,7 +82,16 @@ impl Shared {
             drain,
             metrics: Metrics::default(),
             upstreams,
-        }))
+        });
+        // Weak: the drain machine lives inside `Shared`; a strong handle
+        // here would keep the whole sidecar alive through its own drain.
+        let weak = Arc::downgrade(&shared);
+        shared.drain.count_requests_with(move || {
+            weak.upgrade()
+                .map(|shared| shared.metrics.request_tally())
+                .unwrap_or_default()
+        });
+        Ok(shared)
     }
 
     pub fn status(&self) -> ConfigStatus {

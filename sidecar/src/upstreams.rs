@@ -308,12 +308,12 @@ impl Upstreams {
         }
         let _ = writeln!(
             out,
-            "# HELP kubegrace_upstream_in_flight Requests waiting for each app instance's answer (raw TCP: open connections).\n# TYPE kubegrace_upstream_in_flight gauge"
+            "# HELP kubegrace_upstream_inflight_requests Requests waiting for each app instance's answer (raw TCP: open connections).\n# TYPE kubegrace_upstream_inflight_requests gauge"
         );
         for s in &self.slots {
             let _ = writeln!(
                 out,
-                "kubegrace_upstream_in_flight{{upstream=\"{}\"}} {}",
+                "kubegrace_upstream_inflight_requests{{upstream=\"{}\"}} {}",
                 label(s),
                 s.in_flight.load(Ordering::Relaxed)
             );

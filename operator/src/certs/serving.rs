@@ -2,6 +2,7 @@
 //! handshake, and the `--cert-dir` mode that reads it from files.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -14,16 +15,30 @@ use crate::{Error, Result};
 #[derive(Debug, Default)]
 pub struct CertResolver {
     current: RwLock<Option<Arc<CertifiedKey>>>,
+    /// The served leaf's notAfter, Unix seconds; 0 until one is loaded.
+    not_after: AtomicI64,
 }
 
 impl CertResolver {
     pub fn set(&self, key: CertifiedKey) {
+        let not_after = key
+            .cert
+            .first()
+            .and_then(|der| x509_parser::parse_x509_certificate(der).ok())
+            .map_or(0, |(_, cert)| cert.validity().not_after.timestamp());
+        self.not_after.store(not_after, Ordering::Relaxed);
         let mut cur = self
             .current
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         *cur = Some(Arc::new(key));
     }
+    /// When the served certificate expires (Unix seconds), once one is
+    /// loaded.
+    pub fn not_after(&self) -> Option<i64> {
+        Some(self.not_after.load(Ordering::Relaxed)).filter(|t| *t > 0)
+    }
+
     pub fn is_loaded(&self) -> bool {
         self.current
             .read()

@@ -6,7 +6,8 @@
 //! 3. [`desired`] (pure): the ConfigMap and an explicit `rollout` block's fields;
 //! 4. [`apply`]: server-side apply as `kubegrace-operator`;
 //! 5. [`status`] (pure): conditions and Events from what was observed, then
-//!    written.
+//!    written; [`drains`] folds in the drain reports the pod watch collected
+//!    (`status.lastDrains`, counters, Events when a drain cut something).
 //!
 //! Level-triggered and idempotent: every pass runs the whole pipeline. An
 //! invalid route is not an error, it is a status (`Accepted=False`) and
@@ -38,6 +39,7 @@ use crate::{Error, FIELD_MANAGER, FINALIZER, Result, keys};
 pub mod apply;
 pub mod dereference;
 pub mod desired;
+pub mod drains;
 pub mod status;
 pub mod validate;
 
@@ -53,6 +55,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// All routes, for overlap detection and for mapping watched objects.
     pub routes: Store<GraceRoute>,
+    /// Drain reports the pod watch saw, waiting for their route's reconcile.
+    pub drains: Arc<drains::Inbox>,
 }
 
 /// The condition types.
@@ -74,13 +78,8 @@ async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {
     let valid = match validate::check(route, &observed) {
         Ok(valid) => valid,
         Err(invalid) => {
-            status::write(
-                ctx,
-                &api,
-                route,
-                status::rejected(route, &observed, &invalid),
-            )
-            .await?;
+            let report = status::rejected(route, &observed, &invalid);
+            write_with_drains(ctx, &api, route, &observed, report).await?;
             // A foreign ConfigMap is not watched (the watch is label-selected):
             // look again now and then. Otherwise nothing changes until the
             // route or a target does; watches bring us back.
@@ -95,7 +94,7 @@ async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {
     apply::apply(&ctx.client, &ns, &desired).await?;
     let report = status::accepted(route, &observed, &valid, &desired);
     let ready = report.ready();
-    status::write(ctx, &api, route, report).await?;
+    write_with_drains(ctx, &api, route, &observed, report).await?;
     // Pods and workloads are watched; the periodic pass only catches drift
     // a watch could have missed.
     Ok(Action::requeue(Duration::from_secs(if ready {
@@ -103,6 +102,105 @@ async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {
     } else {
         30
     })))
+}
+
+/// Writes the status with the drain reports collected since the last pass
+/// folded in; counts and announces them once the status holds them.
+async fn write_with_drains(
+    ctx: &Context,
+    api: &Api<GraceRoute>,
+    route: &GraceRoute,
+    observed: &Observed,
+    mut report: status::Report,
+) -> Result<()> {
+    let key = ObjectRef::from_obj(route);
+    let label = drains::route_label(&key);
+    ctx.metrics.route_seen(&label);
+    ctx.metrics.pods_not_injected(
+        &label,
+        i64::from(
+            report
+                .status
+                .pods_expected
+                .saturating_sub(report.status.pods_injected),
+        )
+        .max(0),
+    );
+    let taken = ctx.drains.take(&key);
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
+    // What this process wrote last, else what the (maybe stale) cache shows.
+    let base = ctx
+        .drains
+        .written(&key)
+        .or(report.status.last_drains.take());
+    let folded = drains::fold(base.as_ref(), taken.clone(), now);
+    report.status.last_drains = folded.last.clone();
+    for drain in folded.new.iter().filter(|d| !d.clean()) {
+        report.events.push(status::Note {
+            type_: EventType::Warning,
+            reason: DRAIN_FORCE_CLOSED.into(),
+            action: "Drain",
+            note: drain.note(),
+        });
+    }
+    if let Err(err) = status::write(ctx, api, route, report).await {
+        ctx.drains.put_back(&key, taken);
+        return Err(err);
+    }
+    ctx.drains.counted(&key, &taken, folded.last.as_ref());
+    for drain in &folded.new {
+        ctx.metrics
+            .pod_drained(&label, drain.clean(), drain.outcome.requests_cut);
+        if !drain.clean() {
+            publish_on_workloads(ctx, route, observed, drain).await;
+        }
+    }
+    Ok(())
+}
+
+/// Event reason: a pod's drain reached drain.timeout and closed connections.
+pub const DRAIN_FORCE_CLOSED: &str = "DrainForceClosed";
+
+/// The force-closed drain's Event on the workloads the pod belonged to
+/// (their pod template's labels are on the pod), where `kubectl describe
+/// deploy` shows it.
+async fn publish_on_workloads(
+    ctx: &Context,
+    route: &GraceRoute,
+    observed: &Observed,
+    drain: &drains::PodDrain,
+) {
+    let ns = route.namespace();
+    for (target, _) in &observed.targets {
+        let template = target
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.as_ref());
+        let owns_pod =
+            template.is_some_and(|l| l.iter().all(|(k, v)| drain.labels.get(k) == Some(v)));
+        if !owns_pod {
+            continue;
+        }
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("apps/v1".into()),
+            kind: Some(target.kind.to_string()),
+            name: Some(target.name.clone()),
+            namespace: ns.clone(),
+            ..Default::default()
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: DRAIN_FORCE_CLOSED.into(),
+            note: Some(format!("GraceRoute {}: {}", route.name_any(), drain.note())),
+            action: "Drain".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+            // Events are for people; a failed one must not fail the reconcile.
+            tracing::debug!(error = %e, "publishing event");
+        }
+    }
 }
 
 pub async fn reconcile(route: Arc<GraceRoute>, ctx: Arc<Context>) -> Result<Action> {
@@ -114,7 +212,12 @@ pub async fn reconcile(route: Arc<GraceRoute>, ctx: Arc<Context>) -> Result<Acti
     let result = finalizer(&api, FINALIZER, route, |event| async {
         match event {
             Finalizer::Apply(r) => reconcile_route(&r, &ctx).await,
-            Finalizer::Cleanup(r) => apply::cleanup(&r, &ctx).await,
+            Finalizer::Cleanup(r) => {
+                let key = ObjectRef::from_obj(r.as_ref());
+                ctx.metrics.forget_route(&drains::route_label(&key));
+                ctx.drains.forget(&key);
+                apply::cleanup(&r, &ctx).await
+            }
         }
     })
     .await
@@ -202,6 +305,8 @@ pub async fn run(
     let controller = Controller::new(routes, watcher::Config::default().any_semantic());
     let store = controller.store();
     let (s1, s2, s3, s4) = (store.clone(), store.clone(), store.clone(), store.clone());
+    let inbox = Arc::new(drains::Inbox::default());
+    let pod_inbox = inbox.clone();
     let managed =
         watcher::Config::default().labels(&format!("{}={}", keys::MANAGED_BY, FIELD_MANAGER));
     let ctx = Arc::new(Context {
@@ -215,6 +320,7 @@ pub async fn run(
         client: client.clone(),
         metrics,
         routes: store,
+        drains: inbox,
     });
     let tpl_labels = |m: Option<&ObjectMeta>| m.and_then(|m| m.labels.clone()).unwrap_or_default();
     controller
@@ -240,7 +346,13 @@ pub async fn run(
         .watches(
             crate::scope::api::<Pod>(&client, ns),
             watcher::Config::default(),
-            move |p| routes_for_pod(&s3, &p),
+            // Every version of a pod passes here, including the last one
+            // with the sidecar's drain report, which a later list may miss.
+            move |p| {
+                let routes = routes_for_pod(&s3, &p);
+                pod_inbox.offer(&p, &routes);
+                routes
+            },
         )
         // A Service created or changed after the route can bypass its
         // sidecars; every route of the namespace re-checks (cheap, pure).

@@ -256,6 +256,8 @@ pub fn accepted(
         budget: Some(format!("{}s", budget.seconds)),
         config_map: Some(build::config_map_name(&name)),
         config_hash: Some(hash.clone()),
+        // Folded in by the controller from the drain reports it collected.
+        last_drains: old.last_drains.clone(),
     };
 
     // Events, on changes only.

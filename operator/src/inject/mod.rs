@@ -27,7 +27,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use kubegrace_sidecar_api::cli::{env, flag};
 use kubegrace_sidecar_api::config::AppReadiness;
-use kubegrace_sidecar_api::{admin, pod};
+use kubegrace_sidecar_api::{admin, pod, report};
 
 use crate::keys;
 
@@ -318,6 +318,10 @@ fn sidecar(
             // built-in default is.
             flag::ADMIN.into(),
             format!("0.0.0.0:{admin}"),
+            // The drain report becomes the container's termination message,
+            // which the operator reads once the sidecar has exited.
+            flag::TERMINATION_LOG.into(),
+            report::DEFAULT_PATH.into(),
         ]),
         env: Some(vars),
         ports: Some(vec![
@@ -390,6 +394,9 @@ fn sidecar(
             ..Default::default()
         }]),
         restart_policy: plan.native.then(|| "Always".into()),
+        // The file holds the drain report after a clean exit; the log tail
+        // stands in only when the sidecar failed before writing one.
+        termination_message_path: Some(report::DEFAULT_PATH.into()),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     }
@@ -514,277 +521,4 @@ pub fn mark_skipped(pod: &Pod, skip: &Skip) -> Pod {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-
-    pub(super) const POD: &str = r#"
-apiVersion: v1
-kind: Pod
-metadata:
-  name: web-1
-  namespace: shop
-  annotations: {kubegrace.io/inject: enabled}
-spec:
-  containers:
-  - name: app
-    image: app:1
-    ports: [{name: http, containerPort: 8080}, {name: metrics, containerPort: 9090}]
-    readinessProbe: {httpGet: {path: /healthz, port: http}}
-"#;
-
-    pub(super) fn pod(yaml: &str) -> Pod {
-        serde_yaml::from_str(yaml).expect("valid pod")
-    }
-
-    pub(super) fn plan(native: bool) -> InjectPlan {
-        InjectPlan {
-            route: "web".into(),
-            config_map: "kubegrace-web".into(),
-            port: "http".into(),
-            image: "localhost/kubegrace/sidecar:e2e".into(),
-            pull_policy: "IfNotPresent".into(),
-            resources: ResourceRequirements {
-                requests: Some(BTreeMap::from([("cpu".into(), Quantity("50m".into()))])),
-                ..Default::default()
-            },
-            native,
-            token: "t0k3n".into(),
-            budget_seconds: Some(50),
-            ports: Ports::default(),
-        }
-    }
-
-    #[test]
-    fn native_injection_takes_over_the_port_name_and_keeps_the_app_port_number() {
-        let out = inject(&pod(POD), &plan(true)).expect("injected");
-        let spec = out.spec.as_ref().expect("spec");
-        let sc = &spec.init_containers.as_ref().expect("init")[0];
-        assert_eq!(sc.name, pod::CONTAINER);
-        assert_eq!(sc.restart_policy.as_deref(), Some("Always"));
-        let sc_ports = sc.ports.as_ref().expect("ports");
-        assert_eq!(sc_ports[0].name.as_deref(), Some("http"));
-        let listen = pod::FIRST_LISTEN_PORT;
-        assert_eq!(sc_ports[0].container_port, i32::from(listen));
-        let args = sc.args.as_ref().expect("args").join(" ");
-        let (l, u, a) = (flag::LISTEN, flag::UPSTREAM, flag::ADMIN);
-        assert!(
-            args.contains(&format!("{l} 0.0.0.0:{listen} {u} 127.0.0.1:8080"))
-                && args.contains(&format!("{a} 0.0.0.0:{}", admin::DEFAULT_PORT)),
-            "{args}"
-        );
-        let app = &spec.containers[0];
-        let app_ports = app.ports.as_ref().expect("ports");
-        assert_eq!(app_ports[0].name.as_deref(), Some("kg-http"));
-        assert_eq!(app_ports[0].container_port, 8080);
-        // The app's httpGet readiness probe moved into the sidecar's /ready,
-        // with its named port resolved: one readiness probe per pod.
-        assert!(app.readiness_probe.is_none(), "{:?}", app.readiness_probe);
-        let moved = sc
-            .env
-            .iter()
-            .flatten()
-            .find(|e| e.name == env::APP_READINESS)
-            .and_then(|e| e.value.as_deref())
-            .expect("app readiness env");
-        let moved: AppReadiness = serde_json::from_str(moved).expect("json");
-        assert_eq!(moved, AppReadiness::http_get(8080, "/healthz"));
-        assert_eq!(
-            sc.readiness_probe.as_ref().and_then(|p| p.timeout_seconds),
-            Some(2)
-        );
-        assert_eq!(
-            out.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(keys::APP_READINESS))
-                .map(String::as_str),
-            Some(APP_READINESS_IN_SIDECAR)
-        );
-        // preStop drains through the sidecar, with the pod's token.
-        let hook = app
-            .lifecycle
-            .as_ref()
-            .and_then(|l| l.pre_stop.as_ref())
-            .and_then(|p| p.http_get.as_ref())
-            .expect("hook");
-        assert_eq!(hook.path.as_deref(), Some(admin::path::DRAIN_WAIT));
-        assert_eq!(hook.port, IntOrString::Int(i32::from(admin::DEFAULT_PORT)));
-        assert_eq!(
-            hook.http_headers.as_ref().expect("headers")[0].value,
-            "t0k3n"
-        );
-        let env = sc.env.as_ref().expect("env");
-        assert!(
-            env.iter()
-                .any(|e| e.name == env::DRAIN_TOKEN && e.value.as_deref() == Some("t0k3n"))
-        );
-        let sec = sc.security_context.as_ref().expect("security context");
-        assert_eq!(sec.run_as_non_root, Some(true));
-        assert_eq!(sec.read_only_root_filesystem, Some(true));
-        assert_eq!(sec.allow_privilege_escalation, Some(false));
-        assert_eq!(
-            sec.capabilities.as_ref().and_then(|c| c.drop.clone()),
-            Some(vec!["ALL".to_string()])
-        );
-        assert_eq!(
-            sec.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
-            Some("RuntimeDefault")
-        );
-        assert_eq!(spec.termination_grace_period_seconds, Some(50));
-        let vol = &spec.volumes.as_ref().expect("volumes")[0];
-        assert_eq!(
-            vol.config_map.as_ref().map(|c| c.name.as_str()),
-            Some("kubegrace-web")
-        );
-        let ann = out.metadata.annotations.as_ref().expect("annotations");
-        assert_eq!(ann.get(keys::INJECTED).map(String::as_str), Some("true"));
-        assert_eq!(ann.get(keys::ROUTE).map(String::as_str), Some("web"));
-    }
-
-    fn ports_of(c: &Container) -> Vec<(String, i32)> {
-        c.ports
-            .iter()
-            .flatten()
-            .map(|p| (p.name.clone().unwrap_or_default(), p.container_port))
-            .collect()
-    }
-
-    #[test]
-    fn a_pod_on_our_default_ports_and_istios_gets_the_next_free_ones() {
-        // An app that listens on Istio's 15020, on our default admin port
-        // and on our first listener port.
-        let yaml = POD.replace(
-            "{name: metrics, containerPort: 9090}",
-            "{name: metrics, containerPort: 15020}, {name: a, containerPort: 15180}, {name: b, containerPort: 15181}",
-        );
-        let out = inject(&pod(&yaml), &plan(true)).expect("injected, not skipped");
-        let spec = out.spec.as_ref().expect("spec");
-        let sc = &spec.init_containers.as_ref().expect("init")[0];
-        assert_eq!(
-            ports_of(sc),
-            vec![("http".into(), 15183), (admin::PORT_NAME.into(), 15182)]
-        );
-        let args = sc.args.as_ref().expect("args").join(" ");
-        assert!(args.contains("--admin 0.0.0.0:15182"), "{args}");
-        // Probes and both preStop hooks follow the chosen port.
-        let port_of = |p: &Option<Probe>| {
-            p.as_ref()
-                .and_then(|p| p.http_get.as_ref())
-                .map(|h| h.port.clone())
-        };
-        assert!(
-            sc.startup_probe.is_none(),
-            "a startupProbe delays the app's start"
-        );
-        for probe in [&sc.readiness_probe, &sc.liveness_probe] {
-            assert_eq!(port_of(probe), Some(IntOrString::Int(15182)));
-        }
-        for c in [sc, &spec.containers[0]] {
-            let hook = c
-                .lifecycle
-                .as_ref()
-                .and_then(|l| l.pre_stop.as_ref())
-                .and_then(|p| p.http_get.as_ref())
-                .expect("preStop");
-            assert_eq!(hook.port, IntOrString::Int(15182));
-        }
-        assert_eq!(admin_port_of(&out), Some(15182));
-    }
-
-    #[test]
-    fn the_admin_port_annotation_wins_and_a_taken_one_is_a_clear_skip() {
-        let yaml = POD.replace(
-            "annotations: {kubegrace.io/inject: enabled}",
-            "annotations: {kubegrace.io/inject: enabled, kubegrace.io/admin-port: '9901'}",
-        );
-        let out = inject(&pod(&yaml), &plan(false)).expect("injected");
-        assert_eq!(admin_port_of(&out), Some(9901));
-        let taken = yaml.replace("'9901'", "'9090'");
-        let err = inject(&pod(&taken), &plan(false)).expect_err("port in use");
-        assert!(
-            err.0.contains("kubegrace.io/admin-port=9090") && err.0.contains("pick a free one"),
-            "{}",
-            err.0
-        );
-        let bad = yaml.replace("'9901'", "'http'");
-        let err = inject(&pod(&bad), &plan(false)).expect_err("not a number");
-        assert!(err.0.contains("not a port number"), "{}", err.0);
-    }
-
-    #[test]
-    fn injection_is_idempotent() {
-        let once = inject(&pod(POD), &plan(true)).expect("injected");
-        let twice = inject(&once, &plan(true)).expect("no-op");
-        assert_eq!(once, twice);
-    }
-
-    #[test]
-    fn classic_injection_appends_a_container() {
-        let out = inject(&pod(POD), &plan(false)).expect("injected");
-        let spec = out.spec.as_ref().expect("spec");
-        assert!(spec.init_containers.is_none());
-        assert_eq!(spec.containers.len(), 2);
-        assert_eq!(spec.containers[1].name, pod::CONTAINER);
-        assert!(spec.containers[1].restart_policy.is_none());
-    }
-
-    #[test]
-    fn a_pod_without_the_port_is_skipped_with_a_reason() {
-        let mut p = plan(true);
-        p.port = "grpc".into();
-        let err = inject(&pod(POD), &p).expect_err("skipped");
-        assert!(
-            err.0.contains("\"grpc\"") && err.0.contains("http, metrics"),
-            "{}",
-            err.0
-        );
-    }
-
-    #[test]
-    fn an_existing_prestop_and_a_longer_grace_period_are_kept() {
-        let yaml = POD.replace(
-            "    image: app:1\n",
-            "    image: app:1\n    lifecycle: {preStop: {sleep: {seconds: 3}}}\n",
-        ) + "  terminationGracePeriodSeconds: 120\n";
-        let out = inject(&pod(&yaml), &plan(true)).expect("injected");
-        let spec = out.spec.as_ref().expect("spec");
-        let hook = spec.containers[0]
-            .lifecycle
-            .as_ref()
-            .and_then(|l| l.pre_stop.as_ref())
-            .expect("hook");
-        assert!(hook.sleep.is_some() && hook.http_get.is_none());
-        assert_eq!(spec.termination_grace_period_seconds, Some(120));
-    }
-
-    #[test]
-    fn opt_in_rules() {
-        let ns_on = BTreeMap::from([(keys::INJECT.to_string(), "enabled".to_string())]);
-        let none = BTreeMap::new();
-        assert!(wants_injection(&pod(POD), &none));
-        let bare = pod("metadata: {name: x}\nspec: {containers: []}");
-        assert!(!wants_injection(&bare, &none));
-        assert!(wants_injection(&bare, &ns_on));
-        let off = pod(
-            "metadata: {name: x, annotations: {kubegrace.io/inject: disabled}}\nspec: {containers: []}",
-        );
-        assert!(!wants_injection(&off, &ns_on));
-        let labelled = pod(
-            "metadata: {name: x, labels: {kubegrace.io/inject: enabled}}\nspec: {containers: []}",
-        );
-        assert!(wants_injection(&labelled, &none));
-    }
-
-    #[test]
-    fn port_names_stay_valid_and_unique() {
-        let taken = BTreeSet::from(["kg-http".to_string()]);
-        assert_eq!(app_port_name("http", &BTreeSet::new()), "kg-http");
-        assert_eq!(app_port_name("http", &taken), "kg-http-0");
-        assert_eq!(
-            app_port_name("very-long-name1", &BTreeSet::new()),
-            "kg-very-long-na"
-        );
-        assert!(app_port_name("abcdefghijkl-xy", &BTreeSet::new()).len() <= 15);
-    }
-}
+mod tests;

@@ -10,7 +10,7 @@ use crate::metrics::Family;
 /// Renders every route's series, each family with its HELP and TYPE once.
 ///
 /// Breaker, limiter and rejection series exist only for routes with a
-/// `circuitBreaker`; `kubegrace_route_inflight` exists for every route.
+/// `circuitBreaker`; `kubegrace_route_inflight_requests` exists for every route.
 pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, out: &mut String) {
     let guarded = || routes.clone().filter(|route| route.guard.is_some());
 
@@ -49,7 +49,7 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
 
     let mut family = Family::new(
         out,
-        "kubegrace_rejections_total",
+        "kubegrace_rejected_requests_total",
         "counter",
         "Requests answered with the fallback instead of the app, by reason.",
     );
@@ -99,7 +99,7 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
 
     let mut family = Family::new(
         out,
-        "kubegrace_route_inflight",
+        "kubegrace_route_inflight_requests",
         "gauge",
         "Requests admitted to the app and not finished, per route.",
     );

@@ -29,7 +29,7 @@
 //!   (it says nothing about queueing); a timeout is both. A `ConnectError`
 //!   or `Timeout` not listed in `failOn` counts as nothing at all.
 //! - Series for breaker, limiter and rejections exist only for routes with
-//!   a `circuitBreaker`; `kubegrace_route_inflight` for every route. The
+//!   a `circuitBreaker`; `kubegrace_route_inflight_requests` for every route. The
 //!   counters of a route survive any reload that keeps its name.
 //! - A reload that changes a route's breaker settings starts a fresh guard;
 //!   requests still running on the old one keep their old slots, so for one

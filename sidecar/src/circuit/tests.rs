@@ -112,11 +112,11 @@ async fn overload_queues_then_rejects_and_every_rejection_says_why() {
     let metrics = metrics_with(
         &table,
         &[
-            "kubegrace_rejections_total{route=\"api\",reason=\"queue_full\"} 1",
-            "kubegrace_rejections_total{route=\"api\",reason=\"queue_timeout\"} 1",
+            "kubegrace_rejected_requests_total{route=\"api\",reason=\"queue_full\"} 1",
+            "kubegrace_rejected_requests_total{route=\"api\",reason=\"queue_timeout\"} 1",
             "kubegrace_concurrency_limit{route=\"api\"} 2",
-            "kubegrace_route_inflight{route=\"api\"} 2",
-            "kubegrace_route_inflight{route=\"default\"} 0",
+            "kubegrace_route_inflight_requests{route=\"api\"} 2",
+            "kubegrace_route_inflight_requests{route=\"default\"} 0",
         ],
     );
     assert!(

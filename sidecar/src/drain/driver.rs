@@ -57,6 +57,7 @@ impl Drain {
         let open_at_trigger = self.open_connections() as u64;
         let accepted_at_trigger = self.connections_total();
         let force_closed_before = self.force_closed_total();
+        let requests_at_trigger = self.request_tally();
         let readiness = self.timers().readiness;
         let ready_note = match readiness {
             DrainReadiness::FailFast => "readiness now fails",
@@ -87,6 +88,12 @@ impl Drain {
             _ = self.wait_all_closed() => true,
             _ = tokio::time::sleep_until(deadline) => false,
         };
+        // What is still in flight at the deadline is cut by the force-close.
+        let requests_cut = if finished {
+            0
+        } else {
+            self.request_tally().inflight
+        };
         if !finished {
             tracing::warn!(
                 open = self.open_connections(),
@@ -116,6 +123,15 @@ impl Drain {
             grace,
             force_closed: self.force_closed_total() - force_closed_before,
             grace_end,
+            inflight_at_trigger: requests_at_trigger.inflight,
+            // A cut request may be counted as finished when its connection
+            // task ends; it is not one.
+            requests_finished: self
+                .request_tally()
+                .finished
+                .saturating_sub(requests_at_trigger.finished)
+                .saturating_sub(requests_cut),
+            requests_cut,
         };
         {
             let cycle = self.lock();

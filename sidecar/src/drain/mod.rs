@@ -60,7 +60,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
@@ -76,7 +76,7 @@ mod resume;
 mod testing;
 
 pub use guard::ConnGuard;
-pub use report::{DrainReport, GraceEnd};
+pub use report::{DrainReport, GraceEnd, RequestTally};
 
 /// Where a drain stands. Ordered: later phases compare greater.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -159,6 +159,9 @@ struct Machine {
     accepted: AtomicU64,
     force_closed: AtomicU64,
     report: Mutex<Option<DrainReport>>,
+    /// Reads the proxy's request counters for the report; set once by the
+    /// owner of the metrics (the machine itself counts connections only).
+    requests: OnceLock<Box<dyn Fn() -> RequestTally + Send + Sync>>,
 }
 
 /// Handle on the drain state machine; cheap to clone.
@@ -205,6 +208,7 @@ impl Drain {
                 accepted: AtomicU64::new(0),
                 force_closed: AtomicU64::new(0),
                 report: Mutex::new(None),
+                requests: OnceLock::new(),
             }),
         }
     }
@@ -303,6 +307,20 @@ impl Drain {
             .as_ref()
             .map(|(_, at)| at.elapsed().as_secs_f64())
             .unwrap_or(0.0)
+    }
+
+    /// Where the drain report reads request numbers from (in flight now,
+    /// finished so far). Without it the report's request fields stay 0.
+    pub fn count_requests_with(&self, tally: impl Fn() -> RequestTally + Send + Sync + 'static) {
+        let _ = self.machine.requests.set(Box::new(tally));
+    }
+
+    fn request_tally(&self) -> RequestTally {
+        self.machine
+            .requests
+            .get()
+            .map(|tally| tally())
+            .unwrap_or_default()
     }
 
     pub fn report(&self) -> Option<DrainReport> {

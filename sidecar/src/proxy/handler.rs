@@ -287,7 +287,6 @@ impl RequestScope {
     }
 
     fn rejected(self, route: &Route, rejection: &Rejection) -> Response<ProxyBody> {
-        self.ctx.shared.metrics.circuit_rejection();
         tracing::debug!(
             route = route.name(),
             reason = rejection.reason(),

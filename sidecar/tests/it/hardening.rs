@@ -232,7 +232,7 @@ async fn upgrade_h2c_never_reaches_the_app_websocket_does() -> Result<()> {
     let ignored = sidecar
         .metrics()
         .await?
-        .sum("kubegrace_upgrades_ignored_total");
+        .get(r#"kubegrace_upgrades_total{result="ignored"}"#);
     ensure!(ignored == Some(1.0), "ignored upgrades: {ignored:?}");
     Ok(())
 }

@@ -83,7 +83,6 @@ where
     match route.admit().await {
         Ok(permit) => scope.permit = Some(permit),
         Err(rejection) => {
-            shared.metrics.circuit_rejection();
             tracing::debug!(
                 route = route.name(),
                 reason = rejection.reason(),

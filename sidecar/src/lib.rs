@@ -35,7 +35,6 @@ mod testing;
 mod tunnel;
 pub mod upgrade;
 pub mod upstream;
-pub mod upstreams;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -154,7 +153,7 @@ impl Sidecar {
         if shared.upstreams.len() > 1 {
             // Know which instance is up before the first request arrives.
             shared.upstreams.probe_all().await;
-            tokio::spawn(upstreams::watch(shared.clone()));
+            tokio::spawn(upstream::slots::watch(shared.clone()));
         }
         tokio::spawn(shared.drain.clone().run());
         if let Some(app) = shared.upstreams.app() {

@@ -30,6 +30,7 @@ mod drain_readiness;
 mod drain_rolling;
 mod drain_tcp_mode;
 mod drain_websocket;
+mod fast_path;
 mod grpc_health;
 mod hardening;
 mod proxy_basics;

@@ -15,27 +15,29 @@ use hyper::body::Incoming;
 /// itself saw it. The proxy reads it when the app exchange fails: a failed
 /// body is the client's fault, never the app's (see [`BodyWatch`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
 pub enum BodyFault {
     /// Over `limits.maxRequestBodyBytes` (413).
-    TooLarge = 1,
+    TooLarge,
     /// Slower than `limits.bodyReadTimeout` allows (408).
-    Timeout = 2,
+    Timeout,
     /// Malformed framing: an invalid chunk size, bad chunk ends (400).
-    BadBody = 3,
+    BadBody,
     /// The client closed or reset before the body was complete.
-    Gone = 4,
+    Gone,
 }
 
 impl BodyFault {
-    fn from_u8(v: u8) -> Option<BodyFault> {
-        match v {
-            1 => Some(Self::TooLarge),
-            2 => Some(Self::Timeout),
-            3 => Some(Self::BadBody),
-            4 => Some(Self::Gone),
-            _ => None,
-        }
+    /// Every fault, in the order of their codes.
+    const ALL: [BodyFault; 4] = [Self::TooLarge, Self::Timeout, Self::BadBody, Self::Gone];
+
+    /// The fault's code in [`BodyWatch`]'s atomic, where 0 means none.
+    fn code(self) -> u8 {
+        self as u8 + 1
+    }
+
+    fn from_code(code: u8) -> Option<BodyFault> {
+        let index = usize::from(code).checked_sub(1)?;
+        Self::ALL.get(index).copied()
     }
 }
 
@@ -53,7 +55,7 @@ struct BodyState {
 impl BodyWatch {
     /// The first client-side fault of the body, if any.
     pub fn fault(&self) -> Option<BodyFault> {
-        BodyFault::from_u8(self.0.fault.load(Ordering::Acquire))
+        BodyFault::from_code(self.0.fault.load(Ordering::Acquire))
     }
 
     /// Whether the body was, when last polled, waiting for the client's
@@ -240,7 +242,7 @@ impl UpstreamBody {
         let _ =
             self.state
                 .fault
-                .compare_exchange(0, fault as u8, Ordering::AcqRel, Ordering::Acquire);
+                .compare_exchange(0, fault.code(), Ordering::AcqRel, Ordering::Acquire);
         self.state.waiting_on_client.store(false, Ordering::Release);
         self.deadline = None;
         Poll::Ready(Some(Err(BodyError { fault, source })))
@@ -308,5 +310,19 @@ impl http_body::Body for UpstreamBody {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BodyFault;
+
+    #[test]
+    fn every_fault_comes_back_from_its_code_and_zero_is_none() {
+        for fault in BodyFault::ALL {
+            assert_eq!(BodyFault::from_code(fault.code()), Some(fault));
+        }
+        assert_eq!(BodyFault::from_code(0), None);
+        assert_eq!(BodyFault::from_code(5), None);
     }
 }

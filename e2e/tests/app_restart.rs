@@ -29,7 +29,7 @@ use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::load::Summary;
 use kubegrace_e2e::scenario::kit::{self, PodAddr};
 use kubegrace_e2e::scenario::{
-    self, Options, Progress, Scenario, keep_from_env, pod_ready, with_install,
+    self, Options, Patience, Progress, Scenario, keep_from_env, pod_ready, with_install,
 };
 use kubegrace_sidecar_api::admin::path as admin_path;
 use kubegrace_sidecar_api::{keys, pod};
@@ -122,8 +122,7 @@ async fn liveness_restart_under_load(
         ensure!(status == 200, "/liveness?fail: {status} {body}");
         p.wait(
             &format!("{name}: kubelet restarted pod {}'s app", victim.name),
-            Duration::from_secs(60),
-            Duration::from_millis(200),
+            Patience::new(Duration::from_secs(60), Duration::from_millis(200)),
             || async {
                 match restarts(&pods, &victim.name, "app").await {
                     Ok(n) if n >= 1 => Ok(n),
@@ -136,8 +135,7 @@ async fn liveness_restart_under_load(
         let restarted = Instant::now();
         p.wait(
             &format!("{name}: pod {} Ready again", victim.name),
-            Duration::from_secs(60),
-            Duration::from_millis(100),
+            Patience::new(Duration::from_secs(60), Duration::from_millis(100)),
             || async {
                 let pod = pods.get(&victim.name).await.map_err(|e| e.to_string())?;
                 if pod_ready(&pod) {
@@ -434,8 +432,7 @@ async fn sidecar_kill_and_back(client: &Client, sc: &Scenario, p: &Progress) -> 
     run_crictl(&["stop", "--timeout", "0", &id]).await?;
     p.wait(
         &format!("pod {}: kubelet restarted the sidecar", pod.name),
-        Duration::from_secs(60),
-        Duration::from_millis(200),
+        Patience::new(Duration::from_secs(60), Duration::from_millis(200)),
         || async {
             match restarts(&pods, &pod.name, SIDECAR).await {
                 Ok(n) if n >= 1 => Ok(()),
@@ -450,8 +447,7 @@ async fn sidecar_kill_and_back(client: &Client, sc: &Scenario, p: &Progress) -> 
             "pod {} Ready again and serving through the sidecar",
             pod.name
         ),
-        Duration::from_secs(60),
-        Duration::from_millis(200),
+        Patience::new(Duration::from_secs(60), Duration::from_millis(200)),
         || async {
             let now = pods.get(&pod.name).await.map_err(|e| e.to_string())?;
             if !pod_ready(&now) {

@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
 use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::scenario::kit::{self, ConstantLoad, PodAddr, Tally, stat};
-use kubegrace_e2e::scenario::{Options, Progress, Scenario, keep_from_env, with_install};
+use kubegrace_e2e::scenario::{Options, Patience, Progress, Scenario, keep_from_env, with_install};
 use kubegrace_sidecar_api::config::FALLBACK_HEADER;
 use serde_json::json;
 
@@ -126,8 +126,7 @@ async fn switch_faults(
     });
     p.wait(
         &format!("every pod's breaker {breakers_are}"),
-        Duration::from_secs(30),
-        Duration::from_millis(100),
+        Patience::new(Duration::from_secs(30), Duration::from_millis(100)),
         || async {
             let b = breakers(pods).await?;
             if b.iter().all(|(state, _)| settled(state)) {
@@ -150,8 +149,7 @@ async fn wait_tally(
 ) -> Result<()> {
     p.wait(
         what,
-        Duration::from_secs(30),
-        Duration::from_millis(200),
+        Patience::new(Duration::from_secs(30), Duration::from_millis(200)),
         || async {
             let t = load.tally(phase);
             if enough(&t) {
@@ -210,8 +208,7 @@ async fn breaker_phases(client: &Client, sc: &Scenario, p: &Progress) -> Result<
     let probes_before = half_open_probes(&pods).await.map_err(anyhow::Error::msg)?;
     p.wait(
         "150 requests sent with the breakers open, and at least 2 half-open probes",
-        Duration::from_secs(60),
-        Duration::from_millis(200),
+        Patience::new(Duration::from_secs(60), Duration::from_millis(200)),
         || async {
             let t = load.tally(OPEN);
             let probes = half_open_probes(&pods).await?;

@@ -27,7 +27,7 @@ use kube::{Api, Client};
 use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::scenario::kit::{self, Session, stat};
 use kubegrace_e2e::scenario::{
-    Action, Options, Progress, Scenario, graceroute_api, keep_from_env, with_install,
+    Action, Options, Patience, Progress, Scenario, graceroute_api, keep_from_env, with_install,
 };
 use serde_json::json;
 
@@ -150,8 +150,7 @@ async fn start_long_request(
     let app = pod.app();
     p.wait(
         "the app reports the long request in flight",
-        Duration::from_secs(20),
-        Duration::from_millis(100),
+        Patience::new(Duration::from_secs(20), Duration::from_millis(100)),
         || async {
             let s = kit::app_stats(&app).await.map_err(|e| format!("{e:#}"))?;
             let n = stat(&s, "/delay", "inflight");
@@ -171,8 +170,7 @@ async fn wait_last_drains(sc: &Scenario, p: &Progress) -> Result<serde_json::Val
     let routes = graceroute_api(&sc.client, &sc.namespace);
     p.wait(
         "status.lastDrains counts the three old pods",
-        Duration::from_secs(60),
-        Duration::from_millis(500),
+        Patience::API_CHANGE,
         || async {
             let route = routes.get(NAME).await.map_err(|e| format!("{e:#}"))?;
             let last = route.data["status"]["lastDrains"].clone();

@@ -25,7 +25,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
 use kube::{Api, Client};
 use kubegrace_e2e::scenario::kit::{self, Session, stat};
-use kubegrace_e2e::scenario::{Options, Progress, WITH, WITHOUT, keep_from_env, with_install};
+use kubegrace_e2e::scenario::{
+    Options, Patience, Progress, WITH, WITHOUT, keep_from_env, with_install,
+};
 use kubegrace_e2e::{cluster_client, wait_deleted};
 
 /// Each exchange lasts about this long, well past the pod's deletion.
@@ -140,8 +142,7 @@ async fn delete_pod_in_flight(
     let in_flight = p
         .wait(
             &format!("{app}: the app reports every exchange in flight"),
-            Duration::from_secs(20),
-            Duration::from_millis(100),
+            Patience::new(Duration::from_secs(20), Duration::from_millis(100)),
             || async {
                 let s = kit::app_stats(&app_addr)
                     .await

@@ -26,7 +26,8 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::scenario::{
-    Action, Options, Progress, RunResult, Scenario, WITH, has_sidecar, keep_from_env, with_install,
+    Action, Options, Patience, Progress, RunResult, Scenario, WITH, has_sidecar, keep_from_env,
+    with_install,
 };
 use kubegrace_sidecar_api::cli::env;
 use kubegrace_sidecar_api::{admin, keys, pod};
@@ -302,8 +303,7 @@ async fn edit_route_flow(sc: &Scenario, p: &Progress) -> Result<Vec<String>> {
         let hash_after = p
             .wait(
                 "the route's status: new generation observed, new config hash",
-                Duration::from_secs(60),
-                Duration::from_millis(500),
+                Patience::API_CHANGE,
                 || async {
                     let r = routes.get(WITH).await.map_err(|e| e.to_string())?;
                     let observed = r.data["status"]["observedGeneration"].as_i64();
@@ -321,8 +321,7 @@ async fn edit_route_flow(sc: &Scenario, p: &Progress) -> Result<Vec<String>> {
         // The kubelet refreshes ConfigMap volumes on its sync loop (about a minute).
         p.wait(
             &format!("every sidecar's /config showing drain.quiet {NEW_QUIET}"),
-            Duration::from_secs(150),
-            Duration::from_secs(1),
+            Patience::new(Duration::from_secs(150), Duration::from_secs(1)),
             || async {
                 let mut old = Vec::new();
                 for pod in before.keys() {
@@ -416,8 +415,7 @@ async fn kill_operator_flow(sc: &Scenario, p: &Progress) -> Result<Vec<String>> 
     let holder = p
         .wait(
             "the operator back: 2 ready replicas, the Lease held by a live one",
-            Duration::from_secs(120),
-            Duration::from_millis(500),
+            Patience::new(Duration::from_secs(120), Duration::from_millis(500)),
             || async {
                 let (pods, holder) = sc.operator_pods().await.map_err(|e| format!("{e:#}"))?;
                 let ready: Vec<&String> = pods.iter().filter(|(_, r)| *r).map(|(n, _)| n).collect();

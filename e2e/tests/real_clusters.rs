@@ -26,8 +26,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kubegrace_e2e::scenario::{
-    APP_PORT, Options, Progress, Scenario, WITH, demo_container, graceroute_api, has_sidecar,
-    keep_from_env, route_condition, service, with_install,
+    APP_PORT, Options, Patience, Progress, Scenario, WITH, demo_container, graceroute_api,
+    has_sidecar, keep_from_env, route_condition, service, with_install,
 };
 use kubegrace_e2e::{cluster_client, demo_image};
 use kubegrace_sidecar_api::{admin, keys, pod};
@@ -135,21 +135,16 @@ async fn wait_degraded(
     what: &str,
     wanted: impl Fn(&str, &str) -> bool,
 ) -> Result<String> {
-    p.wait(
-        what,
-        Duration::from_secs(60),
-        Duration::from_millis(500),
-        || async {
-            let (status, reason, msg) = condition(sc, WITH, "Degraded")
-                .await
-                .map_err(|e| format!("{e:#}"))?;
-            if wanted(&status, &reason) {
-                Ok(msg)
-            } else {
-                Err(format!("Degraded {status} {reason}: {msg}"))
-            }
-        },
-    )
+    p.wait(what, Patience::API_CHANGE, || async {
+        let (status, reason, msg) = condition(sc, WITH, "Degraded")
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        if wanted(&status, &reason) {
+            Ok(msg)
+        } else {
+            Err(format!("Degraded {status} {reason}: {msg}"))
+        }
+    })
     .await
 }
 
@@ -161,8 +156,7 @@ async fn route_validator_answers(sc: &Scenario, p: &Progress) -> Result<()> {
     let probe = route_yaml("validator-probe");
     p.wait(
         "the route validator answers (server-side dry run)",
-        Duration::from_secs(60),
-        Duration::from_millis(500),
+        Patience::API_CHANGE,
         || async {
             let (_, warnings) = kubectl(
                 &["apply", "--dry-run=server", "-n", &sc.namespace, "-f", "-"],

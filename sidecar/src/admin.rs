@@ -390,7 +390,7 @@ impl Admin {
             .connect_timeout
             .get()
             .min(READY_CACHE);
-        let ok = crate::upstreams::probe(self.shared.upstreams.primary(), timeout).await;
+        let ok = crate::upstream::slots::probe(self.shared.upstreams.primary(), timeout).await;
         if let Some(app) = self.shared.upstreams.app() {
             app.observe(ok);
         }

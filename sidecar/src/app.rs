@@ -36,7 +36,7 @@
 //!   was gone and is back returns to `Serving` (the rule is in `drain.rs`).
 //!
 //! With several upstream instances (blue/green outside Kubernetes) the slot
-//! switch in `upstreams.rs` already moves requests to the instance that is
+//! switch in `upstream/slots.rs` already moves requests to the instance that is
 //! up, so there is no watch, no hold and no resume there.
 
 use std::io;
@@ -271,7 +271,7 @@ impl AppWatch {
                     }
                 }
             }
-            let reachable = crate::upstreams::probe(&self.endpoint, self.probe_timeout).await;
+            let reachable = crate::upstream::slots::probe(&self.endpoint, self.probe_timeout).await;
             self.observe(reachable);
         }
     }

@@ -37,7 +37,6 @@ mod testing;
 mod tunnel;
 pub mod upgrade;
 pub mod upstream;
-pub mod upstreams;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -69,6 +68,9 @@ pub struct Sidecar {
     hup: Arc<Notify>,
     settings: Settings,
     admin: Arc<admin::Admin>,
+    /// The accept loops; the last one to end removes a Unix socket file we
+    /// own, so the exit waits for them (see [`Sidecar::wait`]).
+    accept_loops: Vec<tokio::task::JoinHandle<()>>,
 }
 
 fn tcp_addr(what: &'static str, endpoint: &Endpoint) -> Result<SocketAddr> {
@@ -156,7 +158,7 @@ impl Sidecar {
         if shared.upstreams.len() > 1 {
             // Know which instance is up before the first request arrives.
             shared.upstreams.probe_all().await;
-            tokio::spawn(upstreams::watch(shared.clone()));
+            tokio::spawn(upstream::slots::watch(shared.clone()));
         }
         tokio::spawn(shared.drain.clone().run());
         if let Some(app) = shared.upstreams.app() {
@@ -167,16 +169,19 @@ impl Sidecar {
         let weak_listeners = listeners.iter().map(Arc::downgrade).collect();
         // The socket file goes when the last accept loop ends (Unix: one).
         let cleanup = Arc::new(CleanupOnClose(cleanup));
-        let accept_loops = listeners.len();
-        for listener in listeners {
-            tokio::spawn(accept_loop(
-                shared.clone(),
-                listener,
-                protocol == Protocol::Tcp,
-                cleanup.clone(),
-                owned,
-            ));
-        }
+        let listener_count = listeners.len();
+        let accept_loops = listeners
+            .into_iter()
+            .map(|listener| {
+                tokio::spawn(accept_loop(
+                    shared.clone(),
+                    listener,
+                    protocol == Protocol::Tcp,
+                    cleanup.clone(),
+                    owned,
+                ))
+            })
+            .collect();
 
         let hup = Arc::new(Notify::new());
         if let Some(file) = settings.config_file.clone() {
@@ -197,6 +202,7 @@ impl Sidecar {
             hup,
             settings,
             admin: admin_server,
+            accept_loops,
         };
         if signals {
             sidecar.spawn_signal_handler()?;
@@ -218,7 +224,7 @@ impl Sidecar {
         {
             tracing::warn!(file = %file.display(), "config file not found; running on defaults plus flags and environment, and loading it when it appears");
         }
-        tracing::info!(listen = %listen, admin = %admin_addr, ?protocol, workers = accept_loops, "listening on {listen}");
+        tracing::info!(listen = %listen, admin = %admin_addr, ?protocol, workers = listener_count, "listening on {listen}");
         Ok(sidecar)
     }
 
@@ -299,7 +305,15 @@ impl Sidecar {
         let report = self.shared.drain.drained().await;
         // A preStop hook waiting on /drain?wait=true gets its answer before
         // the process goes; bounded, a stuck client must not hold the exit.
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), self.admin.settle()).await;
+        let _ = tokio::time::timeout(EXIT_SETTLE, self.admin.settle()).await;
+        // The accept loops end at Closing of an exit drain, but they are
+        // tasks: the drain can be over (nothing was in flight) before they
+        // ran. The process exits without running what is left of its tasks,
+        // so an unfinished loop would leave its Unix socket file behind.
+        let loops = futures_util::future::join_all(self.accept_loops);
+        if tokio::time::timeout(EXIT_SETTLE, loops).await.is_err() {
+            tracing::warn!("an accept loop was still running at exit");
+        }
         report
     }
 
@@ -508,6 +522,10 @@ where
         tokio::spawn(proxy::serve_connection(shared, stream, peer, guard));
     }
 }
+
+/// The longest the exit waits for a preStop answer to leave, and again for
+/// the accept loops to close their listeners.
+const EXIT_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The drain reason of an upgrade hand-over.
 pub const UPGRADE_REASON: &str = "upgrade";

@@ -112,45 +112,39 @@ pub fn reload(shared: &Shared, file: &Path, overrides: &Overrides) -> crate::Res
     }
 }
 
+/// The settings that apply only at start and changed: each new value is
+/// put back to the one in force and its key named.
+#[derive(Default)]
+struct NeedsRestart(Vec<String>);
+
+impl NeedsRestart {
+    fn keep_old<T: PartialEq + Clone>(&mut self, key: &str, next: &mut T, old: &T) {
+        if next != old {
+            self.0.push(key.to_string());
+            *next = old.clone();
+        }
+    }
+}
+
 /// Swaps in `next`, keeping what cannot change without a restart. Returns
 /// the keys that changed but were not applied.
 pub fn apply(shared: &Shared, mut next: Config) -> Vec<String> {
     let old = shared.live.load_full();
-    let mut needs_restart = Vec::new();
-    if next.listen != old.config.listen {
-        needs_restart.push("listen".to_string());
-        next.listen = old.config.listen.clone();
-    }
-    if next.upstream != old.config.upstream {
-        needs_restart.push("upstream".to_string());
-        next.upstream = old.config.upstream.clone();
-    }
-    if next.upstreams != old.config.upstreams {
-        needs_restart.push("upstreams".to_string());
-        next.upstreams = old.config.upstreams.clone();
-    }
-    if next.workers != old.config.workers {
-        needs_restart.push("workers".to_string());
-        next.workers = old.config.workers;
-    }
-    if next.listen_mode != old.config.listen_mode {
-        needs_restart.push("listenMode".to_string());
-        next.listen_mode = old.config.listen_mode;
-    }
-    if next.admin != old.config.admin {
-        needs_restart.push("admin".to_string());
-        next.admin = old.config.admin.clone();
-    }
-    if next.upstream_pool != old.config.upstream_pool {
-        needs_restart.push("upstreamPool".to_string());
-        next.upstream_pool = old.config.upstream_pool;
-    }
+    let mut needs_restart = NeedsRestart::default();
+    let was = &old.config;
+    needs_restart.keep_old("listen", &mut next.listen, &was.listen);
+    needs_restart.keep_old("upstream", &mut next.upstream, &was.upstream);
+    needs_restart.keep_old("upstreams", &mut next.upstreams, &was.upstreams);
+    needs_restart.keep_old("workers", &mut next.workers, &was.workers);
+    needs_restart.keep_old("listenMode", &mut next.listen_mode, &was.listen_mode);
+    needs_restart.keep_old("admin", &mut next.admin, &was.admin);
+    needs_restart.keep_old("upstreamPool", &mut next.upstream_pool, &was.upstream_pool);
     // auto/http1/http2 apply to new connections; moving to or from raw TCP
     // changes what the listener does.
     if next.protocol != old.config.protocol
         && (next.protocol == Protocol::Tcp || old.config.protocol == Protocol::Tcp)
     {
-        needs_restart.push("protocol".to_string());
+        needs_restart.0.push("protocol".to_string());
         next.protocol = old.config.protocol;
     }
     let routes = old.routes.reconfigure(&next.routes);
@@ -159,7 +153,7 @@ pub fn apply(shared: &Shared, mut next: Config) -> Vec<String> {
         config: next,
         routes,
     }));
-    needs_restart
+    needs_restart.0
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use crate::circuit::RouteTable;
 use crate::config::Config;
 use crate::drain::Drain;
 use crate::metrics::Metrics;
-use crate::upstreams::Upstreams;
+use crate::upstream::slots::Upstreams;
 
 /// The config in force plus what was built from it. Swapped as a whole on
 /// reload; a request loads it once (lock-free) and keeps its snapshot.

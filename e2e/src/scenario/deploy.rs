@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::status::rolled_out;
 use super::{
-    Options, Progress, RUN_LABEL, WITH, WITHOUT, deployment, graceroute, graceroute_api,
+    Options, Patience, Progress, RUN_LABEL, WITH, WITHOUT, deployment, graceroute, graceroute_api,
     has_sidecar, pod_ready, route_condition, service, suffix,
 };
 use crate::{E2E_LABEL, http_get};
@@ -128,8 +128,7 @@ impl Scenario {
         let budget = p
             .wait(
                 &format!("GraceRoute {name}: time budget computed"),
-                Duration::from_secs(60),
-                Duration::from_millis(500),
+                Patience::API_CHANGE,
                 || async {
                     let r = routes.get(name).await.map_err(|e| e.to_string())?;
                     r.data["status"]["budgetSeconds"]
@@ -211,8 +210,7 @@ impl Scenario {
                     ""
                 }
             ),
-            self.opts.rollout_timeout,
-            Duration::from_millis(500),
+            Patience::new(self.opts.rollout_timeout, Duration::from_millis(500)),
             || async {
                 let d = deployments.get(name).await.map_err(|e| e.to_string())?;
                 rolled_out(&d)?;
@@ -272,8 +270,7 @@ impl Scenario {
         let addr = self.service_addr(name).await?;
         p.wait(
             &format!("{name}: an answer through {addr} from this host"),
-            Duration::from_secs(60),
-            Duration::from_millis(250),
+            Patience::new(Duration::from_secs(60), Duration::from_millis(250)),
             || async {
                 match http_get(&addr, "/", Duration::from_secs(2)).await {
                     Ok((200, body)) if body.starts_with("pod=") => Ok(()),

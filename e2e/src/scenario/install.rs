@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, ListParams};
 use kube::{Api, Client};
 
-use super::{Options, Progress, RUN_LABEL, Scenario, graceroute_api};
+use super::{Options, Patience, Progress, RUN_LABEL, Scenario, graceroute_api};
 
 /// `helm` from the pinned tools when `e2e/cluster/env` says where they are, else from PATH.
 pub fn helm_bin() -> PathBuf {
@@ -133,8 +133,7 @@ impl Install {
         let release = install.release.clone();
         p.wait(
             "the operator's CA in the webhook configuration",
-            Duration::from_secs(90),
-            Duration::from_millis(500),
+            Patience::new(Duration::from_secs(90), Duration::from_millis(500)),
             || async {
                 let m = mwcs.get(&name).await.map_err(|e| e.to_string())?;
                 let hooks = m.webhooks.unwrap_or_default();
@@ -167,8 +166,7 @@ impl Install {
         let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
         p.wait(
             "the operator's CA in the route validator",
-            Duration::from_secs(90),
-            Duration::from_millis(500),
+            Patience::new(Duration::from_secs(90), Duration::from_millis(500)),
             || async {
                 let v = vwcs.get(&name).await.map_err(|e| e.to_string())?;
                 let hooks = v.webhooks.unwrap_or_default();
@@ -195,8 +193,7 @@ impl Install {
             let gone = p
                 .wait(
                     &format!("GraceRoutes in {ns} deleted"),
-                    Duration::from_secs(60),
-                    Duration::from_millis(500),
+                    Patience::API_CHANGE,
                     || async {
                         match routes.list(&ListParams::default()).await {
                             Ok(l) if l.items.is_empty() => Ok(()),

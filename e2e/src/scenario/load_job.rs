@@ -10,7 +10,7 @@ use kube::api::{ListParams, LogParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use super::{LoadMode, Progress, Scenario, pod_ready, suffix};
+use super::{LoadMode, Patience, Progress, Scenario, pod_ready, suffix};
 use crate::load::{self, Summary};
 
 /// The loadgen's control port in its Job (`GET /ready`, `POST /stop`).
@@ -60,8 +60,7 @@ impl RunningLoad {
                 );
                 p.wait(
                     &format!("Job {job}: POST /stop accepted"),
-                    Duration::from_secs(30),
-                    Duration::from_millis(500),
+                    Patience::new(Duration::from_secs(30), Duration::from_millis(500)),
                     || async {
                         let req = http::Request::post(url.as_str())
                             .body(Vec::new())
@@ -78,8 +77,10 @@ impl RunningLoad {
                 let phase = p
                     .wait(
                         &format!("Job {job}: requests in flight done, pod {pod} finished"),
-                        timeout + Duration::from_secs(60),
-                        Duration::from_millis(500),
+                        Patience::new(
+                            timeout + Duration::from_secs(60),
+                            Duration::from_millis(500),
+                        ),
                         || async {
                             let got = pods.get(&pod).await.map_err(|e| e.to_string())?;
                             match got.status.and_then(|s| s.phase).as_deref() {
@@ -233,8 +234,7 @@ impl Scenario {
         let pod = p
             .wait(
                 &format!("Job {job_name}: its pod sending (ready)"),
-                Duration::from_secs(60),
-                Duration::from_millis(250),
+                Patience::new(Duration::from_secs(60), Duration::from_millis(250)),
                 || async {
                     let list = pods
                         .list(&ListParams::default().labels(&selector))

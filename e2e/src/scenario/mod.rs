@@ -58,7 +58,7 @@ pub use manifests::{
     service,
 };
 pub use options::{Drain, LoadMode, LoadOptions, Options, suffix};
-pub use progress::Progress;
+pub use progress::{Patience, Progress};
 pub use results::{Outcome, RunResult};
 pub use rollout::Action;
 pub use status::{has_sidecar, pod_ready, route_condition};

@@ -5,6 +5,24 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Result, bail};
 
+/// How long a [`Progress::wait`] may last, and how often it looks.
+#[derive(Clone, Copy, Debug)]
+pub struct Patience {
+    pub timeout: Duration,
+    pub interval: Duration,
+}
+
+impl Patience {
+    /// For the API server to show a change (an object created, deleted or given its
+    /// status): a minute, looked at twice a second.
+    pub const API_CHANGE: Patience =
+        Patience::new(Duration::from_secs(60), Duration::from_millis(500));
+
+    pub const fn new(timeout: Duration, interval: Duration) -> Patience {
+        Patience { timeout, interval }
+    }
+}
+
 /// Prints each step with the seconds since the scenario started.
 #[derive(Clone, Debug)]
 pub struct Progress {
@@ -24,18 +42,19 @@ impl Progress {
         eprintln!("[{:6.1}s] {msg}", self.start.elapsed().as_secs_f64());
     }
 
-    /// Polls `probe` every `interval` until it returns `Ok`, at most `timeout`. `Err` carries
-    /// what is still missing; it is printed when it changes, so a slow step shows why.
+    /// Polls `probe` as often as `patience` says until it returns `Ok`, for as long as it
+    /// says. `Err` carries what is still missing; it is printed when it changes, so a slow
+    /// step shows why.
     pub async fn wait<T, Fut>(
         &self,
         what: &str,
-        timeout: Duration,
-        interval: Duration,
+        patience: Patience,
         mut probe: impl FnMut() -> Fut,
     ) -> Result<T>
     where
         Fut: std::future::Future<Output = std::result::Result<T, String>>,
     {
+        let Patience { timeout, interval } = patience;
         self.step(format!(
             "waiting for {what} (at most {}s)",
             timeout.as_secs()

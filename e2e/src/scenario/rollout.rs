@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::progress::unix_now;
 use super::status::{rolled_out, short};
-use super::{Progress, RunResult, Scenario, pod_ready};
+use super::{Patience, Progress, RunResult, Scenario, pod_ready};
 
 /// What a run does to the Deployment while the load runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,8 +200,7 @@ impl Scenario {
         let budget = self.opts.rollout_timeout + Duration::from_secs(60);
         p.wait(
             &format!("{name}: rolled out and {wait_old} gone"),
-            budget,
-            Duration::from_millis(250),
+            Patience::new(budget, Duration::from_millis(250)),
             || async {
                 let now = self.pod_names(name).await.map_err(|e| format!("{e:#}"))?;
                 // Only the deletions are marked: more labels would not fit the timeline.

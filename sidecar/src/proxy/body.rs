@@ -124,7 +124,7 @@ impl Body for ProxyBody {
                 Poll::Ready(None) => Poll::Ready(None),
                 Poll::Pending => Poll::Pending,
             },
-            Inner::Health(body) => Pin::new(body.as_mut()).poll_frame(cx),
+            Inner::Health(body) => body.poll_frame(cx),
         };
         if matches!(res, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
             this.finish = None;
@@ -144,7 +144,8 @@ impl Body for ProxyBody {
         match &self.inner {
             Inner::Upstream(body) => body.size_hint(),
             Inner::Local(body) => body.size_hint(),
-            Inner::Health(body) => body.size_hint(),
+            // A few short messages, or a stream with no known end.
+            Inner::Health(_) => SizeHint::default(),
         }
     }
 }

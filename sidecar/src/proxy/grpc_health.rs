@@ -184,15 +184,14 @@ impl HealthBody {
     }
 }
 
-impl Body for HealthBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
+/// Not a `Body` of its own: it only ever goes out inside a `ProxyBody`,
+/// which polls it through these.
+impl HealthBody {
+    pub(super) fn poll_frame(
+        &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = self.get_mut();
+        let this = self;
         loop {
             match &mut this.stage {
                 Stage::Passing { draining } => {
@@ -286,7 +285,7 @@ impl Body for HealthBody {
         }
     }
 
-    fn is_end_stream(&self) -> bool {
+    pub(super) fn is_end_stream(&self) -> bool {
         matches!(self.stage, Stage::Done)
     }
 }

@@ -20,11 +20,12 @@ use super::grpc_health::{health_rpc, not_serving_response, watching};
 use super::headers::{
     HTTP2_SETTINGS, add_forwarded, allow_upgrade, connection_has, ensure_host, strip_hop_by_hop,
 };
+use super::local::{client_fault_response, local_response};
 use super::tunnel::spawn_tunnel;
 use crate::circuit::{Permit, Rejection, Route, UpstreamOutcome};
 use crate::config::{Config, DrainGrpcHealth};
 use crate::drain::Phase;
-use crate::metrics::{ClientError, ClientTimeout, HealthRpc};
+use crate::metrics::HealthRpc;
 use crate::upstream::{
     BodyFault, BodyWatch, DownstreamBody, Upstream, UpstreamBody, UpstreamResponse,
 };
@@ -346,30 +347,8 @@ impl RequestScope {
     /// counted as the client's (never an upstream error, never a breaker
     /// failure); a client that left gets nothing, as there is nobody to read it.
     fn client_fault(mut self, fault: BodyFault) -> Response<ProxyBody> {
-        let metrics = &self.ctx.shared.metrics;
-        let (status, text) = match fault {
-            BodyFault::TooLarge => {
-                metrics.body_too_large();
-                (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n")
-            }
-            BodyFault::Timeout => {
-                metrics.client_timeout(ClientTimeout::BodyRead);
-                (
-                    StatusCode::REQUEST_TIMEOUT,
-                    "request body not received in time\n",
-                )
-            }
-            BodyFault::BadBody => {
-                metrics.client_error(ClientError::BadBody);
-                (StatusCode::BAD_REQUEST, "malformed request body\n")
-            }
-            BodyFault::Gone => {
-                metrics.client_error(ClientError::Gone);
-                (StatusCode::BAD_REQUEST, "request body incomplete\n")
-            }
-        };
+        let mut resp = client_fault_response(&self.ctx.shared.metrics, fault);
         let permit = self.permit.record(UpstreamOutcome::ClientFault);
-        let mut resp = local_response(status, text);
         // The rest of the body cannot be trusted to frame the next request.
         self.close_http1(&mut resp);
         self.respond_local(resp, permit)
@@ -452,16 +431,6 @@ impl RequestScope {
         let finish = Finish::new(self.request, permit);
         resp.map(|body| ProxyBody::upstream(body, finish, pool_return))
     }
-}
-
-fn local_response(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    resp
 }
 
 /// Adds `Connection: close` to HTTP/1 responses while draining, so

@@ -34,6 +34,7 @@ mod grpc_health;
 pub(crate) mod h1;
 mod handler;
 mod headers;
+mod local;
 mod tunnel;
 
 pub use body::ProxyBody;

@@ -10,9 +10,8 @@ use anyhow::{Result, ensure};
 use http::{Method, StatusCode};
 use tokio::net::TcpStream;
 
-use crate::kit::app::TestApp;
 use crate::kit::http::request;
-use crate::kit::sidecar::{InProcess, Sidecar, SidecarSpec, run_env, run_to_exit};
+use crate::kit::sidecar::{InProcess, Sidecar, run_env, run_to_exit};
 use crate::kit::{WAIT, wait_for};
 
 /// Exit status for anything the user must fix (BSD EX_USAGE).
@@ -67,8 +66,7 @@ async fn an_exposed_admin_port_needs_a_token_or_the_explicit_flag() -> Result<()
 
 #[tokio::test]
 async fn tokenless_admin_refuses_browsers_and_upgrades() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let sidecar = InProcess::start(SidecarSpec::new(app.addr)).await?;
+    let (_app, sidecar) = InProcess::with_app(&[]).await?;
     let limit = Duration::from_secs(10);
     let resp = request(sidecar.admin, Method::POST, "/upgrade", &[], limit).await?;
     resp.expect(StatusCode::FORBIDDEN, "tokenless /upgrade")?;
@@ -90,10 +88,9 @@ async fn tokenless_admin_refuses_browsers_and_upgrades() -> Result<()> {
             );
         }
     }
-    ensure!(
-        sidecar.ready_status().await == Some(StatusCode::OK),
-        "a browser-made request drained the sidecar"
-    );
+    sidecar
+        .expect_ready(StatusCode::OK, "a browser-made request drained the sidecar")
+        .await?;
     // A plain client on loopback (curl, a script) still drains.
     let resp = request(sidecar.admin, Method::GET, "/drain", &[], limit).await?;
     resp.expect(StatusCode::ACCEPTED, "plain GET /drain")?;
@@ -102,14 +99,9 @@ async fn tokenless_admin_refuses_browsers_and_upgrades() -> Result<()> {
 
 #[tokio::test]
 async fn the_prestop_drain_with_the_token_works_past_the_admin_cap() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let sidecar = InProcess::start(SidecarSpec::new(app.addr).args(&[
-        "--drain-token",
-        "pod-token",
-        "--admin-max-connections",
-        "1",
-    ]))
-    .await?;
+    let (_app, sidecar) =
+        InProcess::with_app(&["--drain-token", "pod-token", "--admin-max-connections", "1"])
+            .await?;
     let _idle_admin = TcpStream::connect(sidecar.admin).await?;
     let limit = Duration::from_secs(10);
     wait_for("the admin cap to be reached", WAIT, || async {
@@ -126,14 +118,7 @@ async fn the_prestop_drain_with_the_token_works_past_the_admin_cap() -> Result<(
         "tokenless /drain past the cap",
     )?;
     // ... with it, it is (the kubelet's preStop GET with the injected header).
-    let resp = request(
-        sidecar.admin,
-        Method::GET,
-        "/drain",
-        &[("X-Kubegrace-Drain-Token", "pod-token")],
-        limit,
-    )
-    .await?;
+    let resp = sidecar.drain_with_token(Method::GET, "pod-token").await?;
     resp.expect(StatusCode::ACCEPTED, "preStop /drain past the cap")?;
     ensure!(sidecar.ready_status().await == Some(StatusCode::SERVICE_UNAVAILABLE));
     Ok(())

@@ -58,14 +58,6 @@ async fn restart_app(app: &mut TestApp, gap: Duration) -> Result<Instant> {
     Ok(Instant::now())
 }
 
-async fn metric(sidecar: &Sidecar, name: &str) -> Result<f64> {
-    sidecar
-        .metrics()
-        .await?
-        .sum(name)
-        .with_context(|| format!("no metric {name}"))
-}
-
 async fn refused(addr: SocketAddr) -> bool {
     matches!(
         tokio::net::TcpStream::connect(addr).await,
@@ -157,8 +149,8 @@ async fn a_prestop_drain_then_an_app_restart_serves_again_on_the_same_address() 
         ensure!(r.status == StatusCode::OK, "request {i}: {}", r.status);
         ensure!(!r.connection_close(), "serving again, not draining");
     }
-    ensure!(metric(&sidecar, "kubegrace_drain_resumes_total").await? == 1.0);
-    ensure!(metric(&sidecar, "kubegrace_drain_phase").await? == 0.0);
+    ensure!(sidecar.metric_sum("kubegrace_drain_resumes_total").await? == 1.0);
+    ensure!(sidecar.metric_sum("kubegrace_drain_phase").await? == 0.0);
     sidecar.wait_log("serving again", WAIT).await?;
     let upstreams = sidecar.admin_get("/upstreams").await?.text();
     ensure!(upstreams.contains("\"drainResumes\": 1"), "{upstreams}");
@@ -178,8 +170,6 @@ async fn liveness_restart_under_load(sidecar: Option<&[&str]>) -> Result<(usize,
             workers: 10,
             max_requests: 8_000,
             max_duration: Duration::from_secs(60),
-            path: "/work?ms=20".into(),
-            request_timeout: Duration::from_secs(10),
             requests_per_connection: 10,
             ..LoadSpec::default()
         },
@@ -275,7 +265,7 @@ async fn requests_arriving_while_the_app_is_down_are_held_and_sent_when_it_is_ba
         sidecar.ready_status().await == Some(StatusCode::SERVICE_UNAVAILABLE),
         "the app is down: the pod must be unready so routers move away"
     );
-    ensure!(metric(&sidecar, "kubegrace_app_up").await? == 0.0);
+    ensure!(sidecar.metric_sum("kubegrace_app_up").await? == 0.0);
 
     tokio::time::sleep(Duration::from_millis(600)).await;
     app = TestApp::start_on("a", app_addr).await?;
@@ -300,7 +290,7 @@ async fn requests_arriving_while_the_app_is_down_are_held_and_sent_when_it_is_ba
     })
     .await?;
     ensure!(
-        metric(&sidecar, "kubegrace_drain_resumes_total").await? == 0.0,
+        sidecar.metric_sum("kubegrace_drain_resumes_total").await? == 0.0,
         "no drain happened, nothing to resume"
     );
     sidecar.wait_log("requests were held for it", WAIT).await?;
@@ -344,8 +334,7 @@ async fn a_hold_that_runs_out_is_answered_503_with_retry_after() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_with_the_app_staying_up_stays_drained() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let (app, sidecar) = Sidecar::with_app(DRAIN).await?;
     let hook = pre_stop(sidecar.admin, WAIT).await;
     ensure!(
         matches!(&hook, Ok(r) if r.status == StatusCode::OK),
@@ -358,10 +347,10 @@ async fn a_drain_with_the_app_staying_up_stays_drained() -> Result<()> {
         refused(sidecar.listen).await,
         "a maintenance drain reopened"
     );
-    ensure!(metric(&sidecar, "kubegrace_drain_phase").await? == 3.0);
-    ensure!(metric(&sidecar, "kubegrace_drain_resumes_total").await? == 0.0);
+    ensure!(sidecar.metric_sum("kubegrace_drain_phase").await? == 3.0);
+    ensure!(sidecar.metric_sum("kubegrace_drain_resumes_total").await? == 0.0);
     // The app really was reachable all along (the watch probed it).
-    ensure!(metric(&sidecar, "kubegrace_app_up").await? == 1.0);
+    ensure!(sidecar.metric_sum("kubegrace_app_up").await? == 1.0);
     ensure!(get(app.addr, "/work").await?.status == StatusCode::OK);
     Ok(())
 }

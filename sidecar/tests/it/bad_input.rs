@@ -24,19 +24,9 @@ use tokio::net::TcpStream;
 /// Exit status for anything the user must fix (BSD EX_USAGE).
 const EX_USAGE: i32 = 64;
 
-async fn sidecar_with(config: Option<&str>) -> Result<(TestApp, InProcess)> {
-    let app = TestApp::start("a").await?;
-    let mut spec = SidecarSpec::new(app.addr);
-    if let Some(yaml) = config {
-        spec = spec.config(yaml);
-    }
-    let sidecar = InProcess::start(spec).await?;
-    Ok((app, sidecar))
-}
-
 #[tokio::test]
 async fn malformed_requests_get_400_and_the_proxy_keeps_serving() -> Result<()> {
-    let (_app, sidecar) = sidecar_with(None).await?;
+    let (_app, sidecar) = InProcess::with_app(&[]).await?;
     for garbage in [
         &b"THIS IS NOT HTTP\r\n\r\n"[..],
         b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: banana\r\n\r\n",
@@ -56,7 +46,7 @@ async fn malformed_requests_get_400_and_the_proxy_keeps_serving() -> Result<()> 
 
 #[tokio::test]
 async fn oversized_request_heads_get_431() -> Result<()> {
-    let (_app, sidecar) = sidecar_with(None).await?;
+    let (_app, sidecar) = InProcess::with_app(&[]).await?;
     // One header far beyond limits.maxHeaderBytes (64 KiB by default).
     let big = format!(
         "GET /work HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n",
@@ -76,7 +66,8 @@ async fn oversized_request_heads_get_431() -> Result<()> {
 
 #[tokio::test]
 async fn a_slow_header_sender_is_cut_after_the_header_read_timeout() -> Result<()> {
-    let (_app, sidecar) = sidecar_with(Some("limits: {headerReadTimeout: 500ms}\n")).await?;
+    let (_app, sidecar) =
+        InProcess::with_app_config("limits: {headerReadTimeout: 500ms}\n").await?;
     let mut tcp = TcpStream::connect(sidecar.listen).await?;
     tcp.write_all(b"GET /work HTTP/1.1\r\nHost: a\r\n").await?;
     let (mut rd, mut wr) = tcp.into_split();
@@ -159,17 +150,9 @@ async fn bad_flags_exit_64_naming_the_flag() -> Result<()> {
         ),
     ];
     for (extra, key) in cases {
-        let mut args = base_args();
-        args.extend_from_slice(extra);
-        let (status, output) = run_to_exit(&args, WAIT).await?;
-        ensure!(
-            status.code() == Some(EX_USAGE),
-            "{extra:?}: exit {status}, output:\n{output}"
-        );
-        ensure!(
-            output.contains(key),
-            "{extra:?}: the message does not name {key:?}:\n{output}"
-        );
+        refused_at_start(extra, key)
+            .await
+            .with_context(|| format!("{extra:?}"))?;
     }
     Ok(())
 }
@@ -208,36 +191,37 @@ async fn bad_config_files_exit_64_naming_the_key() -> Result<()> {
     for (i, (yaml, key)) in cases.iter().enumerate() {
         let path = dir.join(format!("bad-{i}.yaml"));
         std::fs::write(&path, yaml)?;
-        let path_text = path.display().to_string();
-        let mut args = base_args();
-        args.extend_from_slice(&["--config", &path_text]);
-        let (status, output) = run_to_exit(&args, WAIT).await?;
-        ensure!(
-            status.code() == Some(EX_USAGE),
-            "{yaml:?}: exit {status}, output:\n{output}"
-        );
-        ensure!(
-            output.contains(key),
-            "{yaml:?}: the message does not name {key:?}:\n{output}"
-        );
+        refused_at_start(&["--config", &path.display().to_string()], key)
+            .await
+            .with_context(|| format!("{yaml:?}"))?;
     }
     // A file that does not exist is waited for (config_missing.rs);
     // one that exists but cannot be read (here: a directory) stops the start.
     let unreadable = dir.join("unreadable.yaml");
     std::fs::create_dir_all(&unreadable)?;
-    let unreadable = unreadable.display().to_string();
+    refused_at_start(
+        &["--config", &unreadable.display().to_string()],
+        "unreadable.yaml",
+    )
+    .await
+    .context("an unreadable file")?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Starting with `extra` flags exits 64 with a message that names `key`.
+async fn refused_at_start(extra: &[&str], key: &str) -> Result<()> {
     let mut args = base_args();
-    args.extend_from_slice(&["--config", &unreadable]);
+    args.extend_from_slice(extra);
     let (status, output) = run_to_exit(&args, WAIT).await?;
     ensure!(
         status.code() == Some(EX_USAGE),
-        "unreadable file: exit {status}, output:\n{output}"
+        "exit {status}, output:\n{output}"
     );
     ensure!(
-        output.contains("unreadable.yaml"),
-        "unreadable file not named:\n{output}"
+        output.contains(key),
+        "the message does not name {key:?}:\n{output}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 
@@ -310,10 +294,9 @@ async fn a_bad_file_on_reload_keeps_the_last_good_config_and_traffic_flows() -> 
     keep_alive_request(&mut conn).await?;
     let fresh = get(sidecar.listen, "/work").await?;
     fresh.expect(StatusCode::OK, "new connection")?;
-    ensure!(
-        sidecar.ready_status().await == Some(StatusCode::OK),
-        "a bad reload made the pod unready"
-    );
+    sidecar
+        .expect_ready(StatusCode::OK, "a bad reload made the pod unready")
+        .await?;
 
     // A good file again is taken (the watcher alone, no SIGHUP this time).
     std::fs::write(&path, "drain: {timeout: 9s}\n")?;
@@ -334,9 +317,7 @@ async fn a_bad_file_on_reload_keeps_the_last_good_config_and_traffic_flows() -> 
 
 #[tokio::test]
 async fn drain_requires_the_token_when_one_is_configured() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let sidecar =
-        Sidecar::start(SidecarSpec::new(app.addr).args(&["--drain-token", "s3cret-t0ken"])).await?;
+    let (_app, sidecar) = Sidecar::with_app(&["--drain-token", "s3cret-t0ken"]).await?;
     let limit = Duration::from_secs(10);
     for (path, headers) in [
         ("/drain", &[][..]),
@@ -350,10 +331,12 @@ async fn drain_requires_the_token_when_one_is_configured() -> Result<()> {
             resp.status
         );
     }
-    ensure!(
-        sidecar.ready_status().await == Some(StatusCode::OK),
-        "an unauthorized /drain took the pod out of rotation"
-    );
+    sidecar
+        .expect_ready(
+            StatusCode::OK,
+            "an unauthorized /drain took the pod out of rotation",
+        )
+        .await?;
     // Read-only endpoints stay open, and never show the token.
     for path in ["/live", "/ready", "/metrics", "/config"] {
         let resp = sidecar.admin_get(path).await?;
@@ -371,25 +354,23 @@ async fn drain_requires_the_token_when_one_is_configured() -> Result<()> {
         !sidecar.logs_text().contains("s3cret-t0ken"),
         "the logs show the drain token"
     );
-    let resp = request(
-        sidecar.admin,
-        Method::POST,
-        "/drain",
-        &[("X-Kubegrace-Drain-Token", "s3cret-t0ken")],
-        limit,
-    )
-    .await?;
+    let resp = sidecar
+        .drain_with_token(Method::POST, "s3cret-t0ken")
+        .await?;
     resp.expect(StatusCode::ACCEPTED, "/drain with the token")?;
-    ensure!(
-        sidecar.ready_status().await == Some(StatusCode::SERVICE_UNAVAILABLE),
-        "draining, yet /ready does not fail"
-    );
+    sidecar
+        .expect_ready(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "draining, yet /ready does not fail",
+        )
+        .await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn a_body_over_the_limit_gets_413_and_smaller_ones_pass() -> Result<()> {
-    let (_app, sidecar) = sidecar_with(Some("limits: {maxRequestBodyBytes: 1024}\n")).await?;
+    let (_app, sidecar) =
+        InProcess::with_app_config("limits: {maxRequestBodyBytes: 1024}\n").await?;
     let small = format!(
         "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 512\r\nConnection: close\r\n\r\n{}",
         "x".repeat(512)
@@ -429,7 +410,7 @@ async fn a_body_over_the_limit_gets_413_and_smaller_ones_pass() -> Result<()> {
 /// Content-Length before forwarding. The app must never see both.
 #[tokio::test]
 async fn content_length_with_transfer_encoding_is_never_forwarded_as_is() -> Result<()> {
-    let (_app, sidecar) = sidecar_with(None).await?;
+    let (_app, sidecar) = InProcess::with_app(&[]).await?;
     let smuggle = b"POST /headers HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n";
     let answer = raw_exchange(sidecar.listen, smuggle).await?;
     let status = status_line(&answer);

@@ -19,12 +19,18 @@ use http::StatusCode;
 /// be cut.
 const DRAIN: &[&str] = &drain_flags("300ms", "200ms", "3s", "10s");
 
+/// A pod: app `name` behind a sidecar. The tests drain pod "a"; new
+/// streams move to pod "b".
+async fn pod(name: &str) -> Result<(TestApp, Sidecar)> {
+    let app = TestApp::start(name).await?;
+    let sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    Ok((app, sidecar))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2_streams_in_flight_complete_and_new_streams_move_after_goaway() -> Result<()> {
-    let app_a = TestApp::start("a").await?;
-    let app_b = TestApp::start("b").await?;
-    let a = Sidecar::start(SidecarSpec::new(app_a.addr).args(DRAIN)).await?;
-    let b = Sidecar::start(SidecarSpec::new(app_b.addr).args(DRAIN)).await?;
+    let (_app_a, a) = pod("a").await?;
+    let (_app_b, b) = pod("b").await?;
 
     let (mut send, conn) = h2_connect(a.listen).await?;
     // In flight when the drain starts: bodies half sent, and heads not yet sent.
@@ -147,8 +153,7 @@ async fn h2_streams_in_flight_complete_and_new_streams_move_after_goaway() -> Re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_server_streams_in_flight_complete_on_sigterm() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let (_app, mut sidecar) = Sidecar::with_app(DRAIN).await?;
 
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", sidecar.listen))?
         .connect()
@@ -212,10 +217,8 @@ async fn h2_concurrent_streams_across_goaway_are_never_refused() -> Result<()> {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    let app_a = TestApp::start("a").await?;
-    let app_b = TestApp::start("b").await?;
-    let a = Sidecar::start(SidecarSpec::new(app_a.addr).args(DRAIN)).await?;
-    let b = Sidecar::start(SidecarSpec::new(app_b.addr).args(DRAIN)).await?;
+    let (_app_a, a) = pod("a").await?;
+    let (_app_b, b) = pod("b").await?;
     let (send_a, conn_a) = h2_connect(a.listen).await?;
     let b_listen = b.listen;
 

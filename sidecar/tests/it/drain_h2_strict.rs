@@ -48,8 +48,7 @@ fn get_headers_block(path: &str) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_that_ignores_ping_and_holds_its_stream_is_force_closed_at_the_deadline()
 -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let sidecar = InProcess::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let (app, sidecar) = InProcess::with_app(DRAIN).await?;
 
     // Raw bytes so nothing answers for the client: the preface, empty
     // SETTINGS (never acked), and one GET whose body outlives the drain.
@@ -525,8 +524,7 @@ fn goaway_count(metrics: &crate::kit::metrics::Metrics, sequence: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_h2_gets_the_final_goaway_and_hyper_the_two_phase_one() -> Result<()> {
     let python = current_python()?;
-    let app = TestApp::start("a").await?;
-    let sidecar = InProcess::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let (app, sidecar) = InProcess::with_app(DRAIN).await?;
     let _serial = crate::kit::timing_sensitive().await;
     let dir = crate::kit::scratch_dir("h2-kinds")?;
     let py_dir = dir.join("python");

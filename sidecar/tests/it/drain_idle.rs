@@ -6,9 +6,8 @@
 //! waits on any of them fails the 30s bound below.
 
 use crate::kit::WAIT;
-use crate::kit::app::TestApp;
+use crate::kit::sidecar::Sidecar;
 use crate::kit::sidecar::drain_flags;
-use crate::kit::sidecar::{Sidecar, SidecarSpec};
 use crate::kit::within;
 use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
@@ -22,8 +21,7 @@ const DRAIN: &[&str] = &drain_flags("300ms", "200ms", "3s", "10m");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed_when_closing_without_waiting_for_the_timeout() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let (_app, mut sidecar) = Sidecar::with_app(DRAIN).await?;
 
     // HTTP/1.1 keep-alive, used once, then idle.
     let tcp = TcpStream::connect(sidecar.listen).await?;

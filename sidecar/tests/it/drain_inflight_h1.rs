@@ -8,9 +8,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::kit::WAIT;
-use crate::kit::app::TestApp;
+use crate::kit::sidecar::InProcess;
 use crate::kit::sidecar::drain_flags;
-use crate::kit::sidecar::{InProcess, SidecarSpec};
 use crate::kit::{wait_for, within};
 use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
@@ -27,8 +26,7 @@ const DRAIN: &[&str] = &drain_flags("300ms", "200ms", "3s", "20s");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_uploads_and_downloads_in_flight_complete_across_closing() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let sidecar = InProcess::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let (app, sidecar) = InProcess::with_app(DRAIN).await?;
 
     // A 3s upload: 30 chunks of 1 KiB, 100ms apart.
     let tcp = TcpStream::connect(sidecar.listen).await?;

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use crate::kit::WAIT;
 use crate::kit::app::TestApp;
 use crate::kit::http::spawn_get;
+use crate::kit::sidecar::Sidecar;
 use crate::kit::sidecar::drain_flags;
-use crate::kit::sidecar::{Sidecar, SidecarSpec};
 use crate::kit::{wait_for, within};
 use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
@@ -36,8 +36,7 @@ async fn app_busy(app: &TestApp, n: i64) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_longer_than_the_drain_timeout_is_cut_and_the_exit_is_bounded() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let (app, mut sidecar) = Sidecar::with_app(DRAIN).await?;
     let listen = sidecar.listen;
     // 60s of work: far beyond any drain timeout.
     let long = spawn_get(listen, "/work?ms=60000", Duration::from_secs(60));
@@ -84,8 +83,7 @@ async fn a_request_longer_than_the_drain_timeout_is_cut_and_the_exit_is_bounded(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_h1_and_h2_work_is_counted_in_the_metrics_and_pre_stop_still_answers() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let (app, mut sidecar) = Sidecar::with_app(DRAIN).await?;
     let listen = sidecar.listen;
     let h1 = spawn_get(listen, "/work?ms=60000", Duration::from_secs(60));
     // An HTTP/2 stream on its own connection, also far longer than the timeout.
@@ -159,16 +157,15 @@ async fn the_exit_line_names_what_started_the_drain() -> Result<()> {
     let mut wrong = Vec::new();
     const ROUNDS: usize = 6;
     for round in 0..ROUNDS {
-        let app = TestApp::start("a").await?;
-        let spec = SidecarSpec::new(app.addr).args(&[
+        let (_app, mut sidecar) = Sidecar::with_app(&[
             "--drain-min-delay",
             "50ms",
             "--drain-quiet",
             "50ms",
             "--drain-timeout",
             "1s",
-        ]);
-        let mut sidecar = Sidecar::start(spec).await?;
+        ])
+        .await?;
         let signal = if round % 2 == 0 { "TERM" } else { "INT" };
         sidecar.signal(signal)?;
         let status = sidecar.wait_exit(WAIT).await?;

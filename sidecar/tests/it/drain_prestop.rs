@@ -8,11 +8,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::kit::WAIT;
-use crate::kit::app::TestApp;
 use crate::kit::http::{finished_ok, spawn_get};
 use crate::kit::pod::pre_stop;
+use crate::kit::sidecar::Sidecar;
 use crate::kit::sidecar::drain_flags;
-use crate::kit::sidecar::{Sidecar, SidecarSpec};
 use crate::kit::{wait_for, within};
 use anyhow::{Result, ensure};
 use http::StatusCode;
@@ -21,8 +20,7 @@ const DRAIN: &[&str] = &drain_flags("100ms", "50ms", "2s", "10s");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pre_stop_answers_only_after_in_flight_work_completed() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let (app, sidecar) = Sidecar::with_app(DRAIN).await?;
     let listen = sidecar.listen;
     let work = spawn_get(listen, "/work?ms=1500", Duration::from_secs(10));
     wait_for("the work to reach the app", WAIT, || async {
@@ -50,8 +48,7 @@ async fn pre_stop_gets_its_answer_when_sigterm_arrives_at_the_same_time() -> Res
     let mut failures = Vec::new();
     const ROUNDS: usize = 10;
     for round in 0..ROUNDS {
-        let app = TestApp::start("a").await?;
-        let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+        let (_app, mut sidecar) = Sidecar::with_app(DRAIN).await?;
         let admin = sidecar.admin;
         // Both orders: kubelet starts the two at the same time.
         if round % 2 == 1 {
@@ -80,8 +77,7 @@ async fn pre_stop_gets_its_answer_when_sigterm_arrives_at_the_same_time() -> Res
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_sigterm_does_not_cut_work_in_flight() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let (app, mut sidecar) = Sidecar::with_app(DRAIN).await?;
     let listen = sidecar.listen;
     let work = spawn_get(listen, "/work?ms=1500", Duration::from_secs(10));
     wait_for("the work to reach the app", WAIT, || async {

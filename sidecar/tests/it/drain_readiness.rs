@@ -153,8 +153,7 @@ async fn drain_phase(sidecar: &Sidecar) -> Option<f64> {
 }
 
 async fn stay_serving_holds_ready_through_the_grace_phase_only(trigger: Trigger) -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(STAY_SERVING)).await?;
+    let (app, mut sidecar) = Sidecar::with_app(STAY_SERVING).await?;
     let metrics = sidecar.metrics().await?;
     ensure!(
         metrics.with_label("kubegrace_drain_readiness", "mode=\"stay_serving\"") == Some(1.0)

@@ -56,7 +56,6 @@ async fn rolling_replacement(how: Termination) -> Result<Outcome> {
             max_duration: Duration::from_secs(60),
             // Work long enough that every pod has requests in flight.
             path: "/work?ms=30".into(),
-            request_timeout: Duration::from_secs(10),
             // ~30 new connections/s overall: routers keep sending some to
             // the terminating pod for the whole lag.
             requests_per_connection: 10,

@@ -4,8 +4,7 @@
 //! closed and counted. The process still exits 0.
 
 use crate::kit::WAIT;
-use crate::kit::app::TestApp;
-use crate::kit::sidecar::{Sidecar, SidecarSpec};
+use crate::kit::sidecar::Sidecar;
 use crate::kit::{wait_for, within};
 use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
@@ -48,8 +47,7 @@ async fn get_on(sender: &mut SendRequest<Empty<Bytes>>, path: &str) -> Result<St
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_mode_drains_by_connection_and_counts_what_it_cuts() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let (app, mut sidecar) = Sidecar::with_app(DRAIN).await?;
 
     let mut a = connect(sidecar.listen).await?;
     ensure!(

@@ -159,23 +159,15 @@ impl HealthApp {
                 tokio::spawn(async move {
                     // Bounded: 20 s of messages, far past any test here.
                     for _ in 0..400 {
+                        // Split mid-message: the proxy must reassemble it.
                         let (head, tail) = serving.split_at(3);
-                        if tx
-                            .send(Frame::data(Bytes::copy_from_slice(head)))
-                            .await
-                            .is_err()
-                        {
-                            return;
+                        for (part, pause_ms) in [(head, 20), (tail, 30)] {
+                            let frame = Frame::data(Bytes::copy_from_slice(part));
+                            if tx.send(frame).await.is_err() {
+                                return;
+                            }
+                            tokio::time::sleep(Duration::from_millis(pause_ms)).await;
                         }
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        if tx
-                            .send(Frame::data(Bytes::copy_from_slice(tail)))
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
-                        tokio::time::sleep(Duration::from_millis(30)).await;
                     }
                 });
             }
@@ -224,16 +216,25 @@ async fn channel(sidecar: &InProcess) -> Result<tonic::client::Grpc<Channel>> {
     Ok(tonic::client::Grpc::new(channel))
 }
 
+type HealthCodec = ProstCodec<HealthCheckRequest, HealthCheckResponse>;
+
+/// A health request for the whole server (no service name) to `path`.
+fn health_call(
+    path: &'static str,
+) -> (
+    tonic::Request<HealthCheckRequest>,
+    http::uri::PathAndQuery,
+    HealthCodec,
+) {
+    let request = tonic::Request::new(HealthCheckRequest::default());
+    let path = http::uri::PathAndQuery::from_static(path);
+    (request, path, HealthCodec::default())
+}
+
 async fn check(grpc: &mut tonic::client::Grpc<Channel>) -> Result<i32> {
     grpc.ready().await.context("channel ready")?;
-    let resp = grpc
-        .unary(
-            tonic::Request::new(HealthCheckRequest::default()),
-            http::uri::PathAndQuery::from_static(CHECK),
-            ProstCodec::<HealthCheckRequest, HealthCheckResponse>::default(),
-        )
-        .await
-        .context("Check")?;
+    let (request, path, codec) = health_call(CHECK);
+    let resp = grpc.unary(request, path, codec).await.context("Check")?;
     Ok(resp.into_inner().status)
 }
 
@@ -241,27 +242,16 @@ async fn watch(
     grpc: &mut tonic::client::Grpc<Channel>,
 ) -> Result<tonic::Streaming<HealthCheckResponse>> {
     grpc.ready().await.context("channel ready")?;
+    let (request, path, codec) = health_call(WATCH);
     let resp = grpc
-        .server_streaming(
-            tonic::Request::new(HealthCheckRequest::default()),
-            http::uri::PathAndQuery::from_static(WATCH),
-            ProstCodec::<HealthCheckRequest, HealthCheckResponse>::default(),
-        )
+        .server_streaming(request, path, codec)
         .await
         .context("Watch")?;
     Ok(resp.into_inner())
 }
 
-async fn sum(sidecar: &InProcess, name: &str) -> Result<f64> {
-    sidecar
-        .metrics()
-        .await?
-        .sum(name)
-        .with_context(|| format!("{name} missing"))
-}
-
 async fn phase(sidecar: &InProcess) -> Result<f64> {
-    sum(sidecar, "kubegrace_drain_phase").await
+    sidecar.metric_sum("kubegrace_drain_phase").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -384,7 +374,9 @@ async fn watch_gets_not_serving_pushed_and_never_holds_the_drain() -> Result<()>
             );
         }
         sidecar.wait_phase(3.0).await?;
-        let forced = sum(&sidecar, "kubegrace_drain_force_closed_total").await?;
+        let forced = sidecar
+            .metric_sum("kubegrace_drain_force_closed_total")
+            .await?;
         if mode == "notServing" {
             ensure!(
                 forced == 0.0,

@@ -23,6 +23,19 @@ use crate::kit::http::{get, raw_exchange, raw_expect, read_response, request, st
 use crate::kit::sidecar::{InProcess, SidecarSpec};
 use crate::kit::{WAIT, wait_for, within};
 
+/// The client's fault (`what`) was not counted as the app's: no upstream
+/// connect error.
+async fn no_app_errors(sidecar: &InProcess, what: &str) -> Result<()> {
+    let connect_errors = sidecar
+        .metric("kubegrace_upstream_errors_total", "kind=\"connect\"")
+        .await?;
+    ensure!(
+        connect_errors == 0.0,
+        "{what} counted as upstream errors: {connect_errors}"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn invalid_chunk_sizes_get_400_and_move_no_breaker_or_upstream_counter() -> Result<()> {
     let app = TestApp::start("a").await?;
@@ -54,13 +67,7 @@ async fn invalid_chunk_sizes_get_400_and_move_no_breaker_or_upstream_counter() -
         .await?;
     drop(gone);
 
-    let connect_errors = sidecar
-        .metric("kubegrace_upstream_errors_total", "kind=\"connect\"")
-        .await?;
-    ensure!(
-        connect_errors == 0.0,
-        "client faults counted as upstream errors: {connect_errors}"
-    );
+    no_app_errors(&sidecar, "client faults").await?;
     let bad = sidecar
         .metric("kubegrace_client_errors_total", "kind=\"bad_body\"")
         .await?;
@@ -86,18 +93,15 @@ async fn invalid_chunk_sizes_get_400_and_move_no_breaker_or_upstream_counter() -
         "good upload",
     )
     .await?;
-    ensure!(
-        sidecar.ready_status().await == Some(StatusCode::OK),
-        "bad input hurt /ready"
-    );
+    sidecar
+        .expect_ready(StatusCode::OK, "bad input hurt /ready")
+        .await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn a_trickling_body_gets_408() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let sidecar =
-        InProcess::start(SidecarSpec::new(app.addr).args(&["--body-read-timeout", "1s"])).await?;
+    let (_app, sidecar) = InProcess::with_app(&["--body-read-timeout", "1s"]).await?;
     let tcp = TcpStream::connect(sidecar.listen).await?;
     let (rd, mut wr) = tcp.into_split();
     wr.write_all(b"POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n")
@@ -128,13 +132,7 @@ async fn a_trickling_body_gets_408() -> Result<()> {
         .metric("kubegrace_client_timeouts_total", "kind=\"body_read\"")
         .await?;
     ensure!(timeouts >= 1.0, "body read timeout not counted");
-    let connect_errors = sidecar
-        .metric("kubegrace_upstream_errors_total", "kind=\"connect\"")
-        .await?;
-    ensure!(
-        connect_errors == 0.0,
-        "a slow client counted as an app error"
-    );
+    no_app_errors(&sidecar, "a slow client").await?;
     // A body at an honest pace still goes through.
     let ok = raw_exchange(
         sidecar.listen,
@@ -202,8 +200,7 @@ async fn a_stalled_reader_is_cut_and_its_app_connection_freed() -> Result<()> {
 
 #[tokio::test]
 async fn upgrade_h2c_never_reaches_the_app_websocket_does() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let sidecar = InProcess::start(SidecarSpec::new(app.addr)).await?;
+    let (app, sidecar) = InProcess::with_app(&[]).await?;
     raw_expect(sidecar.listen, b"GET /h2c HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\nPRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 200, "h2c upgrade (a 101 is a tunnel around the proxy)").await?;
     let seen = app
         .last_head("/h2c")
@@ -263,10 +260,8 @@ async fn x_forwarded_proto_comes_from_the_connection_unless_hops_are_trusted() -
 
 #[tokio::test]
 async fn a_pipelined_half_head_is_cut_by_the_header_read_timeout() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let sidecar =
-        InProcess::start(SidecarSpec::new(app.addr).config("limits: {headerReadTimeout: 500ms}\n"))
-            .await?;
+    let (_app, sidecar) =
+        InProcess::with_app_config("limits: {headerReadTimeout: 500ms}\n").await?;
     let mut tcp = TcpStream::connect(sidecar.listen).await?;
     tcp.set_nodelay(true)?;
     // One write, so one packet: a whole head and half of the next one.
@@ -299,10 +294,8 @@ async fn a_pipelined_half_head_is_cut_by_the_header_read_timeout() -> Result<()>
 
 #[tokio::test]
 async fn idle_keep_alive_after_each_body_kind_is_not_cut_by_the_header_timer() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let sidecar =
-        InProcess::start(SidecarSpec::new(app.addr).config("limits: {headerReadTimeout: 300ms}\n"))
-            .await?;
+    let (_app, sidecar) =
+        InProcess::with_app_config("limits: {headerReadTimeout: 300ms}\n").await?;
     let requests: [&[u8]; 3] = [
         b"GET /work HTTP/1.1\r\nHost: a\r\n\r\n",
         b"POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello",
@@ -333,14 +326,8 @@ async fn idle_keep_alive_after_each_body_kind_is_not_cut_by_the_header_timer() -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_caps_hold_while_probes_and_open_connections_work() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let sidecar = InProcess::start(SidecarSpec::new(app.addr).args(&[
-        "--max-connections",
-        "3",
-        "--admin-max-connections",
-        "2",
-    ]))
-    .await?;
+    let (_app, sidecar) =
+        InProcess::with_app(&["--max-connections", "3", "--admin-max-connections", "2"]).await?;
     let mut open = Vec::new();
     for _ in 0..3 {
         let mut tcp = BufReader::new(TcpStream::connect(sidecar.listen).await?);
@@ -409,14 +396,8 @@ async fn connection_caps_hold_while_probes_and_open_connections_work() -> Result
 
 #[tokio::test]
 async fn tcp_mode_closes_idle_connections() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let sidecar = InProcess::start(SidecarSpec::new(app.addr).args(&[
-        "--protocol",
-        "tcp",
-        "--tunnel-idle-timeout",
-        "500ms",
-    ]))
-    .await?;
+    let (_app, sidecar) =
+        InProcess::with_app(&["--protocol", "tcp", "--tunnel-idle-timeout", "500ms"]).await?;
     let mut tcp = TcpStream::connect(sidecar.listen).await?;
     // Traffic keeps it open...
     tcp.write_all(b"GET /work HTTP/1.1\r\nHost: a\r\n\r\n")
@@ -450,8 +431,7 @@ async fn tcp_mode_closes_idle_connections() -> Result<()> {
 
 #[tokio::test]
 async fn bad_input_never_takes_the_process_down() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let sidecar = InProcess::start(SidecarSpec::new(app.addr)).await?;
+    let (_app, sidecar) = InProcess::with_app(&[]).await?;
     let served = Arc::new(AtomicU64::new(0));
     let attacks: [&[u8]; 6] = [
         b"POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
@@ -488,12 +468,6 @@ async fn bad_input_never_takes_the_process_down() -> Result<()> {
         served.load(Ordering::Relaxed) == attacks.len() as u64,
         "the proxy stopped serving"
     );
-    let errors = sidecar
-        .metric("kubegrace_upstream_errors_total", "kind=\"connect\"")
-        .await?;
-    ensure!(
-        errors == 0.0,
-        "bad input counted as upstream errors: {errors}"
-    );
+    no_app_errors(&sidecar, "bad input").await?;
     Ok(())
 }

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
 use http::{Method, StatusCode};
 use kubegrace_sidecar::drain::Phase;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -203,51 +203,57 @@ async fn bad_input_gets_4xx_not_a_crash() -> Result<()> {
     Ok(())
 }
 
-/// Sends `opening` on a fresh connection and says whether the proxy closed
+/// Sends `opening` on a fresh connection and fails unless the proxy closes
 /// it within 10s.
-async fn sent_and_closed(sidecar: &InProcess, opening: &[u8]) -> Result<bool> {
+async fn sent_and_closed(sidecar: &InProcess, opening: &[u8]) -> Result<()> {
     let mut stream = TcpStream::connect(sidecar.listen).await?;
     stream.write_all(opening).await?;
     let mut buf = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await;
-    Ok(read.is_ok())
+    ensure!(
+        read.is_ok(),
+        "the proxy did not close a connection that opened with {opening:?}"
+    );
+    Ok(())
+}
+
+/// A sidecar in front of a fresh app, with `limits.headerReadTimeout`.
+async fn with_header_timeout(timeout: &str) -> Result<(TestApp, InProcess)> {
+    let app = TestApp::start("app").await?;
+    let config = format!("limits: {{headerReadTimeout: {timeout}}}\n");
+    let sidecar = sidecar(app.addr, Some(&config)).await?;
+    Ok((app, sidecar))
+}
+
+/// Waits (bounded) until the sidecar holds no client connection.
+async fn no_connections_left(sidecar: &InProcess) -> Result<()> {
+    wait_until("connections closed", || {
+        sidecar.lib().drain().open_connections() == 0
+    })
+    .await
 }
 
 #[tokio::test]
 async fn a_silent_client_is_cut_at_the_header_read_timeout() -> Result<()> {
-    let app = TestApp::start("app").await?;
-    let config = "limits: {headerReadTimeout: 300ms}\n";
-    let sidecar = sidecar(app.addr, Some(config)).await?;
-    let closed = sent_and_closed(&sidecar, b"GET / HTTP/1.1\r\nhost: x\r\n").await?;
-    assert!(closed, "the proxy must close a slow head");
-    wait_until("connection closed", || {
-        sidecar.lib().drain().open_connections() == 0
-    })
-    .await?;
+    let (_app, sidecar) = with_header_timeout("300ms").await?;
+    sent_and_closed(&sidecar, b"GET / HTTP/1.1\r\nhost: x\r\n").await?;
+    no_connections_left(&sidecar).await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn a_client_that_never_speaks_is_cut_at_the_header_read_timeout() -> Result<()> {
-    let app = TestApp::start("app").await?;
-    let config = "limits: {headerReadTimeout: 300ms}\n";
-    let sidecar = sidecar(app.addr, Some(config)).await?;
+    let (_app, sidecar) = with_header_timeout("300ms").await?;
     for opening in [&b""[..], &b"GE"[..]] {
-        let closed = sent_and_closed(&sidecar, opening).await?;
-        assert!(closed, "the proxy must close a silent client ({opening:?})");
+        sent_and_closed(&sidecar, opening).await?;
     }
-    wait_until("connections closed", || {
-        sidecar.lib().drain().open_connections() == 0
-    })
-    .await?;
+    no_connections_left(&sidecar).await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn an_idle_keep_alive_connection_outlives_the_header_timeout() -> Result<()> {
-    let app = TestApp::start("app").await?;
-    let config = "limits: {headerReadTimeout: 100ms}\n";
-    let sidecar = sidecar(app.addr, Some(config)).await?;
+    let (_app, sidecar) = with_header_timeout("100ms").await?;
     let mut sender = connect(sidecar.listen).await?;
     get(&mut sender, "/one").await?;
     // Idle for several header timeouts: an idle connection is not a slow head.

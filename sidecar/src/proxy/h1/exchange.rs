@@ -17,10 +17,10 @@ use super::{Client, Control, Next};
 use crate::circuit::{Permit, UpstreamOutcome};
 use crate::config::LimitsConfig;
 use crate::drain::Phase;
-use crate::metrics::{ClientError, ClientTimeout};
 use crate::upstream::{BodyFault, Upstream};
 
 use super::super::conn::ConnCtx;
+use super::super::local::{client_fault_response, local_response};
 
 /// Bytes read from a socket at a time while relaying a body.
 const READ_CHUNK: usize = 16 * 1024;
@@ -269,7 +269,7 @@ where
     }
     // Everything of the request in one buffer: it may go again on another
     // connection if a pooled one turns out closed before it took a byte.
-    // Once written it never goes again (as in upstream.rs): the app may
+    // Once written it never goes again (as in upstream/client.rs): the app may
     // have acted on it.
     let replayable = done;
     progress.body_read.store(done, Ordering::Relaxed);
@@ -509,16 +509,6 @@ fn write_status_line(out: &mut Vec<u8>, status: StatusCode) {
     out.extend_from_slice(b"\r\n");
 }
 
-fn local_response(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    resp
-}
-
 /// One request's accounting and circuit permit (handler.rs's
 /// `RequestScope`): a request dropped before its answer (client gone,
 /// drain deadline) records `Cancelled` and ends its accounting here.
@@ -605,30 +595,8 @@ impl Scope {
     where
         T: AsyncRead + AsyncWrite + Unpin,
     {
-        let metrics = &self.ctx.shared.metrics;
-        let (status, text) = match fault {
-            BodyFault::TooLarge => {
-                metrics.body_too_large();
-                (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n")
-            }
-            BodyFault::Timeout => {
-                metrics.client_timeout(ClientTimeout::BodyRead);
-                (
-                    StatusCode::REQUEST_TIMEOUT,
-                    "request body not received in time\n",
-                )
-            }
-            BodyFault::BadBody => {
-                metrics.client_error(ClientError::BadBody);
-                (StatusCode::BAD_REQUEST, "malformed request body\n")
-            }
-            BodyFault::Gone => {
-                metrics.client_error(ClientError::Gone);
-                (StatusCode::BAD_REQUEST, "request body incomplete\n")
-            }
-        };
+        let resp = client_fault_response(&self.ctx.shared.metrics, fault);
         let permit = self.record(UpstreamOutcome::ClientFault);
-        let resp = local_response(status, text);
         self.answer(client, ctl, resp, permit, true).await
     }
 

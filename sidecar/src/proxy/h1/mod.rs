@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
@@ -213,23 +213,14 @@ where
             Next::Fallback => break,
         }
     }
-    hand_to_hyper(client, ctx, limits, ctl).await
+    // hyper serves the rest of the connection, the unconsumed bytes
+    // replayed first.
+    let replayed = Rewind::new(client.buf.freeze(), client.io);
+    follow_ending(hyper_http1(replayed, ctx, &limits), &ctl).await
 }
 
-/// Serves the rest of the connection with hyper, the unconsumed bytes
-/// replayed first.
-async fn hand_to_hyper<T>(
-    client: Client<T>,
-    ctx: Arc<ConnCtx>,
-    limits: LimitsConfig,
-    ctl: Arc<Control>,
-) -> Result<(), BoxError>
-where
-    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let pre: Bytes = client.buf.freeze();
-    let io = Rewind::new(pre, client.io);
-    let mut served = hyper_http1(io, ctx, &limits);
+/// Runs `served` to its end, passing on the ending this path was asked for.
+async fn follow_ending(mut served: Pin<Box<dyn Served>>, ctl: &Control) -> Result<(), BoxError> {
     let mut asked = false;
     loop {
         if !asked && let Some(why) = ctl.ending() {

@@ -1,15 +1,15 @@
 //! The fast path's idle app connections: raw sockets with their read
-//! buffers, on a LIFO stack beside hyper's (upstream.rs), under the same
-//! `upstreamPool` settings. A socket goes back only after a response that
-//! ended cleanly and left nothing unread.
+//! buffers, on the same LIFO stack as hyper's (upstream/idle.rs), under the
+//! same `upstreamPool` settings. A socket goes back only after a response
+//! that ended cleanly and left nothing unread.
 
-use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::BytesMut;
 
 use crate::upstream::UpstreamStream;
+use crate::upstream::idle::{IdleConn, IdleStack};
 
 /// An app connection and what was read from it past the last response
 /// (always empty when pooled).
@@ -21,118 +21,30 @@ pub(crate) struct AppConn {
     pub(crate) reused: bool,
 }
 
-struct Idle {
-    conn: AppConn,
-    since: Instant,
+impl IdleConn for AppConn {
+    fn looks_open(&self) -> bool {
+        self.io.looks_open()
+    }
 }
 
-pub(crate) struct RawPool {
-    idle: Mutex<Vec<Idle>>,
-    max_idle: usize,
-    idle_timeout: Duration,
-}
+pub(crate) struct RawPool(Arc<IdleStack<AppConn>>);
 
 impl RawPool {
-    pub(crate) fn new(max_idle: usize, idle_timeout: Duration) -> Arc<RawPool> {
-        let pool = Arc::new(RawPool {
-            idle: Mutex::new(Vec::new()),
-            max_idle,
-            idle_timeout,
-        });
-        spawn_reaper(&pool);
-        pool
+    pub(crate) fn new(max_idle: usize, idle_timeout: Duration) -> RawPool {
+        RawPool(IdleStack::new(max_idle, idle_timeout))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
-        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The most recently returned connection that still looks open.
-    /// Expired ones, and ones the app closed (readable: EOF or stray
-    /// bytes), are dropped on the way.
+    /// The most recently returned connection that still looks open
+    /// (readable means EOF or stray bytes: the app closed it).
     pub(crate) fn pop(&self) -> Option<AppConn> {
-        let now = Instant::now();
-        let mut idle = self.lock();
-        while let Some(entry) = idle.pop() {
-            if now.saturating_duration_since(entry.since) >= self.idle_timeout {
-                // Everything below is older still.
-                idle.clear();
-                return None;
-            }
-            if still_open(&entry.conn.io) {
-                let mut conn = entry.conn;
-                conn.reused = true;
-                return Some(conn);
-            }
-        }
-        None
+        let mut conn = self.0.pop()?;
+        conn.reused = true;
+        Some(conn)
     }
 
     pub(crate) fn push(&self, conn: AppConn) {
-        if self.max_idle == 0 || !conn.buf.is_empty() {
-            return;
-        }
-        let mut idle = self.lock();
-        if idle.len() < self.max_idle {
-            idle.push(Idle {
-                conn,
-                since: Instant::now(),
-            });
+        if conn.buf.is_empty() {
+            self.0.push(conn);
         }
     }
-
-    fn evict_expired(&self) {
-        let now = Instant::now();
-        let mut idle = self.lock();
-        let expired = idle
-            .iter()
-            .take_while(|c| now.saturating_duration_since(c.since) >= self.idle_timeout)
-            .count();
-        idle.drain(..expired);
-        idle.retain(|c| still_open(&c.conn.io));
-    }
-}
-
-/// An idle socket has nothing to read; EOF or bytes mean the app closed
-/// it or broke the protocol. The reactor's readiness answers without a
-/// syscall in the usual case (nothing happened since the last response was
-/// read); only a socket marked readable is read to find out.
-fn still_open(io: &UpstreamStream) -> bool {
-    let mut cx = Context::from_waker(Waker::noop());
-    let ready = match io {
-        UpstreamStream::Tcp(s) => s.poll_read_ready(&mut cx),
-        UpstreamStream::Unix(s) => s.poll_read_ready(&mut cx),
-    };
-    match ready {
-        Poll::Pending => return true,
-        Poll::Ready(Err(_)) => return false,
-        Poll::Ready(Ok(())) => {}
-    }
-    let mut probe = [0u8; 1];
-    let res = match io {
-        UpstreamStream::Tcp(s) => s.try_read(&mut probe),
-        UpstreamStream::Unix(s) => s.try_read(&mut probe),
-    };
-    matches!(res, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
-}
-
-/// Closes idle connections past their timeout even when no request comes
-/// to pop them; ends with the pool.
-fn spawn_reaper(pool: &Arc<RawPool>) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let weak: Weak<RawPool> = Arc::downgrade(pool);
-    let period = (pool.idle_timeout / 2).max(Duration::from_millis(100));
-    runtime.spawn(async move {
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            match weak.upgrade() {
-                Some(pool) => pool.evict_expired(),
-                None => return,
-            }
-        }
-    });
 }

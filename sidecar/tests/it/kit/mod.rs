@@ -19,6 +19,8 @@
 //!   failed.
 //! - [`http`]: one-shot and pooled clients, raw-socket exchanges.
 //! - [`metrics`]: the ready line, the exit line and `/metrics`, parsed.
+//! - [`wire`]: HTTP/1.1 as bytes: an app that records requests as they
+//!   arrived, and a client that reads one message by its framing.
 //! - [`grpc`]: hand-written prost messages and a prost codec for tonic (no
 //!   protoc, no generated code).
 
@@ -31,6 +33,7 @@ pub mod metrics;
 pub mod pod;
 pub mod sidecar;
 pub mod upgrade;
+pub mod wire;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -130,6 +130,16 @@ impl SidecarSpec {
     }
 }
 
+/// A fresh test app ("a") and the spec of a sidecar in front of it, shaped
+/// by `shape` (flags, a config file).
+async fn fresh_app(
+    shape: impl FnOnce(SidecarSpec) -> SidecarSpec,
+) -> Result<(TestApp, SidecarSpec)> {
+    let app = TestApp::start("a").await?;
+    let spec = shape(SidecarSpec::new(app.addr));
+    Ok((app, spec))
+}
+
 /// A sidecar's two ports and what a test asks of them.
 #[derive(Debug, Clone)]
 pub struct Ports {
@@ -157,6 +167,14 @@ impl Ports {
 
     pub async fn admin(&self, method: Method, path: &str) -> Result<Response> {
         client::request(self.admin, method, path, &[], Duration::from_secs(10)).await
+    }
+
+    /// `/drain` with the drain token in its header, as the injected preStop
+    /// hook (GET) or the operator (POST) sends it.
+    pub async fn drain_with_token(&self, method: Method, token: &str) -> Result<Response> {
+        let header = [(kubegrace_sidecar_api::admin::TOKEN_HEADER, token)];
+        let path = kubegrace_sidecar_api::admin::path::DRAIN;
+        client::request(self.admin, method, path, &header, Duration::from_secs(10)).await
     }
 
     pub async fn admin_get(&self, path: &str) -> Result<Response> {
@@ -188,6 +206,15 @@ impl Ports {
         Ok(())
     }
 
+    /// Fails unless `/ready` answers `want` now; `why` says what it means.
+    pub async fn expect_ready(&self, want: StatusCode, why: &str) -> Result<()> {
+        let got = self.ready_status().await;
+        if got != Some(want) {
+            bail!("{why}: /ready answered {got:?}, expected {want}");
+        }
+        Ok(())
+    }
+
     /// `GET /ready` status, or `None` when the admin port does not answer.
     pub async fn ready_status(&self) -> Option<StatusCode> {
         client::request(
@@ -208,6 +235,14 @@ impl Ports {
             bail!("/metrics answered {}", resp.status);
         }
         Ok(Metrics::parse(&resp.text()))
+    }
+
+    /// `name` summed over its series.
+    pub async fn metric_sum(&self, name: &str) -> Result<f64> {
+        let metrics = self.metrics().await?;
+        metrics
+            .sum(name)
+            .with_context(|| format!("no {name} in {:?}", metrics.series))
     }
 
     /// The value of the series of `name` whose labels contain `label`.
@@ -310,6 +345,18 @@ impl InProcess {
         let sidecar = Self::start_unready(spec).await?;
         sidecar.wait_ready_status(StatusCode::OK).await?;
         Ok(sidecar)
+    }
+
+    /// The usual setup: this sidecar in front of a fresh test app, with `args`.
+    pub async fn with_app(args: &[&str]) -> Result<(TestApp, Self)> {
+        let (app, spec) = fresh_app(|spec| spec.args(args)).await?;
+        Ok((app, Self::start(spec).await?))
+    }
+
+    /// The usual setup with a config file instead of flags.
+    pub async fn with_app_config(yaml: &str) -> Result<(TestApp, Self)> {
+        let (app, spec) = fresh_app(|spec| spec.config(yaml)).await?;
+        Ok((app, Self::start(spec).await?))
     }
 
     /// Starts serving without waiting for readiness (an app not up yet).
@@ -421,6 +468,12 @@ impl Sidecar {
         let mut sidecar = Self::start_unready(spec).await?;
         sidecar.wait_ready().await?;
         Ok(sidecar)
+    }
+
+    /// The usual setup: the binary in front of a fresh test app, with `args`.
+    pub async fn with_app(args: &[&str]) -> Result<(TestApp, Self)> {
+        let (app, spec) = fresh_app(|spec| spec.args(args)).await?;
+        Ok((app, Self::start(spec).await?))
     }
 
     /// Starts the binary and learns its ports, without waiting for

@@ -35,6 +35,7 @@ use arc_swap::ArcSwap;
 use crate::app::AppWatch;
 use crate::config::{Endpoint, UpstreamPoolConfig};
 use crate::error::Result;
+use crate::metrics::Family;
 use crate::state::Shared;
 use crate::upstream::Upstream;
 
@@ -291,59 +292,55 @@ impl Upstreams {
 
     /// Per-instance metrics, appended to `/metrics`.
     pub fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write;
         let active = self.active.load(Ordering::Acquire);
-        let label = |s: &Slot| escape_label(&s.endpoint.to_string());
-        let _ = writeln!(
+        Family::new(
             out,
-            "# HELP kubegrace_upstream_requests_total Requests (raw TCP: connections) sent to each app instance.\n# TYPE kubegrace_upstream_requests_total counter"
+            "kubegrace_upstream_requests_total",
+            "counter",
+            "Requests (raw TCP: connections) sent to each app instance.",
+        )
+        .by(
+            "upstream",
+            self.per_slot(|_, s| s.requests.load(Ordering::Relaxed)),
         );
-        for s in &self.slots {
-            let _ = writeln!(
-                out,
-                "kubegrace_upstream_requests_total{{upstream=\"{}\"}} {}",
-                label(s),
-                s.requests.load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(
+        Family::new(
             out,
-            "# HELP kubegrace_upstream_inflight_requests Requests waiting for each app instance's answer (raw TCP: open connections).\n# TYPE kubegrace_upstream_inflight_requests gauge"
+            "kubegrace_upstream_inflight_requests",
+            "gauge",
+            "Requests waiting for each app instance's answer (raw TCP: open connections).",
+        )
+        .by(
+            "upstream",
+            self.per_slot(|_, s| s.in_flight.load(Ordering::Relaxed)),
         );
-        for s in &self.slots {
-            let _ = writeln!(
-                out,
-                "kubegrace_upstream_inflight_requests{{upstream=\"{}\"}} {}",
-                label(s),
-                s.in_flight.load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(
+        Family::new(
             out,
-            "# HELP kubegrace_upstream_active 1 for the app instance new requests go to.\n# TYPE kubegrace_upstream_active gauge"
-        );
-        for (i, s) in self.slots.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "kubegrace_upstream_active{{upstream=\"{}\"}} {}",
-                label(s),
-                u8::from(i == active)
-            );
-        }
+            "kubegrace_upstream_active",
+            "gauge",
+            "1 for the app instance new requests go to.",
+        )
+        .by("upstream", self.per_slot(|i, _| u8::from(i == active)));
         if self.slots.len() > 1 {
-            let _ = writeln!(
+            Family::new(
                 out,
-                "# HELP kubegrace_upstream_up 1 when the app instance accepted the last connect probe.\n# TYPE kubegrace_upstream_up gauge"
+                "kubegrace_upstream_up",
+                "gauge",
+                "1 when the app instance accepted the last connect probe.",
+            )
+            .by(
+                "upstream",
+                self.per_slot(|_, s| u8::from(s.reach.load(Ordering::Acquire) == UP)),
             );
-            for s in &self.slots {
-                let _ = writeln!(
-                    out,
-                    "kubegrace_upstream_up{{upstream=\"{}\"}} {}",
-                    label(s),
-                    u8::from(s.reach.load(Ordering::Acquire) == UP)
-                );
-            }
         }
+    }
+
+    /// One series per instance: its endpoint as the label value, and
+    /// `value` of (its index, itself).
+    fn per_slot<V>(&self, value: impl Fn(usize, &Slot) -> V) -> impl Iterator<Item = (String, V)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .map(move |(i, s)| (escape_label(&s.endpoint.to_string()), value(i, s)))
     }
 }
 

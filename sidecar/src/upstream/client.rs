@@ -1,0 +1,357 @@
+//! The client to one app instance: connects (holding requests while the
+//! app restarts), pools HTTP/1 connections, shares one HTTP/2 connection.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use http::uri::{Authority, Scheme};
+use http::{HeaderValue, Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::{TrySendError, http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::{TcpStream, UnixStream};
+
+use super::idle::{IdleConn, IdleStack};
+use super::{UpstreamBody, UpstreamStream};
+use crate::app::AppWatch;
+use crate::config::{Endpoint, UpstreamPoolConfig};
+use crate::error::{Error, Result};
+
+/// The authority (and Host for clients that sent none) used for a Unix
+/// socket upstream, which has no host name of its own.
+const UNIX_AUTHORITY: &str = "localhost";
+
+type H1Sender = http1::SendRequest<UpstreamBody>;
+
+impl IdleConn for H1Sender {
+    fn looks_open(&self) -> bool {
+        !self.is_closed()
+    }
+}
+
+/// Hands an HTTP/1 connection back to the pool once the response body it
+/// carries has ended cleanly. Dropped early (client gone, error), it drops
+/// the connection instead: a half-read response leaves the socket unusable.
+pub struct PoolReturn {
+    pool: Arc<IdleStack<H1Sender>>,
+    sender: Option<H1Sender>,
+}
+
+impl PoolReturn {
+    /// The response body ended cleanly.
+    pub fn release(mut self) {
+        if let Some(sender) = self.sender.take().filter(|s| !s.is_closed()) {
+            self.pool.push(sender);
+        }
+    }
+}
+
+/// A response from the app, plus the way its connection goes back to the
+/// pool (HTTP/1 only).
+pub struct UpstreamResponse {
+    pub response: Response<Incoming>,
+    pub pool_return: Option<PoolReturn>,
+}
+
+pub struct Upstream {
+    endpoint: Endpoint,
+    authority: Authority,
+    host: HeaderValue,
+    connect_timeout: Duration,
+    h1: Arc<IdleStack<H1Sender>>,
+    /// Idle raw sockets of the HTTP/1.1 fast path (proxy/h1).
+    raw: crate::proxy::h1::RawPool,
+    /// The shared HTTP/2 connection, if one is up, with its generation.
+    h2: Mutex<Option<(u64, http2::SendRequest<UpstreamBody>)>>,
+    h2_generation: AtomicU64,
+    /// Held while a new HTTP/2 connection is made, so a burst of streams
+    /// after a GOAWAY opens one connection, not one each.
+    h2_connecting: tokio::sync::Mutex<()>,
+    /// The app's reachability (one upstream only): a refused connect is
+    /// held until the app is back (see app.rs).
+    app: Option<Arc<AppWatch>>,
+}
+
+impl Upstream {
+    pub fn new(
+        endpoint: &Endpoint,
+        pool: &UpstreamPoolConfig,
+        app: Option<Arc<AppWatch>>,
+    ) -> Result<Upstream> {
+        let authority: Authority = match endpoint {
+            Endpoint::Tcp(addr) => addr.to_string().parse().map_err(|e| {
+                Error::Unsupported(format!("upstream: {addr} is not a URI authority: {e}"))
+            })?,
+            Endpoint::Unix(_) => Authority::from_static(UNIX_AUTHORITY),
+        };
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| {
+            Error::Unsupported(format!(
+                "upstream: {authority} is not a Host header value: {e}"
+            ))
+        })?;
+        let h1 = IdleStack::new(pool.max_idle, pool.idle_timeout.get());
+        let raw = crate::proxy::h1::RawPool::new(pool.max_idle, pool.idle_timeout.get());
+        Ok(Upstream {
+            endpoint: endpoint.clone(),
+            authority,
+            host,
+            connect_timeout: pool.connect_timeout.get(),
+            h1,
+            raw,
+            h2: Mutex::new(None),
+            h2_generation: AtomicU64::new(0),
+            h2_connecting: tokio::sync::Mutex::new(()),
+            app,
+        })
+    }
+
+    /// The app's address, for logs.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The authority of absolute request URIs (HTTP/2 `:authority` when the
+    /// client sent none): `host:port`, or `localhost` for a Unix socket.
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+
+    /// The Host header for an HTTP/1.0 client that sent none.
+    pub fn host(&self) -> &HeaderValue {
+        &self.host
+    }
+
+    pub fn scheme(&self) -> Scheme {
+        Scheme::HTTP
+    }
+
+    /// Opens a new socket to the app. While the app refuses connections (its
+    /// container is restarting) the caller is held until it is back, for at
+    /// most `upstreamPool.holdTimeout`; then [`Error::AppDown`] (a 503).
+    pub async fn connect(&self) -> Result<UpstreamStream> {
+        let Some(app) = self.app.as_ref() else {
+            return self.connect_once().await.map_err(|e| self.connect_error(e));
+        };
+        let started = tokio::time::Instant::now();
+        let mut held = false;
+        loop {
+            match self.connect_once().await {
+                Ok(stream) => {
+                    app.observe(true);
+                    if held {
+                        app.hold_ended();
+                        tracing::debug!(waited = ?started.elapsed(), "held request: the app is back, sending");
+                    }
+                    return Ok(stream);
+                }
+                Err(err) if crate::app::is_gone(&err) => {
+                    app.observe(false);
+                    if !app.holds() {
+                        return Err(self.connect_error(err));
+                    }
+                    app.hold(started, !held).await?;
+                    held = true;
+                }
+                Err(err) => return Err(self.connect_error(err)),
+            }
+        }
+    }
+
+    /// One connect, bounded by the connect timeout.
+    async fn connect_once(&self) -> io::Result<UpstreamStream> {
+        let connect = async {
+            match &self.endpoint {
+                Endpoint::Tcp(addr) => {
+                    let stream = TcpStream::connect(addr).await?;
+                    let _ = stream.set_nodelay(true);
+                    // Detects an app that vanished without a FIN while the
+                    // socket idles.
+                    let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(30));
+                    let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+                    Ok(UpstreamStream::Tcp(stream))
+                }
+                Endpoint::Unix(path) => UnixStream::connect(path).await.map(UpstreamStream::Unix),
+            }
+        };
+        match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(res) => res,
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connecting to {} timed out", self.endpoint),
+            )),
+        }
+    }
+
+    fn connect_error(&self, source: io::Error) -> Error {
+        Error::UpstreamConnect {
+            endpoint: self.endpoint.to_string(),
+            source,
+        }
+    }
+
+    /// Sends an HTTP/1.1 request (origin-form URI) on a pooled connection,
+    /// or a new one. Upgrades (WebSocket) work: such a connection is never
+    /// pooled again.
+    pub async fn send_h1(&self, req: Request<UpstreamBody>) -> Result<UpstreamResponse> {
+        let res = self.send_h1_inner(req).await;
+        self.note_lost(res.as_ref().err());
+        res
+    }
+
+    /// The fast path's idle app connections.
+    pub(crate) fn raw_pool(&self) -> &crate::proxy::h1::RawPool {
+        &self.raw
+    }
+
+    /// The fast path lost a request the app had received (its connection
+    /// died under it): counted, and the probe woken, as in `note_lost`.
+    pub(crate) fn lost_in_flight(&self) {
+        if let Some(app) = self.app.as_ref() {
+            app.lost_in_flight();
+        }
+    }
+
+    /// A request the app had received whose connection died is the app's
+    /// loss (it died with it in flight): counted, and the probe woken.
+    fn note_lost(&self, err: Option<&Error>) {
+        if let (Some(app), Some(Error::Upstream(err))) = (self.app.as_ref(), err)
+            && crate::app::is_lost_in_flight(err)
+        {
+            app.lost_in_flight();
+        }
+    }
+
+    async fn send_h1_inner(&self, mut req: Request<UpstreamBody>) -> Result<UpstreamResponse> {
+        // A pooled connection the app closed before our request was written
+        // hands the request back; then it goes on a fresh connection. Each
+        // pooled connection is tried once, so this ends.
+        while let Some(mut sender) = self.h1.pop() {
+            if sender.ready().await.is_err() {
+                continue;
+            }
+            match sender.try_send_request(req).await {
+                Ok(response) => return Ok(self.h1_response(response, sender)),
+                Err(err) => req = retry_or_fail(err)?,
+            }
+        }
+        let mut sender = self.connect_h1().await?;
+        match sender.try_send_request(req).await {
+            Ok(response) => Ok(self.h1_response(response, sender)),
+            Err(mut err) => {
+                let _ = err.take_message();
+                Err(Error::Upstream(err.into_error()))
+            }
+        }
+    }
+
+    fn h1_response(&self, response: Response<Incoming>, sender: H1Sender) -> UpstreamResponse {
+        // A 101 turns the connection into a tunnel; it never comes back.
+        let pool_return =
+            (response.status() != http::StatusCode::SWITCHING_PROTOCOLS).then(|| PoolReturn {
+                pool: self.h1.clone(),
+                sender: Some(sender),
+            });
+        UpstreamResponse {
+            response,
+            pool_return,
+        }
+    }
+
+    async fn connect_h1(&self) -> Result<H1Sender> {
+        let stream = self.connect().await?;
+        let (sender, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(Error::Upstream)?;
+        tokio::spawn(async move {
+            if let Err(err) = conn.with_upgrades().await {
+                tracing::debug!(error = %err, "upstream HTTP/1 connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// Sends an HTTP/2 request (absolute URI) on the shared connection.
+    pub async fn send_h2(&self, req: Request<UpstreamBody>) -> Result<Response<Incoming>> {
+        let res = self.send_h2_inner(req).await;
+        self.note_lost(res.as_ref().err());
+        res
+    }
+
+    async fn send_h2_inner(&self, req: Request<UpstreamBody>) -> Result<Response<Incoming>> {
+        let (id, mut sender) = self.h2_sender().await?;
+        let req = match sender.ready().await {
+            Ok(()) => match sender.try_send_request(req).await {
+                Ok(response) => return Ok(response),
+                Err(err) => retry_or_fail(err)?,
+            },
+            Err(_) => req,
+        };
+        // The connection closed or refused the stream before it was sent
+        // (the app's GOAWAY): retire it and send once more on a new one.
+        self.retire_h2(id);
+        let (_, mut sender) = self.h2_sender().await?;
+        sender.ready().await.map_err(Error::Upstream)?;
+        match sender.try_send_request(req).await {
+            Ok(response) => Ok(response),
+            Err(mut err) => {
+                let _ = err.take_message();
+                Err(Error::Upstream(err.into_error()))
+            }
+        }
+    }
+
+    fn current_h2(&self) -> Option<(u64, http2::SendRequest<UpstreamBody>)> {
+        let slot = self.h2.lock().unwrap_or_else(PoisonError::into_inner);
+        slot.as_ref()
+            .filter(|(_, s)| !s.is_closed())
+            .map(|(id, s)| (*id, s.clone()))
+    }
+
+    /// Forgets connection `id` unless another request already replaced it.
+    fn retire_h2(&self, id: u64) {
+        let mut slot = self.h2.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.as_ref().is_some_and(|(current, _)| *current == id) {
+            *slot = None;
+        }
+    }
+
+    async fn h2_sender(&self) -> Result<(u64, http2::SendRequest<UpstreamBody>)> {
+        if let Some(current) = self.current_h2() {
+            return Ok(current);
+        }
+        let _connecting = self.h2_connecting.lock().await;
+        if let Some(current) = self.current_h2() {
+            return Ok(current);
+        }
+        let stream = self.connect().await?;
+        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .adaptive_window(true)
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(Error::Upstream)?;
+        tokio::spawn(async move {
+            if let Err(err) = conn.await {
+                tracing::debug!(error = %err, "upstream HTTP/2 connection ended with an error");
+            }
+        });
+        let id = self.h2_generation.fetch_add(1, Ordering::Relaxed);
+        *self.h2.lock().unwrap_or_else(PoisonError::into_inner) = Some((id, sender.clone()));
+        Ok((id, sender))
+    }
+}
+
+/// A request the connection gave back unsent may be retried; one it sent
+/// (even partly) may not, because the app may have acted on it.
+fn retry_or_fail(mut err: TrySendError<Request<UpstreamBody>>) -> Result<Request<UpstreamBody>> {
+    match err.take_message() {
+        Some(req) => {
+            tracing::debug!(error = %err.error(), "pooled upstream connection was closed; retrying on another");
+            Ok(req)
+        }
+        None => Err(Error::Upstream(err.into_error())),
+    }
+}

@@ -1,0 +1,29 @@
+//! Everything between the sidecar and the app: the pooled keep-alive
+//! connections to one app instance ([`client`]), and the choice between
+//! several instances ([`slots`]).
+//!
+//! The app is one endpoint (TCP or a Unix socket), so the pool is ours and
+//! small instead of hyper-util's general-purpose client (which hashes a pool
+//! key, boxes futures and hands every request through a channel):
+//!
+//! - HTTP/1.1: a LIFO stack of idle `http1::SendRequest` handles
+//!   ([`idle`], shared with the fast path's raw sockets). A connection goes
+//!   back on the stack only once its response body ended cleanly. If a
+//!   pooled socket turns out closed before the request was written, the
+//!   request goes again on a fresh connection.
+//! - HTTP/2 (prior knowledge, for HTTP/2 and gRPC downstream requests): one
+//!   shared multiplexed connection, replaced when it closes or refuses new
+//!   streams (the app's GOAWAY), so streams stay multiplexed end to end.
+//!
+//! The request body on its way ([`body`]) carries the body limits and
+//! remembers whose fault a failed body was. A connection to the app is a TCP or Unix socket ([`stream`]).
+
+mod body;
+mod client;
+pub(crate) mod idle;
+pub mod slots;
+mod stream;
+
+pub use body::{BodyError, BodyFault, BodyWatch, DownstreamBody, UpstreamBody};
+pub use client::{PoolReturn, Upstream, UpstreamResponse};
+pub use stream::UpstreamStream;

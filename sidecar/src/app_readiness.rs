@@ -223,41 +223,52 @@ mod tests {
         }
     }
 
+    /// The verdict after each outcome, in order.
+    fn verdicts(p: &AppReadiness, outcomes: &[Outcome]) -> Vec<bool> {
+        let mut s = State::default();
+        outcomes
+            .iter()
+            .map(|o| {
+                s.record(p, o.clone());
+                s.ready
+            })
+            .collect()
+    }
+
     #[test]
     fn a_ready_app_turns_unready_only_after_the_failure_threshold() {
         let p = AppReadiness {
             failure_threshold: 2,
             ..probe(1)
         };
-        let mut s = State::default();
-        s.record(&p, Outcome::Pass(200));
-        assert!(s.ready);
-        s.record(&p, Outcome::Status(503));
-        assert!(s.ready, "one failure of two allowed");
-        s.record(&p, Outcome::Status(503));
-        assert!(!s.ready);
-        s.record(&p, Outcome::Pass(204));
-        assert!(s.ready, "successThreshold 1");
+        let (pass, fail) = (Outcome::Pass(200), Outcome::Status(503));
+        // Ready; one failure of two allowed; unready; successThreshold 1.
+        assert_eq!(
+            verdicts(&p, &[pass.clone(), fail.clone(), fail, Outcome::Pass(204)]),
+            [true, true, false, true]
+        );
     }
 
     #[test]
     fn success_threshold_and_initial_delay_hold_a_new_app_back() {
-        let p = AppReadiness {
+        let two_passes = AppReadiness {
             success_threshold: 2,
             ..probe(1)
         };
-        let mut s = State::default();
-        s.record(&p, Outcome::Pass(200));
-        assert!(!s.ready, "one pass of two");
-        s.record(&p, Outcome::Pass(200));
-        assert!(s.ready);
+        let pass = Outcome::Pass(200);
+        assert_eq!(
+            verdicts(&two_passes, &[pass.clone(), pass.clone()]),
+            [false, true]
+        );
         let delayed = AppReadiness {
             initial_delay_seconds: 3600,
             ..probe(1)
         };
-        let mut s = State::default();
-        s.record(&delayed, Outcome::Pass(200));
-        assert!(!s.ready, "inside the initial delay");
+        assert_eq!(
+            verdicts(&delayed, &[pass]),
+            [false],
+            "inside the initial delay"
+        );
     }
 
     #[test]

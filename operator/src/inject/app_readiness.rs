@@ -89,10 +89,20 @@ pub(super) fn take_http_readiness(app: &mut Container) -> Option<AppReadiness> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::inject;
-    use super::super::tests::{POD, plan, pod};
+    use super::super::tests::{injected, native_sidecar};
     use super::*;
     use kubegrace_sidecar_api::cli::env;
+
+    const PROBE: &str = "{httpGet: {path: /healthz, port: http}}";
+
+    fn moved_check(sidecar: &Container) -> Option<&str> {
+        sidecar
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == env::APP_READINESS)
+            .and_then(|e| e.value.as_deref())
+    }
 
     #[test]
     fn probes_the_sidecar_cannot_run_stay_on_the_app_and_follow_the_rename() {
@@ -102,10 +112,8 @@ mod tests {
             "{httpGet: {path: /healthz, port: http, host: 10.0.0.1}}",
             "{tcpSocket: {port: http}}",
         ] {
-            let yaml = POD.replace("{httpGet: {path: /healthz, port: http}}", probe);
-            let out = inject(&pod(&yaml), &plan(true)).expect("injected");
-            let spec = out.spec.as_ref().expect("spec");
-            let app = &spec.containers[0];
+            let out = injected(PROBE, probe, true);
+            let app = &out.spec.as_ref().expect("spec").containers[0];
             let kept = app.readiness_probe.as_ref().expect("kept on the app");
             let port = kept
                 .http_get
@@ -115,44 +123,30 @@ mod tests {
             if let Some(port) = port {
                 assert_eq!(port, &IntOrString::String("kg-http".into()), "{probe}");
             }
-            let sc = &spec.init_containers.as_ref().expect("init")[0];
-            assert!(
-                !sc.env
-                    .iter()
-                    .flatten()
-                    .any(|e| e.name == env::APP_READINESS),
-                "{probe}"
-            );
+            assert_eq!(moved_check(native_sidecar(&out)), None, "{probe}");
         }
     }
 
     #[test]
     fn the_app_readiness_annotation_keeps_the_probe_on_the_app() {
-        let yaml = POD.replace(
+        let out = injected(
             "annotations: {kubegrace.io/inject: enabled}",
             "annotations: {kubegrace.io/inject: enabled, kubegrace.io/app-readiness: app}",
+            false,
         );
-        let out = inject(&pod(&yaml), &plan(false)).expect("injected");
         let app = &out.spec.as_ref().expect("spec").containers[0];
         assert!(app.readiness_probe.is_some());
     }
 
     #[test]
     fn a_moved_probe_keeps_its_numbers_headers_and_numeric_port() {
-        let yaml = POD.replace(
-            "{httpGet: {path: /healthz, port: http}}",
+        let out = injected(
+            PROBE,
             "{httpGet: {path: /ready?full=1, port: 9090, httpHeaders: [{name: X-Probe, value: k}]}, periodSeconds: 5, timeoutSeconds: 3, successThreshold: 2, failureThreshold: 4, initialDelaySeconds: 7}",
+            true,
         );
-        let out = inject(&pod(&yaml), &plan(true)).expect("injected");
-        let spec = out.spec.as_ref().expect("spec");
-        let sc = &spec.init_containers.as_ref().expect("init")[0];
-        let json = sc
-            .env
-            .iter()
-            .flatten()
-            .find(|e| e.name == env::APP_READINESS)
-            .and_then(|e| e.value.as_deref())
-            .expect("env");
+        let sc = native_sidecar(&out);
+        let json = moved_check(sc).expect("env");
         let moved: AppReadiness = serde_json::from_str(json).expect("json");
         assert_eq!(
             moved,

@@ -22,6 +22,22 @@ pub(super) fn pod(yaml: &str) -> Pod {
     serde_yaml::from_str(yaml).expect("valid pod")
 }
 
+/// What the webhook makes of `POD` with `from` replaced by `to`.
+pub(super) fn injected(from: &str, to: &str, native: bool) -> Pod {
+    let yaml = POD.replace(from, to);
+    inject(&pod(&yaml), &plan(native)).expect("injected")
+}
+
+/// The native sidecar (the first init container) of an injected pod.
+pub(super) fn native_sidecar(out: &Pod) -> &Container {
+    &out.spec
+        .as_ref()
+        .expect("spec")
+        .init_containers
+        .as_ref()
+        .expect("init")[0]
+}
+
 pub(super) fn plan(native: bool) -> InjectPlan {
     InjectPlan {
         route: "web".into(),
@@ -44,7 +60,7 @@ pub(super) fn plan(native: bool) -> InjectPlan {
 fn native_injection_takes_over_the_port_name_and_keeps_the_app_port_number() {
     let out = inject(&pod(POD), &plan(true)).expect("injected");
     let spec = out.spec.as_ref().expect("spec");
-    let sc = &spec.init_containers.as_ref().expect("init")[0];
+    let sc = native_sidecar(&out);
     assert_eq!(sc.name, pod::CONTAINER);
     assert_eq!(sc.restart_policy.as_deref(), Some("Always"));
     assert_eq!(
@@ -143,13 +159,13 @@ fn ports_of(c: &Container) -> Vec<(String, i32)> {
 fn a_pod_on_our_default_ports_and_istios_gets_the_next_free_ones() {
     // An app that listens on Istio's 15020, on our default admin port
     // and on our first listener port.
-    let yaml = POD.replace(
+    let out = injected(
         "{name: metrics, containerPort: 9090}",
         "{name: metrics, containerPort: 15020}, {name: a, containerPort: 15180}, {name: b, containerPort: 15181}",
+        true,
     );
-    let out = inject(&pod(&yaml), &plan(true)).expect("injected, not skipped");
     let spec = out.spec.as_ref().expect("spec");
-    let sc = &spec.init_containers.as_ref().expect("init")[0];
+    let sc = native_sidecar(&out);
     assert_eq!(
         ports_of(sc),
         vec![("http".into(), 15183), (admin::PORT_NAME.into(), 15182)]

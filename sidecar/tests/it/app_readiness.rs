@@ -18,13 +18,20 @@ fn check(port: u16, failure_threshold: u32) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ready_follows_the_apps_own_check_not_just_its_port() -> Result<()> {
+/// An app and a sidecar that checks it (`failureThreshold` as given), once
+/// the first check has passed.
+async fn ready_with_check(failure_threshold: u32) -> Result<(TestApp, Sidecar)> {
     let app = TestApp::start("a").await?;
-    let json = check(app.addr.port(), 1);
+    let json = check(app.addr.port(), failure_threshold);
     let sidecar =
         Sidecar::start_unready(SidecarSpec::to(&app).args(&["--app-readiness", &json])).await?;
     sidecar.wait_ready_status(StatusCode::OK).await?;
+    Ok((app, sidecar))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_follows_the_apps_own_check_not_just_its_port() -> Result<()> {
+    let (app, sidecar) = ready_with_check(1).await?;
 
     // The app still accepts connections, but its check fails: unready,
     // and the answer says which check failed.
@@ -53,11 +60,7 @@ async fn ready_follows_the_apps_own_check_not_just_its_port() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_failure_below_the_threshold_keeps_the_pod_ready() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let json = check(app.addr.port(), 3);
-    let sidecar =
-        Sidecar::start_unready(SidecarSpec::to(&app).args(&["--app-readiness", &json])).await?;
-    sidecar.wait_ready_status(StatusCode::OK).await?;
+    let (app, sidecar) = ready_with_check(3).await?;
     let before = app.control.received_for("healthz");
     app.control.fail(Some("/healthz"));
     // Play the kubelet: one probe a period (1 s). A ready verdict holds for

@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
 
-.PHONY: chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
+.PHONY: release-images-check chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
 
 all: build
 
@@ -65,3 +65,5 @@ bench: ## the sidecar against nginx, HAProxy and Caddy, side by side (under 10 m
 	bench/run
 bench-operator: ## operator webhook latency and reconcile time on the local cluster (bench/results/operator.json)
 	e2e/cluster/with-cluster cargo run -p kubegrace-bench --features operator --bin bench-operator
+release-images-check: ## release images (sidecar, operator) for amd64+arm64 from a clean checkout, offline, checked (heavy: two release builds; not in `make test`)
+	e2e/images/check-release

@@ -459,6 +459,10 @@ pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
         keys::SIDECAR_MODE.into(),
         if plan.native { "native" } else { "container" }.into(),
     );
+    ann.insert(
+        keys::SIDECAR_VERSION.into(),
+        crate::image_ref::version_of(&plan.image).into(),
+    );
     ann.entry(keys::ROUTE.into())
         .or_insert_with(|| plan.route.clone());
     Ok(out)
@@ -586,6 +590,11 @@ spec:
         let ann = out.metadata.annotations.as_ref().expect("annotations");
         assert_eq!(ann.get(keys::INJECTED).map(String::as_str), Some("true"));
         assert_eq!(ann.get(keys::ROUTE).map(String::as_str), Some("web"));
+        // The plan's image is localhost/kubegrace/sidecar:e2e.
+        assert_eq!(
+            ann.get(keys::SIDECAR_VERSION).map(String::as_str),
+            Some("e2e")
+        );
     }
 
     fn ports_of(c: &Container) -> Vec<(String, i32)> {

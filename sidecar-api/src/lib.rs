@@ -8,6 +8,7 @@
 //! - [`cli`]: the sidecar's flags and `KUBEGRACE_*` environment names.
 //! - [`pod`]: container, volume and file names in an injected pod.
 //! - [`keys`]: annotation and label keys.
+//! - [`build`]: the version and git revision a binary was built from.
 //!
 //! The tests of both binaries and the cluster tests use these names too, so
 //! a rename is one change here that the compiler carries everywhere. The
@@ -15,6 +16,7 @@
 //! sidecar, rendering with the operator.
 
 pub mod admin;
+pub mod build;
 pub mod cli;
 pub mod config;
 pub mod keys;

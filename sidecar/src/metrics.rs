@@ -223,6 +223,22 @@ impl Metrics {
     /// Prometheus text exposition format 0.0.4.
     pub fn render(&self, drain: &Drain, out: &mut String) {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        // An info metric: a dashboard joins on it to tell which pods still
+        // run an old sidecar after an upgrade.
+        Family::new(
+            out,
+            "kubegrace_build_info",
+            "gauge",
+            "The sidecar's version and the git revision it was built from.",
+        )
+        .series(
+            format_args!(
+                "version=\"{}\",revision=\"{}\"",
+                env!("CARGO_PKG_VERSION"),
+                kubegrace_sidecar_api::build::REVISION
+            ),
+            1,
+        );
         Family::new(
             out,
             "kubegrace_inflight_requests",
@@ -556,6 +572,12 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("kubegrace_inflight_requests 0\n"), "{out}");
+        let build_info = format!(
+            "kubegrace_build_info{{version=\"{}\",revision=\"{}\"}} 1\n",
+            env!("CARGO_PKG_VERSION"),
+            kubegrace_sidecar_api::build::REVISION
+        );
+        assert!(out.contains(&build_info), "{out}");
         assert!(out.contains("kubegrace_drain_phase 0\n"), "{out}");
         assert!(
             out.contains("kubegrace_drain_readiness{mode=\"fail_fast\"} 1\n"),

@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
 
-.PHONY: chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
+.PHONY: release-images-check chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
 
 all: build
 
@@ -34,20 +34,26 @@ fmt-check:
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-crds: ## regenerate crds/ from the Rust types
-	$(CARGO) run -q -p kubegrace-operator -- crd > crds/graceroutes.kubegrace.io.yaml
+crds: ## regenerate crds/ from the Rust types (and the chart's copy)
+	$(CARGO) run -q -p kubegrace-operator -- crd > crds/graceroutes.kubegrace.io.yaml.tmp
+	mv crds/graceroutes.kubegrace.io.yaml.tmp crds/graceroutes.kubegrace.io.yaml
+	charts/kubegrace/hack/check-crd-sync --fix
 
 crd-check: ## fail when crds/ differs from what the Rust types print
 	@if [ -f crds/graceroutes.kubegrace.io.yaml ]; then \
 	  $(CARGO) run -q -p kubegrace-operator -- crd | diff -u crds/graceroutes.kubegrace.io.yaml - \
 	  || { echo "crds/ is stale: run 'make crds' and commit" >&2; exit 1; }; \
 	else echo "crd-check: no CRD yet"; fi
+	charts/kubegrace/hack/check-crd-sync
 
 chart-lint: ## Helm chart: lint, renders, schema refusals, CRD copy, README (+ server dry run if $$KUBECONFIG works)
 	charts/kubegrace/hack/lint
 
 chart-test: ## the chart against a throwaway kube-apiserver: RBAC, webhook selectors, caBundle across upgrades
 	charts/kubegrace/hack/test-apiserver
+
+chart-upgrade-test: ## helm upgrade from the previous chart (main) on $$KUBECONFIG's cluster: CRD schema upgraded, GraceRoute kept, 0 failed requests
+	charts/kubegrace/hack/test-upgrade
 
 cluster-up: ## boot the local single-node cluster (prints the kubeconfig)
 	e2e/cluster/up
@@ -65,3 +71,5 @@ bench: ## the sidecar against nginx, HAProxy and Caddy, side by side (under 10 m
 	bench/run
 bench-operator: ## operator webhook latency and reconcile time on the local cluster (bench/results/operator.json)
 	e2e/cluster/with-cluster cargo run -p kubegrace-bench --features operator --bin bench-operator
+release-images-check: ## release images (sidecar, operator) for amd64+arm64 from a clean checkout, offline, checked (heavy: two release builds; not in `make test`)
+	e2e/images/check-release

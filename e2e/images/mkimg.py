@@ -9,6 +9,11 @@ Example:
   mkimg.py --out pause.tar --ref localhost/kubegrace/pause:e2e \\
       --entrypoint /pause --file build/pause:/pause:0755
 
+Several architectures (--arch amd64 --arch arm64, with {arch} in a --file source) make a
+multi-platform image: one manifest per architecture under an OCI image index, which index.json
+names. ctr and kind pick their platform from it; the Docker-style manifest.json can name one
+image only and names the first architecture's.
+
 Output is deterministic: same inputs, same digests.
 """
 
@@ -23,10 +28,17 @@ import tarfile
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+ARCHES = ("amd64", "arm64")
 
 
 def sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def platform(arch: str) -> dict:
+    # arm64 images carry the variant the way docker buildx writes them.
+    return {"architecture": arch, "os": "linux", **({"variant": "v8"} if arch == "arm64" else {})}
 
 
 def tar_entry(name: str, size: int = 0, mode: int = 0o644, kind: bytes = tarfile.REGTYPE) -> tarfile.TarInfo:
@@ -86,57 +98,76 @@ def main() -> int:
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE, repeatable")
     p.add_argument("--user", default="65532:65532", help="uid:gid the image runs as (default 65532:65532)")
     p.add_argument("--port", action="append", default=[], help="exposed port, e.g. 8080/tcp")
+    p.add_argument("--label", action="append", default=[], help="KEY=VALUE image label, repeatable")
+    p.add_argument("--arch", action="append", choices=ARCHES, help="platform (linux/ARCH), repeatable; default amd64")
     a = p.parse_args()
 
     name, _, tag = a.ref.rpartition(":")
     if not name or "/" in tag or tag == "latest" or "." not in name.split("/")[0] and name.split("/")[0] != "localhost":
         p.error(f"--ref must be fully qualified with a tag other than latest, got {a.ref!r}")
 
-    layer = build_layer(a.file, a.dir)
-    layer_digest = sha256(layer)
-    env = ["PATH=/usr/local/bin:/usr/bin:/bin"] + a.env
-    config = {
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {
-            "Entrypoint": [a.entrypoint],
-            "Cmd": a.arg or None,
-            "Env": env,
-            "User": a.user,
-            "WorkingDir": "/",
-            "ExposedPorts": {port if "/" in port else port + "/tcp": {} for port in a.port} or None,
-            "Labels": {"org.opencontainers.image.title": name.rsplit("/", 1)[-1]},
-        },
-        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "e2e/images/mkimg.py"}],
-        "created": "1970-01-01T00:00:00Z",
-    }
-    config["config"] = {k: v for k, v in config["config"].items() if v is not None}
-    config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
-    config_digest = sha256(config_bytes)
-    manifest = {
-        "schemaVersion": 2,
-        "mediaType": OCI_MANIFEST,
-        "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": len(config_bytes)},
-        "layers": [{"mediaType": OCI_LAYER, "digest": layer_digest, "size": len(layer)}],
-    }
-    manifest_bytes = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-    manifest_digest = sha256(manifest_bytes)
-    index = {
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [
+    def image(arch: str):
+        """The blobs of one architecture's image: [(digest, bytes)], manifest last."""
+        files = [(src.replace("{arch}", arch), dest, mode) for src, dest, mode in a.file]
+        layer = build_layer(files, a.dir)
+        layer_digest = sha256(layer)
+        env = ["PATH=/usr/local/bin:/usr/bin:/bin"] + a.env
+        labels = {"org.opencontainers.image.title": name.rsplit("/", 1)[-1]}
+        labels.update(dict(label.split("=", 1) for label in a.label))
+        config = {
+            **platform(arch),
+            "config": {
+                "Entrypoint": [a.entrypoint],
+                "Cmd": a.arg or None,
+                "Env": env,
+                "User": a.user,
+                "WorkingDir": "/",
+                "ExposedPorts": {port if "/" in port else port + "/tcp": {} for port in a.port} or None,
+                "Labels": labels,
+            },
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+            "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "e2e/images/mkimg.py"}],
+            "created": "1970-01-01T00:00:00Z",
+        }
+        config["config"] = {k: v for k, v in config["config"].items() if v is not None}
+        config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+        config_digest = sha256(config_bytes)
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": len(config_bytes)},
+            "layers": [{"mediaType": OCI_LAYER, "digest": layer_digest, "size": len(layer)}],
+        }
+        manifest_bytes = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+        return [(layer_digest, layer), (config_digest, config_bytes), (sha256(manifest_bytes), manifest_bytes)]
+
+    ref_annotations = {"io.containerd.image.name": a.ref, "org.opencontainers.image.ref.name": tag}
+    arches = a.arch or ["amd64"]
+    blobs, platforms = [], []
+    for arch in arches:
+        image_blobs = image(arch)
+        blobs += image_blobs
+        digest, data = image_blobs[-1]
+        platforms.append(
             {
                 "mediaType": OCI_MANIFEST,
-                "digest": manifest_digest,
-                "size": len(manifest_bytes),
-                "platform": {"architecture": "amd64", "os": "linux"},
-                "annotations": {"io.containerd.image.name": a.ref, "org.opencontainers.image.ref.name": tag},
+                "digest": digest,
+                "size": len(data),
+                "platform": platform(arch),
             }
-        ],
-    }
+        )
+    if len(arches) == 1:
+        # One platform: index.json names the manifest itself, as before multi-arch existed.
+        top = dict(platforms[0], annotations=ref_annotations)
+    else:
+        image_index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": platforms}
+        index_bytes = json.dumps(image_index, sort_keys=True, separators=(",", ":")).encode()
+        blobs.append((sha256(index_bytes), index_bytes))
+        top = {"mediaType": OCI_INDEX, "digest": sha256(index_bytes), "size": len(index_bytes), "annotations": ref_annotations}
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [top]}
     blob = lambda d: "blobs/sha256/" + d.split(":", 1)[1]  # noqa: E731
-    docker_manifest = [{"Config": blob(config_digest), "RepoTags": [a.ref], "Layers": [blob(layer_digest)]}]
+    first_layer, first_config = blobs[0][0], blobs[1][0]
+    docker_manifest = [{"Config": blob(first_config), "RepoTags": [a.ref], "Layers": [blob(first_layer)]}]
 
     tmp = a.out + ".tmp"
     with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
@@ -146,13 +177,13 @@ def main() -> int:
 
         tar.addfile(tar_entry("blobs/", mode=0o755, kind=tarfile.DIRTYPE))
         tar.addfile(tar_entry("blobs/sha256/", mode=0o755, kind=tarfile.DIRTYPE))
-        for digest, data in ((layer_digest, layer), (config_digest, config_bytes), (manifest_digest, manifest_bytes)):
+        for digest, data in blobs:
             add(blob(digest), data)
         add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
         add("index.json", json.dumps(index, sort_keys=True).encode())
         add("manifest.json", json.dumps(docker_manifest).encode())
     os.replace(tmp, a.out)
-    print(f"{a.out} {a.ref} {manifest_digest} ({len(layer)} bytes)")
+    print(f"{a.out} {a.ref} {top['digest']} ({','.join(arches)}; {len(blobs[0][1])} bytes in the {arches[0]} layer)")
     return 0
 
 

@@ -291,7 +291,7 @@ impl Metrics {
             out,
             "# HELP kubegrace_operator_build_info The operator's version and git revision.\n# TYPE kubegrace_operator_build_info gauge\nkubegrace_operator_build_info{{version=\"{}\",revision=\"{}\"}} 1",
             env!("CARGO_PKG_VERSION"),
-            option_env!("KUBEGRACE_REVISION").unwrap_or("unknown"),
+            kubegrace_sidecar_api::build::REVISION,
         );
         let counters = |out: &mut String,
                         name: &str,
@@ -492,10 +492,12 @@ mod tests {
                 "missing {line:?} in\n{text}"
             );
         }
-        assert!(
-            text.contains("kubegrace_operator_build_info{version=\""),
-            "{text}"
+        let build_info = format!(
+            "kubegrace_operator_build_info{{version=\"{}\",revision=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            kubegrace_sidecar_api::build::REVISION
         );
+        assert!(text.lines().any(|l| l == build_info), "{text}");
     }
 
     #[tokio::test]

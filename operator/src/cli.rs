@@ -8,10 +8,18 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 use kubegrace_sidecar_api::config::HumanDuration;
 
+/// `--version`: the crate version and the git revision of the build.
+pub static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    kubegrace_sidecar_api::build::version_line(
+        env!("CARGO_PKG_VERSION"),
+        kubegrace_sidecar_api::build::REVISION,
+    )
+});
+
 #[derive(Debug, Parser)]
 #[command(
     name = "kubegrace-operator",
-    version,
+    version = VERSION.as_str(),
     about = "GraceRoute controller and sidecar-injection webhook"
 )]
 pub struct Cli {
@@ -204,6 +212,19 @@ impl RunArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn version_names_the_program_crate_version_and_revision() {
+        use clap::CommandFactory;
+        let text = Cli::command().render_version();
+        let want = format!(
+            "kubegrace-operator {} (revision {})
+",
+            env!("CARGO_PKG_VERSION"),
+            kubegrace_sidecar_api::build::REVISION
+        );
+        assert_eq!(text, want);
+    }
 
     /// The Helm chart's argument style, including an empty limit.
     #[test]

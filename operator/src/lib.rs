@@ -14,6 +14,7 @@ pub mod cli;
 pub mod controller;
 pub mod crd;
 pub mod error;
+pub mod image_ref;
 pub mod inject;
 pub mod lease;
 pub mod ownership;

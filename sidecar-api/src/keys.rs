@@ -34,3 +34,7 @@ pub const APP_READINESS_ON_APP: &str = "app";
 pub const ROUTE_LABEL: &str = "kubegrace.io/route";
 /// The well-known label naming who manages an object.
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Pod annotation set by the webhook: the version of the sidecar image it
+/// injected (the image tag, or its digest when pinned by digest only), so
+/// pods running a stale sidecar can be listed after an upgrade.
+pub const SIDECAR_VERSION: &str = "kubegrace.io/sidecar-version";

@@ -10,6 +10,7 @@
 //! - [`keys`]: annotation and label keys.
 //! - [`report`]: the drain report a sidecar leaves as its termination
 //!   message, and the operator collects.
+//! - [`build`]: the version and git revision a binary was built from.
 //!
 //! The tests of both binaries and the cluster tests use these names too, so
 //! a rename is one change here that the compiler carries everywhere. The
@@ -17,6 +18,7 @@
 //! sidecar, rendering with the operator.
 
 pub mod admin;
+pub mod build;
 pub mod cli;
 pub mod config;
 pub mod keys;

@@ -17,6 +17,14 @@ use crate::config::{
 };
 use crate::error::{Error, Result};
 
+/// `--version`: the crate version and the git revision of the build.
+pub static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    kubegrace_sidecar_api::build::version_line(
+        env!("CARGO_PKG_VERSION"),
+        kubegrace_sidecar_api::build::REVISION,
+    )
+});
+
 /// Exit status for anything the user must fix (BSD EX_USAGE).
 pub const EXIT_USAGE: i32 = 64;
 
@@ -30,7 +38,7 @@ pub enum LogFormat {
 /// Drain-aware inbound proxy: fronts the app, drains on evidence, exits 0
 /// once every connection is done.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "kubegrace-sidecar", version, about)]
+#[command(name = "kubegrace-sidecar", version = VERSION.as_str(), about)]
 pub struct Cli {
     /// Where downstream traffic arrives (the port the Service targets); port 0 picks one.
     #[arg(long, env = env::LISTEN, value_name = "ADDR")]
@@ -518,6 +526,19 @@ fn parse_yaml(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn version_names_the_program_crate_version_and_revision() {
+        use clap::CommandFactory;
+        let text = Cli::command().render_version();
+        let want = format!(
+            "kubegrace-sidecar {} (revision {})
+",
+            env!("CARGO_PKG_VERSION"),
+            kubegrace_sidecar_api::build::REVISION
+        );
+        assert_eq!(text, want);
+    }
     use std::time::Duration;
 
     fn cli(args: &[&str]) -> std::result::Result<Cli, clap::Error> {

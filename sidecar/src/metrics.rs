@@ -227,19 +227,19 @@ impl Metrics {
     /// Prometheus text exposition format 0.0.4.
     pub fn render(&self, drain: &Drain, out: &mut String) {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        // The same labels as the operator's kubegrace_operator_build_info, so a
-        // query can find sidecars whose version differs from the operator's.
+        // An info metric: a dashboard joins on it to tell which pods still
+        // run an old sidecar after an upgrade.
         Family::new(
             out,
             "kubegrace_build_info",
             "gauge",
-            "The sidecar's version and git revision.",
+            "The sidecar's version and the git revision it was built from.",
         )
         .series(
             format_args!(
                 "version=\"{}\",revision=\"{}\"",
                 env!("CARGO_PKG_VERSION"),
-                option_env!("KUBEGRACE_REVISION").unwrap_or("unknown")
+                kubegrace_sidecar_api::build::REVISION
             ),
             1,
         );
@@ -534,13 +534,6 @@ mod tests {
         let mut out = String::new();
         m.render(&drain, &mut out);
         assert!(
-            out.contains(&format!(
-                "kubegrace_build_info{{version=\"{}\",revision=\"",
-                env!("CARGO_PKG_VERSION")
-            )),
-            "{out}"
-        );
-        assert!(
             out.contains("kubegrace_requests_total{code_class=\"2xx\"} 1\n"),
             "{out}"
         );
@@ -573,6 +566,12 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("kubegrace_inflight_requests 0\n"), "{out}");
+        let build_info = format!(
+            "kubegrace_build_info{{version=\"{}\",revision=\"{}\"}} 1\n",
+            env!("CARGO_PKG_VERSION"),
+            kubegrace_sidecar_api::build::REVISION
+        );
+        assert!(out.contains(&build_info), "{out}");
         assert!(out.contains("kubegrace_drain_phase 0\n"), "{out}");
         assert!(
             out.contains("kubegrace_drain_readiness{mode=\"fail_fast\"} 1\n"),

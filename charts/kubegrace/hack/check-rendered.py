@@ -443,10 +443,16 @@ def main():
     for d in docs:
         md = d.get("metadata") or {}
         cluster_scoped = d.get("kind") in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
-                                           "ValidatingWebhookConfiguration")
+                                           "ValidatingWebhookConfiguration", "CustomResourceDefinition")
         watched_rbac = d.get("kind") in ("Role", "RoleBinding") and md.get("namespace") in opts.watch_namespaces
         check(cluster_scoped or watched_rbac or md.get("namespace") == opts.namespace,
               f"{d.get('kind')} {md.get('name')} is not in the release namespace")
+
+    # The CRD is a template so `helm upgrade` applies schema changes; without
+    # keep, `helm uninstall` would delete it and every GraceRoute with it.
+    for crd in by_kind(docs, "CustomResourceDefinition"):
+        policy = ((crd.get("metadata") or {}).get("annotations") or {}).get("helm.sh/resource-policy")
+        check(policy == "keep", f"CRD {crd['metadata'].get('name')}: helm.sh/resource-policy is {policy!r}, want keep")
 
     mwc = one(docs, "MutatingWebhookConfiguration")
     svc = (((mwc.get("webhooks") or [{}])[0]).get("clientConfig") or {}).get("service") or {}

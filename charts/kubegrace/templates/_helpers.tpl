@@ -53,11 +53,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: kubegrace
 {{- end -}}
 
-{{/* <registry>/<repository>:<tag>, the component's tag falling back to image.tag. */}}
+{{/* <registry>/<repository>:<tag>, the component's tag falling back to image.tag, then to the chart's appVersion. */}}
 {{- define "kubegrace.image" -}}
 {{- $root := index . 0 -}}
 {{- $img := index . 1 -}}
-{{- $tag := default $root.Values.image.tag $img.tag -}}
+{{- $tag := default (default $root.Chart.AppVersion $root.Values.image.tag) $img.tag -}}
 {{- if $root.Values.image.registry -}}
 {{- printf "%s/%s:%s" $root.Values.image.registry $img.repository $tag -}}
 {{- else -}}

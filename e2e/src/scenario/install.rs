@@ -101,6 +101,9 @@ impl Install {
             "--wait".into(),
             "--timeout".into(),
             "180s".into(),
+            // The CRD is a chart template kept on uninstall: the run before left it
+            // owned by its own (gone) release, and this release adopts it.
+            "--take-ownership".into(),
         ];
         args.extend(set("fullnameOverride", &install.release));
         args.extend(set("image.registry", &opts.image_registry));

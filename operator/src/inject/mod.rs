@@ -500,6 +500,10 @@ pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
         keys::SIDECAR_MODE.into(),
         if plan.native { "native" } else { "container" }.into(),
     );
+    ann.insert(
+        keys::SIDECAR_VERSION.into(),
+        crate::image_ref::version_of(&plan.image).into(),
+    );
     ann.entry(keys::ROUTE.into())
         .or_insert_with(|| plan.route.clone());
     if app_readiness.is_some() {

@@ -145,6 +145,11 @@ fn native_injection_takes_over_the_port_name_and_keeps_the_app_port_number() {
     let ann = out.metadata.annotations.as_ref().expect("annotations");
     assert_eq!(ann.get(keys::INJECTED).map(String::as_str), Some("true"));
     assert_eq!(ann.get(keys::ROUTE).map(String::as_str), Some("web"));
+    // The plan's image is localhost/kubegrace/sidecar:e2e.
+    assert_eq!(
+        ann.get(keys::SIDECAR_VERSION).map(String::as_str),
+        Some("e2e")
+    );
 }
 
 fn ports_of(c: &Container) -> Vec<(String, i32)> {

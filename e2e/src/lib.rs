@@ -93,6 +93,19 @@ pub async fn cluster_client(test: &str) -> Result<Option<Client>> {
         .map(Some)
 }
 
+/// [`cluster_client`] as one statement in a test returning `Result<()>`:
+/// the client, or `return Ok(())` outside the cluster tier (skipped, said
+/// on stderr), or the error that fails the test inside it.
+#[macro_export]
+macro_rules! cluster_or_skip {
+    ($test:expr) => {
+        match $crate::cluster_client($test).await? {
+            Some(client) => client,
+            None => return Ok(()),
+        }
+    };
+}
+
 /// A client for the cluster in [`KUBECONFIG_ENV`], once its API server has
 /// answered; an error names what is missing.
 pub async fn connect() -> Result<Client> {

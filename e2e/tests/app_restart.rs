@@ -25,7 +25,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::PostParams;
 use kube::{Api, Client};
-use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::load::Summary;
 use kubegrace_e2e::scenario::kit::{self, PodAddr};
 use kubegrace_e2e::scenario::{
@@ -216,9 +215,7 @@ async fn busiest_pod(pods: &[PodAddr], p: &Progress) -> Result<PodAddr> {
 async fn an_app_liveness_restart_under_load_loses_nothing_with_kubegrace_and_fails_requests_without()
 -> Result<()> {
     let test = "an_app_liveness_restart_under_load_loses_nothing_with_kubegrace_and_fails_requests_without";
-    let Some(client) = cluster_client(test).await? else {
-        return Ok(());
-    };
+    let client = kubegrace_e2e::cluster_or_skip!(test);
     liveness_restart_with_and_without(client, "native").await
 }
 
@@ -228,9 +225,7 @@ async fn an_app_liveness_restart_under_load_loses_nothing_with_kubegrace_and_fai
 #[tokio::test]
 async fn with_a_classic_sidecar_an_app_liveness_restart_under_load_loses_nothing() -> Result<()> {
     let test = "with_a_classic_sidecar_an_app_liveness_restart_under_load_loses_nothing";
-    let Some(client) = cluster_client(test).await? else {
-        return Ok(());
-    };
+    let client = kubegrace_e2e::cluster_or_skip!(test);
     liveness_restart_with_and_without(client, "classic").await
 }
 
@@ -373,9 +368,7 @@ async fn run_crictl(args: &[&str]) -> Result<String> {
 #[tokio::test]
 async fn the_sidecars_own_restart_comes_back_ready_and_serves() -> Result<()> {
     let test = "the_sidecars_own_restart_comes_back_ready_and_serves";
-    let Some(client) = cluster_client(test).await? else {
-        return Ok(());
-    };
+    let client = kubegrace_e2e::cluster_or_skip!(test);
     // Both placements: kubelet restarts a native sidecar as an init container with
     // `restartPolicy: Always` and a classic one as an ordinary container of the pod.
     for mode in ["classic", "native"] {

@@ -21,7 +21,6 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
-use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::scenario::kit::{self, ConstantLoad, PodAddr, Tally, stat};
 use kubegrace_e2e::scenario::{Options, Patience, Progress, Scenario, keep_from_env, with_install};
 use kubegrace_sidecar_api::config::FALLBACK_HEADER;
@@ -47,9 +46,7 @@ async fn an_open_breaker_serves_the_fallback_lets_only_probes_through_and_closes
 -> Result<()> {
     let test =
         "an_open_breaker_serves_the_fallback_lets_only_probes_through_and_closes_on_recovery";
-    let Some(client) = cluster_client(test).await? else {
-        return Ok(());
-    };
+    let client = kubegrace_e2e::cluster_or_skip!(test);
     let mut opts = Options::new("kg-breaker");
     opts.replicas = 2;
     let p = Progress::default();

@@ -24,7 +24,6 @@ use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client};
-use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::scenario::kit::{self, Session, stat};
 use kubegrace_e2e::scenario::{
     Action, Options, Patience, Progress, Scenario, graceroute_api, keep_from_env, with_install,
@@ -42,9 +41,7 @@ const OPERATOR_ADMIN_PORT: u16 = 8080;
 async fn a_rollout_with_one_request_past_the_drain_timeout_shows_one_force_closed_drain()
 -> Result<()> {
     let test = "a_rollout_with_one_request_past_the_drain_timeout_shows_one_force_closed_drain";
-    let Some(client) = cluster_client(test).await? else {
-        return Ok(());
-    };
+    let client = kubegrace_e2e::cluster_or_skip!(test);
     let mut opts = Options::new("kg-drains").with_load_from_env()?;
     opts.replicas = 3;
     opts.drain.timeout = "4s".into();

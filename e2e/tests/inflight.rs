@@ -28,7 +28,7 @@ use kubegrace_e2e::scenario::kit::{self, Session, stat};
 use kubegrace_e2e::scenario::{
     Options, Patience, Progress, WITH, WITHOUT, keep_from_env, with_install,
 };
-use kubegrace_e2e::{cluster_client, wait_deleted};
+use kubegrace_e2e::wait_deleted;
 
 /// Each exchange lasts about this long, well past the pod's deletion.
 const DELAY_MS: u64 = 8_000;
@@ -41,9 +41,7 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(45);
 async fn long_requests_and_streams_in_flight_at_termination_finish_with_kubegrace_and_are_cut_without()
 -> Result<()> {
     let test = "long_requests_and_streams_in_flight_at_termination_finish_with_kubegrace_and_are_cut_without";
-    let Some(client) = cluster_client(test).await? else {
-        return Ok(());
-    };
+    let client = kubegrace_e2e::cluster_or_skip!(test);
     let mut opts = Options::new("kg-inflight");
     opts.replicas = 1;
     // Closing waits for in-flight work up to `timeout`: longer than the exchanges.

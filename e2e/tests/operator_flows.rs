@@ -24,10 +24,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
-use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::scenario::{
-    Action, Options, Patience, Progress, RunResult, Scenario, WITH, has_sidecar, keep_from_env,
-    with_install,
+    Action, Options, Patience, Progress, RunResult, Scenario, WITH, all_containers, has_sidecar,
+    keep_from_env, with_install,
 };
 use kubegrace_sidecar_api::cli::env;
 use kubegrace_sidecar_api::{admin, keys, pod};
@@ -42,9 +41,7 @@ const NEW_QUIET: &str = "800ms";
 #[tokio::test]
 async fn annotate_edit_route_and_kill_the_operator_under_load() -> Result<()> {
     let test = "annotate_edit_route_and_kill_the_operator_under_load";
-    let Some(client) = cluster_client(test).await? else {
-        return Ok(());
-    };
+    let client = kubegrace_e2e::cluster_or_skip!(test);
     let mut opts = Options::new("kg-e2e-ops").with_load_from_env()?;
     // The chart's default; the kill flow kills one replica while the other serves.
     opts.operator_replicas = 2;
@@ -187,13 +184,7 @@ fn readiness_moved_to_sidecar(injected: &Pod) -> Result<()> {
         keys::APP_READINESS,
         keys::APP_READINESS_IN_SIDECAR
     );
-    let spec = injected.spec.as_ref().context("pod without spec")?;
-    let containers: Vec<_> = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .chain(spec.containers.iter())
-        .collect();
+    let containers = all_containers(injected);
     let probed: Vec<&str> = containers
         .iter()
         .filter(|c| c.readiness_probe.is_some())

@@ -25,20 +25,18 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kubegrace_e2e::demo_image;
 use kubegrace_e2e::scenario::{
     APP_PORT, Options, Patience, Progress, Scenario, WITH, demo_container, graceroute_api,
     has_sidecar, keep_from_env, route_condition, service, with_install,
 };
-use kubegrace_e2e::{cluster_client, demo_image};
 use kubegrace_sidecar_api::{admin, keys, pod};
 use serde_json::json;
 
 #[tokio::test]
 async fn bypassing_services_gitops_reapplies_and_taken_ports_are_handled() -> Result<()> {
     let test = "bypassing_services_gitops_reapplies_and_taken_ports_are_handled";
-    let Some(client) = cluster_client(test).await? else {
-        return Ok(());
-    };
+    let client = kubegrace_e2e::cluster_or_skip!(test);
     let opts = Options::new("kg-e2e-real");
     let p = Progress::default();
     let failures = with_install(&client, &opts, &p, keep_from_env(), async |run| {

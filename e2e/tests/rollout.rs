@@ -9,7 +9,6 @@
 //! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::cluster_client`.
 
 use anyhow::{Result, ensure};
-use kubegrace_e2e::cluster_client;
 use kubegrace_e2e::load::report;
 use kubegrace_e2e::scenario::{self, Options, Progress};
 
@@ -17,9 +16,7 @@ use kubegrace_e2e::scenario::{self, Options, Progress};
 async fn rolling_update_under_load_loses_no_request_with_kubegrace_and_some_without() -> Result<()>
 {
     let test = "rolling_update_under_load_loses_no_request_with_kubegrace_and_some_without";
-    let Some(client) = cluster_client(test).await? else {
-        return Ok(());
-    };
+    let client = kubegrace_e2e::cluster_or_skip!(test);
     let opts = Options::new("kg-e2e").with_load_from_env()?;
     let p = Progress::default();
     let outcome = scenario::run(&client, &opts, &p, Some(1), scenario::keep_from_env()).await?;

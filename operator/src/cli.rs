@@ -217,11 +217,9 @@ mod tests {
     fn version_names_the_program_crate_version_and_revision() {
         use clap::CommandFactory;
         let text = Cli::command().render_version();
-        let want = format!(
-            "kubegrace-operator {} (revision {})
-",
+        let want = kubegrace_sidecar_api::build::version_text(
+            "kubegrace-operator",
             env!("CARGO_PKG_VERSION"),
-            kubegrace_sidecar_api::build::REVISION
         );
         assert_eq!(text, want);
     }

@@ -31,6 +31,12 @@ pub fn version_line(crate_version: &str, revision: &str) -> String {
     format!("{crate_version} (revision {revision})")
 }
 
+/// What `PROGRAM --version` prints for a binary of this build, for its
+/// tests to compare with.
+pub fn version_text(program: &str, crate_version: &str) -> String {
+    format!("{program} {}\n", version_line(crate_version, REVISION))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

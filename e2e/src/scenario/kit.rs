@@ -381,12 +381,7 @@ pub async fn ready_pods(pods: &Api<Pod>, app: &str) -> Result<Vec<PodAddr>> {
             continue;
         };
         let spec = p.spec.clone().unwrap_or_default();
-        let containers: Vec<_> = spec
-            .init_containers
-            .iter()
-            .flatten()
-            .chain(spec.containers.iter())
-            .collect();
+        let containers = super::all_containers(&p);
         let port_named = |wanted: &str| {
             containers
                 .iter()

@@ -2,19 +2,27 @@
 //! Deployment rolled out.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::api::DynamicObject;
 use kubegrace_sidecar_api::pod;
 
+/// Every container of the pod, init containers (where a native sidecar
+/// sits) first.
+pub fn all_containers(p: &Pod) -> Vec<&Container> {
+    p.spec
+        .iter()
+        .flat_map(|s| {
+            s.init_containers
+                .iter()
+                .flatten()
+                .chain(s.containers.iter())
+        })
+        .collect()
+}
+
 /// Whether the pod has the injected sidecar container.
 pub fn has_sidecar(p: &Pod) -> bool {
-    p.spec.as_ref().is_some_and(|s| {
-        s.init_containers
-            .iter()
-            .flatten()
-            .chain(s.containers.iter())
-            .any(|c| c.name == pod::CONTAINER)
-    })
+    all_containers(p).iter().any(|c| c.name == pod::CONTAINER)
 }
 
 pub fn pod_ready(p: &Pod) -> bool {

@@ -17,7 +17,8 @@ async fn rolling_update_under_load_loses_no_request_with_kubegrace_and_some_with
 {
     let test = "rolling_update_under_load_loses_no_request_with_kubegrace_and_some_without";
     let client = kubegrace_e2e::cluster_or_skip!(test);
-    let opts = Options::new("kg-e2e").with_load_from_env()?;
+    let mut opts = Options::new("kg-e2e").with_load_from_env()?;
+    opts.drain = kubegrace_e2e::scenario::Drain::product_defaults();
     let p = Progress::default();
     let outcome = scenario::run(&client, &opts, &p, Some(1), scenario::keep_from_env()).await?;
 

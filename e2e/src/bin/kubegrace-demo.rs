@@ -63,6 +63,7 @@ async fn main() -> Result<()> {
     opts.image_registry = args.image_registry;
     opts.image_tag = args.image_tag;
     opts.replicas = args.replicas;
+    opts.drain = kubegrace_e2e::scenario::Drain::product_defaults();
     opts.load.rate = args.rate;
     opts.load.max_duration = Duration::from_secs(240);
 

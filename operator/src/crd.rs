@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use kubegrace_sidecar_api::config::{
     CircuitBreakerConfig, DrainConfig, DrainGrpcHealth, DrainReadiness, FallbackConfig,
-    Http2GoAway, HumanDuration,
+    Http2GoAway, HumanDuration, WebSocketClose,
 };
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -225,6 +225,18 @@ fn d_grpc_health() -> GrpcHealthSpec {
         DrainGrpcHealth::App => GrpcHealthSpec::App,
     }
 }
+fn d_websocket_close() -> WebSocketCloseSpec {
+    match DrainConfig::default().websocket_close {
+        WebSocketClose::GoingAway => WebSocketCloseSpec::GoingAway,
+        WebSocketClose::Cut => WebSocketCloseSpec::Cut,
+    }
+}
+fn d_websocket_close_window() -> Duration {
+    Duration(DrainConfig::default().websocket_close_window)
+}
+fn d_websocket_close_wait() -> Duration {
+    Duration(DrainConfig::default().websocket_close_wait)
+}
 fn d_readiness() -> Readiness {
     match DrainConfig::default().readiness {
         DrainReadiness::FailFast => Readiness::FailFast,
@@ -270,6 +282,29 @@ pub struct DrainSpec {
     /// the app).
     #[serde(default = "d_grpc_health")]
     pub grpc_health: GrpcHealthSpec,
+    /// How an upgraded WebSocket ends at the drain deadline: `goingAway`
+    /// (a Close frame with 1001 to the client and to the app, at frame
+    /// boundaries, then the close handshake, then the TCP close) or `cut`
+    /// (the TCP connection is closed, as for other upgrades).
+    #[serde(default = "d_websocket_close")]
+    pub websocket_close: WebSocketCloseSpec,
+    /// The WebSocket closes are spread over this window, which ends at the
+    /// drain deadline (each session picks a random point), so clients do
+    /// not all reconnect at once.
+    #[serde(default = "d_websocket_close_window")]
+    pub websocket_close_window: Duration,
+    /// How long a WebSocket close waits for the peers' Close replies
+    /// before the TCP close (capped by `timeout`).
+    #[serde(default = "d_websocket_close_wait")]
+    pub websocket_close_wait: Duration,
+}
+
+/// The sidecar's `drain.websocketClose`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum WebSocketCloseSpec {
+    GoingAway,
+    Cut,
 }
 
 /// The sidecar's `drain.grpcHealth`.
@@ -307,6 +342,9 @@ impl Default for DrainSpec {
             readiness: d_readiness(),
             http2_go_away: d_http2_go_away(),
             grpc_health: d_grpc_health(),
+            websocket_close: d_websocket_close(),
+            websocket_close_window: d_websocket_close_window(),
+            websocket_close_wait: d_websocket_close_wait(),
         }
     }
 }

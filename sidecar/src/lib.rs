@@ -37,6 +37,7 @@ mod testing;
 mod tunnel;
 pub mod upgrade;
 pub mod upstream;
+mod websocket;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

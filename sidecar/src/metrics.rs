@@ -60,6 +60,23 @@ pub struct Metrics {
     /// (drain.grpcHealth: notServing), by health RPC.
     grpc_health_check: AtomicU64,
     grpc_health_watch: AtomicU64,
+    /// WebSocket sessions closed with Close 1001 at the drain deadline
+    /// (drain.websocketClose: goingAway), by outcome (websocket/).
+    websocket_close_clean: AtomicU64,
+    websocket_close_no_reply: AtomicU64,
+    websocket_close_mid_frame: AtomicU64,
+}
+
+/// How a WebSocket close at the drain deadline went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebSocketCloseOutcome {
+    /// Both peers answered with their Close within the wait.
+    Clean,
+    /// Both Close frames were sent; a peer did not answer within the wait.
+    NoReply,
+    /// A direction stayed inside a frame for the whole wait (or stopped
+    /// looking like WebSocket frames): no Close could be sent there.
+    MidFrame,
 }
 
 /// The two RPCs of `grpc.health.v1.Health`.
@@ -150,6 +167,15 @@ impl Metrics {
         let counter = match rpc {
             HealthRpc::Check => &self.grpc_health_check,
             HealthRpc::Watch => &self.grpc_health_watch,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn websocket_close(&self, outcome: WebSocketCloseOutcome) {
+        let counter = match outcome {
+            WebSocketCloseOutcome::Clean => &self.websocket_close_clean,
+            WebSocketCloseOutcome::NoReply => &self.websocket_close_no_reply,
+            WebSocketCloseOutcome::MidFrame => &self.websocket_close_mid_frame,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -302,6 +328,21 @@ impl Metrics {
             [
                 ("check", get(&self.grpc_health_check)),
                 ("watch", get(&self.grpc_health_watch)),
+            ],
+        );
+
+        Family::new(
+            out,
+            "kubegrace_websocket_closes_total",
+            "counter",
+            "WebSocket sessions sent Close 1001 (Going Away) both ways at the drain deadline (drain.websocketClose: goingAway), by outcome: clean (both peers answered), no_reply (a peer did not answer within drain.websocketCloseWait), mid_frame (a direction stayed inside a frame; no Close there).",
+        )
+        .by(
+            "outcome",
+            [
+                ("clean", get(&self.websocket_close_clean)),
+                ("no_reply", get(&self.websocket_close_no_reply)),
+                ("mid_frame", get(&self.websocket_close_mid_frame)),
             ],
         );
 

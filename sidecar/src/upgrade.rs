@@ -249,10 +249,8 @@ pub fn handover_timers(current: DrainConfig) -> DrainConfig {
                 .0
                 .max(HANDOVER_GRACE),
         ),
-        timeout: current.timeout,
-        http2_go_away: current.http2_go_away,
-        readiness: current.readiness,
-        grpc_health: current.grpc_health,
+        // The in-flight timeout and every per-protocol setting are kept.
+        ..current
     }
 }
 

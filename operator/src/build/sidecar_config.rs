@@ -8,14 +8,14 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kubegrace_sidecar_api::config::{
     CATCH_ALL_ROUTE, CircuitBreakerConfig, Config, DrainConfig, DrainGrpcHealth, DrainReadiness,
     Endpoint, FailureKind, FallbackConfig, Http2GoAway, HumanDuration, Protocol, RouteConfig,
-    RouteMatch,
+    RouteMatch, WebSocketClose,
 };
 use sha2::{Digest, Sha256};
 
 use super::{Budget, Invalid};
 use crate::crd::{
     CircuitBreakerSpec, FallbackSpec, GraceRouteSpec, GrpcHealthSpec, Http2GoAwaySpec,
-    PortProtocol, Readiness,
+    PortProtocol, Readiness, WebSocketCloseSpec,
 };
 
 /// Where the sidecar listens and where the app is, for one pod shape.
@@ -90,6 +90,13 @@ fn grpc_health(g: GrpcHealthSpec) -> DrainGrpcHealth {
     }
 }
 
+fn websocket_close(w: WebSocketCloseSpec) -> WebSocketClose {
+    match w {
+        WebSocketCloseSpec::GoingAway => WebSocketClose::GoingAway,
+        WebSocketCloseSpec::Cut => WebSocketClose::Cut,
+    }
+}
+
 fn readiness(r: Readiness) -> DrainReadiness {
     match r {
         Readiness::FailFast => DrainReadiness::FailFast,
@@ -152,6 +159,17 @@ pub fn sidecar_config(
             readiness: readiness(spec.drain.readiness),
             http2_go_away: http2_go_away(spec.drain.http2_go_away),
             grpc_health: grpc_health(spec.drain.grpc_health),
+            websocket_close: websocket_close(spec.drain.websocket_close),
+            websocket_close_window: spec.drain.websocket_close_window.0,
+            // The budget may shorten the timeout; the sidecar caps the wait
+            // at it anyway, this keeps the rendered file saying what runs.
+            websocket_close_wait: HumanDuration(
+                spec.drain
+                    .websocket_close_wait
+                    .0
+                    .get()
+                    .min(budget.effective_timeout()),
+            ),
         },
         ..Config::default()
     };
@@ -296,6 +314,29 @@ mod tests {
             "{yaml}"
         );
         assert_unknown_value_names("{grpcHealth: off}", "notServing");
+    }
+
+    #[test]
+    fn drain_websocket_close_is_carried_into_the_sidecar_config() {
+        let b = budget(&route(BASE).spec).expect("valid");
+        let c = sidecar_config(&route(BASE).spec, &b, None).expect("valid");
+        assert_eq!(c.drain.websocket_close, WebSocketClose::GoingAway);
+        assert_eq!(
+            c.drain.websocket_close_window,
+            DrainConfig::default().websocket_close_window,
+            "unset: the sidecar default"
+        );
+        let r = route(&format!(
+            "{BASE}  drain: {{websocketClose: cut, websocketCloseWindow: 3s, websocketCloseWait: 200ms}}\n"
+        ));
+        let b = budget(&r.spec).expect("valid");
+        let c = sidecar_config(&r.spec, &b, None).expect("valid");
+        let (yaml, _) = render(&c).expect("render");
+        let read = sidecar_reads(&yaml).drain;
+        assert_eq!(read.websocket_close, WebSocketClose::Cut, "{yaml}");
+        assert_eq!(read.websocket_close_window.get().as_secs(), 3);
+        assert_eq!(read.websocket_close_wait.get().as_millis(), 200);
+        assert_unknown_value_names("{websocketClose: close}", "goingAway");
     }
 
     #[test]

@@ -28,6 +28,41 @@ pub struct DrainConfig {
     /// Who answers the gRPC health service (`grpc.health.v1.Health`) once
     /// a drain has started.
     pub grpc_health: DrainGrpcHealth,
+    /// How an upgraded WebSocket ends at the drain deadline.
+    pub websocket_close: WebSocketClose,
+    /// With `goingAway`: the closes of all WebSocket sessions are spread
+    /// over this window, which ends at the drain deadline (each session
+    /// picks a random point in it), so their clients do not all reconnect
+    /// at once. Capped by `timeout`.
+    pub websocket_close_window: HumanDuration,
+    /// With `goingAway`: how long a session waits for the peers' Close
+    /// replies (and for a frame in flight to end) before its TCP close.
+    /// Capped by `timeout` (not refused: a timeout shorter than this
+    /// default was valid before the key existed).
+    pub websocket_close_wait: HumanDuration,
+}
+
+/// How an upgraded WebSocket connection ends when a drain reaches its
+/// deadline. Other upgrades and TCP mode are always cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum WebSocketClose {
+    /// A Close frame with 1001 (Going Away) to the client and to the app,
+    /// each at a frame boundary, then the close handshake, then the TCP
+    /// close; spread over `websocketCloseWindow`.
+    #[default]
+    GoingAway,
+    /// The TCP connection is cut at the deadline, no Close frame.
+    Cut,
+}
+
+impl WebSocketClose {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::GoingAway => "goingAway",
+            Self::Cut => "cut",
+        }
+    }
 }
 
 /// Who answers `grpc.health.v1.Health/Check` and `/Watch` once a drain has
@@ -114,6 +149,9 @@ impl Default for DrainConfig {
             http2_go_away: Http2GoAway::Auto,
             readiness: DrainReadiness::FailFast,
             grpc_health: DrainGrpcHealth::NotServing,
+            websocket_close: WebSocketClose::GoingAway,
+            websocket_close_window: HumanDuration::from_secs(5),
+            websocket_close_wait: HumanDuration::from_secs(1),
         }
     }
 }

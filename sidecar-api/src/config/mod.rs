@@ -48,6 +48,7 @@ use serde::{Deserialize, Serialize};
 pub use duration::HumanDuration;
 pub use limits::{
     DrainConfig, DrainGrpcHealth, DrainReadiness, Http2GoAway, LimitsConfig, UpstreamPoolConfig,
+    WebSocketClose,
 };
 pub use readiness::{AppReadiness, ProbeHeader};
 pub use route::{

@@ -98,3 +98,25 @@ fn grpc_health_defaults_to_not_serving_and_takes_only_its_two_values() {
         "{err}"
     );
 }
+
+#[test]
+fn websocket_close_defaults_to_going_away_and_a_short_timeout_stays_valid() {
+    let drain = Config::default().drain;
+    assert_eq!(drain.websocket_close, WebSocketClose::GoingAway);
+    let config = from_yaml(
+        "drain: {websocketClose: cut, websocketCloseWindow: 2s, websocketCloseWait: 500ms}",
+    )
+    .expect("valid");
+    assert_eq!(config.drain.websocket_close, WebSocketClose::Cut);
+    assert_eq!(
+        config.drain.websocket_close_window,
+        HumanDuration::from_secs(2)
+    );
+    let again = from_yaml(&serde_yaml::to_string(&config).expect("render")).expect("re-parse");
+    assert_eq!(config, again);
+    // A timeout below the default wait (1s) must not turn a file that was
+    // valid before these keys existed into an invalid one: the sidecar
+    // caps the wait and the window at the timeout instead.
+    from_yaml("drain: {timeout: 500ms}").expect("valid");
+    from_yaml("drain: {timeout: 1s, websocketCloseWait: 2s}").expect("valid");
+}

@@ -19,6 +19,7 @@ use super::conn::ConnCtx;
 use super::grpc_health::{health_rpc, not_serving_response, watching};
 use super::headers::{
     HTTP2_SETTINGS, add_forwarded, allow_upgrade, connection_has, ensure_host, strip_hop_by_hop,
+    upgrade_is_websocket,
 };
 use super::local::{client_fault_response, local_response};
 use super::tunnel::spawn_tunnel;
@@ -67,7 +68,10 @@ pub(crate) async fn handle(
     }
 
     let wants_upgrade = scope.negotiate_upgrade(req.headers_mut(), &live.config.upgrade_protocols);
-    let downstream_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
+    let downstream_upgrade = wants_upgrade.then(|| DownstreamUpgrade {
+        websocket: upgrade_is_websocket(req.headers()),
+        on: hyper::upgrade::on(&mut req),
+    });
     let upstream = shared.upstreams.pick();
     let Some((upstream_req, body_watch)) = upstream_request(
         req,
@@ -399,7 +403,7 @@ impl RequestScope {
     fn respond_upstream(
         mut self,
         answer: UpstreamResponse,
-        downstream_upgrade: Option<OnUpgrade>,
+        downstream_upgrade: Option<DownstreamUpgrade>,
     ) -> Response<ProxyBody> {
         let UpstreamResponse {
             response: mut resp,
@@ -421,7 +425,10 @@ impl RequestScope {
         }
         if let (true, Some(downstream)) = (upgraded, downstream_upgrade) {
             let upstream = hyper::upgrade::on(&mut resp);
-            spawn_tunnel(self.ctx.shared.clone(), downstream, upstream);
+            // A WebSocket is the request's `Upgrade: websocket` answered
+            // 101 with the same protocol.
+            let websocket = downstream.websocket && upgrade_is_websocket(resp.headers());
+            spawn_tunnel(self.ctx.shared.clone(), downstream.on, upstream, websocket);
         }
         strip_hop_by_hop(resp.headers_mut(), upgraded);
         // Answer in the client's HTTP version, not the app's (an HTTP/1.0 app
@@ -431,6 +438,13 @@ impl RequestScope {
         let finish = Finish::new(self.request, permit);
         resp.map(|body| ProxyBody::upstream(body, finish, pool_return))
     }
+}
+
+/// The client's side of an upgrade the app may accept.
+struct DownstreamUpgrade {
+    on: OnUpgrade,
+    /// The client asked for `Upgrade: websocket`.
+    websocket: bool,
 }
 
 /// Adds `Connection: close` to HTTP/1 responses while draining, so

@@ -131,6 +131,17 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
         headers.remove(header::UPGRADE);
     }
 }
+/// Whether an `Upgrade` request asks for WebSocket (RFC 6455 §4.1:
+/// `Upgrade: websocket`, case-insensitive; other tokens may come along).
+pub(super) fn upgrade_is_websocket(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim().eq_ignore_ascii_case("websocket"))
+}
+
 /// Keeps only the `Upgrade` protocols in `allowed` (names compared
 /// without case and without `/version`); false when none is left.
 pub(super) fn allow_upgrade(headers: &mut HeaderMap, allowed: &[String]) -> bool {

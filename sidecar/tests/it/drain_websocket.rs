@@ -1,7 +1,9 @@
 //! A WebSocket in flight at the drain: it cannot be told to move (there is
 //! no GOAWAY or `Connection: close` for a tunnel), so the sidecar must keep
 //! it working through the whole drain, close it only
-//! at the drain timeout, and count it as force-closed.
+//! at the drain timeout, and count it as force-closed. This is the `cut`
+//! mode (`drain.websocketClose: cut`); the default Close 1001 is in
+//! drain_websocket_close.rs.
 
 use std::time::Duration;
 
@@ -16,11 +18,12 @@ use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 
 const DRAIN: &[&str] = &drain_flags("300ms", "200ms", "3s", "2s");
+const CUT: &[&str] = &["--drain-websocket-close", "cut"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websocket_survives_the_grace_phase_and_is_force_closed_at_the_timeout() -> Result<()> {
     let app = TestApp::start("a").await?;
-    let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN)).await?;
+    let mut sidecar = Sidecar::start(SidecarSpec::new(app.addr).args(DRAIN).args(CUT)).await?;
 
     let mut ws = websocket(sidecar.listen).await?;
     ws.send(Message::text("before")).await?;

@@ -32,6 +32,7 @@ mod drain_report_file;
 mod drain_rolling;
 mod drain_tcp_mode;
 mod drain_websocket;
+mod drain_websocket_close;
 mod fast_path;
 mod grpc_health;
 mod hardening;

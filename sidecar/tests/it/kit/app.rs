@@ -68,6 +68,8 @@ pub struct AppStats {
     pub connections: AtomicU64,
     /// WebSocket messages echoed.
     pub ws_echoed: AtomicU64,
+    /// The code of every WebSocket Close frame the app received (0: none).
+    pub ws_close_codes: Mutex<Vec<u16>>,
     /// Keep-alive connections the app closed because they sat idle.
     pub idle_closed: AtomicU64,
     /// `/big` answers whose connection went away before the last byte.
@@ -682,7 +684,11 @@ fn websocket(mut req: Request<Incoming>, stats: &Arc<AppStats>, tasks: &Tasks) -
                     }
                     stats.ws_echoed.fetch_add(1, Ordering::SeqCst);
                 }
-                Message::Close(_) => return,
+                Message::Close(frame) => {
+                    let code = frame.map_or(0, |f| u16::from(f.code));
+                    lock(&stats.ws_close_codes).push(code);
+                    // Polled on, the stream sends the Close reply and ends.
+                }
                 _ => {}
             }
         }

@@ -136,6 +136,12 @@ pub struct GraceRouteSpec {
     #[schemars(length(max = 64))]
     #[x_kube(validation = Rule::new("self.all(r, self.exists_one(o, o.name == r.name))").message("route names must be unique"))]
     pub routes: Vec<RouteSpec>,
+    /// Bounds the retries of requests the app never saw (refused HTTP/2
+    /// streams, streams above an app's GOAWAY) and of idempotent requests
+    /// on routes with `retry.idempotent`. Unset: the sidecar's defaults
+    /// (ratio 0.2, minPerSecond 10, maxBodyBytes 65536).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_budget: Option<RetryBudgetSpec>,
     /// Rollout pacing written into the target. Unset: the operator leaves
     /// the workload's strategy and minReadySeconds alone (GitOps tools and
     /// `helm upgrade` own them), and the grace period the budget needs is
@@ -351,6 +357,7 @@ impl Default for DrainSpec {
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = Rule::new("!has(self.match) || !has(self.match.path) || !has(self.match.pathPrefix)").message("set match.path (exact) or match.pathPrefix, not both"))]
+#[x_kube(validation = Rule::new("!has(self.retry) || !self.retry.idempotent || !has(self.match) || !has(self.match.methods) || size(self.match.methods) == 0 || self.match.methods.exists(m, m in ['GET', 'HEAD', 'OPTIONS', 'TRACE', 'PUT', 'DELETE'])").message("retry.idempotent on a route that matches no idempotent method (GET, HEAD, OPTIONS, TRACE, PUT, DELETE) would never retry anything; remove it or match such a method"))]
 #[serde(rename_all = "camelCase")]
 pub struct RouteSpec {
     #[schemars(
@@ -373,6 +380,40 @@ pub struct RouteSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
     pub fail_on: Option<Vec<FailOn>>,
+    /// Retries beyond the requests the app never saw (those are always
+    /// retried within `retryBudget`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RouteRetrySpec>,
+}
+
+/// The sidecar's `retryBudget`: unset fields keep the sidecar's defaults.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryBudgetSpec {
+    /// Retries allowed per request over the last ten seconds (0 to 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub ratio: Option<f64>,
+    /// Retries allowed per second whatever the traffic (a floor for quiet apps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 10000))]
+    pub min_per_second: Option<u32>,
+    /// Request body bytes kept for a retry; a larger request is not
+    /// retried. 0 turns retries off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 16777216))]
+    pub max_body_bytes: Option<u64>,
+}
+
+/// A route's `retry`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteRetrySpec {
+    /// Also retry requests that may have reached the app (no answer came)
+    /// when their method is idempotent (GET, HEAD, OPTIONS, TRACE, PUT,
+    /// DELETE). Only for apps where doing such a request twice is harmless.
+    #[serde(default)]
+    pub idempotent: bool,
 }
 
 /// A failure kind: `5xx`, `connect-error`, `timeout` or a 5xx status code.

@@ -12,6 +12,7 @@ use crate::circuit::RouteTable;
 use crate::config::Config;
 use crate::drain::Drain;
 use crate::metrics::Metrics;
+use crate::upstream::retry::RetryBudget;
 use crate::upstream::slots::Upstreams;
 
 /// The config in force plus what was built from it. Swapped as a whole on
@@ -57,6 +58,8 @@ pub struct Shared {
     pub metrics: Metrics,
     /// The app instance(s); `pick()` gives a request its upstream.
     pub upstreams: Upstreams,
+    /// Bounds the retries of requests the app never saw.
+    pub retry_budget: RetryBudget,
 }
 
 impl Shared {
@@ -82,6 +85,7 @@ impl Shared {
             drain,
             metrics: Metrics::default(),
             upstreams,
+            retry_budget: RetryBudget::new(),
         });
         // Weak: the drain machine lives inside `Shared`; a strong handle
         // here would keep the whole sidecar alive through its own drain.

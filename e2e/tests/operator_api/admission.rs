@@ -34,6 +34,14 @@ async fn the_api_server_refuses_invalid_routes_with_a_message_that_says_what_to_
                 json!({"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": "http"}], "rollout": {"maxSurge": 0, "maxUnavailable": 0}}),
                 "cannot both be 0",
             ),
+            (
+                json!({"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": "http"}], "routes": [{"name": "orders", "match": {"methods": ["POST"]}, "retry": {"idempotent": true}}]}),
+                "would never retry anything",
+            ),
+            (
+                json!({"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": "http"}], "retryBudget": {"ratio": 3}}),
+                "retryBudget.ratio",
+            ),
         ];
         // Sent untyped: the point is what the API server says.
         let ar = ApiResource::erase::<GraceRoute>(&());

@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kubegrace_sidecar_api::config::{
     CATCH_ALL_ROUTE, CircuitBreakerConfig, Config, DrainConfig, DrainGrpcHealth, DrainReadiness,
-    Endpoint, FailureKind, FallbackConfig, Http2GoAway, HumanDuration, Protocol, RouteConfig,
-    RouteMatch, WebSocketClose,
+    Endpoint, FailureKind, FallbackConfig, Http2GoAway, HumanDuration, Protocol, RetryBudgetConfig,
+    RouteConfig, RouteMatch, RouteRetry, WebSocketClose,
 };
 use sha2::{Digest, Sha256};
 
@@ -173,6 +173,14 @@ pub fn sidecar_config(
         },
         ..Config::default()
     };
+    if let Some(b) = &spec.retry_budget {
+        let d = RetryBudgetConfig::default();
+        config.retry_budget = RetryBudgetConfig {
+            ratio: b.ratio.unwrap_or(d.ratio),
+            min_per_second: b.min_per_second.unwrap_or(d.min_per_second),
+            max_body_bytes: b.max_body_bytes.unwrap_or(d.max_body_bytes),
+        };
+    }
     if let Some(p) = ports {
         config.listen = Endpoint::Tcp(SocketAddr::from(([0, 0, 0, 0], p.listen)));
         config.upstream = Endpoint::Tcp(SocketAddr::from(([127, 0, 0, 1], p.upstream)));
@@ -210,6 +218,9 @@ pub fn sidecar_config(
                 .or_else(|| shared_cb.clone()),
             fallback: r.fallback.as_ref().map(fallback),
             fail_on,
+            retry: r.retry.as_ref().map(|r| RouteRetry {
+                idempotent: r.idempotent,
+            }),
         });
     }
     // A user route with the catch-all's name already is the catch-all's
@@ -224,6 +235,7 @@ pub fn sidecar_config(
             circuit_breaker: Some(cb),
             fallback: None,
             fail_on: FailureKind::defaults(),
+            retry: None,
         });
     }
     // The sidecar's keys are the CRD's (same vocabulary), so its message
@@ -314,6 +326,28 @@ mod tests {
             "{yaml}"
         );
         assert_unknown_value_names("{grpcHealth: off}", "notServing");
+    }
+
+    #[test]
+    fn retry_budget_and_route_retry_are_carried_into_the_sidecar_config() {
+        let b = budget(&route(BASE).spec).expect("valid");
+        let c = sidecar_config(&route(BASE).spec, &b, None).expect("valid");
+        let (yaml, _) = render(&c).expect("render");
+        assert!(!yaml.contains("retryBudget"), "unset: not written\n{yaml}");
+        let r = route(&format!(
+            "{BASE}  retryBudget: {{ratio: 0.5}}\n  routes:\n  - name: reads\n    retry: {{idempotent: true}}\n"
+        ));
+        let b = budget(&r.spec).expect("valid");
+        let c = sidecar_config(&r.spec, &b, None).expect("valid");
+        let (yaml, _) = render(&c).expect("render");
+        let read = sidecar_reads(&yaml);
+        assert_eq!(read.retry_budget.ratio, 0.5, "{yaml}");
+        assert_eq!(
+            read.retry_budget.min_per_second,
+            RetryBudgetConfig::default().min_per_second,
+            "unset fields keep the sidecar's defaults"
+        );
+        assert!(read.routes[0].retry.is_some_and(|r| r.idempotent), "{yaml}");
     }
 
     #[test]

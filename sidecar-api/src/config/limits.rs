@@ -29,17 +29,32 @@ pub struct DrainConfig {
     /// a drain has started.
     pub grpc_health: DrainGrpcHealth,
     /// How an upgraded WebSocket ends at the drain deadline.
+    ///
+    /// This key and the two below are left out of a rendered file while
+    /// they hold their defaults, so sidecars older than them (still running
+    /// while the operator is upgraded) keep reloading the operator's files.
+    #[serde(skip_serializing_if = "WebSocketClose::is_default")]
     pub websocket_close: WebSocketClose,
     /// With `goingAway`: the closes of all WebSocket sessions are spread
     /// over this window, which ends at the drain deadline (each session
     /// picks a random point in it), so their clients do not all reconnect
     /// at once. Capped by `timeout`.
+    #[serde(skip_serializing_if = "is_default_close_window")]
     pub websocket_close_window: HumanDuration,
     /// With `goingAway`: how long a session waits for the peers' Close
     /// replies (and for a frame in flight to end) before its TCP close.
     /// Capped by `timeout` (not refused: a timeout shorter than this
     /// default was valid before the key existed).
+    #[serde(skip_serializing_if = "is_default_close_wait")]
     pub websocket_close_wait: HumanDuration,
+}
+
+fn is_default_close_window(d: &HumanDuration) -> bool {
+    *d == DrainConfig::default().websocket_close_window
+}
+
+fn is_default_close_wait(d: &HumanDuration) -> bool {
+    *d == DrainConfig::default().websocket_close_wait
 }
 
 /// How an upgraded WebSocket connection ends when a drain reaches its
@@ -57,6 +72,10 @@ pub enum WebSocketClose {
 }
 
 impl WebSocketClose {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::GoingAway => "goingAway",

@@ -36,6 +36,7 @@ macro_rules! serde_as_text {
 mod duration;
 mod limits;
 mod readiness;
+mod retry;
 mod route;
 #[cfg(test)]
 mod tests;
@@ -51,6 +52,7 @@ pub use limits::{
     WebSocketClose,
 };
 pub use readiness::{AppReadiness, ProbeHeader};
+pub use retry::{MAX_RETRY_BODY_BYTES, RetryBudgetConfig, RouteRetry};
 pub use route::{
     CATCH_ALL_ROUTE, CircuitBreakerConfig, FALLBACK_HEADER, FailureKind, FallbackConfig,
     RouteConfig, RouteMatch,
@@ -118,6 +120,11 @@ pub struct Config {
     pub drain: DrainConfig,
     pub limits: LimitsConfig,
     pub upstream_pool: UpstreamPoolConfig,
+    /// Retries of requests the app never saw, and their budget. Left out
+    /// of a rendered file at its defaults, so older sidecars still read
+    /// the operator's files during an upgrade.
+    #[serde(skip_serializing_if = "RetryBudgetConfig::is_default")]
+    pub retry_budget: RetryBudgetConfig,
     /// `Upgrade` protocols passed to the app (compared without case and
     /// version). A request offering anything else is forwarded as a plain
     /// request with `Upgrade` removed, as a server that does not speak the
@@ -195,6 +202,7 @@ impl Default for Config {
             drain: DrainConfig::default(),
             limits: LimitsConfig::default(),
             upstream_pool: UpstreamPoolConfig::default(),
+            retry_budget: RetryBudgetConfig::default(),
             upgrade_protocols: vec!["websocket".to_string()],
             forwarded: ForwardedConfig::default(),
             proxy: ProxyConfig::default(),
@@ -231,6 +239,7 @@ impl Config {
         self.drain.validate("drain")?;
         self.limits.validate("limits")?;
         self.upstream_pool.validate("upstreamPool")?;
+        self.retry_budget.validate("retryBudget")?;
         if let Some(readiness) = &self.app_readiness {
             readiness.validate("appReadiness")?;
         }

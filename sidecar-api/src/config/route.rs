@@ -33,6 +33,10 @@ pub struct RouteConfig {
     /// What counts as a failure for the breaker.
     #[serde(default = "FailureKind::defaults")]
     pub fail_on: Vec<FailureKind>,
+    /// Retries beyond the requests the app never saw (those always may go
+    /// again, within `retryBudget`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<super::RouteRetry>,
 }
 
 /// Which requests a route takes. Empty fields match anything.

@@ -120,3 +120,29 @@ fn websocket_close_defaults_to_going_away_and_a_short_timeout_stays_valid() {
     from_yaml("drain: {timeout: 500ms}").expect("valid");
     from_yaml("drain: {timeout: 1s, websocketCloseWait: 2s}").expect("valid");
 }
+
+#[test]
+fn keys_newer_than_running_sidecars_stay_out_of_a_file_at_their_defaults() {
+    // An operator upgrade renders files that sidecars of the previous
+    // release still read until their pods roll: a key they do not know
+    // would fail their reload (deny_unknown_fields).
+    let yaml = serde_yaml::to_string(&Config::default()).expect("render");
+    for key in ["websocketClose", "retryBudget"] {
+        assert!(!yaml.contains(key), "{key} in a default file:\n{yaml}");
+    }
+    let mut config = Config::default();
+    config.retry_budget.ratio = 0.5;
+    let yaml = serde_yaml::to_string(&config).expect("render");
+    let again = from_yaml(&yaml).expect("re-parse");
+    assert_eq!(again.retry_budget.ratio, 0.5, "{yaml}");
+}
+
+#[test]
+fn retry_budget_ranges_name_the_key() {
+    let err = from_yaml("retryBudget: {ratio: 1.5}").expect_err("above 1");
+    assert_eq!(err.key, "retryBudget.ratio", "{err}");
+    let err = from_yaml("retryBudget: {maxBodyBytes: 99999999999}").expect_err("too large");
+    assert_eq!(err.key, "retryBudget.maxBodyBytes", "{err}");
+    let config = from_yaml("routes: [{name: reads, retry: {idempotent: true}}]").expect("valid");
+    assert!(config.routes[0].retry.is_some_and(|r| r.idempotent));
+}

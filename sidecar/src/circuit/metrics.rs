@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use super::Route;
 use super::breaker::BreakerState;
 use crate::metrics::Family;
+use crate::upstream::retry::{RetryDenied, RetryReason};
 
 /// Renders every route's series, each family with its HELP and TYPE once.
 ///
@@ -103,11 +104,49 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
         "gauge",
         "Requests admitted to the app and not finished, per route.",
     );
-    for route in routes {
+    for route in routes.clone() {
         family.series(
             format_args!("route=\"{}\"", escape(&route.name)),
             route.inflight(),
         );
+    }
+
+    let mut family = Family::new(
+        out,
+        "kubegrace_retries_total",
+        "counter",
+        "Requests sent to the app again, per route, by reason: refused_stream and goaway (the app never saw them), idempotent (route opt-in).",
+    );
+    for route in routes.clone() {
+        for (reason, counter) in RetryReason::ALL.iter().zip(&route.stats.retries) {
+            family.series(
+                format_args!(
+                    "route=\"{}\",reason=\"{}\"",
+                    escape(&route.name),
+                    reason.as_str()
+                ),
+                counter.load(Ordering::Relaxed),
+            );
+        }
+    }
+
+    let mut family = Family::new(
+        out,
+        "kubegrace_retries_denied_total",
+        "counter",
+        "Requests that could have been retried and were not, per route: budget (retryBudget spent), body (larger than retryBudget.maxBodyBytes).",
+    );
+    for route in routes {
+        for (why, counter) in RetryDenied::ALL.iter().zip(&route.stats.retries_denied) {
+            family.series(
+                format_args!(
+                    "route=\"{}\",reason=\"{}\"",
+                    escape(&route.name),
+                    why.as_str()
+                ),
+                counter.load(Ordering::Relaxed),
+            );
+        }
     }
 }
 

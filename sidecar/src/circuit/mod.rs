@@ -53,6 +53,7 @@ use http::{HeaderValue, StatusCode, header};
 use http_body_util::Full;
 
 use crate::config::{CATCH_ALL_ROUTE, CircuitBreakerConfig, FailureKind, RouteConfig};
+use crate::upstream::retry::{RetryDenied, RetryReason};
 use guard::{Guard, GuardTicket};
 use matcher::CompiledMatch;
 
@@ -73,6 +74,9 @@ pub struct Route {
     breaker_config: Option<CircuitBreakerConfig>,
     /// `None` is the fast path: no limit, no breaker.
     guard: Option<Arc<Guard>>,
+    /// `retry.idempotent`: requests that may have reached the app are
+    /// retried too when their method is idempotent.
+    retry_idempotent: bool,
     stats: Arc<RouteStats>,
 }
 
@@ -87,6 +91,10 @@ pub(crate) struct RouteStats {
     pub(crate) transitions_to_closed: AtomicU64,
     pub(crate) transitions_to_open: AtomicU64,
     pub(crate) transitions_to_half_open: AtomicU64,
+    /// Retries, by `RetryReason::ALL` order.
+    pub(crate) retries: [AtomicU64; 3],
+    /// Retryable failures not retried, by `RetryDenied::ALL` order.
+    pub(crate) retries_denied: [AtomicU64; 2],
 }
 
 /// What happened to a request the route admitted, as the proxy saw it.
@@ -302,6 +310,7 @@ impl Route {
             failures: FailurePolicy::new(&config.fail_on),
             breaker_config: config.circuit_breaker.clone(),
             guard,
+            retry_idempotent: config.retry.is_some_and(|r| r.idempotent),
             stats,
         }
     }
@@ -314,6 +323,7 @@ impl Route {
             circuit_breaker: None,
             fallback: None,
             fail_on: FailureKind::defaults(),
+            retry: None,
         };
         let mut route = Route::build(&config, previous);
         route.matcher = CompiledMatch::any();
@@ -327,6 +337,27 @@ impl Route {
     /// The upstream timeout for this route; `None` waits as long as the app.
     pub fn timeout(&self) -> Option<Duration> {
         self.timeout
+    }
+
+    /// Whether requests that may have reached the app are retried when
+    /// their method is idempotent (`retry.idempotent`).
+    pub fn retries_idempotent(&self) -> bool {
+        self.retry_idempotent
+    }
+
+    /// A request of this route went to the app again.
+    pub fn count_retry(&self, reason: RetryReason) {
+        let i = RetryReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
+        self.stats.retries[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request of this route could have gone again and did not.
+    pub fn count_retry_denied(&self, why: RetryDenied) {
+        let i = RetryDenied::ALL.iter().position(|r| *r == why).unwrap_or(0);
+        self.stats.retries_denied[i].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Requests of this route currently admitted and not yet finished.

@@ -27,8 +27,9 @@ use crate::circuit::{Permit, Rejection, Route, UpstreamOutcome};
 use crate::config::{Config, DrainGrpcHealth};
 use crate::drain::Phase;
 use crate::metrics::HealthRpc;
+use crate::upstream::retry::{RetryDenied, retry_reason};
 use crate::upstream::{
-    BodyFault, BodyWatch, DownstreamBody, Upstream, UpstreamBody, UpstreamResponse,
+    BodyFault, BodyWatch, DownstreamBody, LimitedBody, Upstream, UpstreamBody, UpstreamResponse,
 };
 
 pub(crate) async fn handle(
@@ -83,7 +84,15 @@ pub(crate) async fn handle(
         return scope.bad_target();
     };
     let h2 = scope.version == Version::HTTP_2;
-    match send_upstream(&upstream, upstream_req, h2, route.timeout()).await {
+    let retry = &live.config.retry_budget;
+    let attempt = Attempt {
+        shared: &shared,
+        route: &route,
+        upstream: &upstream,
+        h2,
+        budget: retry,
+    };
+    match attempt.send(upstream_req, route.timeout()).await {
         Ok(answer) if health == Some(HealthRpc::Watch) => scope.respond_watch(answer),
         Ok(answer) => scope.respond_upstream(answer, downstream_upgrade),
         Err(failure) => scope.upstream_failed(failure, &body_watch),
@@ -123,7 +132,13 @@ fn upstream_request(
     let body_timeout = (!h2 && !wants_upgrade && !limits.body_read_timeout.get().is_zero())
         .then(|| (limits.body_read_timeout.get(), limits.body_min_rate));
     let (body, body_watch) =
-        UpstreamBody::new(body, (max_body > 0).then_some(max_body), body_timeout);
+        LimitedBody::new(body, (max_body > 0).then_some(max_body), body_timeout);
+    // Kept for a retry unless retries are off or the body is a tunnel's.
+    let keep_bytes = match config.retry_budget.enabled() && !wants_upgrade {
+        true => usize::try_from(config.retry_budget.max_body_bytes).unwrap_or(usize::MAX),
+        false => 0,
+    };
+    let body = UpstreamBody::first(body, keep_bytes);
     Some((Request::from_parts(parts, body), body_watch))
 }
 
@@ -169,17 +184,89 @@ enum SendFailure {
     Failed(crate::Error),
 }
 
-/// Sends the request to the app in the client's protocol, within the
-/// route's timeout.
-async fn send_upstream(
-    upstream: &Upstream,
-    req: Request<UpstreamBody>,
+/// The most attempts one request gets (the first and two retries), so an
+/// app that refuses every stream is not asked again and again while a
+/// generous budget lasts.
+const MAX_ATTEMPTS: usize = 3;
+
+/// One request's way to the app: sent in the client's protocol, and sent
+/// again when the app cannot have seen it (`upstream::retry`).
+struct Attempt<'a> {
+    shared: &'a crate::state::Shared,
+    route: &'a Route,
+    upstream: &'a Upstream,
     h2: bool,
-    timeout: Option<Duration>,
-) -> Result<UpstreamResponse, SendFailure> {
-    let send = async {
-        if h2 {
-            upstream
+    budget: &'a crate::config::RetryBudgetConfig,
+}
+
+impl Attempt<'_> {
+    /// Sends within the route's timeout, which covers every attempt.
+    async fn send(
+        &self,
+        req: Request<UpstreamBody>,
+        timeout: Option<Duration>,
+    ) -> Result<UpstreamResponse, SendFailure> {
+        match timeout {
+            Some(limit) => match tokio::time::timeout(limit, self.send_with_retries(req)).await {
+                Ok(r) => r.map_err(SendFailure::Failed),
+                Err(_) => Err(SendFailure::TimedOut),
+            },
+            None => self
+                .send_with_retries(req)
+                .await
+                .map_err(SendFailure::Failed),
+        }
+    }
+
+    async fn send_with_retries(
+        &self,
+        req: Request<UpstreamBody>,
+    ) -> Result<UpstreamResponse, crate::Error> {
+        let Some(retry_body) = req.body().retry_handle() else {
+            return self.send_once(req).await;
+        };
+        let method = req.method().clone();
+        let (uri, version, headers) = (req.uri().clone(), req.version(), req.headers().clone());
+        self.shared.retry_budget.deposit();
+        let mut req = req;
+        let mut attempt = 1;
+        loop {
+            let err = match self.send_once(req).await {
+                Ok(answer) => return Ok(answer),
+                Err(err) => err,
+            };
+            let Some(reason) = retry_reason(&err, &method, self.route.retries_idempotent()) else {
+                return Err(err);
+            };
+            if attempt >= MAX_ATTEMPTS {
+                return Err(err);
+            }
+            let Some(body) = retry_body.next_attempt() else {
+                self.route.count_retry_denied(RetryDenied::Body);
+                return Err(err);
+            };
+            if !self.shared.retry_budget.withdraw(self.budget) {
+                self.route.count_retry_denied(RetryDenied::Budget);
+                return Err(err);
+            }
+            self.route.count_retry(reason);
+            tracing::debug!(error = %err, reason = reason.as_str(), attempt, "retrying a request the app did not process");
+            let mut again = Request::new(body);
+            *again.method_mut() = method.clone();
+            *again.uri_mut() = uri.clone();
+            *again.version_mut() = version;
+            *again.headers_mut() = headers.clone();
+            req = again;
+            attempt += 1;
+        }
+    }
+
+    async fn send_once(
+        &self,
+        req: Request<UpstreamBody>,
+    ) -> Result<UpstreamResponse, crate::Error> {
+        if self.h2 {
+            self.upstream
                 .send_h2(req)
                 .await
                 .map(|response| UpstreamResponse {
@@ -187,15 +274,8 @@ async fn send_upstream(
                     pool_return: None,
                 })
         } else {
-            upstream.send_h1(req).await
+            self.upstream.send_h1(req).await
         }
-    };
-    match timeout {
-        Some(limit) => match tokio::time::timeout(limit, send).await {
-            Ok(r) => r.map_err(SendFailure::Failed),
-            Err(_) => Err(SendFailure::TimedOut),
-        },
-        None => send.await.map_err(SendFailure::Failed),
     }
 }
 

@@ -89,6 +89,18 @@ impl std::fmt::Display for BodyError {
     }
 }
 
+impl BodyError {
+    /// The error a superseded attempt's body ends with: a retry took the
+    /// client's body over, so this copy must stop (the client did nothing
+    /// wrong, so [`BodyWatch`] is not told).
+    pub(super) fn superseded() -> BodyError {
+        BodyError {
+            fault: BodyFault::Gone,
+            source: Some("request body taken over by a retry".into()),
+        }
+    }
+}
+
 impl std::error::Error for BodyError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.source
@@ -197,10 +209,11 @@ impl http_body::Body for DownstreamBody {
     }
 }
 
-/// What the proxy sends upstream: the downstream body, with the body
-/// length limit and read time limit, and the fault it ended with recorded
-/// for the proxy. Unboxed: one wrapper, no allocation unless it must wait.
-pub struct UpstreamBody {
+/// The downstream body with the body length limit and read time limit, and
+/// the fault it ended with recorded for the proxy. Unboxed: one wrapper, no
+/// allocation unless it must wait. What goes upstream is this, directly or
+/// kept for a retry ([`super::replay`]).
+pub struct LimitedBody {
     inner: DownstreamBody,
     /// Bytes still allowed under `limits.maxRequestBodyBytes`.
     remaining: Option<u64>,
@@ -208,13 +221,13 @@ pub struct UpstreamBody {
     state: Arc<BodyState>,
 }
 
-impl UpstreamBody {
+impl LimitedBody {
     /// `limit`: most bytes allowed; `timeout`: (bodyReadTimeout, bodyMinRate).
     pub fn new(
         inner: DownstreamBody,
         limit: Option<u64>,
         timeout: Option<(Duration, u64)>,
-    ) -> (UpstreamBody, BodyWatch) {
+    ) -> (LimitedBody, BodyWatch) {
         let state = Arc::new(BodyState::default());
         let deadline = timeout
             .filter(|_| !http_body::Body::is_end_stream(&inner))
@@ -225,7 +238,7 @@ impl UpstreamBody {
                 received: 0,
                 sleep: None,
             });
-        let body = UpstreamBody {
+        let body = LimitedBody {
             inner,
             remaining: limit,
             deadline,
@@ -249,7 +262,7 @@ impl UpstreamBody {
     }
 }
 
-impl http_body::Body for UpstreamBody {
+impl http_body::Body for LimitedBody {
     type Data = bytes::Bytes;
     type Error = BodyError;
 

@@ -16,14 +16,18 @@
 //!   streams (the app's GOAWAY), so streams stay multiplexed end to end.
 //!
 //! The request body on its way ([`body`]) carries the body limits and
-//! remembers whose fault a failed body was. A connection to the app is a TCP or Unix socket ([`stream`]).
+//! remembers whose fault a failed body was; it is kept ([`replay`]) so
+//! that a request the app never saw can go again ([`retry`]). A connection to the app is a TCP or Unix socket ([`stream`]).
 
 mod body;
 mod client;
 pub(crate) mod idle;
+mod replay;
+pub mod retry;
 pub mod slots;
 mod stream;
 
-pub use body::{BodyError, BodyFault, BodyWatch, DownstreamBody, UpstreamBody};
+pub use body::{BodyError, BodyFault, BodyWatch, DownstreamBody, LimitedBody};
 pub use client::{PoolReturn, Upstream, UpstreamResponse};
+pub use replay::{RetryBody, UpstreamBody};
 pub use stream::UpstreamStream;

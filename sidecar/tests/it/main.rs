@@ -37,6 +37,7 @@ mod fast_path;
 mod grpc_health;
 mod hardening;
 mod proxy_basics;
+mod retry;
 mod sd_notify;
 mod unix_listen;
 mod upgrade_handover;

@@ -59,6 +59,11 @@ where
         Parsed::Done(head) => {
             let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::GET);
             let route = live.routes.select(&method, head.host, head.path);
+            // A request this route may send twice needs its body kept and
+            // hyper's error detail (handler.rs retries): hyper takes it.
+            if route.retries_idempotent() && crate::upstream::retry::is_idempotent(&method) {
+                return Some(Next::Fallback);
+            }
             let req = Request {
                 framing: head.framing,
                 close: head.close,

@@ -1,0 +1,255 @@
+//! Which failed requests may go to the app again, and how many may.
+//!
+//! A request is retried, whatever its method, only when the app cannot have
+//! seen it: its HTTP/2 stream was refused (`REFUSED_STREAM`, RFC 9113
+//! §8.7), or it was above the last stream id of the app's graceful GOAWAY
+//! (§6.8), or the connection handed it back unsent. A request that may
+//! have reached the app is retried only on a route that opts in
+//! (`retry.idempotent`) and only for a method RFC 9110 §9.2.2 calls
+//! idempotent. Connect failures are not retried here: a refused connect is
+//! already held until the app is back (`upstreamPool.holdTimeout`).
+//!
+//! Retries are bounded by a budget, as Linkerd's: within the last ten
+//! seconds, at most `ratio` retries per request plus `minPerSecond` per
+//! second, so a failing app gets a little more traffic, never a multiple.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use http::Method;
+
+use crate::config::RetryBudgetConfig;
+use crate::error::Error;
+
+/// Why a request went to the app again (the `reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryReason {
+    /// The app refused the stream: `REFUSED_STREAM`.
+    RefusedStream,
+    /// The stream was above the last stream id of the app's GOAWAY.
+    GoAway,
+    /// May have reached the app; the route allows idempotent retries.
+    Idempotent,
+}
+
+impl RetryReason {
+    pub const ALL: [RetryReason; 3] = [Self::RefusedStream, Self::GoAway, Self::Idempotent];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RefusedStream => "refused_stream",
+            Self::GoAway => "goaway",
+            Self::Idempotent => "idempotent",
+        }
+    }
+}
+
+/// Why a retryable request was not retried (the `reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryDenied {
+    /// The retry budget was spent.
+    Budget,
+    /// The body was larger than `retryBudget.maxBodyBytes` (not kept).
+    Body,
+}
+
+impl RetryDenied {
+    pub const ALL: [RetryDenied; 2] = [Self::Budget, Self::Body];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Budget => "budget",
+            Self::Body => "body",
+        }
+    }
+}
+
+/// Whether a failed attempt may go again, and why.
+pub fn retry_reason(err: &Error, method: &Method, idempotent_route: bool) -> Option<RetryReason> {
+    let Error::Upstream(err) = err else {
+        // Connect errors were held already; AppDown and the rest are final.
+        return None;
+    };
+    if let Some(reason) = never_reached_app(err) {
+        return Some(reason);
+    }
+    (idempotent_route && is_idempotent(method) && !err.is_user()).then_some(RetryReason::Idempotent)
+}
+
+/// The app provably never processed the request (RFC 9113 §8.7).
+fn never_reached_app(err: &hyper::Error) -> Option<RetryReason> {
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        if let Some(h2) = cause.downcast_ref::<h2::Error>() {
+            if h2.reason() == Some(h2::Reason::REFUSED_STREAM) {
+                return Some(RetryReason::RefusedStream);
+            }
+            // A graceful GOAWAY fails only the streams above its last
+            // stream id (an erroring GOAWAY fails every stream, processed
+            // or not, so it is not proof).
+            if h2.is_go_away() && h2.is_remote() && h2.reason() == Some(h2::Reason::NO_ERROR) {
+                return Some(RetryReason::GoAway);
+            }
+            return None;
+        }
+        source = cause.source();
+    }
+    None
+}
+
+/// RFC 9110 §9.2.2: GET, HEAD, OPTIONS, TRACE, PUT and DELETE.
+pub fn is_idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+/// The window the budget looks back over.
+const WINDOW: Duration = Duration::from_secs(10);
+/// Buckets in the window (one per second).
+const BUCKETS: usize = 10;
+
+/// Retries allowed: `ratio` per request in the last ten seconds, plus
+/// `minPerSecond` per second of that window.
+pub struct RetryBudget {
+    window: Mutex<Window>,
+}
+
+struct Window {
+    started: Instant,
+    /// Index of the newest bucket, in seconds since `started`.
+    newest: u64,
+    requests: [u64; BUCKETS],
+    retries: [u64; BUCKETS],
+}
+
+impl RetryBudget {
+    pub fn new() -> RetryBudget {
+        RetryBudget {
+            window: Mutex::new(Window {
+                started: Instant::now(),
+                newest: 0,
+                requests: [0; BUCKETS],
+                retries: [0; BUCKETS],
+            }),
+        }
+    }
+
+    /// A request (first attempt) was sent: it earns `ratio` retries.
+    pub fn deposit(&self) {
+        let mut w = self.lock();
+        let i = w.advance(Instant::now());
+        w.requests[i] += 1;
+    }
+
+    /// Takes one retry from the budget, if there is one left under
+    /// `settings` (read live, so a reload applies at once).
+    pub fn withdraw(&self, settings: &RetryBudgetConfig) -> bool {
+        let mut w = self.lock();
+        let i = w.advance(Instant::now());
+        let requests: u64 = w.requests.iter().sum();
+        let retries: u64 = w.retries.iter().sum();
+        let allowed = settings.ratio * requests as f64
+            + f64::from(settings.min_per_second) * WINDOW.as_secs_f64();
+        if (retries + 1) as f64 > allowed {
+            return false;
+        }
+        w.retries[i] += 1;
+        true
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Window> {
+        self.window
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Default for RetryBudget {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Window {
+    /// Moves the window to `now`, emptying the buckets it passed; returns
+    /// the current bucket.
+    fn advance(&mut self, now: Instant) -> usize {
+        let second = now.saturating_duration_since(self.started).as_secs();
+        let passed = second.saturating_sub(self.newest);
+        for step in 1..=passed.min(BUCKETS as u64) {
+            let i = ((self.newest + step) % BUCKETS as u64) as usize;
+            self.requests[i] = 0;
+            self.retries[i] = 0;
+        }
+        self.newest = self.newest.max(second);
+        (self.newest % BUCKETS as u64) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(ratio: f64, min_per_second: u32) -> RetryBudgetConfig {
+        RetryBudgetConfig {
+            ratio,
+            min_per_second,
+            ..RetryBudgetConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_floor_allows_min_per_second_over_the_window_without_traffic() {
+        let budget = RetryBudget::new();
+        let granted = (0..100)
+            .filter(|_| budget.withdraw(&settings(0.0, 2)))
+            .count();
+        assert_eq!(granted, 20, "2/s over a 10 s window");
+    }
+
+    #[test]
+    fn the_ratio_adds_retries_per_request() {
+        let budget = RetryBudget::new();
+        for _ in 0..50 {
+            budget.deposit();
+        }
+        let granted = (0..100)
+            .filter(|_| budget.withdraw(&settings(0.2, 0)))
+            .count();
+        assert_eq!(granted, 10, "20% of 50 requests");
+    }
+
+    #[test]
+    fn zero_settings_allow_nothing() {
+        let budget = RetryBudget::new();
+        budget.deposit();
+        assert!(!settings(0.0, 0).enabled());
+        assert!(!budget.withdraw(&settings(0.0, 0)));
+    }
+
+    #[test]
+    fn old_buckets_are_emptied_as_the_window_moves() {
+        let budget = RetryBudget::new();
+        let mut w = budget.lock();
+        let start = w.started;
+        let i = w.advance(start);
+        w.requests[i] = 5;
+        w.retries[i] = 5;
+        // Eleven seconds later all of it is outside the window.
+        w.advance(start + Duration::from_secs(11));
+        assert_eq!(w.requests.iter().sum::<u64>(), 0);
+        assert_eq!(w.retries.iter().sum::<u64>(), 0);
+    }
+
+    #[test]
+    fn only_rfc_idempotent_methods_are_idempotent() {
+        for m in [Method::GET, Method::HEAD, Method::PUT, Method::DELETE] {
+            assert!(is_idempotent(&m), "{m}");
+        }
+        for m in [Method::POST, Method::PATCH, Method::CONNECT] {
+            assert!(!is_idempotent(&m), "{m}");
+        }
+    }
+}

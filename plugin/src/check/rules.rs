@@ -81,7 +81,7 @@ pub fn leader(
         );
     }
     let running = pods.iter().any(|p| {
-        p.name_any() == holder
+        holder_pod(&holder) == p.name_any()
             && p.metadata.deletion_timestamp.is_none()
             && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
     });
@@ -99,6 +99,19 @@ pub fn leader(
             ),
             format!("kubectl -n {ns} get lease {lease_name} -o yaml; {logs}"),
         )
+    }
+}
+
+/// The pod of a Lease holder: the operator's identity is `<pod name>-<8 hex digits>`,
+/// so a restarted process never mistakes its predecessor's hold for its own.
+pub fn holder_pod(holder: &str) -> &str {
+    match holder.rsplit_once('-') {
+        Some((pod, suffix))
+            if suffix.len() == 8 && suffix.bytes().all(|b| b.is_ascii_hexdigit()) =>
+        {
+            pod
+        }
+        _ => holder,
     }
 }
 

@@ -74,12 +74,30 @@ fn lease(holder: &str, renewed: &str) -> Lease {
 fn the_leader_is_a_running_operator_pod_with_an_unexpired_lease() {
     let i = install();
     let pods = [pod(OPERATOR_POD)];
-    let fresh = lease("kubegrace-operator-abc", "2026-12-03T09:59:55.000000Z");
+    // The operator's identity is its pod's name and a random suffix.
+    assert_eq!(
+        rules::holder_pod("kubegrace-operator-abc-796ba9cb"),
+        "kubegrace-operator-abc"
+    );
+    assert_eq!(
+        rules::holder_pod("kubegrace-operator-abc"),
+        "kubegrace-operator-abc"
+    );
+    let fresh = lease(
+        "kubegrace-operator-abc-796ba9cb",
+        "2026-12-03T09:59:55.000000Z",
+    );
     assert!(rules::leader(&i, Some(&fresh), &pods, now()).ok);
-    let expired = lease("kubegrace-operator-abc", "2026-12-03T09:59:00.000000Z");
+    let expired = lease(
+        "kubegrace-operator-abc-796ba9cb",
+        "2026-12-03T09:59:00.000000Z",
+    );
     let f = rules::leader(&i, Some(&expired), &pods, now());
     assert!(!f.ok && f.message.contains("no current holder"), "{f:?}");
-    let stranger = lease("someone-else", "2026-12-03T09:59:55.000000Z");
+    let stranger = lease(
+        "kubegrace-operator-old-796ba9cb",
+        "2026-12-03T09:59:55.000000Z",
+    );
     let f = rules::leader(&i, Some(&stranger), &pods, now());
     assert!(
         !f.ok && f.message.contains("not a running operator pod"),

@@ -262,7 +262,7 @@ async fn verify_passes_on_an_injected_deployment_and_fails_on_a_plain_one() -> R
     opts.drain = Drain::product_defaults();
     let p = Progress::default();
     let loadgen = opts.loadgen_image();
-    kubegrace_e2e::require_images(&client, &[loadgen.clone()]).await?;
+    kubegrace_e2e::require_images(&client, std::slice::from_ref(&loadgen)).await?;
     with_install(&client, &opts, &p, keep_from_env(), async |run| {
         let sc = run.scenario("plugin-verify").await?;
         let ns = sc.namespace.clone();

@@ -40,7 +40,7 @@ pub async fn gather(client: &Client, scope: &Scope) -> Result<Snapshot> {
         ..Snapshot::default()
     };
     s.crd = Api::<CustomResourceDefinition>::all(client.clone())
-        .get_opt(&GraceRoute::crd_name())
+        .get_opt(GraceRoute::crd_name())
         .await
         .map_err(Error::kube("reading the GraceRoute CRD"))?;
     let namespaces = Api::<Namespace>::all(client.clone())

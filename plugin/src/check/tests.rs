@@ -271,7 +271,7 @@ fn a_pod_asking_for_the_sidecar_without_it_is_named_with_its_restart() {
         "shop".to_owned(),
         BTreeMap::from([("kubegrace.io/inject".to_owned(), "enabled".to_owned())]),
     )]);
-    assert!(problems(&rules::injection(&[plain.clone()], &ns)).is_empty());
+    assert!(problems(&rules::injection(std::slice::from_ref(&plain), &ns)).is_empty());
     assert_eq!(problems(&rules::injection(&[plain], &labelled)).len(), 1);
     let opted_out = pod(&APP_POD.replace("inject: enabled", "inject: disabled"));
     assert!(problems(&rules::injection(&[opted_out], &labelled)).is_empty());

@@ -203,7 +203,11 @@ mod tests {
             Err("pod Pending, not ready".to_owned())
         );
         let failed = pod(r#"{"metadata":{"name":"p"},"status":{"phase":"Failed"}}"#);
-        assert!(sending(&[failed]).expect_err("ended").contains("ended early"));
+        assert!(
+            sending(&[failed])
+                .expect_err("ended")
+                .contains("ended early")
+        );
     }
 
     #[test]

@@ -546,6 +546,65 @@ mod tests {
         assert!(Event::parse("no label", 0.0).is_err());
     }
 
+    fn run(failed_on: &[(&str, u64)]) -> DemoRun {
+        let mut summary = Summary {
+            requests: 100,
+            ..Summary::default()
+        };
+        for (pod, n) in failed_on {
+            summary.failed += n;
+            summary.by_reason.reset += n;
+            let p = summary.by_pod.entry((*pod).to_owned()).or_default();
+            p.failed = *n;
+        }
+        DemoRun {
+            summary,
+            rollout_s: 4.2,
+            rollout_start_s: None,
+            events: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn one_column_per_run_and_the_failures_under_it_by_pod() {
+        let plain = run(&[("web-a", 2), ("web-b", 1)]);
+        let out = columns(&[("deploy/web", &plain)]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].trim_end().ends_with("deploy/web"), "{out}");
+        let cell = |label: &str| {
+            lines
+                .iter()
+                .find_map(|l| l.strip_prefix(label))
+                .map(str::trim)
+                .unwrap_or("")
+                .to_owned()
+        };
+        assert_eq!(cell("failed "), "3 (3.00%)", "{out}");
+        assert_eq!(cell("  reset "), "3", "{out}");
+        assert_eq!(cell("rollout duration "), "4.2 s", "{out}");
+        assert!(
+            out.contains("deploy/web: failed by pod: web-a 2, web-b 1"),
+            "{out}"
+        );
+        assert!(!columns(&[("x", &run(&[]))]).contains("failed by pod"));
+        // The demo's two columns keep their labels.
+        let both = table(&DemoResult {
+            with: run(&[]),
+            without: plain,
+        });
+        assert!(
+            both.lines()
+                .next()
+                .unwrap_or("")
+                .contains("without kubegrace  with kubegrace"),
+            "{both}"
+        );
+        assert!(
+            both.contains("without: failed by pod: web-a 2, web-b 1"),
+            "{both}"
+        );
+    }
+
     #[test]
     fn escapes_text() {
         assert_eq!(esc(r#"a<b & "c">"#), "a&lt;b &amp; &quot;c&quot;&gt;");

@@ -378,18 +378,24 @@ pub fn injection(
         if is_injected(p) {
             continue;
         }
-        let why = p
-            .annotations()
-            .get(keys::INJECT_SKIPPED)
-            .map(|w| format!(" (the webhook skipped it: {w})"))
-            .unwrap_or_else(|| " (the webhook never saw it: created while it was down, or outside its namespaceSelector)".to_owned());
+        // The webhook's reason is what to fix first; recreating the pod applies it.
+        let (why, fix) = match p.annotations().get(keys::INJECT_SKIPPED) {
+            Some(w) => (
+                format!(" (the webhook skipped it: {w})"),
+                format!("{w}; then {}", recreate(p)),
+            ),
+            None => (
+                " (the webhook never saw it: created while it was down, or outside its namespaceSelector)".to_owned(),
+                recreate(p),
+            ),
+        };
         out.push(Finding::problem(
             "injection",
             format!(
                 "pod {ns}/{} asks for the sidecar and has none{why}",
                 p.name_any()
             ),
-            recreate(p),
+            fix,
         ));
     }
     if out.is_empty() {

@@ -260,6 +260,20 @@ fn a_pod_asking_for_the_sidecar_without_it_is_named_with_its_restart() {
         f[0].fix.as_deref(),
         Some("kubectl -n shop rollout restart deployment/web")
     );
+    let skipped = pod(&APP_POD.replace(
+        "labels:",
+        "annotations: {kubegrace.io/inject-skipped: \"no GraceRoute selects this pod\"}\n  labels:",
+    ));
+    let f = rules::injection(&[skipped], &ns);
+    assert!(
+        f[0].message
+            .contains("(the webhook skipped it: no GraceRoute selects this pod)"),
+        "{f:?}"
+    );
+    assert_eq!(
+        f[0].fix.as_deref(),
+        Some("no GraceRoute selects this pod; then kubectl -n shop rollout restart deployment/web")
+    );
     let injected = pod(&APP_POD.replace(
         "labels:",
         "annotations: {kubegrace.io/injected: \"true\"}\n  labels:",

@@ -231,11 +231,22 @@ pub fn probe_namespace(
 async fn dry_run(client: &Client, namespace: &str) -> Probe {
     let pod: Pod = match serde_json::from_value(json!({
         "metadata": {"generateName": "kubegrace-check-", "labels": probe_labels()},
-        "spec": {"containers": [{
-            "name": "app",
-            "image": "registry.k8s.io/pause:3.10",
-            "ports": [{"name": "http", "containerPort": 8080}],
-        }]},
+        // Restricted (Pod Security) and with requests, so that no admission plugin after
+        // the webhook refuses the probe for reasons of its own.
+        "spec": {
+            "automountServiceAccountToken": false,
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "app",
+                "image": "registry.k8s.io/pause:3.10",
+                "ports": [{"name": "http", "containerPort": 8080}],
+                "resources": {"requests": {"cpu": "1m", "memory": "1Mi"},
+                              "limits": {"cpu": "10m", "memory": "8Mi"}},
+                "securityContext": {"allowPrivilegeEscalation": false,
+                                    "capabilities": {"drop": ["ALL"]}},
+            }],
+        },
     })) {
         Ok(p) => p,
         Err(e) => {

@@ -147,7 +147,8 @@ pub fn text(findings: &[Finding]) -> String {
     if problems == 0 {
         let _ = writeln!(out, "kubegrace: all {} checks passed", findings.len());
     } else {
-        let _ = writeln!(out, "kubegrace: {problems} problems");
+        let noun = if problems == 1 { "problem" } else { "problems" };
+        let _ = writeln!(out, "kubegrace: {problems} {noun}");
     }
     out
 }

@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
 
-.PHONY: release-images-check chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
+.PHONY: plugin krew release-images-check chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
 
 all: build
 
@@ -66,6 +66,18 @@ images: ## build static images and import them into the cluster
 
 demo: ## roll a Deployment under load with and without kubegrace; print the table
 	e2e/demo
+
+plugin: ## kubectl-kubegrace (debug), ready to copy onto PATH
+	$(CARGO) build -p kubectl-kubegrace --bin kubectl-kubegrace
+
+KREW_ARCHES ?= amd64 arm64
+KREW_OUT ?= $(or $(CARGO_TARGET_DIR),target)/krew
+krew: ## static release archives of kubectl-kubegrace ($$KREW_ARCHES) and plugin/krew/kubegrace.yaml written from them
+	rm -f $(KREW_OUT)/kubectl-kubegrace_*.tar.gz
+	plugin/krew/package $(KREW_OUT) $(KREW_ARCHES)
+	plugin/krew/manifest v$$($(CARGO) metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "kubectl-kubegrace"))') \
+	  $(KREW_OUT)/kubectl-kubegrace_*.tar.gz > plugin/krew/kubegrace.yaml.tmp
+	mv plugin/krew/kubegrace.yaml.tmp plugin/krew/kubegrace.yaml
 
 bench: ## the sidecar against nginx, HAProxy and Caddy, side by side (under 10 min)
 	bench/run

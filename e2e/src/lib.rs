@@ -12,7 +12,9 @@
 //! its own temporary namespace, labelled `kubegrace.io/e2e=true`, that is
 //! deleted afterwards (also when the test fails).
 
-pub mod load;
+/// The load generator and the demo's report live in `kubegrace-load`, shared with
+/// `kubectl kubegrace verify`; `kubegrace_e2e::load` keeps their old path.
+pub use kubegrace_load as load;
 pub mod scenario;
 
 use std::future::Future;

@@ -3,18 +3,17 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{ListParams, LogParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
-use serde_json::json;
 
-use super::{LoadMode, Patience, Progress, Scenario, pod_ready, suffix};
+use super::{LoadMode, Patience, Progress, Scenario, suffix};
 use crate::load::{self, Summary};
 
 /// The loadgen's control port in its Job (`GET /ready`, `POST /stop`).
-pub const LOADGEN_CONTROL_PORT: u16 = 9000;
+pub const LOADGEN_CONTROL_PORT: u16 = load::job::CONTROL_PORT;
 
 /// A load that runs until [`RunningLoad::finish`].
 pub struct RunningLoad {
@@ -55,22 +54,10 @@ impl RunningLoad {
                 pod,
                 timeout,
             } => {
-                let url = format!(
-                    "/api/v1/namespaces/{namespace}/pods/{pod}:{LOADGEN_CONTROL_PORT}/proxy/stop"
-                );
                 p.wait(
                     &format!("Job {job}: POST /stop accepted"),
                     Patience::new(Duration::from_secs(30), Duration::from_millis(500)),
-                    || async {
-                        let req = http::Request::post(url.as_str())
-                            .body(Vec::new())
-                            .map_err(|e| e.to_string())?;
-                        client
-                            .request_text(req)
-                            .await
-                            .map(drop)
-                            .map_err(|e| e.to_string())
-                    },
+                    || load::job::stop(&client, &namespace, &pod),
                 )
                 .await?;
                 let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
@@ -83,34 +70,11 @@ impl RunningLoad {
                         ),
                         || async {
                             let got = pods.get(&pod).await.map_err(|e| e.to_string())?;
-                            match got.status.and_then(|s| s.phase).as_deref() {
-                                Some(ph @ ("Succeeded" | "Failed")) => Ok(ph.to_owned()),
-                                other => Err(format!("phase {}", other.unwrap_or("-"))),
-                            }
+                            load::job::finished(&got)
                         },
                     )
                     .await?;
-                let log = pods
-                    .logs(
-                        &pod,
-                        &LogParams {
-                            container: Some("loadgen".into()),
-                            ..LogParams::default()
-                        },
-                    )
-                    .await
-                    .with_context(|| format!("reading the log of {pod}"))?;
-                ensure!(
-                    phase == "Succeeded",
-                    "loadgen pod {pod} {phase}; its log:\n{log}"
-                );
-                let line = log
-                    .lines()
-                    .rev()
-                    .find(|l| l.trim_start().starts_with('{'))
-                    .with_context(|| format!("no JSON summary in the log of {pod}:\n{log}"))?;
-                serde_json::from_str(line)
-                    .with_context(|| format!("parsing the summary in the log of {pod}"))
+                Ok(load::job::summary(&client, &namespace, &pod, &phase).await?)
             }
         }
     }
@@ -178,46 +142,7 @@ impl Scenario {
             .with_context(|| format!("Service {name} has no ClusterIP"))?;
         let cfg = self.load_config(format!("http://{cluster_ip}:80"));
         let job_name = format!("loadgen-{name}-{}", suffix());
-        // The Job ends by itself even if nobody stops it: the loadgen's own schedule is
-        // bounded (rate x max_duration), and the deadline bounds the pod's life.
-        let deadline_s = cfg.duration.as_secs() + cfg.timeout.as_secs() + 120;
-        let job: Job = serde_json::from_value(json!({
-            "metadata": {"name": job_name, "labels": {"app": "loadgen", "loadgen-for": name}},
-            "spec": {
-                "backoffLimit": 0,
-                "activeDeadlineSeconds": deadline_s,
-                "template": {
-                    "metadata": {"labels": {"app": "loadgen", "loadgen-for": name}},
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "automountServiceAccountToken": false,
-                        "terminationGracePeriodSeconds": cfg.timeout.as_secs() + 5,
-                        "containers": [{
-                            "name": "loadgen",
-                            "image": self.opts.loadgen_image(),
-                            "imagePullPolicy": "IfNotPresent",
-                            "args": [
-                                format!("--target={}", cfg.target),
-                                format!("--protocol={}", cfg.protocol.as_str()),
-                                format!("--rate={}", cfg.rate),
-                                format!("--duration={}s", cfg.duration.as_secs()),
-                                format!("--max-requests={}", cfg.max_requests),
-                                format!("--connections={}", cfg.connections),
-                                format!("--path={}", cfg.path),
-                                format!("--timeout={}ms", cfg.timeout.as_millis()),
-                                format!("--control=0.0.0.0:{LOADGEN_CONTROL_PORT}"),
-                            ],
-                            "ports": [{"name": "control", "containerPort": LOADGEN_CONTROL_PORT}],
-                            "readinessProbe": {"httpGet": {"path": "/ready", "port": "control"}, "periodSeconds": 1},
-                            "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}},
-                            "securityContext": {"allowPrivilegeEscalation": false, "runAsNonRoot": true,
-                                                "capabilities": {"drop": ["ALL"]},
-                                                "seccompProfile": {"type": "RuntimeDefault"}},
-                        }],
-                    },
-                },
-            },
-        }))?;
+        let job = load::job::manifest(&job_name, name, &self.opts.loadgen_image(), &cfg)?;
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.namespace);
         jobs.create(&PostParams::default(), &job)
             .await
@@ -230,7 +155,7 @@ impl Scenario {
             cfg.path
         ));
         let pods = self.pods();
-        let selector = format!("job-name={job_name}");
+        let selector = load::job::pod_selector(&job_name);
         let pod = p
             .wait(
                 &format!("Job {job_name}: its pod sending (ready)"),
@@ -240,23 +165,7 @@ impl Scenario {
                         .list(&ListParams::default().labels(&selector))
                         .await
                         .map_err(|e| e.to_string())?;
-                    let Some(pod) = list.items.first() else {
-                        return Err("no pod yet".to_owned());
-                    };
-                    let phase = pod
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.phase.clone())
-                        .unwrap_or_default();
-                    if phase == "Failed" || phase == "Succeeded" {
-                        // Not retryable: say so at once (the wait prints it and times out
-                        // otherwise, which would only hide the reason).
-                        return Err(format!("pod ended early ({phase})"));
-                    }
-                    match (pod_ready(pod), pod.metadata.name.clone()) {
-                        (true, Some(n)) => Ok(n),
-                        _ => Err(format!("pod {phase}, not ready")),
-                    }
+                    load::job::sending(&list.items)
                 },
             )
             .await?;

@@ -157,9 +157,7 @@ impl Scenario {
         let patch = match action {
             Action::Restart | Action::RestartKillingOperator => {
                 p.step(format!("{name}: rollout restart (new pod template)"));
-                json!({"spec": {"template": {"metadata": {"annotations": {
-                    "kubectl.kubernetes.io/restartedAt": format!("{at:.3}"),
-                }}}}})
+                crate::load::rollout::restart_patch(at)
             }
             Action::Scale(n) => {
                 p.step(format!("{name}: scale {} -> {n}", before.len()));

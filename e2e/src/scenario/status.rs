@@ -1,7 +1,6 @@
 //! Reading the state of what a run created: pods ready, the sidecar injected, a
 //! Deployment rolled out.
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::api::DynamicObject;
 use kubegrace_sidecar_api::pod;
@@ -44,27 +43,7 @@ pub fn route_condition(route: &DynamicObject, type_: &str) -> (String, String, S
     (s("status"), s("reason"), s("message"))
 }
 
-/// Ok when the Deployment's controller has seen its spec and every replica is updated,
-/// ready and available, with no extra pod counted.
-pub(super) fn rolled_out(d: &Deployment) -> std::result::Result<(), String> {
-    let generation = d.metadata.generation.unwrap_or(0);
-    let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-    let s = d.status.clone().unwrap_or_default();
-    if s.observed_generation.unwrap_or(0) < generation {
-        return Err("the Deployment controller has not seen the change yet".into());
-    }
-    let updated = s.updated_replicas.unwrap_or(0);
-    let ready = s.ready_replicas.unwrap_or(0);
-    let available = s.available_replicas.unwrap_or(0);
-    let total = s.replicas.unwrap_or(0);
-    if updated == want && ready == want && available == want && total == want {
-        Ok(())
-    } else {
-        Err(format!(
-            "{updated} updated, {ready} ready, {available} available of {want} ({total} counted)"
-        ))
-    }
-}
+pub(super) use crate::load::rollout::rolled_out;
 
 pub(super) fn short(pod: &str) -> &str {
     pod.rsplit('-').next().unwrap_or(pod)

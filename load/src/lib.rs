@@ -1,4 +1,6 @@
-//! The load generator behind `kubegrace-loadgen`, and the demo's report rendering.
+//! The load generator behind `kubegrace-loadgen`, its loadgen Job ([`job`]), and the
+//! attributed report of a rollout under load ([`report`]): one implementation for the e2e
+//! tests, `make demo` and `kubectl kubegrace verify`.
 //!
 //! Open loop: request `i` is sent at `start + i / rate` whatever happened to the earlier
 //! ones, so a stalled pod cannot slow the client down and hide its own failures (the
@@ -20,8 +22,10 @@
 
 pub mod conn;
 pub mod grpc;
+pub mod job;
 pub mod outcome;
 pub mod report;
+pub mod rollout;
 pub mod summary;
 pub mod target;
 
@@ -67,6 +71,15 @@ pub enum Error {
     },
     #[error("encoding JSON: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("{context}: {source}")]
+    Kube {
+        context: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The loadgen Job did not give a summary (its pod failed, or its log has none).
+    #[error("{0}")]
+    Job(String),
 }
 
 /// Which traffic to send.

@@ -100,74 +100,74 @@ fn pct(part: u64, whole: u64) -> f64 {
 
 /// The side-by-side table printed by `make demo`.
 pub fn table(result: &DemoResult) -> String {
-    let (a, b) = (&result.without, &result.with);
-    let mut rows: Vec<(String, String, String)> = vec![
-        (
-            "requests".into(),
-            a.summary.requests.to_string(),
-            b.summary.requests.to_string(),
-        ),
-        (
-            "failed".into(),
-            format!(
-                "{} ({:.2}%)",
-                a.summary.failed,
-                pct(a.summary.failed, a.summary.requests)
-            ),
-            format!(
-                "{} ({:.2}%)",
-                b.summary.failed,
-                pct(b.summary.failed, b.summary.requests)
-            ),
-        ),
-    ];
-    for reason in Reason::FAILURES {
-        rows.push((
-            format!("  {reason}"),
-            a.summary.by_reason.get(reason).to_string(),
-            b.summary.by_reason.get(reason).to_string(),
-        ));
-    }
-    rows.push((
-        "p50 latency".into(),
-        format!("{:.1} ms", a.summary.p50_ms),
-        format!("{:.1} ms", b.summary.p50_ms),
-    ));
-    rows.push((
-        "p99 latency".into(),
-        format!("{:.1} ms", a.summary.p99_ms),
-        format!("{:.1} ms", b.summary.p99_ms),
-    ));
-    rows.push((
-        "rollout duration".into(),
-        format!("{:.1} s", a.rollout_s),
-        format!("{:.1} s", b.rollout_s),
-    ));
+    columns(&[
+        ("without kubegrace", &result.without),
+        ("with kubegrace", &result.with),
+    ])
+}
 
-    let head = (
-        "".to_owned(),
-        "without kubegrace".to_owned(),
-        "with kubegrace".to_owned(),
-    );
-    let width = |cell: fn(&(String, String, String)) -> &String| {
-        rows.iter()
-            .chain([&head])
-            .map(|r| cell(r).len())
-            .max()
-            .unwrap_or(0)
+/// The same table for any runs, one column each (`kubectl kubegrace verify` prints one):
+/// requests, failed by reason, p50/p99, rollout duration; under it, per run, the failure
+/// details and the pods that failed requests (the attribution).
+pub fn columns(runs: &[(&str, &DemoRun)]) -> String {
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let mut row = |label: &str, cell: &dyn Fn(&DemoRun) -> String| {
+        let mut r = vec![label.to_owned()];
+        r.extend(runs.iter().map(|(_, run)| cell(run)));
+        rows.push(r);
     };
-    let (w0, w1, w2) = (width(|r| &r.0), width(|r| &r.1), width(|r| &r.2));
+    row("requests", &|r| r.summary.requests.to_string());
+    row("failed", &|r| {
+        format!(
+            "{} ({:.2}%)",
+            r.summary.failed,
+            pct(r.summary.failed, r.summary.requests)
+        )
+    });
+    for reason in Reason::FAILURES {
+        row(&format!("  {reason}"), &|r| {
+            r.summary.by_reason.get(reason).to_string()
+        });
+    }
+    row("p50 latency", &|r| format!("{:.1} ms", r.summary.p50_ms));
+    row("p99 latency", &|r| format!("{:.1} ms", r.summary.p99_ms));
+    row("rollout duration", &|r| format!("{:.1} s", r.rollout_s));
+
+    let mut head = vec![String::new()];
+    head.extend(runs.iter().map(|(label, _)| (*label).to_owned()));
+    let widths: Vec<usize> = (0..head.len())
+        .map(|i| {
+            rows.iter()
+                .chain([&head])
+                .map(|r| r[i].len())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
     let mut out = String::new();
-    let mut line = |r: &(String, String, String)| {
-        let _ = writeln!(out, "{:<w0$}  {:>w1$}  {:>w2$}", r.0, r.1, r.2);
+    let mut line = |r: &[String]| {
+        let cells: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if i == 0 {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "{}", cells.join("  "));
     };
     line(&head);
-    line(&("-".repeat(w0), "-".repeat(w1), "-".repeat(w2)));
+    line(&widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>());
     for r in &rows {
         line(r);
     }
     // Failure details tell *why*; list them under the table (the few that exist).
-    for (label, run) in [("without", a), ("with", b)] {
+    for (label, run) in runs {
+        let label = label.trim_end_matches(" kubegrace");
         for (detail, n) in &run.summary.by_detail {
             let _ = writeln!(out, "{label}: {n} x {detail}");
         }
@@ -544,6 +544,65 @@ mod tests {
         assert!(Event::parse("1764460010=x", 0.0).is_err());
         assert!(Event::parse("soon=x", 0.0).is_err());
         assert!(Event::parse("no label", 0.0).is_err());
+    }
+
+    fn run(failed_on: &[(&str, u64)]) -> DemoRun {
+        let mut summary = Summary {
+            requests: 100,
+            ..Summary::default()
+        };
+        for (pod, n) in failed_on {
+            summary.failed += n;
+            summary.by_reason.reset += n;
+            let p = summary.by_pod.entry((*pod).to_owned()).or_default();
+            p.failed = *n;
+        }
+        DemoRun {
+            summary,
+            rollout_s: 4.2,
+            rollout_start_s: None,
+            events: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn one_column_per_run_and_the_failures_under_it_by_pod() {
+        let plain = run(&[("web-a", 2), ("web-b", 1)]);
+        let out = columns(&[("deploy/web", &plain)]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].trim_end().ends_with("deploy/web"), "{out}");
+        let cell = |label: &str| {
+            lines
+                .iter()
+                .find_map(|l| l.strip_prefix(label))
+                .map(str::trim)
+                .unwrap_or("")
+                .to_owned()
+        };
+        assert_eq!(cell("failed "), "3 (3.00%)", "{out}");
+        assert_eq!(cell("  reset "), "3", "{out}");
+        assert_eq!(cell("rollout duration "), "4.2 s", "{out}");
+        assert!(
+            out.contains("deploy/web: failed by pod: web-a 2, web-b 1"),
+            "{out}"
+        );
+        assert!(!columns(&[("x", &run(&[]))]).contains("failed by pod"));
+        // The demo's two columns keep their labels.
+        let both = table(&DemoResult {
+            with: run(&[]),
+            without: plain,
+        });
+        assert!(
+            both.lines()
+                .next()
+                .unwrap_or("")
+                .contains("without kubegrace  with kubegrace"),
+            "{both}"
+        );
+        assert!(
+            both.contains("without: failed by pod: web-a 2, web-b 1"),
+            "{both}"
+        );
     }
 
     #[test]

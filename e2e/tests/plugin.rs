@@ -1,0 +1,324 @@
+//! `kubectl kubegrace` on the real cluster, as a user runs it: the `kubectl-kubegrace`
+//! binary (built next to this test: `cargo build -p kubectl-kubegrace`, which
+//! `e2e/run-cluster-tests` does first; `KUBEGRACE_PLUGIN_BIN` points elsewhere), with the
+//! cluster's kubeconfig.
+//!
+//! - `check` passes on a healthy install (the chart with the local images, an injected
+//!   Deployment behind its GraceRoute); then it is shown four problems and names each,
+//!   with exit status 1: a route whose target does not exist, a Service that targets the
+//!   app's port by number, a pod that asks for the sidecar and has none, a pod whose
+//!   sidecar version is not the operator's. `status` reads every sidecar through the
+//!   API server's pod proxy.
+//! - `verify` rolls an injected Deployment under load from a loadgen Job and passes
+//!   (exit 0, no request failed); on a plain Deployment of the same app it fails
+//!   (exit 1) and the table attributes the failures (by reason and by pod).
+//!
+//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::cluster_client`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kubegrace_e2e::scenario::{
+    APP_PORT, Drain, Options, Patience, Progress, graceroute, keep_from_env, kit, with_install,
+};
+use kubegrace_sidecar_api::keys;
+use serde_json::json;
+
+const APP: &str = "web";
+
+/// The plugin binary: `KUBEGRACE_PLUGIN_BIN`, else `kubectl-kubegrace` in the target
+/// directory this test was built into.
+fn plugin_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("KUBEGRACE_PLUGIN_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .context("the test binary has no target directory")?;
+    let bin = dir.join("kubectl-kubegrace");
+    ensure!(
+        bin.exists(),
+        "{} is missing: cargo build -p kubectl-kubegrace (e2e/run-cluster-tests does)",
+        bin.display()
+    );
+    Ok(bin)
+}
+
+/// Runs the plugin with `args` (bounded by `timeout`): exit status, stdout, stderr.
+async fn plugin(args: &[&str], timeout: Duration) -> Result<(i32, String, String)> {
+    let kubeconfig = kubegrace_e2e::kubeconfig_path().context("no kubeconfig")?;
+    let out = tokio::time::timeout(
+        timeout,
+        tokio::process::Command::new(plugin_bin()?)
+            .args(args)
+            .env("KUBECONFIG", kubeconfig)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .with_context(|| format!("kubectl-kubegrace {args:?} ran past {timeout:?}"))??;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+/// `check -o json` scoped to the test's namespace and this run's operator.
+async fn check(ns: &str, operator_ns: &str) -> Result<(i32, serde_json::Value)> {
+    let (code, out, err) = plugin(
+        &[
+            "check",
+            "-o",
+            "json",
+            "-n",
+            ns,
+            "--operator-namespace",
+            operator_ns,
+        ],
+        Duration::from_secs(60),
+    )
+    .await?;
+    let json = serde_json::from_str(&out)
+        .with_context(|| format!("check gave no JSON (exit {code}): {out}{err}"))?;
+    Ok((code, json))
+}
+
+/// The problems of a `check -o json` answer, `check: message (fix: ...)` each.
+fn problems(report: &serde_json::Value) -> Vec<String> {
+    report["findings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f["ok"] == false)
+        .map(|f| {
+            format!(
+                "{}: {} (fix: {})",
+                f["check"].as_str().unwrap_or(""),
+                f["message"].as_str().unwrap_or(""),
+                f["fix"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn check_passes_on_a_healthy_install_and_names_each_problem_it_is_shown() -> Result<()> {
+    let test = "check_passes_on_a_healthy_install_and_names_each_problem_it_is_shown";
+    let client = kubegrace_e2e::cluster_or_skip!(test);
+    let mut opts = Options::new("kg-plugin-check");
+    opts.replicas = 2;
+    let p = Progress::default();
+    with_install(&client, &opts, &p, keep_from_env(), async |run| {
+        let sc = run.scenario("plugin-check").await?;
+        let ns = sc.namespace.clone();
+        let operator_ns = opts.release_namespace.clone();
+        kit::deploy_with_route(&sc, APP, json!({}), &p).await?;
+
+        // Healthy: exit 0, no problem. The install is fresh, so give the Lease and the
+        // route's status a moment.
+        let healthy = p
+            .wait(
+                "check: no problem on the healthy install",
+                Patience::new(Duration::from_secs(60), Duration::from_secs(2)),
+                || async {
+                    let (code, report) = check(&ns, &operator_ns).await.map_err(|e| format!("{e:#}"))?;
+                    match (code, problems(&report)) {
+                        (0, found) if found.is_empty() => Ok(report),
+                        (code, found) => Err(format!("exit {code}: {found:?}")),
+                    }
+                },
+            )
+            .await?;
+        let checks: Vec<&str> = healthy["findings"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f["check"].as_str())
+            .collect();
+        for expected in [
+            "operator", "leader", "webhook", "ca-bundle", "certificate", "crd", "injection",
+            "sidecar-version", "service-bypass", "route",
+        ] {
+            ensure!(checks.contains(&expected), "check {expected} missing from {checks:?}");
+        }
+        p.step(format!("healthy: {} findings, all ok", checks.len()));
+
+        // status reads each sidecar through the pod proxy.
+        let (code, out, err) = plugin(&["status", &format!("groute/{APP}"), "-n", &ns], Duration::from_secs(60)).await?;
+        p.step(format!("status groute/{APP}:\n{out}"));
+        ensure!(code == 0, "status exit {code}: {out}{err}");
+        ensure!(
+            out.lines().filter(|l| l.starts_with(APP) && l.contains("serving")).count() == 2,
+            "status should show both pods serving:\n{out}"
+        );
+
+        // Four problems.
+        sc.post_route(&graceroute("ghost", &opts.drain, json!({}))?).await?;
+        let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+        services
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": "web-direct"},
+                    "spec": {"selector": {"app": APP}, "ports": [{"port": 80, "targetPort": APP_PORT}]},
+                }))?,
+            )
+            .await
+            .context("creating Service web-direct")?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let mut bare = kubegrace_e2e::scenario::demo_container();
+        bare["resources"] = json!({"requests": {"cpu": "10m", "memory": "16Mi"}});
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "uninjected", "labels": {"app": "lonely", (keys::INJECT): "enabled"}},
+                "spec": {"automountServiceAccountToken": false, "containers": [bare]},
+            }))?,
+        )
+        .await
+        .context("creating pod uninjected")?;
+        let stale = pods
+            .list(&ListParams::default().labels(&format!("app={APP}")))
+            .await?
+            .items
+            .into_iter()
+            .find_map(|p| p.metadata.name)
+            .context("no pod of web")?;
+        pods.patch(
+            &stale,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {(keys::SIDECAR_VERSION): "0.0.0-stale"}}})),
+        )
+        .await
+        .context("marking a pod stale")?;
+
+        let expected = [
+            ("route", "GraceRoute ".to_owned() + &ns + "/ghost"),
+            ("service-bypass", "Service web-direct port 80 targets 8080 by number".to_owned()),
+            ("injection", format!("pod {ns}/uninjected asks for the sidecar and has none")),
+            ("sidecar-version", format!("pod {ns}/{stale} runs sidecar 0.0.0-stale")),
+        ];
+        let (code, found) = p
+            .wait(
+                "check: each of the four problems named",
+                Patience::new(Duration::from_secs(60), Duration::from_secs(2)),
+                || async {
+                    let (code, report) = check(&ns, &operator_ns).await.map_err(|e| format!("{e:#}"))?;
+                    let found = problems(&report);
+                    let missing: Vec<&str> = expected
+                        .iter()
+                        .filter(|(check, what)| {
+                            !found.iter().any(|f| f.starts_with(check) && f.contains(what.as_str()))
+                        })
+                        .map(|(check, _)| *check)
+                        .collect();
+                    if missing.is_empty() {
+                        Ok((code, found))
+                    } else {
+                        Err(format!("not named yet: {missing:?}; found {found:?}"))
+                    }
+                },
+            )
+            .await?;
+        for f in &found {
+            p.step(format!("  problem: {f}"));
+        }
+        ensure!(code == 1, "check exit {code} with {} problems", found.len());
+        ensure!(
+            found.iter().all(|f| !f.ends_with("(fix: )")),
+            "a problem without its fix: {found:?}"
+        );
+        ensure!(
+            found.len() == expected.len(),
+            "problems beyond the four shown: {found:?}"
+        );
+        // The text form exits 1 too, a fix under each problem.
+        let (code, text, _) = plugin(
+            &["check", "-n", &ns, "--operator-namespace", &operator_ns],
+            Duration::from_secs(60),
+        )
+        .await?;
+        ensure!(code == 1 && text.contains("kubegrace: 4 problems"), "text check exit {code}:\n{text}");
+        ensure!(text.matches("fix: ").count() == 4, "one fix per problem:\n{text}");
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn verify_passes_on_an_injected_deployment_and_fails_on_a_plain_one() -> Result<()> {
+    let test = "verify_passes_on_an_injected_deployment_and_fails_on_a_plain_one";
+    let client = kubegrace_e2e::cluster_or_skip!(test);
+    let mut opts = Options::new("kg-plugin-verify");
+    opts.replicas = 2;
+    // What a user gets: the sidecar's default drain timers (as `make demo`).
+    opts.drain = Drain::product_defaults();
+    let p = Progress::default();
+    let loadgen = opts.loadgen_image();
+    kubegrace_e2e::require_images(&client, std::slice::from_ref(&loadgen)).await?;
+    with_install(&client, &opts, &p, keep_from_env(), async |run| {
+        let sc = run.scenario("plugin-verify").await?;
+        let ns = sc.namespace.clone();
+        kit::deploy_with_route(&sc, APP, json!({}), &p).await?;
+        sc.create_app("plain", false, &p).await?;
+        sc.settle("plain", false, &p).await?;
+
+        let verify = |name: &'static str| {
+            let ns = ns.clone();
+            let loadgen = loadgen.clone();
+            async move {
+                plugin(
+                    &[
+                        "verify",
+                        &format!("deploy/{name}"),
+                        "-n",
+                        &ns,
+                        "--rate",
+                        "100",
+                        "--duration",
+                        "200s",
+                        "--path",
+                        "/delay?ms=50",
+                        "--loadgen-image",
+                        &loadgen,
+                    ],
+                    Duration::from_secs(300),
+                )
+                .await
+            }
+        };
+        let (code, out, err) = verify(APP).await?;
+        p.step(format!("verify deploy/{APP} (exit {code}):\n{out}"));
+        if code != 0 {
+            bail!("verify on the injected Deployment: exit {code}\n{out}{err}");
+        }
+        ensure!(out.contains("PASS") && out.contains("deploy/web"), "{out}");
+
+        let (code, out, err) = verify("plain").await?;
+        p.step(format!("verify deploy/plain (exit {code}):\n{out}"));
+        ensure!(
+            code == 1,
+            "verify on the plain Deployment: exit {code}, expected 1\n{out}{err}"
+        );
+        ensure!(out.contains("FAIL:"), "{out}");
+        // Attributed: by reason in the table, and to the pods that dropped them (a
+        // refused connection never reached one: `(unknown)`).
+        let by_pod = out
+            .lines()
+            .find(|l| l.starts_with("deploy/plain: failed by pod:"))
+            .with_context(|| format!("the failures are not attributed to pods:\n{out}"))?;
+        ensure!(
+            by_pod.contains(" plain-"),
+            "no pod of plain named: {by_pod}"
+        );
+        Ok(())
+    })
+    .await
+}

@@ -1,0 +1,369 @@
+//! `kubectl kubegrace verify deploy/NAME`: proves a rollout of the workload loses nothing.
+//! A loadgen Job (`kubegrace_load::job`, the Job of the e2e tests and `make demo`) sends
+//! a constant open-loop load to the Deployment's Service; after a lead-in the Deployment
+//! is restarted (`kubectl rollout restart`); once it is rolled out and every old pod is
+//! gone the load stops, and the table of `make demo` is printed
+//! (`kubegrace_load::report::columns`): requests, failed by reason and by pod, p50/p99,
+//! rollout duration. Any failed request fails the command (exit 1): a CI gate.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::core::Selector;
+use kube::{Api, Client, ResourceExt};
+use kubegrace_load::report::DemoRun;
+use kubegrace_load::{Config, Protocol, job, rollout};
+
+use crate::cluster::wait;
+use crate::{Error, Result};
+
+/// The default loadgen image: the one `e2e/cluster/images` builds and imports.
+pub const DEFAULT_LOADGEN_IMAGE: &str = "localhost/kubegrace/loadgen:e2e";
+
+/// The traffic `verify` sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Traffic {
+    /// HTTP/1.1 keep-alive GETs.
+    Http1,
+    /// HTTP/2 prior knowledge (h2c) GETs.
+    H2,
+    /// gRPC calls of the demo app's `kubegrace.demo.Echo`.
+    Grpc,
+}
+
+impl Traffic {
+    pub fn protocol(self) -> Protocol {
+        match self {
+            Traffic::Http1 => Protocol::Http1,
+            Traffic::H2 => Protocol::Http2,
+            Traffic::Grpc => Protocol::Grpc,
+        }
+    }
+}
+
+/// What `verify` is told.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub deployment: String,
+    pub namespace: String,
+    /// Requests per second (open loop).
+    pub rate: f64,
+    /// Longest the load runs: lead-in, rollout and the wait for the old pods must fit.
+    pub duration: Duration,
+    pub traffic: Traffic,
+    pub path: String,
+    pub connections: usize,
+    /// Deadline of one request.
+    pub timeout: Duration,
+    pub loadgen_image: String,
+    /// Load before the restart: the steady state the rollout is read against.
+    pub lead_in: Duration,
+    /// Leave the Job in place (its log holds the summary).
+    pub keep_job: bool,
+}
+
+/// What a verify run measured.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    pub run: DemoRun,
+    pub table: String,
+}
+
+impl Verdict {
+    pub fn passed(&self) -> bool {
+        self.run.summary.failed == 0 && self.run.summary.requests > 0
+    }
+}
+
+/// The load configuration for a target URL (pure).
+pub fn load_config(opts: &Options, target: String) -> Config {
+    Config {
+        target,
+        protocol: opts.traffic.protocol(),
+        rate: opts.rate,
+        duration: opts.duration,
+        max_requests: (opts.rate * opts.duration.as_secs_f64()).ceil() as u64,
+        connections: opts.connections,
+        path: opts.path.clone(),
+        timeout: opts.timeout,
+        ..Config::default()
+    }
+}
+
+/// The Service in front of the Deployment's pods: the first whose selector the pod
+/// template's labels satisfy, and its first TCP port (pure).
+pub fn service_for(
+    services: &[Service],
+    template_labels: &std::collections::BTreeMap<String, String>,
+) -> Option<(String, String, i32)> {
+    services.iter().find_map(|s| {
+        let spec = s.spec.as_ref()?;
+        let sel = spec.selector.as_ref().filter(|s| !s.is_empty())?;
+        if !sel.iter().all(|(k, v)| template_labels.get(k) == Some(v)) {
+            return None;
+        }
+        let ip = spec
+            .cluster_ip
+            .clone()
+            .filter(|ip| !ip.is_empty() && ip != "None")?;
+        let port = spec
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")?
+            .port;
+        Some((s.name_any(), ip, port))
+    })
+}
+
+/// The Job's name: `kubegrace-verify-<deployment>-<5 hex>`, within 63 characters.
+pub fn job_name(deployment: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let suffix = format!("{:05x}", (nanos ^ (std::process::id() << 12)) & 0xf_ffff);
+    let stem: String = format!("kubegrace-verify-{deployment}")
+        .chars()
+        .take(63 - 6)
+        .collect();
+    format!("{}-{suffix}", stem.trim_end_matches('-'))
+}
+
+/// Runs it; `say` gets each step.
+pub async fn verify(client: &Client, opts: &Options, say: &dyn Fn(&str)) -> Result<Verdict> {
+    let (ns, name) = (&opts.namespace, &opts.deployment);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let d = deployments
+        .get_opt(name)
+        .await
+        .map_err(Error::kube(format!("reading Deployment {ns}/{name}")))?
+        .ok_or_else(|| Error::NotFound(format!("Deployment {ns}/{name} not found")))?;
+    let spec = d
+        .spec
+        .as_ref()
+        .ok_or_else(|| Error::Invalid(format!("Deployment {ns}/{name} has no spec")))?;
+    let selector = Selector::try_from(spec.selector.clone())
+        .map_err(|e| Error::Invalid(format!("Deployment {ns}/{name} selector: {e}")))?
+        .to_string();
+    let labels = spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    let services = Api::<Service>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube(format!("listing Services in {ns}")))?;
+    let (svc, ip, port) = service_for(&services.items, &labels).ok_or_else(|| {
+        Error::NotFound(format!(
+            "no Service with a ClusterIP selects the pods of Deployment {ns}/{name}; fix: kubectl -n {ns} expose deployment {name} --port 80 --target-port <port name>"
+        ))
+    })?;
+    let cfg = load_config(opts, format!("http://{ip}:{port}"));
+    let job_name = job_name(name);
+    let manifest = job::manifest(&job_name, name, &opts.loadgen_image, &cfg)?;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    jobs.create(&PostParams::default(), &manifest)
+        .await
+        .map_err(Error::kube(format!(
+            "creating the loadgen Job {ns}/{job_name}"
+        )))?;
+    say(&format!(
+        "load: {}/s {} ({} connections, {}) on Service {svc} ({ip}:{port}) from Job {job_name}",
+        cfg.rate,
+        cfg.protocol.as_str(),
+        cfg.connections,
+        cfg.path
+    ));
+    let measured = measure(client, opts, &cfg, &job_name, &selector, say).await;
+    if !opts.keep_job {
+        let _ = jobs.delete(&job_name, &DeleteParams::background()).await;
+    }
+    let run = measured?;
+    let label = format!("deploy/{name}");
+    let table = kubegrace_load::report::columns(&[(label.as_str(), &run)]);
+    Ok(Verdict { run, table })
+}
+
+/// Waits for the load, restarts the Deployment, waits for the rollout and the old pods,
+/// stops the load and reads its summary.
+async fn measure(
+    client: &Client,
+    opts: &Options,
+    cfg: &Config,
+    job_name: &str,
+    selector: &str,
+    say: &dyn Fn(&str),
+) -> Result<DemoRun> {
+    let ns = &opts.namespace;
+    let name = &opts.deployment;
+    let begun = Instant::now();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let job_pods = ListParams::default().labels(&job::pod_selector(job_name));
+    let loadgen = wait(
+        &format!("Job {job_name} sending (its pod ready)"),
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || async {
+            let list = pods.list(&job_pods).await.map_err(|e| e.to_string())?;
+            job::sending(&list.items)
+        },
+    )
+    .await?;
+    tokio::time::sleep(opts.lead_in).await;
+
+    let app_pods = ListParams::default().labels(selector);
+    let before: BTreeSet<String> = pods
+        .list(&app_pods)
+        .await
+        .map_err(Error::kube("listing the Deployment's pods"))?
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let generation_before = deployments
+        .get(name)
+        .await
+        .map_err(Error::kube(format!("reading Deployment {ns}/{name}")))?
+        .metadata
+        .generation
+        .unwrap_or(0);
+    let at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    deployments
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(rollout::restart_patch(at)),
+        )
+        .await
+        .map_err(Error::kube(format!("restarting Deployment {ns}/{name}")))?;
+    let started = Instant::now();
+    say(&format!(
+        "rollout restart deployment/{name} ({} pods to replace)",
+        before.len()
+    ));
+
+    // The load ends by itself at `duration`: the rollout must be done before.
+    let left = opts
+        .duration
+        .saturating_sub(begun.elapsed() + Duration::from_secs(2));
+    // Rollout duration as `make demo` reports it: restart to rolled out; the wait goes on
+    // until the old pods are gone (their drains are part of what is measured).
+    let rolled_at: std::cell::Cell<Option<f64>> = std::cell::Cell::new(None);
+    let rolled = wait(
+        &format!("deployment/{name} rolled out and its old pods gone"),
+        left,
+        Duration::from_millis(500),
+        || async {
+            let d = deployments.get(name).await.map_err(|e| e.to_string())?;
+            if d.metadata.generation.unwrap_or(0) <= generation_before {
+                return Err("the restart is not in the spec yet".to_owned());
+            }
+            rollout::rolled_out(&d)?;
+            if rolled_at.get().is_none() {
+                rolled_at.set(Some(started.elapsed().as_secs_f64()));
+            }
+            let now = pods.list(&app_pods).await.map_err(|e| e.to_string())?;
+            let old = now
+                .items
+                .iter()
+                .filter(|p| before.contains(&p.name_any()))
+                .count();
+            if old > 0 {
+                return Err(format!("rolled out; {old} old pods still terminating"));
+            }
+            Ok(rolled_at.get().unwrap_or_default())
+        },
+    )
+    .await;
+    say("stopping the load");
+    wait(
+        &format!("Job {job_name}: POST /stop accepted"),
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || job::stop(client, ns, &loadgen),
+    )
+    .await?;
+    let phase = wait(
+        &format!("Job {job_name}: requests in flight done"),
+        cfg.timeout + Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            let p = pods.get(&loadgen).await.map_err(|e| e.to_string())?;
+            job::finished(&p)
+        },
+    )
+    .await?;
+    let summary = job::summary(client, ns, &loadgen, &phase).await?;
+    let rollout_s = rolled?;
+    Ok(DemoRun {
+        rollout_start_s: Some(at - summary.started_at_unix_s),
+        summary,
+        rollout_s,
+        events: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(name: &str, selector: &str, ip: &str) -> Service {
+        serde_json::from_str(&format!(
+            r#"{{"metadata":{{"name":"{name}"}},"spec":{{"selector":{selector},"clusterIP":"{ip}","ports":[{{"port":80}}]}}}}"#
+        ))
+        .expect("service")
+    }
+
+    #[test]
+    fn the_service_is_the_one_selecting_the_template() {
+        let labels = [
+            ("app".to_owned(), "web".to_owned()),
+            ("tier".to_owned(), "a".to_owned()),
+        ]
+        .into();
+        let services = [
+            svc("other", r#"{"app":"db"}"#, "10.0.0.1"),
+            svc("headless", r#"{"app":"web"}"#, "None"),
+            svc("web", r#"{"app":"web"}"#, "10.0.0.3"),
+        ];
+        assert_eq!(
+            service_for(&services, &labels),
+            Some(("web".to_owned(), "10.0.0.3".to_owned(), 80))
+        );
+        assert_eq!(service_for(&services[..2], &labels), None);
+    }
+
+    #[test]
+    fn the_load_is_bounded_by_rate_and_duration() {
+        let opts = Options {
+            deployment: "web".into(),
+            namespace: "ns".into(),
+            rate: 20.0,
+            duration: Duration::from_secs(90),
+            traffic: Traffic::H2,
+            path: "/".into(),
+            connections: 8,
+            timeout: Duration::from_secs(5),
+            loadgen_image: DEFAULT_LOADGEN_IMAGE.into(),
+            lead_in: Duration::from_secs(3),
+            keep_job: false,
+        };
+        let cfg = load_config(&opts, "http://10.0.0.3:80".into());
+        assert_eq!(cfg.max_requests, 1800);
+        assert_eq!(cfg.protocol, Protocol::Http2);
+        let name = job_name(&"x".repeat(80));
+        assert!(
+            name.len() <= 63 && name.starts_with("kubegrace-verify-xxx"),
+            "{name}"
+        );
+    }
+}

@@ -1,0 +1,97 @@
+//! plugin/krew/manifest writes the krew manifest from real archives: each platform's
+//! sha256 is the archive's, and a bad archive leaves no manifest at all.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("krew/manifest")
+}
+
+/// A fresh directory under the system temp dir.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kg-krew-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// `kubectl-kubegrace_v0.1.0_<os>_<arch>.tar.gz` holding a file `kubectl-kubegrace`.
+fn archive(dir: &Path, os_arch: &str, content: &str) -> PathBuf {
+    let stage = dir.join(format!("stage-{os_arch}"));
+    std::fs::create_dir_all(&stage).expect("stage");
+    std::fs::write(stage.join("kubectl-kubegrace"), content).expect("binary");
+    let out = dir.join(format!("kubectl-kubegrace_v0.1.0_{os_arch}.tar.gz"));
+    let ok = Command::new("tar")
+        .arg("-czf")
+        .arg(&out)
+        .arg("-C")
+        .arg(&stage)
+        .arg("kubectl-kubegrace")
+        .status()
+        .expect("tar")
+        .success();
+    assert!(ok, "tar failed");
+    out
+}
+
+#[test]
+fn every_platform_carries_the_sha256_of_its_archive() {
+    let dir = scratch("ok");
+    let amd = archive(&dir, "linux_amd64", "amd64 binary");
+    let arm = archive(&dir, "linux_arm64", "arm64 binary");
+    let out = Command::new(script())
+        .arg("v0.1.0")
+        .arg(&amd)
+        .arg(&arm)
+        .output()
+        .expect("manifest");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_yaml::Value = serde_yaml::from_slice(&out.stdout).expect("YAML");
+    assert_eq!(doc["kind"], "Plugin");
+    assert_eq!(doc["metadata"]["name"], "kubegrace");
+    assert_eq!(doc["spec"]["version"], "v0.1.0");
+    let platforms = doc["spec"]["platforms"].as_sequence().expect("platforms");
+    assert_eq!(platforms.len(), 2);
+    for (p, (file, arch)) in platforms.iter().zip([(&amd, "amd64"), (&arm, "arm64")]) {
+        let bytes = std::fs::read(file).expect("archive");
+        let sha = format!("{:x}", Sha256::digest(&bytes));
+        assert_eq!(p["sha256"].as_str(), Some(sha.as_str()));
+        assert_eq!(p["selector"]["matchLabels"]["arch"], arch);
+        assert_eq!(p["bin"], "kubectl-kubegrace");
+        let name = file.file_name().and_then(|n| n.to_str()).expect("name");
+        assert_eq!(
+            p["uri"].as_str(),
+            Some(
+                format!("https://github.com/kubegrace/kubegrace/releases/download/v0.1.0/{name}")
+                    .as_str()
+            )
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_missing_or_misnamed_archive_gives_no_manifest() {
+    let dir = scratch("bad");
+    let good = archive(&dir, "linux_amd64", "binary");
+    let misnamed = dir.join("kubegrace-linux.tar.gz");
+    std::fs::copy(&good, &misnamed).expect("copy");
+    for bad in [dir.join("absent.tar.gz"), misnamed] {
+        let out = Command::new(script())
+            .arg("v0.1.0")
+            .arg(&good)
+            .arg(&bad)
+            .output()
+            .expect("manifest");
+        assert!(!out.status.success(), "{bad:?} accepted");
+        assert!(out.stdout.is_empty(), "half a manifest for {bad:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
 
-.PHONY: release-images-check chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
+.PHONY: release-images-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
 
 all: build
 
@@ -52,8 +52,11 @@ chart-lint: ## Helm chart: lint, renders, schema refusals, CRD copy, README (+ s
 chart-test: ## the chart against a throwaway kube-apiserver: RBAC, webhook selectors, caBundle across upgrades
 	charts/kubegrace/hack/test-apiserver
 
-chart-upgrade-test: ## helm upgrade from the previous chart (main) on $$KUBECONFIG's cluster: CRD schema upgraded, GraceRoute kept, 0 failed requests
+chart-upgrade-test: ## helm upgrade from the previous chart version on $$KUBECONFIG's cluster: CRD schema upgraded, GraceRoute kept, 0 failed requests
 	charts/kubegrace/hack/test-upgrade
+
+newcomer-test: ## the README's Install and Use blocks as written on $$KUBECONFIG's cluster (e2e images as the release ones), checked, then Uninstall
+	e2e/newcomer/run
 
 cluster-up: ## boot the local single-node cluster (prints the kubeconfig)
 	e2e/cluster/up

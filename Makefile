@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
 
-.PHONY: release-images-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
+.PHONY: release-images-check dockerfile-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
 
 all: build
 
@@ -76,3 +76,5 @@ bench-operator: ## operator webhook latency and reconcile time on the local clus
 	e2e/cluster/with-cluster cargo run -p kubegrace-bench --features operator --bin bench-operator
 release-images-check: ## release images (sidecar, operator) for amd64+arm64 from a clean checkout, offline, checked (heavy: two release builds; not in `make test`)
 	e2e/images/check-release
+dockerfile-check: ## the Dockerfile: hadolint, and (with Buildah) an offline FROM-scratch build from prebuilt binaries, checked
+	e2e/images/check-dockerfile

@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
 
-.PHONY: release-images-check dockerfile-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
+.PHONY: actionlint release-images-check dockerfile-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
 
 all: build
 
@@ -23,7 +23,10 @@ test-unit: ## unit and in-process integration tests (loopback only, no cluster)
 test-cluster: ## cluster tests on $$KUBECONFIG, or on the local single-node cluster (booted and torn down here)
 	e2e/run-cluster-tests
 
-lint: fmt-check clippy crd-check ## formatting, clippy -D warnings, CRD drift
+lint: fmt-check clippy crd-check actionlint ## formatting, clippy -D warnings, CRD drift, GitHub workflows
+
+actionlint: ## the GitHub workflows (actionlint, built from the Go module proxy once)
+	hack/actionlint
 
 fmt: ## format the code
 	$(CARGO) fmt --all

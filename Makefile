@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
 
-.PHONY: plugin krew release-images-check chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
+.PHONY: plugin krew actionlint release-images-check dockerfile-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
 
 all: build
 
@@ -23,7 +23,10 @@ test-unit: ## unit and in-process integration tests (loopback only, no cluster)
 test-cluster: ## cluster tests on $$KUBECONFIG, or on the local single-node cluster (booted and torn down here)
 	e2e/run-cluster-tests
 
-lint: fmt-check clippy crd-check ## formatting, clippy -D warnings, CRD drift
+lint: fmt-check clippy crd-check actionlint ## formatting, clippy -D warnings, CRD drift, GitHub workflows
+
+actionlint: ## the GitHub workflows (actionlint, built from the Go module proxy once)
+	hack/actionlint
 
 fmt: ## format the code
 	$(CARGO) fmt --all
@@ -52,8 +55,11 @@ chart-lint: ## Helm chart: lint, renders, schema refusals, CRD copy, README (+ s
 chart-test: ## the chart against a throwaway kube-apiserver: RBAC, webhook selectors, caBundle across upgrades
 	charts/kubegrace/hack/test-apiserver
 
-chart-upgrade-test: ## helm upgrade from the previous chart (main) on $$KUBECONFIG's cluster: CRD schema upgraded, GraceRoute kept, 0 failed requests
+chart-upgrade-test: ## helm upgrade from the previous chart version on $$KUBECONFIG's cluster: CRD schema upgraded, GraceRoute kept, 0 failed requests
 	charts/kubegrace/hack/test-upgrade
+
+newcomer-test: ## the README's Install and Use blocks as written on $$KUBECONFIG's cluster (e2e images as the release ones), checked, then Uninstall
+	e2e/newcomer/run
 
 cluster-up: ## boot the local single-node cluster (prints the kubeconfig)
 	e2e/cluster/up
@@ -85,3 +91,5 @@ bench-operator: ## operator webhook latency and reconcile time on the local clus
 	e2e/cluster/with-cluster cargo run -p kubegrace-bench --features operator --bin bench-operator
 release-images-check: ## release images (sidecar, operator) for amd64+arm64 from a clean checkout, offline, checked (heavy: two release builds; not in `make test`)
 	e2e/images/check-release
+dockerfile-check: ## the Dockerfile: hadolint, and (with Buildah) an offline FROM-scratch build from prebuilt binaries, checked
+	e2e/images/check-dockerfile

@@ -1,8 +1,8 @@
 //! What a binary was built from: its crate version and the git revision.
 //!
 //! The revision comes from the environment of the build
-//! (`KUBEGRACE_GIT_REVISION`, set by `e2e/cluster/images`; a Dockerfile and a
-//! release workflow, not written yet, are to set it too) rather than from a
+//! (`KUBEGRACE_GIT_REVISION`, set by `e2e/cluster/images`, the Dockerfile's
+//! build argument and the release workflow) rather than from a
 //! build script that runs git:
 //! the same source and the same variable give the same binary, and a build
 //! from a tarball without `.git` still works. Without it the revision is

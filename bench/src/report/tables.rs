@@ -266,22 +266,6 @@ pub fn splice_readme(readme: &str, generated: &str) -> Option<String> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn readme_is_spliced_between_markers_only() {
-        let readme = "# Bench\nintro\n<!-- results:begin -->\nold\n<!-- results:end -->\ntail\n";
-        let out = splice_readme(readme, "new table\n").expect("markers");
-        assert_eq!(
-            out,
-            "# Bench\nintro\n<!-- results:begin -->\nnew table\n<!-- results:end -->\ntail\n"
-        );
-        assert!(splice_readme("no markers", "x").is_none());
-    }
-}
-
 /// The memory test's table (memtest.rs), when it ran.
 fn idle_connections_table(m: &mut String, r: &Report, proxies: &[&str]) {
     let rows: Vec<(&str, IdleConnections)> = proxies
@@ -311,5 +295,21 @@ fn idle_connections_table(m: &mut String, r: &Report, proxies: &[&str]) {
             "| {p} | {} | {} | {:.2} | {} | {back:+.0}% |",
             x.idle_rss_kib, x.held_rss_kib, x.per_connection_kib, x.after_spike_rss_kib
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readme_is_spliced_between_markers_only() {
+        let readme = "# Bench\nintro\n<!-- results:begin -->\nold\n<!-- results:end -->\ntail\n";
+        let out = splice_readme(readme, "new table\n").expect("markers");
+        assert_eq!(
+            out,
+            "# Bench\nintro\n<!-- results:begin -->\nnew table\n<!-- results:end -->\ntail\n"
+        );
+        assert!(splice_readme("no markers", "x").is_none());
     }
 }

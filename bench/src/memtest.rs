@@ -53,6 +53,8 @@ pub struct Plan<'a> {
 /// Time for a proxy to settle after start-up or after its connections
 /// closed, before its RSS is read.
 const SETTLE: Duration = Duration::from_secs(1);
+/// The longest the client may take to open its connections.
+const HOLD_BOUND: Duration = Duration::from_secs(60);
 
 /// Runs the test on every subject; a subject that fails is reported and
 /// left out. The subjects are stopped at the end.
@@ -117,12 +119,16 @@ fn spike(subject: &Subject, plan: &Plan) -> anyhow::Result<(u64, u64, Instant)> 
         .stderr(Stdio::inherit())
         .spawn()
         .context("starting bench-client drain")?;
-    let ready = client
-        .stdout
-        .take()
-        .map(|out| BufReader::new(out).lines().next())
-        .and_then(|line| line.transpose().ok().flatten())
-        .unwrap_or_default();
+    // Bounded: a proxy that stops accepting (HAProxy past `maxconn`)
+    // leaves the client's last connections waiting for ever.
+    let (tx, rx) = std::sync::mpsc::channel();
+    if let Some(out) = client.stdout.take() {
+        thread::spawn(move || {
+            let line = BufReader::new(out).lines().next();
+            let _ = tx.send(line.and_then(Result::ok).unwrap_or_default());
+        });
+    }
+    let ready = rx.recv_timeout(HOLD_BOUND).unwrap_or_default();
     if ready.trim() != "ready" {
         let _ = client.kill();
         let _ = client.wait();

@@ -281,7 +281,7 @@ pub fn haproxy_cfg(port: u16, upstream: u16) -> String {
     format!(
         "# Written by bench-harness.
 global
-    maxconn 20000
+    maxconn 8000
 
 defaults
     mode http

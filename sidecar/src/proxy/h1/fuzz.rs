@@ -418,11 +418,15 @@ fn hyper_answer(rt: &tokio::runtime::Runtime, raw: &[u8]) -> Option<u16> {
 }
 
 /// Heads this path refuses on purpose where hyper lets them through:
-/// a second `Content-Length` (even an equal one) or `Host`.
+/// a second `Content-Length` (even an equal one) or `Host`, and a
+/// malformed `Content-Length` beside `Transfer-Encoding` (hyper lets the
+/// coding win and ignores it; a smuggling shape, refused here).
 fn stricter_here(raw: &[u8]) -> bool {
     let text = String::from_utf8_lossy(raw).to_ascii_lowercase();
     let count = |name: &str| text.matches(&format!("\n{name}:")).count();
-    count("content-length") > 1 || count("host") > 1
+    count("content-length") > 1
+        || count("host") > 1
+        || (count("content-length") > 0 && count("transfer-encoding") > 0)
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -446,8 +450,11 @@ proptest! {
         let rt = runtime();
         let theirs = hyper_answer(&rt, &raw);
         match &ours {
+            // hyper's own refusals are 4xx; the service's 500 means hyper
+            // took the head and the body broke (the body is not this
+            // property's business: the framer's properties above).
             Head::Done { .. } => prop_assert!(
-                theirs.is_some_and(|s| s < 400) || theirs.is_none(),
+                !theirs.is_some_and(|s| (400..500).contains(&s)),
                 "served here, hyper answered {:?}: {:?}", theirs, String::from_utf8_lossy(&raw)
             ),
             Head::Refused(_) if !stricter_here(&raw) => prop_assert!(

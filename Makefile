@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
 
-.PHONY: plugin krew actionlint release-images-check dockerfile-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
+.PHONY: plugin krew fuzz actionlint release-images-check dockerfile-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
 
 all: build
 
@@ -19,6 +19,9 @@ test: lint test-unit test-cluster ## every test: lint, unit + in-process, then t
 test-unit: ## unit and in-process integration tests (loopback only, no cluster)
 	$(CARGO) test --workspace --exclude kubegrace-e2e
 	$(CARGO) test -p kubegrace-e2e --lib --bins --test loadgen --test demo_app --test metrics_exposition
+
+fuzz: ## the fast path's parser properties long (FUZZ_CASES per property, default 100000; minutes)
+	KUBEGRACE_FUZZ_CASES=$${FUZZ_CASES:-100000} $(CARGO) test -p kubegrace-sidecar --lib proxy::h1::fuzz -- --test-threads=2
 
 test-cluster: ## cluster tests on $$KUBECONFIG, or on the local single-node cluster (booted and torn down here)
 	e2e/run-cluster-tests

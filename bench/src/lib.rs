@@ -5,6 +5,7 @@
 //! (fixed-rate and drain loads) and `bench-harness` (runs everything and
 //! writes the report). The parts worth testing without load live here.
 
+pub mod memtest;
 pub mod parse;
 pub mod peers;
 pub mod proc;

@@ -25,6 +25,7 @@ pub mod error;
 pub mod http2;
 pub mod inherit;
 pub mod listen;
+mod memory;
 pub mod metrics;
 pub mod notify;
 pub mod proxy;
@@ -162,6 +163,7 @@ impl Sidecar {
             tokio::spawn(upstream::slots::watch(shared.clone()));
         }
         tokio::spawn(shared.drain.clone().run());
+        tokio::spawn(memory::give_back_after_spikes(shared.drain.clone()));
         if let Some(app) = shared.upstreams.app() {
             tokio::spawn(app.clone().run());
         }

@@ -19,12 +19,12 @@ use kubegrace_bench::peers::{DrainTimers, Env, Peer};
 use kubegrace_bench::proc::{
     Proc, command_output, free_base_port, loadavg, run_bounded, wait_ready,
 };
-use kubegrace_bench::procfs;
 use kubegrace_bench::report::{
-    self, Cell, DrainResult, Memory, Report, Sample, ScenarioResult, Settings,
+    self, Cell, DrainResult, IdleConnections, Memory, Report, Sample, ScenarioResult, Settings,
 };
 use kubegrace_bench::scenario::{KEEPALIVE_256, Load, SCENARIOS, Scenario};
 use kubegrace_bench::stats::Spread;
+use kubegrace_bench::{memtest, procfs};
 
 #[derive(Parser, Debug)]
 #[command(about = "kubegrace-sidecar against nginx, HAProxy and Caddy, side by side")]
@@ -70,6 +70,13 @@ struct Args {
     /// Skip the load scenarios (drain tests only).
     #[arg(long, env = "BENCH_NO_LOAD", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
     no_load: bool,
+    /// Idle keep-alive connections held for the per-connection memory
+    /// figure (0 skips the memory test).
+    #[arg(long, env = "BENCH_MEMORY_CONNECTIONS", default_value_t = 10_000)]
+    memory_connections: u32,
+    /// From the end of the memory test's spike to its last RSS sample.
+    #[arg(long, default_value_t = 30)]
+    memory_after_seconds: u64,
     #[arg(long, default_value_t = 1000)]
     drain_idle: u32,
     #[arg(long, default_value_t = 100)]
@@ -241,6 +248,75 @@ impl Harness {
             },
             rss_kib: rss,
         })
+    }
+
+    /// The memory test (memtest.rs) on fresh instances of the proxies.
+    fn memory_test(&self, live: &[Peer]) -> BTreeMap<String, IdleConnections> {
+        let wanted = self.args.memory_connections;
+        let limit = memtest::raise_open_files();
+        // The proxy takes a descriptor per client connection, the client
+        // one per connection too (each its own process); some headroom for
+        // upstream connections and the proxy's own files.
+        if limit < u64::from(wanted) + 1024 {
+            self.progress(&format!(
+                "memory test skipped: {wanted} connections need more than the open-files limit ({limit}); raise ulimit -n"
+            ));
+            return BTreeMap::new();
+        }
+        let mut subjects = Vec::new();
+        for &peer in live {
+            if !matches!(
+                peer,
+                Peer::Kubegrace | Peer::Nginx | Peer::Haproxy | Peer::Caddy
+            ) {
+                continue;
+            }
+            let label = format!("{} (memory)", peer.name());
+            match self.start_peer(peer, DrainTimers::Defaults, &label) {
+                Ok(proc) => subjects.push(memtest::Subject {
+                    name: peer.name().to_string(),
+                    proc,
+                    port: self.env.port(peer),
+                }),
+                Err(e) => self.progress(&format!("memory {}: not started: {e:#}", peer.name())),
+            }
+        }
+        let hold = |port: u16| {
+            let mut c = self.pinned_load(self.bin("bench-client"));
+            c.args(["drain", "--target", &format!("127.0.0.1:{port}")])
+                .args(["--idle", &wanted.to_string()])
+                .args(["--timeout-seconds", "1"]);
+            c
+        };
+        let burst = |port: u16| {
+            let mut c = self.pinned_load("wrk");
+            c.args(["-t1", "-c256", "-d3s"])
+                .arg(format!("http://127.0.0.1:{port}/"));
+            c
+        };
+        let progress = |text: &str| self.progress(text);
+        let plan = memtest::Plan {
+            hold: &hold,
+            burst: &burst,
+            connections: wanted,
+            after: Duration::from_secs(self.args.memory_after_seconds),
+            progress: &progress,
+        };
+        memtest::run(subjects, &plan)
+            .into_iter()
+            .map(|(name, m)| {
+                let per = memtest::per_connection(m.idle_kib, m.held_kib, m.connections);
+                let figures = IdleConnections {
+                    idle_rss_kib: m.idle_kib,
+                    held_rss_kib: m.held_kib,
+                    connections: m.connections,
+                    per_connection_kib: per,
+                    after_spike_rss_kib: m.after_spike_kib,
+                    after_seconds: self.args.memory_after_seconds,
+                };
+                (name, figures)
+            })
+            .collect()
     }
 
     /// One drain round: a fresh proxy, connections or slow requests held
@@ -553,10 +629,19 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
                 idle_rss_kib: idle,
                 loaded_rss_kib: loaded(&name),
                 peak_rss_kib: peaks.get(&name).copied().unwrap_or(0),
+                idle_connections: None,
             };
             (name, m)
         })
         .collect();
+    let mut memory = memory;
+    if h.args.memory_connections > 0 {
+        for (name, m) in h.memory_test(&live) {
+            if let Some(entry) = memory.get_mut(&name) {
+                entry.idle_connections = Some(m);
+            }
+        }
+    }
 
     let mut drain = Vec::new();
     if !h.args.no_drain {

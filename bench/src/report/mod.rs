@@ -176,6 +176,27 @@ pub struct Memory {
     pub loaded_rss_kib: Option<Spread>,
     /// VmHWM after all load: the most it ever held.
     pub peak_rss_kib: u64,
+    /// The memory test (memtest.rs), on a fresh instance; absent when it
+    /// was not run.
+    #[serde(default)]
+    pub idle_connections: Option<IdleConnections>,
+}
+
+/// What idle keep-alive connections cost a proxy, and whether the memory
+/// of a spike goes back (memtest.rs), KiB.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct IdleConnections {
+    /// The fresh instance before any connection.
+    pub idle_rss_kib: u64,
+    /// With `connections` idle keep-alive connections open.
+    pub held_rss_kib: u64,
+    pub connections: u32,
+    /// (held - idle) / connections.
+    pub per_connection_kib: f64,
+    /// `after_seconds` after the spike (the connections closed, then a
+    /// 256-connection load burst) ended.
+    pub after_spike_rss_kib: u64,
+    pub after_seconds: u64,
 }
 
 /// One drain test against one peer.
@@ -360,7 +381,46 @@ impl Report {
                 num(best_value)
             ));
         }
+        verdicts.extend(r.judge_memory_goals());
         verdicts
+    }
+
+    /// The absolute memory goals for kubegrace: idle RSS at most
+    /// 5 MiB, at most 4 KiB per idle keep-alive connection, RSS back within
+    /// 25% of idle 30 s after a spike.
+    fn judge_memory_goals(&self) -> Vec<String> {
+        let Some(x) = self
+            .memory
+            .get(Peer::Kubegrace.name())
+            .and_then(|m| m.idle_connections)
+        else {
+            return Vec::new();
+        };
+        let verdict = |met: bool| if met { "MET" } else { "MISSED" };
+        let idle_goal = 5 * 1024;
+        let per_goal = 4.0;
+        let back_goal = x.idle_rss_kib as f64 * 1.25;
+        vec![
+            format!(
+                "{}: idle RSS at most 5 MiB: kubegrace {} KiB (fresh instance)",
+                verdict(x.idle_rss_kib <= idle_goal),
+                x.idle_rss_kib
+            ),
+            format!(
+                "{}: at most 4 KiB per idle keep-alive connection: kubegrace {:.2} KiB at {} connections",
+                verdict(x.per_connection_kib <= per_goal),
+                x.per_connection_kib,
+                x.connections
+            ),
+            format!(
+                "{}: RSS within 25% of idle {} s after a spike: kubegrace {} KiB, {:+.0}% of idle ({} KiB)",
+                verdict(x.after_spike_rss_kib as f64 <= back_goal),
+                x.after_seconds,
+                x.after_spike_rss_kib,
+                (x.after_spike_rss_kib as f64 / x.idle_rss_kib.max(1) as f64 - 1.0) * 100.0,
+                x.idle_rss_kib
+            ),
+        ]
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::{Cell, Report, ScenarioResult};
+use super::{Cell, IdleConnections, Report, ScenarioResult};
 use crate::peers::Peer;
 use crate::scenario::{FIXED_RATE, SCENARIOS};
 use crate::stats::Spread;
@@ -194,6 +194,7 @@ pub fn markdown(r: &Report) -> String {
             mem.peak_rss_kib
         );
     }
+    idle_connections_table(&mut m, r, &proxies);
     if !r.drain.is_empty() {
         let _ = writeln!(
             m,
@@ -263,6 +264,38 @@ pub fn splice_readme(readme: &str, generated: &str) -> Option<String> {
             &readme[end..]
         )
     })
+}
+
+/// The memory test's table (memtest.rs), when it ran.
+fn idle_connections_table(m: &mut String, r: &Report, proxies: &[&str]) {
+    let rows: Vec<(&str, IdleConnections)> = proxies
+        .iter()
+        .filter_map(|p| Some((*p, r.memory.get(*p)?.idle_connections?)))
+        .collect();
+    let Some((_, first)) = rows.first() else {
+        return;
+    };
+    let _ = writeln!(
+        m,
+        "\n### Idle connections and giving memory back, VmRSS, KiB\n\n\
+         A fresh instance each: idle; with {} idle keep-alive connections open \
+         (one request each); {} s after the spike (those connections closed, \
+         then 3 s of 256-connection load) ended.\n",
+        first.connections, first.after_seconds
+    );
+    let _ = writeln!(
+        m,
+        "| proxy | idle | with {} connections | per connection | {} s after the spike | vs idle |\n|---|---:|---:|---:|---:|---:|",
+        first.connections, first.after_seconds
+    );
+    for (p, x) in rows {
+        let back = (x.after_spike_rss_kib as f64 / x.idle_rss_kib.max(1) as f64 - 1.0) * 100.0;
+        let _ = writeln!(
+            m,
+            "| {p} | {} | {} | {:.2} | {} | {back:+.0}% |",
+            x.idle_rss_kib, x.held_rss_kib, x.per_connection_kib, x.after_spike_rss_kib
+        );
+    }
 }
 
 #[cfg(test)]

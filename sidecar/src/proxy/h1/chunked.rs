@@ -31,7 +31,9 @@ enum State {
     DataLf,
     /// At the start of a trailer line (or the final empty line).
     TrailerStart,
-    /// Inside a trailer line, up to CR.
+    /// Inside a trailer field's name, up to `:`.
+    TrailerName,
+    /// Inside a trailer line's value, up to CR.
     Trailer,
     /// CR of a trailer line seen; LF next.
     TrailerLf,
@@ -130,16 +132,24 @@ impl ChunkFramer {
                     }
                     _ => return Err(BadChunk),
                 },
+                // A trailer is a header field: a token name, then `:` with
+                // nothing between (what hyper, the app's likely parser,
+                // takes; it refuses the body otherwise).
                 State::TrailerStart => match b {
                     b'\r' => State::EndLf,
-                    b'\n' | b' ' | b'\t' => return Err(BadChunk),
-                    _ => self.trailer_byte()?,
+                    _ if is_tchar(b) => self.trailer_byte(State::TrailerName)?,
+                    _ => return Err(BadChunk),
+                },
+                State::TrailerName => match b {
+                    b':' => self.trailer_byte(State::Trailer)?,
+                    _ if is_tchar(b) => self.trailer_byte(State::TrailerName)?,
+                    _ => return Err(BadChunk),
                 },
                 State::Trailer => match b {
                     b'\r' => State::TrailerLf,
-                    b'\t' => self.trailer_byte()?,
+                    b'\t' => self.trailer_byte(State::Trailer)?,
                     0..=0x1f | 0x7f => return Err(BadChunk),
-                    _ => self.trailer_byte()?,
+                    _ => self.trailer_byte(State::Trailer)?,
                 },
                 State::TrailerLf => match b {
                     b'\n' => State::TrailerStart,
@@ -177,13 +187,18 @@ impl ChunkFramer {
         Ok(State::Extension)
     }
 
-    fn trailer_byte(&mut self) -> Result<State, BadChunk> {
+    fn trailer_byte(&mut self, next: State) -> Result<State, BadChunk> {
         self.extra += 1;
         if self.extra > MAX_TRAILERS {
             return Err(BadChunk);
         }
-        Ok(State::Trailer)
+        Ok(next)
     }
+}
+
+/// A byte of an HTTP token (RFC 9110 `tchar`), as a field name is made of.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 fn hex(b: u8) -> Option<u8> {
@@ -243,7 +258,7 @@ mod tests {
 
     #[test]
     fn bad_framing_is_refused() {
-        let bad: [&[u8]; 12] = [
+        let bad: [&[u8]; 15] = [
             b"zz\r\nhello\r\n0\r\n\r\n",
             b"123456789012345678901\r\nhello\r\n0\r\n\r\n",
             b"5\r\nhelloXX0\r\n\r\n",
@@ -256,6 +271,11 @@ mod tests {
             b"+5\r\nhello\r\n0\r\n\r\n",
             b"5 5\r\nhello\r\n0\r\n\r\n",
             b"0\r\n folded: trailer\r\n\r\n",
+            // Trailers hyper refuses: no name, a space before the colon,
+            // no colon.
+            b"0\r\n: v\r\n\r\n",
+            b"0\r\nX-A : v\r\n\r\n",
+            b"0\r\nno-colon\r\n\r\n",
         ];
         for body in bad {
             for step in [1, 3, body.len()] {

@@ -288,3 +288,16 @@ fn response_framing_follows_rfc_9112() {
         Parsed::Done(ResponseHead { status: 100, .. })
     ));
 }
+
+#[test]
+fn targets_hyper_refuses_are_refused_and_fragments_are_hyper_s() {
+    for target in ["/a<b", "/a>b", "/`", "/a?q=\"x\"", "/a?<", "/a b"] {
+        let raw = format!("GET {target} HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(refused(&raw), Some(Refusal::BadRequest), "{target}");
+    }
+    for target in ["/a{b}\"c", "/a?q=`x`&y=~", "/%3C", "/caf\u{e9}"] {
+        let raw = format!("GET {target} HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert!(matches!(request(&raw).0, Parsed::Done(_)), "{target}");
+    }
+    assert!(falls_back("GET /a#frag HTTP/1.1\r\nHost: a\r\n\r\n"));
+}

@@ -42,8 +42,12 @@ impl RawPool {
         Some(conn)
     }
 
-    pub(crate) fn push(&self, conn: AppConn) {
+    pub(crate) fn push(&self, mut conn: AppConn) {
         if conn.buf.is_empty() {
+            // An idle app connection keeps no buffer (relaying grew it to
+            // 20 KiB): after a spike the pool would hold them all for the
+            // idle timeout. The next exchange takes one again.
+            conn.buf = BytesMut::new();
             self.0.push(conn);
         }
     }

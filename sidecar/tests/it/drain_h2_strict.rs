@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::kit::WAIT;
 use crate::kit::app::TestApp;
-use crate::kit::http::{h2_connect, h2_get};
+use crate::kit::http::{h2_connect, h2_frame as frame, h2_get};
 use crate::kit::sidecar::drain_flags;
 use crate::kit::sidecar::{InProcess, SidecarSpec};
 use crate::kit::{wait_for, within};
@@ -22,15 +22,6 @@ use tokio::net::TcpStream;
 
 /// A short drain so the deadline is reached in seconds.
 const DRAIN: &[&str] = &drain_flags("200ms", "200ms", "1s", "2s");
-
-/// An HTTP/2 frame header (RFC 9113 §4.1) followed by its payload.
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len();
-    let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
 
 /// A HEADERS block for `GET path` in HPACK without the dynamic table:
 /// indexed `:method GET` (2) and `:scheme http` (6), literal `:path` (name 4)

@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::kit::WAIT;
-use crate::kit::http::{h2_connect, h2_read_body, raw_exchange, status_line};
+use crate::kit::http::{h2_connect, h2_frame as frame, h2_read_body, raw_exchange, status_line};
 use crate::kit::sidecar::{InProcess, SidecarSpec};
 use crate::kit::within;
 
@@ -90,15 +90,6 @@ impl H2App {
             turned_away,
         })
     }
-}
-
-/// An HTTP/2 frame header (RFC 9113 §4.1) and its payload.
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len();
-    let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
 }
 
 /// Speaks just enough HTTP/2 to read the first request whole (to the frame

@@ -272,6 +272,16 @@ pub async fn h2_connect(
     Ok((send, tokio::spawn(conn)))
 }
 
+/// An HTTP/2 frame header (RFC 9113 §4.1) followed by its payload, for
+/// peers that speak raw frames.
+pub fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len();
+    let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
 /// A GET for `path` on an HTTP/2 connection.
 pub fn h2_get(path: &str) -> Result<Request<()>> {
     Request::builder()

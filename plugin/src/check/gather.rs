@@ -33,6 +33,13 @@ pub struct Scope {
     pub namespace: Option<String>,
 }
 
+impl Scope {
+    /// Whether the workloads of namespace `name` are checked.
+    fn covers(&self, name: &str) -> bool {
+        self.namespace.as_deref().is_none_or(|ns| ns == name)
+    }
+}
+
 /// Reads the cluster into a [`Snapshot`].
 pub async fn gather(client: &Client, scope: &Scope) -> Result<Snapshot> {
     let mut s = Snapshot {
@@ -50,12 +57,7 @@ pub async fn gather(client: &Client, scope: &Scope) -> Result<Snapshot> {
         .items;
     s.ns_labels = namespaces
         .iter()
-        .filter(|n| {
-            scope
-                .namespace
-                .as_ref()
-                .is_none_or(|ns| *ns == n.name_any())
-        })
+        .filter(|n| scope.covers(&n.name_any()))
         .map(|n| (n.name_any(), n.labels().clone()))
         .collect();
     s.pods = list(client, scope.namespace.as_deref(), "pods").await?;
@@ -181,12 +183,7 @@ async fn operator_state(
     }
     let candidates: Vec<&Namespace> = namespaces
         .iter()
-        .filter(|n| {
-            scope
-                .namespace
-                .as_ref()
-                .is_none_or(|ns| *ns == n.name_any())
-        })
+        .filter(|n| scope.covers(&n.name_any()))
         .collect();
     s.probe = Some(
         match mutating

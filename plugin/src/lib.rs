@@ -47,6 +47,12 @@ pub enum Error {
     Load(#[from] kubegrace_load::Error),
     #[error("encoding JSON: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("writing {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Error {

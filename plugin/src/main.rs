@@ -86,6 +86,10 @@ enum Command {
         /// Keep the loadgen Job afterwards.
         #[arg(long)]
         keep_job: bool,
+        /// Also write the run as JSON (the load summary, rollout duration and start, old
+        /// pods' terminations): `make demo`'s report reads it; a CI job keeps it.
+        #[arg(long, value_name = "FILE")]
+        out: Option<std::path::PathBuf>,
     },
 }
 
@@ -154,6 +158,7 @@ async fn run(cli: Cli) -> kubectl_kubegrace::Result<bool> {
             lead_in,
             loadgen_image,
             keep_job,
+            out,
         } => {
             let deployment = match status::Subject::parse(&target)? {
                 status::Subject::Deployment(d) => d,
@@ -183,6 +188,13 @@ async fn run(cli: Cli) -> kubectl_kubegrace::Result<bool> {
             };
             let say = |s: &str| eprintln!("verify: {s}");
             let verdict = verify::verify(&client, &opts, &say).await?;
+            if let Some(path) = out {
+                let json = serde_json::to_string_pretty(&verdict.run)? + "\n";
+                std::fs::write(&path, json).map_err(|source| kubectl_kubegrace::Error::Write {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+            }
             print!("{}", verdict.table);
             let s = &verdict.run.summary;
             if verdict.passed() {

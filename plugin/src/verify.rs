@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::Selector;
 use kube::{Api, Client, ResourceExt};
-use kubegrace_load::report::DemoRun;
+use kubegrace_load::report::{DemoRun, Event};
 use kubegrace_load::{Config, Protocol, job, rollout};
 
 use crate::cluster::wait;
@@ -258,11 +258,17 @@ async fn measure(
     // Rollout duration as `make demo` reports it: restart to rolled out; the wait goes on
     // until the old pods are gone (their drains are part of what is measured).
     let rolled_at: std::cell::Cell<Option<f64>> = std::cell::Cell::new(None);
+    // Each old pod's first sighting as terminating (UNIX time, label): the report's
+    // timeline marks them, so a failure can be read against the pod that was draining.
+    let terminating: std::cell::RefCell<Vec<(f64, String)>> = std::cell::RefCell::default();
     let rolled = wait(
         &format!("deployment/{name} rolled out and its old pods gone"),
         left,
         Duration::from_millis(500),
         || async {
+            // Pods first: old pods start terminating long before the rollout is done.
+            let now = pods.list(&app_pods).await.map_err(|e| e.to_string())?;
+            note_terminating(&before, &now.items, &mut terminating.borrow_mut());
             let d = deployments.get(name).await.map_err(|e| e.to_string())?;
             if d.metadata.generation.unwrap_or(0) <= generation_before {
                 return Err("the restart is not in the spec yet".to_owned());
@@ -271,7 +277,6 @@ async fn measure(
             if rolled_at.get().is_none() {
                 rolled_at.set(Some(started.elapsed().as_secs_f64()));
             }
-            let now = pods.list(&app_pods).await.map_err(|e| e.to_string())?;
             let old = now
                 .items
                 .iter()
@@ -304,12 +309,38 @@ async fn measure(
     .await?;
     let summary = job::summary(client, ns, &loadgen, &phase).await?;
     let rollout_s = rolled?;
+    let events = terminating
+        .into_inner()
+        .into_iter()
+        .map(|(at, label)| Event {
+            t_s: at - summary.started_at_unix_s,
+            label,
+        })
+        .collect();
     Ok(DemoRun {
         rollout_start_s: Some(at - summary.started_at_unix_s),
         summary,
         rollout_s,
-        events: Vec::new(),
+        events,
     })
+}
+
+/// Appends `<pod suffix> terminating` for each pod of `before` that `now` shows with a
+/// deletion timestamp and `seen` does not name yet (pure but for the clock).
+fn note_terminating(before: &BTreeSet<String>, now: &[Pod], seen: &mut Vec<(f64, String)>) {
+    let at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    for pod in now {
+        let name = pod.name_any();
+        if pod.metadata.deletion_timestamp.is_none() || !before.contains(&name) {
+            continue;
+        }
+        let label = format!("{} terminating", name.rsplit('-').next().unwrap_or(&name));
+        if !seen.iter().any(|(_, l)| *l == label) {
+            seen.push((at, label));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -340,6 +371,42 @@ mod tests {
             Some(("web".to_owned(), "10.0.0.3".to_owned(), 80))
         );
         assert_eq!(service_for(&services[..2], &labels), None);
+    }
+
+    fn pod(name: &str, deleting: bool) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.to_owned());
+        if deleting {
+            p.metadata.deletion_timestamp = Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+            );
+        }
+        p
+    }
+
+    #[test]
+    fn old_pods_are_marked_once_when_first_seen_terminating() {
+        let before: BTreeSet<String> = ["web-abc-1".to_owned(), "web-abc-2".to_owned()].into();
+        let mut seen = Vec::new();
+        note_terminating(
+            &before,
+            &[pod("web-abc-1", false), pod("web-new-9", true)],
+            &mut seen,
+        );
+        assert!(seen.is_empty(), "{seen:?}");
+        note_terminating(
+            &before,
+            &[pod("web-abc-1", true), pod("web-abc-2", false)],
+            &mut seen,
+        );
+        note_terminating(
+            &before,
+            &[pod("web-abc-1", true), pod("web-abc-2", true)],
+            &mut seen,
+        );
+        let labels: Vec<&str> = seen.iter().map(|(_, l)| l.as_str()).collect();
+        assert_eq!(labels, ["1 terminating", "2 terminating"]);
+        assert!(seen[0].0 <= seen[1].0);
     }
 
     #[test]

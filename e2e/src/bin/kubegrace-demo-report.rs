@@ -1,5 +1,10 @@
 //! kubegrace-demo-report: the demo's verdict from two loadgen results (a rolling update
 //! with and without kubegrace). Prints the table, writes `result.json` and `rollout.svg`.
+//!
+//! Each side is either a whole run as `kubectl kubegrace verify --out FILE` writes it
+//! (`--with-run`, `--without-run`: what `make demo` passes), or a loadgen summary with the
+//! rollout's timing and events given apart (`--with`, `--with-rollout-s`, ...: a load run
+//! by hand).
 
 use std::path::{Path, PathBuf};
 
@@ -13,18 +18,32 @@ use kubegrace_e2e::load::report::{self, DemoResult, DemoRun, Event};
     about = "Render the kubegrace demo result (table, result.json, rollout.svg)"
 )]
 struct Args {
+    /// The rollout with kubegrace as `kubectl kubegrace verify --out` wrote it.
+    #[arg(long, conflicts_with_all = ["with", "with_rollout_s"])]
+    with_run: Option<PathBuf>,
+    /// The rollout without kubegrace as `kubectl kubegrace verify --out` wrote it.
+    #[arg(long, conflicts_with_all = ["without", "without_rollout_s"])]
+    without_run: Option<PathBuf>,
     /// Loadgen summary of the rollout with kubegrace (JSON file or captured Job log).
-    #[arg(long = "with")]
-    with: PathBuf,
+    #[arg(
+        long = "with",
+        required_unless_present = "with_run",
+        requires = "with_rollout_s"
+    )]
+    with: Option<PathBuf>,
     /// Loadgen summary of the rollout without kubegrace.
-    #[arg(long)]
-    without: PathBuf,
+    #[arg(
+        long,
+        required_unless_present = "without_run",
+        requires = "without_rollout_s"
+    )]
+    without: Option<PathBuf>,
     /// How long the rollout with kubegrace took, in seconds.
     #[arg(long)]
-    with_rollout_s: f64,
+    with_rollout_s: Option<f64>,
     /// How long the rollout without kubegrace took, in seconds.
     #[arg(long)]
-    without_rollout_s: f64,
+    without_rollout_s: Option<f64>,
     /// When the rollout with kubegrace started, seconds after the load started.
     #[arg(long)]
     with_rollout_start_s: Option<f64>,
@@ -55,22 +74,29 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let result = DemoResult {
-        with: run(
-            &args.with,
-            args.with_rollout_s,
+    let with = match (&args.with_run, &args.with) {
+        (Some(path), _) => whole_run(path)?,
+        (None, Some(path)) => run(
+            path,
+            args.with_rollout_s.unwrap_or_default(),
             args.with_rollout_start_s,
             args.with_rollout_at,
             &args.with_events,
         )?,
-        without: run(
-            &args.without,
-            args.without_rollout_s,
+        (None, None) => bail!("--with-run or --with is required"),
+    };
+    let without = match (&args.without_run, &args.without) {
+        (Some(path), _) => whole_run(path)?,
+        (None, Some(path)) => run(
+            path,
+            args.without_rollout_s.unwrap_or_default(),
             args.without_rollout_start_s,
             args.without_rollout_at,
             &args.without_events,
         )?,
+        (None, None) => bail!("--without-run or --without is required"),
     };
+    let result = DemoResult { with, without };
     print!("{}", report::table(&result));
     let (json, svg) = report::write(&args.out_dir, &result)?;
     eprintln!("wrote {} and {}", json.display(), svg.display());
@@ -81,6 +107,18 @@ fn main() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// One run as `kubectl kubegrace verify --out` wrote it.
+fn whole_run(path: &Path) -> Result<DemoRun> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a run written by `kubectl kubegrace verify --out`",
+            path.display()
+        )
+    })
 }
 
 /// One run: the loadgen summary, the rollout's duration and where it starts on the timeline

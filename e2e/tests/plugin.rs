@@ -23,7 +23,8 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kubegrace_e2e::scenario::{
-    APP_PORT, Drain, Options, Patience, Progress, graceroute, keep_from_env, kit, with_install,
+    APP_PORT, Drain, Options, Patience, Progress, graceroute, keep_from_env, kit, suffix,
+    with_install,
 };
 use kubegrace_sidecar_api::keys;
 use serde_json::json;
@@ -270,9 +271,12 @@ async fn verify_passes_on_an_injected_deployment_and_fails_on_a_plain_one() -> R
         sc.create_app("plain", false, &p).await?;
         sc.settle("plain", false, &p).await?;
 
+        let runs = std::env::temp_dir().join(format!("kg-plugin-verify-{}", suffix()));
+        std::fs::create_dir_all(&runs)?;
         let verify = |name: &'static str| {
             let ns = ns.clone();
             let loadgen = loadgen.clone();
+            let out = runs.join(format!("{name}.json")).display().to_string();
             async move {
                 plugin(
                     &[
@@ -288,6 +292,8 @@ async fn verify_passes_on_an_injected_deployment_and_fails_on_a_plain_one() -> R
                         "/delay?ms=50",
                         "--loadgen-image",
                         &loadgen,
+                        "--out",
+                        &out,
                     ],
                     Duration::from_secs(300),
                 )
@@ -300,8 +306,30 @@ async fn verify_passes_on_an_injected_deployment_and_fails_on_a_plain_one() -> R
             bail!("verify on the injected Deployment: exit {code}\n{out}{err}");
         }
         ensure!(out.contains("PASS") && out.contains("deploy/web"), "{out}");
+        // `--out` (what `make demo` reads): the same run, with each old pod's termination
+        // on the timeline, after the restart.
+        let path = runs.join(format!("{APP}.json"));
+        let run: kubegrace_e2e::load::report::DemoRun =
+            serde_json::from_str(&std::fs::read_to_string(&path)?)
+                .with_context(|| format!("{} is not a run", path.display()))?;
+        ensure!(
+            run.summary.failed == 0
+                && out.contains(&format!("PASS: {} requests", run.summary.requests)),
+            "--out disagrees with the table: {run:?}\n{out}"
+        );
+        let restart = run.rollout_start_s.context("no rollout start in --out")?;
+        ensure!(
+            run.events.len() == 2
+                && run
+                    .events
+                    .iter()
+                    .all(|e| e.label.ends_with(" terminating") && e.t_s >= restart),
+            "expected both old pods marked terminating after the restart at {restart:.1}s: {:?}",
+            run.events
+        );
 
         let (code, out, err) = verify("plain").await?;
+        let _ = std::fs::remove_dir_all(&runs);
         p.step(format!("verify deploy/plain (exit {code}):\n{out}"));
         ensure!(
             code == 1,

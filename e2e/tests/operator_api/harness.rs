@@ -340,6 +340,22 @@ pub fn deployment(name: &str) -> Deployment {
     .expect("deployment")
 }
 
+/// Creates Deployment `web` serving HTTP: the demo app on port `http`, so an injected pod's
+/// sidecar turns ready and a rollout completes (a pause container would leave the
+/// sidecar unready, the new pod never Ready, and the old one running for good).
+pub async fn create_serving_web_deployment(client: &Client, ns: &str) -> Api<Deployment> {
+    let mut d = deployment("web");
+    if let Some(spec) = d.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        spec.containers = vec![
+            serde_json::from_value(kubegrace_e2e::scenario::demo_container())
+                .expect("demo container"),
+        ];
+    }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    create(&deployments, &d, "create deployment").await;
+    deployments
+}
+
 /// Creates Deployment `web` ([`deployment`]) in `ns`; returns the namespace's Deployments.
 pub async fn create_web_deployment(client: &Client, ns: &str) -> Api<Deployment> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);

@@ -39,7 +39,7 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
         // The operator writes its CA into the webhook configuration.
         wait_ca_bundle(client, &ns.name).await;
 
-        let deployments = create_web_deployment(client, &ns.name).await;
+        let deployments = create_serving_web_deployment(client, &ns.name).await;
         let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
         let route = graceroute_spec(
             "web",
@@ -124,6 +124,18 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
             status.pods_injected >= 1 && status.pods_injected == status.pods_expected,
             "{status:?}"
         );
+        // Ready means the rollout is done: no pod from before the annotation runs
+        // beside the injected one (it said RollingOut until then).
+        let bare: Vec<String> = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .expect("pods")
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none() && !has_sidecar(p))
+            .map(|p| p.name_any())
+            .collect();
+        assert!(bare.is_empty(), "Ready with pods still bare: {bare:?}; {status:?}");
 
         // A pod created through the API server comes back injected, once.
         let pod: Pod = serde_json::from_value(json!({

@@ -27,6 +27,9 @@ pub struct Observed {
     pub ns_labels: BTreeMap<String, String>,
     /// The pods of the targets and of the route's selector, by name.
     pub pods: BTreeMap<String, Pod>,
+    /// The names of the pods each target selector (the second half of a
+    /// [`Observed::targets`] entry) matched.
+    pub pods_by_selector: BTreeMap<String, BTreeSet<String>>,
     pub services: Vec<Service>,
     /// The route's ConfigMap as it is now (None: absent).
     pub config_map: Option<ConfigMap>,
@@ -67,12 +70,15 @@ pub async fn dereference(
         selectors.insert(s);
     }
     let mut pods = BTreeMap::new();
+    let mut pods_by_selector: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for s in &selectors {
         let list = pods_api
             .list(&ListParams::default().labels(s))
             .await
             .map_err(Error::kube(format!("listing pods {s} in {ns}")))?;
+        let names = pods_by_selector.entry(s.clone()).or_default();
         for p in list {
+            names.insert(p.name_any());
             pods.insert(p.name_any(), p);
         }
     }
@@ -91,6 +97,7 @@ pub async fn dereference(
         overlaps,
         ns_labels,
         pods,
+        pods_by_selector,
         services,
         config_map,
     })

@@ -421,10 +421,28 @@ spec:
             .collect();
         let workloads = Workloads::from_objects(&deployments, &[]);
         let (targets, overlaps) = claim_targets(route, &workloads, &[]);
+        // What listing each Deployment's selector returns.
+        let mut pods_by_selector: BTreeMap<String, std::collections::BTreeSet<String>> =
+            BTreeMap::new();
+        for d in &deployments {
+            let Some(spec) = &d.spec else { continue };
+            let (Some(key), Some(selector)) = (
+                dereference::pod_selector(Some(&spec.selector)),
+                dereference::selector_of(&spec.selector),
+            ) else {
+                continue;
+            };
+            let names = pods
+                .iter()
+                .filter(|p| selector.matches(p.labels()))
+                .map(|p| p.name_any());
+            pods_by_selector.entry(key).or_default().extend(names);
+        }
         Observed {
             targets: targets.into_iter().cloned().collect(),
             overlaps,
             pods: pods.iter().map(|p| (p.name_any(), p.clone())).collect(),
+            pods_by_selector,
             ..Observed::default()
         }
     }

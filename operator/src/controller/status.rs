@@ -132,6 +132,7 @@ pub fn accepted(
     let targets = &observed.targets;
     let overlaps = &observed.overlaps;
     let count = count_pods(observed.pods.values(), &observed.ns_labels);
+    let outdated = outdated_pods(observed);
     let short_grace = short_grace(observed.pods.values(), budget.seconds);
     let pod_labels: Vec<BTreeMap<String, String>> =
         observed.pods.values().map(|p| p.labels().clone()).collect();
@@ -189,12 +190,6 @@ pub fn accepted(
             "NoTargets",
             "no Deployment, StatefulSet or pod matches spec.selector".to_string(),
         )
-    } else if count.expected == 0 {
-        (
-            false,
-            "InjectionNotEnabled",
-            inject_hint(targets.first().map(|t| &t.0), &ns),
-        )
     } else if let Some((pod, why)) = count.missing.first() {
         let why = why
             .clone()
@@ -207,6 +202,18 @@ pub fn accepted(
                 count.missing.len(),
                 count.expected
             ),
+        )
+    } else if let Some(first) = outdated.first() {
+        (
+            false,
+            "RollingOut",
+            rolling_out_message(first, outdated.len(), count.injected),
+        )
+    } else if count.expected == 0 {
+        (
+            false,
+            "InjectionNotEnabled",
+            inject_hint(targets.first().map(|t| &t.0), &ns),
         )
     } else {
         (
@@ -407,6 +414,89 @@ pub struct PodCount {
     pub missing: Vec<(String, Option<String>)>,
 }
 
+/// A live pod a target's rollout has yet to replace: its workload asks for the
+/// sidecar now, the pod was created from an earlier template that did not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outdated {
+    pub pod: String,
+    pub target: String,
+    /// The target replaces its pods only when they are deleted (a StatefulSet
+    /// with `updateStrategy: OnDelete`).
+    pub on_delete: bool,
+}
+
+/// The live pods of the targets that predate the sidecar (pure). Until they
+/// are gone the workload serves traffic that kubegrace does not front, so the
+/// route is not Ready: `kubectl wait --for=condition=Ready` then means what it
+/// says.
+pub fn outdated_pods(observed: &Observed) -> Vec<Outdated> {
+    let mut out = Vec::new();
+    for (target, selector) in &observed.targets {
+        let Some(names) = selector
+            .as_ref()
+            .and_then(|s| observed.pods_by_selector.get(s))
+        else {
+            continue;
+        };
+        if !template_wants_sidecar(target, &observed.ns_labels) {
+            continue;
+        }
+        for name in names {
+            let Some(pod) = observed.pods.get(name) else {
+                continue;
+            };
+            if pod.metadata.deletion_timestamp.is_none()
+                && !crate::inject::is_injected(pod)
+                && !crate::inject::wants_injection(pod, &observed.ns_labels)
+            {
+                out.push(Outdated {
+                    pod: name.clone(),
+                    target: target.id(),
+                    on_delete: target.strategy_type.as_deref() == Some("OnDelete"),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Whether the target's pods are to carry the sidecar: its pod template asks
+/// (label or annotation, or the namespace's label), or the workload itself is
+/// annotated and the operator is about to copy that into the template.
+fn template_wants_sidecar(target: &Target, ns_labels: &BTreeMap<String, String>) -> bool {
+    let template = Pod {
+        metadata: target.template.metadata.clone().unwrap_or_default(),
+        ..Pod::default()
+    };
+    if crate::inject::wants_injection(&template, ns_labels) {
+        return true;
+    }
+    fn says(m: Option<&BTreeMap<String, String>>) -> Option<&str> {
+        m.and_then(|m| m.get(keys::INJECT)).map(String::as_str)
+    }
+    let template_disabled = says(template.metadata.labels.as_ref()) == Some("disabled")
+        || says(template.metadata.annotations.as_ref()) == Some("disabled");
+    !template_disabled && says(Some(&target.annotations)) == Some("enabled")
+}
+
+fn rolling_out_message(first: &Outdated, outdated: usize, injected: i32) -> String {
+    let how = if first.on_delete {
+        format!(
+            "{} replaces pods only when they are deleted (updateStrategy OnDelete): delete them",
+            first.target
+        )
+    } else {
+        format!(
+            "the rollout replaces them: kubectl rollout status {}",
+            first.target.to_lowercase()
+        )
+    };
+    format!(
+        "{injected} pods carry the sidecar; {outdated} still run without it, created before injection was enabled (e.g. {}); {how}",
+        first.pod
+    )
+}
+
 /// Counts pods (pure): `expected` are live pods asking for the sidecar.
 pub fn count_pods<'a>(
     pods: impl IntoIterator<Item = &'a Pod>,
@@ -544,6 +634,57 @@ mod tests {
         let second = accepted_report(&again, &seen);
         assert!(second.events.is_empty(), "{:?}", second.events);
         assert!(same_status(&report.status, &second.status));
+    }
+
+    #[test]
+    fn pods_from_before_injection_keep_the_route_not_ready_until_the_rollout_replaces_them() {
+        let r = route(ROUTE);
+        // Created from the template before it asked for the sidecar.
+        let old = "metadata: {name: web-old-1, namespace: shop, labels: {app: web}}\nspec: {containers: []}";
+        let report = accepted_report(
+            &r,
+            &observed(&r, &[DEPLOYMENT], &[pod(INJECTED_POD), pod(old)]),
+        );
+        let ready = cond(&report, READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "RollingOut")
+        );
+        assert!(
+            ready.message.contains("1 still run without it")
+                && ready.message.contains("web-old-1")
+                && ready
+                    .message
+                    .contains("kubectl rollout status deployment/web"),
+            "{}",
+            ready.message
+        );
+        // Mid-rollout is not a fault.
+        assert_eq!(cond(&report, DEGRADED).status, "False");
+
+        // Terminating: the rollout is done with it.
+        let leaving = "metadata: {name: web-old-1, namespace: shop, labels: {app: web}, deletionTimestamp: '2026-12-03T10:00:00Z'}\nspec: {containers: []}";
+        let report = accepted_report(
+            &r,
+            &observed(&r, &[DEPLOYMENT], &[pod(INJECTED_POD), pod(leaving)]),
+        );
+        assert_eq!(cond(&report, READY).reason, "Fronted");
+
+        // Annotated a moment ago: the template does not ask yet, the workload does, and
+        // no pod has been replaced: rolling out, not "injection not enabled".
+        let annotated = DEPLOYMENT
+            .replace("kubegrace.io/inject: enabled", "tier: web")
+            .replace(
+                "metadata: {name: web, namespace: shop}",
+                "metadata: {name: web, namespace: shop, annotations: {kubegrace.io/inject: enabled}}",
+            );
+        let report = accepted_report(&r, &observed(&r, &[annotated.as_str()], &[pod(old)]));
+        assert_eq!(cond(&report, READY).reason, "RollingOut");
+
+        // Not asked for at all: the old answer with its hint.
+        let plain = DEPLOYMENT.replace("kubegrace.io/inject: enabled", "tier: web");
+        let report = accepted_report(&r, &observed(&r, &[plain.as_str()], &[pod(old)]));
+        assert_eq!(cond(&report, READY).reason, "InjectionNotEnabled");
     }
 
     #[test]

@@ -163,6 +163,12 @@ pub fn raise_open_files() -> u64 {
     open_files_limit("Max open files", 1).unwrap_or(0)
 }
 
+/// The soft open-files limit this process (and so every proxy it starts)
+/// has now.
+pub fn open_files_soft_limit() -> u64 {
+    open_files_limit("Max open files", 1).unwrap_or(1024)
+}
+
 /// A column (1: soft, 2: hard) of a /proc/self/limits row.
 fn open_files_limit(row: &str, column: usize) -> Option<u64> {
     let limits = std::fs::read_to_string("/proc/self/limits").ok()?;

@@ -160,7 +160,8 @@ impl Env {
             }
             Peer::Haproxy => {
                 let conf = dir.join("haproxy.cfg");
-                write(&conf, &haproxy_cfg(self.port(peer), up))?;
+                let maxconn = haproxy_maxconn(crate::memtest::open_files_soft_limit());
+                write(&conf, &haproxy_cfg(self.port(peer), up, maxconn))?;
                 // -db: foreground, no master process; SIGUSR1 is then the
                 // soft stop documented in the management guide.
                 cmd.args(["haproxy", "-db", "-f"]).arg(&conf);
@@ -275,13 +276,25 @@ http {{
     c
 }
 
+/// The most connections HAProxy can be given under an open-files limit.
+/// It refuses to start unless it can raise its own limit to two
+/// descriptors per connection plus a few of its own (`maxconn 20000` asked
+/// for 40,014 and could not, under this machine's hard limit of 20,000),
+/// and an unprivileged process cannot raise the hard limit. So the maxconn
+/// follows the limit it inherits; capped where the bench never needs more.
+pub fn haproxy_maxconn(open_files: u64) -> u64 {
+    /// HAProxy's own descriptors (listeners, pollers, logs) with headroom.
+    const OWN: u64 = 100;
+    (open_files.saturating_sub(OWN) / 2).clamp(256, 20_000)
+}
+
 /// HAProxy in HTTP mode with its defaults for keep-alive on both sides
 /// (`http-reuse safe`); threads default to the CPUs in the affinity mask.
-pub fn haproxy_cfg(port: u16, upstream: u16) -> String {
+pub fn haproxy_cfg(port: u16, upstream: u16, maxconn: u64) -> String {
     format!(
         "# Written by bench-harness.
 global
-    maxconn 8000
+    maxconn {maxconn}
 
 defaults
     mode http
@@ -358,6 +371,19 @@ mod tests {
         ports.sort_unstable();
         ports.dedup();
         assert_eq!(ports.len(), n, "every listener has its own port");
+    }
+
+    #[test]
+    fn haproxy_fits_the_open_files_limit() {
+        // This machine: a hard limit of 20,000; HAProxy needs 2 per
+        // connection plus its own.
+        let maxconn = haproxy_maxconn(20_000);
+        assert!(maxconn * 2 + 100 <= 20_000, "{maxconn}");
+        assert_eq!(maxconn, 9950);
+        assert!(haproxy_cfg(1, 2, maxconn).contains("maxconn 9950\n"));
+        // A default limit of 1024 still starts it; a huge one is capped.
+        assert_eq!(haproxy_maxconn(1024), 462);
+        assert_eq!(haproxy_maxconn(1 << 20), 20_000);
     }
 
     #[test]

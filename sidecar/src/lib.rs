@@ -480,7 +480,11 @@ async fn accept_loop(
         };
         match accepted {
             Ok(Accepted::Tcp(stream, peer)) => {
-                let _ = stream.set_nodelay(true);
+                // The HTTP proxy turns Nagle off before its second write
+                // (proxy/conn.rs); a raw tunnel relays as bytes come.
+                if raw_tcp {
+                    let _ = stream.set_nodelay(true);
+                }
                 serve(&shared, stream, Peer::Tcp(peer), raw_tcp);
             }
             Ok(Accepted::Unix(stream)) => serve(&shared, stream, Peer::Unix, raw_tcp),
@@ -510,10 +514,7 @@ async fn accept(listener: &Listener) -> std::io::Result<Accepted> {
     }
 }
 
-fn serve<S>(shared: &Arc<Shared>, stream: S, peer: Peer, raw_tcp: bool)
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
+fn serve<S: proxy::Downstream>(shared: &Arc<Shared>, stream: S, peer: Peer, raw_tcp: bool) {
     if proxy::over_connection_cap(shared) {
         return;
     }

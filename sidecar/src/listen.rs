@@ -131,6 +131,45 @@ impl Peer {
             Self::Unix => "unix:".to_string(),
         }
     }
+
+    /// [`Peer::forwarded_for`] as a header value. It is rendered once per
+    /// connection, so an IPv4 address is written digit by digit rather than
+    /// through `fmt` (about 1.5% of a one-request connection's
+    /// instructions, bench/README.md).
+    pub fn forwarded_for_header(&self) -> http::HeaderValue {
+        if let Self::Tcp(SocketAddr::V4(addr)) = self {
+            let mut text = [0u8; 15];
+            let n = ipv4_text(*addr.ip(), &mut text);
+            if let Ok(value) = http::HeaderValue::from_bytes(&text[..n]) {
+                return value;
+            }
+        }
+        http::HeaderValue::try_from(self.forwarded_for())
+            .unwrap_or_else(|_| http::HeaderValue::from_static("unknown"))
+    }
+}
+
+/// Writes `ip` in dotted decimal (as its `Display` does) into `out`;
+/// returns the length.
+fn ipv4_text(ip: std::net::Ipv4Addr, out: &mut [u8; 15]) -> usize {
+    let mut n = 0;
+    for (i, octet) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            out[n] = b'.';
+            n += 1;
+        }
+        if octet >= 100 {
+            out[n] = b'0' + octet / 100;
+            n += 1;
+        }
+        if octet >= 10 {
+            out[n] = b'0' + octet / 10 % 10;
+            n += 1;
+        }
+        out[n] = b'0' + octet % 10;
+        n += 1;
+    }
+    n
 }
 
 impl std::fmt::Display for Peer {
@@ -393,6 +432,26 @@ mod tests {
                 .iter()
                 .all(|l| l.local_addr().expect("addr").port() == port)
         );
+    }
+
+    #[test]
+    fn the_ipv4_header_is_what_display_writes() {
+        for ip in [
+            [0, 0, 0, 0],
+            [127, 0, 0, 1],
+            [10, 9, 99, 100],
+            [255, 255, 255, 255],
+            [1, 20, 203, 4],
+        ] {
+            let peer = Peer::Tcp(SocketAddr::from((ip, 8080)));
+            assert_eq!(
+                peer.forwarded_for_header().as_bytes(),
+                peer.forwarded_for().as_bytes()
+            );
+        }
+        let v6 = Peer::Tcp("[::1]:80".parse().expect("addr"));
+        assert_eq!(v6.forwarded_for_header(), "::1");
+        assert_eq!(Peer::Unix.forwarded_for_header(), "unix:");
     }
 
     #[test]

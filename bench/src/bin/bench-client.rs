@@ -8,8 +8,11 @@
 //! - `drain`: holds idle keep-alive connections or slow in-flight requests
 //!   open while the harness tells the proxy to stop, and reports what the
 //!   proxy did to them.
+//! - `close`: an exact number of requests, each on a connection of its own
+//!   (`Connection: close`), for `bench/profile`'s per-connection count
+//!   (wrk runs for a time, not a number of requests).
 //!
-//! Both print one JSON object on stdout for the harness.
+//! Each prints one JSON object on stdout for the harness.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -73,6 +76,16 @@ enum Cmd {
         #[arg(long, default_value_t = 30.0)]
         timeout_seconds: f64,
     },
+    /// Send exactly `requests` requests, each on a new connection that
+    /// closes after it, `connections` at a time.
+    Close {
+        #[arg(long)]
+        target: SocketAddr,
+        #[arg(long, default_value_t = 1000)]
+        requests: u64,
+        #[arg(long, default_value_t = 64)]
+        connections: u32,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -98,7 +111,64 @@ fn main() -> anyhow::Result<()> {
             slow_ms,
             timeout_seconds,
         } => runtime.block_on(drain_run(target, idle, slow, slow_ms, timeout_seconds)),
+        Cmd::Close {
+            target,
+            requests,
+            connections,
+        } => runtime.block_on(close_run(target, requests, connections)),
     }
+}
+
+/// What `close` counted.
+#[derive(Serialize)]
+struct CloseReport {
+    requests: u64,
+    /// Not answered 200, or the connection failed.
+    errors: u64,
+}
+
+async fn close_run(target: SocketAddr, requests: u64, connections: u32) -> anyhow::Result<()> {
+    let next = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let head = format!("GET / HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n");
+    let mut workers = Vec::new();
+    for _ in 0..connections.max(1) {
+        let (next, errors, head) = (next.clone(), errors.clone(), head.clone());
+        workers.push(tokio::spawn(async move {
+            // Bounded by the shared count: each worker takes the next
+            // request number until all are taken.
+            while next.fetch_add(1, Ordering::Relaxed) < requests {
+                if !one_closed_request(target, head.as_bytes()).await {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await?;
+    }
+    let report = CloseReport {
+        requests,
+        errors: errors.load(Ordering::Relaxed),
+    };
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+/// Connects, sends `head`, reads to the end; true on a 200.
+async fn one_closed_request(target: SocketAddr, head: &[u8]) -> bool {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let attempt = async {
+        let mut stream = TcpStream::connect(target).await?;
+        stream.write_all(head).await?;
+        let mut answer = Vec::with_capacity(256);
+        stream.read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer.starts_with(b"HTTP/1.1 200"))
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(30), attempt).await,
+        Ok(Ok(true))
+    )
 }
 
 async fn connect(target: SocketAddr) -> anyhow::Result<SendRequest<Empty<Bytes>>> {

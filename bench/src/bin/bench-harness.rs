@@ -271,6 +271,16 @@ impl Harness {
             ) {
                 continue;
             }
+            // HAProxy past its maxconn stops accepting, and its maxconn
+            // follows the open-files limit (peers.rs): say so rather than
+            // wait out the client's bound.
+            let haproxy_max = kubegrace_bench::peers::haproxy_maxconn(limit);
+            if peer == Peer::Haproxy && haproxy_max < u64::from(wanted) {
+                self.progress(&format!(
+                    "memory haproxy: not in this test: {wanted} connections need maxconn {wanted}, and the open-files limit ({limit}) allows {haproxy_max}"
+                ));
+                continue;
+            }
             let label = format!("{} (memory)", peer.name());
             match self.start_peer(peer, DrainTimers::Defaults, &label) {
                 Ok(proc) => subjects.push(memtest::Subject {

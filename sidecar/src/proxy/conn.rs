@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::Request;
 use http::header::{self, HeaderMap, HeaderValue};
 use http_body::Body;
@@ -118,6 +118,22 @@ impl ConnActivity {
     }
 }
 
+/// A downstream socket: TCP or Unix.
+pub(crate) trait Downstream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// Turns Nagle's algorithm off (TCP); nothing to do on a Unix socket.
+    fn no_delay(&self);
+}
+
+impl Downstream for tokio::net::TcpStream {
+    fn no_delay(&self) {
+        let _ = self.set_nodelay(true);
+    }
+}
+
+impl Downstream for tokio::net::UnixStream {
+    fn no_delay(&self) {}
+}
+
 /// The downstream socket, counting bytes read and written. Everything
 /// else passes through.
 struct CountingIo<T> {
@@ -127,6 +143,10 @@ struct CountingIo<T> {
     read: u64,
     /// How much of CRLF CRLF the head scan has matched.
     scan_state: u8,
+    /// Nagle's algorithm is still on: it goes off before the second
+    /// write (see [`CountingIo::before_write`]).
+    delay_on: bool,
+    wrote: bool,
 }
 
 impl<T> CountingIo<T> {
@@ -136,6 +156,8 @@ impl<T> CountingIo<T> {
             act,
             read: 0,
             scan_state: 0,
+            delay_on: true,
+            wrote: false,
         }
     }
 
@@ -171,9 +193,10 @@ impl<T> CountingIo<T> {
         act.bytes_read.store(self.read, Ordering::Relaxed);
     }
 
-    fn wrote(&self, res: &Poll<io::Result<usize>>) {
+    fn wrote(&mut self, res: &Poll<io::Result<usize>>) {
         match res {
             Poll::Ready(Ok(n)) => {
+                self.wrote = true;
                 self.act
                     .bytes_written
                     .fetch_add(*n as u64, Ordering::Relaxed);
@@ -202,13 +225,29 @@ impl<T: AsyncRead + Unpin> AsyncRead for CountingIo<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for CountingIo<T> {
+impl<T: Downstream> CountingIo<T> {
+    /// Nagle's algorithm holds a small segment back only while an earlier
+    /// small one is unacknowledged, so the first write of a connection
+    /// always leaves at once: `TCP_NODELAY` is needed from the second
+    /// write on. Set then, not at accept, a connection with one answer
+    /// (one request, `Connection: close`) saves the `setsockopt`, as in
+    /// nginx, which sets it only when a connection is kept alive.
+    fn before_write(&mut self) {
+        if self.delay_on && self.wrote {
+            self.inner.no_delay();
+            self.delay_on = false;
+        }
+    }
+}
+
+impl<T: Downstream> AsyncWrite for CountingIo<T> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        this.before_write();
         let res = Pin::new(&mut this.inner).poll_write(cx, buf);
         this.wrote(&res);
         res
@@ -219,6 +258,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for CountingIo<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        this.before_write();
         let res = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
         this.wrote(&res);
         res
@@ -331,17 +371,27 @@ fn http1_builder(
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+/// What the sniff reads at a time: a whole request head, most often (the
+/// fast path's read buffer, which it becomes).
+const SNIFF_READ: usize = super::h1::READ_BUF;
+
 /// Reads until the first bytes are, or cannot be, the HTTP/2 preface.
 /// Returns whether they are, and the bytes read (replayed to the server).
-async fn sniff_h2<S: AsyncRead + Unpin>(io: &mut S) -> io::Result<(bool, Vec<u8>)> {
-    let mut seen = Vec::with_capacity(H2_PREFACE.len());
-    let mut chunk = [0u8; 1024];
+async fn sniff_h2<S: AsyncRead + Unpin>(io: &mut S) -> io::Result<(bool, BytesMut)> {
+    // Read straight into the buffer that goes on (as the HTTP/1 fast
+    // path's read buffer, or replayed in front of hyper and h2), not
+    // through an array in this future: that array sat in every
+    // connection task (moved on spawn and on completion), and the copies
+    // cost three allocations per connection.
+    let mut seen = BytesMut::with_capacity(SNIFF_READ);
     loop {
-        let n = io.read(&mut chunk).await?;
+        if seen.len() == seen.capacity() {
+            seen.reserve(SNIFF_READ);
+        }
+        let n = io.read_buf(&mut seen).await?;
         if n == 0 {
             return Ok((false, seen));
         }
-        seen.extend_from_slice(&chunk[..n]);
         let m = seen.len().min(H2_PREFACE.len());
         if seen[..m] != H2_PREFACE[..m] {
             return Ok((false, seen));
@@ -483,14 +533,12 @@ pub(crate) struct ConnCtx {
 
 /// Serves one accepted downstream connection until it closes, the drain
 /// closes it, or the drain deadline cuts it.
-pub(crate) async fn serve_connection<S>(
+pub(crate) async fn serve_connection<S: Downstream>(
     shared: Arc<Shared>,
     stream: S,
     peer: crate::listen::Peer,
     mut guard: ConnGuard,
-) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
+) {
     let live = shared.live.load();
     let protocol = live.config.protocol;
     let limits = live.config.limits;
@@ -499,8 +547,7 @@ pub(crate) async fn serve_connection<S>(
     drop(live);
 
     let act = Arc::new(ConnActivity::default());
-    let peer_ip = HeaderValue::try_from(peer.forwarded_for())
-        .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+    let peer_ip = peer.forwarded_for_header();
     let ctx = Arc::new(ConnCtx {
         shared: shared.clone(),
         act: act.clone(),
@@ -513,9 +560,11 @@ pub(crate) async fn serve_connection<S>(
     // client that connects and says nothing (or half a word) is cut here.
     let first_deadline = tokio::time::Instant::now() + limits.header_read_timeout.get();
     let (h2, pre) = match protocol {
-        Protocol::Http1 => (false, Vec::new()),
-        Protocol::Http2 => (true, Vec::new()),
+        Protocol::Http1 => (false, BytesMut::new()),
+        Protocol::Http2 => (true, BytesMut::new()),
+        // Biased, the read first: bytes already there need no timer.
         Protocol::Auto | Protocol::Tcp => tokio::select! {
+            biased;
             sniffed = sniff_h2(&mut io) => match sniffed {
                 Ok(found) => found,
                 Err(err) => {
@@ -537,13 +586,13 @@ pub(crate) async fn serve_connection<S>(
             }
         },
     };
-    let io = Rewind::new(Bytes::from(pre), io);
     let mut conn: Pin<Box<dyn Served>> = if h2 {
+        let io = Rewind::new(pre.freeze(), io);
         Box::pin(H2Served(H2Conn::new(io, ctx, &limits, go_away)))
     } else if fast_path {
-        super::h1::serve(io, ctx, limits)
+        super::h1::serve(io, pre, ctx, limits)
     } else {
-        hyper_http1(io, ctx, &limits)
+        hyper_http1(Rewind::new(pre.freeze(), io), ctx, &limits)
     };
 
     let mut shutting_down = false;
@@ -577,7 +626,23 @@ pub(crate) async fn serve_connection<S>(
     let mut write_progress_at = tokio::time::Instant::now();
 
     loop {
+        // One timer for the four deadlines (the first head, the write and
+        // idle checks, the idle close's bound), not one each: a
+        // registration in tokio's timer wheel and its removal per deadline
+        // were about a twentieth of a one-request connection's
+        // instructions (bench/README.md). Whatever is due when it fires is
+        // handled below, in the same way as before.
+        let wake_at = [
+            (!first_checked).then_some(first_deadline),
+            (!write_timeout.is_zero()).then_some(next_write_tick),
+            (!shutting_down && !idle_timeout.is_zero()).then_some(next_tick),
+            idle_close_deadline,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         tokio::select! {
+            biased;
             res = conn.as_mut() => {
                 if let Err(err) = res {
                     tracing::debug!(%peer, error = %err, "downstream connection ended with an error");
@@ -599,45 +664,49 @@ pub(crate) async fn serve_connection<S>(
                     shutting_down = true;
                 }
             }
-            _ = tokio::time::sleep_until(first_deadline), if !first_checked => {
-                first_checked = true;
-                if act.requests.load(Ordering::Relaxed) == 0 && act.bytes_read.load(Ordering::Relaxed) < 24 {
-                    shared.metrics.client_timeout(ClientTimeout::HeaderRead);
-                    tracing::debug!(%peer, "no request head within the header read timeout; closing");
+            _ = sleep_until_opt(wake_at), if wake_at.is_some() => {
+                // Due: every deadline at or before the one slept for.
+                let due = |at: tokio::time::Instant| wake_at.is_some_and(|w| at <= w);
+                let now = tokio::time::Instant::now();
+                if !first_checked && due(first_deadline) {
+                    first_checked = true;
+                    if act.requests.load(Ordering::Relaxed) == 0 && act.bytes_read.load(Ordering::Relaxed) < 24 {
+                        shared.metrics.client_timeout(ClientTimeout::HeaderRead);
+                        tracing::debug!(%peer, "no request head within the header read timeout; closing");
+                        break;
+                    }
+                }
+                if !write_timeout.is_zero() && due(next_write_tick) {
+                    next_write_tick = now + write_tick;
+                    let written = act.bytes_written.load(Ordering::Relaxed);
+                    if written != last_written || !act.write_blocked.load(Ordering::Relaxed) {
+                        last_written = written;
+                        write_progress_at = now;
+                    } else if now - write_progress_at >= write_timeout {
+                        shared.metrics.client_timeout(ClientTimeout::Write);
+                        tracing::debug!(%peer, "client read nothing for limits.writeTimeout; closing");
+                        break;
+                    }
+                }
+                if !shutting_down && !idle_timeout.is_zero() && due(next_tick) {
+                    next_tick = now + tick;
+                    let bytes = act.bytes_read.load(Ordering::Relaxed);
+                    if bytes != last_bytes || act.inflight.load(Ordering::Relaxed) > 0 {
+                        last_bytes = bytes;
+                        quiet_since = now;
+                    } else if now - quiet_since >= idle_timeout {
+                        tracing::debug!(%peer, "closing idle downstream connection");
+                        conn.as_mut().shutdown(Ending::Idle);
+                        shutting_down = true;
+                        idle_close_deadline = Some(now + limits.header_read_timeout.get());
+                        continue;
+                    }
+                }
+                if idle_close_deadline.is_some_and(due) {
+                    tracing::debug!(%peer, "idle close not acknowledged in time; dropping the connection");
+                    shared.metrics.idle_close_cut();
                     break;
                 }
-            }
-            _ = tokio::time::sleep_until(next_write_tick), if !write_timeout.is_zero() => {
-                let now = tokio::time::Instant::now();
-                next_write_tick = now + write_tick;
-                let written = act.bytes_written.load(Ordering::Relaxed);
-                if written != last_written || !act.write_blocked.load(Ordering::Relaxed) {
-                    last_written = written;
-                    write_progress_at = now;
-                } else if now - write_progress_at >= write_timeout {
-                    shared.metrics.client_timeout(ClientTimeout::Write);
-                    tracing::debug!(%peer, "client read nothing for limits.writeTimeout; closing");
-                    break;
-                }
-            }
-            _ = tokio::time::sleep_until(next_tick), if !shutting_down && !idle_timeout.is_zero() => {
-                let now = tokio::time::Instant::now();
-                next_tick = now + tick;
-                let bytes = act.bytes_read.load(Ordering::Relaxed);
-                if bytes != last_bytes || act.inflight.load(Ordering::Relaxed) > 0 {
-                    last_bytes = bytes;
-                    quiet_since = now;
-                } else if now - quiet_since >= idle_timeout {
-                    tracing::debug!(%peer, "closing idle downstream connection");
-                    conn.as_mut().shutdown(Ending::Idle);
-                    shutting_down = true;
-                    idle_close_deadline = Some(now + limits.header_read_timeout.get());
-                }
-            }
-            _ = sleep_until_opt(idle_close_deadline), if idle_close_deadline.is_some() => {
-                tracing::debug!(%peer, "idle close not acknowledged in time; dropping the connection");
-                shared.metrics.idle_close_cut();
-                break;
             }
         }
     }

@@ -38,5 +38,5 @@ mod local;
 mod tunnel;
 
 pub use body::ProxyBody;
-pub(crate) use conn::{ConnCtx, over_connection_cap, serve_connection};
+pub(crate) use conn::{ConnCtx, Downstream, over_connection_cap, serve_connection};
 pub(crate) use handler::handle;

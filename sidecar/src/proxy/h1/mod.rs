@@ -45,8 +45,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::BytesMut;
+use futures_util::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::Notify;
 
 pub(crate) use pool::RawPool;
 
@@ -57,7 +57,7 @@ use crate::metrics::ClientTimeout;
 
 /// The read buffer of a connection with a request coming in; grows for
 /// bigger heads.
-const READ_BUF: usize = 4096;
+pub(super) const READ_BUF: usize = 4096;
 /// The first write buffer of a request (the rewritten head); grows for
 /// bigger heads and the first body bytes.
 const WRITE_BUF: usize = 1024;
@@ -68,12 +68,15 @@ const WRITE_BUF: usize = 1024;
 /// requests). Most heads fit in one such read.
 const FIRST_READ: usize = 256;
 
-/// The connection's end as the connection loop asks for it.
+/// The connection's end as the connection loop asks for it. One task
+/// polls both sides (the loop in conn.rs polls this path's future), so
+/// one waker slot is enough: registering it is a compare of wakers, where
+/// a `Notify` waiter was a locked list insert and removal per request.
 #[derive(Default)]
 struct Control {
     /// 0: none; 1: drain; 2: idle.
     ending: AtomicU8,
-    notify: Notify,
+    waker: AtomicWaker,
 }
 
 impl Control {
@@ -91,36 +94,60 @@ impl Control {
             Ending::Idle => 2,
         };
         self.ending.store(code, Ordering::Release);
-        self.notify.notify_one();
+        self.waker.wake();
+    }
+
+    /// Ready once an ending was asked for.
+    async fn asked(&self) {
+        std::future::poll_fn(|cx| {
+            self.waker.register(cx.waker());
+            if self.ending().is_some() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
     }
 }
 
-struct FastServed {
-    run: Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>,
-    ctl: Arc<Control>,
+pin_project_lite::pin_project! {
+    /// The connection's future and its control, in one allocation.
+    struct FastServed<F> {
+        #[pin]
+        run: F,
+        ctl: Arc<Control>,
+    }
 }
 
-impl Future for FastServed {
+impl<F: Future<Output = Result<(), BoxError>>> Future for FastServed<F> {
     type Output = Result<(), BoxError>;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.run.as_mut().poll(cx)
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().run.poll(cx)
     }
 }
 
-impl Served for FastServed {
+impl<F: Future<Output = Result<(), BoxError>> + Send> Served for FastServed<F> {
     fn shutdown(self: Pin<&mut Self>, why: Ending) {
         self.ctl.ask(why);
     }
 }
 
 /// Serves an HTTP/1 connection on the fast path, handing it to hyper if
-/// it meets a request this path does not serve.
-pub(super) fn serve<T>(io: T, ctx: Arc<ConnCtx>, limits: LimitsConfig) -> Pin<Box<dyn Served>>
+/// it meets a request this path does not serve. `read` holds what was
+/// already read from the client (the protocol sniff's bytes): it becomes
+/// the connection's read buffer.
+pub(super) fn serve<T>(
+    io: T,
+    read: BytesMut,
+    ctx: Arc<ConnCtx>,
+    limits: LimitsConfig,
+) -> Pin<Box<dyn Served>>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let ctl = Arc::new(Control::default());
-    let run = Box::pin(run(io, ctx, limits, ctl.clone()));
+    let run = run(io, read, ctx, limits, ctl.clone());
     Box::pin(FastServed { run, ctl })
 }
 
@@ -178,6 +205,7 @@ async fn read_more<T: AsyncRead + Unpin>(client: &mut Client<T>) -> std::io::Res
 
 async fn run<T>(
     io: T,
+    read: BytesMut,
     ctx: Arc<ConnCtx>,
     limits: LimitsConfig,
     ctl: Arc<Control>,
@@ -187,11 +215,13 @@ where
 {
     let started = tokio::time::Instant::now();
     let header_timeout = limits.header_read_timeout.get();
-    let mut client = Client {
-        io,
-        buf: BytesMut::new(),
-        out: Vec::new(),
+    // Bytes already read take their write buffer as `read_more` would.
+    let out = if read.is_empty() {
+        Vec::new()
+    } else {
+        Vec::with_capacity(WRITE_BUF)
     };
+    let mut client = Client { io, buf: read, out };
     let mut first = true;
     loop {
         // The header timer: the first head is timed from the connection's
@@ -219,14 +249,18 @@ where
                     break next;
                 }
             }
+            // Biased, the read first: the first head is often already in
+            // (the protocol sniff read it), and then neither the timer nor
+            // the notify waiter is registered only to be dropped.
             let read = tokio::select! {
+                biased;
                 read = read_more(&mut client) => read,
                 _ = sleep_until_opt(deadline), if deadline.is_some() => {
                     ctx.shared.metrics.client_timeout(ClientTimeout::HeaderRead);
                     tracing::debug!("no request head within the header read timeout; closing");
                     return Ok(());
                 }
-                _ = ctl.notify.notified(), if client.buf.is_empty() => continue,
+                _ = ctl.asked(), if client.buf.is_empty() => continue,
             };
             match read {
                 Ok(0) => return Ok(()),
@@ -245,10 +279,11 @@ where
                 }
                 client.release_idle_buffers();
             }
-            Next::Close => {
-                let _ = client.io.shutdown().await;
-                return Ok(());
-            }
+            // The answer is written: dropping the socket (close) sends the
+            // FIN after it, as a shutdown first would, one syscall fewer
+            // per connection (nginx closes the same way). A request whose
+            // body was left unread ends in `Linger` instead.
+            Next::Close => return Ok(()),
             Next::Linger => {
                 linger(&mut client.io).await;
                 return Ok(());
@@ -273,7 +308,7 @@ async fn follow_ending(mut served: Pin<Box<dyn Served>>, ctl: &Control) -> Resul
         }
         tokio::select! {
             res = served.as_mut() => return res,
-            _ = ctl.notify.notified(), if !asked => {}
+            _ = ctl.asked(), if !asked => {}
         }
     }
 }

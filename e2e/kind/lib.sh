@@ -27,10 +27,8 @@ KIND_NODE_K8S=$KG_K8S_VERSION
 KIND_ETCD_VERSION=v3.6.5            # kubeadm v1.34's DefaultEtcdVersion (image tag 3.6.5-0)
 KIND_COREDNS_VERSION=v1.12.1        # kubeadm v1.34's CoreDNSVersion
 KIND_PAUSE_TAG=3.10.1               # kubeadm v1.34's PauseVersion
-# kind v0.30.0's CNI and storage images (pkg/build/nodeimage/const_*.go): kindnetd at the
-# commit its tag names; local-path-provisioner at the release kind's image builds.
-KIND_KINDNETD_TAG=v20250512-df8de77b
-KIND_KINDNETD_COMMIT=df8de77b
+# kind v0.30.0's storage images (pkg/build/nodeimage/const_storage.go): local-path-provisioner
+# at the release kind's image builds. (Its CNI image, kindnetd, is replaced: e2e/kind/kindnet-lite.)
 KIND_LPP_VERSION=v0.0.30
 KIND_LPP_TAG=v20250214-acbabc1a
 KIND_LPH_TAG=v20241212-8ac705d0

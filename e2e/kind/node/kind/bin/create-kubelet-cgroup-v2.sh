@@ -6,7 +6,9 @@ set -euo pipefail
 enable_controllers() {
   local dir=/sys/fs/cgroup/$1 c
   mkdir -p "$dir"
-  for c in $(cat "$dir/cgroup.controllers"); do echo "+$c" >"$dir/cgroup.subtree_control"; done
+  local controllers
+  read -r -a controllers <"$dir/cgroup.controllers"
+  for c in "${controllers[@]}"; do echo "+$c" >"$dir/cgroup.subtree_control"; done
 }
 enable_controllers .
 enable_controllers kubelet

@@ -119,7 +119,9 @@ def main() -> int:
                 layers.append(f.read())
         layers.append(build_layer(files, a.dir))
         layer_digests = [sha256(layer) for layer in layers]
-        env = ["PATH=/usr/local/bin:/usr/bin:/bin"] + a.env
+        # A base layer is a distribution's userland, whose tools (iptables) live in sbin too.
+        path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" if a.base_layer else "/usr/local/bin:/usr/bin:/bin"
+        env = ["PATH=" + path] + a.env
         labels = {"org.opencontainers.image.title": name.rsplit("/", 1)[-1]}
         labels.update(dict(label.split("=", 1) for label in a.label))
         config = {

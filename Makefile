@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
 
-.PHONY: plugin krew fuzz actionlint release-images-check dockerfile-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo bench cluster-up cluster-down images help
+.PHONY: plugin krew fuzz actionlint release-images-check dockerfile-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo kind-test kind-demo bench cluster-up cluster-down images help
 
 all: build
 
@@ -75,6 +75,12 @@ images: ## build static images and import them into the cluster
 
 demo: ## roll a Deployment under load with and without kubegrace; print the table
 	e2e/demo
+
+kind-test: ## the kind path end to end: Docker (started here), kind, the offline node image, the e2e suite; then cleanup
+	e2e/kind/test
+
+kind-demo: ## make demo on the kind path (Docker started here and stopped afterwards)
+	e2e/kind/test demo
 
 plugin: ## kubectl-kubegrace (debug), ready to copy onto PATH
 	$(CARGO) build -p kubectl-kubegrace --bin kubectl-kubegrace

@@ -14,6 +14,9 @@ multi-platform image: one manifest per architecture under an OCI image index, wh
 names. ctr and kind pick their platform from it; the Docker-style manifest.json can name one
 image only and names the first architecture's.
 
+--base-layer TAR puts an existing uncompressed layer tar (e.g. a Debian root filesystem) under
+the layer of --file entries; e2e/kind/node-image uses it for images that need a userland.
+
 Output is deterministic: same inputs, same digests.
 """
 
@@ -100,6 +103,7 @@ def main() -> int:
     p.add_argument("--port", action="append", default=[], help="exposed port, e.g. 8080/tcp")
     p.add_argument("--label", action="append", default=[], help="KEY=VALUE image label, repeatable")
     p.add_argument("--arch", action="append", choices=ARCHES, help="platform (linux/ARCH), repeatable; default amd64")
+    p.add_argument("--base-layer", action="append", default=[], help="uncompressed layer tar under ours, repeatable")
     a = p.parse_args()
 
     name, _, tag = a.ref.rpartition(":")
@@ -109,9 +113,15 @@ def main() -> int:
     def image(arch: str):
         """The blobs of one architecture's image: [(digest, bytes)], manifest last."""
         files = [(src.replace("{arch}", arch), dest, mode) for src, dest, mode in a.file]
-        layer = build_layer(files, a.dir)
-        layer_digest = sha256(layer)
-        env = ["PATH=/usr/local/bin:/usr/bin:/bin"] + a.env
+        layers = []
+        for path in a.base_layer:
+            with open(path, "rb") as f:
+                layers.append(f.read())
+        layers.append(build_layer(files, a.dir))
+        layer_digests = [sha256(layer) for layer in layers]
+        # A base layer is a distribution's userland, whose tools (iptables) live in sbin too.
+        path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" if a.base_layer else "/usr/local/bin:/usr/bin:/bin"
+        env = ["PATH=" + path] + a.env
         labels = {"org.opencontainers.image.title": name.rsplit("/", 1)[-1]}
         labels.update(dict(label.split("=", 1) for label in a.label))
         config = {
@@ -125,7 +135,7 @@ def main() -> int:
                 "ExposedPorts": {port if "/" in port else port + "/tcp": {} for port in a.port} or None,
                 "Labels": labels,
             },
-            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+            "rootfs": {"type": "layers", "diff_ids": layer_digests},
             "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "e2e/images/mkimg.py"}],
             "created": "1970-01-01T00:00:00Z",
         }
@@ -136,16 +146,18 @@ def main() -> int:
             "schemaVersion": 2,
             "mediaType": OCI_MANIFEST,
             "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": len(config_bytes)},
-            "layers": [{"mediaType": OCI_LAYER, "digest": layer_digest, "size": len(layer)}],
+            "layers": [{"mediaType": OCI_LAYER, "digest": d, "size": len(x)} for d, x in zip(layer_digests, layers)],
         }
         manifest_bytes = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-        return [(layer_digest, layer), (config_digest, config_bytes), (sha256(manifest_bytes), manifest_bytes)]
+        layer_blobs = list(zip(layer_digests, layers))
+        return layer_blobs + [(config_digest, config_bytes), (sha256(manifest_bytes), manifest_bytes)]
 
     ref_annotations = {"io.containerd.image.name": a.ref, "org.opencontainers.image.ref.name": tag}
     arches = a.arch or ["amd64"]
-    blobs, platforms = [], []
+    blobs, platforms, first_image = [], [], None
     for arch in arches:
         image_blobs = image(arch)
+        first_image = first_image or image_blobs
         blobs += image_blobs
         digest, data = image_blobs[-1]
         platforms.append(
@@ -166,8 +178,8 @@ def main() -> int:
         top = {"mediaType": OCI_INDEX, "digest": sha256(index_bytes), "size": len(index_bytes), "annotations": ref_annotations}
     index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [top]}
     blob = lambda d: "blobs/sha256/" + d.split(":", 1)[1]  # noqa: E731
-    first_layer, first_config = blobs[0][0], blobs[1][0]
-    docker_manifest = [{"Config": blob(first_config), "RepoTags": [a.ref], "Layers": [blob(first_layer)]}]
+    first_layers, first_config = [d for d, _ in first_image[:-2]], first_image[-2][0]
+    docker_manifest = [{"Config": blob(first_config), "RepoTags": [a.ref], "Layers": [blob(d) for d in first_layers]}]
 
     tmp = a.out + ".tmp"
     with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
@@ -177,13 +189,16 @@ def main() -> int:
 
         tar.addfile(tar_entry("blobs/", mode=0o755, kind=tarfile.DIRTYPE))
         tar.addfile(tar_entry("blobs/sha256/", mode=0o755, kind=tarfile.DIRTYPE))
+        written = set()
         for digest, data in blobs:
-            add(blob(digest), data)
+            if digest not in written:  # the base layers are the same for every architecture
+                written.add(digest)
+                add(blob(digest), data)
         add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
         add("index.json", json.dumps(index, sort_keys=True).encode())
         add("manifest.json", json.dumps(docker_manifest).encode())
     os.replace(tmp, a.out)
-    print(f"{a.out} {a.ref} {top['digest']} ({','.join(arches)}; {len(blobs[0][1])} bytes in the {arches[0]} layer)")
+    print(f"{a.out} {a.ref} {top['digest']} ({','.join(arches)}; {len(first_image[-3][1])} bytes in the {arches[0]} layer)")
     return 0
 
 

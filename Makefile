@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
 
-.PHONY: plugin krew fuzz actionlint release-images-check dockerfile-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo kind-test kind-demo bench cluster-up cluster-down images help
+.PHONY: version-matrix plugin krew fuzz actionlint release-images-check dockerfile-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo kind-test kind-demo bench cluster-up cluster-down images help
 
 all: build
 
@@ -60,6 +60,9 @@ chart-test: ## the chart against a throwaway kube-apiserver: RBAC, webhook selec
 
 chart-upgrade-test: ## helm upgrade from the previous chart version on $$KUBECONFIG's cluster: CRD schema upgraded, GraceRoute kept, 0 failed requests
 	charts/kubegrace/hack/test-upgrade
+
+version-matrix: ## the core cluster suite on the oldest and newest supported Kubernetes (each built once, booted, torn down): e2e/matrix/results/
+	e2e/matrix/run
 
 newcomer-test: ## the README's Install and Use blocks as written on $$KUBECONFIG's cluster (e2e images as the release ones), checked, then Uninstall
 	e2e/newcomer/run

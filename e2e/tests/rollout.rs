@@ -6,11 +6,91 @@
 //! plain), HTTP/1.1 keep-alive load on each Service's ClusterIP while the pod template
 //! changes. The scenario itself is `kubegrace_e2e::scenario` (shared with `make demo`).
 //!
+//! `KUBEGRACE_E2E_SIDECAR_MODE` (`classic`, `native` or `auto`) sets the chart's
+//! `sidecar.mode` for the run, and the test then checks that every pod the rollout created
+//! carries the sidecar where that mode puts it (the version matrix, `e2e/matrix/run`, forces
+//! each order on each Kubernetes version this way). Unset: the chart's default, unchecked.
+//!
 //! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::cluster_client`.
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::ListParams;
 use kubegrace_e2e::load::report;
-use kubegrace_e2e::scenario::{self, Options, Progress};
+use kubegrace_e2e::scenario::{
+    self, Action, Options, Outcome, Progress, WITH, WITHOUT, all_containers, with_install,
+};
+use kubegrace_sidecar_api::{keys, pod};
+
+/// The placement forced for this run, from `KUBEGRACE_E2E_SIDECAR_MODE`: the chart's
+/// `sidecar.mode` value and the pod annotation `kubegrace.io/sidecar-mode` it must produce
+/// (`None` for `auto`, whose answer depends on the API server's version).
+fn forced_mode() -> Result<Option<(String, Option<&'static str>)>> {
+    let Ok(mode) = std::env::var("KUBEGRACE_E2E_SIDECAR_MODE") else {
+        return Ok(None);
+    };
+    let placed = match mode.as_str() {
+        "classic" => Some("container"),
+        "native" => Some("native"),
+        "auto" => None,
+        other => bail!("KUBEGRACE_E2E_SIDECAR_MODE={other:?}: expected classic, native or auto"),
+    };
+    Ok(Some((mode, placed)))
+}
+
+/// Fails unless every live `demo-with` pod has the sidecar placed as `want` says: the
+/// annotation the webhook writes, and the container itself among the init containers with
+/// `restartPolicy: Always` (native) or among the regular containers (classic).
+async fn check_placement(pods: &Api<Pod>, want: &str) -> Result<String> {
+    let list = pods
+        .list(&ListParams::default().labels(&format!("app={WITH}")))
+        .await?;
+    let live: Vec<&Pod> = list
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    ensure!(
+        !live.is_empty(),
+        "no live {WITH} pod to check the sidecar placement on"
+    );
+    for p in &live {
+        let name = p.metadata.name.as_deref().unwrap_or("?");
+        let placed = p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(keys::SIDECAR_MODE))
+            .map_or("", String::as_str);
+        ensure!(
+            placed == want,
+            "pod {name} has {} {placed:?}, expected {want:?}",
+            keys::SIDECAR_MODE
+        );
+        let spec = p.spec.as_ref().context("pod without spec")?;
+        let native = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .any(|c| c.name == pod::CONTAINER && c.restart_policy.as_deref() == Some("Always"));
+        let classic = spec.containers.iter().any(|c| c.name == pod::CONTAINER);
+        ensure!(
+            all_containers(p).iter().any(|c| c.name == pod::CONTAINER),
+            "pod {name} has no {} container",
+            pod::CONTAINER
+        );
+        ensure!(
+            (want == "native" && native && !classic) || (want == "container" && classic && !native),
+            "pod {name}: sidecar as a restartable init container {native}, as a regular \
+             container {classic}; annotation {placed:?}"
+        );
+    }
+    Ok(format!(
+        "{} {WITH} pods with the sidecar placed {want:?}",
+        live.len()
+    ))
+}
 
 #[tokio::test]
 async fn rolling_update_under_load_loses_no_request_with_kubegrace_and_some_without() -> Result<()>
@@ -19,8 +99,31 @@ async fn rolling_update_under_load_loses_no_request_with_kubegrace_and_some_with
     let client = kubegrace_e2e::cluster_or_skip!(test);
     let mut opts = Options::new("kg-e2e").with_load_from_env()?;
     opts.drain = kubegrace_e2e::scenario::Drain::product_defaults();
+    let forced = forced_mode()?;
+    if let Some((mode, _)) = &forced {
+        opts.chart_values
+            .push(("sidecar.mode".into(), mode.clone()));
+    }
     let p = Progress::default();
-    let outcome = scenario::run(&client, &opts, &p, Some(1), scenario::keep_from_env()).await?;
+    // scenario::run's steps, with the placement checked on the pods the rollout made.
+    let outcome = with_install(&client, &opts, &p, scenario::keep_from_env(), async |run| {
+        let sc = run.scenario("rollout").await?;
+        sc.deploy(&p).await?;
+        let with = sc.roll_under_load(WITH, Action::Restart, &p).await?;
+        if let Some((mode, Some(want))) = &forced {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), &sc.namespace);
+            let checked = check_placement(&pods, want).await?;
+            eprintln!("sidecar.mode={mode}: {checked}");
+        }
+        let without = sc.roll_under_load(WITHOUT, Action::Restart, &p).await?;
+        let scale = Some(sc.roll_under_load(WITH, Action::Scale(1), &p).await?);
+        Ok(Outcome {
+            with,
+            without,
+            scale,
+        })
+    })
+    .await?;
 
     let out_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e-rollout");
     let result = outcome.demo_result();

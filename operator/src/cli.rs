@@ -38,9 +38,10 @@ pub enum Command {
 /// How the webhook places the sidecar in a pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SidecarMode {
-    /// Native where the API server is 1.29 or newer, classic below.
+    /// Native where the API server is 1.33 or newer, classic below.
     Auto,
-    /// An init container with `restartPolicy: Always` (Kubernetes 1.29+):
+    /// An init container with `restartPolicy: Always` (Kubernetes 1.33+;
+    /// 1.29 runs it, but before 1.33 a Service cannot target its port name):
     /// started before the app, stopped after it.
     Native,
     /// A regular container beside the app (clusters with the
@@ -146,7 +147,7 @@ pub struct RunArgs {
     pub sidecar_listen_port: u16,
     /// Where the sidecar goes in the pod: `classic` (a regular container
     /// beside the app, the default), `native` (an init container with
-    /// `restartPolicy: Always`, 1.29+) or `auto` (native on 1.29+). Classic is
+    /// `restartPolicy: Always`, 1.33+) or `auto` (native on 1.33+). Classic is
     /// the default because the kubelet starts the app of a pod with a native
     /// sidecar one sync (~1 s) after the sidecar, which slows every rollout by
     /// about a second per new pod; the drain holds in both.

@@ -116,7 +116,7 @@ pub async fn run(
         .map_err(Error::kube("reading the API server version"))?;
     let native = args.sidecar_mode.native(&version.major, &version.minor);
     if native && !webhook::supports_native(&version.major, &version.minor) {
-        tracing::warn!(version = %version.git_version, "--sidecar-mode=native on an API server older than 1.29: pods may be refused");
+        tracing::warn!(version = %version.git_version, "--sidecar-mode=native on an API server older than 1.33: before 1.29 pods may be refused, before 1.33 Services that target the port by name get no endpoints");
     }
     tracing::info!(version = %version.git_version, native_sidecars = native, mode = ?args.sidecar_mode, "connected");
 

@@ -60,12 +60,16 @@ pub fn resources(
     }
 }
 
-/// Native sidecars (init containers with restartPolicy Always) are on by
-/// default from Kubernetes 1.29.
+/// Whether a native sidecar works for kubegrace on this API server: 1.33 and
+/// newer. Native sidecars (init containers with restartPolicy Always) are on
+/// by default from 1.29, but the port takeover moves the port *name* a
+/// Service targets onto the sidecar, and before 1.33 the endpoints
+/// controller resolves a named targetPort in regular containers only: the
+/// Service gets no endpoints (seen on 1.30.14 by `make version-matrix`).
 pub fn supports_native(major: &str, minor: &str) -> bool {
     let major: u32 = major.trim_end_matches('+').parse().unwrap_or(0);
     let minor: u32 = minor.trim_end_matches('+').parse().unwrap_or(0);
-    major > 1 || (major == 1 && minor >= 29)
+    major > 1 || (major == 1 && minor >= 33)
 }
 
 /// The outcome for one pod.
@@ -297,10 +301,11 @@ spec:
     }
 
     #[test]
-    fn native_sidecars_from_1_29() {
+    fn native_sidecars_from_1_33() {
         assert!(supports_native("1", "34"));
-        assert!(supports_native("1", "29+"));
-        assert!(!supports_native("1", "28"));
+        assert!(supports_native("1", "33+"));
+        assert!(!supports_native("1", "32"));
+        assert!(!supports_native("1", "29"));
     }
 
     #[test]

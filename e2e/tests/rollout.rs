@@ -25,7 +25,7 @@ use kubegrace_sidecar_api::{keys, pod};
 
 /// The placement forced for this run, from `KUBEGRACE_E2E_SIDECAR_MODE`: the chart's
 /// `sidecar.mode` value and the pod annotation `kubegrace.io/sidecar-mode` it must produce
-/// (`None` for `auto`, whose answer depends on the API server's version).
+/// (`None` for `auto`, whose answer depends on the API server's version: the test asks it).
 fn forced_mode() -> Result<Option<(String, Option<&'static str>)>> {
     let Ok(mode) = std::env::var("KUBEGRACE_E2E_SIDECAR_MODE") else {
         return Ok(None);
@@ -110,7 +110,19 @@ async fn rolling_update_under_load_loses_no_request_with_kubegrace_and_some_with
         let sc = run.scenario("rollout").await?;
         sc.deploy(&p).await?;
         let with = sc.roll_under_load(WITH, Action::Restart, &p).await?;
-        if let Some((mode, Some(want))) = &forced {
+        if let Some((mode, forced_placement)) = &forced {
+            // `auto` answers by the API server's version, with the operator's own rule.
+            let want = match forced_placement {
+                Some(want) => *want,
+                None => {
+                    let v = client.apiserver_version().await?;
+                    if kubegrace_operator::webhook::supports_native(&v.major, &v.minor) {
+                        "native"
+                    } else {
+                        "container"
+                    }
+                }
+            };
             let pods: Api<Pod> = Api::namespaced(client.clone(), &sc.namespace);
             let checked = check_placement(&pods, want).await?;
             eprintln!("sidecar.mode={mode}: {checked}");

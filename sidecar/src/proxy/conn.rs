@@ -60,6 +60,9 @@ pub(crate) struct ConnActivity {
     /// The last four bytes read, big-endian: a message without a known
     /// end (chunked) ended cleanly if the stream ends in CRLF CRLF.
     tail: AtomicU32,
+    /// What is written from now on is the connection's last: the socket
+    /// closes right after it (see [`Downstream::poll_write_last`]).
+    pub(crate) closing_after_write: AtomicBool,
 }
 
 impl Default for ConnActivity {
@@ -75,6 +78,7 @@ impl Default for ConnActivity {
             head_end: AtomicU64::new(UNKNOWN),
             message_end: AtomicU64::new(UNKNOWN),
             tail: AtomicU32::new(0),
+            closing_after_write: AtomicBool::new(false),
         }
     }
 }
@@ -122,11 +126,43 @@ impl ConnActivity {
 pub(crate) trait Downstream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// Turns Nagle's algorithm off (TCP); nothing to do on a Unix socket.
     fn no_delay(&self);
+
+    /// A write after which the socket is closed at once, with nothing
+    /// left to read: TCP sends it with `MSG_MORE`, so the kernel holds the
+    /// bytes back and the close sends them with its FIN in one segment.
+    /// That is one loopback segment fewer per connection, which the
+    /// closing side pays for (its transmit and the receiver's processing
+    /// run on the sender's CPU): about a tenth of a one-request
+    /// connection's CPU time (bench/README.md, "Issue #14, third pass").
+    /// The close must follow: until it does, the bytes wait.
+    fn poll_write_last(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(self).poll_write(cx, buf)
+    }
 }
+
+/// `MSG_MORE` from Linux's `<sys/socket.h>` (the sidecar has no libc
+/// binding of its own; socket2 takes the flags as an integer).
+#[cfg(target_os = "linux")]
+const MSG_MORE: i32 = 0x8000;
 
 impl Downstream for tokio::net::TcpStream {
     fn no_delay(&self) {
         let _ = self.set_nodelay(true);
+    }
+
+    #[cfg(target_os = "linux")]
+    fn poll_write_last(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        loop {
+            std::task::ready!(self.poll_write_ready(cx))?;
+            let sent = self.try_io(tokio::io::Interest::WRITABLE, || {
+                socket2::SockRef::from(&*self).send_with_flags(buf, MSG_MORE)
+            });
+            match sent {
+                // Readiness was stale; `try_io` cleared it.
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
+                res => return Poll::Ready(res),
+            }
+        }
     }
 }
 
@@ -248,7 +284,11 @@ impl<T: Downstream> AsyncWrite for CountingIo<T> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         this.before_write();
-        let res = Pin::new(&mut this.inner).poll_write(cx, buf);
+        let res = if this.act.closing_after_write.load(Ordering::Relaxed) {
+            this.inner.poll_write_last(cx, buf)
+        } else {
+            Pin::new(&mut this.inner).poll_write(cx, buf)
+        };
         this.wrote(&res);
         res
     }
@@ -383,7 +423,7 @@ async fn sniff_h2<S: AsyncRead + Unpin>(io: &mut S) -> io::Result<(bool, BytesMu
     // through an array in this future: that array sat in every
     // connection task (moved on spawn and on completion), and the copies
     // cost three allocations per connection.
-    let mut seen = BytesMut::with_capacity(SNIFF_READ);
+    let mut seen = super::h1::first_read_buffer();
     loop {
         if seen.len() == seen.capacity() {
             seen.reserve(SNIFF_READ);

@@ -141,3 +141,48 @@ async fn smuggling_shapes_are_refused_before_the_app_sees_them() -> Result<()> {
     ensure!(String::from_utf8_lossy(&head).starts_with("HTTP/1.1 400"));
     Ok(())
 }
+
+/// A `Connection: close` answer goes out held back and leaves with the
+/// FIN (src/proxy/conn.rs, `Downstream::poll_write_last`): whether it fits
+/// in one write or is relayed in many, the client reads all of it and then
+/// a clean end of stream, not a reset and not a wait.
+#[tokio::test]
+async fn a_closing_answer_arrives_whole_and_then_the_end_of_stream() -> Result<()> {
+    use tokio::io::AsyncReadExt;
+    let (_app, sidecar) = proxied_wire_app(&[]).await?;
+    for size in [5usize, 64, 300 * 1024] {
+        let body: Vec<u8> = (0..size).map(|i| b'a' + (i % 26) as u8).collect();
+        let mut req = format!(
+            "POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n"
+        )
+        .into_bytes();
+        req.extend_from_slice(&body);
+        let mut tcp = TcpStream::connect(sidecar.listen).await?;
+        tcp.write_all(&req).await?;
+        let mut all = Vec::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            tcp.read_to_end(&mut all),
+        )
+        .await
+        .context("the answer and its end of stream")?
+        .context("a clean end of stream")?;
+        let end = all
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .context("a head")?
+            + 4;
+        let head = String::from_utf8_lossy(&all[..end]);
+        ensure!(head.starts_with("HTTP/1.1 200"), "{head}");
+        ensure!(
+            header(&head, "connection").is_some_and(|v| v.eq_ignore_ascii_case("close")),
+            "{head}"
+        );
+        ensure!(
+            all[end..] == body[..],
+            "body of {size} bytes: got {}",
+            all.len() - end
+        );
+    }
+    Ok(())
+}

@@ -13,17 +13,18 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use super::chunked::ChunkFramer;
 use super::head::{self, Framing, Parsed, Refusal, ResponseHead, Rewrite};
 use super::pool::AppConn;
+use super::spare::Class;
 use super::{Client, Control, Next};
 use crate::circuit::{Permit, UpstreamOutcome};
 use crate::config::LimitsConfig;
 use crate::drain::Phase;
 use crate::upstream::{BodyFault, Upstream};
 
-use super::super::conn::ConnCtx;
+use super::super::conn::{ConnActivity, ConnCtx};
 use super::super::local::{client_fault_response, local_response};
 
 /// Bytes read from a socket at a time while relaying a body.
-const READ_CHUNK: usize = 16 * 1024;
+pub(super) const READ_CHUNK: usize = 16 * 1024;
 /// The largest response head taken from the app (hyper's client allows
 /// about this much buffered).
 const MAX_RESPONSE_HEAD: usize = 400 * 1024;
@@ -141,12 +142,22 @@ where
         return Some(scope.answer(client, ctl, resp, permit, true).await);
     }
     shared.metrics.response(status);
-    let next = match relay_response(client, &mut app, &response).await {
+    // The client said this is its last request, all of it is read, and
+    // the answer closes: the socket closes right after the answer's last
+    // byte, with nothing left unread that we know of, so that byte can go
+    // out with the FIN (conn.rs, `Downstream::poll_write_last`). Not when
+    // the close is only ours (drain, the app's): a client may have sent
+    // its next request already, and a close with unread bytes resets the
+    // connection, which would take the held bytes with it.
+    let last = req.close && body_done && response.close && client.buf.is_empty();
+    let next = match relay_response(client, &mut app, &response, last.then_some(&ctx.act)).await {
         Ok(()) => {
             // An app that answered before it had the whole body may still
             // be waiting for the rest: never reused.
             if response.reusable && body_done {
-                upstream.raw_pool().push(app);
+                upstream
+                    .raw_pool()
+                    .push(app, shared.drain.open_connections());
             }
             if !body_done {
                 // The rest of the request body is still coming.
@@ -286,7 +297,7 @@ where
                     .connect()
                     .await
                     .map_err(|err| Failure::Connect(err, done))?,
-                buf: bytes::BytesMut::with_capacity(super::READ_BUF),
+                buf: super::spare::take_bytes(Class::AppRead),
                 reused: false,
             },
         };
@@ -410,6 +421,10 @@ async fn read_response_head<T>(
                 }
             }
         }
+        if app.buf.capacity() == 0 {
+            // Pooled connections keep no buffer.
+            app.buf = super::spare::take_bytes(Class::AppRead);
+        }
         app.buf.reserve(READ_CHUNK);
         match app.io.read_buf(&mut app.buf).await {
             Ok(0) if app.buf.is_empty() => return Err(HeadError::Eof),
@@ -421,11 +436,13 @@ async fn read_response_head<T>(
 }
 
 /// Writes the response head (in the client's write buffer) and relays the
-/// body by its framing. Err: either side broke mid-body.
+/// body by its framing. Err: either side broke mid-body. With `last`, the
+/// write that ends the response is marked as the connection's last.
 async fn relay_response<T>(
     client: &mut Client<T>,
     app: &mut AppConn,
     response: &ResponseHead,
+    last: Option<&Arc<ConnActivity>>,
 ) -> Result<(), ()>
 where
     T: AsyncRead + AsyncWrite + Unpin,
@@ -443,6 +460,12 @@ where
         app.buf.advance(n);
         done = complete;
     }
+    let mark_last = |done: bool| {
+        if let Some(act) = last.filter(|_| done) {
+            act.closing_after_write.store(true, Ordering::Relaxed);
+        }
+    };
+    mark_last(done);
     client.io.write_all(&client.out).await.map_err(|_| ())?;
     let Some(body) = left.as_mut() else {
         return Ok(());
@@ -455,6 +478,7 @@ where
             Ok(_) => {}
         }
         let (n, complete) = body.take(&app.buf)?;
+        mark_last(complete);
         client.io.write_all(&app.buf[..n]).await.map_err(|_| ())?;
         app.buf.advance(n);
         done = complete;

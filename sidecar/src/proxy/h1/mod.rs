@@ -37,6 +37,7 @@ mod exchange;
 mod fuzz;
 mod head;
 mod pool;
+mod spare;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -49,6 +50,7 @@ use futures_util::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 pub(crate) use pool::RawPool;
+use spare::Class;
 
 use super::conn::{BoxError, ConnCtx, Rewind, Served, hyper_http1};
 use crate::config::LimitsConfig;
@@ -61,6 +63,10 @@ pub(super) const READ_BUF: usize = 4096;
 /// The first write buffer of a request (the rewritten head); grows for
 /// bigger heads and the first body bytes.
 const WRITE_BUF: usize = 1024;
+/// An app connection's read buffer while an exchange is on (pooled
+/// connections give it back): what a body relay reads at a time, so the
+/// relay's `reserve` finds it big enough.
+const APP_READ: usize = exchange::READ_CHUNK;
 /// What an idle connection reads into before it takes a read buffer: a
 /// keep-alive connection spends most of its life waiting for its next
 /// request, and 10,000 of them holding 5 KiB of empty buffers each is
@@ -176,14 +182,21 @@ struct Client<T> {
 }
 
 impl<T: AsyncRead + Unpin> Client<T> {
-    /// Between requests: gives the buffers back to the allocator unless
-    /// the next request's bytes are already in (pipelined).
-    fn release_idle_buffers(&mut self) {
+    /// Between requests: gives the buffers back (to the spare stacks, or
+    /// the allocator) unless the next request's bytes are already in
+    /// (pipelined).
+    fn release_idle_buffers(&mut self, open: usize) {
         if self.buf.is_empty() {
-            self.buf = BytesMut::new();
+            spare::give_bytes(Class::ClientRead, std::mem::take(&mut self.buf), open);
         }
-        self.out = Vec::new();
+        spare::give_out(std::mem::take(&mut self.out), open);
     }
+}
+
+/// The read buffer for a new connection's first bytes (the protocol
+/// sniff's), which the fast path keeps as the connection's read buffer.
+pub(super) fn first_read_buffer() -> BytesMut {
+    spare::take_bytes(Class::ClientRead)
 }
 
 /// Reads from the client into its read buffer; a connection whose buffers
@@ -196,9 +209,9 @@ async fn read_more<T: AsyncRead + Unpin>(client: &mut Client<T>) -> std::io::Res
     let mut first = [0u8; FIRST_READ];
     let n = client.io.read(&mut first).await?;
     if n > 0 {
-        client.buf.reserve(READ_BUF);
+        client.buf = spare::take_bytes(Class::ClientRead);
         client.buf.extend_from_slice(&first[..n]);
-        client.out.reserve(WRITE_BUF);
+        client.out = spare::take_out();
     }
     Ok(n)
 }
@@ -213,15 +226,51 @@ async fn run<T>(
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let started = tokio::time::Instant::now();
-    let header_timeout = limits.header_read_timeout.get();
     // Bytes already read take their write buffer as `read_more` would.
     let out = if read.is_empty() {
         Vec::new()
     } else {
-        Vec::with_capacity(WRITE_BUF)
+        spare::take_out()
     };
     let mut client = Client { io, buf: read, out };
+    match exchanges(&mut client, &ctx, &limits, &ctl).await {
+        Ok(Ended::Closed) => {
+            let open = ctx.shared.drain.open_connections();
+            spare::give_bytes(Class::ClientRead, client.buf, open);
+            spare::give_out(client.out, open);
+            Ok(())
+        }
+        Ok(Ended::Fallback) => {
+            // hyper serves the rest of the connection, the unconsumed
+            // bytes replayed first.
+            spare::give_out(client.out, ctx.shared.drain.open_connections());
+            let replayed = Rewind::new(client.buf.freeze(), client.io);
+            follow_ending(hyper_http1(replayed, ctx, &limits), &ctl).await
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// How the fast path's part of a connection ended.
+enum Ended {
+    /// The connection is done (closed, cut or timed out).
+    Closed,
+    /// The head in the buffer is hyper's.
+    Fallback,
+}
+
+/// Serves the connection's exchanges until it ends or a head is hyper's.
+async fn exchanges<T>(
+    client: &mut Client<T>,
+    ctx: &Arc<ConnCtx>,
+    limits: &LimitsConfig,
+    ctl: &Control,
+) -> Result<Ended, BoxError>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let started = tokio::time::Instant::now();
+    let header_timeout = limits.header_read_timeout.get();
     let mut first = true;
     loop {
         // The header timer: the first head is timed from the connection's
@@ -238,13 +287,13 @@ where
         let next = loop {
             if client.buf.is_empty() && ctl.ending().is_some() {
                 // Nothing of a request yet: closing is the graceful path.
-                return Ok(());
+                return Ok(Ended::Closed);
             }
             if !client.buf.is_empty() {
                 // `None`: the head is not complete yet. Boxed: the exchange's
                 // state (about 4.5 KiB) is held only while a request is on,
                 // not by every idle connection.
-                let exchange = Box::pin(exchange::try_request(&mut client, &ctx, &limits, &ctl));
+                let exchange = Box::pin(exchange::try_request(client, ctx, limits, ctl));
                 if let Some(next) = exchange.await {
                     break next;
                 }
@@ -254,16 +303,16 @@ where
             // the notify waiter is registered only to be dropped.
             let read = tokio::select! {
                 biased;
-                read = read_more(&mut client) => read,
+                read = read_more(client) => read,
                 _ = sleep_until_opt(deadline), if deadline.is_some() => {
                     ctx.shared.metrics.client_timeout(ClientTimeout::HeaderRead);
                     tracing::debug!("no request head within the header read timeout; closing");
-                    return Ok(());
+                    return Ok(Ended::Closed);
                 }
                 _ = ctl.asked(), if client.buf.is_empty() => continue,
             };
             match read {
-                Ok(0) => return Ok(()),
+                Ok(0) => return Ok(Ended::Closed),
                 Ok(_) => {
                     if deadline.is_none() {
                         deadline = Some(tokio::time::Instant::now() + header_timeout);
@@ -275,27 +324,23 @@ where
         match next {
             Next::KeepAlive => {
                 if ctl.ending().is_some() {
-                    return Ok(());
+                    return Ok(Ended::Closed);
                 }
-                client.release_idle_buffers();
+                client.release_idle_buffers(ctx.shared.drain.open_connections());
             }
             // The answer is written: dropping the socket (close) sends the
             // FIN after it, as a shutdown first would, one syscall fewer
             // per connection (nginx closes the same way). A request whose
             // body was left unread ends in `Linger` instead.
-            Next::Close => return Ok(()),
+            Next::Close => return Ok(Ended::Closed),
             Next::Linger => {
                 linger(&mut client.io).await;
-                return Ok(());
+                return Ok(Ended::Closed);
             }
-            Next::Abort => return Ok(()),
-            Next::Fallback => break,
+            Next::Abort => return Ok(Ended::Closed),
+            Next::Fallback => return Ok(Ended::Fallback),
         }
     }
-    // hyper serves the rest of the connection, the unconsumed bytes
-    // replayed first.
-    let replayed = Rewind::new(client.buf.freeze(), client.io);
-    follow_ending(hyper_http1(replayed, ctx, &limits), &ctl).await
 }
 
 /// Runs `served` to its end, passing on the ending this path was asked for.

@@ -42,12 +42,15 @@ impl RawPool {
         Some(conn)
     }
 
-    pub(crate) fn push(&self, mut conn: AppConn) {
+    /// `open`: the client connections open now (spare.rs's bound).
+    pub(crate) fn push(&self, mut conn: AppConn, open: usize) {
         if conn.buf.is_empty() {
             // An idle app connection keeps no buffer (relaying grew it to
             // 20 KiB): after a spike the pool would hold them all for the
-            // idle timeout. The next exchange takes one again.
-            conn.buf = BytesMut::new();
+            // idle timeout. The next exchange takes one again (a spare one,
+            // most often: see spare.rs).
+            let buf = std::mem::take(&mut conn.buf);
+            super::spare::give_bytes(super::Class::AppRead, buf, open);
             self.0.push(conn);
         }
     }

@@ -1,0 +1,205 @@
+//! Spare buffers: the fast path's read and write buffers go back to a
+//! small per-thread stack when a connection ends or goes idle, and the next
+//! connection takes them from there instead of from malloc.
+//!
+//! Why: a one-request connection used to allocate and free a 4 KiB read
+//! buffer, a 1 KiB write buffer and the app connection's 16 KiB read
+//! buffer. Chunks that size are past glibc's per-thread cache, so each
+//! free went through the bins (coalescing with its neighbours, and at the
+//! top of the heap giving pages back to be faulted in again): about 6% of
+//! a connection's CPU time under `perf` (bench/README.md, "Issue #14,
+//! third pass"), where nginx keeps its buffers in per-connection pools.
+//!
+//! Only buffers of exactly a class's size are kept (one that grew for a
+//! big head or body goes back to malloc). A stack holds at most [`KEEP`]
+//! buffers, and never more than there are connections open (the caller
+//! says how many): a stack grows only while connections come and go, and
+//! the last connection to close leaves at most one buffer of each class
+//! behind, so an idle sidecar holds what it held before (memory.rs gives
+//! the rest back to the system after a spike).
+
+use std::cell::RefCell;
+
+use bytes::BytesMut;
+
+/// Buffers kept per class per thread, at most. With 64 connections at a
+/// time the number of buffers in use swings by about as many: one batch
+/// of events from epoll accepts dozens of connections (each takes its
+/// buffers), a later one ends them. A stack of 8 missed five takes in six
+/// there; 64 misses almost none (bench/README.md). It is bounded by the
+/// connections open as well (see the module's doc).
+const KEEP: usize = 64;
+
+/// The buffer classes of `BytesMut`s: capacities in bytes.
+#[derive(Clone, Copy)]
+pub(super) enum Class {
+    /// A client connection's read buffer ([`super::READ_BUF`]).
+    ClientRead,
+    /// An app connection's read buffer ([`super::APP_READ`]).
+    AppRead,
+}
+
+impl Class {
+    const fn size(self) -> usize {
+        match self {
+            Class::ClientRead => super::READ_BUF,
+            Class::AppRead => super::APP_READ,
+        }
+    }
+}
+
+/// The spare stacks of one thread.
+struct Spare {
+    client_read: Vec<BytesMut>,
+    app_read: Vec<BytesMut>,
+    /// Client write buffers ([`super::WRITE_BUF`]).
+    client_write: Vec<Vec<u8>>,
+}
+
+impl Spare {
+    fn stack(&mut self, class: Class) -> &mut Vec<BytesMut> {
+        match class {
+            Class::ClientRead => &mut self.client_read,
+            Class::AppRead => &mut self.app_read,
+        }
+    }
+}
+
+thread_local! {
+    static SPARE: RefCell<Spare> = const {
+        RefCell::new(Spare {
+            client_read: Vec::new(),
+            app_read: Vec::new(),
+            client_write: Vec::new(),
+        })
+    };
+}
+
+/// An empty buffer of the class's capacity: a spare one if there is one.
+pub(super) fn take_bytes(class: Class) -> BytesMut {
+    SPARE
+        .try_with(|spare| spare.borrow_mut().stack(class).pop())
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| BytesMut::with_capacity(class.size()))
+}
+
+/// Keeps `buf`'s allocation for the next [`take_bytes`] if it is of the
+/// class's size and there is room with `open` connections open; frees it
+/// otherwise.
+pub(super) fn give_bytes(class: Class, mut buf: BytesMut, open: usize) {
+    if buf.capacity() == 0 {
+        return;
+    }
+    buf.clear();
+    // Emptied, this moves nothing: it only takes back the room in front
+    // that reading consumed, so the capacity is the allocation's again.
+    // (A buffer still shared with a `Bytes` gets a fresh allocation of the
+    // class's size instead, never the shared one.)
+    buf.reserve(class.size());
+    if buf.capacity() != class.size() {
+        return;
+    }
+    let _ = SPARE.try_with(|spare| keep(spare.borrow_mut().stack(class), buf, open));
+}
+
+/// An empty client write buffer of [`super::WRITE_BUF`] bytes.
+pub(super) fn take_out() -> Vec<u8> {
+    SPARE
+        .try_with(|spare| spare.borrow_mut().client_write.pop())
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| Vec::with_capacity(super::WRITE_BUF))
+}
+
+/// [`give_bytes`] for a client write buffer.
+pub(super) fn give_out(mut out: Vec<u8>, open: usize) {
+    if out.capacity() != super::WRITE_BUF {
+        return;
+    }
+    out.clear();
+    let _ = SPARE.try_with(|spare| keep(&mut spare.borrow_mut().client_write, out, open));
+}
+
+/// Pushes `buf` on `stack` if the stack is below both bounds, and trims
+/// it to the open connections (fewer than it holds: they closed).
+fn keep<B>(stack: &mut Vec<B>, buf: B, open: usize) {
+    let room = KEEP.min(open);
+    if stack.len() < room {
+        stack.push(buf);
+    } else {
+        stack.truncate(room);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spares(class: Class) -> usize {
+        SPARE.with(|s| s.borrow_mut().stack(class).len())
+    }
+
+    #[test]
+    fn a_given_buffer_is_taken_again_and_the_stacks_are_bounded() {
+        let mut a = take_bytes(Class::ClientRead);
+        assert_eq!(a.capacity(), super::super::READ_BUF);
+        a.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+        // Consumed from the front, as the exchange does: still the whole
+        // allocation when it comes back.
+        bytes::Buf::advance(&mut a, 5);
+        let start = a.as_ptr() as usize - 5;
+        give_bytes(Class::ClientRead, a, 1);
+        let b = take_bytes(Class::ClientRead);
+        assert_eq!(b.as_ptr() as usize, start, "the same allocation");
+        assert!(b.is_empty());
+        assert_eq!(b.capacity(), super::super::READ_BUF);
+
+        // A grown buffer goes back to malloc.
+        let mut grown = take_bytes(Class::AppRead);
+        grown.reserve(super::super::APP_READ * 2);
+        give_bytes(Class::AppRead, grown, 10);
+        assert_eq!(spares(Class::AppRead), 0);
+        let mut grown = take_out();
+        grown.reserve(super::super::WRITE_BUF * 4);
+        give_out(grown, 10);
+        SPARE.with(|s| assert!(s.borrow().client_write.is_empty()));
+
+        for _ in 0..KEEP + 3 {
+            give_bytes(
+                Class::AppRead,
+                BytesMut::with_capacity(super::super::APP_READ),
+                1000,
+            );
+            give_out(Vec::with_capacity(super::super::WRITE_BUF), 1000);
+        }
+        assert_eq!(spares(Class::AppRead), KEEP);
+        SPARE.with(|s| assert_eq!(s.borrow().client_write.len(), KEEP));
+
+        // The connections close: the stacks shrink with them, down to one
+        // buffer when the last one gives its own back.
+        give_bytes(
+            Class::AppRead,
+            BytesMut::with_capacity(super::super::APP_READ),
+            5,
+        );
+        assert_eq!(spares(Class::AppRead), 5);
+        give_out(Vec::with_capacity(super::super::WRITE_BUF), 1);
+        SPARE.with(|s| assert_eq!(s.borrow().client_write.len(), 1));
+        assert_eq!(take_out().capacity(), super::super::WRITE_BUF);
+        SPARE.with(|s| assert!(s.borrow().client_write.is_empty()));
+    }
+
+    #[test]
+    fn a_buffer_shared_with_bytes_is_never_handed_out_again() {
+        let mut buf = take_bytes(Class::ClientRead);
+        buf.extend_from_slice(b"abcdef");
+        let shared = buf.split_to(3).freeze();
+        give_bytes(Class::ClientRead, buf, 1);
+        let mut next = take_bytes(Class::ClientRead);
+        next.extend_from_slice(b"xyz");
+        assert_eq!(&shared[..], b"abc", "the frozen bytes are untouched");
+        let range = shared.as_ptr() as usize..shared.as_ptr() as usize + 4096;
+        assert!(!range.contains(&(next.as_ptr() as usize)));
+    }
+}

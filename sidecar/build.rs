@@ -2,9 +2,10 @@
 //! built as before).
 //!
 //! Packed relative relocations (`-z pack-relative-relocs`, DT_RELR): the
-//! binary is position-independent, and its ~12,000 relative relocations as
-//! RELA entries are a 280 KiB table the loader reads at every start, so it
-//! stays mapped: 5% of an idle sidecar's RSS (bench/README.md, "Idle RSS").
+//! binary is position-independent, and its 10,700-12,000 relative
+//! relocations as RELA entries are a 250-280 KiB table the loader reads at
+//! every start, so it stays mapped: 5% of an idle sidecar's RSS
+//! (bench/README.md, "Issue #14, third pass").
 //! Packed, the table is a few KiB. The loader must understand DT_RELR:
 //! glibc 2.36 and later, statically linked (the images) or not; the
 //! dynamic binary then asks for `GLIBC_ABI_DT_RELR` and an older glibc

@@ -107,19 +107,20 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 /// and glibc gives its top back (`brk`) whenever more than
 /// `M_TRIM_THRESHOLD` (128 KiB) is free there, to fault it in again on the
 /// next requests: 0.3-0.6 page faults per request at 256 keep-alive
-/// connections or with a connection per request (bench/README.md, "glibc
-/// heap"). 4 MiB is the smallest tried that stopped that churn at 256
-/// connections (1 MiB did not); it also bounds what a sidecar whose
-/// connections went quiet keeps unused, and after a spike of closed
-/// connections `memory.rs` hands it all back with `malloc_trim`, which
-/// ignores the threshold. Setting a threshold turns off glibc's dynamic
-/// one, which would otherwise raise the mmap threshold (128 KiB) to the
-/// largest block freed so far (and the trim threshold to twice that): so
-/// the mmap threshold is fixed too, at 1 MiB, where blocks of up to a
-/// megabyte come from the heap as they would after the first such free,
-/// and larger ones (the bookkeeping of thousands of connections) are
-/// mapped on their own and unmapped when freed. `GLIBC_TUNABLES` with
-/// `glibc.malloc.` settings (an operator tuning it) wins over all this.
+/// connections or with a connection per request (bench/README.md, "Issue
+/// #14, third pass"). Of the two values tried, 1 MiB did not stop that at
+/// 256 connections and 4 MiB did (0.015 faults per request: the heap's
+/// first growth). It bounds what a sidecar whose connections went quiet
+/// keeps unused; after a spike of closed connections `memory.rs` hands
+/// everything free back with `malloc_trim`, which ignores the threshold.
+/// Setting a threshold turns off glibc's dynamic one, which would
+/// otherwise raise the mmap threshold (128 KiB) to the largest mapped block
+/// freed so far (and the trim threshold to twice that), so the mmap
+/// threshold is set too: 1 MiB, blocks up to that come from the heap as
+/// they would once the dynamic threshold had moved, larger ones are mapped
+/// and unmapped on their own (none was, under the loads measured).
+/// `GLIBC_TUNABLES` with `glibc.malloc.` settings (an operator tuning it)
+/// wins over all this.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 fn tune_allocator() {

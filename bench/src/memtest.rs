@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
-use crate::proc::{Proc, run_bounded};
+use crate::peers::Env;
+use crate::proc::{Proc, run_bounded, wait_ready};
 use crate::procfs;
+use crate::report::KUBEGRACE_STATIC;
 
 /// One proxy under the memory test, started fresh for it.
 pub struct Subject {
@@ -98,6 +100,23 @@ pub fn run(subjects: Vec<Subject>, plan: &Plan) -> BTreeMap<String, Measured> {
         );
     }
     out
+}
+
+/// A fresh instance of the images' static build of the sidecar, on its own
+/// ports, when the run has one (`--sidecar-static`).
+pub fn start_static_sidecar(env: &Env) -> Option<anyhow::Result<Subject>> {
+    let cmd = env.static_sidecar_command()?;
+    let port = env.static_sidecar_port()?;
+    let log = env.dir.join("kubegrace-static-memory.log");
+    Some((|| {
+        let mut proc = Proc::spawn(&format!("{KUBEGRACE_STATIC} (memory)"), cmd, log)?;
+        wait_ready(&mut proc, port)?;
+        Ok(Subject {
+            name: KUBEGRACE_STATIC.to_string(),
+            proc,
+            port,
+        })
+    })())
 }
 
 /// KiB per held connection over the idle RSS.

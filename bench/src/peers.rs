@@ -76,7 +76,14 @@ pub struct Env {
     /// taskset CPU list for proxies.
     pub proxy_cpus: String,
     pub sidecar_bin: PathBuf,
+    /// The images' build of the sidecar (static glibc, stripped: what users
+    /// run), measured beside `sidecar_bin` in the memory test only.
+    pub sidecar_static_bin: Option<PathBuf>,
 }
+
+/// Port offset of the static sidecar (memory test only; its admin port is
+/// the next one). `proc::free_base_port` checks offsets up to 61.
+const STATIC_SIDECAR_OFFSET: u16 = 60;
 
 /// How the sidecar's drain timers are set for a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +119,47 @@ impl Env {
         self.port(peer) + 1
     }
 
+    /// The static sidecar's port, when there is one.
+    pub fn static_sidecar_port(&self) -> Option<u16> {
+        self.sidecar_static_bin
+            .as_ref()
+            .map(|_| self.base_port + STATIC_SIDECAR_OFFSET)
+    }
+
+    /// The static sidecar as `kubegrace` runs (flags only, default drain
+    /// timers), on ports of its own; `None` when there is none.
+    pub fn static_sidecar_command(&self) -> Option<Command> {
+        let bin = self.sidecar_static_bin.as_ref()?;
+        let mut cmd = Command::new("taskset");
+        cmd.arg("-c").arg(&self.proxy_cpus);
+        self.sidecar_args(
+            &mut cmd,
+            bin,
+            self.static_sidecar_port()?,
+            DrainTimers::Defaults,
+        );
+        Some(cmd)
+    }
+
+    /// The sidecar binary and its flags, listening on `port` (admin on the
+    /// next port).
+    fn sidecar_args(&self, cmd: &mut Command, bin: &Path, port: u16, timers: DrainTimers) {
+        cmd.arg(bin)
+            .args([flag::LISTEN, &format!("127.0.0.1:{port}")])
+            .args([
+                flag::UPSTREAM,
+                &format!("127.0.0.1:{}", self.upstream_port()),
+            ])
+            .args([flag::ADMIN, &format!("127.0.0.1:{}", port + 1)]);
+        if timers == DrainTimers::Zero {
+            cmd.args(["--drain-min-delay", "0s", "--drain-quiet", "0s"])
+                .args(["--drain-max-delay", "0s", "--drain-timeout", "30s"]);
+        }
+        // Warnings only: a log line per request would measure the
+        // terminal, and the peers run without access logs too.
+        cmd.env(cli::env::LOG, "warn");
+    }
+
     fn peer_dir(&self, peer: Peer) -> PathBuf {
         self.dir.join(peer.name().replace('+', "-"))
     }
@@ -127,22 +175,12 @@ impl Env {
         match peer {
             Peer::Direct => return Ok(None),
             Peer::Kubegrace | Peer::KubegraceCb => {
-                cmd.arg(&self.sidecar_bin)
-                    .args([flag::LISTEN, &format!("127.0.0.1:{}", self.port(peer))])
-                    .args([flag::UPSTREAM, &format!("127.0.0.1:{up}")])
-                    .args([flag::ADMIN, &format!("127.0.0.1:{}", self.admin_port(peer))]);
-                if timers == DrainTimers::Zero {
-                    cmd.args(["--drain-min-delay", "0s", "--drain-quiet", "0s"])
-                        .args(["--drain-max-delay", "0s", "--drain-timeout", "30s"]);
-                }
+                self.sidecar_args(&mut cmd, &self.sidecar_bin, self.port(peer), timers);
                 if peer == Peer::KubegraceCb {
                     let file = dir.join("config.yaml");
                     write(&file, &sidecar_breaker_yaml())?;
                     cmd.arg(flag::CONFIG).arg(file);
                 }
-                // Warnings only: a log line per request would measure the
-                // terminal, and the peers run without access logs too.
-                cmd.env(cli::env::LOG, "warn");
             }
             Peer::Nginx => {
                 let conf = dir.join("nginx.conf");
@@ -353,8 +391,15 @@ mod tests {
             base_port: 18080,
             proxy_cpus: "1".into(),
             sidecar_bin: "kubegrace-sidecar".into(),
+            sidecar_static_bin: Some("static/kubegrace-sidecar".into()),
         };
         let mut ports = vec![env.upstream_port()];
+        let static_port = env.static_sidecar_port().expect("a static binary is set");
+        ports.extend([static_port, static_port + 1]);
+        assert!(
+            static_port + 1 - env.base_port <= 61,
+            "inside what free_base_port checks"
+        );
         for p in Peer::ALL {
             assert_eq!(Peer::from_name(p.name()), Some(p));
             if p.is_proxy() {

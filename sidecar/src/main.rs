@@ -6,6 +6,7 @@ use clap::Parser;
 use kubegrace_sidecar::cli::{self, Cli, EXIT_USAGE, LogFormat};
 
 fn main() {
+    tune_allocator();
     let args = match Cli::try_parse() {
         Ok(args) => args,
         Err(err) => {
@@ -101,18 +102,126 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     }
 }
 
+/// glibc's heap: keep what a loaded sidecar frees for its next requests.
+/// With the current-thread runtime every allocation is on the main arena,
+/// and glibc gives its top back (`brk`) whenever more than
+/// `M_TRIM_THRESHOLD` (128 KiB) is free there, to fault it in again on the
+/// next requests: 0.3-0.6 page faults per request at 256 keep-alive
+/// connections or with a connection per request (bench/README.md, "Issue
+/// #14, third pass"). Of the two values tried, 1 MiB did not stop that at
+/// 256 connections and 4 MiB did (0.015 faults per request: the heap's
+/// first growth). It bounds what a sidecar whose connections went quiet
+/// keeps unused; after a spike of closed connections `memory.rs` hands
+/// everything free back with `malloc_trim`, which ignores the threshold.
+/// Setting a threshold turns off glibc's dynamic one, which would
+/// otherwise raise the mmap threshold (128 KiB) to the largest mapped block
+/// freed so far (and the trim threshold to twice that), so the mmap
+/// threshold is set too: 1 MiB, blocks up to that come from the heap as
+/// they would once the dynamic threshold had moved, larger ones are mapped
+/// and unmapped on their own (none was, under the loads measured).
+/// `GLIBC_TUNABLES` with `glibc.malloc.` settings (an operator tuning it)
+/// wins over all this.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn tune_allocator() {
+    const M_TRIM_THRESHOLD: std::ffi::c_int = -1;
+    const M_MMAP_THRESHOLD: std::ffi::c_int = -3;
+    const TRIM_THRESHOLD: std::ffi::c_int = 4 << 20;
+    const MMAP_THRESHOLD: std::ffi::c_int = 1 << 20;
+    unsafe extern "C" {
+        fn mallopt(param: std::ffi::c_int, value: std::ffi::c_int) -> std::ffi::c_int;
+    }
+    if std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc.")) {
+        return;
+    }
+    // SAFETY: mallopt takes two integers and changes glibc's own malloc
+    // parameters under its lock; it is called before any other thread exists.
+    unsafe {
+        mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD);
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+    }
+}
+
+/// Other allocators (musl's) return memory by themselves.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn tune_allocator() {}
+
 fn init_logging(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    // KUBEGRACE_LOG (or RUST_LOG) tunes verbosity; info is the default.
-    let filter = EnvFilter::try_from_env(kubegrace_sidecar_api::cli::env::LOG)
-        .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::{fmt, prelude::*};
+    // KUBEGRACE_LOG (or RUST_LOG) tunes verbosity: a level (`warn`) or
+    // comma-separated `target=level` directives (`info,kubegrace_sidecar::drain=debug`);
+    // unset, empty or not parsable, info. `Targets` takes EnvFilter's syntax
+    // minus span and field filters (`[span{field=value}]`), which need the
+    // regex engine: EnvFilter linked ~0.3 MB of it into a binary that runs
+    // in every pod, for a syntax no one is told about.
+    let filter = log_filter([kubegrace_sidecar_api::cli::env::LOG, "RUST_LOG"].map(std::env::var));
+    let layer = fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let subscriber = tracing_subscriber::registry().with(filter);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => subscriber.with(layer).init(),
+        LogFormat::Json => subscriber.with(layer.json().flatten_event(true)).init(),
+    }
+}
+
+/// The first of the variables' values that is set, not empty and parses;
+/// else info.
+fn log_filter<E>(values: [Result<String, E>; 2]) -> tracing_subscriber::filter::Targets {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    values
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|value| !value.trim().is_empty())
+        .find_map(|value| value.parse::<Targets>().ok())
+        .unwrap_or_else(|| Targets::new().with_default(LevelFilter::INFO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+    use tracing::Level;
+
+    fn filter(
+        kubegrace_log: Option<&str>,
+        rust_log: Option<&str>,
+    ) -> tracing_subscriber::filter::Targets {
+        log_filter([kubegrace_log, rust_log].map(|v| v.map(str::to_owned).ok_or(())))
+    }
+
+    #[test]
+    fn a_level_applies_to_every_target() {
+        let f = filter(Some("warn"), None);
+        assert!(f.would_enable("kubegrace_sidecar::drain", &Level::WARN));
+        assert!(!f.would_enable("kubegrace_sidecar::drain", &Level::INFO));
+        assert!(f.would_enable("hyper::proto", &Level::ERROR));
+        assert!(filter(Some("DEBUG"), None).would_enable("h2", &Level::DEBUG));
+    }
+
+    #[test]
+    fn target_directives_as_documented() {
+        let f = filter(Some("info,kubegrace_sidecar::drain=debug"), None);
+        assert!(f.would_enable("kubegrace_sidecar::drain::driver", &Level::DEBUG));
+        assert!(!f.would_enable("kubegrace_sidecar::proxy", &Level::DEBUG));
+        assert!(f.would_enable("kubegrace_sidecar::proxy", &Level::INFO));
+        // A target alone: everything else is off, as with EnvFilter.
+        let only = filter(Some("kubegrace_sidecar=debug"), None);
+        assert!(only.would_enable("kubegrace_sidecar", &Level::DEBUG));
+        assert!(!only.would_enable("hyper", &Level::ERROR));
+    }
+
+    #[test]
+    fn kubegrace_log_first_then_rust_log_then_info() {
+        assert!(!filter(Some("error"), Some("debug")).would_enable("x", &Level::WARN));
+        assert!(filter(None, Some("debug")).would_enable("x", &Level::DEBUG));
+        // Empty or not parsable (span and field filters are not supported):
+        // the next one.
+        assert!(filter(Some(""), Some("debug")).would_enable("x", &Level::DEBUG));
+        assert!(
+            filter(Some("[conn{peer=1}]=debug"), Some("debug")).would_enable("x", &Level::DEBUG)
+        );
+        let default = filter(Some("nonsense=%"), None);
+        assert!(default.would_enable("x", &Level::INFO));
+        assert!(!default.would_enable("x", &Level::DEBUG));
     }
 }

@@ -10,8 +10,10 @@
 //! It runs on a blocking thread (it holds each arena's lock while it walks
 //! it) and only when connections went away: at least [`CLOSED_FOR_TRIM`]
 //! closed since the last trim and the count no longer rising, checked every
-//! [`TICK`]. musl (the release images) gives memory back by itself and has
-//! no `malloc_trim`; there this does nothing.
+//! [`TICK`]. It ignores the trim threshold main.rs raises to 4 MiB so that
+//! a loaded sidecar keeps its heap between requests. The release images link
+//! glibc statically, so this runs there too; other C libraries (musl) have
+//! no `malloc_trim`, and there this does nothing.
 
 use std::time::Duration;
 

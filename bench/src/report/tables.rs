@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::{Cell, IdleConnections, Report, ScenarioResult};
+use super::{Cell, IdleConnections, KUBEGRACE_STATIC, Report, ScenarioResult};
 use crate::peers::Peer;
 use crate::scenario::{FIXED_RATE, SCENARIOS};
 use crate::stats::Spread;
@@ -268,9 +268,13 @@ pub fn splice_readme(readme: &str, generated: &str) -> Option<String> {
 
 /// The memory test's table (memtest.rs), when it ran.
 fn idle_connections_table(m: &mut String, r: &Report, proxies: &[&str]) {
-    let rows: Vec<(&str, IdleConnections)> = proxies
-        .iter()
-        .filter_map(|p| Some((*p, r.memory.get(*p)?.idle_connections?)))
+    // The static build right after the peer whose binary it is.
+    let names = proxies.iter().flat_map(|p| {
+        let also = (*p == Peer::Kubegrace.name()).then_some(KUBEGRACE_STATIC);
+        std::iter::once(*p).chain(also)
+    });
+    let rows: Vec<(&str, IdleConnections)> = names
+        .filter_map(|p| Some((p, r.memory.get(p)?.idle_connections?)))
         .collect();
     let Some((_, first)) = rows.first() else {
         return;

@@ -193,6 +193,12 @@ impl<T: AsyncRead + Unpin> Client<T> {
     }
 }
 
+/// Gives the spare buffers this thread keeps beyond `open` (the connections
+/// open now) back to the allocator (memory.rs, after a spike).
+pub(crate) fn release_spare_buffers(open: usize) {
+    spare::release(open);
+}
+
 /// The read buffer for a new connection's first bytes (the protocol
 /// sniff's), which the fast path keeps as the connection's read buffer.
 pub(super) fn first_read_buffer() -> BytesMut {

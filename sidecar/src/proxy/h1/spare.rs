@@ -121,6 +121,22 @@ pub(super) fn give_out(mut out: Vec<u8>, open: usize) {
     let _ = SPARE.try_with(|spare| keep(&mut spare.borrow_mut().client_write, out, open));
 }
 
+/// Trims this thread's stacks to `open` buffers each (the connections
+/// open now): called after a spike, when no buffer may come back for a
+/// long time to trim them.
+pub(super) fn release(open: usize) {
+    let room = KEEP.min(open);
+    let _ = SPARE.try_with(|spare| {
+        let mut spare = spare.borrow_mut();
+        spare.client_read.truncate(room);
+        spare.app_read.truncate(room);
+        spare.client_write.truncate(room);
+        spare.client_read.shrink_to_fit();
+        spare.app_read.shrink_to_fit();
+        spare.client_write.shrink_to_fit();
+    });
+}
+
 /// Pushes `buf` on `stack` if the stack is below both bounds, and trims
 /// it to the open connections (fewer than it holds: they closed).
 fn keep<B>(stack: &mut Vec<B>, buf: B, open: usize) {
@@ -187,6 +203,32 @@ mod tests {
         give_out(Vec::with_capacity(super::super::WRITE_BUF), 1);
         SPARE.with(|s| assert_eq!(s.borrow().client_write.len(), 1));
         assert_eq!(take_out().capacity(), super::super::WRITE_BUF);
+        SPARE.with(|s| assert!(s.borrow().client_write.is_empty()));
+    }
+
+    #[test]
+    fn a_release_after_a_spike_empties_the_stacks_down_to_the_open_connections() {
+        for _ in 0..10 {
+            give_bytes(
+                Class::AppRead,
+                BytesMut::with_capacity(super::super::APP_READ),
+                1000,
+            );
+            give_bytes(
+                Class::ClientRead,
+                BytesMut::with_capacity(super::super::READ_BUF),
+                1000,
+            );
+            give_out(Vec::with_capacity(super::super::WRITE_BUF), 1000);
+        }
+        assert_eq!(spares(Class::AppRead), 10);
+        release(2);
+        assert_eq!(spares(Class::AppRead), 2);
+        assert_eq!(spares(Class::ClientRead), 2);
+        SPARE.with(|s| assert_eq!(s.borrow().client_write.len(), 2));
+        release(0);
+        assert_eq!(spares(Class::AppRead), 0);
+        assert_eq!(spares(Class::ClientRead), 0);
         SPARE.with(|s| assert!(s.borrow().client_write.is_empty()));
     }
 

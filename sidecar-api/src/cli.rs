@@ -61,6 +61,7 @@ pub mod env {
     pub const READY_FILE: &str = "KUBEGRACE_READY_FILE";
     pub const TERMINATION_LOG: &str = "KUBEGRACE_TERMINATION_LOG";
     pub const UPGRADE_BINARY: &str = "KUBEGRACE_UPGRADE_BINARY";
-    /// The `tracing` filter (`info`, `kubegrace_sidecar=debug`); no flag.
+    /// The `tracing` filter: a level or `target=level` directives (`info`,
+    /// `info,kubegrace_sidecar::drain=debug`), no span or field filters; no flag.
     pub const LOG: &str = "KUBEGRACE_LOG";
 }

@@ -154,7 +154,21 @@ fn init_logging(format: LogFormat) {
     // minus span and field filters (`[span{field=value}]`), which need the
     // regex engine: EnvFilter linked ~0.3 MB of it into a binary that runs
     // in every pod, for a syntax no one is told about.
-    let filter = log_filter([kubegrace_sidecar_api::cli::env::LOG, "RUST_LOG"].map(std::env::var));
+    let names = [kubegrace_sidecar_api::cli::env::LOG, "RUST_LOG"];
+    let filter = log_filter(names.map(std::env::var));
+    // A value that does not parse is passed over, as it was with
+    // EnvFilter, but no longer silently: said once logging is up.
+    let passed_over: Vec<String> = names
+        .iter()
+        .filter_map(|name| {
+            let value = std::env::var(name).ok()?;
+            let unreadable = !value.trim().is_empty()
+                && value
+                    .parse::<tracing_subscriber::filter::Targets>()
+                    .is_err();
+            unreadable.then(|| format!("{name}={value}"))
+        })
+        .collect();
     let layer = fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
@@ -162,6 +176,13 @@ fn init_logging(format: LogFormat) {
     match format {
         LogFormat::Text => subscriber.with(layer).init(),
         LogFormat::Json => subscriber.with(layer.json().flatten_event(true)).init(),
+    }
+    for setting in passed_over {
+        tracing::warn!(
+            %setting,
+            "log filter not understood, passed over: give a level (warn) or target=level \
+             directives (info,kubegrace_sidecar::drain=debug); span and field filters are not supported"
+        );
     }
 }
 

@@ -163,7 +163,7 @@ impl Sidecar {
             tokio::spawn(upstream::slots::watch(shared.clone()));
         }
         tokio::spawn(shared.drain.clone().run());
-        tokio::spawn(memory::give_back_after_spikes(shared.drain.clone()));
+        tokio::spawn(memory::give_back_after_spikes(shared.clone()));
         if let Some(app) = shared.upstreams.app() {
             tokio::spawn(app.clone().run());
         }

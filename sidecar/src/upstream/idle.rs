@@ -91,6 +91,12 @@ impl<T: IdleConn> IdleStack<T> {
             .count();
         idle.drain(..expired);
         idle.retain(|c| c.conn.looks_open());
+        if idle.is_empty() {
+            // Everything aged out: the stack a spike grew (up to maxIdle
+            // entries) goes too rather than stay for the next one
+            // (memory.rs trims the heap once the pool emptied).
+            *idle = Vec::new();
+        }
     }
 }
 

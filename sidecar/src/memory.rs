@@ -57,15 +57,19 @@ pub(crate) async fn give_back_after_spikes(shared: Arc<Shared>) {
             // Taken here, on the thread whose cache it is (the runtime's
             // only thread on one CPU; one worker's of several on more).
             let cached = take_thread_cache();
-            let before_kib = resident_kib();
+            // /proc is read only for the debug line that shows it.
+            let logged = tracing::enabled!(tracing::Level::DEBUG);
+            let before_kib = logged.then(resident_kib);
             let _ = tokio::task::spawn_blocking(move || trim(cached)).await;
-            tracing::debug!(
-                open,
-                ?trim_kind,
-                before_kib,
-                after_kib = resident_kib(),
-                "returned free heap pages to the kernel"
-            );
+            if let Some(before_kib) = before_kib {
+                tracing::debug!(
+                    open,
+                    ?trim_kind,
+                    before_kib,
+                    after_kib = resident_kib(),
+                    "returned free heap pages to the kernel"
+                );
+            }
         }
     }
 }

@@ -485,7 +485,13 @@ async fn accept_loop(
                 if raw_tcp {
                     let _ = stream.set_nodelay(true);
                 }
-                serve(&shared, stream, Peer::Tcp(peer), raw_tcp);
+                // Registered with the reactor only if it has to wait.
+                serve(
+                    &shared,
+                    proxy::LazyTcp::new(stream),
+                    Peer::Tcp(peer),
+                    raw_tcp,
+                );
             }
             Ok(Accepted::Unix(stream)) => serve(&shared, stream, Peer::Unix, raw_tcp),
             Err(err) => {
@@ -503,7 +509,7 @@ async fn accept_loop(
 }
 
 enum Accepted {
-    Tcp(tokio::net::TcpStream, SocketAddr),
+    Tcp(std::net::TcpStream, SocketAddr),
     Unix(tokio::net::UnixStream),
 }
 

@@ -23,7 +23,9 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use socket2::{Domain, SockAddr, Socket, Type};
-use tokio::net::{TcpListener, UnixListener};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::net::UnixListener;
 
 use crate::config::{Endpoint, SocketMode};
 use crate::error::{Error, Result};
@@ -34,7 +36,7 @@ const BACKLOG: i32 = 1024;
 /// One listening socket of the proxy.
 #[derive(Debug)]
 pub enum Listener {
-    Tcp(TcpListener),
+    Tcp(TcpAcceptor),
     Unix(UnixListener),
 }
 
@@ -63,7 +65,7 @@ impl Listener {
             Ok(Self::Unix(UnixListener::from_std(std)?))
         } else {
             let std: std::net::TcpListener = socket.into();
-            Ok(Self::Tcp(TcpListener::from_std(std)?))
+            Ok(Self::Tcp(TcpAcceptor::from_std(std)?))
         }
     }
 }
@@ -100,7 +102,7 @@ impl Listener {
                 let fd = std::os::fd::AsFd::as_fd(l).try_clone_to_owned()?;
                 let std = std::net::TcpListener::from(fd);
                 std.set_nonblocking(true)?;
-                Ok(Some(Self::Tcp(TcpListener::from_std(std)?)))
+                Ok(Some(Self::Tcp(TcpAcceptor::from_std(std)?)))
             }
             Self::Unix(_) => Ok(None),
         }
@@ -113,6 +115,52 @@ impl std::os::fd::AsFd for Listener {
             Self::Tcp(l) => l.as_fd(),
             Self::Unix(l) => l.as_fd(),
         }
+    }
+}
+
+/// A listening TCP socket in tokio's reactor whose accepted connections
+/// are not: they are handed out as plain non-blocking sockets, which the
+/// proxy registers only if one has to wait (`proxy::LazyTcp`). tokio's
+/// `TcpListener::accept` registers every connection it returns.
+#[derive(Debug)]
+pub struct TcpAcceptor(AsyncFd<mio::net::TcpListener>);
+
+impl TcpAcceptor {
+    /// Wraps a listening, non-blocking socket.
+    pub fn from_std(listener: std::net::TcpListener) -> std::io::Result<Self> {
+        let listener = mio::net::TcpListener::from_std(listener);
+        // tokio's safe wrappers register every accepted connection, and
+        // its listener gives no readiness without accepting, so the
+        // listener is registered as a raw fd.
+        #[allow(unsafe_code)]
+        // SAFETY: the mio listener owns its fd (taken from the std one
+        // above) and moves into the `AsyncFd`, which keeps it for its whole
+        // life: the fd stays open, names the same socket, and `as_raw_fd`
+        // returns that same number until the `AsyncFd` drops it.
+        let registered = unsafe { AsyncFd::register_with_interest(listener, Interest::READABLE) };
+        Ok(Self(registered?))
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.0.get_ref().local_addr()
+    }
+
+    /// The next connection: non-blocking and close-on-exec (mio's
+    /// `accept4`), not registered anywhere.
+    pub async fn accept(&self) -> std::io::Result<(std::net::TcpStream, SocketAddr)> {
+        loop {
+            let mut ready = self.0.readable().await?;
+            // `WouldBlock` clears the readiness and waits for the next edge.
+            if let Ok(accepted) = ready.try_io(|listener| listener.get_ref().accept()) {
+                return accepted.map(|(stream, peer)| (stream.into(), peer));
+            }
+        }
+    }
+}
+
+impl std::os::fd::AsFd for TcpAcceptor {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.get_ref().as_fd()
     }
 }
 
@@ -132,20 +180,68 @@ impl Peer {
         }
     }
 
-    /// [`Peer::forwarded_for`] as a header value. It is rendered once per
-    /// connection, so an IPv4 address is written digit by digit rather than
-    /// through `fmt` (about 1.5% of a one-request connection's
-    /// instructions, bench/README.md).
-    pub fn forwarded_for_header(&self) -> http::HeaderValue {
-        if let Self::Tcp(SocketAddr::V4(addr)) = self {
-            let mut text = [0u8; 15];
-            let n = ipv4_text(*addr.ip(), &mut text);
-            if let Ok(value) = http::HeaderValue::from_bytes(&text[..n]) {
-                return value;
+    /// [`Peer::forwarded_for`], rendered once per connection without an
+    /// allocation: an IPv4 address digit by digit rather than through
+    /// `fmt` (about 1.5% of a one-request connection's instructions,
+    /// bench/README.md), into an array in the connection's context rather
+    /// than a header value's own buffer (a malloc and a free per
+    /// connection, which the fast path never needed).
+    pub fn forwarded_for_text(&self) -> ForwardedFor {
+        let mut text = [0u8; FORWARDED_FOR_MAX];
+        let len = match self {
+            Self::Tcp(SocketAddr::V4(addr)) => {
+                let mut v4 = [0u8; 15];
+                let n = ipv4_text(*addr.ip(), &mut v4);
+                text[..n].copy_from_slice(&v4[..n]);
+                n
             }
+            other => {
+                let rendered = other.forwarded_for();
+                // Every IP's text fits; the fallback is for the type
+                // system, not for a case that happens.
+                let rendered = if rendered.len() <= FORWARDED_FOR_MAX {
+                    rendered.into_bytes()
+                } else {
+                    b"unknown".to_vec()
+                };
+                text[..rendered.len()].copy_from_slice(&rendered);
+                rendered.len()
+            }
+        };
+        ForwardedFor {
+            text,
+            len: len as u8,
+            header: std::sync::OnceLock::new(),
         }
-        http::HeaderValue::try_from(self.forwarded_for())
-            .unwrap_or_else(|_| http::HeaderValue::from_static("unknown"))
+    }
+}
+
+/// The longest IP address text: an IPv6 address with an embedded IPv4
+/// one (`ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255`).
+const FORWARDED_FOR_MAX: usize = 45;
+
+/// A client's `X-Forwarded-For` entry ([`Peer::forwarded_for_text`]).
+#[derive(Debug)]
+pub struct ForwardedFor {
+    text: [u8; FORWARDED_FOR_MAX],
+    len: u8,
+    /// hyper's path (HTTP/2, upgrades, the fast path off) wants a header
+    /// value; made on its first request and shared by the rest.
+    header: std::sync::OnceLock<http::HeaderValue>,
+}
+
+impl ForwardedFor {
+    /// The entry's bytes, as the fast path writes them into a head.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.text[..usize::from(self.len)]
+    }
+
+    /// The entry as a header value.
+    pub fn header(&self) -> &http::HeaderValue {
+        self.header.get_or_init(|| {
+            http::HeaderValue::from_bytes(self.as_bytes())
+                .unwrap_or_else(|_| http::HeaderValue::from_static("unknown"))
+        })
     }
 }
 
@@ -184,7 +280,7 @@ impl std::fmt::Display for Peer {
 /// Binds `workers` TCP listeners on `addr`. With more than one, each gets
 /// `SO_REUSEPORT` and the kernel spreads new connections over them; port 0
 /// is resolved by the first, the others join it.
-pub fn bind_tcp(addr: SocketAddr, workers: usize) -> Result<Vec<TcpListener>> {
+pub fn bind_tcp(addr: SocketAddr, workers: usize) -> Result<Vec<TcpAcceptor>> {
     let mut listeners = Vec::with_capacity(workers);
     let mut target = addr;
     // Port 0 is resolved on a placeholder socket first and every listener
@@ -227,7 +323,7 @@ fn reserve_port(addr: SocketAddr) -> std::io::Result<(Socket, u16)> {
     Ok((socket, port))
 }
 
-fn bind_one_tcp(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
+fn bind_one_tcp(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpAcceptor> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     // What tokio's own bind does: a restart must not wait out TIME_WAIT.
     socket.set_reuse_address(true)?;
@@ -237,7 +333,7 @@ fn bind_one_tcp(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListen
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(BACKLOG)?;
-    TcpListener::from_std(socket.into())
+    TcpAcceptor::from_std(socket.into())
 }
 
 /// Binds a Unix listener at `path`, clearing a stale socket file first,
@@ -435,7 +531,7 @@ mod tests {
     }
 
     #[test]
-    fn the_ipv4_header_is_what_display_writes() {
+    fn the_forwarded_for_text_is_what_display_writes() {
         for ip in [
             [0, 0, 0, 0],
             [127, 0, 0, 1],
@@ -444,14 +540,22 @@ mod tests {
             [1, 20, 203, 4],
         ] {
             let peer = Peer::Tcp(SocketAddr::from((ip, 8080)));
-            assert_eq!(
-                peer.forwarded_for_header().as_bytes(),
-                peer.forwarded_for().as_bytes()
-            );
+            let text = peer.forwarded_for_text();
+            assert_eq!(text.as_bytes(), peer.forwarded_for().as_bytes());
+            assert_eq!(text.header().as_bytes(), peer.forwarded_for().as_bytes());
         }
         let v6 = Peer::Tcp("[::1]:80".parse().expect("addr"));
-        assert_eq!(v6.forwarded_for_header(), "::1");
-        assert_eq!(Peer::Unix.forwarded_for_header(), "unix:");
+        assert_eq!(v6.forwarded_for_text().header(), "::1");
+        let longest = Peer::Tcp(
+            "[ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.254]:80"
+                .parse()
+                .expect("addr"),
+        );
+        assert_eq!(
+            longest.forwarded_for_text().as_bytes(),
+            longest.forwarded_for().as_bytes()
+        );
+        assert_eq!(Peer::Unix.forwarded_for_text().as_bytes(), b"unix:");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http::Request;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap};
 use http_body::Body;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -65,8 +65,16 @@ pub(crate) struct ConnActivity {
     pub(crate) closing_after_write: AtomicBool,
 }
 
-impl Default for ConnActivity {
-    fn default() -> Self {
+impl ConnActivity {
+    /// Fresh counters. `scan_first_head`: hyper's HTTP/1 server may serve
+    /// the connection from its first request, so its header timer needs
+    /// the first head's end. The fast path parses heads itself and HTTP/2
+    /// has no heads to time; a connection the fast path hands to hyper
+    /// later times its next head from the stream's tail instead (see
+    /// [`ConnActivity::next_head_buffered`]). The scan looks at every byte
+    /// read until the head ends: on a connection with one short request,
+    /// a fortieth of the proxy's instructions.
+    fn new(scan_first_head: bool) -> Self {
         ConnActivity {
             bytes_read: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
@@ -74,7 +82,7 @@ impl Default for ConnActivity {
             requests: AtomicU64::new(0),
             inflight: AtomicU32::new(0),
             // The first head starts at offset 0.
-            head_scan: AtomicBool::new(true),
+            head_scan: AtomicBool::new(scan_first_head),
             head_end: AtomicU64::new(UNKNOWN),
             message_end: AtomicU64::new(UNKNOWN),
             tail: AtomicU32::new(0),
@@ -143,7 +151,7 @@ pub(crate) trait Downstream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
 /// `MSG_MORE` from Linux's `<sys/socket.h>` (the sidecar has no libc
 /// binding of its own; socket2 takes the flags as an integer).
 #[cfg(target_os = "linux")]
-const MSG_MORE: i32 = 0x8000;
+pub(super) const MSG_MORE: i32 = 0x8000;
 
 impl Downstream for tokio::net::TcpStream {
     fn no_delay(&self) {
@@ -174,7 +182,9 @@ impl Downstream for tokio::net::UnixStream {
 /// else passes through.
 struct CountingIo<T> {
     inner: T,
-    act: Arc<ConnActivity>,
+    /// The connection's context, for its activity counters (one allocation
+    /// per connection holds both).
+    ctx: Arc<ConnCtx>,
     /// Bytes read so far (this wrapper is the only reader).
     read: u64,
     /// How much of CRLF CRLF the head scan has matched.
@@ -186,10 +196,10 @@ struct CountingIo<T> {
 }
 
 impl<T> CountingIo<T> {
-    fn new(inner: T, act: Arc<ConnActivity>) -> Self {
+    fn new(inner: T, ctx: Arc<ConnCtx>) -> Self {
         CountingIo {
             inner,
-            act,
+            ctx,
             read: 0,
             scan_state: 0,
             delay_on: true,
@@ -199,7 +209,7 @@ impl<T> CountingIo<T> {
 
     /// Book-keeping for `n` new bytes at the end of `data`.
     fn saw(&mut self, data: &[u8]) {
-        let act = &self.act;
+        let act = &self.ctx.act;
         if act.head_scan.load(Ordering::Relaxed) {
             for (i, &b) in data.iter().enumerate() {
                 self.scan_state = match (self.scan_state, b) {
@@ -233,12 +243,13 @@ impl<T> CountingIo<T> {
         match res {
             Poll::Ready(Ok(n)) => {
                 self.wrote = true;
-                self.act
+                self.ctx
+                    .act
                     .bytes_written
                     .fetch_add(*n as u64, Ordering::Relaxed);
-                self.act.write_blocked.store(false, Ordering::Relaxed);
+                self.ctx.act.write_blocked.store(false, Ordering::Relaxed);
             }
-            Poll::Pending => self.act.write_blocked.store(true, Ordering::Relaxed),
+            Poll::Pending => self.ctx.act.write_blocked.store(true, Ordering::Relaxed),
             Poll::Ready(Err(_)) => {}
         }
     }
@@ -284,7 +295,7 @@ impl<T: Downstream> AsyncWrite for CountingIo<T> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         this.before_write();
-        let res = if this.act.closing_after_write.load(Ordering::Relaxed) {
+        let res = if this.ctx.act.closing_after_write.load(Ordering::Relaxed) {
             this.inner.poll_write_last(cx, buf)
         } else {
             Pin::new(&mut this.inner).poll_write(cx, buf)
@@ -324,8 +335,7 @@ impl<T: Downstream> AsyncWrite for CountingIo<T> {
 /// hyper starts waiting for it (see [`ConnActivity::next_head_buffered`]).
 #[derive(Clone)]
 struct HeadTimer {
-    act: Arc<ConnActivity>,
-    shared: Arc<Shared>,
+    ctx: Arc<ConnCtx>,
 }
 
 impl hyper::rt::Timer for HeadTimer {
@@ -333,12 +343,12 @@ impl hyper::rt::Timer for HeadTimer {
         // The first request of a connection is timed from the start, like
         // nginx's client_header_timeout: a client that connects and says
         // nothing is the slowloris case.
-        let first = self.act.requests.load(Ordering::Relaxed) == 0;
-        let now = first || self.act.next_head_buffered();
-        let seen = self.act.bytes_read.load(Ordering::Relaxed);
+        let act = &self.ctx.act;
+        let first = act.requests.load(Ordering::Relaxed) == 0;
+        let now = first || act.next_head_buffered();
+        let seen = act.bytes_read.load(Ordering::Relaxed);
         Box::pin(HeadSleep {
-            act: self.act.clone(),
-            shared: self.shared.clone(),
+            ctx: self.ctx.clone(),
             seen,
             duration,
             sleep: now.then(|| Box::pin(tokio::time::sleep(duration))),
@@ -351,8 +361,7 @@ impl hyper::rt::Timer for HeadTimer {
 }
 
 struct HeadSleep {
-    act: Arc<ConnActivity>,
-    shared: Arc<Shared>,
+    ctx: Arc<ConnCtx>,
     seen: u64,
     duration: Duration,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -363,7 +372,7 @@ impl Future for HeadSleep {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
         if this.sleep.is_none() {
-            if this.act.bytes_read.load(Ordering::Relaxed) == this.seen {
+            if this.ctx.act.bytes_read.load(Ordering::Relaxed) == this.seen {
                 // No byte of a new request yet. hyper polls us again after
                 // every read, so no wake-up needs registering here.
                 return Poll::Pending;
@@ -374,7 +383,8 @@ impl Future for HeadSleep {
             Some(sleep) => {
                 let res = sleep.as_mut().poll(cx);
                 if res.is_ready() {
-                    this.shared
+                    this.ctx
+                        .shared
                         .metrics
                         .client_timeout(ClientTimeout::HeaderRead);
                 }
@@ -388,17 +398,10 @@ impl Future for HeadSleep {
 impl hyper::rt::Sleep for HeadSleep {}
 
 /// hyper's HTTP/1 server with the limits in force.
-fn http1_builder(
-    limits: &LimitsConfig,
-    act: &Arc<ConnActivity>,
-    shared: &Arc<Shared>,
-) -> hyper::server::conn::http1::Builder {
+fn http1_builder(limits: &LimitsConfig, ctx: &Arc<ConnCtx>) -> hyper::server::conn::http1::Builder {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .timer(HeadTimer {
-            act: act.clone(),
-            shared: shared.clone(),
-        })
+        .timer(HeadTimer { ctx: ctx.clone() })
         .header_read_timeout(limits.header_read_timeout.get())
         .max_headers(limits.max_headers)
         // hyper answers 431 when the head outgrows the read buffer; its
@@ -566,9 +569,10 @@ where
 /// What a request needs from its connection.
 pub(crate) struct ConnCtx {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) act: Arc<ConnActivity>,
+    /// Its counters, inline: one allocation per connection for both.
+    pub(crate) act: ConnActivity,
     /// The client's address, rendered once per connection for X-Forwarded-For.
-    pub(super) peer_ip: HeaderValue,
+    pub(super) peer_ip: crate::listen::ForwardedFor,
 }
 
 /// Serves one accepted downstream connection until it closes, the drain
@@ -586,14 +590,16 @@ pub(crate) async fn serve_connection<S: Downstream>(
     let fast_path = live.config.proxy.http1_fast_path;
     drop(live);
 
-    let act = Arc::new(ConnActivity::default());
-    let peer_ip = peer.forwarded_for_header();
+    let peer_ip = peer.forwarded_for_text();
     let ctx = Arc::new(ConnCtx {
         shared: shared.clone(),
-        act: act.clone(),
+        act: ConnActivity::new(!fast_path && protocol != Protocol::Http2),
         peer_ip,
     });
-    let mut io = CountingIo::new(stream, act.clone());
+    // The drain, idle and write checks below read the counters.
+    let watched = ctx.clone();
+    let act = &watched.act;
+    let mut io = CountingIo::new(stream, ctx.clone());
     let mut drain_rx = shared.drain.subscribe();
     // Before the protocol is known (the first 24 bytes, the length of the
     // HTTP/2 preface) hyper's HTTP/1 header timer is not running yet, so a
@@ -761,7 +767,7 @@ pub(super) fn hyper_http1<I>(
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let builder = http1_builder(limits, &ctx.act, &ctx.shared);
+    let builder = http1_builder(limits, &ctx);
     let service = service_fn(move |req: Request<Incoming>| {
         let ctx = ctx.clone();
         async move { Ok::<_, Infallible>(handle(ctx, req.map(DownstreamBody::Http1)).await) }

@@ -76,7 +76,7 @@ pub(crate) async fn handle(
     let upstream = shared.upstreams.pick();
     let Some((upstream_req, body_watch)) = upstream_request(
         req,
-        &scope.ctx.peer_ip,
+        scope.ctx.peer_ip.header(),
         &live.config,
         &upstream,
         wants_upgrade,

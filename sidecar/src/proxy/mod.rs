@@ -34,9 +34,11 @@ mod grpc_health;
 pub(crate) mod h1;
 mod handler;
 mod headers;
+mod lazy_tcp;
 mod local;
 mod tunnel;
 
 pub use body::ProxyBody;
 pub(crate) use conn::{ConnCtx, Downstream, over_connection_cap, serve_connection};
 pub(crate) use handler::handle;
+pub(crate) use lazy_tcp::LazyTcp;

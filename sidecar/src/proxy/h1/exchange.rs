@@ -442,7 +442,7 @@ async fn relay_response<T>(
     client: &mut Client<T>,
     app: &mut AppConn,
     response: &ResponseHead,
-    last: Option<&Arc<ConnActivity>>,
+    last: Option<&ConnActivity>,
 ) -> Result<(), ()>
 where
     T: AsyncRead + AsyncWrite + Unpin,

@@ -59,6 +59,10 @@ impl LazyTcp {
     }
 
     /// Joins tokio's reactor; a socket already registered stays as it is.
+    /// Out of line: it runs once per connection, and the calls that find
+    /// the socket registered go straight to tokio's stream.
+    #[cold]
+    #[inline(never)]
     fn registered(&mut self) -> io::Result<&mut tokio::net::TcpStream> {
         if let State::Direct(_) = self.state {
             let State::Direct(stream) = std::mem::replace(&mut self.state, State::Failed) else {
@@ -84,14 +88,16 @@ impl LazyTcp {
         mut direct: impl FnMut(&StdTcpStream) -> io::Result<R>,
         registered: impl FnOnce(&mut tokio::net::TcpStream, &mut Context<'_>) -> Poll<io::Result<R>>,
     ) -> Poll<io::Result<R>> {
-        if let State::Direct(stream) = &self.state {
-            loop {
+        match &mut self.state {
+            State::Registered(stream) => return registered(stream, cx),
+            State::Failed => return Poll::Ready(Err(failed())),
+            State::Direct(stream) => loop {
                 match direct(stream) {
                     Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
                     Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
                     res => return Poll::Ready(res),
                 }
-            }
+            },
         }
         match self.registered() {
             Ok(stream) => registered(stream, cx),
@@ -114,8 +120,10 @@ impl AsyncRead for LazyTcp {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if let State::Direct(stream) = &this.state {
-            loop {
+        match &mut this.state {
+            State::Registered(stream) => return Pin::new(stream).poll_read(cx, buf),
+            State::Failed => return Poll::Ready(Err(failed())),
+            State::Direct(stream) => loop {
                 // Into the caller's uninitialised space, as tokio's own
                 // read does: zeroing it first (the safe `ReadBuf` way) cost
                 // a sixth of a one-request connection's user-space
@@ -127,7 +135,7 @@ impl AsyncRead for LazyTcp {
                 // only bytes the kernel copied in, and `assume_init(n)`
                 // marks exactly the `n` it reports.
                 let read = unsafe {
-                    let read = socket2::SockRef::from(stream).recv(buf.unfilled_mut());
+                    let read = socket2::SockRef::from(&*stream).recv(buf.unfilled_mut());
                     if let Ok(n) = read {
                         buf.assume_init(n);
                     }
@@ -142,7 +150,7 @@ impl AsyncRead for LazyTcp {
                     Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
                     Err(err) => return Poll::Ready(Err(err)),
                 }
-            }
+            },
         }
         match this.registered() {
             Ok(stream) => Pin::new(stream).poll_read(cx, buf),

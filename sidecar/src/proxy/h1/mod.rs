@@ -297,8 +297,8 @@ where
             }
             if !client.buf.is_empty() {
                 // `None`: the head is not complete yet. Boxed: the exchange's
-                // state (about 4.5 KiB) is held only while a request is on,
-                // not by every idle connection.
+                // state (2,072 bytes, `-Zprint-type-sizes`) is held only
+                // while a request is on, not by every idle connection.
                 let exchange = Box::pin(exchange::try_request(client, ctx, limits, ctl));
                 if let Some(next) = exchange.await {
                     break next;

@@ -1,16 +1,24 @@
 //! An accepted TCP connection that joins tokio's reactor (epoll) only when
 //! one of its reads or writes would block.
 //!
-//! Why: a connection that carries one request (`Connection: close`, the
-//! commonest case behind an HTTP/1.0 client, a health checker or a load
-//! balancer that does not pool) usually has its whole request in the socket
-//! by the time it is accepted, and its answer fits in the socket's send
-//! buffer. Registered at accept, as tokio's own `TcpListener::accept` does,
-//! such a connection pays two `epoll_ctl` calls it never needs (the add at
-//! accept and the delete tokio makes before the close) and tokio's
-//! registration, an aligned allocation. Read and written directly on the
+//! Why: registered at accept, as tokio's own `TcpListener::accept` does, a
+//! connection pays an `epoll_ctl` add, tokio's registration, a second poll
+//! of its task once epoll reports the first bytes, and at the end the
+//! deregistration and a second `epoll_ctl`. A connection whose request is
+//! already in the socket when it is first read, and whose answer fits in
+//! the send buffer, needs none of that: read and written directly on the
 //! non-blocking socket, it is served with `accept4`, `recvfrom`, `sendto`
-//! and `close` alone (bench/README.md, "Issue #14, fifth pass").
+//! and `close` alone. How often the request is already there depends on
+//! load (bench/README.md, "Issue #14, fifth pass"): on a busy sidecar,
+//! where accepted connections wait their turn, nearly always (0.12
+//! `epoll_ctl` per one-request connection under `strace`, against 2.0);
+//! on one with idle CPU, which reads a connection right after accepting
+//! it, rarely, and the connection registers as before, having paid one
+//! `recvfrom` that found nothing.
+//!
+//! A connection leaves the direct state at its first `WouldBlock` and
+//! stays registered, so tokio's cooperative budget governs it from then
+//! on; before that, every call returns without waiting.
 //!
 //! Correctness rests on one property of epoll: adding a socket that is
 //! already readable or writable reports that readiness at once (the add

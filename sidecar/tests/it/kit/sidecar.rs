@@ -542,7 +542,7 @@ impl Sidecar {
         // Generous: a cold binary on a loaded 2-core machine.
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
-            self.check_running("it was ready")?;
+            self.check_running("it was ready").await?;
             if self.ready_status().await == Some(StatusCode::OK) {
                 return Ok(());
             }
@@ -556,8 +556,12 @@ impl Sidecar {
         }
     }
 
-    fn check_running(&mut self, before: &str) -> Result<()> {
+    async fn check_running(&mut self, before: &str) -> Result<()> {
         if let Some(status) = self.child.try_wait().context("try_wait")? {
+            self.exit = Some(status);
+            // The process's last lines (its error) can still be in the
+            // pipes when it is seen gone: read them before reporting.
+            self.collect_remaining_logs().await;
             bail!(
                 "sidecar exited before {before} ({status}); logs:\n{}",
                 self.logs_text()
@@ -592,10 +596,16 @@ impl Sidecar {
             .context("wait")?;
         self.exit = Some(status);
         // The last lines (the drain summary) may still sit in the pipes.
+        self.collect_remaining_logs().await;
+        Ok(status)
+    }
+
+    /// Waits (bounded) for the log readers of an exited process to reach
+    /// the end of its output.
+    async fn collect_remaining_logs(&mut self) {
         for reader in std::mem::take(&mut self.readers) {
             let _ = tokio::time::timeout(Duration::from_secs(5), reader).await;
         }
-        Ok(status)
     }
 
     /// Waits (bounded) for the exit, which must be status `code` with a
@@ -636,8 +646,16 @@ impl Sidecar {
             if let Some(line) = self.logs().into_iter().find(|l| l.contains(needle)) {
                 return Ok(line);
             }
-            if self.exit.is_none() {
-                self.check_running(&format!("a log line containing {needle:?}"))?;
+            if self.exit.is_none()
+                && let Err(exited) = self
+                    .check_running(&format!("a log line containing {needle:?}"))
+                    .await
+            {
+                // Its last lines, read after it was seen gone, may hold it.
+                if let Some(line) = self.logs().into_iter().find(|l| l.contains(needle)) {
+                    return Ok(line);
+                }
+                return Err(exited);
             }
             if tokio::time::Instant::now() >= deadline {
                 bail!(

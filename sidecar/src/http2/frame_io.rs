@@ -11,15 +11,25 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::client::{ClientKind, classify};
-use super::frames::{FLAG_ACK, FRAME_PING, FRAME_SETTINGS, FrameCursor, Scan};
+use super::frames::{FLAG_ACK, FRAME_HEADERS, FRAME_PING, FRAME_SETTINGS, FrameCursor, Scan};
 use super::wire::Wire;
 
-/// The client's ack of h2's shutdown PING is handed to h2 this much later
-/// than it arrives: a client (the h2 crate's) can write that ack before the
-/// HEADERS of a stream it opened just before it read the first GOAWAY, and
-/// h2 fixes the final GOAWAY's last-stream-id on the ack, so that stream
-/// would be refused. A PING ack has no ordering tie to other frames.
-const SHUTDOWN_ACK_DELAY: Duration = Duration::from_millis(20);
+/// The client's ack of h2's shutdown PING is handed to h2 at least this
+/// much later than it arrives: a client (the h2 crate's) can write that
+/// ack before the HEADERS of a stream it opened just before it read the
+/// first GOAWAY, and h2 fixes the final GOAWAY's last-stream-id on the ack,
+/// so that stream would be refused. A PING ack has no ordering tie to other
+/// frames. 20 ms lost a hyper request (1 of 1,813) on a machine whose both
+/// cores were busy with a benchmark beside the test: the client's request
+/// task ran that much later than its connection task.
+const SHUTDOWN_ACK_DELAY: Duration = Duration::from_millis(100);
+/// A stream opened while the ack is held is evidence that the client is
+/// still writing what it queued before it read the GOAWAY: the ack waits
+/// until this long after the latest one...
+const SHUTDOWN_ACK_QUIET: Duration = Duration::from_millis(50);
+/// ...but never longer than this after it arrived (a client that keeps
+/// opening streams regardless is not waited for).
+const SHUTDOWN_ACK_MAX_HOLD: Duration = Duration::from_secs(1);
 /// h2's shutdown PING payload (h2 `frame::Ping::SHUTDOWN`).
 const SHUTDOWN_PING: [u8; 8] = [0x0b, 0x7b, 0xa2, 0xf0, 0x8b, 0x9b, 0xfe, 0x54];
 
@@ -49,7 +59,34 @@ pub(super) struct FrameIo<T> {
     /// Where the reader is in the client's frames.
     inbound: FrameCursor,
     /// The shutdown PING's ack, held back (see [`SHUTDOWN_ACK_DELAY`]).
-    held_ack: Option<([u8; 17], Pin<Box<tokio::time::Sleep>>)>,
+    held_ack: Option<HeldAck>,
+}
+
+/// The client's ack of the shutdown PING while it is kept from h2.
+struct HeldAck {
+    frame: [u8; 17],
+    arrived: tokio::time::Instant,
+    release: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl HeldAck {
+    fn new(frame: [u8; 17]) -> Self {
+        HeldAck {
+            frame,
+            arrived: tokio::time::Instant::now(),
+            release: Box::pin(tokio::time::sleep(SHUTDOWN_ACK_DELAY)),
+        }
+    }
+
+    /// A stream opened while held: release no sooner than the quiet
+    /// period after it, within the longest hold.
+    fn stream_opened(&mut self) {
+        let latest = self.arrived + SHUTDOWN_ACK_MAX_HOLD;
+        let quiet = (tokio::time::Instant::now() + SHUTDOWN_ACK_QUIET).min(latest);
+        if quiet > self.release.deadline() {
+            self.release.as_mut().reset(quiet);
+        }
+    }
 }
 
 impl<T> FrameIo<T> {
@@ -127,8 +164,7 @@ impl<T> FrameIo<T> {
                 ack.copy_from_slice(&buf[i..i + 17]);
                 buf.copy_within(i + 17..end, i);
                 end -= 17;
-                let release = Box::pin(tokio::time::sleep(SHUTDOWN_ACK_DELAY));
-                self.held_ack = Some((ack, release));
+                self.held_ack = Some(HeldAck::new(ack));
                 continue;
             }
             // Up to the end of the current header or payload, so every
@@ -140,7 +176,13 @@ impl<T> FrameIo<T> {
                 self.inbound.remaining as usize
             }
             .min(end - i);
-            self.inbound.walk(&buf[i..i + step], false, |_| {});
+            let mut opened_stream = false;
+            self.inbound.walk(&buf[i..i + step], false, |frame| {
+                opened_stream |= frame.kind() == FRAME_HEADERS;
+            });
+            if opened_stream && let Some(held) = self.held_ack.as_mut() {
+                held.stream_opened();
+            }
             i += step;
         }
         end
@@ -155,13 +197,13 @@ impl<T: AsyncRead + Unpin> AsyncRead for FrameIo<T> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         // A held ack goes to h2 once its delay is over, between frames.
-        if let Some((ack, release)) = this.held_ack.as_mut()
+        if let Some(held) = this.held_ack.as_mut()
             && this.inbound.header_len == 0
             && this.inbound.remaining == 0
-            && buf.remaining() >= ack.len()
-            && release.as_mut().poll(cx).is_ready()
+            && buf.remaining() >= held.frame.len()
+            && held.release.as_mut().poll(cx).is_ready()
         {
-            buf.put_slice(&ack[..]);
+            buf.put_slice(&held.frame[..]);
             this.held_ack = None;
             return Poll::Ready(Ok(()));
         }
@@ -178,8 +220,8 @@ impl<T: AsyncRead + Unpin> AsyncRead for FrameIo<T> {
             if kept == before {
                 // All of it was the held ack: nothing for h2 yet, but the
                 // read must not look like EOF.
-                if let Some((_, release)) = this.held_ack.as_mut() {
-                    let _ = release.as_mut().poll(cx);
+                if let Some(held) = this.held_ack.as_mut() {
+                    let _ = held.release.as_mut().poll(cx);
                 }
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
@@ -304,7 +346,7 @@ impl<T: AsyncWrite + AsyncRead + Unpin> AsyncWrite for FrameIo<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http2::frames::{FRAME_HEADERS, frame};
+    use crate::http2::frames::frame;
 
     #[tokio::test]
     async fn the_shutdown_ping_ack_is_taken_out_between_frames_and_others_pass() {
@@ -330,5 +372,40 @@ mod tests {
         let mut buf = wire.clone();
         assert_eq!(io.filter_inbound(&mut buf, 0), wire.len());
         assert!(io.held_ack.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn streams_opened_while_the_ack_is_held_keep_it_held_a_while() {
+        let mut io = FrameIo::new((), Arc::new(Wire::default()));
+        let mut wire = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        wire.extend(frame(FRAME_PING, FLAG_ACK, 0, &SHUTDOWN_PING));
+        let mut buf = wire.clone();
+        io.filter_inbound(&mut buf, 0);
+        let held = io.held_ack.as_ref().expect("held");
+        let first_release = held.release.deadline();
+        assert_eq!(first_release, held.arrived + SHUTDOWN_ACK_DELAY);
+
+        // A stream 90 ms after the ack: released 50 ms after it, not at 100.
+        tokio::time::advance(Duration::from_millis(90)).await;
+        let mut headers = frame(FRAME_HEADERS, 0x5, 3, &[0x82, 0x86]);
+        let len = headers.len();
+        assert_eq!(io.filter_inbound(&mut headers, 0), len, "HEADERS pass");
+        let held = io.held_ack.as_ref().expect("held");
+        assert_eq!(
+            held.release.deadline(),
+            held.arrived + Duration::from_millis(90) + SHUTDOWN_ACK_QUIET
+        );
+
+        // Streams forever: never held past the longest hold.
+        for _ in 0..40 {
+            tokio::time::advance(Duration::from_millis(40)).await;
+            let mut headers = frame(FRAME_HEADERS, 0x5, 5, &[0x82, 0x86]);
+            io.filter_inbound(&mut headers, 0);
+        }
+        let held = io.held_ack.as_ref().expect("held");
+        assert_eq!(
+            held.release.deadline(),
+            held.arrived + SHUTDOWN_ACK_MAX_HOLD
+        );
     }
 }

@@ -107,6 +107,9 @@ impl Sidecar {
         let protocol = config.protocol;
         let (listen_endpoint, workers, listen_mode) =
             (config.listen.clone(), config.workers, config.listen_mode);
+        // A raw TCP port may carry a protocol in which the server speaks
+        // first: its clients would wait for a greeting that never comes.
+        let defer_accept = config.proxy.defer_accept && protocol != Protocol::Tcp;
         let shared = Shared::new(config, settings.config_file.clone())?;
         if file_missing {
             shared.update_status(|s| s.file_missing = true);
@@ -121,7 +124,7 @@ impl Sidecar {
         // owner and is only left unaccepted (see `accept_loop`).
         let owned = inherited.listen.is_empty() || inherited.source == inherit::UPGRADE_SOURCE;
         let (listeners, cleanup) = if inherited.listen.is_empty() {
-            bind_listeners(&listen_endpoint, workers, listen_mode)?
+            bind_listeners(&listen_endpoint, workers, listen_mode, defer_accept)?
         } else {
             let listeners = inherited
                 .listen
@@ -370,10 +373,11 @@ fn bind_listeners(
     endpoint: &Endpoint,
     workers: usize,
     mode: Option<config::SocketMode>,
+    defer_accept: bool,
 ) -> Result<(Vec<Listener>, UnixCleanup)> {
     match endpoint {
         Endpoint::Tcp(addr) => Ok((
-            listen::bind_tcp(*addr, workers)?
+            listen::bind_tcp(*addr, workers, defer_accept)?
                 .into_iter()
                 .map(Listener::Tcp)
                 .collect(),

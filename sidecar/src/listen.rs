@@ -98,7 +98,13 @@ impl Listener {
     pub fn resume(&self) -> std::io::Result<Option<Listener>> {
         match self {
             Self::Tcp(l) => {
+                // Re-applied in case the kernel reset the option with the
+                // listening state (Linux keeps it today).
+                let deferred = defer_accept_secs(l)?;
                 socket2::SockRef::from(l).listen(BACKLOG)?;
+                if deferred > 0 {
+                    set_defer_accept(l, deferred)?;
+                }
                 let fd = std::os::fd::AsFd::as_fd(l).try_clone_to_owned()?;
                 let std = std::net::TcpListener::from(fd);
                 std.set_nonblocking(true)?;
@@ -277,10 +283,65 @@ impl std::fmt::Display for Peer {
     }
 }
 
+/// How long the kernel holds a connection whose client has sent nothing
+/// before handing it over anyway (`proxy.deferAccept`). Linux counts it in
+/// SYN-ACK retransmissions: one second is one, the shortest wait there is.
+pub const DEFER_ACCEPT_SECS: i32 = 1;
+
+/// Sets `TCP_DEFER_ACCEPT` on a listening socket: `accept` returns a
+/// connection once data arrived on it (or after `secs` of silence).
+pub fn set_defer_accept(socket: &impl std::os::fd::AsFd, secs: i32) -> std::io::Result<()> {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&socket.as_fd());
+    #[allow(unsafe_code)]
+    // SAFETY: `fd` is borrowed from a live socket for the call; the option
+    // value is a C int read by the kernel from a pointer that outlives the
+    // call, with its exact size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            std::ptr::from_ref(&secs).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The socket's `TCP_DEFER_ACCEPT` in seconds (0: off).
+pub fn defer_accept_secs(socket: &impl std::os::fd::AsFd) -> std::io::Result<i32> {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&socket.as_fd());
+    let mut secs: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    #[allow(unsafe_code)]
+    // SAFETY: `fd` is borrowed from a live socket for the call; the kernel
+    // writes at most `len` bytes (a C int) into `secs` and the written
+    // length into `len`, both live locals.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            std::ptr::from_mut(&mut secs).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(secs)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Binds `workers` TCP listeners on `addr`. With more than one, each gets
 /// `SO_REUSEPORT` and the kernel spreads new connections over them; port 0
-/// is resolved by the first, the others join it.
-pub fn bind_tcp(addr: SocketAddr, workers: usize) -> Result<Vec<TcpAcceptor>> {
+/// is resolved by the first, the others join it. `defer_accept`: see
+/// [`set_defer_accept`].
+pub fn bind_tcp(addr: SocketAddr, workers: usize, defer_accept: bool) -> Result<Vec<TcpAcceptor>> {
     let mut listeners = Vec::with_capacity(workers);
     let mut target = addr;
     // Port 0 is resolved on a placeholder socket first and every listener
@@ -299,11 +360,12 @@ pub fn bind_tcp(addr: SocketAddr, workers: usize) -> Result<Vec<TcpAcceptor>> {
         None
     };
     for _ in 0..workers.max(1) {
-        let listener = bind_one_tcp(target, workers > 1).map_err(|source| Error::Bind {
-            what: "listener",
-            addr: target.to_string(),
-            source,
-        })?;
+        let listener =
+            bind_one_tcp(target, workers > 1, defer_accept).map_err(|source| Error::Bind {
+                what: "listener",
+                addr: target.to_string(),
+                source,
+            })?;
         target = listener.local_addr()?;
         listeners.push(listener);
     }
@@ -323,12 +385,19 @@ fn reserve_port(addr: SocketAddr) -> std::io::Result<(Socket, u16)> {
     Ok((socket, port))
 }
 
-fn bind_one_tcp(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpAcceptor> {
+fn bind_one_tcp(
+    addr: SocketAddr,
+    reuse_port: bool,
+    defer_accept: bool,
+) -> std::io::Result<TcpAcceptor> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     // What tokio's own bind does: a restart must not wait out TIME_WAIT.
     socket.set_reuse_address(true)?;
     if reuse_port {
         socket.set_reuse_port(true)?;
+    }
+    if defer_accept {
+        set_defer_accept(&socket, DEFER_ACCEPT_SECS)?;
     }
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
@@ -520,13 +589,99 @@ mod tests {
 
     #[tokio::test]
     async fn reuse_port_listeners_share_one_port() {
-        let listeners = bind_tcp("127.0.0.1:0".parse().expect("addr"), 3).expect("bind");
+        let listeners = bind_tcp("127.0.0.1:0".parse().expect("addr"), 3, true).expect("bind");
         assert_eq!(listeners.len(), 3);
         let port = listeners[0].local_addr().expect("addr").port();
         assert!(
             listeners
                 .iter()
                 .all(|l| l.local_addr().expect("addr").port() == port)
+        );
+    }
+
+    /// Accepts within `wait`, or `None`.
+    async fn accept_within(
+        listener: &TcpAcceptor,
+        wait: std::time::Duration,
+    ) -> Option<std::net::TcpStream> {
+        tokio::time::timeout(wait, listener.accept())
+            .await
+            .ok()
+            .map(|accepted| accepted.expect("accept").0)
+    }
+
+    #[tokio::test]
+    async fn a_deferred_listener_hands_over_a_connection_once_its_client_speaks() {
+        use std::io::{Read, Write};
+        use std::time::{Duration, Instant};
+
+        let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let mut deferred = bind_tcp(addr, 1, true).expect("bind");
+        let deferred = deferred.pop().expect("one listener");
+        assert_eq!(
+            defer_accept_secs(&deferred).expect("getsockopt"),
+            DEFER_ACCEPT_SECS
+        );
+        let target = deferred.local_addr().expect("addr");
+
+        // Connected (the handshake is the kernel's), but not handed over
+        // while the client says nothing...
+        let mut speaker = std::net::TcpStream::connect(target).expect("connect");
+        assert!(
+            accept_within(&deferred, Duration::from_millis(300))
+                .await
+                .is_none(),
+            "a silent connection is held by the kernel"
+        );
+        // ...and handed over with its first bytes already readable.
+        speaker.write_all(b"GET / HTTP/1.1\r\n\r\n").expect("write");
+        let mut accepted = accept_within(&deferred, Duration::from_secs(5))
+            .await
+            .expect("handed over once it spoke");
+        accepted.set_nonblocking(true).expect("nonblocking");
+        let mut buf = [0u8; 64];
+        let n = accepted
+            .read(&mut buf)
+            .expect("the request is already there");
+        assert_eq!(&buf[..n], b"GET / HTTP/1.1\r\n\r\n");
+
+        // A client that stays silent is handed over anyway, after about
+        // DEFER_ACCEPT_SECS (a SYN-ACK retransmission and its ACK), so the
+        // header read timeout still reaches it.
+        let started = Instant::now();
+        let _silent = std::net::TcpStream::connect(target).expect("connect");
+        let accepted = accept_within(&deferred, Duration::from_secs(10)).await;
+        assert!(
+            accepted.is_some(),
+            "a silent client is handed over in the end"
+        );
+        assert!(
+            started.elapsed() >= Duration::from_millis(500),
+            "held first: {:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn deferral_is_off_unless_asked_and_survives_a_pause() {
+        let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let plain = bind_tcp(addr, 1, false).expect("bind").pop().expect("one");
+        assert_eq!(defer_accept_secs(&plain).expect("getsockopt"), 0);
+        let _client =
+            std::net::TcpStream::connect(plain.local_addr().expect("addr")).expect("connect");
+        assert!(
+            accept_within(&plain, std::time::Duration::from_secs(5))
+                .await
+                .is_some(),
+            "handed over at the handshake"
+        );
+
+        let deferred = Listener::Tcp(bind_tcp(addr, 1, true).expect("bind").pop().expect("one"));
+        assert!(deferred.pause());
+        let resumed = deferred.resume().expect("listen again").expect("tcp");
+        assert_eq!(
+            defer_accept_secs(&resumed).expect("getsockopt"),
+            DEFER_ACCEPT_SECS
         );
     }
 

@@ -139,6 +139,12 @@ pub fn apply(shared: &Shared, mut next: Config) -> Vec<String> {
     needs_restart.keep_old("listenMode", &mut next.listen_mode, &was.listen_mode);
     needs_restart.keep_old("admin", &mut next.admin, &was.admin);
     needs_restart.keep_old("upstreamPool", &mut next.upstream_pool, &was.upstream_pool);
+    // Set on the listening socket when it was bound.
+    needs_restart.keep_old(
+        "proxy.deferAccept",
+        &mut next.proxy.defer_accept,
+        &was.proxy.defer_accept,
+    );
     // auto/http1/http2 apply to new connections; moving to or from raw TCP
     // changes what the listener does.
     if next.protocol != old.config.protocol
@@ -221,11 +227,19 @@ mod tests {
         let file = config_file(
             "reload",
             "restart",
-            "upstream: 127.0.0.1:9999\nadmin: 127.0.0.1:15021\ndrain: {timeout: 5s}\n",
+            "upstream: 127.0.0.1:9999\nadmin: 127.0.0.1:15021\ndrain: {timeout: 5s}\n\
+             proxy: {deferAccept: false, http1FastPath: false}\n",
         );
         let shared = shared(Config::default());
         let needs = reload(&shared, &file, &Overrides::default()).expect("reload");
-        assert_eq!(needs, vec!["upstream".to_string(), "admin".to_string()]);
+        assert_eq!(
+            needs,
+            vec![
+                "upstream".to_string(),
+                "admin".to_string(),
+                "proxy.deferAccept".to_string()
+            ]
+        );
         let live = shared.live.load();
         assert_eq!(
             live.config.upstream,
@@ -237,7 +251,12 @@ mod tests {
             HumanDuration::from_secs(5),
             "the rest applies"
         );
-        assert_eq!(shared.status().needs_restart.len(), 2);
+        assert!(live.config.proxy.defer_accept, "set on the socket at bind");
+        assert!(
+            !live.config.proxy.http1_fast_path,
+            "new connections take it"
+        );
+        assert_eq!(shared.status().needs_restart.len(), 3);
     }
 
     #[tokio::test(start_paused = true)]

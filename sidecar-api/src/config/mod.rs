@@ -173,12 +173,23 @@ pub struct ProxyConfig {
     /// (HTTP/2, h2c, upgrades, HTTP/1.0) is served by hyper, as is every
     /// request with this off. New connections pick up a reload.
     pub http1_fast_path: bool,
+    /// A TCP connection is handed to the proxy only once its client has
+    /// sent something (`TCP_DEFER_ACCEPT`; nginx's `listen ... deferred`,
+    /// HAProxy's `defer-accept`): the proxy then finds the request already
+    /// there and serves it without waiting in epoll. A client that connects
+    /// and stays silent is handed over after about a second, when the
+    /// kernel stops waiting for it; its header read timeout starts then.
+    /// Never applied with `protocol: tcp` (the app may speak first) nor to
+    /// a socket inherited from systemd or server-starter (theirs to set:
+    /// systemd's `DeferAcceptSec=`). Takes a restart.
+    pub defer_accept: bool,
 }
 
 impl Default for ProxyConfig {
     fn default() -> Self {
         ProxyConfig {
             http1_fast_path: true,
+            defer_accept: true,
         }
     }
 }

@@ -140,6 +140,9 @@ pub struct Cli {
     /// Relay plain HTTP/1.1 exchanges as bytes (true, the default) or serve every request through hyper (proxy.http1FastPath).
     #[arg(long, env = env::HTTP1_FAST_PATH, value_name = "BOOL", action = clap::ArgAction::Set)]
     pub http1_fast_path: Option<bool>,
+    /// Hand a TCP connection to the proxy only once the client has sent something (true, the default; proxy.deferAccept).
+    #[arg(long, env = env::DEFER_ACCEPT, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub defer_accept: Option<bool>,
     /// While the app refuses connections (restarting), hold a request this long for it to come back, then 503.
     #[arg(long, env = env::UPSTREAM_HOLD_TIMEOUT, value_name = "DURATION")]
     pub upstream_hold_timeout: Option<HumanDuration>,
@@ -279,6 +282,7 @@ pub struct Overrides {
     pub upgrade_protocols: Option<Vec<String>>,
     pub trusted_hops: Option<u32>,
     pub http1_fast_path: Option<bool>,
+    pub defer_accept: Option<bool>,
     pub upstream_hold_timeout: Option<HumanDuration>,
     pub app_readiness: Option<AppReadiness>,
 }
@@ -372,6 +376,9 @@ impl Overrides {
         if let Some(v) = self.http1_fast_path {
             config.proxy.http1_fast_path = v;
         }
+        if let Some(v) = self.defer_accept {
+            config.proxy.defer_accept = v;
+        }
         if let Some(v) = self.upstream_hold_timeout {
             config.upstream_pool.hold_timeout = v;
         }
@@ -457,6 +464,7 @@ impl Cli {
                 upgrade_protocols: self.upgrade_protocols.clone(),
                 trusted_hops: self.trusted_hops,
                 http1_fast_path: self.http1_fast_path,
+                defer_accept: self.defer_accept,
                 upstream_hold_timeout: self.upstream_hold_timeout,
                 app_readiness: self.app_readiness.clone(),
             },

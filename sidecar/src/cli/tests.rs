@@ -261,6 +261,22 @@ fn the_http1_fast_path_is_on_unless_switched_off() {
 }
 
 #[test]
+fn deferred_accept_is_on_unless_switched_off() {
+    let defaults = load(None, &Overrides::default()).expect("load");
+    assert!(defaults.proxy.defer_accept);
+    let path = temp_file("defer", "proxy: {deferAccept: false}\n");
+    let file_off = load(Some(&path), &Overrides::default()).expect("load");
+    assert!(!file_off.proxy.defer_accept);
+    assert!(
+        file_off.proxy.http1_fast_path,
+        "the other proxy key keeps its default"
+    );
+    let c = cli(&["--defer-accept", "true"]).expect("parse");
+    let flag_on = load(Some(&path), &c.settings().overrides).expect("load");
+    assert!(flag_on.proxy.defer_accept, "flag wins");
+}
+
+#[test]
 fn version_names_the_program_crate_version_and_revision() {
     let program = "kubegrace-sidecar";
     let want = kubegrace_sidecar_api::build::version_text(program, env!("CARGO_PKG_VERSION"));

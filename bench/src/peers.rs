@@ -22,16 +22,21 @@ pub enum Peer {
     /// what the breaker costs on the hot path.
     KubegraceCb,
     Nginx,
+    /// nginx with `listen ... deferred` (TCP_DEFER_ACCEPT), which kubegrace
+    /// sets by default (`proxy.deferAccept`) and nginx leaves off: shown
+    /// so the new-connection comparison is also made like for like.
+    NginxDeferred,
     Haproxy,
     Caddy,
 }
 
 impl Peer {
-    pub const ALL: [Peer; 6] = [
+    pub const ALL: [Peer; 7] = [
         Peer::Direct,
         Peer::Kubegrace,
         Peer::KubegraceCb,
         Peer::Nginx,
+        Peer::NginxDeferred,
         Peer::Haproxy,
         Peer::Caddy,
     ];
@@ -42,6 +47,7 @@ impl Peer {
             Peer::Kubegrace => "kubegrace",
             Peer::KubegraceCb => "kubegrace+cb",
             Peer::Nginx => "nginx",
+            Peer::NginxDeferred => "nginx-deferred",
             Peer::Haproxy => "haproxy",
             Peer::Caddy => "caddy",
         }
@@ -64,6 +70,7 @@ impl Peer {
             Peer::Nginx => 30,
             Peer::Haproxy => 40,
             Peer::Caddy => 50,
+            Peer::NginxDeferred => 70,
         }
     }
 }
@@ -110,7 +117,7 @@ impl Env {
     /// h2c on one plaintext port, so it gets a second one.
     pub fn h2_port(&self, peer: Peer) -> u16 {
         match peer {
-            Peer::Nginx => self.port(peer) + 1,
+            Peer::Nginx | Peer::NginxDeferred => self.port(peer) + 1,
             _ => self.port(peer),
         }
     }
@@ -182,11 +189,12 @@ impl Env {
                     cmd.arg(flag::CONFIG).arg(file);
                 }
             }
-            Peer::Nginx => {
+            Peer::Nginx | Peer::NginxDeferred => {
                 let conf = dir.join("nginx.conf");
+                let deferred = peer == Peer::NginxDeferred;
                 write(
                     &conf,
-                    &nginx_conf(&dir, self.port(peer), self.h2_port(peer), up),
+                    &nginx_conf(&dir, self.port(peer), self.h2_port(peer), up, deferred),
                 )?;
                 cmd.arg("nginx")
                     .arg("-p")
@@ -221,7 +229,7 @@ impl Env {
     /// The command each project documents for a graceful stop.
     pub fn graceful_stop(&self, peer: Peer, pid: u32) -> Command {
         match peer {
-            Peer::Nginx => {
+            Peer::Nginx | Peer::NginxDeferred => {
                 let dir = self.peer_dir(peer);
                 let mut cmd = Command::new("nginx");
                 cmd.arg("-p")
@@ -261,9 +269,11 @@ pub fn sidecar_breaker_yaml() -> String {
 }
 
 /// nginx as its docs set up a keep-alive upstream ("upstream" module:
-/// `keepalive`, `proxy_http_version 1.1`, an empty Connection header).
-pub fn nginx_conf(dir: &Path, port: u16, h2_port: u16, upstream: u16) -> String {
+/// `keepalive`, `proxy_http_version 1.1`, an empty Connection header);
+/// `deferred` adds the `listen` parameter of that name to both servers.
+pub fn nginx_conf(dir: &Path, port: u16, h2_port: u16, upstream: u16, deferred: bool) -> String {
     let d = dir.display();
+    let deferred = if deferred { " deferred" } else { "" };
     let mut c = String::new();
     let _ = write!(
         c,
@@ -288,7 +298,7 @@ http {{
         keepalive 256;
     }}
     server {{
-        listen 127.0.0.1:{port} backlog=4096;
+        listen 127.0.0.1:{port} backlog=4096{deferred};
         location / {{
             proxy_pass http://app;
             proxy_http_version 1.1;
@@ -297,7 +307,7 @@ http {{
     }}
     server {{
         # nginx 1.22 speaks h2c only on a port of its own.
-        listen 127.0.0.1:{h2_port} http2 backlog=4096;
+        listen 127.0.0.1:{h2_port} http2 backlog=4096{deferred};
         # The default (1000 requests, then close) would end every h2load
         # client after 1000 requests: h2load does not reconnect. HTTP/1.1
         # keeps the default; wrk reconnects.

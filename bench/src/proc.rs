@@ -129,11 +129,11 @@ pub fn free_base_port(wanted: u16) -> anyhow::Result<u16> {
         let Some(base) = wanted.checked_add(attempt * 100) else {
             break;
         };
-        if (0..=61).all(|offset| base.checked_add(offset).is_some_and(port_free)) {
+        if (0..=71).all(|offset| base.checked_add(offset).is_some_and(port_free)) {
             return Ok(base);
         }
     }
-    bail!("no free block of 62 ports from {wanted} upwards; set BENCH_PORT")
+    bail!("no free block of 72 ports from {wanted} upwards; set BENCH_PORT")
 }
 
 /// Waits up to 10 s until `proc` proxies bench-upstream on `port`; fails at once when it

@@ -35,6 +35,7 @@ impl Scenario {
 
 pub const KEEPALIVE_64: &str = "h1-keepalive-64";
 pub const KEEPALIVE_256: &str = "h1-keepalive-256";
+pub const NEW_CONNECTION: &str = "h1-new-connection";
 pub const FIXED_RATE: &str = "h1-fixed-rate";
 
 pub const SCENARIOS: [Scenario; 5] = [
@@ -55,7 +56,7 @@ pub const SCENARIOS: [Scenario; 5] = [
         },
     },
     Scenario {
-        id: "h1-new-connection",
+        id: NEW_CONNECTION,
         title: "HTTP/1.1, new connection per request (64 clients)",
         load: Load::Wrk {
             connections: 64,

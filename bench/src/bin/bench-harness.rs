@@ -53,7 +53,7 @@ struct Args {
     #[arg(
         long,
         env = "BENCH_PEERS",
-        default_value = "direct,kubegrace,kubegrace+cb,nginx,haproxy,caddy"
+        default_value = "direct,kubegrace,kubegrace+cb,nginx,nginx-deferred,haproxy,caddy"
     )]
     peers: String,
     /// First of the loopback ports used (upstream; peers at +10, +20, ...),
@@ -683,7 +683,8 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
                 Peer::Nginx | Peer::Haproxy | Peer::Caddy => {
                     subjects.push((peer, DrainTimers::Defaults, peer.name().into()));
                 }
-                Peer::Direct | Peer::KubegraceCb => {}
+                // The same nginx but for accepting: its drain is nginx's.
+                Peer::Direct | Peer::KubegraceCb | Peer::NginxDeferred => {}
             }
         }
         for idle in [true, false] {

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::peers::Peer;
-use crate::scenario::{FIXED_RATE, KEEPALIVE_64, KEEPALIVE_256};
+use crate::scenario::{FIXED_RATE, KEEPALIVE_64, KEEPALIVE_256, NEW_CONNECTION};
 use crate::stats::Spread;
 
 pub use plot::svg;
@@ -304,7 +304,8 @@ impl Report {
         let r: &Report = self;
         let mut verdicts = Vec::new();
         let us = Peer::Kubegrace.name();
-        let others = [Peer::Nginx, Peer::Haproxy, Peer::Caddy].map(|p| p.name());
+        let others =
+            [Peer::Nginx, Peer::NginxDeferred, Peer::Haproxy, Peer::Caddy].map(|p| p.name());
         // (what, value of a peer, higher is better)
         type Metric<'a> = (
             String,
@@ -313,7 +314,7 @@ impl Report {
             &'static str,
         );
         let mut metrics: Vec<Metric> = Vec::new();
-        for id in [KEEPALIVE_64, KEEPALIVE_256] {
+        for id in [KEEPALIVE_64, KEEPALIVE_256, NEW_CONNECTION] {
             let Some(title) = r.scenario(id).map(|s| s.title.clone()) else {
                 continue;
             };

@@ -6,11 +6,12 @@ use super::{Cell, Report, num};
 use crate::scenario::{FIXED_RATE, KEEPALIVE_64, KEEPALIVE_256};
 use crate::stats::Spread;
 
-const COLOURS: [(&str, &str); 6] = [
+const COLOURS: [(&str, &str); 7] = [
     ("direct", "#9e9e9e"),
     ("kubegrace", "#1b7f3b"),
     ("kubegrace+cb", "#6cc38a"),
     ("nginx", "#2f6db5"),
+    ("nginx-deferred", "#7fa7dc"),
     ("haproxy", "#c0392b"),
     ("caddy", "#e69f00"),
 ];

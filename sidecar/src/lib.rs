@@ -131,6 +131,15 @@ impl Sidecar {
                 .into_iter()
                 .map(Listener::from_socket)
                 .collect::<Result<Vec<_>>>()?;
+            // Our own upgrade hands over a socket the old process set up:
+            // the new config's `proxy.deferAccept` applies to it, as it
+            // would after a restart. systemd's or server-starter's sockets
+            // keep their owner's setting.
+            if inherited.source == inherit::UPGRADE_SOURCE {
+                for listener in &listeners {
+                    listener.set_defer_accept(defer_accept);
+                }
+            }
             // A Unix socket file from our own upgrade is ours to remove at
             // the end; one from systemd or server-starter is theirs.
             let cleanup = match listeners.first().map(Listener::endpoint) {

@@ -115,6 +115,20 @@ impl Listener {
     }
 }
 
+impl Listener {
+    /// Turns deferred accept on or off on a TCP listener (see
+    /// [`set_defer_accept`]); a Unix socket has no such option. A failure
+    /// is logged: the listener still accepts, only later or sooner.
+    pub fn set_defer_accept(&self, on: bool) {
+        if let Self::Tcp(l) = self {
+            let secs = if on { DEFER_ACCEPT_SECS } else { 0 };
+            if let Err(err) = set_defer_accept(l, secs) {
+                tracing::warn!(error = %err, "cannot set TCP_DEFER_ACCEPT on the listener");
+            }
+        }
+    }
+}
+
 impl std::os::fd::AsFd for Listener {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         match self {
@@ -679,6 +693,15 @@ mod tests {
         let deferred = Listener::Tcp(bind_tcp(addr, 1, true).expect("bind").pop().expect("one"));
         assert!(deferred.pause());
         let resumed = deferred.resume().expect("listen again").expect("tcp");
+        assert_eq!(
+            defer_accept_secs(&resumed).expect("getsockopt"),
+            DEFER_ACCEPT_SECS
+        );
+
+        // A socket handed over by our own upgrade takes the new config's value.
+        resumed.set_defer_accept(false);
+        assert_eq!(defer_accept_secs(&resumed).expect("getsockopt"), 0);
+        resumed.set_defer_accept(true);
         assert_eq!(
             defer_accept_secs(&resumed).expect("getsockopt"),
             DEFER_ACCEPT_SECS

@@ -181,7 +181,8 @@ pub struct ProxyConfig {
     /// kernel stops waiting for it; its header read timeout starts then.
     /// Never applied with `protocol: tcp` (the app may speak first) nor to
     /// a socket inherited from systemd or server-starter (theirs to set:
-    /// systemd's `DeferAcceptSec=`). Takes a restart.
+    /// systemd's `DeferAcceptSec=`). Takes a restart (or an upgrade
+    /// hand-over, whose new process applies its own value).
     pub defer_accept: bool,
 }
 

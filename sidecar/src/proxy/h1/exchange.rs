@@ -40,41 +40,56 @@ pub(super) async fn try_request<T>(
 where
     T: AsyncRead + AsyncWrite + Unpin,
 {
+    // The paths most requests never take (local answers, failures, a
+    // route timeout, a new app connection, a body still coming) are boxed
+    // where they are awaited: inline, their states made this future 2,072
+    // bytes, past glibc's per-thread cache (1,032), so the box `exchanges`
+    // makes per request came from the arena's slow path and was copied in
+    // whole (bench/README.md, "seventh pass").
     let shared = &ctx.shared;
-    let live = shared.live.load_full();
-    let rewrite = Rewrite {
-        peer_ip: ctx.peer_ip.as_bytes(),
-        trust_proto: live.config.forwarded.trusted_hops != 0,
-    };
     let max_head = limits.max_header_bytes.max(8192);
-    let (route, req) = match head::parse_request(
-        &client.buf,
-        limits.max_headers,
-        max_head,
-        &rewrite,
-        &mut client.out,
-    ) {
-        Parsed::Partial => return None,
-        Parsed::Fallback => return Some(Next::Fallback),
-        Parsed::Refused(refusal) => return Some(refuse(client, refusal).await),
-        Parsed::Done(head) => {
-            let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::GET);
-            let route = live.routes.select(&method, head.host, head.path);
-            // A request this route may send twice needs its body kept and
-            // hyper's error detail (handler.rs retries): hyper takes it.
-            if route.retries_idempotent() && crate::upstream::retry::is_idempotent(&method) {
-                return Some(Next::Fallback);
+    // The live config is borrowed (arc-swap's guard), not cloned, and only
+    // until the route is chosen: the route is an `Arc` of its own, and no
+    // guard is held across an await.
+    let parsed = {
+        let live = shared.live.load();
+        let rewrite = Rewrite {
+            peer_ip: ctx.peer_ip.as_bytes(),
+            trust_proto: live.config.forwarded.trusted_hops != 0,
+        };
+        match head::parse_request(
+            &client.buf,
+            limits.max_headers,
+            max_head,
+            &rewrite,
+            &mut client.out,
+        ) {
+            Parsed::Partial => return None,
+            Parsed::Fallback => return Some(Next::Fallback),
+            Parsed::Refused(refusal) => Err(refusal),
+            Parsed::Done(head) => {
+                let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::GET);
+                let route = live.routes.select(&method, head.host, head.path);
+                // A request this route may send twice needs its body kept and
+                // hyper's error detail (handler.rs retries): hyper takes it.
+                if route.retries_idempotent() && crate::upstream::retry::is_idempotent(&method) {
+                    return Some(Next::Fallback);
+                }
+                let req = Request {
+                    framing: head.framing,
+                    close: head.close,
+                    has_host: head.has_host,
+                    head_request: method == Method::HEAD,
+                };
+                let len = head.len;
+                client.buf.advance(len);
+                Ok((route, req))
             }
-            let req = Request {
-                framing: head.framing,
-                close: head.close,
-                has_host: head.has_host,
-                head_request: method == Method::HEAD,
-            };
-            let len = head.len;
-            client.buf.advance(len);
-            (route, req)
         }
+    };
+    let (route, req) = match parsed {
+        Ok(parsed) => parsed,
+        Err(refusal) => return Some(refuse(client, refusal).await),
     };
 
     let mut scope = Scope::start(ctx.clone());
@@ -83,7 +98,7 @@ where
         if max > 0 && n > max {
             shared.metrics.body_too_large();
             let resp = local_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
-            return Some(scope.answer(client, ctl, resp, None, true).await);
+            return Some(Box::pin(scope.answer(client, ctl, resp, None, true)).await);
         }
     }
     match route.admit().await {
@@ -97,7 +112,7 @@ where
             let resp = route.fallback(&rejection);
             // The unread body would frame the next request.
             let close = req.framing != Framing::Empty;
-            return Some(scope.answer(client, ctl, resp, None, close).await);
+            return Some(Box::pin(scope.answer(client, ctl, resp, None, close)).await);
         }
     }
 
@@ -114,7 +129,7 @@ where
     let progress = Progress::default();
     let sent = send(client, ctx, ctl, &upstream, &req, &body, &progress);
     let sent = match route.timeout() {
-        Some(limit) => match tokio::time::timeout(limit, sent).await {
+        Some(limit) => match Box::pin(tokio::time::timeout(limit, sent)).await {
             Ok(res) => res,
             Err(_) if progress.waiting_on_client.load(Ordering::Relaxed) => {
                 Err(Failure::Client(BodyFault::Timeout))
@@ -127,7 +142,9 @@ where
     };
     let (mut app, response, body_done) = match sent {
         Ok(sent) => sent,
-        Err(failure) => return Some(scope.failed(client, ctl, failure, &upstream).await),
+        Err(failure) => {
+            return Some(Box::pin(scope.failed(client, ctl, failure, &upstream)).await);
+        }
     };
 
     let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -139,7 +156,7 @@ where
             StatusCode::BAD_GATEWAY,
             "upstream switched protocols unasked\n",
         );
-        return Some(scope.answer(client, ctl, resp, permit, true).await);
+        return Some(Box::pin(scope.answer(client, ctl, resp, permit, true)).await);
     }
     shared.metrics.response(status);
     // The client said this is its last request, all of it is read, and
@@ -293,8 +310,7 @@ where
         let mut app = match upstream.raw_pool().pop() {
             Some(app) => app,
             None => AppConn {
-                io: upstream
-                    .connect()
+                io: Box::pin(upstream.connect())
                     .await
                     .map_err(|err| Failure::Connect(err, done))?,
                 buf: super::spare::take_bytes(Class::AppRead),
@@ -312,8 +328,15 @@ where
         }
         let mut sent_all = done;
         if !done {
-            sent_all =
-                stream_body(client, &mut app, &mut left, &mut received, rules, progress).await?;
+            sent_all = Box::pin(stream_body(
+                client,
+                &mut app,
+                &mut left,
+                &mut received,
+                rules,
+                progress,
+            ))
+            .await?;
         }
         let close = !sent_all || closing(ctx, ctl, req);
         match read_response_head(&mut app, req, close, client).await {

@@ -16,9 +16,16 @@ build: ## debug build of every crate
 
 test: lint test-unit test-cluster ## every test: lint, unit + in-process, then the cluster suite
 
+# The in-process tests write configs, sockets and upgrade state into
+# scratch directories under $$TMPDIR (about thirty per run): a private one,
+# removed afterwards whatever the outcome, so a run leaves nothing in /tmp.
 test-unit: ## unit and in-process integration tests (loopback only, no cluster)
-	$(CARGO) test --workspace --exclude kubegrace-e2e
-	$(CARGO) test -p kubegrace-e2e --lib --bins --test loadgen --test demo_app --test metrics_exposition
+	@scratch=$$(mktemp -d "$${TMPDIR:-/tmp}/kubegrace-test.XXXXXX") && \
+	trap 'rm -rf "$$scratch"' EXIT && \
+	echo "$(CARGO) test --workspace --exclude kubegrace-e2e  (TMPDIR=$$scratch)" && \
+	TMPDIR="$$scratch" $(CARGO) test --workspace --exclude kubegrace-e2e && \
+	echo "$(CARGO) test -p kubegrace-e2e --lib --bins --test loadgen --test demo_app --test metrics_exposition" && \
+	TMPDIR="$$scratch" $(CARGO) test -p kubegrace-e2e --lib --bins --test loadgen --test demo_app --test metrics_exposition
 
 fuzz: ## the fast path's parser properties long (FUZZ_CASES per property, default 100000; minutes)
 	KUBEGRACE_FUZZ_CASES=$${FUZZ_CASES:-100000} $(CARGO) test -p kubegrace-sidecar --lib proxy::h1::fuzz -- --test-threads=2

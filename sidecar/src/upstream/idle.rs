@@ -160,15 +160,27 @@ mod coarse {
         (rc == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
     }
 
+    /// The coarse clock's tick, or `None` where the kernel refuses it
+    /// (every Linux since 2.6.32 has it). Decided once, so readings of the
+    /// two clocks, which count from different origins, are never mixed.
+    fn tick() -> Option<Duration> {
+        static TICK: OnceLock<Option<Duration>> = OnceLock::new();
+        *TICK.get_or_init(|| {
+            read(libc::clock_getres).filter(|_| read(libc::clock_gettime).is_some())
+        })
+    }
+
     pub(super) fn now() -> Duration {
-        // The coarse clock exists on every Linux since 2.6.32; were it
-        // refused, the precise one (a vDSO read too) keeps ages correct.
-        read(libc::clock_gettime).unwrap_or_else(super::precise_since_start)
+        match tick() {
+            // It answered once; it cannot start refusing (EINVAL and
+            // EFAULT are the only errors).
+            Some(_) => read(libc::clock_gettime).unwrap_or_default(),
+            None => super::precise_since_start(),
+        }
     }
 
     pub(super) fn resolution() -> Duration {
-        static RESOLUTION: OnceLock<Duration> = OnceLock::new();
-        *RESOLUTION.get_or_init(|| read(libc::clock_getres).unwrap_or(Duration::from_millis(10)))
+        tick().unwrap_or_default()
     }
 }
 
@@ -185,7 +197,7 @@ mod coarse {
     }
 }
 
-#[cfg_attr(target_os = "linux", allow(dead_code))]
+/// `Instant::now`, as time since the first call (the fallback clock).
 fn precise_since_start() -> Duration {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     START.get_or_init(std::time::Instant::now).elapsed()

@@ -43,9 +43,9 @@ where
     // The paths most requests never take (local answers, failures, a
     // route timeout, a new app connection, a body still coming) are boxed
     // where they are awaited: inline, their states made this future 2,072
-    // bytes, past glibc's per-thread cache (1,032), so the box `exchanges`
-    // makes per request came from the arena's slow path and was copied in
-    // whole (bench/README.md, "seventh pass").
+    // bytes, all of it copied into the heap slot `exchanges` gives it per
+    // request, which then came from the arena's slow path too
+    // (bench/README.md, "seventh pass"; slot.rs since).
     let shared = &ctx.shared;
     let max_head = limits.max_header_bytes.max(8192);
     // The live config is borrowed (arc-swap's guard), not cloned, and only

@@ -301,3 +301,56 @@ fn targets_hyper_refuses_are_refused_and_fragments_are_hyper_s() {
     }
     assert!(falls_back("GET /a#frag HTTP/1.1\r\nHost: a\r\n\r\n"));
 }
+
+/// Lines already in the written form are copied from the buffer in runs;
+/// the others are written anew. Either way the bytes are the ones a line
+/// by line rewrite gives: dropped lines end a run, odd spacing and bare
+/// line ends are normalised, and a status or request line not in the
+/// written form is written anew.
+#[test]
+fn lines_copied_as_they_came_give_the_bytes_written_anew() {
+    let (parsed, out) = request(
+        "\r\nGET /x?q HTTP/1.1\r\nHost:  shop\r\nA: 1\r\nB: 2 \r\nC:3\r\nD: 4\r\n\
+         Connection: close\r\nE: 5\nF: \r\nX-Forwarded-For: 1.2.3.4\r\nG: 6\r\n\r\n",
+    );
+    assert!(matches!(parsed, Parsed::Done(_)), "{parsed:?}");
+    assert_eq!(
+        out,
+        "GET /x?q HTTP/1.1\r\nHost: shop\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: 4\r\nE: 5\r\nF: \r\n\
+         X-Forwarded-For: 1.2.3.4, 10.0.0.7\r\nG: 6\r\nx-forwarded-proto: http\r\n"
+    );
+
+    let (parsed, out) = request("GET / HTTP/1.1\nHost: a\r\nB: 2\r\n\r\n");
+    assert!(matches!(parsed, Parsed::Done(_)), "{parsed:?}");
+    assert_eq!(
+        out,
+        "GET / HTTP/1.1\r\nHost: a\r\nB: 2\r\nx-forwarded-for: 10.0.0.7\r\nx-forwarded-proto: http\r\n"
+    );
+
+    for (raw, want) in [
+        (
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX:  y\r\nZ: z\r\nKeep-Alive: 5\r\nW: w\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX: y\r\nZ: z\r\nW: w\r\n\r\n",
+        ),
+        (
+            "HTTP/1.1 404 \r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 404 \r\nContent-Length: 0\r\n\r\n",
+        ),
+        (
+            "HTTP/1.1 204\r\nA: 1\r\n\r\n",
+            "HTTP/1.1 204 \r\nA: 1\r\n\r\n",
+        ),
+        (
+            "HTTP/1.0 200 Fine\r\nContent-Length: 0\r\nConnection: keep-alive\r\n\r\n",
+            "HTTP/1.1 200 Fine\r\nContent-Length: 0\r\n\r\n",
+        ),
+        (
+            "HTTP/1.1 200 OK\nContent-Length: 0\n\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+        ),
+    ] {
+        let (parsed, out) = response(raw, false, false);
+        assert!(matches!(parsed, Parsed::Done(_)), "{raw:?}: {parsed:?}");
+        assert_eq!(out, want, "{raw:?}");
+    }
+}

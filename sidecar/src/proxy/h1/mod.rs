@@ -37,6 +37,7 @@ mod exchange;
 mod fuzz;
 mod head;
 mod pool;
+mod slot;
 mod spare;
 
 use std::future::Future;
@@ -197,6 +198,7 @@ impl<T: AsyncRead + Unpin> Client<T> {
 /// open now) back to the allocator (memory.rs, after a spike).
 pub(crate) fn release_spare_buffers(open: usize) {
     spare::release(open);
+    slot::release(open);
 }
 
 /// The read buffer for a new connection's first bytes (the protocol
@@ -290,11 +292,14 @@ where
                 return Ok(Ended::Closed);
             }
             if !client.buf.is_empty() {
-                // `None`: the head is not complete yet. Boxed: the exchange's
-                // state (896 bytes, `-Zprint-type-sizes`; under glibc's
-                // 1,032-byte per-thread cache, see exchange.rs) is held only
-                // while a request is on, not by every idle connection.
-                let exchange = Box::pin(exchange::try_request(client, ctx, limits, ctl));
+                // `None`: the head is not complete yet. On the heap: the
+                // exchange's state (896 bytes, `-Zprint-type-sizes`) is held
+                // only while a request is on, not by every idle connection;
+                // in a slot reused from request to request (slot.rs).
+                let exchange = slot::Pooled::new(
+                    exchange::try_request(client, ctx, limits, ctl),
+                    ctx.shared.drain.open_connections(),
+                );
                 if let Some(next) = exchange.await {
                     break next;
                 }

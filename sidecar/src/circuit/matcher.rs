@@ -94,6 +94,11 @@ impl CompiledMatch {
         self.methods.is_empty() || self.methods.iter().any(|m| m == method.as_str())
     }
 
+    /// Whether this match looks at the host at all.
+    pub(crate) fn has_host_rule(&self) -> bool {
+        !matches!(self.host, HostRule::Any)
+    }
+
     fn host_matches(&self, host: Option<&str>) -> bool {
         let wanted = match &self.host {
             HostRule::Any => return true,

@@ -61,6 +61,9 @@ use matcher::CompiledMatch;
 pub struct RouteTable {
     routes: Vec<Arc<Route>>,
     default_route: Arc<Route>,
+    /// Some route matches on the host: only then is a request's `Host`
+    /// needed as text (the fast path skips checking its UTF-8 otherwise).
+    matches_hosts: bool,
 }
 
 /// One route's policy and live state.
@@ -475,10 +478,17 @@ impl RouteTable {
                     previous.get(CATCH_ALL_ROUTE).copied(),
                 ))
             });
+        let matches_hosts = routes.iter().any(|route| route.matcher.has_host_rule());
         RouteTable {
             routes,
             default_route,
+            matches_hosts,
         }
+    }
+
+    /// Whether any route matches on the host (else `select` ignores it).
+    pub fn matches_hosts(&self) -> bool {
+        self.matches_hosts
     }
 
     /// The route for a request: first match wins, the default route catches

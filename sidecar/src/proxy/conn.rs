@@ -185,8 +185,11 @@ struct CountingIo<T> {
     /// The connection's context, for its activity counters (one allocation
     /// per connection holds both).
     ctx: Arc<ConnCtx>,
-    /// Bytes read so far (this wrapper is the only reader).
+    /// Bytes read and written so far (this wrapper is the only reader
+    /// and writer): the shared counters are stored, not added to, which
+    /// is a plain store instead of a locked instruction per read and write.
     read: u64,
+    written: u64,
     /// How much of CRLF CRLF the head scan has matched.
     scan_state: u8,
     /// Nagle's algorithm is still on: it goes off before the second
@@ -201,6 +204,7 @@ impl<T> CountingIo<T> {
             inner,
             ctx,
             read: 0,
+            written: 0,
             scan_state: 0,
             delay_on: true,
             wrote: false,
@@ -243,10 +247,11 @@ impl<T> CountingIo<T> {
         match res {
             Poll::Ready(Ok(n)) => {
                 self.wrote = true;
+                self.written += *n as u64;
                 self.ctx
                     .act
                     .bytes_written
-                    .fetch_add(*n as u64, Ordering::Relaxed);
+                    .store(self.written, Ordering::Relaxed);
                 self.ctx.act.write_blocked.store(false, Ordering::Relaxed);
             }
             Poll::Pending => self.ctx.act.write_blocked.store(true, Ordering::Relaxed),

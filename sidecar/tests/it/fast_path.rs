@@ -186,3 +186,54 @@ async fn a_closing_answer_arrives_whole_and_then_the_end_of_stream() -> Result<(
     }
     Ok(())
 }
+
+/// Routes that match on the host take the same requests on both paths:
+/// the fast path makes the `Host` value text only when a route looks at
+/// it, by hyper's rule (a value that is not visible ASCII is no host).
+#[tokio::test]
+async fn host_routes_take_the_same_requests_on_both_paths() -> Result<()> {
+    const BREAKER: &str = "{consecutiveFailures: 50, minRequests: 100}";
+    let config = format!(
+        "routes:\n  - {{name: api, match: {{host: api.example}}, circuitBreaker: {BREAKER}}}\n  - {{name: root, match: {{pathPrefix: /}}, circuitBreaker: {BREAKER}}}\n"
+    );
+    let hosts: &[&[u8]] = &[
+        b"api.example",
+        b"API.Example:8080",
+        b"shop",
+        b"api.example\xc3\xa9",
+        b"api.example",
+    ];
+    let mut counts = Vec::new();
+    for fast in ["true", "false"] {
+        let app = WireApp::start().await?;
+        let sidecar = InProcess::start(
+            SidecarSpec::new(app.addr)
+                .args(&["--http1-fast-path", fast])
+                .config(&config),
+        )
+        .await?;
+        for host in hosts {
+            let mut request = b"GET /plain HTTP/1.1\r\nHost: ".to_vec();
+            request.extend_from_slice(host);
+            request.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+            let (head, _) = exchange(sidecar.listen, &request).await?;
+            ensure!(
+                head.starts_with(b"HTTP/1.1 200"),
+                "{}",
+                String::from_utf8_lossy(&head)
+            );
+        }
+        let requests = |route: serde_json::Value| route["breaker"]["window"]["requests"].clone();
+        counts.push((
+            requests(sidecar.route("api").await?),
+            requests(sidecar.route("root").await?),
+        ));
+    }
+    ensure!(
+        counts[0] == (3.into(), 2.into()),
+        "fast path: api and root took {:?}, want 3 and 2",
+        counts[0]
+    );
+    ensure!(counts[0] == counts[1], "hyper's path: {:?}", counts[1]);
+    Ok(())
+}

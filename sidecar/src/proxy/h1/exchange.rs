@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http::{Method, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -69,7 +69,14 @@ where
             Parsed::Refused(refusal) => Err(refusal),
             Parsed::Done(head) => {
                 let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::GET);
-                let route = live.routes.select(&method, head.host, head.path);
+                // Made text only when a route matches on it, and then by
+                // the rule hyper's path uses (`HeaderValue::to_str`: tab and
+                // visible ASCII, else matched as no host).
+                let host = match head.host {
+                    Some(host) if live.routes.matches_hosts() => host_text(host),
+                    _ => None,
+                };
+                let route = live.routes.select(&method, host, head.path);
                 // A request this route may send twice needs its body kept and
                 // hyper's error detail (handler.rs retries): hyper takes it.
                 if route.retries_idempotent() && crate::upstream::retry::is_idempotent(&method) {
@@ -82,7 +89,7 @@ where
                     head_request: method == Method::HEAD,
                 };
                 let len = head.len;
-                client.buf.advance(len);
+                super::consume(&mut client.buf, len);
                 Ok((route, req))
             }
         }
@@ -92,7 +99,7 @@ where
         Err(refusal) => return Some(refuse(client, refusal).await),
     };
 
-    let mut scope = Scope::start(ctx.clone());
+    let mut scope = Scope::start(ctx);
     if let Framing::Length(n) = req.framing {
         let max = limits.max_request_body_bytes;
         if max > 0 && n > max {
@@ -190,6 +197,18 @@ where
     drop(permit);
     drop(scope);
     Some(next)
+}
+
+/// A `Host` value as text when `HeaderValue::to_str` would give it.
+fn host_text(value: &[u8]) -> Option<&str> {
+    if value
+        .iter()
+        .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b))
+    {
+        std::str::from_utf8(value).ok()
+    } else {
+        None
+    }
 }
 
 /// What the exchange needs of the request head after the buffer moved on.
@@ -297,7 +316,7 @@ where
             return Err(Failure::Client(BodyFault::TooLarge));
         }
         client.out.extend_from_slice(&client.buf[..n]);
-        client.buf.advance(n);
+        super::consume(&mut client.buf, n);
         done = complete;
     }
     // Everything of the request in one buffer: it may go again on another
@@ -402,10 +421,10 @@ where
             progress.body_read.store(true, Ordering::Relaxed);
         }
         if app.io.write_all(&client.buf[..n]).await.is_err() {
-            client.buf.advance(n);
+            super::consume(&mut client.buf, n);
             return Ok(false);
         }
-        client.buf.advance(n);
+        super::consume(&mut client.buf, n);
         if complete {
             return Ok(true);
         }
@@ -431,11 +450,11 @@ async fn read_response_head<T>(
         if !app.buf.is_empty() {
             match head::parse_response(&app.buf, req.head_request, close, &mut client.out) {
                 Parsed::Done(head) if (100..200).contains(&head.status) && head.status != 101 => {
-                    app.buf.advance(head.len);
+                    super::consume(&mut app.buf, head.len);
                     continue;
                 }
                 Parsed::Done(head) => {
-                    app.buf.advance(head.len);
+                    super::consume(&mut app.buf, head.len);
                     return Ok(head);
                 }
                 Parsed::Partial if app.buf.len() < MAX_RESPONSE_HEAD => {}
@@ -480,7 +499,7 @@ where
     if let Some(body) = left.as_mut() {
         let (n, complete) = body.take(&app.buf)?;
         client.out.extend_from_slice(&app.buf[..n]);
-        app.buf.advance(n);
+        super::consume(&mut app.buf, n);
         done = complete;
     }
     let mark_last = |done: bool| {
@@ -503,7 +522,7 @@ where
         let (n, complete) = body.take(&app.buf)?;
         mark_last(complete);
         client.io.write_all(&app.buf[..n]).await.map_err(|_| ())?;
-        app.buf.advance(n);
+        super::consume(&mut app.buf, n);
         done = complete;
     }
     Ok(())
@@ -564,14 +583,15 @@ fn write_status_line(out: &mut Vec<u8>, status: StatusCode) {
 /// One request's accounting and circuit permit (handler.rs's
 /// `RequestScope`): a request dropped before its answer (client gone,
 /// drain deadline) records `Cancelled` and ends its accounting here.
-struct Scope {
-    ctx: Arc<ConnCtx>,
+struct Scope<'c> {
+    /// Borrowed: a clone would be two locked instructions per request.
+    ctx: &'c ConnCtx,
     started: Instant,
     permit: Option<Permit>,
 }
 
-impl Scope {
-    fn start(ctx: Arc<ConnCtx>) -> Scope {
+impl<'c> Scope<'c> {
+    fn start(ctx: &'c ConnCtx) -> Scope<'c> {
         ctx.shared.metrics.request_started();
         ctx.act.inflight.fetch_add(1, Ordering::Relaxed);
         ctx.act.requests.fetch_add(1, Ordering::Relaxed);
@@ -699,7 +719,7 @@ impl Scope {
     }
 }
 
-impl Drop for Scope {
+impl Drop for Scope<'_> {
     fn drop(&mut self) {
         if let Some(permit) = self.permit.as_mut() {
             permit.record(UpstreamOutcome::Cancelled);

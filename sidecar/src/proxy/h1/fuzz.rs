@@ -65,7 +65,7 @@ fn request(buf: &[u8], max_headers: usize, max_head: usize) -> Head {
             close: h.close,
             has_host: h.has_host,
             path: h.path.to_string(),
-            host: h.host.map(str::to_string),
+            host: h.host.map(|h| String::from_utf8_lossy(h).into_owned()),
             out,
         },
     }

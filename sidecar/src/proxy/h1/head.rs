@@ -43,7 +43,9 @@ pub(crate) struct RequestHead<'b> {
     pub(crate) method: &'b str,
     /// The target's path, without the query.
     pub(crate) path: &'b str,
-    pub(crate) host: Option<&'b str>,
+    /// The `Host` value's bytes (text only if a route needs it:
+    /// `RouteTable::matches_hosts`).
+    pub(crate) host: Option<&'b [u8]>,
     /// A `Host` header came (else the caller adds the upstream's).
     pub(crate) has_host: bool,
     pub(crate) framing: Framing,
@@ -235,6 +237,7 @@ impl<'b> LineCopier<'b> {
 
     /// Takes bytes `start..end` of the buffer into the run, copying the
     /// run out first when they do not follow it.
+    #[inline]
     fn take(&mut self, out: &mut Vec<u8>, start: usize, end: usize) {
         if self.run.end != start || self.run.is_empty() {
             self.flush(out);
@@ -258,10 +261,15 @@ impl<'b> LineCopier<'b> {
         let name_end = start.wrapping_add(name.len());
         let value_start = self.offset(value);
         let end = value_start.wrapping_add(value.len()).wrapping_add(2);
+        // Byte by byte, not as slices: a slice comparison is a call.
+        let byte = |i: usize| self.buf.get(i).copied();
         let canonical = value_start == name_end.wrapping_add(2)
             && !value.is_empty()
-            && self.buf.get(name_end..value_start) == Some(b": ".as_slice())
-            && self.buf.get(end.wrapping_sub(2)..end) == Some(b"\r\n".as_slice());
+            && end <= self.buf.len()
+            && byte(name_end) == Some(b':')
+            && byte(name_end.wrapping_add(1)) == Some(b' ')
+            && byte(end.wrapping_sub(2)) == Some(b'\r')
+            && byte(end.wrapping_sub(1)) == Some(b'\n');
         if canonical {
             self.take(out, start, end);
         } else {
@@ -342,7 +350,7 @@ pub(crate) fn parse_request<'b>(
                 if host.is_some() {
                     return Parsed::Refused(Refusal::BadRequest);
                 }
-                host = Some(std::str::from_utf8(h.value).ok());
+                host = Some(h.value);
             }
             Name::ContentLength => {
                 // A second Content-Length, even an equal one, is refused:
@@ -444,7 +452,7 @@ pub(crate) fn parse_request<'b>(
         method,
         path,
         has_host: host.is_some(),
-        host: host.flatten(),
+        host,
         framing,
         close: conn.close,
         len,

@@ -18,7 +18,7 @@ fn request(raw: &str) -> (Parsed<Owned>, String) {
                 h.close,
                 h.has_host,
                 h.path.to_string(),
-                h.host.map(str::to_string),
+                h.host.map(|h| String::from_utf8_lossy(h).into_owned()),
             ))
         }
         Parsed::Partial => Parsed::Partial,

@@ -46,7 +46,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use futures_util::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -199,6 +199,18 @@ impl<T: AsyncRead + Unpin> Client<T> {
 pub(crate) fn release_spare_buffers(open: usize) {
     spare::release(open);
     slot::release(open);
+}
+
+/// Drops the first `n` bytes of a read buffer. When that is all of them it
+/// is cleared instead, which keeps its start and so its whole capacity: an
+/// `advance` moves the start, and the next `reserve` (or giving the buffer
+/// back, spare.rs) has to take that room back, once per request.
+pub(super) fn consume(buf: &mut BytesMut, n: usize) {
+    if n == buf.len() {
+        buf.clear();
+    } else {
+        buf.advance(n);
+    }
 }
 
 /// The read buffer for a new connection's first bytes (the protocol

@@ -21,6 +21,8 @@ use tokio::net::TcpStream;
 const APP_IDLE: Duration = Duration::from_millis(100);
 const CLIENTS: u32 = 8;
 const REQUESTS_PER_CLIENT: u32 = 40;
+/// Runs of the direct baseline, at most, until one loses a request.
+const BASELINE_TRIES: u32 = 3;
 
 #[derive(Debug, Default)]
 struct Tally {
@@ -97,11 +99,23 @@ async fn run_clients(addr: std::net::SocketAddr) -> Result<Tally> {
 async fn upstream_pool_idle_timeout_below_the_apps_hides_the_keep_alive_race() -> Result<()> {
     // The race is a few milliseconds wide: alone among the timing-sensitive tests.
     let _timing = crate::kit::timing_sensitive().await;
-    // Baseline: clients straight to the app.
-    let app = TestApp::start_idle_closing(APP_IDLE).await?;
-    let direct = run_clients(app.addr).await?;
-    let direct_idle_closes = app.idle_closes();
-    drop(app);
+    // Baseline: clients straight to the app. The window is a few
+    // milliseconds wide, and on a loaded machine the clients' pauses
+    // stretch past it; up to three tries show the loss (the sidecar's
+    // run below gets one).
+    let mut direct = Tally::default();
+    let mut direct_idle_closes = 0;
+    for _ in 0..BASELINE_TRIES {
+        let app = TestApp::start_idle_closing(APP_IDLE).await?;
+        let run = run_clients(app.addr).await?;
+        direct_idle_closes += app.idle_closes();
+        direct.sent += run.sent;
+        direct.failed += run.failed;
+        direct.details.extend(run.details);
+        if direct.failed > 0 {
+            break;
+        }
+    }
 
     // Through the sidecar with its default pool (idle 4s, longer than the app's).
     let app = TestApp::start_idle_closing(APP_IDLE).await?;

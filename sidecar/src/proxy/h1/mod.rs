@@ -17,6 +17,11 @@
 //!    same way (`Connection: close` while draining) and its body relayed by
 //!    its framing. A clean end puts the app connection back on the pool.
 //!
+//! Allocation: buffers come from and go back to per-thread spare stacks
+//! (`spare`), and the exchange's state lives in a heap slot reused from
+//! request to request (`slot`), so an idle connection holds neither and a
+//! busy one does not go to malloc per request.
+//!
 //! What this path does not serve goes to hyper, with the bytes already
 //! read replayed in front ([`Rewind`]): HTTP/1.0, upgrades (WebSocket,
 //! h2c), `Expect`, CONNECT, absolute-form targets, Transfer-Encoding other

@@ -217,8 +217,9 @@ pub(crate) fn put_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 /// [`put_header`] writes (`name: value` and CRLF, one space, nothing
 /// trailing) is copied from the buffer as it came, and adjacent such lines
 /// in one copy: the same bytes as writing each line anew, with one copy
-/// for a whole run instead of four per line (a tenth of the path's own
-/// instructions went to those small copies; bench/README.md, "eighth pass").
+/// for a whole run instead of four per line (writing lines one by one was
+/// 6% of the sidecar's user-space instructions; bench/README.md, "eighth
+/// pass").
 struct LineCopier<'b> {
     buf: &'b [u8],
     /// The run of buffer bytes not yet copied.

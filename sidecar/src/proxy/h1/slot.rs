@@ -5,8 +5,8 @@
 //! not carry it), and with 64 requests in flight glibc's per-thread cache
 //! (seven chunks a size) runs dry, so most of those boxes came from the
 //! arena's bins and went back through them: `_int_malloc` and `_int_free`
-//! were 3% of the path's own instructions (bench/README.md, "eighth
-//! pass"). A slot that goes back to a per-thread stack comes out again for
+//! were 3% of the sidecar's user-space instructions (bench/README.md,
+//! "eighth pass"). A slot that goes back to a per-thread stack comes out again for
 //! the next request, warm in the cache.
 //!
 //! Bounded as the spare buffers are (spare.rs): at most [`KEEP`] slots a

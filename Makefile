@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
 
-.PHONY: version-matrix plugin krew fuzz actionlint release-images-check dockerfile-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo kind-test kind-demo bench cluster-up cluster-down images help
+.PHONY: deps version-matrix plugin krew fuzz actionlint release-images-check dockerfile-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo kind-test kind-demo bench cluster-up cluster-down images help
 
 all: build
 
@@ -14,12 +14,18 @@ help: ## this list
 build: ## debug build of every crate
 	$(CARGO) build --workspace --all-targets
 
-test: lint test-unit test-cluster ## every test: lint, unit + in-process, then the cluster suite
+# The README's test command, and all of CI (.ci/run): installs what it needs
+# (hack/install-deps), builds Kubernetes in the background, then every tier.
+test: ## every test: installs what it needs, then lint, unit + in-process, then the cluster suite
+	MAKE="$(MAKE)" hack/test-all
+
+deps: ## what the tests and the demo need on a fresh Debian machine (packages, promtool, test venv, rustfmt/clippy); a no-op when present
+	hack/install-deps
 
 # The in-process tests write configs, sockets and upgrade state into
 # scratch directories under $$TMPDIR (about thirty per run): a private one,
 # removed afterwards whatever the outcome, so a run leaves nothing in /tmp.
-test-unit: ## unit and in-process integration tests (loopback only, no cluster)
+test-unit: deps ## unit and in-process integration tests (loopback only, no cluster)
 	@scratch=$$(mktemp -d "$${TMPDIR:-/tmp}/kubegrace-test.XXXXXX") && \
 	trap 'rm -rf "$$scratch"' EXIT && \
 	echo "$(CARGO) test --workspace --exclude kubegrace-e2e  (TMPDIR=$$scratch)" && \
@@ -30,10 +36,10 @@ test-unit: ## unit and in-process integration tests (loopback only, no cluster)
 fuzz: ## the fast path's parser properties long (FUZZ_CASES per property, default 100000; minutes)
 	KUBEGRACE_FUZZ_CASES=$${FUZZ_CASES:-100000} $(CARGO) test -p kubegrace-sidecar --lib proxy::h1::fuzz -- --test-threads=2
 
-test-cluster: ## cluster tests on $$KUBECONFIG, or on the local single-node cluster (booted and torn down here)
+test-cluster: deps ## cluster tests on $$KUBECONFIG, or on the local single-node cluster (booted and torn down here)
 	e2e/run-cluster-tests
 
-lint: fmt-check clippy crd-check actionlint ## formatting, clippy -D warnings, CRD drift, GitHub workflows
+lint: deps fmt-check clippy crd-check actionlint ## formatting, clippy -D warnings, CRD drift, GitHub workflows
 
 actionlint: ## the GitHub workflows (actionlint, built from the Go module proxy once)
 	hack/actionlint
@@ -83,13 +89,13 @@ cluster-down: ## remove everything the local cluster created
 images: ## build static images and import them into the cluster
 	e2e/cluster/images
 
-demo: ## roll a Deployment under load with and without kubegrace; print the table
+demo: deps ## roll a Deployment under load with and without kubegrace; print the table
 	e2e/demo
 
-kind-test: ## the kind path end to end: Docker (started here), kind, the offline node image, the e2e suite; then cleanup
+kind-test: deps ## the kind path end to end: Docker (started here), kind, the offline node image, the e2e suite; then cleanup
 	e2e/kind/test
 
-kind-demo: ## make demo on the kind path (Docker started here and stopped afterwards)
+kind-demo: deps ## make demo on the kind path (Docker started here and stopped afterwards)
 	e2e/kind/test demo
 
 plugin: ## kubectl-kubegrace (debug), ready to copy onto PATH

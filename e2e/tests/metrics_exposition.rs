@@ -83,7 +83,7 @@ async fn scrape(admin: SocketAddr) -> Result<String> {
 
 /// `promtool check metrics`: parses the exposition text and lints the names.
 async fn promtool_check(what: &str, text: &str) -> Result<()> {
-    // The same search as charts/kubegrace/hack/lint: $PROMTOOL, the copy .ci/run
+    // The same search as charts/kubegrace/hack/lint: $PROMTOOL, the copy make deps
     // caches beside the cluster tools, then PATH.
     let cached = "/var/cache/kubegrace/bin/promtool";
     let promtool = std::env::var("PROMTOOL").unwrap_or_else(|_| {
@@ -101,7 +101,7 @@ async fn promtool_check(what: &str, text: &str) -> Result<()> {
         .kill_on_drop(true)
         .spawn()
         .with_context(|| {
-            format!("running {promtool} (.ci/run fetches it; Debian package prometheus; or set PROMTOOL)")
+            format!("running {promtool} (make deps fetches it; Debian package prometheus; or set PROMTOOL)")
         })?;
     let mut stdin = child.stdin.take().context("promtool stdin")?;
     stdin.write_all(text.as_bytes()).await?;

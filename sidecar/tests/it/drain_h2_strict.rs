@@ -263,7 +263,7 @@ fn baseline_loses_the_drain_does_not(
 }
 
 /// The interpreter with a current httpx (httpcore 1.x, python h2 4.x):
-/// `KUBEGRACE_TEST_PYTHON`, or the venv `.ci/run` installs.
+/// `KUBEGRACE_TEST_PYTHON`, or the venv `make deps` installs.
 fn current_python() -> Result<String> {
     let python = std::env::var("KUBEGRACE_TEST_PYTHON")
         .unwrap_or_else(|_| "/var/cache/kubegrace/pyvenv/bin/python".into());
@@ -271,7 +271,7 @@ fn current_python() -> Result<String> {
         &python,
         "int(httpcore.__version__.split('.')[0]) >= 1",
         "python3 -m venv /var/cache/kubegrace/pyvenv && \
-         /var/cache/kubegrace/pyvenv/bin/pip install 'httpx[http2]==0.28.1' (as .ci/run does), \
+         /var/cache/kubegrace/pyvenv/bin/pip install 'httpx[http2]==0.28.1' (as make deps does), \
          or set KUBEGRACE_TEST_PYTHON",
     )?;
     Ok(python)
@@ -283,7 +283,7 @@ fn debian_python() -> Result<String> {
     check_python(
         &python,
         "httpcore.__version__.startswith('0.16.')",
-        "apt-get install python3-httpx python3-h2 (as .ci/run does)",
+        "apt-get install python3-httpx python3-h2 (as make deps does)",
     )?;
     Ok(python)
 }

@@ -5,6 +5,7 @@
 #   docker build --target sidecar  -t kubegrace/sidecar:dev .
 #   docker build --target operator -t kubegrace/operator:dev .
 #   docker build --target demo-app -t kubegrace/demo-app:dev .
+#   docker build --target loadgen  -t kubegrace/loadgen:dev .   (what `kubectl kubegrace verify` runs)
 #   docker buildx build --platform linux/amd64,linux/arm64 --target sidecar ...
 #   buildah build --target sidecar -t kubegrace/sidecar:dev .
 #
@@ -31,7 +32,7 @@ COPY . .
 RUN KUBEGRACE_GIT_REVISION="${KUBEGRACE_GIT_REVISION}" CARGO_TARGET_DIR=/src/target \
     e2e/images/build-static "${TARGETARCH}" /out \
       kubegrace-sidecar:kubegrace-sidecar kubegrace-operator:kubegrace-operator \
-      kubegrace-e2e:kubegrace-demo-app
+      kubegrace-e2e:kubegrace-demo-app kubegrace-e2e:kubegrace-loadgen
 
 FROM scratch AS prebuilt
 ARG TARGETARCH
@@ -56,6 +57,14 @@ LABEL org.opencontainers.image.title="kubegrace-demo-app" \
 COPY --from=binaries /out/kubegrace-demo-app /usr/local/bin/kubegrace-demo-app
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/kubegrace-demo-app"]
+
+FROM runtime AS loadgen
+LABEL org.opencontainers.image.title="kubegrace-loadgen" \
+      org.opencontainers.image.description="The load kubectl kubegrace verify sends through a rollout, recording every request outcome"
+COPY --from=binaries /out/kubegrace-loadgen /usr/local/bin/kubegrace-loadgen
+# 9000: GET /ready, POST /stop (the Job's control port).
+EXPOSE 9000
+ENTRYPOINT ["/usr/local/bin/kubegrace-loadgen"]
 
 FROM runtime AS operator
 LABEL org.opencontainers.image.title="kubegrace-operator" \

@@ -21,8 +21,13 @@ use kubegrace_load::{Config, Protocol, job, rollout};
 use crate::cluster::wait;
 use crate::{Error, Result};
 
-/// The default loadgen image: the one `e2e/cluster/images` builds and imports.
-pub const DEFAULT_LOADGEN_IMAGE: &str = "localhost/kubegrace/loadgen:e2e";
+/// The default loadgen image: the release's, at this plugin's own version, so
+/// `kubectl kubegrace verify` works on any cluster that can pull from the
+/// release registry (the release workflow publishes it with the sidecar and the
+/// operator). The e2e suite and `make demo` pass their locally built
+/// `localhost/kubegrace/loadgen:e2e` with `--loadgen-image`.
+pub const DEFAULT_LOADGEN_IMAGE: &str =
+    concat!("ghcr.io/kubegrace/loadgen:", env!("CARGO_PKG_VERSION"));
 
 /// The traffic `verify` sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -95,3 +95,71 @@ fn a_missing_or_misnamed_archive_gives_no_manifest() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `kubectl-kubegrace_v0.1.0_windows_<arch>.zip` holding `kubectl-kubegrace.exe`
+/// (and `LICENSE`), written with python's zipfile as the release workflow's
+/// Windows job writes it with PowerShell's Compress-Archive: the same format.
+fn windows_zip(dir: &Path, arch: &str, members: &[&str]) -> PathBuf {
+    let out = dir.join(format!("kubectl-kubegrace_v0.1.0_windows_{arch}.zip"));
+    let ok = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sys, zipfile\n\
+             with zipfile.ZipFile(sys.argv[1], 'w') as z:\n\
+             \x20   [z.writestr(m, 'content of ' + m) for m in sys.argv[2:]]",
+        )
+        .arg(&out)
+        .args(members)
+        .status()
+        .expect("python3")
+        .success();
+    assert!(ok, "zip failed");
+    out
+}
+
+#[test]
+fn windows_archives_are_zips_with_the_exe() {
+    let dir = scratch("windows");
+    let linux = archive(&dir, "linux_amd64", "amd64 binary");
+    let win = windows_zip(&dir, "arm64", &["kubectl-kubegrace.exe", "LICENSE"]);
+    let out = Command::new(script())
+        .arg("v0.1.0")
+        .arg(&linux)
+        .arg(&win)
+        .output()
+        .expect("manifest");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_yaml::Value = serde_yaml::from_slice(&out.stdout).expect("YAML");
+    let platforms = doc["spec"]["platforms"].as_sequence().expect("platforms");
+    assert_eq!(platforms.len(), 2);
+    let windows = &platforms[1];
+    assert_eq!(windows["selector"]["matchLabels"]["os"], "windows");
+    assert_eq!(windows["selector"]["matchLabels"]["arch"], "arm64");
+    assert_eq!(windows["bin"], "kubectl-kubegrace.exe");
+    assert_eq!(windows["files"][0]["from"], "kubectl-kubegrace.exe");
+    assert_eq!(windows["files"][1]["from"], "LICENSE");
+    let sha = format!("{:x}", Sha256::digest(std::fs::read(&win).expect("zip")));
+    assert_eq!(windows["sha256"].as_str(), Some(sha.as_str()));
+    // The Linux entry keeps its binary name.
+    assert_eq!(platforms[0]["bin"], "kubectl-kubegrace");
+
+    // A zip without the .exe, or a Windows tar.gz, gives no manifest.
+    let no_exe = dir.join("no-exe");
+    std::fs::create_dir_all(&no_exe).expect("dir");
+    let bad_zip = windows_zip(&no_exe, "amd64", &["kubectl-kubegrace"]);
+    let tar_for_windows = archive(&dir, "windows_amd64", "binary");
+    for bad in [bad_zip, tar_for_windows] {
+        let out = Command::new(script())
+            .arg("v0.1.0")
+            .arg(&bad)
+            .output()
+            .expect("manifest");
+        assert!(!out.status.success(), "{bad:?} accepted");
+        assert!(out.stdout.is_empty(), "half a manifest for {bad:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

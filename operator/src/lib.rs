@@ -17,6 +17,7 @@ pub mod error;
 pub mod image_ref;
 pub mod inject;
 pub mod lease;
+pub mod netpol;
 pub mod ownership;
 pub mod route_match;
 pub mod route_webhook;

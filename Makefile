@@ -40,6 +40,7 @@ test-cluster: deps ## cluster tests on $$KUBECONFIG, or on the local single-node
 	e2e/run-cluster-tests
 
 lint: deps fmt-check clippy crd-check actionlint ## formatting, clippy -D warnings, CRD drift, GitHub workflows, dead Markdown links
+	hack/check-links --self-test
 	hack/check-links
 
 actionlint: ## the GitHub workflows (actionlint, built from the Go module proxy once)

@@ -39,7 +39,9 @@ fuzz: ## the fast path's parser properties long (FUZZ_CASES per property, defaul
 test-cluster: deps ## cluster tests on $$KUBECONFIG, or on the local single-node cluster (booted and torn down here)
 	e2e/run-cluster-tests
 
-lint: deps fmt-check clippy crd-check actionlint ## formatting, clippy -D warnings, CRD drift, GitHub workflows
+lint: deps fmt-check clippy crd-check actionlint ## formatting, clippy -D warnings, CRD drift, GitHub workflows, dead Markdown links
+	hack/check-links --self-test
+	hack/check-links
 
 actionlint: ## the GitHub workflows (actionlint, built from the Go module proxy once)
 	hack/actionlint

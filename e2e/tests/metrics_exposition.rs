@@ -10,7 +10,8 @@
 //!   reconcile, a webhook call and a pod drain;
 //! - every metric the chart's Grafana dashboard queries is a family one of
 //!   the two binaries really exports, so is every metric the chart's
-//!   PrometheusRule alerts on, and the README names every family.
+//!   PrometheusRule alerts on, and the metric reference (docs/metrics.md)
+//!   names every family.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -25,7 +26,7 @@ use tokio::process::{Child, Command};
 
 const T: Duration = Duration::from_secs(10);
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-const README: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
+const METRICS_DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md");
 const RULES: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../charts/kubegrace/templates/prometheusrule.yaml"
@@ -378,15 +379,18 @@ async fn both_binaries_metrics_parse_exist_from_the_start_and_feed_the_dashboard
         "the PrometheusRule alerts on metrics no binary exports: {unknown:?}"
     );
 
-    // The README's metric reference names every family the binaries export.
-    let readme = std::fs::read_to_string(README).with_context(|| format!("reading {README}"))?;
+    // The metric reference names every family the binaries export.
+    let reference =
+        std::fs::read_to_string(METRICS_DOC).with_context(|| format!("reading {METRICS_DOC}"))?;
     let undocumented: Vec<_> = names(&exported)
         .into_iter()
-        .filter(|n| !readme.contains(&format!("`{n}`")) && !readme.contains(&format!("`{n}{{")))
+        .filter(|n| {
+            !reference.contains(&format!("`{n}`")) && !reference.contains(&format!("`{n}{{"))
+        })
         .collect();
     ensure!(
         undocumented.is_empty(),
-        "exported families README.md does not name (section Metrics): {undocumented:?}"
+        "exported families {METRICS_DOC} does not name: {undocumented:?}"
     );
 
     let _ = std::fs::remove_dir_all(&dir);

@@ -39,6 +39,7 @@ pub const INJECT_FIELD_MANAGER: &str = "kubegrace-operator-inject";
 pub const RESTORE_FIELD_MANAGER: &str = "kubegrace-operator-restore";
 pub const FINALIZER: &str = "kubegrace.io/cleanup";
 
-/// Annotation and label keys (DESIGN.md "Names"), shared with the tests
-/// through the contract crate.
+/// Annotation and label keys (documented in operator/README.md, "What the
+/// webhook adds", and docs/injection.md), shared with the tests through the
+/// contract crate.
 pub use kubegrace_sidecar_api::keys;

@@ -1,5 +1,7 @@
-//! Annotation and label keys (DESIGN.md "Names"): written by the operator
-//! and its webhook, set by users and the Helm chart, read by the tests.
+//! Annotation and label keys (documented in operator/README.md, "How a
+//! workload gets the sidecar" and "What the webhook adds", and in
+//! docs/injection.md): written by the operator and its webhook, set by
+//! users and the Helm chart, read by the tests.
 
 /// `enabled` or `disabled`, on a pod, a workload or a namespace: whether
 /// the webhook injects the sidecar.

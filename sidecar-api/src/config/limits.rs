@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, HumanDuration};
 
-/// The drain protocol's timers (see DESIGN.md, "Drain protocol").
+/// The drain protocol's timers (see docs/how-it-works.md, "The drain
+/// protocol, step by step").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct DrainConfig {

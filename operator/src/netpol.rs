@@ -259,7 +259,7 @@ spec:
         ];
         for body in fine {
             assert_eq!(
-                blocked(&[pod.clone()], &[policy("p", body)]),
+                blocked(std::slice::from_ref(&pod), &[policy("p", body)]),
                 vec![],
                 "{body}"
             );
@@ -274,7 +274,7 @@ spec:
             "  podSelector: {}\n  ingress: [{ports: [{port: 15181}]}]",
         );
         assert_eq!(
-            blocked(&[pod.clone()], &[by_number.clone(), sidecar]),
+            blocked(std::slice::from_ref(&pod), &[by_number.clone(), sidecar]),
             vec![]
         );
         // UDP on the number does not count as admitting TCP.
@@ -282,7 +282,7 @@ spec:
             "udp",
             "  podSelector: {}\n  ingress: [{ports: [{port: 8080, protocol: UDP}]}]",
         );
-        assert_eq!(blocked(&[pod.clone()], &[udp]), vec![]);
+        assert_eq!(blocked(std::slice::from_ref(&pod), &[udp]), vec![]);
         // Policies of another namespace do not govern the pod.
         let mut elsewhere = by_number;
         elsewhere.metadata.namespace = Some("other".into());
@@ -298,7 +298,7 @@ spec:
         let mut second = injected_pod();
         second.metadata.name = Some("web-5d4f-fghij".into());
         assert_eq!(
-            blocked(&[injected_pod(), second], &[by_number.clone()]).len(),
+            blocked(&[injected_pod(), second], std::slice::from_ref(&by_number)).len(),
             1
         );
         // A pod without the sidecar has nothing taken over.

@@ -10,6 +10,7 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{ListParams, PostParams};
@@ -71,6 +72,11 @@ pub async fn gather(client: &Client, scope: &Scope) -> Result<Snapshot> {
     let statefulsets: Vec<StatefulSet> =
         list(client, scope.namespace.as_deref(), "StatefulSets").await?;
     let services: Vec<Service> = list(client, scope.namespace.as_deref(), "Services").await?;
+    // Read-only users may lack this one: say so instead of failing the whole check.
+    match list::<NetworkPolicy>(client, scope.namespace.as_deref(), "NetworkPolicies").await {
+        Ok(policies) => s.network_policies = policies,
+        Err(e) => s.network_policies_unreadable = Some(e.to_string()),
+    }
     // Only namespaces with a route matter for bypasses.
     for r in routes {
         let ns = r.namespace().unwrap_or_default();

@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde::Serialize;
 
@@ -70,6 +71,10 @@ pub struct Snapshot {
     pub ns_labels: BTreeMap<String, BTreeMap<String, String>>,
     pub pods: Vec<Pod>,
     pub namespaced: BTreeMap<String, rules::Namespaced>,
+    /// The NetworkPolicies of the namespaces checked.
+    pub network_policies: Vec<NetworkPolicy>,
+    /// Why they could not be read, if so (the user's RBAC).
+    pub network_policies_unreadable: Option<String>,
 }
 
 /// The findings of a snapshot at `now` (pure).
@@ -124,6 +129,13 @@ pub fn judge(s: &Snapshot, now: jiff::Timestamp) -> Vec<Finding> {
     out.push(rules::crd(s.crd.as_ref()));
     out.extend(rules::injection(&s.pods, &s.ns_labels));
     out.extend(rules::bypasses(&s.namespaced));
+    out.extend(rules::network_policies(
+        &s.pods,
+        match &s.network_policies_unreadable {
+            None => Ok(&s.network_policies),
+            Some(why) => Err(why),
+        },
+    ));
     let routes: Vec<_> = s
         .namespaced
         .values()

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{CustomResourceExt, ResourceExt};
 use kubegrace_operator::controller::dereference::Workloads;
@@ -592,4 +593,46 @@ fn recreate(p: &Pod) -> String {
             p.name_any()
         ),
     }
+}
+
+/// NetworkPolicies that admit an injected pod's app port by number but not the sidecar's
+/// listener, so port takeover drops the Service's traffic (the operator's own rule,
+/// `netpol::blocked`). `policies` is `Err` when they could not be read (RBAC): said, not
+/// judged.
+pub fn network_policies(pods: &[Pod], policies: Result<&[NetworkPolicy], &str>) -> Vec<Finding> {
+    let policies = match policies {
+        Ok(p) => p,
+        Err(why) => {
+            return vec![Finding::ok(
+                "network-policy",
+                format!("NetworkPolicies not checked: {why}"),
+            )];
+        }
+    };
+    let injected: Vec<Pod> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && is_injected(p))
+        .cloned()
+        .collect();
+    let blocked = kubegrace_operator::netpol::blocked(&injected, policies);
+    if blocked.is_empty() {
+        return vec![Finding::ok(
+            "network-policy",
+            format!(
+                "no NetworkPolicy of {} admits an injected pod's app port by number only",
+                policies.len()
+            ),
+        )];
+    }
+    blocked
+        .iter()
+        .map(|b| {
+            let (what, fix) = b.explain();
+            let ns = injected
+                .iter()
+                .find_map(|p| p.metadata.namespace.clone())
+                .unwrap_or_default();
+            Finding::problem("network-policy", format!("{ns}: {what}"), fix)
+        })
+        .collect()
 }

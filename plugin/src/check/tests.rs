@@ -445,3 +445,47 @@ fn no_install_or_two_installs_are_problems_and_the_report_says_so() {
     assert!(json["problems"].as_u64().unwrap_or(0) >= 1);
     assert!(super::text(&[Finding::ok("crd", "fine".into())]).contains("all 1 checks passed"));
 }
+
+#[test]
+fn a_network_policy_admitting_the_app_number_only_fails_with_the_fix() {
+    let injected = pod(r#"
+metadata:
+  name: web-1
+  namespace: shop
+  labels: {app: web}
+  annotations: {kubegrace.io/injected: "true"}
+  ownerReferences: [{apiVersion: apps/v1, kind: ReplicaSet, name: web-5d4f, uid: u}]
+spec:
+  initContainers:
+  - {name: kubegrace-sidecar, image: s, ports: [{name: http, containerPort: 15181}, {name: kg-admin, containerPort: 15180}]}
+  containers:
+  - {name: app, image: a, ports: [{name: kg-http, containerPort: 8080}]}
+"#);
+    let policy = |port: &str| -> k8s_openapi::api::networking::v1::NetworkPolicy {
+        serde_yaml::from_str(&format!(
+            "metadata: {{name: allow-web, namespace: shop}}\nspec: {{podSelector: {{}}, ingress: [{{ports: [{{port: {port}}}]}}]}}"
+        ))
+        .expect("policy")
+    };
+    let by_number = rules::network_policies(std::slice::from_ref(&injected), Ok(&[policy("8080")]));
+    let found = problems(&by_number);
+    assert_eq!(found.len(), 1, "{by_number:?}");
+    assert!(
+        found[0].message.contains("shop: NetworkPolicy allow-web admits the pods of ReplicaSet/web-5d4f on port 8080 by number"),
+        "{}",
+        found[0].message
+    );
+    assert!(
+        found[0]
+            .fix
+            .as_deref()
+            .unwrap_or("")
+            .contains("`port: http`")
+    );
+    // By name: fine. Unreadable: said, not failed.
+    let by_name = rules::network_policies(std::slice::from_ref(&injected), Ok(&[policy("http")]));
+    assert!(problems(&by_name).is_empty(), "{by_name:?}");
+    let unreadable = rules::network_policies(&[injected], Err("forbidden"));
+    assert!(problems(&unreadable).is_empty());
+    assert!(unreadable[0].message.contains("not checked: forbidden"));
+}

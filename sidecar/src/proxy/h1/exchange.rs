@@ -21,7 +21,7 @@ use crate::drain::Phase;
 use crate::upstream::{BodyFault, Upstream};
 
 use super::super::conn::{ConnActivity, ConnCtx};
-use super::super::local::{client_fault_response, local_response};
+use super::super::local::{LocalFraming, client_fault_response, local_response};
 
 /// Bytes read from a socket at a time while relaying a body.
 pub(super) const READ_CHUNK: usize = 16 * 1024;
@@ -99,7 +99,7 @@ where
         Err(refusal) => return Some(refuse(client, refusal).await),
     };
 
-    let mut scope = Scope::start(ctx);
+    let mut scope = Scope::start(ctx, req.head_request);
     if let Framing::Length(n) = req.framing {
         let max = limits.max_request_body_bytes;
         if max > 0 && n > max {
@@ -588,10 +588,12 @@ struct Scope<'c> {
     ctx: &'c ConnCtx,
     started: Instant,
     permit: Option<Permit>,
+    /// The request is a `HEAD`: the answer has no body.
+    head_request: bool,
 }
 
 impl<'c> Scope<'c> {
-    fn start(ctx: &'c ConnCtx) -> Scope<'c> {
+    fn start(ctx: &'c ConnCtx, head_request: bool) -> Scope<'c> {
         ctx.shared.metrics.request_started();
         ctx.act.inflight.fetch_add(1, Ordering::Relaxed);
         ctx.act.requests.fetch_add(1, Ordering::Relaxed);
@@ -599,6 +601,7 @@ impl<'c> Scope<'c> {
             ctx,
             started: Instant::now(),
             permit: None,
+            head_request,
         }
     }
 
@@ -685,9 +688,17 @@ impl<'c> Scope<'c> {
         T: AsyncRead + AsyncWrite + Unpin,
     {
         let ctx = &self.ctx;
-        ctx.shared.metrics.response(resp.status());
-        let close = close || ctl.ending().is_some() || ctx.shared.drain.phase() != Phase::Serving;
-        let (parts, body) = resp.into_parts();
+        let framing = LocalFraming::of(resp.status(), self.head_request);
+        let (mut parts, body) = resp.into_parts();
+        if framing == LocalFraming::Refused {
+            parts.status = StatusCode::BAD_GATEWAY;
+            parts.headers.clear();
+        }
+        ctx.shared.metrics.response(parts.status);
+        let close = close
+            || framing == LocalFraming::Refused
+            || ctl.ending().is_some()
+            || ctx.shared.drain.phase() != Phase::Serving;
         let body = match body.collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(never) => match never {},
@@ -701,12 +712,20 @@ impl<'c> Scope<'c> {
             }
             head::put_header(out, name.as_str().as_bytes(), value.as_bytes());
         }
-        head::put_header(out, b"content-length", body.len().to_string().as_bytes());
+        match framing {
+            LocalFraming::Body | LocalFraming::HeadersOnly => {
+                head::put_header(out, b"content-length", body.len().to_string().as_bytes());
+            }
+            LocalFraming::Refused => head::put_header(out, b"content-length", b"0"),
+            LocalFraming::Bare => {}
+        }
         if close {
             head::put_header(out, b"connection", b"close");
         }
         out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(&body);
+        if framing == LocalFraming::Body {
+            out.extend_from_slice(&body);
+        }
         let written = client.io.write_all(&client.out).await;
         drop(permit);
         drop(self);

@@ -36,6 +36,8 @@ mod handler;
 mod headers;
 mod lazy_tcp;
 mod local;
+mod path;
+mod rules;
 mod tunnel;
 
 pub use body::ProxyBody;

@@ -39,6 +39,7 @@ mod hardening;
 mod local_answers;
 mod proxy_basics;
 mod retry;
+mod route_paths;
 mod sd_notify;
 mod unix_listen;
 mod upgrade_handover;

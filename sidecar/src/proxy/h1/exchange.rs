@@ -56,6 +56,7 @@ where
         let rewrite = Rewrite {
             peer_ip: ctx.peer_ip.as_bytes(),
             trust_proto: live.config.forwarded.trusted_hops != 0,
+            keep_underscores: live.config.proxy.underscores_in_headers,
         };
         match head::parse_request(
             &client.buf,
@@ -76,7 +77,7 @@ where
                     Some(host) if live.routes.matches_hosts() => host_text(host),
                     _ => None,
                 };
-                let route = live.routes.select(&method, host, head.path);
+                let route = live.routes.select(&method, host, &head.path);
                 // A request this route may send twice needs its body kept and
                 // hyper's error detail (handler.rs retries): hyper takes it.
                 if route.retries_idempotent() && crate::upstream::retry::is_idempotent(&method) {
@@ -266,7 +267,7 @@ impl BodyLeft {
     fn new(framing: Framing) -> Option<BodyLeft> {
         match framing {
             Framing::Length(n) => Some(BodyLeft::Length(n)),
-            Framing::Chunked => Some(BodyLeft::Chunked(ChunkFramer::default())),
+            Framing::Chunked => Some(BodyLeft::Chunked(ChunkFramer::for_request())),
             Framing::Empty | Framing::Close => None,
         }
     }

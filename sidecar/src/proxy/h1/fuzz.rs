@@ -34,6 +34,7 @@ fn config() -> ProptestConfig {
 const REWRITE: Rewrite<'static> = Rewrite {
     peer_ip: b"10.0.0.7",
     trust_proto: false,
+    keep_underscores: false,
 };
 
 /// A request parse, owned, so answers can be compared.

@@ -60,6 +60,12 @@ async fn the_fast_path_and_hyper_give_the_same_bytes_to_the_app_and_the_same_ans
         runs.push((answers, seen));
     }
     let (fast, hyper) = (&runs[0], &runs[1]);
+    for seen in fast.1.iter().chain(&hyper.1) {
+        ensure!(
+            !seen.contains("content_length") && !seen.contains("x_real_ip"),
+            "an underscore header reached the app: {seen}"
+        );
+    }
     for (i, request) in REQUESTS.iter().enumerate() {
         ensure!(
             fast.0[i] == hyper.0[i],

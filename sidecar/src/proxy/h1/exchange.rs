@@ -573,6 +573,39 @@ where
     Next::Linger
 }
 
+/// Writes an answer the proxy made itself, framed as `framing` says (the
+/// status already replaced for `LocalFraming::Refused`), to `out`.
+pub(super) fn write_local(
+    out: &mut Vec<u8>,
+    parts: &http::response::Parts,
+    body: &[u8],
+    framing: LocalFraming,
+    close: bool,
+) {
+    out.clear();
+    write_status_line(out, parts.status);
+    for (name, value) in &parts.headers {
+        if name == http::header::CONNECTION || name == http::header::CONTENT_LENGTH {
+            continue;
+        }
+        head::put_header(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    match framing {
+        LocalFraming::Body | LocalFraming::HeadersOnly => {
+            head::put_header(out, b"content-length", body.len().to_string().as_bytes());
+        }
+        LocalFraming::Refused => head::put_header(out, b"content-length", b"0"),
+        LocalFraming::Bare => {}
+    }
+    if close {
+        head::put_header(out, b"connection", b"close");
+    }
+    out.extend_from_slice(b"\r\n");
+    if framing == LocalFraming::Body {
+        out.extend_from_slice(body);
+    }
+}
+
 fn write_status_line(out: &mut Vec<u8>, status: StatusCode) {
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
@@ -704,29 +737,7 @@ impl<'c> Scope<'c> {
             Ok(collected) => collected.to_bytes(),
             Err(never) => match never {},
         };
-        let out = &mut client.out;
-        out.clear();
-        write_status_line(out, parts.status);
-        for (name, value) in &parts.headers {
-            if name == http::header::CONNECTION || name == http::header::CONTENT_LENGTH {
-                continue;
-            }
-            head::put_header(out, name.as_str().as_bytes(), value.as_bytes());
-        }
-        match framing {
-            LocalFraming::Body | LocalFraming::HeadersOnly => {
-                head::put_header(out, b"content-length", body.len().to_string().as_bytes());
-            }
-            LocalFraming::Refused => head::put_header(out, b"content-length", b"0"),
-            LocalFraming::Bare => {}
-        }
-        if close {
-            head::put_header(out, b"connection", b"close");
-        }
-        out.extend_from_slice(b"\r\n");
-        if framing == LocalFraming::Body {
-            out.extend_from_slice(&body);
-        }
+        write_local(&mut client.out, &parts, &body, framing, close);
         let written = client.io.write_all(&client.out).await;
         drop(permit);
         drop(self);

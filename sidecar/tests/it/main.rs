@@ -36,6 +36,7 @@ mod drain_websocket_close;
 mod fast_path;
 mod grpc_health;
 mod hardening;
+mod header_rules;
 mod local_answers;
 mod proxy_basics;
 mod retry;

@@ -64,7 +64,9 @@ const STEPS: &[Step] = &[
     step("GET /ok HTTP/1.1\r\nHost: a\r\n\r\n", 200),
 ];
 
-async fn one_connection(fast_path: &str) -> Result<()> {
+/// All of [`STEPS`] on one connection, each request sent after the last
+/// answer or (`pipelined`) all of them in one write up front.
+async fn one_connection(fast_path: &str, pipelined: bool) -> Result<()> {
     let app = WireApp::start().await?;
     let sidecar = InProcess::start(
         SidecarSpec::new(app.addr)
@@ -73,9 +75,18 @@ async fn one_connection(fast_path: &str) -> Result<()> {
     )
     .await?;
     let mut tcp = BufReader::new(TcpStream::connect(sidecar.listen).await?);
+    if pipelined {
+        let all: String = STEPS.iter().map(|s| s.request).collect();
+        tcp.get_mut().write_all(all.as_bytes()).await?;
+    }
     for (i, step) in STEPS.iter().enumerate() {
-        tcp.get_mut().write_all(step.request.as_bytes()).await?;
-        let what = format!("step {i} ({:?}, fast path {fast_path})", step.request);
+        if !pipelined {
+            tcp.get_mut().write_all(step.request.as_bytes()).await?;
+        }
+        let what = format!(
+            "step {i} ({:?}, fast path {fast_path}, pipelined {pipelined})",
+            step.request
+        );
         let (head, body) = read_answer(&mut tcp, step.request.starts_with("HEAD "))
             .await
             .with_context(|| what.clone())?;
@@ -103,10 +114,20 @@ async fn one_connection(fast_path: &str) -> Result<()> {
 
 #[tokio::test]
 async fn local_answers_keep_a_keep_alive_connection_in_step_on_the_fast_path() -> Result<()> {
-    one_connection("true").await
+    one_connection("true", false).await
 }
 
 #[tokio::test]
 async fn local_answers_keep_a_keep_alive_connection_in_step_on_hyper() -> Result<()> {
-    one_connection("false").await
+    one_connection("false", false).await
+}
+
+#[tokio::test]
+async fn local_answers_keep_pipelined_requests_in_step_on_the_fast_path() -> Result<()> {
+    one_connection("true", true).await
+}
+
+#[tokio::test]
+async fn local_answers_keep_pipelined_requests_in_step_on_hyper() -> Result<()> {
+    one_connection("false", true).await
 }

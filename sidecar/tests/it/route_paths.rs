@@ -1,12 +1,14 @@
 //! A route's limits hold however its path is spelled: routes match the
 //! normalized path (escapes of unreserved characters decoded, dot segments
 //! removed, slashes merged), the app gets that path, and an escaped slash
-//! is refused (400) before any route or app sees it. Both HTTP/1 paths.
+//! is refused (400) before any route or app sees it. Both HTTP/1 paths,
+//! and HTTP/2 (the hyper path's handler).
 
 use anyhow::{Context, Result, ensure};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+use crate::kit::http::{h2_connect, h2_get};
 use crate::kit::sidecar::{InProcess, SidecarSpec};
 use crate::kit::wire::{WireApp, header, read_answer};
 
@@ -100,4 +102,28 @@ async fn route_limits_hold_for_every_spelling_of_the_path_on_the_fast_path() -> 
 #[tokio::test]
 async fn route_limits_hold_for_every_spelling_of_the_path_on_hyper() -> Result<()> {
     route_limits_hold("false").await
+}
+
+#[tokio::test]
+async fn route_limits_hold_for_every_spelling_of_the_path_on_http2() -> Result<()> {
+    let app = WireApp::start().await?;
+    let sidecar = InProcess::start(SidecarSpec::new(app.addr).config(CONFIG)).await?;
+    let (status, _) = ask(&sidecar, "/lim/fail").await?;
+    ensure!(
+        status == 500,
+        "the app's failure opens the breaker, got {status}"
+    );
+    let (mut send, _conn) = h2_connect(sidecar.listen).await?;
+    for (paths, want) in [(SPELLINGS, 503u16), (REFUSED, 400)] {
+        for path in paths {
+            send = send.ready().await.context("h2 ready")?;
+            let (answer, _) = send.send_request(h2_get(path)?, true)?;
+            let status = answer.await.context("h2 answer")?.status().as_u16();
+            ensure!(
+                status == want,
+                "{path} over HTTP/2 got {status}, not {want}"
+            );
+        }
+    }
+    Ok(())
 }

@@ -134,8 +134,9 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     }
 }
 /// Drops the header names proxy/rules.rs drops for their spelling (an
-/// underscore, unless `proxy.underscoresInHeaders`). A walk over the names
-/// only when some name could match: the fast path decides it as it parses.
+/// underscore, unless `proxy.underscoresInHeaders`): one walk over the
+/// names, allocating only when one goes (the fast path decides it as it
+/// parses).
 pub(super) fn drop_spelled_out(headers: &mut HeaderMap, keep_underscores: bool) {
     if keep_underscores {
         return;

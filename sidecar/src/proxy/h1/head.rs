@@ -417,7 +417,7 @@ pub(crate) fn parse_request<'b>(
         for (h, kind) in req.headers.iter().zip(kinds.iter_mut()) {
             if *kind != Name::Dropped && conn.lists(h.name, *kind) {
                 match *kind {
-                    Name::XForwardedFor => xff_lines -= 1,
+                    Name::XForwardedFor => xff_lines = xff_lines.saturating_sub(1),
                     Name::XForwardedProto => has_xfp = false,
                     _ => {}
                 }

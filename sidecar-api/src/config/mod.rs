@@ -184,6 +184,14 @@ pub struct ProxyConfig {
     /// systemd's `DeferAcceptSec=`). Takes a restart (or an upgrade
     /// hand-over, whose new process applies its own value).
     pub defer_accept: bool,
+    /// Request headers whose names hold an underscore (`X_Real_IP`,
+    /// `Content_Length`) reach the app. Off (the default), they are
+    /// dropped, as nginx does (`underscores_in_headers off`): many app
+    /// stacks (CGI, WSGI, Rack) map `-` to `_`, so `Content_Length` could
+    /// stand in for the real framing header or a header a front proxy set.
+    /// A boolean: nothing to bound.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub underscores_in_headers: bool,
 }
 
 impl Default for ProxyConfig {
@@ -191,6 +199,7 @@ impl Default for ProxyConfig {
         ProxyConfig {
             http1_fast_path: true,
             defer_accept: true,
+            underscores_in_headers: false,
         }
     }
 }

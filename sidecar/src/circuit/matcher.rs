@@ -2,6 +2,10 @@
 //!
 //! Compiled once per config so [`CompiledMatch::matches`] only compares
 //! borrowed strings: no allocation on the request path.
+//!
+//! Paths come here normalized (proxy/path.rs: unreserved escapes decoded,
+//! dot segments removed, slashes merged, escaped slashes refused), so a
+//! raw comparison is a comparison of resources: `/%6cim` is `/lim`.
 
 use crate::config::RouteMatch;
 

@@ -18,8 +18,8 @@ use super::body::{Finish, ProxyBody};
 use super::conn::ConnCtx;
 use super::grpc_health::{health_rpc, not_serving_response, watching};
 use super::headers::{
-    HTTP2_SETTINGS, add_forwarded, allow_upgrade, connection_has, ensure_host, strip_hop_by_hop,
-    upgrade_is_websocket,
+    HTTP2_SETTINGS, add_forwarded, allow_upgrade, connection_has, drop_spelled_out, ensure_host,
+    strip_hop_by_hop, upgrade_is_websocket,
 };
 use super::local::{client_fault_response, local_response};
 use super::tunnel::spawn_tunnel;
@@ -57,6 +57,12 @@ pub(crate) async fn handle(
         return scope.declared_too_large();
     }
 
+    // Routed, and sent on, by its normalized path (proxy/path.rs).
+    match normalized_uri(req.uri()) {
+        Ok(Some(uri)) => *req.uri_mut() = uri,
+        Ok(None) => {}
+        Err(()) => return scope.bad_target(),
+    }
     let host = req
         .headers()
         .get(header::HOST)
@@ -112,6 +118,7 @@ fn upstream_request(
     let h2 = req.version() == Version::HTTP_2;
     let (mut parts, body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers, wants_upgrade);
+    drop_spelled_out(&mut parts.headers, config.proxy.underscores_in_headers);
     add_forwarded(
         &mut parts.headers,
         peer_ip,
@@ -151,6 +158,21 @@ fn declares_more_than(headers: &HeaderMap, max_body: u64) -> bool {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok())
             .is_some_and(|len| len > max_body)
+}
+
+/// The request's URI with its path normalized (proxy/path.rs), `None`
+/// when it already is; `Err`: a path refused (an escaped slash).
+fn normalized_uri(uri: &Uri) -> Result<Option<Uri>, ()> {
+    let Some(path) = super::path::normalize(uri.path()).map_err(|_| ())? else {
+        return Ok(None);
+    };
+    let path_and_query = match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path,
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(path_and_query.try_into().map_err(|_| ())?);
+    Uri::from_parts(parts).map(Some).map_err(|_| ())
 }
 
 /// The request target the app gets.

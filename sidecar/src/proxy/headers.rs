@@ -6,6 +6,8 @@
 use http::Uri;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use super::rules::{drops_name, forwarded_for};
+
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
@@ -131,6 +133,24 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
         headers.remove(header::UPGRADE);
     }
 }
+/// Drops the header names proxy/rules.rs drops for their spelling (an
+/// underscore, unless `proxy.underscoresInHeaders`): one walk over the
+/// names, allocating only when one goes (the fast path decides it as it
+/// parses).
+pub(super) fn drop_spelled_out(headers: &mut HeaderMap, keep_underscores: bool) {
+    if keep_underscores {
+        return;
+    }
+    let dropped: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| drops_name(n.as_str().as_bytes(), keep_underscores))
+        .cloned()
+        .collect();
+    for name in dropped {
+        headers.remove(name);
+    }
+}
+
 /// Whether an `Upgrade` request asks for WebSocket (RFC 6455 §4.1:
 /// `Upgrade: websocket`, case-insensitive; other tokens may come along).
 pub(super) fn upgrade_is_websocket(headers: &HeaderMap) -> bool {
@@ -184,19 +204,22 @@ pub(super) fn add_forwarded(
     peer_ip: &HeaderValue,
     trust_client_proto: bool,
 ) {
-    match headers.get_mut(&X_FORWARDED_FOR) {
-        Some(existing) => {
-            let mut joined = Vec::with_capacity(existing.len() + 2 + peer_ip.len());
-            joined.extend_from_slice(existing.as_bytes());
-            joined.extend_from_slice(b", ");
-            joined.extend_from_slice(peer_ip.as_bytes());
-            if let Ok(v) = HeaderValue::from_bytes(&joined) {
-                *existing = v;
-            }
-        }
-        None => {
-            headers.insert(X_FORWARDED_FOR.clone(), peer_ip.clone());
-        }
+    if headers.contains_key(&X_FORWARDED_FOR) {
+        // All the client's lines, in order, and the peer: one line.
+        let mut joined = Vec::new();
+        forwarded_for(
+            headers
+                .get_all(&X_FORWARDED_FOR)
+                .iter()
+                .map(HeaderValue::as_bytes),
+            peer_ip.as_bytes(),
+            &mut joined,
+        );
+        // The values came from valid header values joined by ", ".
+        let value = HeaderValue::from_bytes(&joined).unwrap_or_else(|_| peer_ip.clone());
+        headers.insert(X_FORWARDED_FOR.clone(), value);
+    } else {
+        headers.insert(X_FORWARDED_FOR.clone(), peer_ip.clone());
     }
     if !trust_client_proto || !headers.contains_key(&X_FORWARDED_PROTO) {
         headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
@@ -322,6 +345,26 @@ mod tests {
         h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.1"));
         add_forwarded(&mut h, &peer, false);
         assert_eq!(value(&h, "x-forwarded-for"), Some("203.0.113.1, 10.0.0.7"));
+
+        // Two lines are one list: joined in order, the peer last, one line.
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", HeaderValue::from_static("203.0.113.1"));
+        h.append("x-forwarded-for", HeaderValue::from_static("198.51.100.2"));
+        add_forwarded(&mut h, &peer, false);
+        let all: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(all, ["203.0.113.1, 198.51.100.2, 10.0.0.7"]);
+    }
+
+    #[test]
+    fn underscore_names_are_dropped_unless_kept() {
+        let mut h = HeaderMap::new();
+        h.insert("content_length", HeaderValue::from_static("5"));
+        h.insert("x-ok", HeaderValue::from_static("1"));
+        drop_spelled_out(&mut h, true);
+        assert_eq!(h.len(), 2);
+        drop_spelled_out(&mut h, false);
+        let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-ok"]);
     }
 
     #[test]

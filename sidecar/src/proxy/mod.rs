@@ -22,7 +22,9 @@
 //!    (413, 408, 400, 502, 503, 504) counted as the client's or the app's.
 //! 3. `headers`: on the way, hop-by-hop headers come off both the request
 //!    and the response, `X-Forwarded-*` and `Host` are set, and only allowed
-//!    upgrades pass.
+//!    upgrades pass. The rules themselves are `rules`' (and the path routes
+//!    match is `path`'s), which the HTTP/1 fast path (`h1`) asks too, as it
+//!    asks `local` how the proxy's own answers are framed.
 //! 4. `body`: the response body streams to the client, carrying the
 //!    request's accounting and circuit permit until its last frame.
 //! 5. `tunnel`: after a `101 Switching Protocols`, both upgraded
@@ -36,6 +38,8 @@ mod handler;
 mod headers;
 mod lazy_tcp;
 mod local;
+mod path;
+mod rules;
 mod tunnel;
 
 pub use body::ProxyBody;

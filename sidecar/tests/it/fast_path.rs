@@ -20,6 +20,14 @@ const REQUESTS: &[&str] = &[
     "GET /close HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n",
     "HEAD /plain HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n",
     "DELETE /plain HTTP/1.1\r\nConnection: close\r\n\r\n",
+    // Header rules (proxy/rules.rs): a forwarding header `Connection` lists
+    // is the client's to lose, several X-Forwarded-For lines become one,
+    // underscore names never reach the app.
+    "GET /plain HTTP/1.1\r\nHost: shop\r\nX-Forwarded-For: 203.0.113.9\r\nX-Forwarded-Proto: https\r\nConnection: close, X-Forwarded-For, X-Forwarded-Proto\r\n\r\n",
+    "GET /plain HTTP/1.1\r\nHost: shop\r\nX-Forwarded-For: 203.0.113.9\r\nAccept: */*\r\nX-Forwarded-For: 198.51.100.1, 192.0.2.1\r\nConnection: close\r\n\r\n",
+    "POST /echo HTTP/1.1\r\nHost: shop\r\nContent-Length: 5\r\nContent_Length: 0\r\nTransfer_Encoding: chunked\r\nX_Real_IP: 1.2.3.4\r\nConnection: close\r\n\r\nhello",
+    // Paths (proxy/path.rs): the app gets the normalized one.
+    "GET /%6cim/./x//y/../z?q=%2F HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n",
 ];
 
 /// A sidecar in front of a fresh [`WireApp`], with `args`.
@@ -52,6 +60,12 @@ async fn the_fast_path_and_hyper_give_the_same_bytes_to_the_app_and_the_same_ans
         runs.push((answers, seen));
     }
     let (fast, hyper) = (&runs[0], &runs[1]);
+    for seen in fast.1.iter().chain(&hyper.1) {
+        ensure!(
+            !seen.contains("content_length") && !seen.contains("x_real_ip"),
+            "an underscore header reached the app: {seen}"
+        );
+    }
     for (i, request) in REQUESTS.iter().enumerate() {
         ensure!(
             fast.0[i] == hyper.0[i],

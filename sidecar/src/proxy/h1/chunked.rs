@@ -5,6 +5,8 @@
 //! every line ends in CRLF (a bare LF is refused), the data of a chunk is
 //! followed by CRLF, and extensions and trailers are bounded.
 
+use super::super::rules::TrailerName;
+
 /// Bytes allowed for one chunk-size line's extensions.
 const MAX_EXTENSION: u32 = 4096;
 /// Bytes allowed for all trailer lines together.
@@ -53,6 +55,10 @@ pub(crate) struct ChunkFramer {
     size: u64,
     /// Bytes of extensions on this line, or of trailers so far.
     extra: u32,
+    /// Refuse trailer fields that may not be trailers (a request body's:
+    /// proxy/rules.rs), and the name being read.
+    strict: bool,
+    name: TrailerName,
 }
 
 impl Default for ChunkFramer {
@@ -61,11 +67,23 @@ impl Default for ChunkFramer {
             state: State::Size { digits: 0 },
             size: 0,
             extra: 0,
+            strict: false,
+            name: TrailerName::start(),
         }
     }
 }
 
 impl ChunkFramer {
+    /// A framer for a request body: its trailers go to the app, so one
+    /// that may not be a trailer (`Host`, `Content-Length`, ...) is
+    /// refused like a malformed body (proxy/rules.rs).
+    pub(crate) fn for_request() -> ChunkFramer {
+        ChunkFramer {
+            strict: true,
+            ..ChunkFramer::default()
+        }
+    }
+
     /// Whether the last chunk and the trailers have been seen.
     pub(crate) fn is_done(&self) -> bool {
         self.state == State::Done
@@ -137,12 +155,24 @@ impl ChunkFramer {
                 // takes; it refuses the body otherwise).
                 State::TrailerStart => match b {
                     b'\r' => State::EndLf,
-                    _ if is_tchar(b) => self.trailer_byte(State::TrailerName)?,
+                    _ if is_tchar(b) => {
+                        if self.strict {
+                            self.name = TrailerName::start();
+                            self.name.byte(b);
+                        }
+                        self.trailer_byte(State::TrailerName)?
+                    }
                     _ => return Err(BadChunk),
                 },
                 State::TrailerName => match b {
+                    b':' if self.strict && self.name.forbidden() => return Err(BadChunk),
                     b':' => self.trailer_byte(State::Trailer)?,
-                    _ if is_tchar(b) => self.trailer_byte(State::TrailerName)?,
+                    _ if is_tchar(b) => {
+                        if self.strict {
+                            self.name.byte(b);
+                        }
+                        self.trailer_byte(State::TrailerName)?
+                    }
                     _ => return Err(BadChunk),
                 },
                 State::Trailer => match b {
@@ -297,5 +327,22 @@ mod tests {
         let mut trailers = b"0\r\nX: ".to_vec();
         trailers.extend(std::iter::repeat_n(b'y', MAX_TRAILERS as usize));
         assert_eq!(frame(&trailers, 1000), Err(BadChunk));
+    }
+
+    #[test]
+    fn a_request_body_with_a_forbidden_trailer_is_refused() {
+        let body = b"5\r\nhello\r\n0\r\nX-Sum: 1\r\nhOsT: evil\r\n\r\n";
+        let mut framer = ChunkFramer::for_request();
+        assert_eq!(framer.feed(body), Err(BadChunk));
+        // Split inside the name: the same answer.
+        let mut framer = ChunkFramer::for_request();
+        let at = body.len() - 12;
+        assert!(framer.feed(&body[..at]).is_ok());
+        assert_eq!(framer.feed(&body[at..]), Err(BadChunk));
+        // A response's (relayed to the client as hyper would) and allowed
+        // names pass.
+        assert_eq!(ChunkFramer::default().feed(body), Ok(body.len()));
+        let fine = b"0\r\nX-Sum: 1\r\nHostname: a\r\n\r\n";
+        assert_eq!(ChunkFramer::for_request().feed(fine), Ok(fine.len()));
     }
 }

@@ -21,7 +21,7 @@ use crate::drain::Phase;
 use crate::upstream::{BodyFault, Upstream};
 
 use super::super::conn::{ConnActivity, ConnCtx};
-use super::super::local::{client_fault_response, local_response};
+use super::super::local::{LocalFraming, client_fault_response, local_response};
 
 /// Bytes read from a socket at a time while relaying a body.
 pub(super) const READ_CHUNK: usize = 16 * 1024;
@@ -56,6 +56,7 @@ where
         let rewrite = Rewrite {
             peer_ip: ctx.peer_ip.as_bytes(),
             trust_proto: live.config.forwarded.trusted_hops != 0,
+            keep_underscores: live.config.proxy.underscores_in_headers,
         };
         match head::parse_request(
             &client.buf,
@@ -76,7 +77,7 @@ where
                     Some(host) if live.routes.matches_hosts() => host_text(host),
                     _ => None,
                 };
-                let route = live.routes.select(&method, host, head.path);
+                let route = live.routes.select(&method, host, &head.path);
                 // A request this route may send twice needs its body kept and
                 // hyper's error detail (handler.rs retries): hyper takes it.
                 if route.retries_idempotent() && crate::upstream::retry::is_idempotent(&method) {
@@ -99,7 +100,7 @@ where
         Err(refusal) => return Some(refuse(client, refusal).await),
     };
 
-    let mut scope = Scope::start(ctx);
+    let mut scope = Scope::start(ctx, req.head_request);
     if let Framing::Length(n) = req.framing {
         let max = limits.max_request_body_bytes;
         if max > 0 && n > max {
@@ -266,7 +267,7 @@ impl BodyLeft {
     fn new(framing: Framing) -> Option<BodyLeft> {
         match framing {
             Framing::Length(n) => Some(BodyLeft::Length(n)),
-            Framing::Chunked => Some(BodyLeft::Chunked(ChunkFramer::default())),
+            Framing::Chunked => Some(BodyLeft::Chunked(ChunkFramer::for_request())),
             Framing::Empty | Framing::Close => None,
         }
     }
@@ -572,6 +573,39 @@ where
     Next::Linger
 }
 
+/// Writes an answer the proxy made itself, framed as `framing` says (the
+/// status already replaced for `LocalFraming::Refused`), to `out`.
+pub(super) fn write_local(
+    out: &mut Vec<u8>,
+    parts: &http::response::Parts,
+    body: &[u8],
+    framing: LocalFraming,
+    close: bool,
+) {
+    out.clear();
+    write_status_line(out, parts.status);
+    for (name, value) in &parts.headers {
+        if name == http::header::CONNECTION || name == http::header::CONTENT_LENGTH {
+            continue;
+        }
+        head::put_header(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    match framing {
+        LocalFraming::Body | LocalFraming::HeadersOnly => {
+            head::put_header(out, b"content-length", body.len().to_string().as_bytes());
+        }
+        LocalFraming::Refused => head::put_header(out, b"content-length", b"0"),
+        LocalFraming::Bare => {}
+    }
+    if close {
+        head::put_header(out, b"connection", b"close");
+    }
+    out.extend_from_slice(b"\r\n");
+    if framing == LocalFraming::Body {
+        out.extend_from_slice(body);
+    }
+}
+
 fn write_status_line(out: &mut Vec<u8>, status: StatusCode) {
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
@@ -588,10 +622,12 @@ struct Scope<'c> {
     ctx: &'c ConnCtx,
     started: Instant,
     permit: Option<Permit>,
+    /// The request is a `HEAD`: the answer has no body.
+    head_request: bool,
 }
 
 impl<'c> Scope<'c> {
-    fn start(ctx: &'c ConnCtx) -> Scope<'c> {
+    fn start(ctx: &'c ConnCtx, head_request: bool) -> Scope<'c> {
         ctx.shared.metrics.request_started();
         ctx.act.inflight.fetch_add(1, Ordering::Relaxed);
         ctx.act.requests.fetch_add(1, Ordering::Relaxed);
@@ -599,6 +635,7 @@ impl<'c> Scope<'c> {
             ctx,
             started: Instant::now(),
             permit: None,
+            head_request,
         }
     }
 
@@ -685,28 +722,22 @@ impl<'c> Scope<'c> {
         T: AsyncRead + AsyncWrite + Unpin,
     {
         let ctx = &self.ctx;
-        ctx.shared.metrics.response(resp.status());
-        let close = close || ctl.ending().is_some() || ctx.shared.drain.phase() != Phase::Serving;
-        let (parts, body) = resp.into_parts();
+        let framing = LocalFraming::of(resp.status(), self.head_request);
+        let (mut parts, body) = resp.into_parts();
+        if framing == LocalFraming::Refused {
+            parts.status = StatusCode::BAD_GATEWAY;
+            parts.headers.clear();
+        }
+        ctx.shared.metrics.response(parts.status);
+        let close = close
+            || framing == LocalFraming::Refused
+            || ctl.ending().is_some()
+            || ctx.shared.drain.phase() != Phase::Serving;
         let body = match body.collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(never) => match never {},
         };
-        let out = &mut client.out;
-        out.clear();
-        write_status_line(out, parts.status);
-        for (name, value) in &parts.headers {
-            if name == http::header::CONNECTION || name == http::header::CONTENT_LENGTH {
-                continue;
-            }
-            head::put_header(out, name.as_str().as_bytes(), value.as_bytes());
-        }
-        head::put_header(out, b"content-length", body.len().to_string().as_bytes());
-        if close {
-            head::put_header(out, b"connection", b"close");
-        }
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(&body);
+        write_local(&mut client.out, &parts, &body, framing, close);
         let written = client.io.write_all(&client.out).await;
         drop(permit);
         drop(self);

@@ -2,6 +2,9 @@
 //! response head parsers and the chunk framer read bytes from the network,
 //! so for any bytes they must not panic, must give the same answer however
 //! the bytes are split into reads, and must not accept what hyper refuses.
+//! The app's answers (HEAD, 1xx, 204, 304, trailers) and the sidecar's own
+//! must end where hyper's client ends them, so a kept-alive connection's
+//! next answer is read as the next.
 //!
 //! `make test-unit` runs 256 cases per property (seconds);
 //! `KUBEGRACE_FUZZ_CASES` sets the count, and `make fuzz` runs it long.
@@ -34,6 +37,7 @@ fn config() -> ProptestConfig {
 const REWRITE: Rewrite<'static> = Rewrite {
     peer_ip: b"10.0.0.7",
     trust_proto: false,
+    keep_underscores: false,
 };
 
 /// A request parse, owned, so answers can be compared.
@@ -132,6 +136,8 @@ fn head_like() -> impl Strategy<Value = Vec<u8>> {
     let target = prop_oneof![
         Just("/".to_string()),
         Just("/a/b?x=1".to_string()),
+        Just("/%6cim/./x//y/../z?q=%2F".to_string()),
+        Just("/lim%2Fx".to_string()),
         Just("*".to_string()),
         Just("http://h/x".to_string()),
         "/[ -~]{0,20}",
@@ -152,7 +158,9 @@ fn head_like() -> impl Strategy<Value = Vec<u8>> {
         Just("Expect".to_string()),
         Just("X-Forwarded-For".to_string()),
         Just("TE".to_string()),
-        "[A-Za-z-]{1,12}",
+        Just("Content_Length".to_string()),
+        Just("X_Real_IP".to_string()),
+        "[A-Za-z_-]{1,12}",
         "[ -~]{1,6}",
     ];
     let value = prop_oneof![
@@ -418,13 +426,18 @@ fn hyper_answer(rt: &tokio::runtime::Runtime, raw: &[u8]) -> Option<u16> {
 }
 
 /// Heads this path refuses on purpose where hyper lets them through:
-/// a second `Content-Length` (even an equal one) or `Host`, and a
+/// a second `Content-Length` (even an equal one) or `Host`, a
 /// malformed `Content-Length` beside `Transfer-Encoding` (hyper lets the
-/// coding win and ignores it; a smuggling shape, refused here).
+/// coding win and ignores it; a smuggling shape, refused here), and an
+/// escaped slash in the path (proxy/path.rs; hyper's server has no routes).
 fn stricter_here(raw: &[u8]) -> bool {
     let text = String::from_utf8_lossy(raw).to_ascii_lowercase();
     let count = |name: &str| text.matches(&format!("\n{name}:")).count();
-    count("content-length") > 1
+    let target = text.split(' ').nth(1).unwrap_or("");
+    let path = target.split('?').next().unwrap_or("");
+    path.contains("%2f")
+        || path.contains("%5c")
+        || count("content-length") > 1
         || count("host") > 1
         || (count("content-length") > 0 && count("transfer-encoding") > 0)
 }
@@ -479,5 +492,247 @@ proptest! {
             theirs, Some(200),
             "the framer took {:?}", String::from_utf8_lossy(&body[..n])
         );
+    }
+}
+
+/// What hyper's HTTP/1 client makes of `first` and then `second` as the
+/// answers to two requests on one connection (the first a `HEAD` when
+/// `head`): each answer's status and body, `None` where it failed. The
+/// second request is sent only if the first answer kept the connection.
+fn hyper_reads(
+    rt: &tokio::runtime::Runtime,
+    head: bool,
+    first: &[u8],
+    second: &[u8],
+) -> Vec<Option<(u16, Vec<u8>)>> {
+    rt.block_on(async {
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let (first, second) = (first.to_vec(), second.to_vec());
+        // The app side: each answer after its request's head.
+        tokio::spawn(async move {
+            let mut server = server;
+            let mut seen = Vec::new();
+            let mut chunk = [0u8; 512];
+            for answer in [first, second] {
+                let heads = seen.windows(4).filter(|w| *w == b"\r\n\r\n").count();
+                while seen.windows(4).filter(|w| *w == b"\r\n\r\n").count() == heads {
+                    match server.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                if server.write_all(&answer).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let Ok((mut sender, conn)) =
+            hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(client)).await
+        else {
+            return vec![None];
+        };
+        tokio::spawn(conn);
+        let mut got = Vec::new();
+        for method in [if head { "HEAD" } else { "GET" }, "GET"] {
+            let Ok(req) = hyper::Request::builder()
+                .method(method)
+                .uri("/")
+                .header("host", "a")
+                .body(Full::new(Bytes::new()))
+            else {
+                return got;
+            };
+            if sender.ready().await.is_err() {
+                return got;
+            }
+            let answer = tokio::time::timeout(Duration::from_secs(2), async {
+                let resp = sender.send_request(req).await.ok()?;
+                let status = resp.status().as_u16();
+                let body = resp.into_body().collect().await.ok()?.to_bytes();
+                Some((status, body.to_vec()))
+            })
+            .await
+            .ok()
+            .flatten();
+            let failed = answer.is_none();
+            got.push(answer);
+            if failed {
+                return got;
+            }
+        }
+        got
+    })
+}
+
+/// The answer the app sends second, to see the first one ended where it
+/// should: a response read past its end shifts this one.
+const NEXT: &[u8] = b"HTTP/1.1 299 Next\r\ncontent-length: 4\r\n\r\nnext";
+
+fn next_answer() -> Option<(u16, Vec<u8>)> {
+    Some((299, b"next".to_vec()))
+}
+
+/// Response heads from an app: statuses with and without a body
+/// (1xx ahead of the final one, 204, 304), framed by length, chunks (with
+/// trailers) or the connection's end, answering a `GET` or a `HEAD`.
+fn response_like() -> impl Strategy<Value = (Vec<u8>, u16, bool)> {
+    let status = prop_oneof![
+        Just(200u16),
+        Just(204),
+        Just(304),
+        Just(404),
+        Just(500),
+        Just(503),
+        200u16..600,
+    ];
+    let interim = prop::option::of(prop_oneof![Just(100u16), Just(103)]);
+    let framing = prop_oneof![Just(0u8), Just(1), Just(2)];
+    let trailers = prop::collection::vec(
+        prop_oneof![
+            Just("grpc-status".to_string()),
+            Just("x-sum".to_string()),
+            Just("content-type".to_string()),
+        ],
+        0..3,
+    );
+    (
+        interim,
+        status,
+        framing,
+        prop::collection::vec(any::<u8>(), 0..40),
+        trailers,
+        any::<bool>(),
+    )
+        .prop_map(|(interim, status, framing, body, trailers, head)| {
+            let mut raw = Vec::new();
+            if let Some(code) = interim {
+                raw.extend_from_slice(
+                    format!("HTTP/1.1 {code} Interim\r\nx-i: 1\r\n\r\n").as_bytes(),
+                );
+            }
+            raw.extend_from_slice(format!("HTTP/1.1 {status} S\r\nx-app: 1\r\n").as_bytes());
+            let bodiless = head || status == 204 || status == 304;
+            match framing {
+                0 => {
+                    raw.extend_from_slice(
+                        format!("content-length: {}\r\n\r\n", body.len()).as_bytes(),
+                    );
+                    if !bodiless {
+                        raw.extend_from_slice(&body);
+                    }
+                }
+                1 => {
+                    raw.extend_from_slice(b"transfer-encoding: chunked\r\n\r\n");
+                    if !bodiless {
+                        if !body.is_empty() {
+                            raw.extend_from_slice(format!("{:x}\r\n", body.len()).as_bytes());
+                            raw.extend_from_slice(&body);
+                            raw.extend_from_slice(b"\r\n");
+                        }
+                        raw.extend_from_slice(b"0\r\n");
+                        for name in trailers {
+                            raw.extend_from_slice(format!("{name}: t\r\n").as_bytes());
+                        }
+                        raw.extend_from_slice(b"\r\n");
+                    }
+                }
+                // No framing: a body ends with the connection, so the
+                // head says it will close.
+                _ => {
+                    raw.extend_from_slice(b"connection: close\r\n\r\n");
+                    if !bodiless {
+                        raw.extend_from_slice(&body);
+                    }
+                }
+            }
+            (raw, status, head)
+        })
+}
+
+/// Where the fast path finds the end of the app's answer in `raw`: the
+/// final status and the bytes its body takes, or `None` if it refuses it
+/// or needs the connection's end.
+fn our_answer_end(raw: &[u8], head: bool) -> Option<(u16, usize)> {
+    let mut at = 0;
+    loop {
+        let mut out = Vec::new();
+        let Parsed::Done(parsed) = parse_response(&raw[at..], head, false, &mut out) else {
+            return None;
+        };
+        at += parsed.len;
+        if (100..200).contains(&parsed.status) {
+            continue;
+        }
+        let body = match parsed.framing {
+            Framing::Empty => 0,
+            Framing::Length(n) => usize::try_from(n).ok()?,
+            Framing::Chunked => {
+                let mut framer = ChunkFramer::default();
+                let n = framer.feed(&raw[at..]).ok()?;
+                if !framer.is_done() {
+                    return None;
+                }
+                n
+            }
+            Framing::Close => return None,
+        };
+        return Some((parsed.status, at + body));
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// The fast path ends an app's answer where hyper's client does: the
+    /// same final status, and the next answer on the connection read as
+    /// the next (HEAD, 1xx, 204, 304 and trailers included).
+    #[test]
+    fn response_framing_agrees_with_hyper((raw, status, head) in response_like()) {
+        let Some((ours, end)) = our_answer_end(&raw, head) else {
+            // Delimited by the close: no next answer to shift.
+            return Ok(());
+        };
+        prop_assert_eq!(ours, status);
+        prop_assert_eq!(end, raw.len(), "the answer's end, for {:?}", String::from_utf8_lossy(&raw));
+        let rt = runtime();
+        let theirs = hyper_reads(&rt, head, &raw, NEXT);
+        prop_assert_eq!(theirs.first().cloned().flatten().map(|a| a.0), Some(status));
+        // An answer that says it closes has no next one.
+        let closes = raw.windows(17).any(|w| w == b"connection: close");
+        if !closes {
+            prop_assert_eq!(theirs.get(1).cloned().flatten(), next_answer(), "{:?}", theirs);
+        }
+    }
+
+    /// The sidecar's own answers (fallbacks of any status 200-599, 1xx
+    /// refused) as the fast path writes them keep hyper's client in step:
+    /// a `HEAD` and a 204/304 get no body, the next answer is the next.
+    #[test]
+    fn local_answers_agree_with_hyper(
+        status in prop_oneof![100u16..200, 200u16..600, Just(204), Just(304)],
+        head: bool,
+        body in prop::collection::vec(any::<u8>(), 0..40),
+    ) {
+        use super::super::local::LocalFraming;
+        let framing = LocalFraming::of(http::StatusCode::from_u16(status).unwrap_or_default(), head);
+        let mut resp = hyper::Response::new(());
+        *resp.status_mut() = http::StatusCode::from_u16(status).unwrap_or_default();
+        resp.headers_mut().insert("retry-after", http::HeaderValue::from_static("1"));
+        let close = framing == LocalFraming::Refused;
+        if close {
+            *resp.status_mut() = http::StatusCode::BAD_GATEWAY;
+            resp.headers_mut().clear();
+        }
+        let (parts, ()) = resp.into_parts();
+        let mut out = Vec::new();
+        super::exchange::write_local(&mut out, &parts, &body, framing, close);
+        let rt = runtime();
+        let theirs = hyper_reads(&rt, head, &out, NEXT);
+        let want_body = if framing == LocalFraming::Body { body.clone() } else { Vec::new() };
+        let want_status = if close { 502 } else { status };
+        prop_assert_eq!(theirs.first().cloned().flatten(), Some((want_status, want_body)));
+        if !close {
+            prop_assert_eq!(theirs.get(1).cloned().flatten(), next_answer());
+        }
     }
 }

@@ -5,7 +5,12 @@
 //! whatever this module does not handle is reported as [`Parsed::Fallback`]
 //! and served by hyper instead.
 
+use std::borrow::Cow;
 use std::mem::MaybeUninit;
+
+use super::super::path::{self, PathScan};
+
+use super::super::rules::{drops_name, forwarded_for};
 
 /// Headers a head may carry here; hyper's default limit too. A config
 /// allowing more sends heads with more to hyper.
@@ -41,8 +46,10 @@ pub(crate) enum Refusal {
 #[derive(Debug)]
 pub(crate) struct RequestHead<'b> {
     pub(crate) method: &'b str,
-    /// The target's path, without the query.
-    pub(crate) path: &'b str,
+    /// The target's path, without the query, normalized (proxy/path.rs):
+    /// borrowed unless normalizing changed it, and then the head written
+    /// for the app carries this one.
+    pub(crate) path: Cow<'b, str>,
     /// The `Host` value's bytes (text only if a route needs it:
     /// `RouteTable::matches_hosts`).
     pub(crate) host: Option<&'b [u8]>,
@@ -71,6 +78,8 @@ pub(crate) struct Rewrite<'a> {
     pub(crate) peer_ip: &'a [u8],
     /// Believe the client's `X-Forwarded-Proto` (`forwarded.trustedHops`).
     pub(crate) trust_proto: bool,
+    /// Pass header names with an underscore (`proxy.underscoresInHeaders`).
+    pub(crate) keep_underscores: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +98,9 @@ enum Name {
     XForwardedFor,
     XForwardedProto,
     Other,
+    /// A line the app does not get: its name has an underscore, or
+    /// `Connection` lists it (proxy/rules.rs).
+    Dropped,
 }
 
 /// The headers this module treats specially, told apart by length first.
@@ -196,14 +208,19 @@ impl<'b> ConnectionTokens<'b> {
 /// exactly the targets the hyper path refuses. httparse alone lets through
 /// some that a URI may not carry (found by fuzz.rs): `<`, `>` and `` ` `` in
 /// the path, `"`, `<` and `>` in the query.
-fn target_is_valid(target: &[u8]) -> bool {
+///
+/// The same pass tells whether the path may need normalizing (`scan`).
+fn target_is_valid(target: &[u8], scan: &mut PathScan) -> bool {
     let (path, query) = match target.iter().position(|&b| b == b'?') {
         Some(i) => (&target[..i], &target[i + 1..]),
         None => (target, &[][..]),
     };
     let in_path = |b: u8| matches!(b, b'!' | b'"' | b'$'..=b';' | b'=' | b'@'..=b'_' | b'a'..=b'~' | 0x80..=0xff);
     let in_query = |b: u8| matches!(b, b'!' | b'$'..=b';' | b'=' | b'?'..=b'~' | 0x80..=0xff);
-    path.iter().all(|&b| in_path(b)) && query.iter().all(|&b| in_query(b))
+    path.iter().all(|&b| {
+        scan.byte(b);
+        in_path(b)
+    }) && query.iter().all(|&b| in_query(b))
 }
 
 pub(crate) fn put_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
@@ -331,16 +348,26 @@ pub(crate) fn parse_request<'b>(
     if target.contains('#') {
         return Parsed::Fallback;
     }
-    if !target_is_valid(target.as_bytes()) {
+    let mut scan = PathScan::default();
+    if !target_is_valid(target.as_bytes(), &mut scan) {
         return Parsed::Refused(Refusal::BadRequest);
     }
-    let path = target.split_once('?').map_or(target, |(p, _)| p);
+    let raw_path = target.split_once('?').map_or(target, |(p, _)| p);
+    let path = if scan.needs_work() {
+        match path::normalize(raw_path) {
+            Ok(Some(normal)) => Cow::Owned(normal),
+            Ok(None) => Cow::Borrowed(raw_path),
+            Err(path::EscapedSlash) => return Parsed::Refused(Refusal::BadRequest),
+        }
+    } else {
+        Cow::Borrowed(raw_path)
+    };
 
     let mut host = None;
     let mut length = None;
     let mut chunked = false;
     let mut conn = ConnectionTokens::default();
-    let mut has_xff = false;
+    let mut xff_lines = 0usize;
     let mut has_xfp = false;
     // Each name is classified once, for both passes.
     let mut kinds = [Name::Other; MAX_HEADERS];
@@ -374,9 +401,28 @@ pub(crate) fn parse_request<'b>(
             }
             Name::Connection => conn.add(h.value),
             Name::Upgrade | Name::Expect => return Parsed::Fallback,
-            Name::XForwardedFor => has_xff = true,
+            Name::XForwardedFor => xff_lines += 1,
             Name::XForwardedProto => has_xfp = true,
+            // One look for `_` per name no other rule knows.
+            Name::Other if drops_name(h.name.as_bytes(), rewrite.keep_underscores) => {
+                *kind = Name::Dropped;
+            }
             _ => {}
+        }
+    }
+    if conn.count != 0 {
+        // What `Connection` lists comes off, the forwarding headers too
+        // (the sidecar's own then take their place, as on the hyper path).
+        // Decided here, once, for heads that list anything (few do).
+        for (h, kind) in req.headers.iter().zip(kinds.iter_mut()) {
+            if *kind != Name::Dropped && conn.lists(h.name, *kind) {
+                match *kind {
+                    Name::XForwardedFor => xff_lines = xff_lines.saturating_sub(1),
+                    Name::XForwardedProto => has_xfp = false,
+                    _ => {}
+                }
+                *kind = Name::Dropped;
+            }
         }
     }
     if conn.upgrade || conn.overflow || conn.lists_framing() || (chunked && length.is_some()) {
@@ -393,7 +439,14 @@ pub(crate) fn parse_request<'b>(
     // The request line as it came when it is already `METHOD SP target SP
     // HTTP/1.1` and CRLF (then the lines after it join its copy).
     let line_end = method.len() + 1 + target.len() + 11;
-    if lines.offset(method.as_bytes()) == 0
+    if let Cow::Owned(normal) = &path {
+        // The app gets the path the route was chosen by, the query as it came.
+        out.extend_from_slice(method.as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(normal.as_bytes());
+        out.extend_from_slice(&target.as_bytes()[raw_path.len()..]);
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+    } else if lines.offset(method.as_bytes()) == 0
         && buf.get(method.len()) == Some(&b' ')
         && lines.offset(target.as_bytes()) == method.len() + 1
         && buf.get(line_end - 11..line_end) == Some(b" HTTP/1.1\r\n".as_slice())
@@ -413,7 +466,8 @@ pub(crate) fn parse_request<'b>(
             | Name::KeepAlive
             | Name::ProxyConnection
             | Name::ProxyAuthenticate
-            | Name::Http2Settings => continue,
+            | Name::Http2Settings
+            | Name::Dropped => continue,
             Name::Te => {
                 // Only "trailers" may cross.
                 if tokens(h.value).any(|t| t.eq_ignore_ascii_case(b"trailers")) {
@@ -422,27 +476,34 @@ pub(crate) fn parse_request<'b>(
                 }
                 continue;
             }
-            Name::XForwardedFor if !xff_done => {
+            Name::XForwardedFor if xff_done => continue,
+            Name::XForwardedFor => {
+                // Every line joined into this one (proxy/rules.rs).
                 xff_done = true;
                 lines.flush(out);
                 out.extend_from_slice(h.name.as_bytes());
                 out.extend_from_slice(b": ");
-                out.extend_from_slice(h.value);
-                out.extend_from_slice(b", ");
-                out.extend_from_slice(rewrite.peer_ip);
+                if xff_lines == 1 {
+                    forwarded_for(std::iter::once(h.value), rewrite.peer_ip, out);
+                } else {
+                    let values = req
+                        .headers
+                        .iter()
+                        .zip(kinds.iter())
+                        .filter(|(_, k)| **k == Name::XForwardedFor)
+                        .map(|(h, _)| h.value);
+                    forwarded_for(values, rewrite.peer_ip, out);
+                }
                 out.extend_from_slice(b"\r\n");
                 continue;
             }
             Name::XForwardedProto if !keep_proto => continue,
             _ => {}
         }
-        if conn.lists(h.name, kind) {
-            continue;
-        }
         lines.keep(out, h.name.as_bytes(), h.value);
     }
     lines.flush(out);
-    if !has_xff {
+    if xff_lines == 0 {
         put_header(out, b"x-forwarded-for", rewrite.peer_ip);
     }
     if !keep_proto {

@@ -3,6 +3,7 @@ use super::*;
 const REWRITE: Rewrite<'static> = Rewrite {
     peer_ip: b"10.0.0.7",
     trust_proto: false,
+    keep_underscores: false,
 };
 
 /// A parsed request head, owned: framing, close, has_host, path, host.
@@ -352,5 +353,70 @@ fn lines_copied_as_they_came_give_the_bytes_written_anew() {
         let (parsed, out) = response(raw, false, false);
         assert!(matches!(parsed, Parsed::Done(_)), "{raw:?}: {parsed:?}");
         assert_eq!(out, want, "{raw:?}");
+    }
+}
+
+#[test]
+fn forwarding_headers_connection_lists_are_the_clients_to_lose() {
+    let (_, out) = request(
+        "GET / HTTP/1.1\r\nX-Forwarded-For: 203.0.113.1\r\nX-Forwarded-Proto: https\r\n\
+         Connection: X-Forwarded-For, x-forwarded-proto\r\n\r\n",
+    );
+    assert_eq!(
+        out,
+        "GET / HTTP/1.1\r\nx-forwarded-for: 10.0.0.7\r\nx-forwarded-proto: http\r\n"
+    );
+}
+
+#[test]
+fn several_forwarded_for_lines_become_one_with_the_peer_last() {
+    let (_, out) = request(
+        "GET / HTTP/1.1\r\nX-Forwarded-For: 203.0.113.1\r\nA: b\r\n\
+         x-forwarded-for: 198.51.100.2, 192.0.2.3\r\n\r\n",
+    );
+    assert_eq!(
+        out,
+        "GET / HTTP/1.1\r\nX-Forwarded-For: 203.0.113.1, 198.51.100.2, 192.0.2.3, 10.0.0.7\r\n\
+         A: b\r\nx-forwarded-proto: http\r\n"
+    );
+}
+
+#[test]
+fn underscore_names_are_dropped_unless_kept() {
+    let raw = "GET / HTTP/1.1\r\nContent_Length: 5\r\nX_Real_IP: 1.2.3.4\r\nX-Ok: 1\r\n\r\n";
+    let (_, out) = request(raw);
+    assert_eq!(
+        out,
+        "GET / HTTP/1.1\r\nX-Ok: 1\r\nx-forwarded-for: 10.0.0.7\r\nx-forwarded-proto: http\r\n"
+    );
+    let keep = Rewrite {
+        keep_underscores: true,
+        ..REWRITE
+    };
+    let mut out = Vec::new();
+    assert!(matches!(
+        parse_request(raw.as_bytes(), 100, 65536, &keep, &mut out),
+        Parsed::Done(_)
+    ));
+    assert!(String::from_utf8_lossy(&out).contains("Content_Length: 5\r\nX_Real_IP: 1.2.3.4\r\n"));
+}
+
+#[test]
+fn the_app_gets_the_path_the_route_was_chosen_by() {
+    let (parsed, out) = request("GET /%6cim/./x//y/../z?q=%2F HTTP/1.1\r\nHost: a\r\n\r\n");
+    let Parsed::Done((_, _, _, path, _)) = parsed else {
+        panic!("{parsed:?}");
+    };
+    assert_eq!(path, "/lim/x/z");
+    assert!(
+        out.starts_with("GET /lim/x/z?q=%2F HTTP/1.1\r\nHost: a\r\n"),
+        "{out}"
+    );
+    for escaped in ["/lim%2fx", "/lim%5C"] {
+        assert_eq!(
+            refused(&format!("GET {escaped} HTTP/1.1\r\nHost: a\r\n\r\n")),
+            Some(Refusal::BadRequest),
+            "{escaped}"
+        );
     }
 }

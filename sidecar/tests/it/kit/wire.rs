@@ -15,8 +15,9 @@ use super::WAIT;
 
 /// An app on a raw socket: records every request (head and body as
 /// received) and answers by path: `/chunked` a chunked answer with a
-/// trailer, `/close` a body delimited by closing the connection, anything
-/// else the request's (decoded) body with a `Connection`-listed header.
+/// trailer, `/close` a body delimited by closing the connection, a path
+/// with `/fail` in it a 500, one under `/slow` never, anything else the
+/// request's (decoded) body with a `Connection`-listed header.
 pub struct WireApp {
     pub addr: SocketAddr,
     seen: Arc<Mutex<Vec<Vec<u8>>>>,
@@ -70,7 +71,17 @@ async fn serve(stream: TcpStream, seen: Arc<Mutex<Vec<Vec<u8>>>>) {
             .nth(1)
             .unwrap_or("")
             .to_string();
+        if path.starts_with("/slow") {
+            // Never answers: the route's timeout answers instead. The
+            // connection stays open until the proxy gives up on it.
+            let mut rest = Vec::new();
+            let _ = reader.read_to_end(&mut rest).await;
+            return;
+        }
         let answer: Vec<u8> = match path.as_str() {
+            _ if path.contains("/fail") => {
+                b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n".to_vec()
+            }
             "/chunked" => b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-App: c\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n".to_vec(),
             "/close" => b"HTTP/1.1 200 OK\r\nX-App: close\r\n\r\nuntil the end".to_vec(),
             _ => {

@@ -1,0 +1,129 @@
+//! A route's limits hold however its path is spelled: routes match the
+//! normalized path (escapes of unreserved characters decoded, dot segments
+//! removed, slashes merged), the app gets that path, and an escaped slash
+//! is refused (400) before any route or app sees it. Both HTTP/1 paths,
+//! and HTTP/2 (the hyper path's handler).
+
+use anyhow::{Context, Result, ensure};
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use crate::kit::http::{h2_connect, h2_get};
+use crate::kit::sidecar::{InProcess, SidecarSpec};
+use crate::kit::wire::{WireApp, header, read_answer};
+
+/// `lim`'s breaker opens on one failure and stays open: while it is, every
+/// request the route takes gets its fallback, and none reaches the app.
+const CONFIG: &str = r#"
+routes:
+  - name: lim
+    match: {pathPrefix: /lim}
+    circuitBreaker: {consecutiveFailures: 1, errorRatio: 0, openFor: 60s, maxOpenFor: 60s}
+"#;
+
+/// Spellings of `/lim/x` a raw-path match would have let past the route.
+const SPELLINGS: &[&str] = &[
+    "/%6cim/x",
+    "//lim/x",
+    "/./lim/x",
+    "/x/../lim/x",
+    "/lim/./x",
+    "/%2e/lim/x",
+];
+
+/// Escaped slashes: refused whatever the route.
+const REFUSED: &[&str] = &["/lim%2fx", "/lim%2Fx", "/lim%5Cx"];
+
+async fn ask(sidecar: &InProcess, path: &str) -> Result<(u16, String)> {
+    let mut tcp = BufReader::new(TcpStream::connect(sidecar.listen).await?);
+    let request = format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    tcp.get_mut().write_all(request.as_bytes()).await?;
+    let (head, _) = read_answer(&mut tcp, false)
+        .await
+        .with_context(|| path.to_string())?;
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let status = head
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("{path}: {head:?}"))?;
+    Ok((status, head))
+}
+
+async fn route_limits_hold(fast_path: &str) -> Result<()> {
+    let app = WireApp::start().await?;
+    let sidecar = InProcess::start(
+        SidecarSpec::new(app.addr)
+            .args(&["--http1-fast-path", fast_path])
+            .config(CONFIG),
+    )
+    .await?;
+    let (status, _) = ask(&sidecar, "/lim/fail").await?;
+    ensure!(
+        status == 500,
+        "the app's failure opens the breaker, got {status}"
+    );
+    let reached = app.seen().len();
+    for path in SPELLINGS {
+        let (status, head) = ask(&sidecar, path).await?;
+        ensure!(
+            status == 503 && header(&head, "x-kubegrace-fallback").is_some(),
+            "{path} (fast path {fast_path}) sidestepped the open route: {head:?}"
+        );
+    }
+    for path in REFUSED {
+        let (status, head) = ask(&sidecar, path).await?;
+        ensure!(
+            status == 400,
+            "{path} (fast path {fast_path}) was not refused: {head:?}"
+        );
+    }
+    ensure!(
+        app.seen().len() == reached,
+        "a request reached the app past the open route"
+    );
+    // Outside the route, the app gets the path the decision was made on.
+    let (status, head) = ask(&sidecar, "/a/%7e/../b//c?x=%2F").await?;
+    ensure!(status == 200, "{head:?}");
+    let seen = app.seen();
+    let last = seen.last().context("the app saw the request")?;
+    ensure!(
+        last.starts_with(b"GET /a/b/c?x=%2F HTTP/1.1\r\n"),
+        "the app got {:?}",
+        String::from_utf8_lossy(last)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn route_limits_hold_for_every_spelling_of_the_path_on_the_fast_path() -> Result<()> {
+    route_limits_hold("true").await
+}
+
+#[tokio::test]
+async fn route_limits_hold_for_every_spelling_of_the_path_on_hyper() -> Result<()> {
+    route_limits_hold("false").await
+}
+
+#[tokio::test]
+async fn route_limits_hold_for_every_spelling_of_the_path_on_http2() -> Result<()> {
+    let app = WireApp::start().await?;
+    let sidecar = InProcess::start(SidecarSpec::new(app.addr).config(CONFIG)).await?;
+    let (status, _) = ask(&sidecar, "/lim/fail").await?;
+    ensure!(
+        status == 500,
+        "the app's failure opens the breaker, got {status}"
+    );
+    let (mut send, _conn) = h2_connect(sidecar.listen).await?;
+    for (paths, want) in [(SPELLINGS, 503u16), (REFUSED, 400)] {
+        for path in paths {
+            send = send.ready().await.context("h2 ready")?;
+            let (answer, _) = send.send_request(h2_get(path)?, true)?;
+            let status = answer.await.context("h2 answer")?.status().as_u16();
+            ensure!(
+                status == want,
+                "{path} over HTTP/2 got {status}, not {want}"
+            );
+        }
+    }
+    Ok(())
+}

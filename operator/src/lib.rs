@@ -18,11 +18,13 @@ pub mod image_ref;
 pub mod inject;
 pub mod lease;
 pub mod ownership;
+pub mod panics;
 pub mod route_match;
 pub mod route_webhook;
 pub mod run;
 pub mod scope;
 pub mod server;
+pub mod tolerant;
 pub mod webhook;
 pub mod workload;
 

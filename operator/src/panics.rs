@@ -10,9 +10,9 @@
 //! - a background task (a controller, the certificate loop): restarted with a
 //!   backoff ([`supervise`]).
 //!
-//! The release profile unwinds (the workspace sets no `panic = "abort"`);
-//! `a_panic_is_caught_and_its_message_kept` fails if that ever changes for
-//! tests, and the workspace `Cargo.toml` says why it must stay so.
+//! This needs unwinding: the release profile sets no `panic = "abort"`
+//! (checked when this was written), and the workspace `Cargo.toml` says
+//! why it must stay so.
 
 use std::any::Any;
 use std::future::Future;

@@ -67,7 +67,7 @@ impl Histogram {
 /// an alert's `rate()` sees the series from the first scrape, not from the
 /// first event (Prometheus cannot tell a missing series from a quiet one).
 const RECONCILE_RESULTS: [&str; 2] = ["ok", "error"];
-const RECONCILE_ERROR_KINDS: [&str; 10] = [
+const RECONCILE_ERROR_KINDS: [&str; 11] = [
     "kube",
     "finalizer",
     "missing_field",
@@ -78,7 +78,10 @@ const RECONCILE_ERROR_KINDS: [&str; 10] = [
     "io",
     "config",
     "timeout",
+    "panic",
 ];
+/// Where a caught panic happened (see [`crate::panics`]).
+pub const PANIC_TASKS: [&str; 3] = ["reconcile", "webhook", "background"];
 const WEBHOOK_RESULTS: [&str; 4] = ["injected", "skipped", "ignored", "error"];
 const ROUTE_VALIDATION_RESULTS: [&str; 4] = ["allowed", "warned", "refused", "error"];
 /// Why the webhook server refused a connection or request (see
@@ -113,6 +116,11 @@ pub struct Metrics {
     pod_drains: Mutex<BTreeMap<String, DrainCounts>>,
     /// Pods that should carry the sidecar and don't, by route.
     pods_not_injected: Mutex<BTreeMap<String, i64>>,
+    /// Panics caught at a task boundary, by task (see [`PANIC_TASKS`]).
+    panics: Mutex<BTreeMap<&'static str, u64>>,
+    /// Stored GraceRoutes the operator cannot decode, as (namespace, name):
+    /// one series per such route, gone when it is fixed or deleted.
+    undecodable: Mutex<std::collections::BTreeSet<(String, String)>>,
     /// The webhook's serving certificate, for its expiry.
     certificate: std::sync::OnceLock<Arc<crate::certs::CertResolver>>,
     pub leader: AtomicBool,
@@ -137,6 +145,8 @@ impl Default for Metrics {
             webhook_rejections: zeros(&WEBHOOK_REJECTIONS),
             pod_drains: Mutex::new(BTreeMap::new()),
             pods_not_injected: Mutex::new(BTreeMap::new()),
+            panics: zeros(&PANIC_TASKS),
+            undecodable: Mutex::new(std::collections::BTreeSet::new()),
             certificate: std::sync::OnceLock::new(),
             leader: AtomicBool::new(false),
             ready: AtomicBool::new(false),
@@ -239,6 +249,39 @@ impl Metrics {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clear();
+        self.undecodable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+    }
+
+    /// A panic caught at a task boundary; `task` is one of [`PANIC_TASKS`].
+    pub fn panicked(&self, task: &'static str) {
+        bump(&self.panics, task);
+    }
+
+    /// Whether the stored route `namespace/name` decodes (its series exists
+    /// while it does not).
+    pub fn route_decodes(&self, namespace: &str, name: &str, decodes: bool) {
+        let mut set = self
+            .undecodable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = (namespace.to_string(), name.to_string());
+        if decodes {
+            set.remove(&key);
+        } else {
+            set.insert(key);
+        }
+    }
+
+    /// Drops the undecodable-route series of routes that no longer exist
+    /// (deleted without a finalizer, so no reconcile saw them go).
+    pub fn retain_undecodable(&self, exists: impl Fn(&str, &str) -> bool) {
+        self.undecodable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|(ns, name)| exists(ns, name));
     }
 
     /// Exposes the expiry of the certificate `resolver` serves.
@@ -356,6 +399,30 @@ impl Metrics {
             "reason",
             &self.webhook_rejections,
         );
+        counters(
+            &mut out,
+            "kubegrace_operator_panics_total",
+            "Panics caught at a task boundary (the task was answered, retried or restarted), by task.",
+            "task",
+            &self.panics,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP kubegrace_operator_route_undecodable 1 for each stored GraceRoute the operator cannot decode (its Accepted condition says which field).\n# TYPE kubegrace_operator_route_undecodable gauge"
+        );
+        for (ns, name) in self
+            .undecodable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "kubegrace_operator_route_undecodable{{namespace=\"{}\",name=\"{}\"}} 1",
+                escape_label(ns),
+                escape_label(name)
+            );
+        }
         self.render_drains(&mut out);
         let _ = writeln!(
             out,

@@ -47,6 +47,10 @@ pub enum Error {
     /// The command line or environment is not usable.
     #[error("config: {0}")]
     Config(String),
+    /// A task panicked; the panic was caught at its boundary (the message
+    /// is the panic's).
+    #[error("panicked: {0}")]
+    Panic(String),
     /// A wait in a test helper or the lease loop ran out of time.
     #[error("timed out after {0:?}: {1}")]
     Timeout(Duration, String),
@@ -66,6 +70,7 @@ impl Error {
             Self::Io { .. } => "io",
             Self::Config(_) => "config",
             Self::Timeout(..) => "timeout",
+            Self::Panic(_) => "panic",
         }
     }
 

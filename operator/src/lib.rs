@@ -19,11 +19,13 @@ pub mod inject;
 pub mod lease;
 pub mod netpol;
 pub mod ownership;
+pub mod panics;
 pub mod route_match;
 pub mod route_webhook;
 pub mod run;
 pub mod scope;
 pub mod server;
+pub mod tolerant;
 pub mod webhook;
 pub mod workload;
 

@@ -21,13 +21,29 @@
 //!
 //! Never refused: a route being deleted, and an UPDATE that leaves the spec
 //! as it was (finalizers, labels): the operator's own writes must go through
-//! even when a target changed under a route.
+//! even when a target changed under a route, or when the stored route does
+//! not decode (the operator releases its finalizer).
+//!
+//! Refused with reason `InvalidObject` and the field: a route whose JSON
+//! does not fit the operator's types (a value the schema lets through,
+//! such as `consecutiveFailures: 4294967296`). An UPDATE whose *old* object
+//! does not decode (stored under an older schema) is judged like a create,
+//! so the edit that fixes it goes through.
+//!
+//! What an answer says: only what the review itself named, plus one verdict.
+//! The port is reachable by anything that can reach the pod, and the API
+//! server passes on the answer to a user who may not be allowed to read
+//! the namespace's Deployments or Services. So a refusal or warning never
+//! carries names or values of objects the review did not name: no list of
+//! the target's ports, no Service names, no other route's name; a workload
+//! found by `spec.selector` is "a workload spec.selector matches". The
+//! route's status (readable under the GraceRoute's own RBAC) has the
+//! details. [`redact`] does this and is unit-tested.
 
 use std::future::Future;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::ListParams;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::{Api, Client, ResourceExt};
@@ -69,19 +85,20 @@ pub fn judge(
     let others: Vec<&GraceRoute> = routes.iter().collect();
     let (targets, overlaps) = controller::claim_targets(&route, workloads, &others);
     if let Err(invalid) = controller::budget_and_config(&route, &targets) {
-        return Verdict::Refuse(invalid);
+        return Verdict::Refuse(redact(&route, invalid));
     }
     let ns = route.namespace().unwrap_or_default();
+    let subject = subject(&route);
     let mut warnings: Vec<String> = overlaps
-        .into_iter()
-        .map(|o| format!("{o}: this route does not apply to it until that one goes"))
+        .iter()
+        .map(|_| format!("{subject} is also targeted by an older GraceRoute, which stays in force: this route does not apply to it until that one goes"))
         .collect();
-    warnings.extend(controller::service_bypasses(
-        &route,
-        &targets,
-        &[],
-        services,
-    ));
+    let bypasses = controller::service_bypasses(&route, &targets, &[], services).len();
+    if bypasses > 0 {
+        warnings.push(format!(
+            "{bypasses} Service(s) in namespace {ns} select these pods by the app's port number, around the sidecar: target the port by name instead (the route's Degraded condition names them)"
+        ));
+    }
     if workloads.of(&route).is_empty() {
         warnings.push(match &route.spec.target_ref {
             Some(t) => format!(
@@ -96,6 +113,43 @@ pub fn judge(
     Verdict::Allow(warnings)
 }
 
+/// How an answer names the route's target: by the name the review gave
+/// (`targetRef`), never by one found through `spec.selector`.
+fn subject(route: &GraceRoute) -> String {
+    match &route.spec.target_ref {
+        Some(t) => format!("{}/{}", t.kind, t.name),
+        None => "a workload spec.selector matches".to_string(),
+    }
+}
+
+/// The controller's refusal, minus what the review did not name (see the
+/// module doc): the target's port names, a selected workload's name.
+pub fn redact(route: &GraceRoute, invalid: Invalid) -> Invalid {
+    let subject = subject(route);
+    match invalid.reason {
+        "UnknownPort" => {
+            let wanted = route
+                .spec
+                .ports
+                .first()
+                .map(|p| p.name.as_str())
+                .unwrap_or_default();
+            Invalid::new(
+                invalid.reason,
+                format!(
+                    "{subject} has no container port named {wanted:?}; set ports[0].name to the name of a port of its pod template, or name the port there"
+                ),
+            )
+        }
+        "TargetInvalid" => Invalid::new(
+            invalid.reason,
+            format!("{subject} has no pod template spec"),
+        ),
+        // The others (budget, sidecar config) quote the route's own spec.
+        _ => invalid,
+    }
+}
+
 /// A route being deleted, or an UPDATE that leaves the spec alone.
 fn exempt(route: &GraceRoute, old: Option<&GraceRoute>) -> bool {
     route.metadata.deletion_timestamp.is_some() || old.is_some_and(|o| o.spec == route.spec)
@@ -107,45 +161,56 @@ pub type Namespace = (Workloads, Vec<GraceRoute>, Vec<Service>);
 /// Reads what [`judge`] needs: the namespace's workloads, routes and Services.
 pub async fn lookup(client: &Client, ns: &str) -> Result<Namespace> {
     let workloads = Workloads::list(client, ns).await?;
-    let routes = Api::<GraceRoute>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::kube(format!("listing GraceRoutes in {ns}")))?
-        .items;
+    // A route that does not decode claims nothing (its own status says why).
+    let routes = crate::tolerant::list(client, ns).await?.routes;
     let services = Api::<Service>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
+        .list(&kube::api::ListParams::default())
         .await
         .map_err(Error::kube(format!("listing Services in {ns}")))?
         .items;
     Ok((workloads, routes, services))
 }
 
-/// Answers one AdmissionReview; `lookup` reads the namespace (the server
-/// passes the API call, tests pass fixtures). Returns the review and the
-/// outcome for the metrics: allowed, warned, refused, error.
+/// Answers one AdmissionReview (parsed once by the server); `lookup`
+/// reads the namespace (the server passes the API call, tests pass
+/// fixtures). Returns the review, with the request's uid, and the outcome
+/// for the metrics: allowed, warned, refused, error.
 pub async fn review<F, Fut>(
-    body: &[u8],
+    mut req: AdmissionRequest<DynamicObject>,
     lookup: F,
 ) -> (AdmissionReview<DynamicObject>, &'static str)
 where
     F: FnOnce(String) -> Fut,
     Fut: Future<Output = Result<Namespace>>,
 {
-    let req: AdmissionRequest<GraceRoute> =
-        match serde_json::from_slice::<AdmissionReview<GraceRoute>>(body)
-            .map_err(|e| format!("not an AdmissionReview of a GraceRoute: {e}"))
-            .and_then(|r| {
-                r.try_into()
-                    .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| e.to_string())
-            }) {
-            Ok(r) => r,
-            Err(e) => return (AdmissionResponse::invalid(e).into_review(), "error"),
-        };
     let resp = AdmissionResponse::from(&req);
-    let (Operation::Create | Operation::Update, Some(route)) = (&req.operation, &req.object) else {
+    let (Operation::Create | Operation::Update, Some(obj)) = (&req.operation, req.object.take())
+    else {
         return (resp.into_review(), "allowed");
     };
-    let old = req.old_object.as_ref();
+    let old_obj = req.old_object.take();
+    // Judged on the raw JSON, so it holds for routes that do not decode.
+    if obj.metadata.deletion_timestamp.is_some()
+        || old_obj
+            .as_ref()
+            .is_some_and(|o| o.data.get("spec") == obj.data.get("spec"))
+    {
+        return (resp.into_review(), "allowed");
+    }
+    let route: GraceRoute = match crate::tolerant::into_typed(obj) {
+        Ok(r) => r,
+        Err(e) => {
+            let invalid = Invalid::new(
+                crate::tolerant::INVALID_OBJECT,
+                format!("the GraceRoute cannot be read by the operator: {e}"),
+            );
+            return (refuse(resp, &invalid).into_review(), "refused");
+        }
+    };
+    let route = &route;
+    // An old object stored under a looser schema: judged like a create.
+    let old: Option<GraceRoute> = old_obj.and_then(|o| crate::tolerant::into_typed(o).ok());
+    let old = old.as_ref();
     // Cheap and API-free first: a deletion, an unchanged spec, a budget that
     // cannot fit whatever the target looks like.
     if exempt(route, old) {
@@ -195,9 +260,9 @@ fn refuse(resp: AdmissionResponse, invalid: &Invalid) -> AdmissionResponse {
 /// The server side: the namespace lookup through the API.
 pub async fn review_with_client(
     client: &Client,
-    body: &[u8],
+    req: AdmissionRequest<DynamicObject>,
 ) -> (AdmissionReview<DynamicObject>, &'static str) {
-    review(body, |ns| async move { lookup(client, &ns).await }).await
+    review(req, |ns| async move { lookup(client, &ns).await }).await
 }
 
 #[cfg(test)]
@@ -244,10 +309,16 @@ spec:
         .expect("json")
     }
 
+    /// The request as the server parses it (once).
+    fn req(body: &[u8]) -> AdmissionRequest<DynamicObject> {
+        crate::server::check_review(body, crate::server::Endpoint::Validate, &[])
+            .expect("a well-formed review")
+    }
+
     /// Runs the handler with fixtures for the namespace; returns the JSON
     /// the API server would read and the metric outcome.
     async fn answer(body: &[u8], routes: Vec<GraceRoute>) -> (serde_json::Value, &'static str) {
-        let (review, outcome) = review(body, |ns| async move {
+        let (review, outcome) = review(req(body), |ns| async move {
             assert_eq!(ns, "shop");
             Ok((workloads(), routes, Vec::new()))
         })
@@ -259,7 +330,7 @@ spec:
     const T1: &str = "2026-01-02T00:00:00Z";
 
     #[tokio::test]
-    async fn an_unknown_port_is_refused_with_the_ports_the_target_has() {
+    async fn an_unknown_port_is_refused_without_naming_the_ports_the_target_has() {
         let r = route(
             "web",
             T1,
@@ -273,9 +344,11 @@ spec:
         assert_eq!(resp["status"]["code"], 422);
         let msg = resp["status"]["message"].as_str().expect("message");
         assert!(
-            msg.starts_with("UnknownPort: Deployment/web has no container port named \"grpc\" (it has: http, metrics)"),
+            msg.starts_with("UnknownPort: Deployment/web has no container port named \"grpc\";"),
             "{msg}"
         );
+        // The caller named the Deployment and "grpc", nothing else.
+        assert!(!msg.contains("http") && !msg.contains("metrics"), "{msg}");
     }
 
     #[tokio::test]
@@ -287,7 +360,7 @@ spec:
              routes: [{name: slow, timeout: 40s}], rollout: {terminationGracePeriodSeconds: 30}}",
         );
         // Refused before any lookup: the budget does not depend on the target.
-        let (review, outcome) = review(&review_of("CREATE", &r, None), |_| async {
+        let (review, outcome) = review(req(&review_of("CREATE", &r, None)), |_| async {
             Err::<Namespace, _>(Error::Config("no lookup expected".into()))
         })
         .await;
@@ -339,10 +412,13 @@ spec:
         let (out, outcome) = answer(&review_of("CREATE", &newer, None), vec![older]).await;
         assert_eq!(outcome, "warned", "{out}");
         let w = out["response"]["warnings"][0].as_str().expect("warning");
+        // The workload was found by the selector, the older route by the
+        // lookup: the review named neither.
         assert!(
-            w.contains("Deployment/web is also targeted by GraceRoute first (older, in force)"),
+            w.contains("a workload spec.selector matches is also targeted by an older GraceRoute"),
             "{w}"
         );
+        assert!(!w.contains("first") && !w.contains("Deployment/web"), "{w}");
     }
 
     #[tokio::test]
@@ -388,14 +464,62 @@ spec:
         assert_eq!(outcome, "refused", "{out}");
     }
 
+    /// A route the Rust type refuses (the schema has no bound yet) is
+    /// refused with the field, and the answer carries the request's uid.
     #[tokio::test]
-    async fn garbage_is_an_invalid_review_not_a_crash() {
-        let (review, outcome) = review(b"{\"kind\": 1}", |_| async {
-            Ok((Workloads(Vec::new()), Vec::new(), Vec::new()))
-        })
-        .await;
-        assert_eq!(outcome, "error");
-        assert!(!review.response.expect("response").allowed);
+    async fn an_undecodable_route_is_refused_with_the_field_and_the_uid() {
+        let r = route(
+            "web",
+            T1,
+            "{targetRef: {kind: Deployment, name: web}, ports: [{name: http}]}",
+        );
+        let mut body: serde_json::Value =
+            serde_json::from_slice(&review_of("CREATE", &r, None)).expect("json");
+        body["request"]["object"]["spec"]["circuitBreaker"] =
+            serde_json::json!({"consecutiveFailures": 4_294_967_296_u64});
+        let body = serde_json::to_vec(&body).expect("json");
+        let (out, outcome) = answer(&body, vec![]).await;
+        assert_eq!(outcome, "refused");
+        assert_eq!(out["response"]["uid"], "req-1");
+        assert_eq!(out["response"]["allowed"], false);
+        let msg = out["response"]["status"]["message"]
+            .as_str()
+            .expect("message");
+        assert!(
+            msg.starts_with("InvalidObject: the GraceRoute cannot be read by the operator: spec.circuitBreaker.consecutiveFailures: "),
+            "{msg}"
+        );
+    }
+
+    /// The stored (old) object does not decode: the fix must go through,
+    /// and the operator's own metadata writes (finalizer release) too.
+    #[tokio::test]
+    async fn an_update_of_an_undecodable_stored_route_is_judged_like_a_create() {
+        let good = route(
+            "web",
+            T1,
+            "{targetRef: {kind: Deployment, name: web}, ports: [{name: http}]}",
+        );
+        let mut body: serde_json::Value =
+            serde_json::from_slice(&review_of("UPDATE", &good, Some(&good))).expect("json");
+        body["request"]["oldObject"]["spec"]["circuitBreaker"] =
+            serde_json::json!({"consecutiveFailures": -1});
+        let fix = serde_json::to_vec(&body).expect("json");
+        let (out, outcome) = answer(&fix, vec![]).await;
+        assert_eq!(
+            (outcome, &out["response"]["allowed"]),
+            ("allowed", &serde_json::json!(true)),
+            "{out}"
+        );
+        // Both undecodable, same spec (a finalizer removed): allowed.
+        body["request"]["object"]["spec"] = body["request"]["oldObject"]["spec"].clone();
+        let release = serde_json::to_vec(&body).expect("json");
+        let (out, outcome) = answer(&release, vec![]).await;
+        assert_eq!(
+            (outcome, &out["response"]["allowed"]),
+            ("allowed", &serde_json::json!(true)),
+            "{out}"
+        );
     }
 
     #[tokio::test]
@@ -405,7 +529,7 @@ spec:
             T1,
             "{targetRef: {kind: Deployment, name: web}, ports: [{name: grpc}]}",
         );
-        let (review, outcome) = review(&review_of("CREATE", &r, None), |_| async {
+        let (review, outcome) = review(req(&review_of("CREATE", &r, None)), |_| async {
             Err::<Namespace, _>(Error::Config("apiserver away".into()))
         })
         .await;

@@ -4,7 +4,9 @@
 //! fanned out through a watch channel to the controllers
 //! (`Controller::graceful_shutdown_on`), the webhook server, the admin
 //! server and the certificate loop. Every replica serves the webhook; only
-//! the Lease holder runs the controllers.
+//! the Lease holder runs the controllers. A controller or the certificate
+//! loop that panics is counted, logged and started again
+//! ([`crate::panics::supervise`]); the process goes on.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -18,7 +20,7 @@ use crate::certs::{self, CertResolver, SelfManaged};
 use crate::cli::{LogFormat, RunArgs};
 use crate::lease::LeaderElector;
 use crate::webhook::{self, SidecarSettings, Webhook};
-use crate::{Error, Result, controller, scope, server, workload};
+use crate::{Error, Result, controller, panics, scope, server, workload};
 
 pub fn main(args: RunArgs) -> std::process::ExitCode {
     init_tracing(args.log_format);
@@ -127,10 +129,16 @@ pub async fn run(
     match &args.cert_dir {
         Some(dir) => {
             certs::load_dir(dir, &resolver)?;
-            tasks.spawn(certs::watch_dir(dir.clone(), resolver.clone(), rx.clone()));
+            let (dir, resolver, rx, metrics) =
+                (dir.clone(), resolver.clone(), rx.clone(), metrics.clone());
+            tasks.spawn(async move {
+                let stop = || stopped(rx.clone());
+                let watch = || certs::watch_dir(dir.clone(), resolver.clone(), rx.clone());
+                panics::supervise("certificate watch", &metrics, watch, stop).await;
+            });
         }
         None => {
-            let m = SelfManaged {
+            let self_managed = || SelfManaged {
                 client: client.clone(),
                 namespace: args.namespace.clone(),
                 secret: args.cert_secret.clone(),
@@ -144,7 +152,7 @@ pub async fn run(
                 ),
                 resolver: resolver.clone(),
             };
-            if let Err(e) = m.round().await {
+            if let Err(e) = self_managed().round().await {
                 // Keep going if we at least have a certificate (the
                 // MutatingWebhookConfiguration may come later).
                 if !resolver.is_loaded() {
@@ -152,7 +160,25 @@ pub async fn run(
                 }
                 tracing::warn!(error = %e, "webhook certificate");
             }
-            tasks.spawn(m.maintain(rx.clone()));
+            let (task_rx, metrics) = (rx.clone(), metrics.clone());
+            let stop_rx = rx.clone();
+            let m = self_managed();
+            let make = move || {
+                let m = SelfManaged {
+                    client: m.client.clone(),
+                    namespace: m.namespace.clone(),
+                    secret: m.secret.clone(),
+                    webhook_config: m.webhook_config.clone(),
+                    validating_webhook_config: m.validating_webhook_config.clone(),
+                    sans: m.sans.clone(),
+                    resolver: m.resolver.clone(),
+                };
+                m.maintain(task_rx.clone())
+            };
+            tasks.spawn(async move {
+                let stop = || stopped(stop_rx.clone());
+                panics::supervise("certificate maintenance", &metrics, make, stop).await;
+            });
         }
     }
 
@@ -204,12 +230,15 @@ pub async fn run(
         tracing::info!(identity = elector.identity(), "leading: controllers start");
         metrics.leader.store(true, Ordering::Relaxed);
         let (lead_tx, lead_rx) = watch::channel(false);
-        let stop = || {
-            let (a, b) = (rx.clone(), lead_rx.clone());
-            async move {
-                tokio::select! {
-                    () = stopped(a) => {}
-                    () = stopped(b) => {}
+        let stop = {
+            let (rx, lead_rx) = (rx.clone(), lead_rx.clone());
+            move || {
+                let (a, b) = (rx.clone(), lead_rx.clone());
+                async move {
+                    tokio::select! {
+                        () = stopped(a) => {}
+                        () = stopped(b) => {}
+                    }
                 }
             }
         };
@@ -217,26 +246,29 @@ pub async fn run(
         // allows no cluster-wide watch), or one set for all namespaces.
         let mut all: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
             Vec::new();
+        // Each under supervision: a panic restarts that controller alone.
         for ns in &namespaces {
-            all.push(Box::pin(controller::run(
+            let (c, m, id, n, st) = (
                 client.clone(),
                 metrics.clone(),
                 elector.identity().to_string(),
                 ns.clone(),
-                stop(),
-            )));
-            all.push(Box::pin(workload::run::<Deployment>(
-                client.clone(),
-                metrics.clone(),
-                ns.clone(),
-                stop(),
-            )));
-            all.push(Box::pin(workload::run::<StatefulSet>(
-                client.clone(),
-                metrics.clone(),
-                ns.clone(),
-                stop(),
-            )));
+                stop.clone(),
+            );
+            all.push(Box::pin(async move {
+                let run = || controller::run(c.clone(), m.clone(), id.clone(), n.clone(), st());
+                panics::supervise("route controller", &m, run, &st).await;
+            }));
+            let (c, m, n, st) = (client.clone(), metrics.clone(), ns.clone(), stop.clone());
+            all.push(Box::pin(async move {
+                let run = || workload::run::<Deployment>(c.clone(), m.clone(), n.clone(), st());
+                panics::supervise("deployment inject controller", &m, run, &st).await;
+            }));
+            let (c, m, n, st) = (client.clone(), metrics.clone(), ns.clone(), stop.clone());
+            all.push(Box::pin(async move {
+                let run = || workload::run::<StatefulSet>(c.clone(), m.clone(), n.clone(), st());
+                panics::supervise("statefulset inject controller", &m, run, &st).await;
+            }));
         }
         let controllers = futures_util::future::join_all(all);
         tokio::pin!(controllers);

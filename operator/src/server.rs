@@ -13,9 +13,20 @@
 //! - an idle timeout: no byte in either direction for
 //!   [`Limits::idle_timeout`] closes the connection (HTTP/1 keep-alive and
 //!   HTTP/2 alike);
-//! - a body limit, [`MAX_BODY`] (413), and a cap on reviews in progress
-//!   ([`Limits::max_in_flight`], 503 after a short wait), so the worst-case
-//!   memory is `max_in_flight x MAX_BODY`, well inside the chart's limit;
+//! - a body limit, [`MAX_BODY`] (413), a cap on reviews in progress
+//!   ([`Limits::max_in_flight`]) and a memory budget shared by the reviews
+//!   in progress ([`REVIEW_MEMORY`]: each holds [`review_cost`] of it, its
+//!   body's size times what parsing it may take), 503 after a short wait,
+//!   so 32 reviews of 4 MiB cannot together outgrow the chart's limit;
+//! - each review is parsed once, into an `AdmissionRequest<DynamicObject>`
+//!   ([`check_review`]); the body is dropped before the review is answered,
+//!   and each handler decodes the object it needs from it, so an object
+//!   that does not fit our types still gets an answer with the request's
+//!   uid (a body that is not an AdmissionReview at all gets one too when
+//!   its `request.uid` can be read);
+//! - a panic while answering is caught ([`crate::panics`]): counted, logged,
+//!   and answered like a failed lookup (allowed, with a warning: the
+//!   webhooks fail open for their own faults);
 //! - only a well-formed AdmissionReview for the resource the path serves,
 //!   in a namespace this operator serves, reaches the API lookups
 //!   ([`check_review`]); anything else gets 400 and a message, so a caller
@@ -34,7 +45,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -56,6 +67,29 @@ pub const MAX_BODY: usize = 4 * 1024 * 1024;
 
 /// How long a review waits for a free slot before 503.
 const IN_FLIGHT_WAIT: Duration = Duration::from_secs(5);
+
+/// Memory the reviews in progress may hold together, in KiB: 96 MiB, within
+/// the chart's 256 MiB limit beside the caches of the controllers.
+pub const REVIEW_MEMORY: u32 = 96 * 1024;
+
+/// Bytes of memory a review may take per byte of body while it is parsed
+/// and decoded. Measured (serde_json 1.0.154, a counting allocator): the
+/// parsed `serde_json::Value` of a 2 MiB pod made of short env entries
+/// holds 19.9 times its text, of a map of short labels 6.3 times, of one
+/// long string 1.0 times; the body itself and the typed object built from
+/// the tree (which consumes it) take the rest. So a review of the largest
+/// body holds the whole budget, alone.
+pub const PARSE_FACTOR: u64 = 24;
+
+/// The share of [`REVIEW_MEMORY`] (KiB) a review of `body` bytes holds:
+/// at least 1, at most the whole budget (so one review of [`MAX_BODY`]
+/// always fits, alone).
+pub fn review_cost(body: u64) -> u32 {
+    let kib = body.saturating_mul(PARSE_FACTOR).div_ceil(1024);
+    u32::try_from(kib)
+        .unwrap_or(u32::MAX)
+        .clamp(1, REVIEW_MEMORY)
+}
 
 /// The server's limits (flags `--webhook-*`).
 #[derive(Debug, Clone)]
@@ -109,15 +143,55 @@ impl Endpoint {
     }
 }
 
-/// Whether `body` is an AdmissionReview this server answers (pure). The
-/// error says what is wrong, for the 400.
+/// Why [`check_review`] does not pass a body on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not a review this server answers: 400 and the reason.
+    Malformed(String),
+    /// A review whose request uid could be read but not the rest: answered
+    /// as a review (200) with that uid and the reason.
+    Unreadable { uid: String, why: String },
+}
+
+/// Just the uid of a review that does not parse as a whole (unknown
+/// fields are skipped without being kept).
+#[derive(serde::Deserialize)]
+struct UidOnly {
+    request: Option<UidOnlyRequest>,
+}
+#[derive(serde::Deserialize)]
+struct UidOnlyRequest {
+    uid: String,
+}
+
+/// Parses `body` once into the request this server answers (pure); the
+/// error says what is wrong, for the 400, or carries the uid to answer.
 pub fn check_review(
     body: &[u8],
     endpoint: Endpoint,
     watch: &[String],
-) -> std::result::Result<(), String> {
-    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body)
-        .map_err(|e| format!("the body is not an AdmissionReview: {e}"))?;
+) -> std::result::Result<AdmissionRequest<DynamicObject>, Refusal> {
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) => {
+            let why = format!("the body is not an AdmissionReview: {e}");
+            // Only on this error path is the body read a second time.
+            return Err(match serde_json::from_slice::<UidOnly>(body) {
+                Ok(UidOnly {
+                    request: Some(UidOnlyRequest { uid }),
+                }) if !uid.is_empty() => Refusal::Unreadable { uid, why },
+                _ => Refusal::Malformed(why),
+            });
+        }
+    };
+    check_request(review, endpoint, watch).map_err(Refusal::Malformed)
+}
+
+fn check_request(
+    review: AdmissionReview<DynamicObject>,
+    endpoint: Endpoint,
+    watch: &[String],
+) -> std::result::Result<AdmissionRequest<DynamicObject>, String> {
     if review.types.api_version != "admission.k8s.io/v1" || review.types.kind != "AdmissionReview" {
         return Err(format!(
             "expected apiVersion admission.k8s.io/v1, kind AdmissionReview; got {:?}, {:?}",
@@ -166,7 +240,25 @@ pub fn check_review(
             "namespace {ns} is not served by this operator (--watch-namespaces)"
         ));
     }
-    Ok(())
+    Ok(req)
+}
+
+/// The answer to a review whose uid is all that could be read: the pod
+/// webhook admits (it never fails a pod for its own reasons), the route
+/// webhook refuses with the reason.
+pub fn unreadable_answer(
+    endpoint: Endpoint,
+    uid: String,
+    why: &str,
+) -> AdmissionReview<DynamicObject> {
+    let mut r = AdmissionResponse::invalid(why);
+    r.uid = uid;
+    if endpoint == Endpoint::Mutate {
+        r.allowed = true;
+        r.result = Default::default();
+        r.warnings = Some(vec![format!("kubegrace: sidecar not injected: {why}")]);
+    }
+    r.into_review()
 }
 
 fn respond(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
@@ -191,6 +283,8 @@ struct AdmissionServer {
     hook: Arc<Webhook>,
     limits: Limits,
     in_flight: Semaphore,
+    /// [`REVIEW_MEMORY`], in KiB.
+    memory: Semaphore,
 }
 
 async fn handle(
@@ -233,9 +327,15 @@ async fn handle(
         metrics.webhook_rejected("too_large");
         return Ok(refuse(StatusCode::PAYLOAD_TOO_LARGE, &too_large));
     }
-    // Bounded memory: a body is read only with a slot.
-    let Ok(Ok(_slot)) = tokio::time::timeout(IN_FLIGHT_WAIT, server.in_flight.acquire()).await
-    else {
+    // Bounded memory: a body is read only with a slot and its share of
+    // the budget (the declared length's; without one, the largest body's).
+    let cost = review_cost(declared.unwrap_or(server.limits.max_body as u64));
+    let slot = async {
+        let slot = server.in_flight.acquire().await?;
+        let share = server.memory.acquire_many(cost).await?;
+        Ok::<_, tokio::sync::AcquireError>((slot, share))
+    };
+    let Ok(Ok(_slot)) = tokio::time::timeout(IN_FLIGHT_WAIT, slot).await else {
         metrics.webhook_rejected("busy");
         return Ok(refuse(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -268,27 +368,73 @@ async fn handle(
             ));
         }
     };
-    if let Err(why) = check_review(&body, endpoint, &server.limits.watch_namespaces) {
-        metrics.webhook_rejected("malformed");
-        return Ok(refuse(StatusCode::BAD_REQUEST, &why));
-    }
-    let review = match endpoint {
-        Endpoint::Mutate => {
-            let (review, result) = server.hook.review(&body).await;
-            metrics.webhook(start.elapsed(), result);
-            review
+    let parsed = check_review(&body, endpoint, &server.limits.watch_namespaces);
+    // Parsed once: the text is not needed any more.
+    drop(body);
+    let req = match parsed {
+        Ok(req) => req,
+        Err(Refusal::Malformed(why)) => {
+            metrics.webhook_rejected("malformed");
+            return Ok(refuse(StatusCode::BAD_REQUEST, &why));
         }
-        Endpoint::Validate => {
-            let (review, result) =
-                crate::route_webhook::review_with_client(&server.hook.client, &body).await;
-            metrics.route_validation(start.elapsed(), result);
-            review
+        Err(Refusal::Unreadable { uid, why }) => {
+            metrics.webhook_rejected("malformed");
+            return Ok(answer(&unreadable_answer(endpoint, uid, &why)));
         }
     };
-    Ok(match serde_json::to_vec(&review) {
+    let review = answer_review(&server, endpoint, req, start).await;
+    Ok(answer(&review))
+}
+
+/// Answers a parsed review; a panic while doing so is caught and answered
+/// (allowed, with a warning naming the fault), with the request's uid.
+async fn answer_review(
+    server: &AdmissionServer,
+    endpoint: Endpoint,
+    req: AdmissionRequest<DynamicObject>,
+    start: Instant,
+) -> AdmissionReview<DynamicObject> {
+    let metrics = &server.hook.metrics;
+    let resp = AdmissionResponse::from(&req);
+    let (ns, name) = (req.namespace.clone().unwrap_or_default(), req.name.clone());
+    let answered = crate::panics::catch(async {
+        match endpoint {
+            Endpoint::Mutate => {
+                let (review, result) = server.hook.review(req).await;
+                metrics.webhook(start.elapsed(), result);
+                review
+            }
+            Endpoint::Validate => {
+                let (review, result) =
+                    crate::route_webhook::review_with_client(&server.hook.client, req).await;
+                metrics.route_validation(start.elapsed(), result);
+                review
+            }
+        }
+    })
+    .await;
+    answered.unwrap_or_else(|msg| {
+        metrics.panicked("webhook");
+        tracing::error!(?endpoint, namespace = %ns, name = %name, panic = %msg, "answering a review panicked; allowed with a warning");
+        panicked_answer(resp, &msg)
+    })
+}
+
+/// What a review gets when answering it panicked: allowed (the webhooks
+/// fail open for their own faults, like a failed lookup), with a warning.
+pub fn panicked_answer(resp: AdmissionResponse, msg: &str) -> AdmissionReview<DynamicObject> {
+    let mut r = resp;
+    r.warnings = Some(vec![format!(
+        "kubegrace: not checked: the operator hit a bug answering this review ({msg})"
+    )]);
+    r.into_review()
+}
+
+fn answer(review: &AdmissionReview<DynamicObject>) -> Response<Full<Bytes>> {
+    match serde_json::to_vec(review) {
         Ok(b) => respond(StatusCode::OK, b),
         Err(_) => refuse(StatusCode::INTERNAL_SERVER_ERROR, "serialising the answer"),
-    })
+    }
 }
 
 /// Records the last time a byte moved in either direction, for the idle
@@ -399,6 +545,7 @@ pub async fn serve_on(
     let server = Arc::new(AdmissionServer {
         hook,
         in_flight: Semaphore::new(limits.max_in_flight),
+        memory: Semaphore::new(REVIEW_MEMORY as usize),
         limits,
     });
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -478,17 +625,16 @@ mod tests {
 
     #[test]
     fn a_well_formed_review_for_the_endpoints_resource_passes() {
-        assert_eq!(
-            check_review(&review("pods", "", "shop", "shop"), Endpoint::Mutate, &[]),
-            Ok(())
-        );
-        assert_eq!(
+        let req = check_review(&review("pods", "", "shop", "shop"), Endpoint::Mutate, &[])
+            .expect("passes");
+        assert_eq!(req.uid, "u-1");
+        assert!(
             check_review(
                 &review("graceroutes", "kubegrace.io", "shop", "shop"),
                 Endpoint::Validate,
                 &[]
-            ),
-            Ok(())
+            )
+            .is_ok()
         );
     }
 
@@ -539,8 +685,64 @@ mod tests {
             ),
         ];
         for (body, ep, watch, want) in cases {
-            let err = check_review(&body, ep, &watch).expect_err(want);
+            let Err(Refusal::Malformed(err)) = check_review(&body, ep, &watch) else {
+                panic!("{want}: expected a 400");
+            };
             assert!(err.contains(want), "{want:?} not in {err:?}");
         }
+    }
+
+    #[test]
+    fn the_memory_share_of_a_review_is_bounded_at_both_ends() {
+        assert_eq!(review_cost(0), 1);
+        assert_eq!(review_cost(1), 1);
+        assert_eq!(review_cost(MAX_BODY as u64), REVIEW_MEMORY);
+        assert_eq!(review_cost(10 * 1024), 240);
+        assert_eq!(review_cost(u64::MAX), REVIEW_MEMORY);
+        // One review of the largest body fits; 32 of them cannot hold
+        // their shares at once (the budget, not the count, bounds them).
+        assert!(review_cost(MAX_BODY as u64) <= REVIEW_MEMORY);
+        assert!(u64::from(review_cost(MAX_BODY as u64)) * 32 > u64::from(REVIEW_MEMORY));
+    }
+
+    #[test]
+    fn a_review_whose_object_cannot_be_read_is_answered_with_its_uid() {
+        let mut body: serde_json::Value =
+            serde_json::from_slice(&review("pods", "", "shop", "shop")).expect("json");
+        body["request"]["object"]["metadata"]["name"] = serde_json::json!(5);
+        let body = serde_json::to_vec(&body).expect("json");
+        let Err(Refusal::Unreadable { uid, why }) = check_review(&body, Endpoint::Mutate, &[])
+        else {
+            panic!("expected an answer with the uid");
+        };
+        assert_eq!(uid, "u-1");
+        let pod = unreadable_answer(Endpoint::Mutate, uid.clone(), &why)
+            .response
+            .expect("response");
+        assert_eq!(pod.uid, "u-1");
+        assert!(pod.allowed && pod.patch.is_none());
+        assert!(pod.warnings.expect("warning")[0].contains("not an AdmissionReview"));
+        let route = unreadable_answer(Endpoint::Validate, uid, &why)
+            .response
+            .expect("response");
+        assert_eq!(route.uid, "u-1");
+        assert!(!route.allowed);
+        // Without a readable uid there is nothing to answer: a 400.
+        assert!(matches!(
+            check_review(br#"{"request": {"uid": 7}}"#, Endpoint::Mutate, &[]),
+            Err(Refusal::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn a_panicked_review_is_allowed_with_a_warning_and_its_uid() {
+        let req = check_review(&review("pods", "", "shop", "shop"), Endpoint::Mutate, &[])
+            .expect("passes");
+        let out = panicked_answer(AdmissionResponse::from(&req), "boom")
+            .response
+            .expect("response");
+        assert_eq!(out.uid, "u-1");
+        assert!(out.allowed);
+        assert!(out.warnings.expect("warning")[0].contains("boom"));
     }
 }

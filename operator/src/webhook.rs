@@ -7,14 +7,19 @@
 //!
 //! The webhook never fails a pod creation for its own reasons: a pod that
 //! cannot be injected is admitted bare with a warning and an annotation
-//! saying why, and the route reports it.
+//! saying why, and the route reports it. That includes a pod the webhook
+//! cannot decode (allowed without a patch, with a warning: the API server
+//! validates pods itself, and refusing would make a kubegrace bug stop
+//! every pod of the namespace), and a pod pinned to a GraceRoute the
+//! operator cannot decode (admitted bare, the warning names the field). The
+//! review arrives parsed once, by [`crate::server`]; the answer always
+//! carries the request's uid.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::ListParams;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::{Api, Client, ResourceExt};
@@ -25,6 +30,7 @@ use crate::build::config_map_name;
 use crate::crd::GraceRoute;
 use crate::inject::{self, InjectPlan, Skip};
 use crate::route_match;
+use crate::tolerant::{Listed, Undecodable};
 use crate::{Error, Result, keys};
 
 /// What the operator's flags say about every sidecar.
@@ -144,6 +150,29 @@ pub fn decide(
     }
 }
 
+/// A pod that wants the sidecar and is pinned to a route the operator
+/// cannot decode: admitted bare, with the route's field in the reason.
+fn pinned_undecodable(
+    pod: &Pod,
+    ns_labels: &BTreeMap<String, String>,
+    undecodable: &[Undecodable],
+) -> Option<Decision> {
+    let pinned = pod.annotations().get(keys::ROUTE)?;
+    let u = undecodable.iter().find(|u| &u.name == pinned)?;
+    if inject::is_injected(pod) || !inject::wants_injection(pod, ns_labels) {
+        return None;
+    }
+    let why = format!(
+        "GraceRoute {pinned} (from the {} annotation) cannot be read by the operator: {}",
+        keys::ROUTE,
+        u.error
+    );
+    Some(Decision::Skip(
+        Box::new(inject::mark_skipped(pod, &Skip(why.clone()))),
+        why,
+    ))
+}
+
 /// The JSON patch turning `before` into `after`.
 pub fn patch_for(before: &Pod, after: &Pod) -> Result<json_patch::Patch> {
     let a = serde_json::to_value(before).map_err(Error::serde("pod"))?;
@@ -163,46 +192,43 @@ pub struct Webhook {
 }
 
 impl Webhook {
-    async fn lookup(&self, ns: &str) -> Result<(BTreeMap<String, String>, Vec<GraceRoute>)> {
+    async fn lookup(&self, ns: &str) -> Result<(BTreeMap<String, String>, Listed)> {
         let labels = Api::<Namespace>::all(self.client.clone())
             .get_opt(ns)
             .await
             .map_err(Error::kube(format!("reading namespace {ns}")))?
             .map(|n| n.labels().clone())
             .unwrap_or_default();
-        let routes = Api::<GraceRoute>::namespaced(self.client.clone(), ns)
-            .list(&ListParams::default())
-            .await
-            .map_err(Error::kube(format!("listing GraceRoutes in {ns}")))?
-            .items;
+        // One route that does not decode must not stop injection for the
+        // namespace: it is left out (and named if a pod is pinned to it).
+        let routes = crate::tolerant::list(&self.client, ns).await?;
         Ok((labels, routes))
     }
 
-    /// Answers one AdmissionReview, and names the outcome for the metrics.
-    pub async fn review(&self, body: &[u8]) -> (AdmissionReview<DynamicObject>, &'static str) {
-        let review: AdmissionReview<Pod> = match serde_json::from_slice(body) {
-            Ok(r) => r,
-            Err(e) => {
-                return (
-                    AdmissionResponse::invalid(format!("not an AdmissionReview: {e}"))
-                        .into_review(),
-                    "error",
-                );
-            }
-        };
-        let req: AdmissionRequest<Pod> = match review.try_into() {
-            Ok(r) => r,
-            Err(e) => {
-                return (
-                    AdmissionResponse::invalid(e.to_string()).into_review(),
-                    "error",
-                );
-            }
-        };
+    /// Answers one AdmissionReview (parsed once by the server), and names
+    /// the outcome for the metrics.
+    pub async fn review(
+        &self,
+        mut req: AdmissionRequest<DynamicObject>,
+    ) -> (AdmissionReview<DynamicObject>, &'static str) {
         let resp = AdmissionResponse::from(&req);
-        let (Operation::Create, Some(pod)) = (&req.operation, req.object.as_ref()) else {
+        let (Operation::Create, Some(obj)) = (&req.operation, req.object.take()) else {
             return (resp.into_review(), "ignored");
         };
+        let pod: Pod = match crate::tolerant::into_typed(obj) {
+            Ok(p) => p,
+            Err(e) => {
+                // Allowed bare (see the module doc): the API server judges
+                // the pod itself.
+                tracing::warn!(error = %e, "the pod does not decode; admitting it unchanged");
+                let mut r = resp;
+                r.warnings = Some(vec![format!(
+                    "kubegrace: sidecar not injected: the pod could not be read: {e}"
+                )]);
+                return (r.into_review(), "error");
+            }
+        };
+        let pod = &pod;
         // Cheap checks first: most pods never need the API lookups.
         if inject::is_injected(pod) {
             return (resp.into_review(), "ignored");
@@ -212,7 +238,7 @@ impl Webhook {
             .clone()
             .or_else(|| pod.namespace())
             .unwrap_or_default();
-        let (labels, routes) = match self.lookup(&ns).await {
+        let (labels, listed) = match self.lookup(&ns).await {
             Ok(v) => v,
             Err(e) => {
                 // Admit bare: the route reports the pod as not injected.
@@ -222,8 +248,11 @@ impl Webhook {
                 return (r.into_review(), "error");
             }
         };
-        let (after, result, warning) = match decide(pod, &labels, &routes, &self.settings, token())
-        {
+        let decision = match pinned_undecodable(pod, &labels, &listed.undecodable) {
+            Some(skip) => skip,
+            None => decide(pod, &labels, &listed.routes, &self.settings, token()),
+        };
+        let (after, result, warning) = match decision {
             Decision::Ignore => return (resp.into_review(), "ignored"),
             Decision::Inject(p) => (p, "injected", None),
             Decision::Skip(p, why) => (
@@ -455,7 +484,14 @@ status:
         };
         let (out, result) = tokio::time::timeout(
             Duration::from_secs(1),
-            hook.review(&serde_json::to_vec(&review).expect("json")),
+            hook.review(
+                crate::server::check_review(
+                    &serde_json::to_vec(&review).expect("json"),
+                    crate::server::Endpoint::Mutate,
+                    &[],
+                )
+                .expect("a well-formed review"),
+            ),
         )
         .await
         .expect("answered without the API server");
@@ -463,5 +499,71 @@ status:
         let resp = out.response.expect("response");
         assert!(resp.allowed && resp.patch.is_none());
         assert_eq!(resp.uid, "1");
+    }
+
+    /// The pod's JSON does not fit the Rust type: admitted unchanged with
+    /// the field in the warning and the request's uid, without an API call.
+    #[tokio::test]
+    async fn a_pod_that_does_not_decode_is_admitted_unchanged_with_its_uid() {
+        let review = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "u-7", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "operation": "CREATE", "userInfo": {}, "namespace": "shop", "name": "p",
+                "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "shop"},
+                           "spec": {"containers": "not a list"}}
+            }
+        });
+        let (svc, _handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        let hook = Webhook {
+            client: Client::new(svc, "default"),
+            metrics: Arc::new(Metrics::default()),
+            settings: settings(),
+        };
+        let req = crate::server::check_review(
+            &serde_json::to_vec(&review).expect("json"),
+            crate::server::Endpoint::Mutate,
+            &[],
+        )
+        .expect("a well-formed review");
+        let (out, result) = tokio::time::timeout(Duration::from_secs(1), hook.review(req))
+            .await
+            .expect("answered without the API server");
+        assert_eq!(result, "error");
+        let resp = out.response.expect("response");
+        assert_eq!(resp.uid, "u-7");
+        assert!(resp.allowed && resp.patch.is_none());
+        let w = &resp.warnings.expect("warning")[0];
+        assert!(w.contains("spec.containers"), "{w}");
+    }
+
+    #[test]
+    fn a_pod_pinned_to_an_undecodable_route_starts_bare_with_the_field() {
+        let pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let u = Undecodable {
+            namespace: "shop".into(),
+            name: "web".into(),
+            error: "spec.circuitBreaker.consecutiveFailures: invalid value".into(),
+        };
+        let Some(Decision::Skip(after, why)) =
+            pinned_undecodable(&pod, &BTreeMap::new(), std::slice::from_ref(&u))
+        else {
+            panic!("expected skip");
+        };
+        assert!(
+            why.contains("GraceRoute web") && why.contains("consecutiveFailures"),
+            "{why}"
+        );
+        assert!(after.annotations().contains_key(keys::INJECT_SKIPPED));
+        // Another route's problem is not this pod's.
+        let other = Undecodable {
+            name: "api".into(),
+            ..u
+        };
+        assert_eq!(pinned_undecodable(&pod, &BTreeMap::new(), &[other]), None);
     }
 }

@@ -25,7 +25,6 @@ use futures_util::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::ListParams;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -193,17 +192,14 @@ pub struct Context {
 
 async fn reconcile<K: Workload>(w: Arc<K>, ctx: Arc<Context>) -> Result<Action> {
     let start = Instant::now();
-    let result = async {
+    let pass = async {
         let Some(body) = desired(w.as_ref()) else {
             return Ok(Action::await_change());
         };
         let ns = w.namespace().unwrap_or_default();
         if turns_injection_on(w.as_ref(), &body) {
-            let routes = Api::<GraceRoute>::namespaced(ctx.client.clone(), &ns)
-                .list(&ListParams::default())
-                .await
-                .map_err(Error::kube(format!("listing GraceRoutes in {ns}")))?
-                .items;
+            // One route that does not decode must not hold up the others.
+            let routes = crate::tolerant::list(&ctx.client, &ns).await?.routes;
             if accepted_route(w.as_ref(), &routes).is_none() {
                 wait_for_route(w.as_ref(), &ctx).await;
                 return Ok(Action::await_change());
@@ -230,8 +226,14 @@ async fn reconcile<K: Workload>(w: Arc<K>, ctx: Arc<Context>) -> Result<Action> 
             "pod template inject setting changed; pods roll"
         );
         Ok(Action::await_change())
-    }
-    .await;
+    };
+    // A panic is a bug in this pass, not the end of the operator: counted,
+    // logged with the workload's name, retried by the error policy.
+    let result = crate::panics::catch(pass).await.unwrap_or_else(|msg| {
+        ctx.metrics.panicked("reconcile");
+        tracing::error!(kind = K::KIND, namespace = w.namespace().unwrap_or_default(), name = %w.name_any(), panic = %msg, "inject propagation panicked; retried");
+        Err(Error::Panic(msg))
+    });
     ctx.metrics
         .reconciled(start.elapsed(), result.as_ref().err().map(Error::kind));
     result
@@ -291,10 +293,17 @@ pub async fn run<K: Workload>(
     let workloads = controller.store();
     controller
         // A route that appears or is accepted releases the workloads it covers.
-        .watches(
-            crate::scope::api::<GraceRoute>(&client, namespace.as_deref()),
+        // Watched as dynamic objects: a typed watch fails as a whole on
+        // one route that does not decode. That one releases nothing (its
+        // own reconcile reports it).
+        .watches_with(
+            crate::tolerant::api(&client, namespace.as_deref()),
+            crate::tolerant::api_resource(),
             watcher::Config::default(),
-            move |route: GraceRoute| {
+            move |obj| {
+                let Ok(route) = crate::tolerant::decode(&obj) else {
+                    return Vec::new();
+                };
                 let ns = route.namespace().unwrap_or_default();
                 workloads
                     .state()

@@ -199,6 +199,11 @@ pub fn table(header: &str, rows: &[Row]) -> String {
     out
 }
 
+/// The typed route, or what the operator says about one it cannot read.
+fn route_of(obj: &kube::core::DynamicObject) -> Result<GraceRoute> {
+    kubegrace_operator::tolerant::decode(obj).map_err(|u| Error::Invalid(u.message()))
+}
+
 /// The pods `subject` covers, and a line about it.
 async fn pods_of(client: &Client, ns: &str, subject: &Subject) -> Result<(String, Vec<Pod>)> {
     let (header, selectors) = match subject {
@@ -217,11 +222,15 @@ async fn pods_of(client: &Client, ns: &str, subject: &Subject) -> Result<(String
             (format!("deployment {ns}/{name}"), vec![sel])
         }
         Subject::Route(name) => {
-            let route = Api::<GraceRoute>::namespaced(client.clone(), ns)
+            // Read as a dynamic object: a route the operator's types refuse
+            // is reported with the field that fails, not as a bare decode
+            // error of the whole response.
+            let obj = kubegrace_operator::tolerant::api(client, Some(ns))
                 .get_opt(name)
                 .await
                 .map_err(Error::kube(format!("reading GraceRoute {ns}/{name}")))?
                 .ok_or_else(|| Error::NotFound(format!("GraceRoute {ns}/{name} not found")))?;
+            let route = route_of(&obj)?;
             let lp = ListParams::default();
             let deployments = Api::<Deployment>::namespaced(client.clone(), ns)
                 .list(&lp)
@@ -382,5 +391,22 @@ mod tests {
             serde_json::from_value(serde_json::json!({"metadata": {"name": "q"}})).expect("pod");
         assert_eq!(last_drain(&fresh), None);
         assert_eq!(admin_port(&fresh), None);
+    }
+
+    #[test]
+    fn a_route_the_operator_cannot_read_is_reported_with_its_field() {
+        let obj: kube::core::DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+            "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": "http"}],
+                     "circuitBreaker": {"consecutiveFailures": 4_294_967_296_u64}}
+        }))
+        .expect("object");
+        let err = route_of(&obj).expect_err("undecodable").to_string();
+        assert!(
+            err.contains("spec.circuitBreaker.consecutiveFailures"),
+            "{err}"
+        );
+        assert!(err.contains("kubectl edit graceroute web -n shop"), "{err}");
     }
 }

@@ -1,9 +1,13 @@
 //! The operator when things go wrong: its webhook down, itself killed in the
-//! middle of a reconcile, a replica taking over the lead.
+//! middle of a reconcile, a replica taking over the lead, a stored route it
+//! cannot decode.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::PostParams;
+use kube::core::DynamicObject;
 use kube::{Api, ResourceExt};
 use kubegrace_operator::crd::GraceRoute;
 use serde_json::json;
@@ -131,4 +135,128 @@ async fn one_of_two_replicas_leads_and_the_other_takes_over() {
         },
     )
     .await;
+}
+
+/// A route stored with a value the operator's types refuse (as under an
+/// older, looser schema) affects that route alone: across a restart of the
+/// operator the route in another namespace is reconciled (its
+/// observedGeneration catches up after an edit), the bad one is reported by
+/// name (condition, Event, metric), and nothing panics.
+#[tokio::test]
+async fn an_undecodable_route_affects_itself_only_across_an_operator_restart() {
+    in_cluster(
+        "an_undecodable_route_affects_itself_only_across_an_operator_restart",
+        "kg-undecodable",
+        false,
+        async |client, ns| {
+            let good_ns = TestNs::new(client, "kg-decodable", false).await;
+            create_web_deployment(client, &good_ns.name).await;
+            let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &good_ns.name);
+            create(&routes, &graceroute("good", "web"), "create the good route").await;
+            store_undecodable(client, &ns.name).await;
+
+            let [port, admin] = free_ports::<2>();
+            let operator = start_operator_with_admin(client, &ns.name, port, admin);
+            wait_observed(&routes, "good").await;
+            stop_operator(operator).await;
+
+            // Edited while the operator is down: the new one's initial list
+            // holds the bad route too.
+            let edited = patch_route_spec(&routes, "good", json!({"drain": {"maxDelay": "6s"}}))
+                .await
+                .expect("edit the good route");
+            let (stop, task) = start_operator_with_admin(client, &ns.name, port, admin);
+            let seen = wait_observed(&routes, "good").await;
+            assert!(seen >= edited.metadata.generation.unwrap_or(2));
+
+            let bad = kubegrace_operator::tolerant::api(client, Some(&ns.name));
+            let message = wait_for(60, "bad: Accepted=False InvalidObject", || async {
+                let obj = bad.get("bad").await.ok()?;
+                let c = obj.data["status"]["conditions"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["type"] == "Accepted")?
+                    .clone();
+                (c["status"] == "False" && c["reason"] == "InvalidObject")
+                    .then(|| c["message"].as_str().unwrap_or_default().to_string())
+            })
+            .await;
+            assert!(
+                message.contains("spec.circuitBreaker.consecutiveFailures"),
+                "{message}"
+            );
+            wait_warning_event(client, &ns.name, "InvalidObject").await;
+            let metrics = wait_for(30, "the undecodable route's series", || async {
+                let m = http_get(&format!("127.0.0.1:{admin}"), "/metrics").await?;
+                m.contains(&format!(
+                    "kubegrace_operator_route_undecodable{{namespace=\"{}\",name=\"bad\"}} 1",
+                    ns.name
+                ))
+                .then_some(m)
+            })
+            .await;
+            for task_name in ["reconcile", "webhook", "background"] {
+                let line = format!("kubegrace_operator_panics_total{{task=\"{task_name}\"}} 0");
+                assert!(metrics.contains(&line), "{line} missing");
+            }
+            assert!(!task.is_finished(), "the operator stopped");
+
+            delete_route(&routes, "good").await;
+            stop_operator((stop, task)).await;
+            good_ns.cleanup().await;
+        },
+    )
+    .await;
+}
+
+/// Waits until route `name` reports the generation it has; returns it.
+async fn wait_observed(routes: &Api<GraceRoute>, name: &str) -> i64 {
+    wait_for(
+        90,
+        &format!("{name}: observedGeneration == generation"),
+        || async {
+            let r = routes.get(name).await.ok()?;
+            let generation = r.metadata.generation?;
+            let accepted = condition(&r, "Accepted").map(|c| c.0);
+            (r.status.as_ref()?.observed_generation == Some(generation)
+                && accepted.as_deref() == Some("True"))
+            .then_some(generation)
+        },
+    )
+    .await
+}
+
+/// Stores route `bad` with `consecutiveFailures: 4294967296` (no `u32`).
+/// Where the installed CRD has a `maximum` for the field, the route is
+/// stored under a copy without it, and the generated CRD is put back: the
+/// CRD upgrade after which such objects remain.
+async fn store_undecodable(client: &kube::Client, ns: &str) {
+    let api = kubegrace_operator::tolerant::api(client, Some(ns));
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+        "metadata": {"name": "bad"},
+        "spec": {"targetRef": {"kind": "Deployment", "name": "web"}, "ports": [{"name": "http"}],
+                 "circuitBreaker": {"consecutiveFailures": 4_294_967_296_u64}},
+    }))
+    .expect("route");
+    if api.create(&PostParams::default(), &obj).await.is_ok() {
+        return;
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = crds.get("graceroutes.kubegrace.io").await.expect("the CRD");
+    let mut loose = serde_json::to_value(&crd).expect("json");
+    let field = "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/circuitBreaker/properties/consecutiveFailures";
+    if let Some(schema) = loose.pointer_mut(field).and_then(|v| v.as_object_mut()) {
+        schema.remove("maximum");
+    }
+    let loose: CustomResourceDefinition = serde_json::from_value(loose).expect("crd");
+    crds.replace("graceroutes.kubegrace.io", &PostParams::default(), &loose)
+        .await
+        .expect("a CRD without the bound");
+    let stored = wait_for(30, "the route stored under the looser schema", || async {
+        api.create(&PostParams::default(), &obj).await.ok()
+    })
+    .await;
+    install_crd(client).await;
+    assert_eq!(stored.name_any(), "bad");
 }

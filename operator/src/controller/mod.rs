@@ -15,6 +15,13 @@
 //! restores what an explicit `rollout` block changed on the targets when
 //! the route is deleted; the ConfigMap goes with the route through its
 //! owner reference.
+//!
+//! Routes are watched as dynamic objects and decoded one at a time
+//! ([`crate::tolerant`]): a stored route the operator cannot decode gets
+//! `Accepted=False` (reason `InvalidObject`, the field that failed), an
+//! Event and a metric, and every other route goes on being reconciled. A
+//! panic in a reconcile is caught ([`crate::panics`]): counted, logged with
+//! the route's name, written as a `Degraded` condition, retried.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,22 +31,25 @@ use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::api::ObjectMeta;
+use kube::core::DynamicObject;
 use kube::core::SelectorExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::admin::Metrics;
 use crate::crd::{GraceRoute, TargetKind};
+use crate::tolerant::{self, Routes};
 use crate::{Error, FIELD_MANAGER, FINALIZER, Result, keys};
 
 pub mod apply;
 pub mod dereference;
 pub mod desired;
 pub mod drains;
+pub mod invalid;
 pub mod status;
 pub mod validate;
 
@@ -53,8 +63,9 @@ pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
-    /// All routes, for overlap detection and for mapping watched objects.
-    pub routes: Store<GraceRoute>,
+    /// All routes that decode, for overlap detection and for mapping
+    /// watched objects.
+    pub routes: Routes,
     /// Drain reports the pod watch saw, waiting for their route's reconcile.
     pub drains: Arc<drains::Inbox>,
 }
@@ -203,38 +214,58 @@ async fn publish_on_workloads(
     }
 }
 
-pub async fn reconcile(route: Arc<GraceRoute>, ctx: Arc<Context>) -> Result<Action> {
+pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action> {
     let start = Instant::now();
-    let ns = route
-        .namespace()
-        .ok_or_else(|| Error::MissingField("GraceRoute without namespace".into()))?;
-    let api: Api<GraceRoute> = Api::namespaced(ctx.client.clone(), &ns);
-    let result = finalizer(&api, FINALIZER, route, |event| async {
-        match event {
-            Finalizer::Apply(r) => reconcile_route(&r, &ctx).await,
-            Finalizer::Cleanup(r) => {
-                let key = ObjectRef::from_obj(r.as_ref());
-                ctx.metrics.forget_route(&drains::route_label(&key));
-                ctx.drains.forget(&key);
-                apply::cleanup(&r, &ctx).await
-            }
-        }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
+    // Series of undecodable routes deleted without a reconcile go here.
+    ctx.metrics
+        .retain_undecodable(|ns, name| ctx.routes.contains(ns, name));
+    let result = invalid::guarded(&ctx, &obj, reconcile_object(&obj, &ctx)).await;
     ctx.metrics
         .reconciled(start.elapsed(), result.as_ref().err().map(Error::kind));
     result
 }
 
-pub fn error_policy(_route: Arc<GraceRoute>, err: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(error = %err, kind = err.kind(), "reconcile failed; retrying");
+/// Decodes the stored route; the pipeline for one that decodes, the report
+/// for one that does not.
+async fn reconcile_object(obj: &DynamicObject, ctx: &Context) -> Result<Action> {
+    let ns = obj
+        .namespace()
+        .ok_or_else(|| Error::MissingField("GraceRoute without namespace".into()))?;
+    let route = match tolerant::decode(obj) {
+        Ok(route) => Arc::new(route),
+        Err(why) => return invalid::report_undecodable(ctx, obj, &why).await,
+    };
+    ctx.metrics.route_decodes(&ns, &route.name_any(), true);
+    let api: Api<GraceRoute> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, FINALIZER, route, |event| async {
+        match event {
+            Finalizer::Apply(r) => reconcile_route(&r, ctx).await,
+            Finalizer::Cleanup(r) => {
+                let key = ObjectRef::from_obj(r.as_ref());
+                ctx.metrics.forget_route(&drains::route_label(&key));
+                ctx.drains.forget(&key);
+                apply::cleanup(&r, ctx).await
+            }
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+pub fn error_policy(obj: Arc<DynamicObject>, err: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(
+        namespace = obj.namespace().unwrap_or_default(),
+        route = %obj.name_any(),
+        error = %err,
+        kind = err.kind(),
+        "reconcile failed; retrying"
+    );
     Action::requeue(Duration::from_secs(10))
 }
 
-pub(crate) async fn publish(
+pub(crate) async fn publish_on(
     ctx: &Context,
-    route: &GraceRoute,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
     type_: EventType,
     reason: &str,
     action: &str,
@@ -247,15 +278,26 @@ pub(crate) async fn publish(
         action: action.into(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &route.object_ref(&())).await {
+    if let Err(e) = ctx.recorder.publish(&event, reference).await {
         // Events are for people; a failed one must not fail the reconcile.
         tracing::debug!(error = %e, "publishing event");
     }
 }
 
+pub(crate) async fn publish(
+    ctx: &Context,
+    route: &GraceRoute,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    publish_on(ctx, &route.object_ref(&()), type_, reason, action, note).await;
+}
+
 /// Maps a Deployment/StatefulSet to the routes that may target it.
 fn routes_for_workload(
-    store: &Store<GraceRoute>,
+    store: &Routes,
     kind: TargetKind,
     ns: &str,
     name: &str,
@@ -270,7 +312,7 @@ fn routes_for_workload(
 }
 
 /// Maps a pod to the route it is pinned to, or the routes selecting it.
-fn routes_for_pod(store: &Store<GraceRoute>, pod: &Pod) -> Vec<ObjectRef<GraceRoute>> {
+fn routes_for_pod(store: &Routes, pod: &Pod) -> Vec<ObjectRef<GraceRoute>> {
     let ns = pod.namespace().unwrap_or_default();
     if let Some(name) = pod.annotations().get(keys::ROUTE) {
         return vec![ObjectRef::new(name).within(&ns)];
@@ -301,9 +343,12 @@ pub async fn run(
 ) {
     // One namespace (watch-namespaces mode, namespaced RBAC) or all.
     let ns = namespace.as_deref();
-    let routes = crate::scope::api::<GraceRoute>(&client, ns);
-    let controller = Controller::new(routes, watcher::Config::default().any_semantic());
-    let store = controller.store();
+    let controller = Controller::new_with(
+        tolerant::api(&client, ns),
+        watcher::Config::default().any_semantic(),
+        tolerant::api_resource(),
+    );
+    let store = Routes::new(controller.store());
     let (s1, s2, s3, s4) = (store.clone(), store.clone(), store.clone(), store.clone());
     let inbox = Arc::new(drains::Inbox::default());
     let pod_inbox = inbox.clone();
@@ -332,6 +377,9 @@ pub async fn run(
                 let labels = tpl_labels(d.spec.as_ref().and_then(|s| s.template.metadata.as_ref()));
                 let ns = d.namespace().unwrap_or_default();
                 routes_for_workload(&s1, TargetKind::Deployment, &ns, &d.name_any(), &labels)
+                    .iter()
+                    .map(tolerant::erase)
+                    .collect::<Vec<_>>()
             },
         )
         .watches(
@@ -341,6 +389,9 @@ pub async fn run(
                 let labels = tpl_labels(s.spec.as_ref().and_then(|s| s.template.metadata.as_ref()));
                 let ns = s.namespace().unwrap_or_default();
                 routes_for_workload(&s2, TargetKind::StatefulSet, &ns, &s.name_any(), &labels)
+                    .iter()
+                    .map(tolerant::erase)
+                    .collect::<Vec<_>>()
             },
         )
         .watches(
@@ -351,7 +402,7 @@ pub async fn run(
             move |p| {
                 let routes = routes_for_pod(&s3, &p);
                 pod_inbox.offer(&p, &routes);
-                routes
+                routes.iter().map(tolerant::erase).collect::<Vec<_>>()
             },
         )
         // A Service created or changed after the route can bypass its
@@ -364,7 +415,7 @@ pub async fn run(
                 s4.state()
                     .iter()
                     .filter(|r| r.namespace() == ns)
-                    .map(|r| ObjectRef::from_obj(r.as_ref()))
+                    .map(|r| tolerant::erase(&ObjectRef::from_obj(r.as_ref())))
                     .collect::<Vec<_>>()
             },
         )

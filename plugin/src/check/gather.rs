@@ -63,8 +63,19 @@ pub async fn gather(client: &Client, scope: &Scope) -> Result<Snapshot> {
         .collect();
     s.pods = list(client, scope.namespace.as_deref(), "pods").await?;
     // Without the CRD there is no GraceRoute API to list (the crd check says so).
+    // Listed as the operator reads them: one route stored under a looser schema must not
+    // fail the whole check (it is reported by name instead).
     let routes: Vec<GraceRoute> = match s.crd {
-        Some(_) => list(client, scope.namespace.as_deref(), "GraceRoutes").await?,
+        Some(_) => {
+            let objects = kubegrace_operator::tolerant::api(client, scope.namespace.as_deref())
+                .list(&ListParams::default())
+                .await
+                .map_err(Error::kube("listing GraceRoutes"))?
+                .items;
+            let listed = kubegrace_operator::tolerant::split(objects);
+            s.undecodable_routes = listed.undecodable;
+            listed.routes
+        }
         None => Vec::new(),
     };
     let deployments: Vec<Deployment> =

@@ -75,6 +75,8 @@ pub struct Snapshot {
     pub network_policies: Vec<NetworkPolicy>,
     /// Why they could not be read, if so (the user's RBAC).
     pub network_policies_unreadable: Option<String>,
+    /// GraceRoutes stored with values the types refuse (an older, looser CRD).
+    pub undecodable_routes: Vec<kubegrace_operator::tolerant::Undecodable>,
 }
 
 /// The findings of a snapshot at `now` (pure).
@@ -142,6 +144,13 @@ pub fn judge(s: &Snapshot, now: jiff::Timestamp) -> Vec<Finding> {
         .flat_map(|n| n.routes.iter().cloned())
         .collect();
     out.extend(rules::routes(&routes));
+    out.extend(s.undecodable_routes.iter().map(|u| {
+        Finding::problem(
+            "route",
+            format!("GraceRoute {}/{}: {}", u.namespace, u.name, u.message()),
+            format!("kubectl edit graceroute {} -n {}", u.name, u.namespace),
+        )
+    }));
     out
 }
 

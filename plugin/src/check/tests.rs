@@ -489,3 +489,26 @@ spec:
     assert!(problems(&unreadable).is_empty());
     assert!(unreadable[0].message.contains("not checked: forbidden"));
 }
+
+#[test]
+fn a_route_the_operator_cannot_read_fails_the_check_by_name() {
+    let snapshot = Snapshot {
+        undecodable_routes: vec![kubegrace_operator::tolerant::Undecodable {
+            namespace: "shop".into(),
+            name: "web".into(),
+            error: "spec.circuitBreaker.consecutiveFailures: invalid value: integer 4294967296, expected u32".into(),
+        }],
+        ..Snapshot::default()
+    };
+    let findings = judge(&snapshot, now());
+    let bad: Vec<&Finding> = findings
+        .iter()
+        .filter(|f| !f.ok && f.check == "route")
+        .collect();
+    assert_eq!(bad.len(), 1, "{findings:?}");
+    assert!(bad[0].message.contains("GraceRoute shop/web: the operator cannot read this GraceRoute: spec.circuitBreaker.consecutiveFailures"), "{}", bad[0].message);
+    assert_eq!(
+        bad[0].fix.as_deref(),
+        Some("kubectl edit graceroute web -n shop")
+    );
+}

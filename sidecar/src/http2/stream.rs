@@ -215,9 +215,17 @@ enum Pumped {
     WriteTimeout,
 }
 
-/// Waits for send capacity; `None` when the stream is gone (reset, closed)
-/// or, with `limit`, when none came within it.
-async fn capacity(send: &mut SendStream<Bytes>, limit: Duration) -> Option<Result<(), ()>> {
+/// What waiting for send capacity came to.
+enum Capacity {
+    Some,
+    /// The stream is gone (reset, closed).
+    Gone,
+    /// None came within the limit.
+    TimedOut,
+}
+
+/// Waits for send capacity, at most `limit` (zero: no limit).
+async fn capacity(send: &mut SendStream<Bytes>, limit: Duration) -> Capacity {
     let wait = async {
         loop {
             // A reset ends the wait like a closed stream.
@@ -230,18 +238,17 @@ async fn capacity(send: &mut SendStream<Bytes>, limit: Duration) -> Option<Resul
             .await;
             match cap {
                 Some(Ok(0)) => continue,
-                Some(Ok(_)) => return Some(()),
-                Some(Err(_)) | None => return None,
+                Some(Ok(_)) => return Capacity::Some,
+                Some(Err(_)) | None => return Capacity::Gone,
             }
         }
     };
     if limit.is_zero() {
-        return wait.await.map(Ok);
+        return wait.await;
     }
-    match tokio::time::timeout(limit, wait).await {
-        Ok(got) => got.map(Ok),
-        Err(_) => Some(Err(())),
-    }
+    tokio::time::timeout(limit, wait)
+        .await
+        .unwrap_or(Capacity::TimedOut)
 }
 
 /// Sends the body; on the client's reset it stops (dropping the body
@@ -278,8 +285,8 @@ async fn pump(end: &mut StreamEnd, send: &mut SendStream<Bytes>, body: &mut Prox
                     send.reserve_capacity(1);
                     if send.capacity() == 0 {
                         match capacity(send, write_timeout).await {
-                            Some(Ok(())) => {}
-                            Some(Err(())) => {
+                            Capacity::Some => {}
+                            Capacity::TimedOut => {
                                 tracing::debug!(
                                     ?write_timeout,
                                     "HTTP/2 client gave no window for limits.writeTimeout; resetting the stream"
@@ -288,7 +295,7 @@ async fn pump(end: &mut StreamEnd, send: &mut SendStream<Bytes>, body: &mut Prox
                                 send.send_reset(Reason::CANCEL);
                                 return Pumped::WriteTimeout;
                             }
-                            None => return Pumped::Done,
+                            Capacity::Gone => return Pumped::Done,
                         }
                     }
                     let last = body.is_end_stream();

@@ -16,11 +16,14 @@ use crate::error::Error;
 const GRPC_UNAVAILABLE: &str = "14";
 
 /// gRPC needs HTTP/2 end to end (trailers, full duplex streams): such a
-/// request is not sent to an HTTP/1.1 app.
+/// request is not sent to an HTTP/1.1 app. `application/grpc`, `+proto`
+/// and the like; not gRPC-Web (`application/grpc-web`), made for HTTP/1.1.
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+    headers.get(header::CONTENT_TYPE).is_some_and(|v| {
+        v.as_bytes()
+            .strip_prefix(b"application/grpc")
+            .is_some_and(|rest| matches!(rest.first(), None | Some(b'+' | b';')))
+    })
 }
 
 /// The request as HTTP/1.1: origin-form target, `Host` from `:authority`
@@ -127,8 +130,12 @@ mod tests {
     fn grpc_is_told_apart_and_answered_with_a_grpc_error() {
         let grpc = h2_request("/s/M", &[("content-type", "application/grpc+proto")]);
         assert!(is_grpc(grpc.headers()));
+        let grpc = h2_request("/s/M", &[("content-type", "application/grpc")]);
+        assert!(is_grpc(grpc.headers()));
         let json = h2_request("/s/M", &[("content-type", "application/json")]);
         assert!(!is_grpc(json.headers()));
+        let web = h2_request("/s/M", &[("content-type", "application/grpc-web+proto")]);
+        assert!(!is_grpc(web.headers()), "gRPC-Web works over HTTP/1.1");
 
         let err = Error::UpstreamProtocol {
             endpoint: "127.0.0.1:8081".into(),

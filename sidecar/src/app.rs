@@ -390,10 +390,12 @@ pub fn is_lost_in_flight(err: &hyper::Error) -> bool {
 const RETRY_AFTER: &str = "1";
 
 /// The proxy's answer to a request whose hold ran out: 503, `Retry-After`.
-/// `None` for any other error.
+/// Also the answer to a request the app cannot take in its protocol
+/// (upstream/downgrade.rs): neither is the app failing, so the caller
+/// counts no breaker failure. `None` for any other error.
 pub fn hold_expired_response(err: &Error) -> Option<Response<Full<Bytes>>> {
     let Error::AppDown { waited, .. } = err else {
-        return None;
+        return crate::upstream::protocol_mismatch_response(err);
     };
     let mut resp = Response::new(Full::new(Bytes::from(format!(
         "the app is restarting; held {:.1}s, retry shortly\n",

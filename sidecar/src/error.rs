@@ -36,6 +36,14 @@ pub enum Error {
         endpoint: String,
         waited: std::time::Duration,
     },
+    /// The app cannot take the request in the protocol it speaks (gRPC to
+    /// an app that answered the HTTP/2 preface as HTTP/1.1): answered by the
+    /// sidecar, and never a breaker failure (upstream/downgrade.rs).
+    #[error("the app at {endpoint} cannot take this request: {reason}")]
+    UpstreamProtocol {
+        endpoint: String,
+        reason: &'static str,
+    },
     /// The exchange with the app failed (closed mid-response, protocol
     /// error, or the request body failed, e.g. over its length limit).
     #[error("upstream: {0}")]

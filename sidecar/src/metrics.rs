@@ -45,6 +45,9 @@ pub struct Metrics {
     http2_goaway_final_only: AtomicU64,
     /// Streams held unanswered and left above a final GOAWAY's id.
     http2_held_streams: AtomicU64,
+    /// HTTP/2 streams reset because the client gave no window for
+    /// `limits.writeTimeout`.
+    http2_stream_write_timeouts: AtomicU64,
     /// Requests whose body failed on the client's side: bad framing.
     client_bad_body: AtomicU64,
     /// ... or the client went away mid-body.
@@ -184,6 +187,13 @@ impl Metrics {
     /// saw them, the client retries them on another connection.
     pub fn http2_held_streams(&self, n: u64) {
         self.http2_held_streams.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// An HTTP/2 stream was reset (CANCEL): its client gave no window for
+    /// `limits.writeTimeout`.
+    pub fn http2_stream_write_timeout(&self) {
+        self.http2_stream_write_timeouts
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn body_too_large(&self) {
@@ -387,6 +397,13 @@ impl Metrics {
             "HTTP/2 streams held unanswered during a final-only GOAWAY and left above its last stream id (never sent to the app; the client retries them).",
         )
         .value(get(&self.http2_held_streams));
+        Family::new(
+            out,
+            "kubegrace_http2_stream_write_timeouts_total",
+            "counter",
+            "HTTP/2 streams reset (RST_STREAM CANCEL) because the client gave no flow-control window for limits.writeTimeout while their answer waited.",
+        )
+        .value(get(&self.http2_stream_write_timeouts));
         Family::new(
             out,
             "kubegrace_requests_total",

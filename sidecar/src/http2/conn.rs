@@ -20,8 +20,10 @@ use super::wire::Wire;
 use crate::config::{Http2GoAway, LimitsConfig};
 use crate::proxy::ConnCtx;
 
-/// What hyper's server announces; kept so clients see the same limits.
-const STREAM_WINDOW: u32 = 1024 * 1024;
+/// The windows announced to clients for their request bodies. The stream
+/// window is a quarter of the connection's, so one body the app does not
+/// read leaves room for its siblings (hyper's server gives 1 MiB to both).
+const STREAM_WINDOW: u32 = 256 * 1024;
 const CONN_WINDOW: u32 = 1024 * 1024;
 const MAX_FRAME_SIZE: u32 = 16 * 1024;
 const MAX_SEND_BUF: usize = 400 * 1024;
@@ -109,7 +111,10 @@ where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     pub(crate) fn new(io: T, ctx: Arc<ConnCtx>, limits: &LimitsConfig, mode: Http2GoAway) -> Self {
-        let wire = Arc::new(Wire::default());
+        let wire = Arc::new(Wire {
+            write_timeout: limits.write_timeout.get(),
+            ..Wire::default()
+        });
         let mut builder = h2::server::Builder::new();
         builder
             .initial_window_size(STREAM_WINDOW)

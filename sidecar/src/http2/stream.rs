@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -169,8 +170,10 @@ pub(super) async fn serve_stream(
     let request = Request::from_parts(parts, crate::upstream::DownstreamBody::Http2(body));
     // A client that resets the stream while the app works: the request
     // future is dropped, which cancels the upstream call.
+    let upstream = end.wire.upstream.clone();
+    let shared = ctx.shared.clone();
     let response = tokio::select! {
-        response = crate::proxy::handle(ctx, request) => response,
+        response = crate::upstream::with_affinity(upstream, crate::proxy::handle(ctx, request)) => response,
         _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => return,
     };
     let (mut parts, mut body) = response.into_parts();
@@ -198,16 +201,68 @@ pub(super) async fn serve_stream(
     let Ok(mut send) = respond.send_response(head, false) else {
         return;
     };
-    pump(&mut end, &mut send, &mut body).await;
+    if pump(&mut end, &mut send, &mut body).await == Pumped::WriteTimeout {
+        shared.metrics.http2_stream_write_timeout();
+    }
+}
+
+/// How a response body's pump ended.
+#[derive(PartialEq, Eq)]
+enum Pumped {
+    /// Sent to its end, failed, or the client reset the stream.
+    Done,
+    /// The client gave no send capacity for `limits.writeTimeout`: reset.
+    WriteTimeout,
+}
+
+/// What waiting for send capacity came to.
+enum Capacity {
+    Some,
+    /// The stream is gone (reset, closed).
+    Gone,
+    /// None came within the limit.
+    TimedOut,
+}
+
+/// Waits for send capacity, at most `limit` (zero: no limit).
+async fn capacity(send: &mut SendStream<Bytes>, limit: Duration) -> Capacity {
+    let wait = async {
+        loop {
+            // A reset ends the wait like a closed stream.
+            let cap = std::future::poll_fn(|cx| {
+                if send.poll_reset(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                send.poll_capacity(cx)
+            })
+            .await;
+            match cap {
+                Some(Ok(0)) => continue,
+                Some(Ok(_)) => return Capacity::Some,
+                Some(Err(_)) | None => return Capacity::Gone,
+            }
+        }
+    };
+    if limit.is_zero() {
+        return wait.await;
+    }
+    tokio::time::timeout(limit, wait)
+        .await
+        .unwrap_or(Capacity::TimedOut)
 }
 
 /// Sends the body; on the client's reset it stops (dropping the body
-/// drops the app's response with it).
-async fn pump(end: &mut StreamEnd, send: &mut SendStream<Bytes>, body: &mut ProxyBody) {
+/// drops the app's response with it). A client that gives no window for
+/// `limits.writeTimeout` gets RST_STREAM(CANCEL): its unread answer would
+/// otherwise hold a share of the app connection's window and the stream
+/// forever (the connection's own write timeout never fires while the
+/// client answers PINGs).
+async fn pump(end: &mut StreamEnd, send: &mut SendStream<Bytes>, body: &mut ProxyBody) -> Pumped {
+    let write_timeout = end.wire.write_timeout;
     loop {
         let frame = tokio::select! {
             frame = body.frame() => frame,
-            _ = std::future::poll_fn(|cx| send.poll_reset(cx)) => return,
+            _ = std::future::poll_fn(|cx| send.poll_reset(cx)) => return Pumped::Done,
         };
         match frame {
             None => {
@@ -215,13 +270,13 @@ async fn pump(end: &mut StreamEnd, send: &mut SendStream<Bytes>, body: &mut Prox
                 if send.send_data(Bytes::new(), true).is_err() {
                     end.refused();
                 }
-                return;
+                return Pumped::Done;
             }
             Some(Err(err)) => {
                 tracing::debug!(error = %err, "response body failed mid-stream; resetting the stream");
                 end.ending();
                 send.send_reset(Reason::INTERNAL_ERROR);
-                return;
+                return Pumped::Done;
             }
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => {
@@ -229,20 +284,18 @@ async fn pump(end: &mut StreamEnd, send: &mut SendStream<Bytes>, body: &mut Prox
                     // whole chunk (h2 bounds what it buffers per stream).
                     send.reserve_capacity(1);
                     if send.capacity() == 0 {
-                        loop {
-                            // A reset ends the wait like a closed stream.
-                            let cap = std::future::poll_fn(|cx| {
-                                if send.poll_reset(cx).is_ready() {
-                                    return Poll::Ready(None);
-                                }
-                                send.poll_capacity(cx)
-                            })
-                            .await;
-                            match cap {
-                                Some(Ok(0)) => continue,
-                                Some(Ok(_)) => break,
-                                Some(Err(_)) | None => return,
+                        match capacity(send, write_timeout).await {
+                            Capacity::Some => {}
+                            Capacity::TimedOut => {
+                                tracing::debug!(
+                                    ?write_timeout,
+                                    "HTTP/2 client gave no window for limits.writeTimeout; resetting the stream"
+                                );
+                                end.ending();
+                                send.send_reset(Reason::CANCEL);
+                                return Pumped::WriteTimeout;
                             }
+                            Capacity::Gone => return Pumped::Done,
                         }
                     }
                     let last = body.is_end_stream();
@@ -251,10 +304,10 @@ async fn pump(end: &mut StreamEnd, send: &mut SendStream<Bytes>, body: &mut Prox
                     }
                     if send.send_data(data, last).is_err() {
                         end.refused();
-                        return;
+                        return Pumped::Done;
                     }
                     if last {
-                        return;
+                        return Pumped::Done;
                     }
                 }
                 Err(frame) => {
@@ -263,7 +316,7 @@ async fn pump(end: &mut StreamEnd, send: &mut SendStream<Bytes>, body: &mut Prox
                         if send.send_trailers(trailers).is_err() {
                             end.refused();
                         }
-                        return;
+                        return Pumped::Done;
                     }
                 }
             },

@@ -2,7 +2,8 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use futures_util::task::AtomicWaker;
 
@@ -24,6 +25,12 @@ pub(super) struct Wire {
     pub(super) final_set: AtomicBool,
     /// Wakes the connection when a stream task ends.
     pub(super) waker: AtomicWaker,
+    /// This connection's own app connection (upstream/h2.rs): one client
+    /// cannot stall another's answers.
+    pub(super) upstream: Arc<crate::upstream::H2Slot>,
+    /// `limits.writeTimeout`: a stream that gets no send capacity for this
+    /// long is reset (zero: never).
+    pub(super) write_timeout: Duration,
 }
 
 impl Wire {

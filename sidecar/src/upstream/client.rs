@@ -1,9 +1,11 @@
 //! The client to one app instance: connects (holding requests while the
-//! app restarts), pools HTTP/1 connections, shares one HTTP/2 connection.
+//! app restarts), pools HTTP/1 connections, and opens HTTP/2 connections
+//! per downstream connection, or sends HTTP/2 requests as HTTP/1.1 to an
+//! app that does not speak HTTP/2 (see [`super::h2`]).
 
 use std::io;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
@@ -13,6 +15,11 @@ use hyper::client::conn::{TrySendError, http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpStream, UnixStream};
 
+use super::downgrade::{is_grpc, to_http1};
+use super::h2::{
+    AppProtocol, CONN_WINDOW, H2Sender, H2Slot, Route, SNIFF_TIMEOUT, STREAM_WINDOW, Sniff,
+    affinity,
+};
 use super::idle::{IdleConn, IdleStack};
 use super::{UpstreamBody, UpstreamStream};
 use crate::app::AppWatch;
@@ -46,7 +53,27 @@ impl PoolReturn {
             self.pool.push(sender);
         }
     }
+
+    /// For an answer whose body nobody will report the end of (an HTTP/2
+    /// request sent as HTTP/1.1, whose response travels as hyper's
+    /// `Incoming`): hyper's connection is ready for the next request only
+    /// once this response was read to its end; a body dropped early closes
+    /// the connection, and it is not pooled.
+    fn release_when_read(mut self) {
+        if let Some(mut sender) = self.sender.take() {
+            let pool = self.pool.clone();
+            tokio::spawn(async move {
+                if sender.ready().await.is_ok() {
+                    pool.push(sender);
+                }
+            });
+        }
+    }
 }
+
+/// Each upstream's id, so a downstream connection's HTTP/2 slot knows which
+/// app instance its connection goes to.
+static NEXT_UPSTREAM_ID: AtomicU64 = AtomicU64::new(0);
 
 /// A response from the app, plus the way its connection goes back to the
 /// pool (HTTP/1 only).
@@ -56,6 +83,7 @@ pub struct UpstreamResponse {
 }
 
 pub struct Upstream {
+    id: u64,
     endpoint: Endpoint,
     authority: Authority,
     host: HeaderValue,
@@ -63,12 +91,12 @@ pub struct Upstream {
     h1: Arc<IdleStack<H1Sender>>,
     /// Idle raw sockets of the HTTP/1.1 fast path (proxy/h1).
     raw: crate::proxy::h1::RawPool,
-    /// The shared HTTP/2 connection, if one is up, with its generation.
-    h2: Mutex<Option<(u64, http2::SendRequest<UpstreamBody>)>>,
+    /// The HTTP/2 connection of requests that come with no downstream
+    /// connection's own slot.
+    h2: H2Slot,
     h2_generation: AtomicU64,
-    /// Held while a new HTTP/2 connection is made, so a burst of streams
-    /// after a GOAWAY opens one connection, not one each.
-    h2_connecting: tokio::sync::Mutex<()>,
+    /// Whether the app speaks HTTP/2.
+    protocol: AppProtocol,
     /// The app's reachability (one upstream only): a refused connect is
     /// held until the app is back (see app.rs).
     app: Option<Arc<AppWatch>>,
@@ -94,15 +122,16 @@ impl Upstream {
         let h1 = IdleStack::new(pool.max_idle, pool.idle_timeout.get());
         let raw = crate::proxy::h1::RawPool::new(pool.max_idle, pool.idle_timeout.get());
         Ok(Upstream {
+            id: NEXT_UPSTREAM_ID.fetch_add(1, Ordering::Relaxed),
             endpoint: endpoint.clone(),
             authority,
             host,
             connect_timeout: pool.connect_timeout.get(),
             h1,
             raw,
-            h2: Mutex::new(None),
+            h2: H2Slot::default(),
             h2_generation: AtomicU64::new(0),
-            h2_connecting: tokio::sync::Mutex::new(()),
+            protocol: AppProtocol::default(),
             app,
         })
     }
@@ -273,15 +302,25 @@ impl Upstream {
         Ok(sender)
     }
 
-    /// Sends an HTTP/2 request (absolute URI) on the shared connection.
+    /// Sends an HTTP/2 request (absolute URI): on the app connection of
+    /// the downstream connection it came on, or as HTTP/1.1 to an app that
+    /// does not speak HTTP/2.
     pub async fn send_h2(&self, req: Request<UpstreamBody>) -> Result<Response<Incoming>> {
-        let res = self.send_h2_inner(req).await;
+        let slot = affinity();
+        let slot = slot.as_deref().unwrap_or(&self.h2);
+        let res = self.send_h2_inner(slot, req).await;
         self.note_lost(res.as_ref().err());
         res
     }
 
-    async fn send_h2_inner(&self, req: Request<UpstreamBody>) -> Result<Response<Incoming>> {
-        let (id, mut sender) = self.h2_sender().await?;
+    async fn send_h2_inner(
+        &self,
+        slot: &H2Slot,
+        req: Request<UpstreamBody>,
+    ) -> Result<Response<Incoming>> {
+        let Some((id, mut sender)) = self.h2_sender(slot).await? else {
+            return self.send_as_http1(req).await;
+        };
         let req = match sender.ready().await {
             Ok(()) => match sender.try_send_request(req).await {
                 Ok(response) => return Ok(response),
@@ -291,8 +330,10 @@ impl Upstream {
         };
         // The connection closed or refused the stream before it was sent
         // (the app's GOAWAY): retire it and send once more on a new one.
-        self.retire_h2(id);
-        let (_, mut sender) = self.h2_sender().await?;
+        slot.retire(id);
+        let Some((_, mut sender)) = self.h2_sender(slot).await? else {
+            return self.send_as_http1(req).await;
+        };
         sender.ready().await.map_err(Error::Upstream)?;
         match sender.try_send_request(req).await {
             Ok(response) => Ok(response),
@@ -303,33 +344,43 @@ impl Upstream {
         }
     }
 
-    fn current_h2(&self) -> Option<(u64, http2::SendRequest<UpstreamBody>)> {
-        let slot = self.h2.lock().unwrap_or_else(PoisonError::into_inner);
-        slot.as_ref()
-            .filter(|(_, s)| !s.is_closed())
-            .map(|(id, s)| (*id, s.clone()))
+    /// An HTTP/2 request to an app that answered the preface as HTTP/1.1.
+    async fn send_as_http1(&self, req: Request<UpstreamBody>) -> Result<Response<Incoming>> {
+        if is_grpc(req.headers()) {
+            return Err(Error::UpstreamProtocol {
+                endpoint: self.endpoint.to_string(),
+                reason: "the app speaks HTTP/1.1 only; gRPC needs HTTP/2 to the app",
+            });
+        }
+        let answer = self.send_h1_inner(to_http1(req, &self.host)).await?;
+        if let Some(pool_return) = answer.pool_return {
+            pool_return.release_when_read();
+        }
+        Ok(answer.response)
     }
 
-    /// Forgets connection `id` unless another request already replaced it.
-    fn retire_h2(&self, id: u64) {
-        let mut slot = self.h2.lock().unwrap_or_else(PoisonError::into_inner);
-        if slot.as_ref().is_some_and(|(current, _)| *current == id) {
-            *slot = None;
+    /// The slot's open connection, or a new one; `None` when the app speaks
+    /// HTTP/1.1 only.
+    async fn h2_sender(&self, slot: &H2Slot) -> Result<Option<(u64, H2Sender)>> {
+        if let Some(current) = slot.current(self.id) {
+            return Ok(Some(current));
         }
-    }
-
-    async fn h2_sender(&self) -> Result<(u64, http2::SendRequest<UpstreamBody>)> {
-        if let Some(current) = self.current_h2() {
-            return Ok(current);
+        if self.protocol.route() == Route::Http1 {
+            return Ok(None);
         }
-        let _connecting = self.h2_connecting.lock().await;
-        if let Some(current) = self.current_h2() {
-            return Ok(current);
+        let _asking = self.protocol.asking();
+        let _connecting = slot.connecting.lock().await;
+        if let Some(current) = slot.current(self.id) {
+            return Ok(Some(current));
         }
         let stream = self.connect().await?;
+        let (stream, heard) = Sniff::new(stream);
+        // Fixed windows, not hyper's adaptive one (which keeps the stream
+        // window equal to the connection's): see super::h2.
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
-            .adaptive_window(true)
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONN_WINDOW)
             .handshake(TokioIo::new(stream))
             .await
             .map_err(Error::Upstream)?;
@@ -338,9 +389,19 @@ impl Upstream {
                 tracing::debug!(error = %err, "upstream HTTP/2 connection ended with an error");
             }
         });
+        // hyper's connection task writes the preface at once; the app's
+        // first bytes say whether it is an HTTP/2 server. A closed channel
+        // is a connection that ended before any answer.
+        let heard = match tokio::time::timeout(SNIFF_TIMEOUT, heard).await {
+            Ok(heard) => Some(heard.unwrap_or(super::h2::Heard::Closed)),
+            Err(_) => None,
+        };
+        if !self.protocol.learn(heard) {
+            return Ok(None);
+        }
         let id = self.h2_generation.fetch_add(1, Ordering::Relaxed);
-        *self.h2.lock().unwrap_or_else(PoisonError::into_inner) = Some((id, sender.clone()));
-        Ok((id, sender))
+        slot.install(self.id, id, sender.clone());
+        Ok(Some((id, sender)))
     }
 }
 

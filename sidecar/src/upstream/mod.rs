@@ -12,8 +12,11 @@
 //!   pooled socket turns out closed before the request was written, the
 //!   request goes again on a fresh connection.
 //! - HTTP/2 (prior knowledge, for HTTP/2 and gRPC downstream requests): one
-//!   shared multiplexed connection, replaced when it closes or refuses new
-//!   streams (the app's GOAWAY), so streams stay multiplexed end to end.
+//!   multiplexed connection per downstream HTTP/2 connection, with windows
+//!   that keep one unread answer from stalling the others ([`h2`]),
+//!   replaced when it closes or refuses new streams (the app's GOAWAY).
+//!   An app that answers the HTTP/2 preface as HTTP/1.1 gets HTTP/2
+//!   requests as HTTP/1.1 ([`downgrade`]); gRPC gets a clear error.
 //!
 //! The request body on its way ([`body`]) carries the body limits and
 //! remembers whose fault a failed body was; it is kept ([`replay`]) so
@@ -21,6 +24,8 @@
 
 mod body;
 mod client;
+mod downgrade;
+mod h2;
 pub(crate) mod idle;
 mod replay;
 pub mod retry;
@@ -29,5 +34,7 @@ mod stream;
 
 pub use body::{BodyError, BodyFault, BodyWatch, DownstreamBody, LimitedBody};
 pub use client::{PoolReturn, Upstream, UpstreamResponse};
+pub use downgrade::protocol_mismatch_response;
+pub use h2::{H2Slot, with_affinity};
 pub use replay::{RetryBody, UpstreamBody};
 pub use stream::UpstreamStream;

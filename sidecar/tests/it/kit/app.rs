@@ -170,6 +170,8 @@ struct Ctx {
     stats: Arc<AppStats>,
     control: Arc<AppControl>,
     tasks: Tasks,
+    /// Speaks HTTP/1.1 only: the HTTP/2 preface gets hyper's 505.
+    http1_only: bool,
 }
 
 pub struct TestApp {
@@ -225,7 +227,21 @@ impl TestApp {
             .await
             .with_context(|| format!("bind app on {addr}"))?;
         let addr = listener.local_addr()?;
-        Ok(Self::serve(name, Listener::Tcp(listener), addr, None))
+        Ok(Self::serve(
+            name,
+            Listener::Tcp(listener),
+            addr,
+            None,
+            false,
+        ))
+    }
+
+    /// The same app, but an HTTP/1.1-only server (as most apps are): the
+    /// HTTP/2 preface is answered `505 HTTP Version Not Supported`.
+    pub async fn start_http1_only(name: &str) -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await.context("bind app")?;
+        let addr = listener.local_addr()?;
+        Ok(Self::serve(name, Listener::Tcp(listener), addr, None, true))
     }
 
     /// Starts on a Unix socket at `path` (a stale file there is removed).
@@ -239,6 +255,7 @@ impl TestApp {
             Listener::Unix(listener),
             addr,
             Some(path.to_path_buf()),
+            false,
         ))
     }
 
@@ -254,12 +271,19 @@ impl TestApp {
         Ok(app)
     }
 
-    fn serve(name: &str, listener: Listener, addr: SocketAddr, path: Option<PathBuf>) -> Self {
+    fn serve(
+        name: &str,
+        listener: Listener,
+        addr: SocketAddr,
+        path: Option<PathBuf>,
+        http1_only: bool,
+    ) -> Self {
         let ctx = Ctx {
             name: name.to_string(),
             stats: Arc::default(),
             control: Arc::default(),
             tasks: Arc::default(),
+            http1_only,
         };
         let accept = tokio::spawn(accept_loop(listener, ctx.clone()));
         Self {
@@ -404,7 +428,17 @@ async fn serve_connection<S>(io: S, conn_id: u64, ctx: Ctx)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let http1_only = ctx.http1_only;
     let service = service_fn(move |req| handle(req, conn_id, ctx.clone()));
+    if http1_only {
+        // hyper-util's auto builder ignores `http1_only` when it serves
+        // upgrades (0.1.21), so hyper's HTTP/1 server directly.
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(io), service)
+            .with_upgrades()
+            .await;
+        return;
+    }
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     let _ = builder
         .serve_connection_with_upgrades(TokioIo::new(io), service)

@@ -1,0 +1,418 @@
+//! The HTTP/2 side of the client to the app: its flow-control windows,
+//! which connection a stream goes on, and what the app speaks
+//! (docs/http2.md).
+//!
+//! Isolation. hyper gives flow control back to the app only as a response
+//! body is read, for the stream and the connection together. A client that
+//! reads nothing of a large answer therefore keeps a stream window's worth
+//! of the app connection's window. With one connection shared by every
+//! client, enough such streams (one, with hyper's adaptive window, which
+//! keeps both windows equal) stop every other answer on it. So:
+//! - the stream window is a quarter of the connection window, so a stalled
+//!   stream holds at most that share of its connection;
+//! - each downstream HTTP/2 connection gets its own app connection
+//!   ([`H2Slot`], carried to the upstream call as a task-local by the
+//!   stream task, see [`with_affinity`]): a client can only stall its own
+//!   connection, whose window it controls downstream anyway;
+//! - a downstream stream that gets no send capacity for
+//!   `limits.writeTimeout` is reset (http2/stream.rs), which frees its
+//!   share of the app connection.
+//!
+//! What the app speaks. The preface of a new app connection is answered by
+//! an HTTP/2 server with its SETTINGS frame; an HTTP/1.1-only server
+//! answers with an HTTP/1.x error or closes. [`Sniff`] reads that first
+//! answer as hyper's connection task reads it; the verdict ([`AppProtocol`])
+//! is remembered per app endpoint and re-checked after [`RECHECK`], so an
+//! app that starts speaking HTTP/2 is noticed.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::client::conn::http2;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::oneshot;
+
+use super::UpstreamBody;
+
+/// The app connection's stream window: what one stream's unread answer can
+/// hold (Envoy's recommended per-stream bound is 64 KiB at the edge, its
+/// per-connection buffer 1 MiB; a sidecar on loopback can afford a larger
+/// stream window for throughput and still keep it a fraction of the
+/// connection's).
+pub(crate) const STREAM_WINDOW: u32 = 256 * 1024;
+/// The app connection's window: four stalled streams' worth, so siblings
+/// of a stalled stream keep flowing.
+pub(crate) const CONN_WINDOW: u32 = 4 * STREAM_WINDOW;
+
+/// How long a verdict of HTTP/1.1 stands before the next HTTP/2 request
+/// tries the preface again (one extra connection per endpoint this often).
+pub(crate) const RECHECK: Duration = Duration::from_secs(10);
+/// How long a new app connection waits for the app's first frame. An
+/// HTTP/2 server sends its SETTINGS at once; an app silent this long is
+/// used as before (HTTP/2), with no verdict.
+pub(crate) const SNIFF_TIMEOUT: Duration = Duration::from_secs(1);
+
+pub(crate) type H2Sender = http2::SendRequest<UpstreamBody>;
+
+/// The app connection in use for a set of streams: the upstream's shared
+/// one, or one downstream connection's own.
+#[derive(Default)]
+pub struct H2Slot {
+    current: Mutex<Option<H2Current>>,
+    /// Held while a new connection is made, so a burst of streams after a
+    /// GOAWAY opens one connection, not one each.
+    pub(crate) connecting: tokio::sync::Mutex<()>,
+}
+
+struct H2Current {
+    /// Which [`Upstream`](super::Upstream) it goes to (the app instance
+    /// behind a downstream connection can change, see slots.rs).
+    upstream: u64,
+    id: u64,
+    sender: H2Sender,
+}
+
+impl H2Slot {
+    /// The open connection to `upstream`, if any.
+    pub(crate) fn current(&self, upstream: u64) -> Option<(u64, H2Sender)> {
+        let slot = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        slot.as_ref()
+            .filter(|c| c.upstream == upstream && !c.sender.is_closed())
+            .map(|c| (c.id, c.sender.clone()))
+    }
+
+    pub(crate) fn install(&self, upstream: u64, id: u64, sender: H2Sender) {
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(H2Current {
+            upstream,
+            id,
+            sender,
+        });
+    }
+
+    /// Forgets connection `id` unless another request already replaced it.
+    pub(crate) fn retire(&self, id: u64) {
+        let mut slot = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.as_ref().is_some_and(|c| c.id == id) {
+            *slot = None;
+        }
+    }
+}
+
+tokio::task_local! {
+    /// The app connection slot of the downstream connection whose stream
+    /// this task serves.
+    static AFFINITY: Arc<H2Slot>;
+}
+
+/// Runs `fut` (one downstream stream's request) with its connection's slot,
+/// so the upstream call uses that connection's own app connection.
+pub async fn with_affinity<F: std::future::Future>(slot: Arc<H2Slot>, fut: F) -> F::Output {
+    AFFINITY.scope(slot, fut).await
+}
+
+/// The slot of the downstream connection this task serves, if any.
+pub(crate) fn affinity() -> Option<Arc<H2Slot>> {
+    AFFINITY.try_with(Arc::clone).ok()
+}
+
+const UNKNOWN: u8 = 0;
+const HTTP2: u8 = 1;
+const HTTP1: u8 = 2;
+
+/// What one app endpoint speaks, as last learnt from a preface.
+pub(crate) struct AppProtocol {
+    verdict: AtomicU8,
+    /// When the verdict was learnt, in ms since `epoch`.
+    learnt_ms: AtomicU64,
+    epoch: tokio::time::Instant,
+    /// One re-check at a time.
+    rechecking: AtomicBool,
+}
+
+/// What to do with an HTTP/2 request when no app connection is open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Connect with the preface (and learn from the answer).
+    Connect,
+    /// The app speaks HTTP/1.1: send it as HTTP/1.1.
+    Http1,
+}
+
+impl Default for AppProtocol {
+    fn default() -> Self {
+        AppProtocol {
+            verdict: AtomicU8::new(UNKNOWN),
+            learnt_ms: AtomicU64::new(0),
+            epoch: tokio::time::Instant::now(),
+            rechecking: AtomicBool::new(false),
+        }
+    }
+}
+
+impl AppProtocol {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The way for a request that finds no open app connection. A stale
+    /// HTTP/1.1 verdict sends one request (the first to ask) through the
+    /// preface again; the others keep to HTTP/1.1 meanwhile.
+    pub(crate) fn route(&self) -> Route {
+        if self.verdict.load(Ordering::Acquire) != HTTP1 {
+            return Route::Connect;
+        }
+        let age = self
+            .now_ms()
+            .saturating_sub(self.learnt_ms.load(Ordering::Acquire));
+        if u128::from(age) < RECHECK.as_millis() {
+            return Route::Http1;
+        }
+        match self
+            .rechecking
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Route::Connect,
+            Err(_) => Route::Http1,
+        }
+    }
+
+    /// A preface was answered (`None`: not within [`SNIFF_TIMEOUT`]).
+    /// Returns whether the app speaks HTTP/2 (an unanswered preface is
+    /// taken as HTTP/2, the behaviour before the app was asked).
+    pub(crate) fn learn(&self, heard: Option<Heard>) -> bool {
+        let verdict = match heard {
+            Some(Heard::Http2) => HTTP2,
+            Some(Heard::Other | Heard::Closed) => HTTP1,
+            // Silent: an app known to speak HTTP/1.1 stays so until the
+            // next re-check; otherwise it is used as before.
+            None if self.verdict.load(Ordering::Acquire) == HTTP1 => {
+                self.learnt_ms.store(self.now_ms(), Ordering::Release);
+                return false;
+            }
+            None => return true,
+        };
+        self.learnt_ms.store(self.now_ms(), Ordering::Release);
+        let before = self.verdict.swap(verdict, Ordering::AcqRel);
+        if before != verdict {
+            if verdict == HTTP1 {
+                tracing::info!(
+                    ?heard,
+                    "the app does not speak HTTP/2: HTTP/2 requests go to it as HTTP/1.1 (gRPC cannot)"
+                );
+            } else if before == HTTP1 {
+                tracing::info!("the app speaks HTTP/2 now: HTTP/2 requests go to it as HTTP/2");
+            }
+        }
+        verdict == HTTP2
+    }
+}
+
+/// Ends a re-check however the connect went (it may fail before the app
+/// answers anything).
+pub(crate) struct Asking<'a>(&'a AppProtocol);
+
+impl AppProtocol {
+    pub(crate) fn asking(&self) -> Asking<'_> {
+        Asking(self)
+    }
+}
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        self.0.rechecking.store(false, Ordering::Release);
+    }
+}
+
+/// The app's first answer to the HTTP/2 preface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Heard {
+    /// A SETTINGS frame: an HTTP/2 server.
+    Http2,
+    /// Anything else (`HTTP/1.1 505 ...`, `HTTP/1.1 400 ...`).
+    Other,
+    /// The app closed (or reset) before 9 bytes.
+    Closed,
+}
+
+/// The first 9 bytes the app sends: an HTTP/2 server's first frame must be
+/// SETTINGS without ACK on stream 0 (RFC 9113 §3.4).
+fn judge(first: &[u8; 9]) -> Heard {
+    const FRAME_SETTINGS: u8 = 0x4;
+    const FLAG_ACK: u8 = 0x1;
+    let stream = u32::from_be_bytes([first[5], first[6], first[7], first[8]]) & 0x7fff_ffff;
+    if first[3] == FRAME_SETTINGS && first[4] & FLAG_ACK == 0 && stream == 0 {
+        Heard::Http2
+    } else {
+        Heard::Other
+    }
+}
+
+/// An app socket that reports the app's first 9 bytes (or its close) once;
+/// after that, one branch per read.
+pub(crate) struct Sniff<T> {
+    inner: T,
+    seen: [u8; 9],
+    len: u8,
+    tell: Option<oneshot::Sender<Heard>>,
+}
+
+impl<T> Sniff<T> {
+    pub(crate) fn new(inner: T) -> (Self, oneshot::Receiver<Heard>) {
+        let (tx, rx) = oneshot::channel();
+        let sniff = Sniff {
+            inner,
+            seen: [0; 9],
+            len: 0,
+            tell: Some(tx),
+        };
+        (sniff, rx)
+    }
+
+    fn tell(&mut self, heard: Heard) {
+        if let Some(tx) = self.tell.take() {
+            let _ = tx.send(heard);
+        }
+    }
+
+    fn note(&mut self, new: &[u8]) {
+        let have = usize::from(self.len);
+        let take = new.len().min(self.seen.len() - have);
+        self.seen[have..have + take].copy_from_slice(&new[..take]);
+        // At most 9: fits.
+        self.len = (have + take) as u8;
+        if usize::from(self.len) == self.seen.len() {
+            let heard = judge(&self.seen);
+            self.tell(heard);
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Sniff<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let res = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if this.tell.is_some() {
+            match &res {
+                Poll::Ready(Ok(())) if buf.filled().len() == before => this.tell(Heard::Closed),
+                Poll::Ready(Ok(())) => this.note(&buf.filled()[before..]),
+                Poll::Ready(Err(_)) => this.tell(Heard::Closed),
+                Poll::Pending => {}
+            }
+        }
+        res
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Sniff<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn heard_from(answer: &'static [u8], close: bool) -> Option<Heard> {
+        let (mut app, ours) = tokio::io::duplex(64);
+        let (mut sniff, rx) = Sniff::new(ours);
+        app.write_all(answer).await.ok()?;
+        if close {
+            drop(app);
+        } else {
+            // Kept open: the reader must decide on the bytes alone.
+            std::mem::forget(app);
+        }
+        let mut buf = [0u8; 64];
+        let mut got = 0;
+        while got < answer.len() {
+            match sniff.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+        if close {
+            let _ = sniff.read(&mut buf).await;
+        }
+        rx.await.ok()
+    }
+
+    #[tokio::test]
+    async fn the_first_answer_to_the_preface_tells_what_the_app_speaks() {
+        // An empty SETTINGS frame.
+        let settings: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
+        assert_eq!(heard_from(settings, false).await, Some(Heard::Http2));
+        assert_eq!(
+            heard_from(b"HTTP/1.1 505 HTTP Version Not Supported\r\n", false).await,
+            Some(Heard::Other)
+        );
+        // A SETTINGS ack first is not a server preface.
+        assert_eq!(
+            heard_from(&[0, 0, 0, 4, 1, 0, 0, 0, 0], false).await,
+            Some(Heard::Other)
+        );
+        assert_eq!(heard_from(b"", true).await, Some(Heard::Closed));
+        assert_eq!(heard_from(b"HTTP", true).await, Some(Heard::Closed));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_http1_verdict_is_rechecked_once_after_a_while() {
+        let proto = AppProtocol::default();
+        assert_eq!(proto.route(), Route::Connect, "unknown: ask");
+        assert!(!proto.learn(Some(Heard::Other)));
+        assert_eq!(proto.route(), Route::Http1);
+        tokio::time::advance(RECHECK - Duration::from_millis(1)).await;
+        assert_eq!(proto.route(), Route::Http1);
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert_eq!(proto.route(), Route::Connect, "stale: one request asks");
+        assert_eq!(proto.route(), Route::Http1, "the others meanwhile do not");
+        // The app was upgraded.
+        drop(proto.asking());
+        assert!(proto.learn(Some(Heard::Http2)));
+        assert_eq!(proto.route(), Route::Connect);
+        // A silent app leaves the verdict alone and is used as HTTP/2.
+        assert!(proto.learn(None));
+        assert!(!proto.learn(Some(Heard::Closed)));
+        assert_eq!(proto.route(), Route::Http1);
+        // Silent at the re-check: still HTTP/1.1, asked again only later.
+        tokio::time::advance(RECHECK).await;
+        assert_eq!(proto.route(), Route::Connect);
+        drop(proto.asking());
+        assert!(!proto.learn(None));
+        assert_eq!(proto.route(), Route::Http1);
+    }
+}

@@ -17,6 +17,11 @@
 //! - only when a dry-run probe shows the webhook answering through its
 //!   Service ([`crate::webhook_check`]); otherwise the replacement would be
 //!   bare too;
+//! - only pods the webhook configuration would send to the webhook (its
+//!   namespace and object selectors, as the API server evaluates them): a
+//!   pod in an excluded namespace would come back bare, evicted again, and
+//!   so on; on a cluster with several installs, another install's pods are
+//!   left to it;
 //! - never for a route annotated `kubegrace.io/heal: disabled`.
 //!
 //! Each eviction gets an Event on the pod and on the route, and is counted.
@@ -26,9 +31,11 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{EvictParams, ListParams};
+use kube::core::{Selector, SelectorExt};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::watch;
@@ -50,6 +57,34 @@ pub struct HealSettings {
     /// Where to dry-run the webhook probe before evicting; `None`: trust
     /// that the webhook serves.
     pub probe_namespace: Option<String>,
+    /// The MutatingWebhookConfiguration whose selectors say which pods the
+    /// webhook sees.
+    pub webhook_config: String,
+}
+
+/// The probe-only entry of the chart: it serves no application pod.
+pub const PROBE_ENTRY: &str = "check.inject.kubegrace.io";
+
+/// Whether the API server sends a pod with these labels, in a namespace
+/// with these labels, to one of `webhooks` (the probe entry aside). A
+/// selector that does not parse selects nothing.
+pub fn served(
+    webhooks: &[MutatingWebhook],
+    ns_labels: &BTreeMap<String, String>,
+    pod_labels: &BTreeMap<String, String>,
+) -> bool {
+    let matches = |sel: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+                   labels: &BTreeMap<String, String>| {
+        match sel {
+            // The API server's default: everything.
+            None => true,
+            Some(ls) => Selector::try_from(ls.clone()).is_ok_and(|s| s.matches(labels)),
+        }
+    };
+    webhooks.iter().filter(|w| w.name != PROBE_ENTRY).any(|w| {
+        matches(w.namespace_selector.as_ref(), ns_labels)
+            && matches(w.object_selector.as_ref(), pod_labels)
+    })
 }
 
 /// Refuses an interval outside [`MIN_INTERVAL`]..=[`MAX_INTERVAL`].
@@ -113,9 +148,11 @@ pub fn candidates(
     ns_labels: &BTreeMap<String, String>,
     routes: &[GraceRoute],
     settings: &SidecarSettings,
+    webhooks: &[MutatingWebhook],
 ) -> Vec<Candidate> {
     pods.iter()
         .filter(|p| !terminating(p) && !finished(p))
+        .filter(|p| served(webhooks, ns_labels, p.labels()))
         .filter_map(|p| {
             let owner = workload_owner(p)?;
             // The token only fills the edited pod, which is dropped.
@@ -272,6 +309,15 @@ impl Healer {
     }
 
     async fn find(&self) -> Result<Option<(Candidate, GraceRoute, Pod)>> {
+        let webhooks = Api::<MutatingWebhookConfiguration>::all(self.client.clone())
+            .get(&self.settings.webhook_config)
+            .await
+            .map_err(Error::kube(format!(
+                "heal: reading MutatingWebhookConfiguration {}",
+                self.settings.webhook_config
+            )))?
+            .webhooks
+            .unwrap_or_default();
         for scope in &self.namespaces {
             let routes = crate::scope::api::<GraceRoute>(&self.client, scope.as_deref())
                 .list(&ListParams::default())
@@ -289,18 +335,22 @@ impl Healer {
                 if routes.iter().all(heal_disabled) {
                     continue;
                 }
-                let labels = Api::<Namespace>::all(self.client.clone())
+                let mut labels = Api::<Namespace>::all(self.client.clone())
                     .get_opt(&ns)
                     .await
                     .map_err(Error::kube(format!("heal: reading namespace {ns}")))?
                     .map(|n| n.labels().clone())
                     .unwrap_or_default();
+                // Set by the API server on every namespace; the chart's selectors use it.
+                labels
+                    .entry("kubernetes.io/metadata.name".into())
+                    .or_insert_with(|| ns.clone());
                 let pods = Api::<Pod>::namespaced(self.client.clone(), &ns)
                     .list(&ListParams::default())
                     .await
                     .map_err(Error::kube(format!("heal: listing pods in {ns}")))?
                     .items;
-                let cands = candidates(&pods, &labels, &routes, &self.sidecar);
+                let cands = candidates(&pods, &labels, &routes, &self.sidecar, &webhooks);
                 if let Some(c) = pick(&cands, &pods) {
                     let route = routes.iter().find(|r| r.name_any() == c.route);
                     let pod = pods.iter().find(|p| p.name_any() == c.pod);

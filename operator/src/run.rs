@@ -249,6 +249,7 @@ pub async fn run(
                     interval: heal_interval,
                     probe_namespace: Some(args.heal_probe_namespace.clone())
                         .filter(|n| !n.is_empty()),
+                    webhook_config: args.webhook_config.clone(),
                 },
                 namespaces.clone(),
                 heal_metrics.clone(),

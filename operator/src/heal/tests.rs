@@ -58,6 +58,75 @@ fn injected(name: &str) -> Pod {
     p
 }
 
+fn ns() -> BTreeMap<String, String> {
+    BTreeMap::from([(
+        "kubernetes.io/metadata.name".to_string(),
+        "shop".to_string(),
+    )])
+}
+
+/// The chart's two entries with the default values, release `kubegrace-system`.
+fn all() -> Vec<MutatingWebhook> {
+    serde_yaml::from_str(
+        r#"
+- name: namespace.inject.kubegrace.io
+  admissionReviewVersions: [v1]
+  sideEffects: None
+  clientConfig: {}
+  namespaceSelector:
+    matchExpressions:
+    - {key: kubegrace.io/inject, operator: In, values: [enabled]}
+    - {key: kubernetes.io/metadata.name, operator: NotIn, values: [kube-system, kubegrace-system]}
+  objectSelector:
+    matchExpressions: [{key: kubegrace.io/inject, operator: NotIn, values: [enabled, disabled]}]
+- name: pod.inject.kubegrace.io
+  admissionReviewVersions: [v1]
+  sideEffects: None
+  clientConfig: {}
+  namespaceSelector:
+    matchExpressions:
+    - {key: kubernetes.io/metadata.name, operator: NotIn, values: [kube-system, kubegrace-system]}
+  objectSelector:
+    matchExpressions: [{key: kubegrace.io/inject, operator: In, values: [enabled]}]
+- name: check.inject.kubegrace.io
+  admissionReviewVersions: [v1]
+  sideEffects: None
+  clientConfig: {}
+  namespaceSelector:
+    matchExpressions: [{key: kubernetes.io/metadata.name, operator: In, values: [kube-system]}]
+  objectSelector:
+    matchExpressions: [{key: kubegrace.io/inject, operator: In, values: [enabled]}]
+"#,
+    )
+    .expect("webhooks")
+}
+
+#[test]
+fn only_pods_the_webhook_configuration_sends_are_candidates() {
+    let pods = [pod("web-1", "ReplicaSet", true, "")];
+    let excluded = BTreeMap::from([(
+        "kubernetes.io/metadata.name".to_string(),
+        "kube-system".to_string(),
+    )]);
+    // kube-system is excluded by both entries (the probe entry, which would
+    // match it here, never counts): evicting would bring the pod back bare.
+    assert!(!served(&all(), &excluded, pods[0].labels()));
+    assert!(candidates(&pods, &excluded, &[route("")], &settings(), &all()).is_empty());
+    // No webhook configuration entries at all: nothing is healed.
+    assert!(candidates(&pods, &ns(), &[route("")], &settings(), &[]).is_empty());
+    // A namespace-labelled pod (no pod label) is sent by the namespace entry.
+    let mut by_ns = pod("web-2", "ReplicaSet", true, "");
+    by_ns
+        .metadata
+        .labels
+        .as_mut()
+        .map(|l| l.remove(keys::INJECT));
+    let mut labelled = ns();
+    labelled.insert(keys::INJECT.into(), "enabled".into());
+    assert!(served(&all(), &labelled, by_ns.labels()));
+    assert!(!served(&all(), &ns(), by_ns.labels()));
+}
+
 fn names(c: &[Candidate]) -> Vec<&str> {
     c.iter().map(|c| c.pod.as_str()).collect()
 }
@@ -65,7 +134,7 @@ fn names(c: &[Candidate]) -> Vec<&str> {
 #[test]
 fn a_bare_pod_of_a_replicaset_the_webhook_would_inject_is_a_candidate() {
     let pods = [pod("web-1", "ReplicaSet", true, ""), injected("web-2")];
-    let c = candidates(&pods, &BTreeMap::new(), &[route("")], &settings());
+    let c = candidates(&pods, &ns(), &[route("")], &settings(), &all());
     assert_eq!(names(&c), ["web-1"]);
     assert_eq!(c[0].route, "web");
     assert_eq!(c[0].owner, "uid-web");
@@ -79,7 +148,7 @@ fn statefulset_pods_count_but_bare_pods_and_jobs_never() {
         pod("bare", "", true, ""),
         pod("job-x", "Job", true, ""),
     ];
-    let c = candidates(&pods, &BTreeMap::new(), &[route("")], &settings());
+    let c = candidates(&pods, &ns(), &[route("")], &settings(), &all());
     assert_eq!(names(&c), ["sts-0"]);
 }
 
@@ -94,9 +163,9 @@ fn a_pod_the_webhook_would_not_inject_is_left_alone() {
         .get_or_insert_with(BTreeMap::new)
         .insert(keys::INJECT.into(), "disabled".into());
     let pods = [injected("in"), opted_out];
-    assert!(candidates(&pods, &BTreeMap::new(), &[route("")], &settings()).is_empty());
+    assert!(candidates(&pods, &ns(), &[route("")], &settings(), &all()).is_empty());
     let lone = [pod("web-1", "ReplicaSet", true, "")];
-    assert!(candidates(&lone, &BTreeMap::new(), &[], &settings()).is_empty());
+    assert!(candidates(&lone, &ns(), &[], &settings(), &all()).is_empty());
 }
 
 #[test]
@@ -109,7 +178,7 @@ fn an_unaccepted_route_means_no_eviction() {
         .expect("status"),
     );
     let pods = [pod("web-1", "ReplicaSet", true, "")];
-    assert!(candidates(&pods, &BTreeMap::new(), &[r], &settings()).is_empty());
+    assert!(candidates(&pods, &ns(), &[r], &settings(), &all()).is_empty());
 }
 
 #[test]
@@ -118,12 +187,12 @@ fn the_heal_annotation_turns_it_off_per_route() {
     for off in ["disabled", "Disabled", " disabled "] {
         let r = route(&format!(", annotations: {{kubegrace.io/heal: '{off}'}}"));
         assert!(heal_disabled(&r), "{off:?}");
-        assert!(candidates(&pods, &BTreeMap::new(), &[r], &settings()).is_empty());
+        assert!(candidates(&pods, &ns(), &[r], &settings(), &all()).is_empty());
     }
     let on = route(", annotations: {kubegrace.io/heal: enabled}");
     assert!(!heal_disabled(&on));
     assert_eq!(
-        candidates(&pods, &BTreeMap::new(), &[on], &settings()).len(),
+        candidates(&pods, &ns(), &[on], &settings(), &all()).len(),
         1
     );
 }
@@ -141,7 +210,7 @@ fn terminating_and_finished_pods_are_not_candidates() {
         s.phase = Some("Succeeded".into());
     }
     let pods = [gone, done];
-    assert!(candidates(&pods, &BTreeMap::new(), &[route("")], &settings()).is_empty());
+    assert!(candidates(&pods, &ns(), &[route("")], &settings(), &all()).is_empty());
 }
 
 #[test]
@@ -152,7 +221,7 @@ fn one_pod_at_a_time_per_workload_only_when_the_others_are_ready() {
         pod("web-2", "ReplicaSet", true, ""),
         injected("web-3"),
     ];
-    let c = candidates(&pods, &BTreeMap::new(), &[route("")], &settings());
+    let c = candidates(&pods, &ns(), &[route("")], &settings(), &all());
     assert_eq!(names(&c), ["web-1", "web-2"]);
     // web-1's siblings (web-2, web-3) are Ready: web-1 may go; web-2's
     // sibling web-1 is not Ready: web-2 must wait.
@@ -169,7 +238,7 @@ fn one_pod_at_a_time_per_workload_only_when_the_others_are_ready() {
             ", deletionTimestamp: '2026-01-01T00:00:00Z'",
         ),
     ];
-    let c = candidates(&pods, &BTreeMap::new(), &[route("")], &settings());
+    let c = candidates(&pods, &ns(), &[route("")], &settings(), &all());
     assert_eq!(names(&c), ["web-1"]);
     assert_eq!(pick(&c, &pods), None);
 }

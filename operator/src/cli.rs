@@ -33,6 +33,22 @@ pub enum Command {
     Crd,
     /// Run the controller (leader only) and the webhook (every replica).
     Run(Box<RunArgs>),
+    /// Exit 0 once the injection webhook answers through its Service (a
+    /// server-side dry-run pod create shows its mark); 1 after --timeout.
+    /// The chart's post-install/post-upgrade hook Job.
+    WebhookCheck(WebhookCheckArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct WebhookCheckArgs {
+    /// Namespace of the probe pod: the release namespace (the chart's
+    /// `check.inject.kubegrace.io` entry serves it for the probe only), or
+    /// a watched namespace when the operator watches a list.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kubegrace-system")]
+    pub namespace: String,
+    /// Give up after this long (1s to 1h).
+    #[arg(long, env = "KUBEGRACE_WEBHOOK_CHECK_TIMEOUT", default_value = "2m")]
+    pub timeout: HumanDuration,
 }
 
 /// How the webhook places the sidecar in a pod.
@@ -187,6 +203,21 @@ pub struct RunArgs {
     /// waiting on the API is never cut.
     #[arg(long, env = "KUBEGRACE_WEBHOOK_IDLE_TIMEOUT", default_value = "60s")]
     pub webhook_idle_timeout: HumanDuration,
+    /// Evict pods that asked for the sidecar but were admitted without it
+    /// (webhook unreachable, `failurePolicy: Ignore`), one at a time per
+    /// workload, through the Eviction API; see `heal.rs`. A route opts out
+    /// with the annotation `kubegrace.io/heal: disabled`.
+    #[arg(long, env = "KUBEGRACE_HEAL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub heal: bool,
+    /// Time between two healing rounds; at most one eviction per round
+    /// cluster-wide (1s to 1h).
+    #[arg(long, env = "KUBEGRACE_HEAL_INTERVAL", default_value = "10s")]
+    pub heal_interval: HumanDuration,
+    /// Namespace of the dry-run probe that must show the webhook answering
+    /// before each eviction (the chart's webhook-check namespace); empty:
+    /// evict without probing.
+    #[arg(long, env = "KUBEGRACE_HEAL_PROBE_NAMESPACE", default_value = "")]
+    pub heal_probe_namespace: String,
 }
 
 impl RunArgs {
@@ -205,7 +236,9 @@ impl RunArgs {
         )?;
         match cli.command {
             Command::Run(a) => Ok(*a),
-            Command::Crd => Err(clap::Error::new(clap::error::ErrorKind::InvalidSubcommand)),
+            Command::Crd | Command::WebhookCheck(_) => {
+                Err(clap::Error::new(clap::error::ErrorKind::InvalidSubcommand))
+            }
         }
     }
 }
@@ -252,6 +285,38 @@ mod tests {
         assert!(a.cert_dir.is_none());
         assert!(a.watch_namespaces.is_empty());
         assert_eq!(a.webhook_read_timeout.0, std::time::Duration::from_secs(10));
+        assert!(a.heal, "healing is on by default");
+        assert_eq!(a.heal_probe_namespace, "");
+    }
+
+    #[test]
+    fn heal_flags_parse() {
+        let a = RunArgs::from_args([
+            "--heal=false",
+            "--heal-interval=30s",
+            "--heal-probe-namespace=kubegrace-system",
+        ])
+        .expect("parse");
+        assert!(!a.heal);
+        assert_eq!(a.heal_interval.0, std::time::Duration::from_secs(30));
+        assert_eq!(a.heal_probe_namespace, "kubegrace-system");
+        assert!(RunArgs::from_args(["--heal=maybe"]).is_err());
+    }
+
+    #[test]
+    fn webhook_check_parses_its_flags() {
+        let cli = Cli::try_parse_from([
+            "kubegrace-operator",
+            "webhook-check",
+            "--namespace=kubegrace-system",
+            "--timeout=90s",
+        ])
+        .expect("parse");
+        let Command::WebhookCheck(a) = cli.command else {
+            panic!("expected webhook-check");
+        };
+        assert_eq!(a.namespace, "kubegrace-system");
+        assert_eq!(a.timeout.0, std::time::Duration::from_secs(90));
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod cli;
 pub mod controller;
 pub mod crd;
 pub mod error;
+pub mod heal;
 pub mod image_ref;
 pub mod inject;
 pub mod lease;
@@ -27,6 +28,7 @@ pub mod scope;
 pub mod server;
 pub mod tolerant;
 pub mod webhook;
+pub mod webhook_check;
 pub mod workload;
 
 pub use error::{Error, Result};

@@ -19,5 +19,8 @@ fn main() -> std::process::ExitCode {
             }
         },
         Command::Run(args) => kubegrace_operator::run::main(*args),
+        Command::WebhookCheck(a) => {
+            kubegrace_operator::webhook_check::main(&a.namespace, a.timeout.get())
+        }
     }
 }

@@ -49,7 +49,7 @@ pub fn main(args: RunArgs) -> std::process::ExitCode {
     }
 }
 
-fn init_tracing(format: LogFormat) {
+pub(crate) fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
@@ -103,6 +103,7 @@ pub async fn run(
 ) -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let limits = server::Limits::from_args(&args)?;
+    let heal_interval = crate::heal::checked_interval(args.heal_interval.get())?;
     let namespaces = scope::namespaces(&args.watch_namespaces);
     tracing::info!(?namespaces, "watching (None: every namespace)");
     let metrics = Arc::new(Metrics::default());
@@ -182,25 +183,27 @@ pub async fn run(
         }
     }
 
+    let settings = SidecarSettings {
+        image: args.sidecar_image.clone(),
+        pull_policy: args.sidecar_image_pull_policy.clone(),
+        resources: webhook::resources(
+            &args.sidecar_cpu_request,
+            &args.sidecar_memory_request,
+            &args.sidecar_cpu_limit,
+            &args.sidecar_memory_limit,
+        ),
+        native,
+        ports: crate::inject::Ports {
+            admin: args.sidecar_admin_port,
+            first_listen: args.sidecar_listen_port,
+        },
+    };
     let hook = Arc::new(Webhook {
         client: client.clone(),
         metrics: metrics.clone(),
-        settings: SidecarSettings {
-            image: args.sidecar_image.clone(),
-            pull_policy: args.sidecar_image_pull_policy.clone(),
-            resources: webhook::resources(
-                &args.sidecar_cpu_request,
-                &args.sidecar_memory_request,
-                &args.sidecar_cpu_limit,
-                &args.sidecar_memory_limit,
-            ),
-            native,
-            ports: crate::inject::Ports {
-                admin: args.sidecar_admin_port,
-                first_listen: args.sidecar_listen_port,
-            },
-        },
+        settings: settings.clone(),
     });
+    let heal_metrics = Arc::new(crate::heal::HealMetrics::default());
     let webhook_task = tokio::spawn(server::serve(
         args.webhook_addr,
         resolver.clone(),
@@ -268,6 +271,30 @@ pub async fn run(
             all.push(Box::pin(async move {
                 let run = || workload::run::<StatefulSet>(c.clone(), m.clone(), n.clone(), st());
                 panics::supervise("statefulset inject controller", &m, run, &st).await;
+            }));
+        }
+        if args.heal {
+            let healer = crate::heal::Healer::new(
+                client.clone(),
+                settings.clone(),
+                crate::heal::HealSettings {
+                    interval: heal_interval,
+                    probe_namespace: Some(args.heal_probe_namespace.clone())
+                        .filter(|n| !n.is_empty()),
+                    webhook_config: args.webhook_config.clone(),
+                },
+                namespaces.clone(),
+                heal_metrics.clone(),
+            );
+            let (a, b) = (rx.clone(), lead_rx.clone());
+            all.push(Box::pin(async move {
+                let (tx, stop) = watch::channel(false);
+                tokio::select! {
+                    () = healer.run(stop) => {}
+                    () = async { tokio::select! { () = stopped(a) => {}, () = stopped(b) => {} } } => {
+                        let _ = tx.send(true);
+                    }
+                }
             }));
         }
         let controllers = futures_util::future::join_all(all);

@@ -40,3 +40,11 @@ pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// injected (the image tag, or its digest when pinned by digest only), so
 /// pods running a stale sidecar can be listed after an upgrade.
 pub const SIDECAR_VERSION: &str = "kubegrace.io/sidecar-version";
+/// Pod label of the chart's install check (`kubegrace-operator
+/// webhook-check`): only the webhook entry `check.inject.kubegrace.io`
+/// selects it, in the release namespace every other entry excludes.
+pub const WEBHOOK_CHECK: &str = "kubegrace.io/webhook-check";
+/// GraceRoute annotation: `disabled` stops the operator from evicting the
+/// route's pods that were admitted without the sidecar (healing is on
+/// otherwise, unless the operator's `--heal=false`).
+pub const HEAL: &str = "kubegrace.io/heal";

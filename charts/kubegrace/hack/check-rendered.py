@@ -130,9 +130,36 @@ def times_sent(webhooks, ns_name, ns_inject, pod_inject, extra_ns_labels):
     )
 
 
+PROBE_ENTRY = "check.inject.kubegrace.io"
+
+
+def check_probe_entry(webhooks, opts):
+    """The install check's entry: only without watchNamespaces; only the
+    release namespace's pods labelled kubegrace.io/webhook-check=true and
+    kubegrace.io/inject=enabled; never blocks (Ignore)."""
+    probes = [w for w in webhooks if w.get("name") == PROBE_ENTRY]
+    if opts.watch_namespaces:
+        check(not probes, f"{PROBE_ENTRY} rendered with watchNamespaces (the probe uses a watched namespace)")
+        return
+    check(len(probes) == 1, f"expected one {PROBE_ENTRY} entry, found {len(probes)}")
+    for w in probes:
+        check(w.get("failurePolicy") == "Ignore", f"{PROBE_ENTRY}: failurePolicy {w.get('failurePolicy')}")
+        check(w.get("sideEffects") == "None", f"{PROBE_ENTRY}: sideEffects")
+        probe = {"app": "web", INJECT: "enabled", "kubegrace.io/webhook-check": "true"}
+        ns = {NS_NAME: opts.namespace}
+        check(matches(w.get("namespaceSelector"), ns) and matches(w.get("objectSelector"), probe),
+              f"{PROBE_ENTRY}: the probe pod in {opts.namespace} is not sent")
+        check(not matches(w.get("namespaceSelector"), {NS_NAME: "shop", INJECT: "enabled"}),
+              f"{PROBE_ENTRY}: sent for another namespace")
+        check(not matches(w.get("objectSelector"), {"app": "web", INJECT: "enabled"}),
+              f"{PROBE_ENTRY}: sent for a pod without the check label")
+
+
 def check_webhook(docs, opts, names):
     mwc = one(docs, "MutatingWebhookConfiguration")
     webhooks = mwc.get("webhooks") or []
+    check_probe_entry(webhooks, opts)
+    webhooks = [w for w in webhooks if w.get("name") != PROBE_ENTRY]
     check(len(webhooks) == 2, f"expected 2 webhook entries, found {len(webhooks)}")
     annotations = (mwc.get("metadata") or {}).get("annotations") or {}
     if opts.cert_manager:
@@ -274,7 +301,10 @@ def check_scope(docs, opts):
     flag = arg_value(args, "--watch-namespaces")
     op_cr = next((cr for cr in by_kind(docs, "ClusterRole") if cr["metadata"]["name"] == dep["metadata"]["name"]), {})
     cluster_resources = {res for r in op_cr.get("rules") or [] for res in r.get("resources") or []}
-    foreign_roles = [r for r in by_kind(docs, "Role") if r["metadata"].get("namespace") != opts.namespace]
+    # The heal probe's and the install check's Roles (pods create in the
+    # probe's namespace) are checked with the operator's own Role.
+    foreign_roles = [r for r in by_kind(docs, "Role") if r["metadata"].get("namespace") != opts.namespace
+                     and not r["metadata"].get("name", "").endswith(("-webhook-probe", "-webhook-check"))]
     if not watch:
         check(flag is None, f"--watch-namespaces={flag} rendered without watchNamespaces")
         check(WORK_RESOURCES <= cluster_resources, f"ClusterRole lacks {WORK_RESOURCES - cluster_resources}")
@@ -369,7 +399,18 @@ def check_wiring(docs, opts, names):
     has_prestop = bool(((op.get("lifecycle") or {}).get("preStop") or {}).get("sleep"))
     check(has_prestop == opts.expect_prestop, f"preStop sleep rendered: {has_prestop}, want {opts.expect_prestop}")
 
-    own_roles = [r for r in by_kind(docs, "Role") if (r.get("metadata") or {}).get("namespace") == opts.namespace]
+    # The operator's own Role (the heal probe's and the install check's Roles
+    # are checked below).
+    own_roles = [r for r in by_kind(docs, "Role") if (r.get("metadata") or {}).get("namespace") == opts.namespace
+                 and r["metadata"].get("name") == dep["metadata"]["name"]]
+    for r in by_kind(docs, "Role"):
+        if r["metadata"].get("name", "").endswith(("-webhook-probe", "-webhook-check")):
+            check(r.get("rules") == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}],
+                  f"Role {r['metadata']['name']} grants more than pods create: {r.get('rules')}")
+    if arg_value(args, "--heal") == "true":
+        check(any("pods/eviction" in (r.get("resources") or []) and r.get("verbs") == ["create"]
+                  for cr in by_kind(docs, "ClusterRole") + by_kind(docs, "Role") for r in cr.get("rules") or []),
+              "--heal=true without pods/eviction create")
     check(len(own_roles) == 1, f"expected one Role in the release namespace, found {len(own_roles)}")
     role = own_roles[0] if own_roles else {}
     rules = role.get("rules") or []
@@ -404,7 +445,9 @@ def check_wiring(docs, opts, names):
         dns = cert.get("spec", {}).get("dnsNames") or []
         check(f"{names['service']}.{opts.namespace}.svc" in dns, f"Certificate dnsNames {dns}")
         check(named("secrets") == [], "secrets granted in cert-manager mode")
-        check(mwc_rules == [], "webhook configuration patch granted in cert-manager mode")
+        # Healing reads the selectors (get, by name); nothing may write it.
+        check(all(r.get("verbs") == ["get"] for r in mwc_rules),
+              "webhook configuration patch granted in cert-manager mode")
         check(vwc_rules == [], "validating webhook configuration patch granted in cert-manager mode")
     else:
         check(not by_kind(docs, "Certificate") and not by_kind(docs, "Issuer"), "cert-manager objects rendered")

@@ -69,3 +69,15 @@ app.kubernetes.io/part-of: kubegrace
 {{- define "kubegrace.hasPreStopSleep" -}}
 {{- if semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version -}}true{{- end -}}
 {{- end -}}
+
+{{- /*
+Namespace of the webhook-check probe pod (the hook Job's and the operator's
+heal probe): the release namespace, served for the probe alone by the
+`check.inject.kubegrace.io` entry; with watchNamespaces, the first watched
+namespace instead (the operator answers reviews for those only), through the
+ordinary `pod.inject.kubegrace.io` entry.
+*/}}
+{{- define "kubegrace.checkNamespace" -}}
+{{- with .Values.watchNamespaces -}}{{ first (uniq .) }}{{- else -}}{{ .Release.Namespace }}{{- end -}}
+{{- end -}}
+{{- define "kubegrace.webhookCheckName" -}}{{ include "kubegrace.fullname" . }}-webhook-check{{- end -}}

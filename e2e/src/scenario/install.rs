@@ -142,6 +142,12 @@ impl Install {
                 let hooks = m.webhooks.unwrap_or_default();
                 // The scope is what keeps this run's webhook out of other tests: check the
                 // chart rendered it, rather than trust it.
+                // The install check's entry serves the release namespace alone, for
+                // its probe pod: not a namespace of any test, so not scoped.
+                let hooks: Vec<_> = hooks
+                    .into_iter()
+                    .filter(|w| w.name != "check.inject.kubegrace.io")
+                    .collect();
                 let scoped = hooks
                     .iter()
                     .filter(|w| {

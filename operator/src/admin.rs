@@ -121,6 +121,8 @@ pub struct Metrics {
     /// Stored GraceRoutes the operator cannot decode, as (namespace, name):
     /// one series per such route, gone when it is fixed or deleted.
     undecodable: Mutex<std::collections::BTreeSet<(String, String)>>,
+    /// The healing loop's evictions (see [`crate::heal`]).
+    pub heal: Arc<crate::heal::HealMetrics>,
     /// The webhook's serving certificate, for its expiry.
     certificate: std::sync::OnceLock<Arc<crate::certs::CertResolver>>,
     pub leader: AtomicBool,
@@ -147,6 +149,7 @@ impl Default for Metrics {
             pods_not_injected: Mutex::new(BTreeMap::new()),
             panics: zeros(&PANIC_TASKS),
             undecodable: Mutex::new(std::collections::BTreeSet::new()),
+            heal: Arc::default(),
             certificate: std::sync::OnceLock::new(),
             leader: AtomicBool::new(false),
             ready: AtomicBool::new(false),
@@ -424,6 +427,7 @@ impl Metrics {
             );
         }
         self.render_drains(&mut out);
+        self.heal.render(&mut out);
         let _ = writeln!(
             out,
             "# HELP kubegrace_operator_pods_not_injected Pods that should carry the sidecar and don't, by route (the route's last status).\n# TYPE kubegrace_operator_pods_not_injected gauge"

@@ -203,7 +203,7 @@ pub async fn run(
         metrics: metrics.clone(),
         settings: settings.clone(),
     });
-    let heal_metrics = Arc::new(crate::heal::HealMetrics::default());
+    let heal_metrics = metrics.heal.clone();
     let webhook_task = tokio::spawn(server::serve(
         args.webhook_addr,
         resolver.clone(),

@@ -36,6 +36,7 @@ mod drain_websocket_close;
 mod fast_path;
 mod grpc_health;
 mod hardening;
+mod probes_never_wait;
 mod proxy_basics;
 mod retry;
 mod sd_notify;

@@ -22,9 +22,12 @@ pub struct RetryBudgetConfig {
     pub min_per_second: u32,
     /// The request body kept for a retry; a larger body is passed on
     /// without being kept, and its request is not retried. 0 turns
-    /// retries off. At most [`MAX_RETRY_BODY_BYTES`] (16 MiB). The sidecar
-    /// counts what the kept body really costs in memory (its frames'
-    /// bookkeeping too, see `upstream/replay.rs`), not only its payload.
+    /// retries off. At most [`MAX_RETRY_BODY_BYTES`] (16 MiB). This is
+    /// what the kept body holds in memory, however the client split it:
+    /// the sidecar copies it into 16 KiB buffers (`upstream/replay.rs`)
+    /// instead of keeping the client's frames, so it holds at most this
+    /// plus one buffer and a handle per 16 KiB (64 KiB sent as one-byte
+    /// chunks held 2.4 MiB before).
     pub max_body_bytes: u64,
 }
 

@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,31 +17,37 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use kubegrace_sidecar_api::admin::{TOKEN_HEADER, path};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Mutex, Notify};
-use tokio::time::Instant;
+use tokio::sync::Notify;
 
 use crate::app_readiness::AppReadinessCheck;
 use crate::config::DrainReadiness;
 use crate::drain::Phase;
 use crate::state::Shared;
 
-/// How long one upstream reachability answer is reused by `/ready`.
+/// How often the background check connects to an app that is up. While
+/// it is down (or not seen yet) it connects every `app::FAST_PROBE`
+/// (50 ms), so a starting app turns the pod ready within a blink of
+/// listening, without any `/ready` waiting for it.
 const READY_CACHE: Duration = Duration::from_secs(1);
-/// How long `/ready` waits for an app that does not accept connections
-/// yet before it answers 503. The kubelet's first readiness probe usually
-/// comes before the app listens: a 503 then costs the pod a whole probe
-/// period (a second), and a rolling update pays that once per new pod
-/// (measured: 2.0x the plain rollout's time). Within the injected probe's
-/// 1 s timeout, with room for the connect that came before.
-const READY_WAIT_FOR_APP: Duration = Duration::from_millis(700);
+
+/// What the background check last saw of the app's port.
+const NOT_CHECKED: u8 = 0;
+const REACHABLE: u8 = 1;
+const UNREACHABLE: u8 = 2;
+
+/// What `GET /config` shows instead of a value that may be secret.
+pub(crate) const REDACTED: &str = "<redacted>";
 
 pub(crate) struct Admin {
     shared: Arc<Shared>,
     token: Option<String>,
-    /// Last upstream check: when, and whether the app accepted a connection.
-    reachability: Mutex<Option<(Instant, bool)>>,
-    /// The app's own readiness check (`appReadiness`), when configured.
-    app_check: AppReadinessCheck,
+    /// The last background connect to the app: [`NOT_CHECKED`],
+    /// [`REACHABLE`] or [`UNREACHABLE`]. `/ready` reads it and never
+    /// connects itself, so probes never wait on the app.
+    reachable: AtomicU8,
+    /// The app's own readiness check (`appReadiness`), run in the
+    /// background; `/ready` reads its verdict.
+    app_check: Arc<AppReadinessCheck>,
     /// `/drain?wait=true` callers whose connection has not finished yet.
     /// The process waits for them before exiting, or a preStop hook racing
     /// SIGTERM would lose its answer.
@@ -74,16 +80,25 @@ impl Admin {
         Arc::new(Admin {
             shared,
             token,
-            reachability: Mutex::new(None),
-            app_check: AppReadinessCheck::default(),
+            reachable: AtomicU8::new(NOT_CHECKED),
+            app_check: Arc::new(AppReadinessCheck::default()),
             waiters: AtomicUsize::new(0),
             waiters_done: Notify::new(),
             open: Arc::new(AtomicUsize::new(0)),
         })
     }
 
-    /// Serves admin connections until the process exits.
+    /// Serves admin connections until the process exits, and keeps the
+    /// state `/ready` answers from current in the background.
     pub(crate) async fn serve(self: Arc<Self>, listener: TcpListener) {
+        tokio::spawn(self.clone().keep_reachability());
+        let check = self.app_check.clone();
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            check
+                .run(|| shared.live.load().config.app_readiness.clone())
+                .await;
+        });
         loop {
             match listener.accept().await {
                 Ok((stream, _peer)) => {
@@ -180,7 +195,7 @@ impl Admin {
         }
         match requested {
             path::LIVE | path::HEALTHZ if read_only => text(StatusCode::OK, "live\n"),
-            path::READY if read_only => self.ready().await,
+            path::READY if read_only => self.ready(),
             path::METRICS if read_only => self.metrics(),
             path::CONFIG if read_only => self.config(query),
             path::BREAKERS if read_only => {
@@ -286,7 +301,7 @@ impl Admin {
         None
     }
 
-    async fn ready(&self) -> Response<Full<Bytes>> {
+    fn ready(&self) -> Response<Full<Bytes>> {
         let drain = &self.shared.drain;
         // `drain.readiness: stayServing` keeps the endpoint serving (and
         // terminating) through the grace phase only, and only on the same
@@ -307,44 +322,30 @@ impl Admin {
         if !serves(phase) {
             return text(StatusCode::SERVICE_UNAVAILABLE, &format!("{phase}\n"));
         }
-        let probed = self.upstream_reachable().await;
-        // The probe may take up to a second: a drain that moved on in the
-        // meantime wins over the phase read before it.
-        let phase = drain.phase();
-        if !serves(phase) {
-            return text(StatusCode::SERVICE_UNAVAILABLE, &format!("{phase}\n"));
-        }
-        // The app watch (app.rs) saw every probe above and every connect
-        // since: it is the fresher of the two. An app not up yet gets a
-        // moment to come up (READY_WAIT_FOR_APP), only while serving: a
-        // drain answers at once.
-        let app = self.shared.upstreams.app();
-        let mut reachable = match app {
+        // Everything below is state the background tasks keep current:
+        // no connect, no check, no lock held across an await, so a probe is
+        // answered at once whatever the app does.
+        let probed = match self.reachable.load(Ordering::Acquire) {
+            NOT_CHECKED => {
+                return text(StatusCode::SERVICE_UNAVAILABLE, "app not checked yet\n");
+            }
+            seen => seen == REACHABLE,
+        };
+        // The app watch (app.rs) also sees every request's connect: it is
+        // the fresher of the two.
+        let reachable = match self.shared.upstreams.app() {
             Some(app) => !app.is_down(),
             None => probed,
         };
-        let mut phase = phase;
-        if !reachable
-            && phase == Phase::Serving
-            && let Some(app) = app
-            && app.wait_up(READY_WAIT_FOR_APP).await
-        {
-            phase = drain.phase();
-            if !serves(phase) {
-                return text(StatusCode::SERVICE_UNAVAILABLE, &format!("{phase}\n"));
-            }
-            reachable = true;
-        }
         if !reachable {
             return text(StatusCode::SERVICE_UNAVAILABLE, "app not reachable\n");
         }
         // The app's own readiness probe, moved here by the webhook: the pod
         // is Ready when the app passes it, without a second probe's ticker.
-        let app_probe = self.shared.live.load().config.app_readiness.clone();
-        if let Some(probe) = app_probe {
-            let (ready, last) = self.app_check.ready(&probe).await;
+        if let Some(probe) = &self.shared.live.load().config.app_readiness {
+            let (ready, last) = self.app_check.verdict();
             if !ready {
-                let seen = last.map_or_else(|| "not checked".to_string(), |o| o.to_string());
+                let seen = last.map_or_else(|| "not checked yet".to_string(), |o| o.to_string());
                 return text(
                     StatusCode::SERVICE_UNAVAILABLE,
                     &format!(
@@ -352,10 +353,6 @@ impl Admin {
                         probe.path, probe.port
                     ),
                 );
-            }
-            phase = drain.phase();
-            if !serves(phase) {
-                return text(StatusCode::SERVICE_UNAVAILABLE, &format!("{phase}\n"));
             }
         }
         if phase == Phase::Serving {
@@ -368,34 +365,40 @@ impl Admin {
         }
     }
 
-    /// A connect to the app (TCP or Unix socket), cached for a second so a
-    /// probe storm does not become a connection storm. With several app
-    /// instances, the instance probe already runs: ready when any is up.
-    async fn upstream_reachable(&self) -> bool {
-        if self.shared.upstreams.len() > 1 {
-            return self.shared.upstreams.any_up();
+    /// Connects to the app (TCP or Unix socket) for the life of the
+    /// process: once a second while it is up, every 50 ms while it is not,
+    /// and stores what it saw for `/ready`. With several app instances the
+    /// instance probe already runs: reachable when any is up.
+    async fn keep_reachability(self: Arc<Self>) {
+        loop {
+            let ok = if self.shared.upstreams.len() > 1 {
+                self.shared.upstreams.any_up()
+            } else {
+                let timeout = self
+                    .shared
+                    .live
+                    .load()
+                    .config
+                    .upstream_pool
+                    .connect_timeout
+                    .get()
+                    .min(READY_CACHE);
+                let ok =
+                    crate::upstream::slots::probe(self.shared.upstreams.primary(), timeout).await;
+                if let Some(app) = self.shared.upstreams.app() {
+                    app.observe(ok);
+                }
+                ok
+            };
+            self.reachable
+                .store(if ok { REACHABLE } else { UNREACHABLE }, Ordering::Release);
+            let every = if ok {
+                READY_CACHE
+            } else {
+                crate::app::FAST_PROBE
+            };
+            tokio::time::sleep(every).await;
         }
-        let mut cache = self.reachability.lock().await;
-        if let Some((at, ok)) = *cache
-            && at.elapsed() < READY_CACHE
-        {
-            return ok;
-        }
-        let timeout = self
-            .shared
-            .live
-            .load()
-            .config
-            .upstream_pool
-            .connect_timeout
-            .get()
-            .min(READY_CACHE);
-        let ok = crate::upstream::slots::probe(self.shared.upstreams.primary(), timeout).await;
-        if let Some(app) = self.shared.upstreams.app() {
-            app.observe(ok);
-        }
-        *cache = Some((Instant::now(), ok));
-        ok
     }
 
     async fn drain(&self, wait: bool) -> Response<Full<Bytes>> {
@@ -408,7 +411,10 @@ impl Admin {
         }
         // The preStop hook: answer once drained. The ceiling is the longest
         // a drain can take, plus the force-close grace.
-        let ceiling = drain.timers().worst_case() + Duration::from_secs(5);
+        let ceiling = drain
+            .timers()
+            .worst_case()
+            .saturating_add(Duration::from_secs(5));
         let mut resp = match tokio::time::timeout(ceiling, drain.drained()).await {
             Ok(report) => text(StatusCode::OK, &format!("{report}\n")),
             Err(_) => text(StatusCode::OK, "drain timeout passed\n"),
@@ -440,9 +446,11 @@ impl Admin {
         let live = self.shared.live.load();
         let status = self.shared.status();
         let yaml = query_value(query, "format").is_some_and(|f| f.eq_ignore_ascii_case("yaml"));
+        let mut config = serde_json::to_value(&live.config).unwrap_or_default();
+        redact(&mut config);
         let body = serde_json::json!({
             "source": status,
-            "config": &live.config,
+            "config": config,
         });
         if yaml {
             match serde_yaml::to_string(&body) {
@@ -458,6 +466,26 @@ impl Admin {
             }
         } else {
             json(StatusCode::OK, &body)
+        }
+    }
+}
+
+/// Hides what may be secret in a config shown by `GET /config`: the header
+/// values of the app's readiness check (an `Authorization: Bearer` token is
+/// their usual content). Always, token or not: `/config` is open to anyone
+/// who can reach the admin port, and is for reading the shape of the
+/// config in force; the values are in the pod spec or the ConfigMap for
+/// those allowed to read them. (The drain token is never part of the
+/// config.) Header names stay, so a reader sees which headers are sent.
+fn redact(config: &mut serde_json::Value) {
+    if let Some(headers) = config
+        .pointer_mut("/appReadiness/headers")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        for header in headers {
+            if let Some(value) = header.get_mut("value") {
+                *value = serde_json::Value::from(REDACTED);
+            }
         }
     }
 }

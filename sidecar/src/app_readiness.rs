@@ -1,29 +1,37 @@
-//! The app's readiness check (`appReadiness`), answered inside `/ready`.
+//! The app's readiness check (`appReadiness`), run in the background and
+//! read by `/ready`.
 //!
 //! The kubelet's rules, kept: a check passes on status 200-399; a ready app
 //! turns unready after `failureThreshold` failures in a row, checked once
 //! per `periodSeconds`; an unready app turns ready after `successThreshold`
 //! passes in a row; a new app (started or restarted) is unready until then,
-//! and not before `initialDelaySeconds`. One change, and the reason the
-//! check lives here: until the app first passes, every `/ready` checks it,
-//! and retries a quick failure for a moment, so the pod turns Ready as soon
-//! as the app does instead of a probe period later.
+//! and not before `initialDelaySeconds`.
+//!
+//! `/ready` never runs the check: it reads the verdict [`AppReadinessCheck::run`]
+//! keeps current, so a probe is answered at once whatever the app does (a
+//! slow check used to hold every probe behind it, and the kubelet gives up
+//! after its timeout, a second by default). To keep the one advantage of
+//! checking inside `/ready` (the pod turns Ready as soon as the app does,
+//! not a period later), an app that is not ready is checked often: every
+//! 50 ms at first, slowing to once a second (or the period, if shorter)
+//! over its first ten seconds up.
 
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::Mutex;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::config::AppReadiness;
 
-/// How long a `/ready` retries a check that failed fast (refused, 503)
-/// before the app has passed once. Within the kubelet's probe timeout,
-/// with room for the connect check that came before.
-const FIRST_PASS_WAIT: Duration = Duration::from_millis(700);
-/// Between those retries.
+/// How often an app that is not ready is checked at first.
 const RETRY_EVERY: Duration = Duration::from_millis(50);
+/// The slowest an app that is not ready is checked (or its period).
+const UNREADY_EVERY: Duration = Duration::from_secs(1);
+/// How often the loop looks for a reloaded `appReadiness` while it waits.
+const CONFIG_POLL: Duration = Duration::from_secs(1);
 /// Enough of the response to hold its status line.
 const STATUS_LINE_MAX: usize = 1024;
 
@@ -66,45 +74,83 @@ struct State {
     /// When the app was first seen listening (start of the initial delay);
     /// None again once it refuses connections (a restart starts over).
     up_since: Option<Instant>,
-    /// The app passed once since it came up: no more quick retries.
+    /// The app passed once since it came up.
     passed_since_up: bool,
 }
 
-/// The check's state across `/ready` calls; one per sidecar.
-#[derive(Debug, Default)]
+/// The check's verdict, kept current by [`AppReadinessCheck::run`]; one
+/// per sidecar.
+#[derive(Debug)]
 pub struct AppReadinessCheck {
     state: Mutex<State>,
+    /// The verdict, for readers that wait for a change (tests, logs).
+    ready_tx: watch::Sender<bool>,
+}
+
+impl Default for AppReadinessCheck {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(State::default()),
+            ready_tx: watch::channel(false).0,
+        }
+    }
 }
 
 impl AppReadinessCheck {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Whether the app counts as ready now, and the last outcome (for the
-    /// 503 text). Concurrent callers take turns: one check at a time.
-    pub async fn ready(&self, probe: &AppReadiness) -> (bool, Option<Outcome>) {
-        let mut state = self.state.lock().await;
-        let period = Duration::from_secs(u64::from(probe.period_seconds));
-        if let Some((at, _)) = &state.last
-            && state.ready
-            && at.elapsed() < period
-        {
-            return (true, state.last.as_ref().map(|(_, o)| o.clone()));
-        }
-        let started = Instant::now();
-        loop {
-            let outcome = check(probe).await;
-            state.record(probe, outcome);
-            // Until the app first passes, a quick failure is worth a retry:
-            // the app is coming up, and the next kubelet probe is a second
-            // away. A slow failure (a timeout) has used the wait up already.
-            if state.ready
-                || state.passes > 0
-                || state.passed_since_up
-                || started.elapsed() + RETRY_EVERY >= FIRST_PASS_WAIT
-            {
-                break;
-            }
-            tokio::time::sleep(RETRY_EVERY).await;
-        }
+    /// 503 text). Never waits: the lock is only held to copy the verdict.
+    pub fn verdict(&self) -> (bool, Option<Outcome>) {
+        let state = self.state();
         (state.ready, state.last.as_ref().map(|(_, o)| o.clone()))
+    }
+
+    /// Watches the verdict.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.ready_tx.subscribe()
+    }
+
+    /// Checks the app for the life of the process, one check at a time, on
+    /// the schedule in the module doc. `probe` gives the check in force (a
+    /// reload may add, change or remove it; a change starts over).
+    pub async fn run(&self, probe: impl Fn() -> Option<AppReadiness>) {
+        let mut current: Option<AppReadiness> = None;
+        loop {
+            let next = probe();
+            if next != current {
+                *self.state() = State::default();
+                self.ready_tx.send_replace(false);
+                current = next;
+            }
+            let Some(checking) = current.clone() else {
+                tokio::time::sleep(CONFIG_POLL).await;
+                continue;
+            };
+            let outcome = check(&checking).await;
+            let wait = {
+                let mut state = self.state();
+                state.record(&checking, outcome);
+                self.ready_tx.send_if_modified(|r| {
+                    let changed = *r != state.ready;
+                    *r = state.ready;
+                    changed
+                });
+                state.next_check_in(&checking)
+            };
+            // Sleep in steps, so a reload is picked up within CONFIG_POLL
+            // even with a period of hours.
+            let due = crate::drain::deadline(Instant::now(), wait);
+            loop {
+                let now = Instant::now();
+                if now >= due || probe() != current {
+                    break;
+                }
+                tokio::time::sleep(due.saturating_duration_since(now).min(CONFIG_POLL)).await;
+            }
+        }
     }
 }
 
@@ -124,7 +170,10 @@ impl State {
             self.passes = self.passes.saturating_add(1);
             self.failures = 0;
             let delay = Duration::from_secs(u64::from(probe.initial_delay_seconds));
-            if !self.ready && self.passes >= probe.success_threshold && now >= up_since + delay {
+            if !self.ready
+                && self.passes >= probe.success_threshold
+                && now >= crate::drain::deadline(up_since, delay)
+            {
                 self.ready = true;
             }
         } else {
@@ -135,6 +184,21 @@ impl State {
             }
         }
         self.last = Some((now, outcome));
+    }
+}
+
+impl State {
+    /// When to check next: a ready app once a period (the kubelet's
+    /// ticker); one that is not ready often, every 50 ms at first and
+    /// slower the longer it has been up (a tenth of that time), to at most
+    /// a second or the period.
+    fn next_check_in(&self, probe: &AppReadiness) -> Duration {
+        let period = Duration::from_secs(u64::from(probe.period_seconds));
+        if self.ready {
+            return period;
+        }
+        let up_for = self.up_since.map_or(Duration::ZERO, |at| at.elapsed());
+        (up_for / 10).clamp(RETRY_EVERY, UNREADY_EVERY.min(period).max(RETRY_EVERY))
     }
 }
 
@@ -312,15 +376,22 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_app_that_comes_up_during_ready_passes_in_the_same_call() {
+    async fn the_background_check_sees_a_late_app_and_verdicts_never_wait() {
         let free = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = free.local_addr().expect("addr").port();
         drop(free);
+        let checker = std::sync::Arc::new(AppReadinessCheck::default());
+        let mut ready = checker.subscribe();
+        let runner = {
+            let checker = checker.clone();
+            tokio::spawn(async move { checker.run(|| Some(probe(port))).await })
+        };
+        // No app yet: the verdict is there at once, and it is "not ready".
+        assert!(!checker.verdict().0);
+        let listener = TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("rebind");
         let late = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            let listener = TcpListener::bind(("127.0.0.1", port))
-                .await
-                .expect("rebind");
             while let Ok((mut conn, _)) = listener.accept().await {
                 let mut buf = [0u8; 1024];
                 let _ = conn.read(&mut buf).await;
@@ -329,9 +400,30 @@ mod tests {
                     .await;
             }
         });
-        let checker = AppReadinessCheck::default();
-        let (ready, last) = checker.ready(&probe(port)).await;
+        ready.wait_for(|r| *r).await.expect("checker alive");
+        assert!(checker.verdict().0);
+        runner.abort();
         late.abort();
-        assert!(ready, "the app came up 200 ms into a 700 ms wait: {last:?}");
+    }
+
+    #[test]
+    fn an_app_that_is_not_ready_is_checked_often_and_a_ready_one_once_a_period() {
+        let p = AppReadiness {
+            period_seconds: 10,
+            ..probe(1)
+        };
+        let mut s = State::default();
+        assert_eq!(s.next_check_in(&p), RETRY_EVERY);
+        s.record(&p, Outcome::Pass(200));
+        assert_eq!(s.next_check_in(&p), Duration::from_secs(10));
+        let huge = AppReadiness {
+            period_seconds: u32::MAX,
+            initial_delay_seconds: u32::MAX,
+            ..probe(1)
+        };
+        let mut s = State::default();
+        s.record(&huge, Outcome::Pass(200));
+        assert!(!s.ready, "inside a huge initial delay, and no panic");
+        assert!(s.next_check_in(&huge) <= UNREADY_EVERY);
     }
 }

@@ -223,6 +223,17 @@ mod tests {
     }
 
     #[test]
+    fn a_file_past_a_bound_keeps_the_last_good_config() {
+        let file = config_file("reload", "huge", "drain: {quiet: 5124095576030431h}\n");
+        let shared = shared(Config::default());
+        let err = reload(&shared, &file, &Overrides::default()).expect_err("past the bound");
+        assert!(err.to_string().contains("drain.quiet"), "{err}");
+        assert_eq!(shared.live.load().config, Config::default());
+        assert_eq!(shared.drain.timers(), Config::default().drain);
+        assert_eq!(shared.status().failed_reloads, 1);
+    }
+
+    #[test]
     fn socket_changes_need_a_restart() {
         let file = config_file(
             "reload",

@@ -5,22 +5,25 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::bounds::{self, MAX_DRAIN_TIMER, MAX_DURATION, count_in, duration_at_most, wide};
 use super::{ConfigError, HumanDuration};
 
 /// The drain protocol's timers (see docs/how-it-works.md, "The drain
-/// protocol, step by step").
+/// protocol, step by step"). Each timer is at most [`MAX_DRAIN_TIMER`]
+/// (1h), the operator's budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct DrainConfig {
-    /// Serve at least this long after the trigger: routers lag.
+    /// Serve at least this long after the trigger: routers lag. 0s to 1h.
     pub min_delay: HumanDuration,
     /// After `minDelay`, leave the grace phase once no new connection has
-    /// arrived for this long (the evidence that routers moved on).
+    /// arrived for this long (the evidence that routers moved on). 0s to 1h.
     pub quiet: HumanDuration,
-    /// Leave the grace phase at the latest after this long, evidence or not.
+    /// Leave the grace phase at the latest after this long, evidence or
+    /// not. `minDelay` to 1h.
     pub max_delay: HumanDuration,
     /// Once closing, wait at most this long for in-flight work, then close
-    /// what is left and count it as force-closed.
+    /// what is left and count it as force-closed. More than 0s, at most 1h.
     pub timeout: HumanDuration,
     /// How a downstream HTTP/2 connection is told to go (docs/http2-drain.md).
     pub http2_go_away: Http2GoAway,
@@ -39,13 +42,13 @@ pub struct DrainConfig {
     /// With `goingAway`: the closes of all WebSocket sessions are spread
     /// over this window, which ends at the drain deadline (each session
     /// picks a random point in it), so their clients do not all reconnect
-    /// at once. Capped by `timeout`.
+    /// at once. Capped by `timeout`; 0s to 1h.
     #[serde(skip_serializing_if = "is_default_close_window")]
     pub websocket_close_window: HumanDuration,
     /// With `goingAway`: how long a session waits for the peers' Close
     /// replies (and for a frame in flight to end) before its TCP close.
     /// Capped by `timeout` (not refused: a timeout shorter than this
-    /// default was valid before the key existed).
+    /// default was valid before the key existed); 0s to 1h.
     #[serde(skip_serializing_if = "is_default_close_wait")]
     pub websocket_close_wait: HumanDuration,
 }
@@ -179,35 +182,39 @@ impl Default for DrainConfig {
 impl DrainConfig {
     /// The longest a drain can take from trigger to `Drained`.
     pub fn worst_case(&self) -> Duration {
-        self.max_delay.get() + self.timeout.get()
+        self.max_delay.get().saturating_add(self.timeout.get())
     }
 }
 
-/// Protection against malformed and abusive downstream traffic.
+/// Protection against malformed and abusive downstream traffic. Every
+/// duration here is at most [`MAX_DURATION`] (24h); each count's range is
+/// in its comment ([`bounds`] holds them all).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct LimitsConfig {
     /// Largest request head (request line + headers) in bytes; beyond it
-    /// HTTP/1 gets 431.
+    /// HTTP/1 gets 431. 1024 to 1048576 (1 MiB).
     pub max_header_bytes: usize,
-    /// Most headers in one request.
+    /// Most headers in one request: 1 to 1000.
     pub max_headers: usize,
     /// A client must send its whole request head within this (slowloris).
     pub header_read_timeout: HumanDuration,
     /// Largest request body in bytes; 0 means unlimited. Beyond it: 413.
+    /// At most 1 TiB.
     pub max_request_body_bytes: u64,
     /// Close a downstream keep-alive connection idle for this long.
     pub downstream_idle_timeout: HumanDuration,
     /// Most concurrent HTTP/2 streams per downstream connection, announced
     /// in SETTINGS_MAX_CONCURRENT_STREAMS (hyper's default, 200). A client
     /// that opens more gets REFUSED_STREAM for the extra ones, which it may
-    /// retry; conforming clients queue them.
+    /// retry; conforming clients queue them. 1 to 65536.
     pub max_concurrent_streams: u32,
     /// An HTTP/1 request body must arrive within this, extended by one
     /// second per `bodyMinRate` bytes received (Apache mod_reqtimeout's
     /// rule): a trickling sender gets 408. 0s turns it off.
     pub body_read_timeout: HumanDuration,
-    /// Bytes per second that earn a slow upload one more second.
+    /// Bytes per second that earn a slow upload one more second; at most
+    /// 1 GiB/s.
     pub body_min_rate: u64,
     /// A client that takes no response byte for this long while one is
     /// waiting to be written is cut, which frees its app connection
@@ -217,12 +224,12 @@ pub struct LimitsConfig {
     /// connection after no byte moved either way for this long. 0s: never.
     pub tunnel_idle_timeout: HumanDuration,
     /// Downstream connections (tunnels included) open at once; past it new
-    /// connections are closed at once. 0: no limit.
+    /// connections are closed at once. 0: no limit; at most 1000000.
     pub max_connections: usize,
     /// Admin connections open at once. Past it a new admin connection is
     /// still served for one request with a 1s header timeout, but only
     /// `/live`, `/ready` and a token-bearing `/drain` (probes and the
-    /// preStop hook must keep working); everything else gets 503.
+    /// preStop hook must keep working); everything else gets 503. 1 to 1024.
     pub admin_max_connections: usize,
 }
 
@@ -245,7 +252,9 @@ impl Default for LimitsConfig {
     }
 }
 
-/// The pooled keep-alive connections from the sidecar to the app.
+/// The pooled keep-alive connections from the sidecar to the app. Every
+/// duration here is at most 1h ([`MAX_DRAIN_TIMER`]) except `idleTimeout`
+/// (24h).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct UpstreamPoolConfig {
@@ -254,8 +263,9 @@ pub struct UpstreamPoolConfig {
     /// proxy never reuses a socket the app is closing.
     pub idle_timeout: HumanDuration,
     /// Idle connections kept per upstream; sized for bursts so a burst never
-    /// degrades into a connection per request.
+    /// degrades into a connection per request. At most 65536.
     pub max_idle: usize,
+    /// More than 0s.
     pub connect_timeout: HumanDuration,
     /// While the app refuses connections (its container is restarting:
     /// liveness kill, crash, OOM kill), a request waits up to this long for
@@ -297,25 +307,38 @@ impl DrainConfig {
                 "must be more than 0s, or every in-flight request is cut at once",
             ));
         }
+        for (field, value) in [
+            ("minDelay", self.min_delay),
+            ("quiet", self.quiet),
+            ("maxDelay", self.max_delay),
+            ("timeout", self.timeout),
+            ("websocketCloseWindow", self.websocket_close_window),
+            ("websocketCloseWait", self.websocket_close_wait),
+        ] {
+            duration_at_most(key, field, value, MAX_DRAIN_TIMER)?;
+        }
         Ok(())
     }
 }
 
 impl LimitsConfig {
     pub fn validate(&self, key: &str) -> Result<(), ConfigError> {
-        if self.max_header_bytes < 1024 {
-            return Err(ConfigError::at(
-                key,
-                "maxHeaderBytes",
-                format!(
-                    "{} is too small for real clients; use at least 1024",
-                    self.max_header_bytes
-                ),
-            ));
-        }
-        if self.max_headers == 0 {
-            return Err(ConfigError::at(key, "maxHeaders", "must be at least 1"));
-        }
+        count_in(
+            key,
+            "maxHeaderBytes",
+            wide(self.max_header_bytes),
+            wide(bounds::MIN_HEADER_BYTES),
+            wide(bounds::MAX_HEADER_BYTES),
+            "real clients need 1 KiB; a head is buffered whole",
+        )?;
+        count_in(
+            key,
+            "maxHeaders",
+            wide(self.max_headers),
+            1,
+            wide(bounds::MAX_HEADERS),
+            "",
+        )?;
         if self.header_read_timeout.get().is_zero() {
             return Err(ConfigError::at(
                 key,
@@ -337,6 +360,40 @@ impl LimitsConfig {
                 "must be at least 1; the kubelet's probes need the admin port",
             ));
         }
+        for (field, value, max) in [
+            (
+                "maxRequestBodyBytes",
+                self.max_request_body_bytes,
+                bounds::MAX_REQUEST_BODY_BYTES,
+            ),
+            (
+                "maxConcurrentStreams",
+                u64::from(self.max_concurrent_streams),
+                u64::from(bounds::MAX_CONCURRENT_STREAMS),
+            ),
+            ("bodyMinRate", self.body_min_rate, bounds::MAX_BODY_MIN_RATE),
+            (
+                "maxConnections",
+                wide(self.max_connections),
+                wide(bounds::MAX_CONNECTIONS),
+            ),
+            (
+                "adminMaxConnections",
+                wide(self.admin_max_connections),
+                wide(bounds::MAX_ADMIN_CONNECTIONS),
+            ),
+        ] {
+            count_in(key, field, value, 0, max, "")?;
+        }
+        for (field, value) in [
+            ("headerReadTimeout", self.header_read_timeout),
+            ("downstreamIdleTimeout", self.downstream_idle_timeout),
+            ("bodyReadTimeout", self.body_read_timeout),
+            ("writeTimeout", self.write_timeout),
+            ("tunnelIdleTimeout", self.tunnel_idle_timeout),
+        ] {
+            duration_at_most(key, field, value, MAX_DURATION)?;
+        }
         Ok(())
     }
 }
@@ -350,6 +407,17 @@ impl UpstreamPoolConfig {
                 "must be more than 0s",
             ));
         }
+        count_in(
+            key,
+            "maxIdle",
+            wide(self.max_idle),
+            0,
+            wide(bounds::MAX_POOL_IDLE),
+            "",
+        )?;
+        duration_at_most(key, "idleTimeout", self.idle_timeout, MAX_DURATION)?;
+        duration_at_most(key, "connectTimeout", self.connect_timeout, MAX_DRAIN_TIMER)?;
+        duration_at_most(key, "holdTimeout", self.hold_timeout, MAX_DRAIN_TIMER)?;
         Ok(())
     }
 }

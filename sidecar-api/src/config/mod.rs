@@ -33,6 +33,7 @@ macro_rules! serde_as_text {
     )*};
 }
 
+pub mod bounds;
 mod duration;
 mod limits;
 mod readiness;
@@ -46,13 +47,14 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
+pub use bounds::{MAX_RETRY_BODY_BYTES, MAX_WORKERS};
 pub use duration::HumanDuration;
 pub use limits::{
     DrainConfig, DrainGrpcHealth, DrainReadiness, Http2GoAway, LimitsConfig, UpstreamPoolConfig,
     WebSocketClose,
 };
 pub use readiness::{AppReadiness, ProbeHeader};
-pub use retry::{MAX_RETRY_BODY_BYTES, RetryBudgetConfig, RouteRetry};
+pub use retry::{RetryBudgetConfig, RouteRetry};
 pub use route::{
     CATCH_ALL_ROUTE, CircuitBreakerConfig, FALLBACK_HEADER, FailureKind, FallbackConfig,
     RouteConfig, RouteMatch,
@@ -87,10 +89,6 @@ fn is_one(n: &usize) -> bool {
     *n == 1
 }
 
-/// The most `workers` accepted: each is a listening socket and an accept
-/// loop; beyond this it is a typo, not a tuning.
-pub const MAX_WORKERS: usize = 64;
-
 /// The whole sidecar configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
@@ -102,14 +100,16 @@ pub struct Config {
     /// Several instances of the app (blue/green slots during an app
     /// upgrade): new requests go to the one that most recently became
     /// reachable, requests in flight finish where they started. When set,
-    /// `upstream` is its first entry (see [`Config::normalize`]).
+    /// `upstream` is its first entry (see [`Config::normalize`]). At most
+    /// [`bounds::MAX_UPSTREAMS`] (16).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub upstreams: Vec<Endpoint>,
     /// Admin port: /live, /ready, /drain, /metrics, /config, /breakers.
     /// Loopback by default; a non-loopback address needs a drain token
     /// (or `--admin-insecure`), or the sidecar refuses to start.
     pub admin: Endpoint,
-    /// Accept loops on as many `SO_REUSEPORT` listeners (TCP listen only).
+    /// Accept loops on as many `SO_REUSEPORT` listeners (TCP listen only):
+    /// 1 to [`MAX_WORKERS`] (64).
     #[serde(skip_serializing_if = "is_one")]
     pub workers: usize,
     /// Permissions of a `unix:` listen socket, in octal (`"0660"`); without
@@ -129,6 +129,7 @@ pub struct Config {
     /// version). A request offering anything else is forwarded as a plain
     /// request with `Upgrade` removed, as a server that does not speak the
     /// protocol would answer it (RFC 9110 §7.8): `h2c` never reaches the app.
+    /// At most [`bounds::MAX_UPGRADE_PROTOCOLS`] (32).
     pub upgrade_protocols: Vec<String>,
     /// Which client-supplied forwarding headers to believe.
     pub forwarded: ForwardedConfig,
@@ -136,7 +137,8 @@ pub struct Config {
     #[serde(skip_serializing_if = "ProxyConfig::is_default")]
     pub proxy: ProxyConfig,
     /// Per-route policy; first match wins, and a built-in default route
-    /// (no timeout, no breaker) catches the rest.
+    /// (no timeout, no breaker) catches the rest. At most
+    /// [`bounds::MAX_ROUTES`] (1024).
     pub routes: Vec<RouteConfig>,
     /// The app's own HTTP readiness check, run behind `/ready` (the webhook
     /// moves an app's `httpGet` readiness probe here: one probe per pod).
@@ -159,7 +161,8 @@ pub struct ForwardedConfig {
     /// Proxies in front of the sidecar whose `X-Forwarded-Proto` is
     /// believed. 0 (the default): the sidecar sets it from the connection
     /// it accepted (`http`), whatever the client sent; 1 or more: a value
-    /// the client (the trusted balancer) sent is kept.
+    /// the client (the trusted balancer) sent is kept. At most
+    /// [`bounds::MAX_TRUSTED_HOPS`] (64).
     pub trusted_hops: u32,
 }
 
@@ -264,6 +267,7 @@ impl Config {
         if let Some(readiness) = &self.app_readiness {
             readiness.validate("appReadiness")?;
         }
+        self.validate_sizes()?;
         for (i, protocol) in self.upgrade_protocols.iter().enumerate() {
             let token_ok = !protocol.is_empty()
                 && protocol
@@ -333,6 +337,34 @@ impl Config {
             route.validate(&key)?;
         }
         Ok(())
+    }
+
+    /// The lists and counts at the top level, within [`bounds`].
+    fn validate_sizes(&self) -> Result<(), ConfigError> {
+        for (key, len, max) in [
+            ("upstreams", self.upstreams.len(), bounds::MAX_UPSTREAMS),
+            ("routes", self.routes.len(), bounds::MAX_ROUTES),
+            (
+                "upgradeProtocols",
+                self.upgrade_protocols.len(),
+                bounds::MAX_UPGRADE_PROTOCOLS,
+            ),
+        ] {
+            if len > max {
+                return Err(ConfigError::new(
+                    key,
+                    format!("{len} entries are too many; use at most {max}"),
+                ));
+            }
+        }
+        bounds::count_in(
+            "forwarded",
+            "trustedHops",
+            u64::from(self.forwarded.trusted_hops),
+            0,
+            u64::from(bounds::MAX_TRUSTED_HOPS),
+            "",
+        )
     }
 
     /// `endpoint` (the key `key`) must not be the listen address. Port 0

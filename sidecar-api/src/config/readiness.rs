@@ -13,6 +13,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
+use super::bounds::{self, MAX_PROBE_SECONDS, MAX_PROBE_THRESHOLD, count_in, wide};
 
 /// An HTTP GET against the app, as a Kubernetes `httpGet` readiness probe
 /// describes it. Status 200-399 passes, as the kubelet counts it.
@@ -24,26 +25,28 @@ pub struct AppReadiness {
     /// The path with its query, as the probe gives it.
     #[serde(default = "root_path")]
     pub path: String,
-    /// Extra request headers (`httpHeaders` of the probe).
+    /// Extra request headers (`httpHeaders` of the probe), at most 64.
+    /// Their values are redacted in `GET /config` (they often carry a
+    /// bearer token).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headers: Vec<ProbeHeader>,
-    /// How often the app is checked once it has passed; until it first
-    /// passes, every `/ready` checks it.
+    /// How often the app is checked once it has passed (until it first
+    /// passes, it is checked every 50 ms): 1 to 86400.
     #[serde(default = "ten")]
     pub period_seconds: u32,
-    /// How long one check may take.
+    /// How long one check may take: 1 to 86400.
     #[serde(default = "one")]
     pub timeout_seconds: u32,
-    /// Passes in a row that make a failing app ready again.
+    /// Passes in a row that make a failing app ready again: 1 to 10000.
     #[serde(default = "one")]
     pub success_threshold: u32,
-    /// Failures in a row that make a ready app unready.
+    /// Failures in a row that make a ready app unready: 1 to 10000.
     #[serde(default = "three")]
     pub failure_threshold: u32,
     /// Not ready before this long after the app was first seen up (the
     /// kubelet counts from the container's start, which the sidecar cannot
     /// see; the app accepting connections comes after it, so this errs on
-    /// the late side).
+    /// the late side). 0 to 86400.
     #[serde(default)]
     pub initial_delay_seconds: u32,
 }
@@ -104,20 +107,45 @@ impl AppReadiness {
                 ),
             ));
         }
-        for (name, value) in [
-            ("periodSeconds", self.period_seconds),
-            ("timeoutSeconds", self.timeout_seconds),
-            ("successThreshold", self.success_threshold),
-            ("failureThreshold", self.failure_threshold),
+        for (name, value, min, max) in [
+            ("periodSeconds", self.period_seconds, 1, MAX_PROBE_SECONDS),
+            ("timeoutSeconds", self.timeout_seconds, 1, MAX_PROBE_SECONDS),
+            (
+                "initialDelaySeconds",
+                self.initial_delay_seconds,
+                0,
+                MAX_PROBE_SECONDS,
+            ),
+            (
+                "successThreshold",
+                self.success_threshold,
+                1,
+                MAX_PROBE_THRESHOLD,
+            ),
+            (
+                "failureThreshold",
+                self.failure_threshold,
+                1,
+                MAX_PROBE_THRESHOLD,
+            ),
         ] {
-            if value == 0 {
-                return Err(ConfigError::at(
-                    key,
-                    name,
-                    "must be at least 1, as in a Kubernetes probe",
-                ));
-            }
+            count_in(
+                key,
+                name,
+                u64::from(value),
+                min,
+                u64::from(max),
+                "as in a Kubernetes probe, within a day",
+            )?;
         }
+        count_in(
+            key,
+            "headers",
+            wide(self.headers.len()),
+            0,
+            wide(bounds::MAX_PROBE_HEADERS),
+            "",
+        )?;
         for (i, h) in self.headers.iter().enumerate() {
             let token = !h.name.is_empty()
                 && h.name

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
+use super::bounds::{self, MAX_RETRY_BODY_BYTES};
 
 /// How many retries the sidecar may add to the app's traffic. A request
 /// is retried only when the app cannot have seen it (its HTTP/2 stream
@@ -16,11 +17,17 @@ pub struct RetryBudgetConfig {
     /// Retries allowed per request sent, over the last ten seconds.
     pub ratio: f64,
     /// Retries allowed per second regardless of traffic (a floor for
-    /// quiet apps), over the same ten seconds.
+    /// quiet apps), over the same ten seconds. At most
+    /// [`bounds::MAX_RETRY_MIN_PER_SECOND`] (10000).
     pub min_per_second: u32,
     /// The request body kept for a retry; a larger body is passed on
     /// without being kept, and its request is not retried. 0 turns
-    /// retries off.
+    /// retries off. At most [`MAX_RETRY_BODY_BYTES`] (16 MiB). This is
+    /// what the kept body holds in memory, however the client split it:
+    /// the sidecar copies it into 16 KiB buffers (`upstream/replay.rs`)
+    /// instead of keeping the client's frames, so it holds at most this
+    /// plus one buffer and a handle per 16 KiB (64 KiB sent as one-byte
+    /// chunks held 2.4 MiB before).
     pub max_body_bytes: u64,
 }
 
@@ -36,9 +43,6 @@ impl Default for RetryBudgetConfig {
         }
     }
 }
-
-/// The most body bytes kept per request for a retry.
-pub const MAX_RETRY_BODY_BYTES: u64 = 16 * 1024 * 1024;
 
 impl RetryBudgetConfig {
     pub(super) fn is_default(&self) -> bool {
@@ -61,12 +65,20 @@ impl RetryBudgetConfig {
                 ),
             ));
         }
+        bounds::count_in(
+            key,
+            "minPerSecond",
+            u64::from(self.min_per_second),
+            0,
+            u64::from(bounds::MAX_RETRY_MIN_PER_SECOND),
+            "",
+        )?;
         if self.max_body_bytes > MAX_RETRY_BODY_BYTES {
             return Err(ConfigError::at(
                 key,
                 "maxBodyBytes",
                 format!(
-                    "{} is over {MAX_RETRY_BODY_BYTES}: each request in flight may keep this much memory",
+                    "{} is out of range; use 0 to {MAX_RETRY_BODY_BYTES}: each request in flight may keep this much memory",
                     self.max_body_bytes
                 ),
             ));

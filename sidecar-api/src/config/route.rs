@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::bounds::{self, MAX_BREAKER_COUNT, MAX_DURATION, count_in, duration_at_most, wide};
 use super::{ConfigError, HumanDuration};
 
 /// Name of the catch-all route: the sidecar's built-in route for whatever no
@@ -21,7 +22,8 @@ pub struct RouteConfig {
     pub name: String,
     #[serde(default, rename = "match")]
     pub matcher: RouteMatch,
-    /// Upstream request timeout for this route (counts as a failure).
+    /// Upstream request timeout for this route (counts as a failure):
+    /// more than 0s, at most 24h.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<HumanDuration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -129,7 +131,9 @@ impl<'de> Deserialize<'de> for FailureKind {
     }
 }
 
-/// Concurrency limit, queue and breaker for one route.
+/// Concurrency limit, queue and breaker for one route. Every duration is
+/// at most 24h ([`MAX_DURATION`]); every count at most 1000000
+/// ([`MAX_BREAKER_COUNT`]), `halfOpenProbes` at most 1000.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct CircuitBreakerConfig {
@@ -186,6 +190,7 @@ pub const FALLBACK_HEADER: &str = "x-kubegrace-fallback";
 pub struct FallbackConfig {
     pub status: u16,
     pub content_type: String,
+    /// At most 1 MiB.
     pub body: String,
 }
 
@@ -230,14 +235,15 @@ impl RouteConfig {
                 ));
             }
         }
-        if let Some(t) = self.timeout
-            && t.get().is_zero()
-        {
-            return Err(ConfigError::at(
-                key,
-                "timeout",
-                "must be more than 0s; leave it out for no timeout",
-            ));
+        if let Some(t) = self.timeout {
+            if t.get().is_zero() {
+                return Err(ConfigError::at(
+                    key,
+                    "timeout",
+                    "must be more than 0s; leave it out for no timeout",
+                ));
+            }
+            duration_at_most(key, "timeout", t, MAX_DURATION)?;
         }
         if let Some(cb) = &self.circuit_breaker {
             cb.validate(&format!("{key}.circuitBreaker"))?;
@@ -309,6 +315,32 @@ impl CircuitBreakerConfig {
                 "must be more than 0s when maxQueue is above 0",
             ));
         }
+        for (field, value, max) in [
+            ("maxConcurrent", self.max_concurrent, MAX_BREAKER_COUNT),
+            ("maxQueue", self.max_queue, MAX_BREAKER_COUNT),
+            ("minRequests", self.min_requests, MAX_BREAKER_COUNT),
+            (
+                "consecutiveFailures",
+                self.consecutive_failures,
+                MAX_BREAKER_COUNT,
+            ),
+            (
+                "halfOpenProbes",
+                self.half_open_probes,
+                bounds::MAX_HALF_OPEN_PROBES,
+            ),
+            ("minConcurrent", self.min_concurrent, MAX_BREAKER_COUNT),
+        ] {
+            count_in(key, field, u64::from(value), 0, u64::from(max), "")?;
+        }
+        for (field, value) in [
+            ("queueTimeout", self.queue_timeout),
+            ("window", self.window),
+            ("openFor", self.open_for),
+            ("maxOpenFor", self.max_open_for),
+        ] {
+            duration_at_most(key, field, value, MAX_DURATION)?;
+        }
         Ok(())
     }
 }
@@ -335,6 +367,14 @@ impl FallbackConfig {
                 "is not a valid header value",
             ));
         }
+        count_in(
+            key,
+            "body",
+            wide(self.body.len()),
+            0,
+            wide(bounds::MAX_FALLBACK_BODY_BYTES),
+            "bytes",
+        )?;
         Ok(())
     }
 }

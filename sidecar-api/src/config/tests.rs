@@ -146,3 +146,274 @@ fn retry_budget_ranges_name_the_key() {
     let config = from_yaml("routes: [{name: reads, retry: {idempotent: true}}]").expect("valid");
     assert!(config.routes[0].retry.is_some_and(|r| r.idempotent));
 }
+
+/// Each bounded key: a file at its bound loads, one step past it is
+/// refused naming the key and the allowed range.
+#[test]
+fn every_bound_holds_at_the_bound_and_refuses_past_it() {
+    let r = "routes: [{name: r, ";
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "drain: {minDelay: 1h, maxDelay: 1h}",
+            "drain: {minDelay: 1h1ns, maxDelay: 1h1ns}",
+            "drain.minDelay",
+        ),
+        ("drain: {quiet: 1h}", "drain: {quiet: 3601s}", "drain.quiet"),
+        (
+            "drain: {maxDelay: 1h}",
+            "drain: {maxDelay: 1h1ms}",
+            "drain.maxDelay",
+        ),
+        (
+            "drain: {timeout: 1h}",
+            "drain: {timeout: 1h1ns}",
+            "drain.timeout",
+        ),
+        (
+            "drain: {websocketCloseWindow: 1h}",
+            "drain: {websocketCloseWindow: 2h}",
+            "drain.websocketCloseWindow",
+        ),
+        (
+            "drain: {websocketCloseWait: 1h}",
+            "drain: {websocketCloseWait: 2h}",
+            "drain.websocketCloseWait",
+        ),
+        (
+            "limits: {maxHeaderBytes: 1048576}",
+            "limits: {maxHeaderBytes: 1048577}",
+            "limits.maxHeaderBytes",
+        ),
+        (
+            "limits: {maxHeaders: 1000}",
+            "limits: {maxHeaders: 1001}",
+            "limits.maxHeaders",
+        ),
+        (
+            "limits: {headerReadTimeout: 24h}",
+            "limits: {headerReadTimeout: 24h1ns}",
+            "limits.headerReadTimeout",
+        ),
+        (
+            "limits: {maxRequestBodyBytes: 1099511627776}",
+            "limits: {maxRequestBodyBytes: 1099511627777}",
+            "limits.maxRequestBodyBytes",
+        ),
+        (
+            "limits: {downstreamIdleTimeout: 1d}",
+            "limits: {downstreamIdleTimeout: 2d}",
+            "limits.downstreamIdleTimeout",
+        ),
+        (
+            "limits: {maxConcurrentStreams: 65536}",
+            "limits: {maxConcurrentStreams: 65537}",
+            "limits.maxConcurrentStreams",
+        ),
+        (
+            "limits: {bodyReadTimeout: 24h}",
+            "limits: {bodyReadTimeout: 25h}",
+            "limits.bodyReadTimeout",
+        ),
+        (
+            "limits: {bodyMinRate: 1073741824}",
+            "limits: {bodyMinRate: 1073741825}",
+            "limits.bodyMinRate",
+        ),
+        (
+            "limits: {writeTimeout: 24h}",
+            "limits: {writeTimeout: 5124095576030431h}",
+            "limits.writeTimeout",
+        ),
+        (
+            "limits: {tunnelIdleTimeout: 24h}",
+            "limits: {tunnelIdleTimeout: 1y}",
+            "limits.tunnelIdleTimeout",
+        ),
+        (
+            "limits: {maxConnections: 1000000}",
+            "limits: {maxConnections: 1000001}",
+            "limits.maxConnections",
+        ),
+        (
+            "limits: {adminMaxConnections: 1024}",
+            "limits: {adminMaxConnections: 1025}",
+            "limits.adminMaxConnections",
+        ),
+        (
+            "upstreamPool: {idleTimeout: 24h}",
+            "upstreamPool: {idleTimeout: 24h1s}",
+            "upstreamPool.idleTimeout",
+        ),
+        (
+            "upstreamPool: {maxIdle: 65536}",
+            "upstreamPool: {maxIdle: 65537}",
+            "upstreamPool.maxIdle",
+        ),
+        (
+            "upstreamPool: {connectTimeout: 1h}",
+            "upstreamPool: {connectTimeout: 61m}",
+            "upstreamPool.connectTimeout",
+        ),
+        (
+            "upstreamPool: {holdTimeout: 1h}",
+            "upstreamPool: {holdTimeout: 61m}",
+            "upstreamPool.holdTimeout",
+        ),
+        (
+            "retryBudget: {minPerSecond: 10000}",
+            "retryBudget: {minPerSecond: 10001}",
+            "retryBudget.minPerSecond",
+        ),
+        (
+            "retryBudget: {maxBodyBytes: 16777216}",
+            "retryBudget: {maxBodyBytes: 16777217}",
+            "retryBudget.maxBodyBytes",
+        ),
+        (
+            "forwarded: {trustedHops: 64}",
+            "forwarded: {trustedHops: 65}",
+            "forwarded.trustedHops",
+        ),
+        ("workers: 64", "workers: 65", "workers"),
+        (
+            "appReadiness: {port: 1, periodSeconds: 86400}",
+            "appReadiness: {port: 1, periodSeconds: 86401}",
+            "appReadiness.periodSeconds",
+        ),
+        (
+            "appReadiness: {port: 1, timeoutSeconds: 86400}",
+            "appReadiness: {port: 1, timeoutSeconds: 86401}",
+            "appReadiness.timeoutSeconds",
+        ),
+        (
+            "appReadiness: {port: 1, initialDelaySeconds: 86400}",
+            "appReadiness: {port: 1, initialDelaySeconds: 4294967295}",
+            "appReadiness.initialDelaySeconds",
+        ),
+        (
+            "appReadiness: {port: 1, successThreshold: 10000}",
+            "appReadiness: {port: 1, successThreshold: 10001}",
+            "appReadiness.successThreshold",
+        ),
+        (
+            "appReadiness: {port: 1, failureThreshold: 10000}",
+            "appReadiness: {port: 1, failureThreshold: 10001}",
+            "appReadiness.failureThreshold",
+        ),
+    ];
+    for (at, past, key) in cases {
+        from_yaml(at).unwrap_or_else(|e| panic!("{at}: {e}"));
+        let err = from_yaml(past).expect_err(past);
+        assert_eq!(&err.key, key, "{past}: {err}");
+        assert!(
+            err.message.contains(" to "),
+            "{past}: the range is named: {err}"
+        );
+    }
+    let breaker = [
+        (
+            "maxConcurrent: 1000000",
+            "maxConcurrent: 1000001",
+            "maxConcurrent",
+        ),
+        ("maxQueue: 1000000", "maxQueue: 1000001", "maxQueue"),
+        (
+            "minRequests: 1000000",
+            "minRequests: 1000001",
+            "minRequests",
+        ),
+        (
+            "consecutiveFailures: 1000000",
+            "consecutiveFailures: 4294967295",
+            "consecutiveFailures",
+        ),
+        (
+            "halfOpenProbes: 1000",
+            "halfOpenProbes: 1001",
+            "halfOpenProbes",
+        ),
+        ("queueTimeout: 24h", "queueTimeout: 25h", "queueTimeout"),
+        ("window: 24h", "window: 25h", "window"),
+        (
+            "openFor: 24h, maxOpenFor: 24h",
+            "openFor: 24h1s, maxOpenFor: 24h1s",
+            "openFor",
+        ),
+        ("maxOpenFor: 24h", "maxOpenFor: 25h", "maxOpenFor"),
+    ];
+    for (at, past, field) in breaker {
+        let at = format!("{r}circuitBreaker: {{{at}}}}}]");
+        let past = format!("{r}circuitBreaker: {{{past}}}}}]");
+        from_yaml(&at).unwrap_or_else(|e| panic!("{at}: {e}"));
+        let err = from_yaml(&past).expect_err(&past);
+        assert_eq!(
+            err.key,
+            format!("routes[0].circuitBreaker.{field}"),
+            "{err}"
+        );
+    }
+    from_yaml(&format!("{r}timeout: 24h}}]")).expect("route timeout at the bound");
+    let err = from_yaml(&format!("{r}timeout: 5124095576030431h}}]")).expect_err("too long");
+    assert_eq!(err.key, "routes[0].timeout", "{err}");
+    let body = "x".repeat(bounds::MAX_FALLBACK_BODY_BYTES);
+    from_yaml(&format!("{r}fallback: {{body: {body}}}}}]")).expect("body at the bound");
+    let err = from_yaml(&format!("{r}fallback: {{body: {body}x}}}}]")).expect_err("body");
+    assert_eq!(err.key, "routes[0].fallback.body", "{err}");
+}
+
+#[test]
+fn list_sizes_are_bounded() {
+    let protocols = |n: usize| format!("upgradeProtocols: [{}]", vec!["ws"; n].join(", "));
+    from_yaml(&protocols(bounds::MAX_UPGRADE_PROTOCOLS)).expect("at the bound");
+    assert_eq!(
+        from_yaml(&protocols(bounds::MAX_UPGRADE_PROTOCOLS + 1))
+            .expect_err("past")
+            .key,
+        "upgradeProtocols"
+    );
+    let routes = |n: usize| {
+        let list: Vec<String> = (0..n).map(|i| format!("{{name: r{i}}}")).collect();
+        format!("routes: [{}]", list.join(", "))
+    };
+    from_yaml(&routes(bounds::MAX_ROUTES)).expect("at the bound");
+    assert_eq!(
+        from_yaml(&routes(bounds::MAX_ROUTES + 1))
+            .expect_err("past")
+            .key,
+        "routes"
+    );
+    let upstreams = |n: usize| {
+        let list: Vec<String> = (0..n).map(|i| format!("127.0.0.1:{}", 9000 + i)).collect();
+        format!("upstream: 127.0.0.1:9000\nupstreams: [{}]", list.join(", "))
+    };
+    from_yaml(&upstreams(bounds::MAX_UPSTREAMS)).expect("at the bound");
+    assert_eq!(
+        from_yaml(&upstreams(bounds::MAX_UPSTREAMS + 1))
+            .expect_err("past")
+            .key,
+        "upstreams"
+    );
+    let headers = |n: usize| {
+        let list: Vec<String> = (0..n)
+            .map(|i| format!("{{name: X-{i}, value: v}}"))
+            .collect();
+        format!("appReadiness: {{port: 1, headers: [{}]}}", list.join(", "))
+    };
+    from_yaml(&headers(bounds::MAX_PROBE_HEADERS)).expect("at the bound");
+    assert_eq!(
+        from_yaml(&headers(bounds::MAX_PROBE_HEADERS + 1))
+            .expect_err("past")
+            .key,
+        "appReadiness.headers"
+    );
+}
+
+#[test]
+fn the_worst_case_drain_sums_without_overflow() {
+    let drain = DrainConfig {
+        max_delay: HumanDuration(std::time::Duration::MAX),
+        timeout: HumanDuration(std::time::Duration::MAX),
+        ..DrainConfig::default()
+    };
+    assert_eq!(drain.worst_case(), std::time::Duration::MAX);
+}

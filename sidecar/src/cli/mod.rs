@@ -398,6 +398,24 @@ impl Overrides {
             "limits.maxConcurrentStreams" if self.max_concurrent_streams.is_some() => {
                 Some("--max-concurrent-streams")
             }
+            "drain.websocketCloseWindow" if self.drain_websocket_close_window.is_some() => {
+                Some("--drain-websocket-close-window")
+            }
+            "drain.websocketCloseWait" if self.drain_websocket_close_wait.is_some() => {
+                Some("--drain-websocket-close-wait")
+            }
+            "limits.bodyReadTimeout" if self.body_read_timeout.is_some() => {
+                Some("--body-read-timeout")
+            }
+            "limits.writeTimeout" if self.write_timeout.is_some() => Some("--write-timeout"),
+            "limits.tunnelIdleTimeout" if self.tunnel_idle_timeout.is_some() => {
+                Some("--tunnel-idle-timeout")
+            }
+            "limits.maxConnections" if self.max_connections.is_some() => Some("--max-connections"),
+            "forwarded.trustedHops" if self.trusted_hops.is_some() => Some("--trusted-hops"),
+            "upstreamPool.holdTimeout" if self.upstream_hold_timeout.is_some() => {
+                Some("--upstream-hold-timeout")
+            }
             "upstream" if !self.upstream.is_empty() => Some("--upstream"),
             k if k.starts_with("upstreams[") && !self.upstream.is_empty() => Some("--upstream"),
             "workers" if self.workers.is_some() => Some("--workers"),

@@ -285,3 +285,53 @@ fn version_names_the_program_crate_version_and_revision() {
         want
     );
 }
+
+/// Flags and their environment twins go through the file's bounds: past
+/// one, the error names the key, the flag and the allowed range.
+#[test]
+fn flags_past_a_bound_are_refused_naming_key_and_flag() {
+    for (args, key, flag) in [
+        (
+            ["--drain-quiet", "5124095576030431h"],
+            "drain.quiet",
+            "--drain-quiet",
+        ),
+        (
+            ["--drain-timeout", "1h1s"],
+            "drain.timeout",
+            "--drain-timeout",
+        ),
+        (
+            ["--write-timeout", "25h"],
+            "limits.writeTimeout",
+            "--write-timeout",
+        ),
+        (
+            ["--max-connections", "1000001"],
+            "limits.maxConnections",
+            "--max-connections",
+        ),
+        (
+            ["--trusted-hops", "65"],
+            "forwarded.trustedHops",
+            "--trusted-hops",
+        ),
+        (
+            ["--upstream-hold-timeout", "2h"],
+            "upstreamPool.holdTimeout",
+            "--upstream-hold-timeout",
+        ),
+    ] {
+        let c = cli(&args).expect("parse");
+        let err = load(None, &c.settings().overrides).expect_err(args[1]);
+        let Error::Config(e) = err else {
+            panic!("{args:?}: {err}");
+        };
+        assert_eq!(e.key, format!("{key} ({flag})"), "{e}");
+        assert!(e.message.contains(" to "), "the range is named: {e}");
+    }
+    // At the bound it loads.
+    let c = cli(&["--drain-timeout", "1h", "--drain-quiet", "1h"]).expect("parse");
+    let config = load(None, &c.settings().overrides).expect("at the bound");
+    assert_eq!(config.drain.timeout.get(), Duration::from_secs(3_600));
+}

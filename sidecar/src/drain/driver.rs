@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Drain, DrainReport, Phase};
+use super::{Drain, DrainReport, Phase, deadline};
 use crate::config::DrainReadiness;
 
 impl Drain {
@@ -83,10 +83,10 @@ impl Drain {
             "drain: closing listeners, waiting for in-flight work"
         );
 
-        let deadline = Instant::now() + timeout;
+        let closing_deadline = deadline(Instant::now(), timeout);
         let finished = tokio::select! {
             _ = self.wait_all_closed() => true,
-            _ = tokio::time::sleep_until(deadline) => false,
+            _ = tokio::time::sleep_until(closing_deadline) => false,
         };
         // What is still in flight at the deadline is cut by the force-close.
         let requests_cut = if finished {
@@ -118,10 +118,13 @@ impl Drain {
 
         let report = DrainReport {
             trigger,
-            connections: open_at_trigger + (self.connections_total() - accepted_at_trigger),
+            connections: open_at_trigger
+                .saturating_add(self.connections_total().saturating_sub(accepted_at_trigger)),
             duration: t0.elapsed(),
             grace,
-            force_closed: self.force_closed_total() - force_closed_before,
+            force_closed: self
+                .force_closed_total()
+                .saturating_sub(force_closed_before),
             grace_end,
             inflight_at_trigger: requests_at_trigger.inflight,
             // A cut request may be counted as finished when its connection

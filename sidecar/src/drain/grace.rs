@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Drain, GraceEnd};
+use super::{Drain, GraceEnd, deadline};
 
 impl Drain {
     /// The operator saw the pod's endpoint leave the EndpointSlice: traffic
@@ -29,8 +29,8 @@ impl Drain {
             removed.as_mut().enable();
             let timers = *timers_rx.borrow_and_update();
             let now = Instant::now();
-            let min_at = t0 + timers.min_delay.get();
-            let max_at = t0 + timers.max_delay.get();
+            let min_at = deadline(t0, timers.min_delay.get());
+            let max_at = deadline(t0, timers.max_delay.get());
             if now >= max_at {
                 return GraceEnd::MaxDelay;
             }
@@ -38,9 +38,11 @@ impl Drain {
                 if self.machine.endpoint_removed.load(Ordering::Acquire) {
                     return GraceEnd::EndpointRemoved;
                 }
-                let last_conn = self.machine.epoch
-                    + Duration::from_millis(self.machine.last_conn_ms.load(Ordering::Relaxed));
-                let quiet_at = last_conn + timers.quiet.get();
+                let last_conn = deadline(
+                    self.machine.epoch,
+                    Duration::from_millis(self.machine.last_conn_ms.load(Ordering::Relaxed)),
+                );
+                let quiet_at = deadline(last_conn, timers.quiet.get());
                 if now >= quiet_at {
                     return GraceEnd::Quiet;
                 }

@@ -11,7 +11,7 @@ impl Drain {
         let s = &self.machine;
         s.open.fetch_add(1, Ordering::AcqRel);
         s.accepted.fetch_add(1, Ordering::Relaxed);
-        let ms = s.epoch.elapsed().as_millis() as u64;
+        let ms = u64::try_from(s.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
         s.last_conn_ms.store(ms, Ordering::Relaxed);
         ConnGuard {
             drain: self.clone(),

@@ -68,6 +68,8 @@ use tokio::time::Instant;
 use crate::config::DrainConfig;
 
 mod driver;
+#[cfg(test)]
+mod fuzz;
 mod grace;
 mod guard;
 mod report;
@@ -77,6 +79,23 @@ mod testing;
 
 pub use guard::ConnGuard;
 pub use report::{DrainReport, GraceEnd, RequestTally};
+
+/// Where an unrepresentable deadline goes: far beyond any drain (tokio's
+/// own choice for a sleep that cannot be represented).
+const FAR_FUTURE: std::time::Duration = std::time::Duration::from_secs(86_400 * 365 * 30);
+
+/// `at + after`, never panicking: an instant the clock cannot represent
+/// becomes one far in the future (a timer that never fires in the life of
+/// the process, which is what so long a wait means). The loader bounds
+/// every drain timer to an hour; this keeps a value past that (a future
+/// bound, a test, a caller that skipped validation) from killing the drain
+/// task, which would leave the listener open and the process running
+/// after SIGTERM.
+pub(crate) fn deadline(at: Instant, after: std::time::Duration) -> Instant {
+    at.checked_add(after)
+        .or_else(|| at.checked_add(FAR_FUTURE))
+        .unwrap_or(at)
+}
 
 /// Where a drain stands. Ordered: later phases compare greater.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -64,7 +64,11 @@ impl Drain {
             force_close: false,
             exit: false,
         });
-        let total = self.machine.resumes.fetch_add(1, Ordering::Relaxed) + 1;
+        let total = self
+            .machine
+            .resumes
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
         drop(cycle);
         tracing::warn!(
             from = %phase,

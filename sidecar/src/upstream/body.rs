@@ -125,9 +125,12 @@ impl BodyDeadline {
         let earned = if self.min_rate == 0 {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64(self.received as f64 / self.min_rate as f64)
+            // An unlimited body (maxRequestBodyBytes 0) can earn more
+            // seconds than a Duration holds: saturate rather than panic.
+            Duration::try_from_secs_f64(self.received as f64 / self.min_rate as f64)
+                .unwrap_or(Duration::MAX)
         };
-        self.started + self.timeout + earned
+        crate::drain::deadline(self.started, self.timeout.saturating_add(earned))
     }
 
     /// Ready once the deadline passed (re-armed while uploads earn time).

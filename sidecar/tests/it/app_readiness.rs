@@ -1,8 +1,10 @@
 //! `appReadiness`: the app's own HTTP readiness check, run by the sidecar
 //! behind `/ready` (the webhook moves an app's `httpGet` readiness probe
 //! there, so a pod has one readiness probe). `/ready` passes only while the
-//! app's check passes, with the kubelet's thresholds, and the first pass of
-//! a starting app is answered in the same `/ready` call that saw it.
+//! app's check passes, with the kubelet's thresholds. The check runs in the
+//! background (`/ready` reads its verdict and never waits: see
+//! probes_never_wait.rs), often while the app is not ready, so a starting
+//! app turns the pod ready without a probe period's delay.
 
 use std::time::Duration;
 
@@ -61,31 +63,42 @@ async fn ready_follows_the_apps_own_check_not_just_its_port() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_failure_below_the_threshold_keeps_the_pod_ready() -> Result<()> {
     let (app, sidecar) = ready_with_check(3).await?;
-    let before = app.control.received_for("healthz");
+    let checks = || app.control.received_for("healthz");
     app.control.fail(Some("/healthz"));
-    // Play the kubelet: one probe a period (1 s). A ready verdict holds for
-    // the period, so each of these probes runs exactly one check; failures
-    // one and two of three keep the pod ready, the third turns it unready.
-    let mut seen = Vec::new();
-    for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        seen.push(sidecar.ready_status().await);
-    }
-    let ok = Some(StatusCode::OK);
+    // The check runs once a period (1 s) while the app is ready: after the
+    // first and the second failure of three the pod is still ready...
+    let first_failure = checks() + 1;
+    wait_for_checks(&checks, first_failure + 1).await?;
     ensure!(
-        seen == [ok, ok, Some(StatusCode::SERVICE_UNAVAILABLE)],
-        "failureThreshold 3: expected 200, 200, 503, got {seen:?}"
+        sidecar.ready_status().await == Some(StatusCode::OK),
+        "ready after two failures of three"
     );
+    // ...and the third turns it unready.
+    sidecar
+        .wait_ready_status(StatusCode::SERVICE_UNAVAILABLE)
+        .await?;
     ensure!(
-        app.control.received_for("healthz") == before + 3,
-        "one check per probe period, got {} checks for 3 probes",
-        app.control.received_for("healthz") - before
+        checks() >= first_failure + 2,
+        "unready before the third failure: {} checks",
+        checks()
     );
     Ok(())
 }
 
+/// Waits until the app has received `n` checks (bounded: 200 rounds of
+/// 50 ms, the check runs once a second).
+async fn wait_for_checks(checks: &impl Fn() -> u64, n: u64) -> Result<()> {
+    for _ in 0..200 {
+        if checks() >= n {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("{} checks, waited for {n}", checks())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_app_that_starts_late_is_ready_in_the_probe_that_sees_it() -> Result<()> {
+async fn an_app_that_starts_late_turns_the_pod_ready_without_a_probe_waiting() -> Result<()> {
     let addr = free_port()?;
     let json = check(addr.port(), 1);
     let sidecar =
@@ -94,23 +107,10 @@ async fn an_app_that_starts_late_is_ready_in_the_probe_that_sees_it() -> Result<
         sidecar.ready_status().await == Some(StatusCode::SERVICE_UNAVAILABLE),
         "ready without an app"
     );
-    // The app starts while one /ready call is waiting for it: that call
-    // answers 200 (no second probe period), as the kubelet's first probe
-    // of a new pod usually comes before the app listens.
-    let probe = sidecar.admin_get("/ready");
-    let start_app = async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        TestApp::start_on("a", addr).await
-    };
-    let (answer, app) = tokio::join!(probe, start_app);
-    let _app = app?;
-    let answer = answer?;
-    ensure!(
-        answer.status == StatusCode::OK,
-        "the /ready call that saw the app come up answered {} {:?}",
-        answer.status,
-        answer.text()
-    );
+    // The background check looks every 50 ms while the app is not up, so
+    // the pod turns ready as soon as the app listens and passes.
+    let _app = TestApp::start_on("a", addr).await?;
+    sidecar.wait_ready_status(StatusCode::OK).await?;
     Ok(())
 }
 

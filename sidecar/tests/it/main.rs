@@ -40,6 +40,7 @@ mod h2_isolation;
 mod hardening;
 mod header_rules;
 mod local_answers;
+mod probes_never_wait;
 mod proxy_basics;
 mod retry;
 mod route_paths;

@@ -13,6 +13,8 @@
 mod bounds;
 mod budget;
 mod bypass;
+#[cfg(test)]
+mod fuzz;
 mod rollout;
 mod sidecar_config;
 #[cfg(test)]

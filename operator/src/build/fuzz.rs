@@ -755,3 +755,86 @@ proptest! {
         prop_assert!(err.message.len() < 1024, "{}", err.message.len());
     }
 }
+
+/// Of `chars`, the one YAML takes the most bytes to write.
+fn costliest(chars: impl IntoIterator<Item = char>) -> char {
+    chars
+        .into_iter()
+        .max_by_key(|c| {
+            serde_yaml::to_string(&json!({"k": c.to_string().repeat(100)})).map_or(0, |y| y.len())
+        })
+        .unwrap_or('x')
+}
+
+#[test]
+fn the_worst_case_route_renders_well_under_1_mib() {
+    let graphic = (0x21u8..=0x7e).map(char::from);
+    let path_char = costliest(graphic.clone());
+    let type_char = costliest(graphic.clone().chain(['\t', ' ']));
+    // Free text: every ASCII character and the classes YAML escapes
+    // (C0/C1 controls, BOM, noncharacters, line separators, astral).
+    let body_char = costliest((0u8..=0x7f).map(char::from).chain([
+        '\u{85}',
+        '\u{9f}',
+        '\u{a0}',
+        '\u{2028}',
+        '\u{feff}',
+        '\u{fffe}',
+        '\u{ffff}',
+        '\u{1f600}',
+        '\u{10ffff}',
+    ]));
+    let long = "59m59s999ms";
+    let cb = json!({
+        "maxConcurrent": MAX_CONCURRENT, "minConcurrent": MAX_CONCURRENT, "adaptive": true,
+        "maxQueue": MAX_QUEUE, "queueTimeout": long, "errorRatio": 0.123_456_789_012_345_67,
+        "window": long, "minRequests": MAX_MIN_REQUESTS, "consecutiveFailures": MAX_CONSECUTIVE_FAILURES,
+        "openFor": long, "maxOpenFor": long, "halfOpenProbes": MAX_HALF_OPEN_PROBES,
+    });
+    let routes: Vec<Value> = (0..MAX_ROUTES)
+        .map(|i| {
+            json!({
+                "name": format!("r{i:02}{}", "x".repeat(MAX_ROUTE_NAME - 3)),
+                "match": {
+                    "pathPrefix": format!("/{}", path_char.to_string().repeat(MAX_PATH - 1)),
+                    "methods": vec!["M".repeat(MAX_METHOD); MAX_METHODS],
+                    "host": path_char.to_string().repeat(MAX_HOST),
+                },
+                "timeout": long,
+                "circuitBreaker": cb,
+                "fallback": {
+                    "status": 599,
+                    "contentType": type_char.to_string().repeat(MAX_CONTENT_TYPE),
+                    "body": if i == 0 { body_char.to_string().repeat(MAX_FALLBACK_BODIES) } else { String::new() },
+                },
+                "failOn": vec!["connect-error"; MAX_FAIL_ON],
+                "retry": {"idempotent": false},
+            })
+        })
+        .collect();
+    let v = json!({
+        "apiVersion": "kubegrace.io/v1alpha1",
+        "kind": "GraceRoute",
+        "metadata": {"name": "n".repeat(MAX_ROUTE_OBJECT_NAME), "namespace": "shop", "uid": "u1"},
+        "spec": {
+            "targetRef": {"kind": "Deployment", "name": "web"},
+            "ports": [{"name": "http"}],
+            "drain": {"minDelay": "0s", "quiet": "0s", "maxDelay": "0s", "timeout": long,
+                      "websocketCloseWindow": long, "websocketCloseWait": long},
+            "circuitBreaker": cb,
+            "routes": routes,
+            "retryBudget": {"ratio": 0.123_456_789_012_345_67, "minPerSecond": MAX_RETRY_MIN_PER_SECOND, "maxBodyBytes": MAX_RETRY_BODY_BYTES - 1},
+        },
+    });
+    let r = decode(&v);
+    let (_, config) =
+        budget_and_config(&r, &[&target(&v)]).expect("the worst case is inside the bounds");
+    let (yaml, _) = render(&config).expect("render");
+    println!(
+        "worst case: {} bytes rendered (path/host {path_char:?}, content type {type_char:?}, body {body_char:?})",
+        yaml.len()
+    );
+    assert!(yaml.len() <= WORST_RENDERED_CONFIG, "{}", yaml.len());
+    const { assert!(WORST_RENDERED_CONFIG <= crate::crd::bounds::CONFIG_MAP_LIMIT / 2) };
+    accepted(&v).expect("the sidecar reads it");
+}

@@ -33,9 +33,10 @@ test-unit: deps ## unit and in-process integration tests (loopback only, no clus
 	echo "$(CARGO) test -p kubegrace-e2e --lib --bins --test loadgen --test demo_app --test metrics_exposition" && \
 	TMPDIR="$$scratch" $(CARGO) test -p kubegrace-e2e --lib --bins --test loadgen --test demo_app --test metrics_exposition
 
-fuzz: ## the fast path's parser properties long (FUZZ_CASES per property, default 100000; minutes)
+fuzz: ## the property tests long (fast-path parsers, drain on any accepted config, GraceRoute specs; FUZZ_CASES per property, default 100000; minutes)
 	KUBEGRACE_FUZZ_CASES=$${FUZZ_CASES:-100000} $(CARGO) test -p kubegrace-sidecar --lib proxy::h1::fuzz -- --test-threads=2
 	KUBEGRACE_FUZZ_CASES=$${FUZZ_CASES:-100000} $(CARGO) test -p kubegrace-sidecar --lib drain::fuzz -- --test-threads=2
+	KUBEGRACE_FUZZ_CASES=$${FUZZ_CASES:-100000} $(CARGO) test -p kubegrace-operator --lib build::fuzz -- --test-threads=2
 
 test-cluster: deps ## cluster tests on $$KUBECONFIG, or on the local single-node cluster (booted and torn down here)
 	e2e/run-cluster-tests

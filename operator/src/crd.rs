@@ -8,84 +8,104 @@
 //! grace period the user pinned?) is checked by the reconciler and reported
 //! as the `Accepted` condition.
 //!
+//! Every value has a bound ([`bounds`], shared with the operator's own
+//! re-check of stored objects and the tests), written in the field's
+//! description with what to do, and refused by the API server without a
+//! webhook: one GraceRoute can never hand the operator a number it cannot
+//! add up, nor render a ConfigMap the API server would refuse.
+//!
 //! Defaults come from the sidecar's own `Default` impls so the schema, the
 //! ConfigMap and a bare sidecar agree.
+
+pub mod bounds;
+mod breaker;
+mod duration;
+mod rollout;
+mod status;
+#[cfg(test)]
+mod tests;
 
 use std::borrow::Cow;
 use std::fmt;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use kubegrace_sidecar_api::config::{
-    CircuitBreakerConfig, DrainConfig, DrainGrpcHealth, DrainReadiness, FallbackConfig,
-    Http2GoAway, HumanDuration, WebSocketClose,
+    DrainConfig, DrainGrpcHealth, DrainReadiness, Http2GoAway, WebSocketClose,
 };
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
-/// Go-style durations limited to what both CEL `duration()` and the sidecar
-/// parse: whole numbers of h, m, s, ms (`300ms`, `15s`, `1m30s`).
-pub const DURATION_PATTERN: &str = "^([0-9]+(h|m|s|ms))+$";
+pub use bounds::DURATION_PATTERN;
+use bounds::{
+    HOST_PATTERN, MAX_DRAIN_TEXT, MAX_FAIL_ON, MAX_FALLBACK_BODIES, MAX_HOST, MAX_METHOD,
+    MAX_METHODS, MAX_PATH, MAX_PORT_NAME, MAX_PORTS, MAX_RETRY_BODY_BYTES,
+    MAX_RETRY_MIN_PER_SECOND, MAX_ROUTE_NAME, MAX_ROUTE_OBJECT_NAME, MAX_ROUTES, MAX_TARGET_NAME,
+    PATH_PATTERN,
+};
+pub use breaker::{CircuitBreakerSpec, FallbackSpec};
+pub use duration::Duration;
+use duration::{durations_ok, over_cap, well_formed};
+pub use rollout::RolloutSpec;
+use rollout::r_grace;
+pub use status::{GraceRouteStatus, LastDrains};
 
-/// A CEL rule over duration fields that only runs once every field has the
-/// right syntax: otherwise the API server would add a confusing "type
-/// conversion error" next to the pattern message that already says what to fix.
-fn durations_ok(fields: &[&str], rule: &str) -> String {
-    let guards: Vec<String> = fields
-        .iter()
-        .map(|f| format!("!self.{f}.matches('{DURATION_PATTERN}')"))
-        .collect();
-    format!("{} || ({rule})", guards.join(" || "))
+/// CEL: route `r` has a timeout that, with `drain.maxDelay`, is over the
+/// drain cap (each within its own cap: those have their own message).
+fn route_over_drain_cap(r: &str) -> String {
+    format!(
+        "has({r}.timeout) && {} && !({}) && duration(self.drain.maxDelay) + duration({r}.timeout) > duration('{MAX_DRAIN_TEXT}')",
+        well_formed(&format!("{r}.timeout")),
+        over_cap(&format!("{r}.timeout")),
+    )
 }
 
-/// A duration in the CRD: a string in the schema (pattern-checked by the API
-/// server), a typed [`HumanDuration`] in Rust.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Duration(pub HumanDuration);
-
-impl Duration {
-    pub const fn from_secs(s: u64) -> Self {
-        Self(HumanDuration::from_secs(s))
-    }
-    pub fn get(self) -> std::time::Duration {
-        self.0.get()
-    }
+/// The longest route timeout takes drain.timeout's place in the budget, so
+/// it shares the cap of `drain.maxDelay + drain.timeout`.
+fn route_timeouts_rule() -> String {
+    format!(
+        "!has(self.routes) || !has(self.drain) || !{} || {} || !self.routes.exists(r, {})",
+        well_formed("self.drain.maxDelay"),
+        over_cap("self.drain.maxDelay"),
+        route_over_drain_cap("r"),
+    )
 }
 
-impl fmt::Display for Duration {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
+// Static messages: a messageExpression that names the routes (filter, map,
+// join over 64 routes) is over the API server's CEL cost budget.
+fn route_timeouts_message() -> String {
+    format!(
+        "drain.maxDelay + each routes[].timeout must stay within {MAX_DRAIN_TEXT}: the longest route timeout takes the place of drain.timeout in the time budget (maxDelay + timeout + 5s becomes the pods' terminationGracePeriodSeconds); shorten that route's timeout or drain.maxDelay"
+    )
 }
 
-impl Serialize for Duration {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
-    }
+/// CEL: the characters of all fallback bodies.
+fn bodies_size() -> &'static str {
+    "self.routes.map(r, has(r.fallback) && has(r.fallback.body) ? size(r.fallback.body) : 0).sum()"
 }
 
-impl<'de> Deserialize<'de> for Duration {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        HumanDuration::deserialize(d).map(Self)
-    }
+fn bodies_rule() -> String {
+    format!(
+        "!has(self.routes) || {} <= {MAX_FALLBACK_BODIES}",
+        bodies_size()
+    )
 }
 
-impl JsonSchema for Duration {
-    fn schema_name() -> Cow<'static, str> {
-        "Duration".into()
-    }
-    fn inline_schema() -> bool {
-        true
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "string",
-            "pattern": DURATION_PATTERN,
-            // Bounded so CEL cost estimation stays small.
-            "maxLength": 32,
-        })
-    }
+fn bodies_message() -> String {
+    format!(
+        "the fallback bodies of all routes add up to more than {MAX_FALLBACK_BODIES} characters (they all go into one ConfigMap); shorten them"
+    )
+}
+
+fn name_rule() -> String {
+    format!("size(self.metadata.name) <= {MAX_ROUTE_OBJECT_NAME}")
+}
+
+fn name_message() -> String {
+    format!(
+        "metadata.name must be at most {MAX_ROUTE_OBJECT_NAME} characters: it becomes the kubegrace.io/route label value on the route's ConfigMap; choose a shorter name"
+    )
 }
 
 /// Routes the operator fronts with the sidecar and times.
@@ -108,9 +128,12 @@ impl JsonSchema for Duration {
     printcolumn = r#"{"name":"Budget","type":"string","jsonPath":".status.budget","description":"terminationGracePeriodSeconds in force"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"LastDrains","type":"string","jsonPath":".status.lastDrains.summary","description":"drain outcomes of the pods the last rollout replaced"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new(name_rule()).message(Message::Message(name_message()))
 )]
 #[x_kube(validation = Rule::new("has(self.targetRef) != has(self.selector)").message("set exactly one of targetRef (a Deployment or StatefulSet) and selector (pod labels)"))]
+#[x_kube(validation = Rule::new(route_timeouts_rule()).message(Message::Message(route_timeouts_message())).field_path(".routes"))]
+#[x_kube(validation = Rule::new(bodies_rule()).message(Message::Message(bodies_message())).field_path(".routes"))]
 #[serde(rename_all = "camelCase")]
 pub struct GraceRouteSpec {
     /// The workload whose pods get the sidecar. Set this or `selector`.
@@ -122,18 +145,20 @@ pub struct GraceRouteSpec {
     pub selector: Option<LabelSelector>,
     /// The named pod port the sidecar takes over. The sidecar listens under
     /// this name (so a Service with `targetPort: <name>` reaches it); the app
-    /// keeps its port number under a new name. One port per route in v1alpha1:
-    /// the sidecar has one listener.
-    #[schemars(length(min = 1, max = 1))]
+    /// keeps its port number under a new name. Exactly one port per route in
+    /// v1alpha1: the sidecar has one listener (a second port needs a second
+    /// route).
+    #[schemars(length(min = 1, max = MAX_PORTS))]
     pub ports: Vec<PortSpec>,
     #[serde(default)]
     pub drain: DrainSpec,
     /// Breaker for every route without its own, and for all other traffic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub circuit_breaker: Option<CircuitBreakerSpec>,
-    /// Per-route policy; first match wins.
+    /// Per-route policy; first match wins. At most 64 routes (merge routes
+    /// that share a policy: a path prefix covers every path below it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
+    #[schemars(length(max = MAX_ROUTES))]
     #[x_kube(validation = Rule::new("self.all(r, self.exists_one(o, o.name == r.name))").message("route names must be unique"))]
     pub routes: Vec<RouteSpec>,
     /// Bounds the retries of requests the app never saw (refused HTTP/2
@@ -163,7 +188,8 @@ impl GraceRouteSpec {
 #[serde(rename_all = "camelCase")]
 pub struct TargetRef {
     pub kind: TargetKind,
-    #[schemars(length(min = 1, max = 253))]
+    /// The workload's name (at most 253 characters).
+    #[schemars(length(min = 1, max = MAX_TARGET_NAME))]
     pub name: String,
 }
 
@@ -185,9 +211,10 @@ impl fmt::Display for TargetKind {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PortSpec {
-    /// Name of a container port of the target's pods (IANA service name).
+    /// Name of a container port of the target's pods (an IANA service
+    /// name: at most 15 lowercase letters, digits and dashes).
     #[schemars(
-        length(min = 1, max = 15),
+        length(min = 1, max = MAX_PORT_NAME),
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     )]
     pub name: String,
@@ -250,24 +277,62 @@ fn d_readiness() -> Readiness {
     }
 }
 
+/// CEL: duration field `a` is not longer than `b` (once both are well
+/// formed and within the cap, which have their own messages).
+fn not_longer(a: &str, b: &str) -> String {
+    durations_ok(
+        &[a, b],
+        &format!(
+            "{} || {} || duration(self.{a}) <= duration(self.{b})",
+            over_cap(&format!("self.{a}")),
+            over_cap(&format!("self.{b}")),
+        ),
+    )
+}
+
+fn drain_sum_rule() -> String {
+    durations_ok(
+        &["maxDelay", "timeout"],
+        &format!(
+            "{} || {} || duration(self.maxDelay) + duration(self.timeout) <= duration('{MAX_DRAIN_TEXT}')",
+            over_cap("self.maxDelay"),
+            over_cap("self.timeout"),
+        ),
+    )
+}
+
+fn drain_sum_message() -> String {
+    format!(
+        "'maxDelay ' + self.maxDelay + ' + timeout ' + self.timeout + ' is over {MAX_DRAIN_TEXT}: with a 5s margin that sum becomes terminationGracePeriodSeconds of the pods; shorten maxDelay or timeout'"
+    )
+}
+
 /// The drain timers, and what readiness does while draining (see the
-/// sidecar's drain protocol).
+/// sidecar's drain protocol). Durations are written like `300ms`, `15s` or
+/// `1m30s` (whole numbers of at most 5 digits with h, m, s or ms) and are
+/// at most 1h.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[x_kube(validation = Rule::new(durations_ok(&["minDelay", "maxDelay"], "duration(self.minDelay) <= duration(self.maxDelay)")).message(Message::Expression("'minDelay ' + self.minDelay + ' is longer than maxDelay ' + self.maxDelay + '; minDelay must be <= maxDelay'".into())).field_path(".minDelay"))]
+#[x_kube(validation = Rule::new(not_longer("minDelay", "maxDelay")).message(Message::Expression("'minDelay ' + self.minDelay + ' is longer than maxDelay ' + self.maxDelay + '; minDelay must be <= maxDelay'".into())).field_path(".minDelay"))]
+#[x_kube(validation = Rule::new(not_longer("quiet", "maxDelay")).message(Message::Expression("'quiet ' + self.quiet + ' is longer than maxDelay ' + self.maxDelay + ', which ends the grace phase anyway; quiet must be <= maxDelay'".into())).field_path(".quiet"))]
 #[x_kube(validation = Rule::new(durations_ok(&["timeout"], "duration(self.timeout) > duration('0s')")).message("timeout must be more than 0s, or every in-flight request is cut at once").field_path(".timeout"))]
-#[x_kube(validation = Rule::new(durations_ok(&["maxDelay", "timeout"], "duration(self.maxDelay) + duration(self.timeout) <= duration('1h')")).message("maxDelay + timeout must stay within 1h: that sum becomes the pods' terminationGracePeriodSeconds"))]
+#[x_kube(validation = Rule::new(drain_sum_rule()).message(Message::Expression(drain_sum_message())).field_path(".timeout"))]
 #[serde(rename_all = "camelCase")]
 pub struct DrainSpec {
-    /// Keep serving at least this long after the drain starts (routers lag).
+    /// Keep serving at least this long after the drain starts (routers
+    /// lag): at most `maxDelay` (so at most 1h).
     #[serde(default = "d_min_delay")]
     pub min_delay: Duration,
-    /// After minDelay, stop accepting once no new connection came for this long.
+    /// After minDelay, stop accepting once no new connection came for this
+    /// long: at most `maxDelay` (so at most 1h).
     #[serde(default = "d_quiet")]
     pub quiet: Duration,
-    /// Stop accepting after this long at the latest.
+    /// Stop accepting after this long at the latest. `maxDelay + timeout`,
+    /// and `maxDelay` + each route's timeout, must stay within 1h: with a
+    /// 5s margin that sum is the pods' terminationGracePeriodSeconds.
     #[serde(default = "d_max_delay")]
     pub max_delay: Duration,
-    /// Then wait at most this long for in-flight requests.
+    /// Then wait at most this long for in-flight requests: more than 0s,
+    /// and `maxDelay + timeout` at most 1h.
     #[serde(default = "d_timeout")]
     pub timeout: Duration,
     /// What the sidecar's readiness answers during the grace phase:
@@ -296,11 +361,11 @@ pub struct DrainSpec {
     pub websocket_close: WebSocketCloseSpec,
     /// The WebSocket closes are spread over this window, which ends at the
     /// drain deadline (each session picks a random point), so clients do
-    /// not all reconnect at once.
+    /// not all reconnect at once. At most 1h (and capped by `timeout`).
     #[serde(default = "d_websocket_close_window")]
     pub websocket_close_window: Duration,
     /// How long a WebSocket close waits for the peers' Close replies
-    /// before the TCP close (capped by `timeout`).
+    /// before the TCP close: at most 1h (and capped by `timeout`).
     #[serde(default = "d_websocket_close_wait")]
     pub websocket_close_wait: Duration,
 }
@@ -358,17 +423,21 @@ impl Default for DrainSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = Rule::new("!has(self.match) || !has(self.match.path) || !has(self.match.pathPrefix)").message("set match.path (exact) or match.pathPrefix, not both"))]
 #[x_kube(validation = Rule::new("!has(self.retry) || !self.retry.idempotent || !has(self.match) || !has(self.match.methods) || size(self.match.methods) == 0 || self.match.methods.exists(m, m in ['GET', 'HEAD', 'OPTIONS', 'TRACE', 'PUT', 'DELETE'])").message("retry.idempotent on a route that matches no idempotent method (GET, HEAD, OPTIONS, TRACE, PUT, DELETE) would never retry anything; remove it or match such a method"))]
+#[x_kube(validation = Rule::new(format!("!has(self.timeout) || !{} || duration(self.timeout) > duration('0s')", well_formed("self.timeout"))).message("timeout must be more than 0s; leave it out for no timeout").field_path(".timeout"))]
 #[serde(rename_all = "camelCase")]
 pub struct RouteSpec {
+    /// Unique among the routes: at most 63 lowercase letters, digits and
+    /// dashes (it names the route in the sidecar's metrics).
     #[schemars(
-        length(min = 1, max = 63),
+        length(min = 1, max = MAX_ROUTE_NAME),
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     )]
     pub name: String,
     #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
     pub matcher: Option<RouteMatchSpec>,
-    /// Upstream request timeout. The drain waits at least this long for
-    /// in-flight requests, so it also raises the time budget.
+    /// Upstream request timeout: more than 0s and at most 1h. The drain
+    /// waits at least this long for in-flight requests, so it also raises
+    /// the time budget: `drain.maxDelay` + this must stay within 1h too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
     /// Overrides the route-wide `circuitBreaker`.
@@ -376,9 +445,10 @@ pub struct RouteSpec {
     pub circuit_breaker: Option<CircuitBreakerSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<FallbackSpec>,
-    /// What counts as a failure: 5xx, a 5xx status such as 503, connect-error, timeout.
+    /// What counts as a failure: 5xx, a 5xx status such as 503,
+    /// connect-error, timeout; at most 16 entries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = MAX_FAIL_ON))]
     pub fail_on: Option<Vec<FailOn>>,
     /// Retries beyond the requests the app never saw (those are always
     /// retried within `retryBudget`).
@@ -394,14 +464,16 @@ pub struct RetryBudgetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub ratio: Option<f64>,
-    /// Retries allowed per second whatever the traffic (a floor for quiet apps).
+    /// Retries allowed per second whatever the traffic (a floor for quiet
+    /// apps): 0 to 10000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(max = 10000))]
+    #[schemars(range(min = 0, max = MAX_RETRY_MIN_PER_SECOND))]
     pub min_per_second: Option<u32>,
     /// Request body bytes kept for a retry; a larger request is not
-    /// retried. 0 turns retries off.
+    /// retried. 0 turns retries off; at most 16777216 (16 MiB: each request
+    /// in flight may keep this much memory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(max = 16777216))]
+    #[schemars(range(min = 0, max = MAX_RETRY_BODY_BYTES))]
     pub max_body_bytes: Option<u64>,
 }
 
@@ -431,6 +503,7 @@ impl JsonSchema for FailOn {
         json_schema!({
             "type": "string",
             "pattern": "^(5xx|connect-error|timeout|5[0-9][0-9])$",
+            "maxLength": "connect-error".len(),
         })
     }
 }
@@ -438,17 +511,27 @@ impl JsonSchema for FailOn {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RouteMatchSpec {
+    /// Whole path segments below this prefix (`/api` takes `/api/users`,
+    /// not `/apis`): starts with `/`, printable ASCII without spaces (as
+    /// requests send paths: percent-encode the rest), at most 1024
+    /// characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 1024), regex(pattern = "^/"))]
+    #[schemars(length(max = MAX_PATH), regex(pattern = PATH_PATTERN))]
     pub path_prefix: Option<String>,
+    /// Exactly this path: starts with `/`, printable ASCII without spaces,
+    /// at most 1024 characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 1024), regex(pattern = "^/"))]
+    #[schemars(length(max = MAX_PATH), regex(pattern = PATH_PATTERN))]
     pub path: Option<String>,
+    /// Methods in capitals (`GET`); at most 16, each at most 32 letters.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = MAX_METHODS))]
     pub methods: Vec<HttpMethod>,
+    /// The `Host` header without port; `*.example.com` matches one or more
+    /// labels. Printable ASCII without spaces (IDNs as punycode), at most
+    /// 253 characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 253))]
+    #[schemars(length(max = MAX_HOST), regex(pattern = HOST_PATTERN))]
     pub host: Option<String>,
 }
 
@@ -463,251 +546,6 @@ impl JsonSchema for HttpMethod {
         true
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": "string", "pattern": "^[A-Z]+$", "maxLength": 32})
-    }
-}
-
-fn cb_default() -> CircuitBreakerConfig {
-    CircuitBreakerConfig::default()
-}
-fn cb_max_concurrent() -> u32 {
-    cb_default().max_concurrent
-}
-fn cb_max_queue() -> u32 {
-    cb_default().max_queue
-}
-fn cb_queue_timeout() -> Duration {
-    Duration(cb_default().queue_timeout)
-}
-fn cb_error_ratio() -> f64 {
-    cb_default().error_ratio
-}
-fn cb_min_requests() -> u32 {
-    cb_default().min_requests
-}
-fn cb_window() -> Duration {
-    Duration(cb_default().window)
-}
-fn cb_consecutive_failures() -> u32 {
-    cb_default().consecutive_failures
-}
-fn cb_open_for() -> Duration {
-    Duration(cb_default().open_for)
-}
-fn cb_max_open_for() -> Duration {
-    Duration(cb_default().max_open_for)
-}
-fn cb_half_open_probes() -> u32 {
-    cb_default().half_open_probes
-}
-fn cb_min_concurrent() -> u32 {
-    cb_default().min_concurrent
-}
-
-/// Concurrency limit, queue and breaker (the sidecar's `circuitBreaker`).
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[x_kube(validation = Rule::new(durations_ok(&["openFor", "maxOpenFor"], "duration(self.maxOpenFor) >= duration(self.openFor)")).message("maxOpenFor must be >= openFor").field_path(".maxOpenFor"))]
-#[x_kube(validation = Rule::new("!self.adaptive || self.minConcurrent <= self.maxConcurrent").message("minConcurrent must be <= maxConcurrent when adaptive is on").field_path(".minConcurrent"))]
-#[x_kube(validation = Rule::new(durations_ok(&["openFor"], "duration(self.openFor) > duration('0s')")).message("openFor must be more than 0s").field_path(".openFor"))]
-#[serde(rename_all = "camelCase")]
-pub struct CircuitBreakerSpec {
-    #[serde(default = "cb_max_concurrent")]
-    #[schemars(range(min = 1, max = 1_000_000))]
-    pub max_concurrent: u32,
-    #[serde(default = "cb_max_queue")]
-    #[schemars(range(max = 1_000_000))]
-    pub max_queue: u32,
-    #[serde(default = "cb_queue_timeout")]
-    pub queue_timeout: Duration,
-    /// Open when failures/requests reach this over `window`; 0 disables.
-    #[serde(default = "cb_error_ratio")]
-    #[schemars(range(min = 0.0, max = 1.0))]
-    pub error_ratio: f64,
-    #[serde(default = "cb_min_requests")]
-    pub min_requests: u32,
-    #[serde(default = "cb_window")]
-    pub window: Duration,
-    /// Open on this many failures in a row; 0 disables.
-    #[serde(default = "cb_consecutive_failures")]
-    pub consecutive_failures: u32,
-    #[serde(default = "cb_open_for")]
-    pub open_for: Duration,
-    #[serde(default = "cb_max_open_for")]
-    pub max_open_for: Duration,
-    #[serde(default = "cb_half_open_probes")]
-    #[schemars(range(min = 1, max = 1000))]
-    pub half_open_probes: u32,
-    #[serde(default)]
-    pub adaptive: bool,
-    #[serde(default = "cb_min_concurrent")]
-    #[schemars(range(min = 1))]
-    pub min_concurrent: u32,
-}
-
-fn fb_status() -> u16 {
-    FallbackConfig::default().status
-}
-fn fb_content_type() -> String {
-    FallbackConfig::default().content_type
-}
-fn fb_body() -> String {
-    FallbackConfig::default().body
-}
-
-/// The response served while the breaker is open or the queue overflows.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct FallbackSpec {
-    #[serde(default = "fb_status")]
-    #[schemars(range(min = 200, max = 599))]
-    pub status: u16,
-    #[serde(default = "fb_content_type")]
-    #[schemars(length(max = 256))]
-    pub content_type: String,
-    #[serde(default = "fb_body")]
-    #[schemars(length(max = 65536))]
-    pub body: String,
-}
-
-fn r_grace() -> IntOrString {
-    IntOrString::String("auto".into())
-}
-
-// Int-or-string values cannot carry typed anyOf branches in a structural
-// schema (and `minimum`/`pattern` would each pass the other type), so the
-// rules are CEL.
-fn int_or_percent(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({
-        "x-kubernetes-int-or-string": true,
-        "x-kubernetes-validations": [{
-            "rule": "type(self) == string ? self.matches('^[0-9]+%$') : self >= 0",
-            "message": "must be a number >= 0 or a percentage like 25%",
-        }],
-    })
-}
-
-fn grace_schema(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({
-        "x-kubernetes-int-or-string": true,
-        "x-kubernetes-validations": [{
-            "rule": "type(self) == string ? self == 'auto' : (self >= 1 && self <= 86400)",
-            "message": "must be auto or a number of seconds from 1 to 86400",
-        }],
-    })
-}
-
-/// Rollout pacing written into the target (Deployment `spec.strategy`,
-/// `spec.minReadySeconds`) only for the fields set here: a field left out
-/// stays whatever the workload's own manifest says. The grace period is
-/// never written into the pod template; the webhook raises it on each pod.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[x_kube(validation = Rule::new("!has(self.maxSurge) || !has(self.maxUnavailable) || !(self.maxSurge == 0 || self.maxSurge == '0%') || !(self.maxUnavailable == 0 || self.maxUnavailable == '0%')").message("maxSurge and maxUnavailable cannot both be 0: the rollout could never progress"))]
-#[serde(rename_all = "camelCase")]
-pub struct RolloutSpec {
-    /// Deployments only (StatefulSets have no surge). Unset: not written.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "int_or_percent")]
-    pub max_surge: Option<IntOrString>,
-    /// Deployments only. Unset: not written.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "int_or_percent")]
-    pub max_unavailable: Option<IntOrString>,
-    /// Unset: not written.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0, max = 3600))]
-    pub min_ready_seconds: Option<i32>,
-    /// `auto` (derived from drain and route timeouts) or a number of seconds,
-    /// which must be at least the derived budget. Set on each injected pod
-    /// by the webhook (raised to it, never lowered), not in the workload.
-    #[serde(default = "r_grace")]
-    #[schemars(schema_with = "grace_schema")]
-    pub termination_grace_period_seconds: IntOrString,
-}
-
-impl Default for RolloutSpec {
-    fn default() -> Self {
-        Self {
-            max_surge: None,
-            max_unavailable: None,
-            min_ready_seconds: None,
-            termination_grace_period_seconds: r_grace(),
-        }
-    }
-}
-
-/// What the operator found and did.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct GraceRouteStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
-    /// Workloads this route applies to, as `Kind/name`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub targets: Vec<String>,
-    #[serde(default)]
-    pub target_count: i32,
-    /// Pods carrying the sidecar.
-    #[serde(default)]
-    pub pods_injected: i32,
-    /// Pods that should carry the sidecar (their workload opted in).
-    #[serde(default)]
-    pub pods_expected: i32,
-    /// `injected/expected`, for the printer column.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub injected: Option<String>,
-    /// terminationGracePeriodSeconds in force.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget_seconds: Option<i64>,
-    /// The budget in seconds with unit, for the printer column.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget: Option<String>,
-    /// The sidecar ConfigMap and the sha256 of its `config.yaml`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub config_map: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub config_hash: Option<String>,
-    /// The drain reports of the pods the last rollout (or scale-down)
-    /// replaced, read from their sidecars' termination messages.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_drains: Option<LastDrains>,
-}
-
-/// Totals of the drain reports of one rollout: the pods of one pod-template
-/// revision that went away. A report from a pod of another revision starts
-/// the next totals.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct LastDrains {
-    /// The pod-template hash (`pod-template-hash` or
-    /// `controller-revision-hash`) of the drained pods.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub revision: Option<String>,
-    /// Pods whose drain report was counted.
-    pub pods: i32,
-    /// ... of which nothing was closed by force.
-    pub clean: i32,
-    /// ... of which a connection was still open at drain.timeout and closed.
-    pub force_closed: i32,
-    /// Requests cut by those force-closes.
-    pub requests_cut: i64,
-    /// When the latest report was counted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub at: Option<Time>,
-    /// `3/3 clean` or `1/3 force-closed`, for the printer column.
-    pub summary: String,
-    /// UIDs of the counted pods, so a pod is counted once even across
-    /// operator restarts (bounded; the oldest are dropped first).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pod_uids: Vec<String>,
-}
-
-impl GraceRoute {
-    /// The condition of this type, if the status has one.
-    pub fn condition(&self, type_: &str) -> Option<&Condition> {
-        self.status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+        json_schema!({"type": "string", "pattern": "^[A-Z]+$", "maxLength": MAX_METHOD})
     }
 }

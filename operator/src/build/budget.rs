@@ -9,6 +9,7 @@ use kubegrace_sidecar_api::config::HumanDuration;
 
 use super::Invalid;
 use crate::crd::GraceRouteSpec;
+use crate::crd::bounds::MAX_DRAIN;
 
 /// Time after the drain for the app to exit on SIGTERM and the sidecar to
 /// follow. With native sidecars the kubelet sends the sidecar SIGTERM only
@@ -73,7 +74,11 @@ fn ceil_secs(d: Duration) -> i64 {
 }
 
 /// Derives the time budget; rejects a user-pinned grace period that is too
-/// short, with the numbers.
+/// short, with the numbers, and a drain longer than the CRD allows
+/// (`drain.maxDelay` + the effective timeout over [`MAX_DRAIN`]): the
+/// injection webhook calls this on routes the validate step never saw, and
+/// a sum of user durations must neither overflow nor give pods a grace
+/// period of years.
 pub fn budget(spec: &GraceRouteSpec) -> Result<Budget, Invalid> {
     let max_delay = spec.drain.max_delay.get();
     let drain_timeout = spec.drain.timeout.get();
@@ -84,7 +89,24 @@ pub fn budget(spec: &GraceRouteSpec) -> Result<Budget, Invalid> {
         .max_by_key(|(_, t)| *t)
         .filter(|(_, t)| *t > drain_timeout);
     let effective = longest_route.as_ref().map_or(drain_timeout, |(_, t)| *t);
-    let required_seconds = ceil_secs(max_delay + effective + MARGIN);
+    let drain = max_delay.checked_add(effective).filter(|d| *d <= MAX_DRAIN);
+    let Some(drain) = drain else {
+        let timeout = match &longest_route {
+            Some((name, t)) => format!("route {name:?} timeout {}", HumanDuration(*t)),
+            None => format!("drain.timeout {}", HumanDuration(drain_timeout)),
+        };
+        return Err(Invalid::new(
+            "InvalidSpec",
+            format!(
+                "drain.maxDelay {} + {timeout} is over {}: with a {} margin that sum becomes the pods' terminationGracePeriodSeconds; shorten them",
+                HumanDuration(max_delay),
+                HumanDuration(MAX_DRAIN),
+                HumanDuration(MARGIN)
+            ),
+        ));
+    };
+    // At most MAX_DRAIN + MARGIN: far from overflowing.
+    let required_seconds = ceil_secs(drain.saturating_add(MARGIN));
     let mut b = Budget {
         max_delay,
         drain_timeout,

@@ -7,19 +7,26 @@
 //! period it becomes), [`sidecar_config`] (the sidecar's `config.yaml`
 //! in the route's ConfigMap), [`rollout`] (the target workload's rollout
 //! fields and their restore) and [`bypass`] (the Services that reach the
-//! app around the sidecar).
+//! app around the sidecar). [`check_bounds`] comes first: it re-checks the
+//! CRD's bounds, which everything after it relies on.
 
+mod bounds;
 mod budget;
 mod bypass;
+#[cfg(test)]
+mod fuzz;
 mod rollout;
 mod sidecar_config;
 #[cfg(test)]
 mod testing;
 
+pub use bounds::check_bounds;
 pub use budget::{Budget, MARGIN, budget};
 pub use bypass::{Bypass, app_port, bypassing_services};
 pub use rollout::{Originals, Target, restore_patch, target_apply};
-pub use sidecar_config::{PortPlan, check_template, config_map_name, render, sidecar_config};
+pub use sidecar_config::{
+    PortPlan, check_rendered_size, check_template, config_map_name, render, sidecar_config,
+};
 
 /// Why a route cannot be applied: a condition reason and a message a person
 /// can act on.

@@ -13,6 +13,7 @@ use kubegrace_sidecar_api::config::{
 use sha2::{Digest, Sha256};
 
 use super::{Budget, Invalid};
+use crate::crd::bounds::CONFIG_MAP_LIMIT;
 use crate::crd::{
     CircuitBreakerSpec, FallbackSpec, GraceRouteSpec, GrpcHealthSpec, Http2GoAwaySpec,
     PortProtocol, Readiness, WebSocketCloseSpec,
@@ -256,6 +257,25 @@ pub fn render(config: &Config) -> Result<(String, String), Invalid> {
         let _ = write!(hash, "{b:02x}");
     }
     Ok((yaml, hash))
+}
+
+/// The rendered `config.yaml` fits the route's ConfigMap. Within the CRD's
+/// bounds it always does ([`crate::crd::bounds::WORST_RENDERED_CONFIG`]);
+/// this catches a route stored under an older CRD, which the API server
+/// would otherwise refuse at apply time while the pods keep their old config.
+pub fn check_rendered_size(yaml: &str) -> Result<(), Invalid> {
+    let size = yaml
+        .len()
+        .saturating_add(kubegrace_sidecar_api::pod::CONFIG_FILE.len());
+    if size > CONFIG_MAP_LIMIT {
+        return Err(Invalid::new(
+            "InvalidSpec",
+            format!(
+                "the sidecar config this route renders is {size} bytes, over the {CONFIG_MAP_LIMIT} a ConfigMap holds; shorten the fallback bodies, paths and hosts, or split the routes over several GraceRoutes"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The name of the ConfigMap holding a route's sidecar config.

@@ -39,13 +39,16 @@ pub fn check(route: &GraceRoute, observed: &Observed) -> Result<Valid, Invalid> 
 }
 
 /// The time budget and the sidecar config (pure), checked against the pod
-/// template of every target the route holds. The controller
-/// turns an [`Invalid`] into `Accepted=False`; the admission webhook refuses
-/// the route with the same message.
+/// template of every target the route holds. The CRD's bounds come first
+/// (an object stored under an older, looser CRD must not reach the budget's
+/// arithmetic), the rendered ConfigMap's size last. The controller turns an
+/// [`Invalid`] into `Accepted=False`; the admission webhook refuses the
+/// route with the same message.
 pub fn budget_and_config(
     route: &GraceRoute,
     targets: &[&(Target, Option<String>)],
 ) -> Result<(Budget, kubegrace_sidecar_api::config::Config), Invalid> {
+    build::check_bounds(route)?;
     let budget = build::budget(&route.spec)?;
     let mut plan = None;
     for (t, _) in targets {
@@ -53,6 +56,8 @@ pub fn budget_and_config(
         plan.get_or_insert(p);
     }
     let config = build::sidecar_config(&route.spec, &budget, plan)?;
+    let (yaml, _) = build::render(&config)?;
+    build::check_rendered_size(&yaml)?;
     Ok((budget, config))
 }
 

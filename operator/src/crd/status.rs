@@ -1,0 +1,84 @@
+//! The `GraceRoute` status: what the operator found and did.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::GraceRoute;
+
+/// What the operator found and did.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GraceRouteStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Workloads this route applies to, as `Kind/name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<String>,
+    #[serde(default)]
+    pub target_count: i32,
+    /// Pods carrying the sidecar.
+    #[serde(default)]
+    pub pods_injected: i32,
+    /// Pods that should carry the sidecar (their workload opted in).
+    #[serde(default)]
+    pub pods_expected: i32,
+    /// `injected/expected`, for the printer column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub injected: Option<String>,
+    /// terminationGracePeriodSeconds in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_seconds: Option<i64>,
+    /// The budget in seconds with unit, for the printer column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<String>,
+    /// The sidecar ConfigMap and the sha256 of its `config.yaml`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_hash: Option<String>,
+    /// The drain reports of the pods the last rollout (or scale-down)
+    /// replaced, read from their sidecars' termination messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_drains: Option<LastDrains>,
+}
+
+/// Totals of the drain reports of one rollout: the pods of one pod-template
+/// revision that went away. A report from a pod of another revision starts
+/// the next totals.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastDrains {
+    /// The pod-template hash (`pod-template-hash` or
+    /// `controller-revision-hash`) of the drained pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// Pods whose drain report was counted.
+    pub pods: i32,
+    /// ... of which nothing was closed by force.
+    pub clean: i32,
+    /// ... of which a connection was still open at drain.timeout and closed.
+    pub force_closed: i32,
+    /// Requests cut by those force-closes.
+    pub requests_cut: i64,
+    /// When the latest report was counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<Time>,
+    /// `3/3 clean` or `1/3 force-closed`, for the printer column.
+    pub summary: String,
+    /// UIDs of the counted pods, so a pod is counted once even across
+    /// operator restarts (bounded; the oldest are dropped first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_uids: Vec<String>,
+}
+
+impl GraceRoute {
+    /// The condition of this type, if the status has one.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+    }
+}

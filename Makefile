@@ -44,6 +44,7 @@ test-cluster: deps ## cluster tests on $$KUBECONFIG, or on the local single-node
 lint: deps fmt-check clippy crd-check actionlint ## formatting, clippy -D warnings, CRD drift, GitHub workflows, dead Markdown links
 	hack/check-links --self-test
 	hack/check-links
+	hack/check-file-sizes
 
 actionlint: ## the GitHub workflows (actionlint, built from the Go module proxy once)
 	hack/actionlint

@@ -5,9 +5,9 @@
 //!   created the moment the install returns (no sleep), gets it in every pod, and its route
 //!   turns Ready within a minute. `failurePolicy: Ignore` (the chart's default), so a
 //!   webhook not yet reachable would show as a bare pod instead of an error.
-//! - heal: the webhook made unreachable (its Service's selector broken) while two
+//! - heal: the webhook made unreachable (the operator scaled to 0) while two
 //!   Deployments asking for the sidecar are created: their pods start bare. Once the
-//!   Service is restored, the operator evicts the bare pods of the first one, which come
+//!   operator is back, it evicts the bare pods of the first one, which come
 //!   back injected, and its route turns Ready by itself; the second one's route is annotated
 //!   `kubegrace.io/heal: disabled` (the baseline): its pods stay bare.
 //!
@@ -152,21 +152,48 @@ async fn pods_admitted_bare_are_healed_unless_the_route_opts_out() -> Result<()>
     let release = opts.release.clone();
     with_install(&client, &opts, &p, keep_from_env(), async |run| {
         let sc = run.scenario("heal").await?;
-        let services: Api<Service> = Api::namespaced(client.clone(), &release);
-        let svc = format!("{release}-webhook");
-        let original = services
-            .get(&svc)
-            .await?
+        // Unreachable: no operator pod at all. (Breaking the webhook Service's selector is
+        // not enough: the API server keeps its established connection to the old endpoint,
+        // which conntrack keeps alive, and goes on calling the webhook through it.) With no
+        // endpoint the API server gets connection refused, as in the issue, and
+        // failurePolicy Ignore admits the pods bare.
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &release);
+        let operator = format!("{release}-operator");
+        let op = deployments.get(&operator).await?;
+        let replicas = op.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        let selector = op
             .spec
-            .and_then(|s| s.selector)
-            .context("webhook Service has no selector")?;
-        // Unreachable: no endpoint matches. (The API server then gets connection refused,
-        // as in the issue, and failurePolicy Ignore admits the pods bare.)
-        let broken = json!({"spec": {"selector": {"kubegrace.io/nothing": "matches"}}});
-        services
-            .patch(&svc, &PatchParams::default(), &Patch::Merge(&broken))
+            .as_ref()
+            .and_then(|s| s.selector.match_labels.clone())
+            .context("operator Deployment has no matchLabels")?
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let scale = |n: i32| json!({"spec": {"replicas": n}});
+        deployments
+            .patch(&operator, &PatchParams::default(), &Patch::Merge(&scale(0)))
             .await?;
-        p.step("webhook Service selector broken".to_string());
+        let operator_pods: Api<Pod> = Api::namespaced(client.clone(), &release);
+        p.wait(
+            "no operator pod left (the webhook unreachable)",
+            Patience::new(Duration::from_secs(120), Duration::from_millis(500)),
+            || async {
+                let left = operator_pods
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .len();
+                if left == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{left} operator pods"))
+                }
+            },
+        )
+        .await?;
+        p.step("operator scaled to 0".to_string());
         create_app(&sc, "healed", true).await?;
         create_app(&sc, "baseline", false).await?;
         let want = usize::try_from(sc.opts.replicas).unwrap_or(0);
@@ -191,18 +218,10 @@ async fn pods_admitted_bare_are_healed_unless_the_route_opts_out() -> Result<()>
             )
             .await?;
         }
-        // Restore the Service as the chart made it (a JSON merge patch cannot drop the
-        // broken key without naming it).
-        let mut sel = serde_json::to_value(&original)?;
-        sel["kubegrace.io/nothing"] = serde_json::Value::Null;
-        services
-            .patch(
-                &svc,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"selector": sel}})),
-            )
+        deployments
+            .patch(&operator, &PatchParams::default(), &Patch::Merge(&scale(replicas)))
             .await?;
-        p.step("webhook Service selector restored".to_string());
+        p.step(format!("operator scaled back to {replicas}"));
         // Three pods, one at a time, each waiting for a replacement to be Ready.
         wait_all_injected(&sc, "healed", Duration::from_secs(240), &p).await?;
         let (injected, bare, _) = census(&sc, "baseline").await?;

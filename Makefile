@@ -3,6 +3,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
+NEWCOMER_ROUNDS ?= 1
 
 .PHONY: deps version-matrix plugin krew fuzz actionlint release-images-check dockerfile-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo kind-test kind-demo bench cluster-up cluster-down images help
 
@@ -82,8 +83,8 @@ chart-upgrade-test: ## helm upgrade from the previous chart version on $$KUBECON
 version-matrix: ## the core cluster suite on the oldest and newest supported Kubernetes (each built once, booted, torn down): e2e/matrix/results/
 	e2e/matrix/run
 
-newcomer-test: ## the README's Install and Use blocks as written on $$KUBECONFIG's cluster (e2e images as the release ones), checked, then Uninstall
-	e2e/newcomer/run
+newcomer-test: ## the README's Install and Use blocks as written on $$KUBECONFIG's cluster (e2e images as the release ones), checked, then Uninstall (NEWCOMER_ROUNDS=N: N fresh installs back to back)
+	NEWCOMER_ROUNDS=$(NEWCOMER_ROUNDS) e2e/newcomer/run
 
 cluster-up: ## boot the local single-node cluster (prints the kubeconfig)
 	e2e/cluster/up

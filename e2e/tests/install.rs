@@ -8,8 +8,9 @@
 //! - heal: the webhook made unreachable (the operator scaled to 0) while two
 //!   Deployments asking for the sidecar are created: their pods start bare. Once the
 //!   operator is back, it evicts the bare pods of the first one, which come
-//!   back injected, and its route turns Ready by itself; the second one's route is annotated
-//!   `kubegrace.io/heal: disabled` (the baseline): its pods stay bare.
+//!   back injected (an `EvictedWithoutSidecar` Event each), and its route turns Ready by
+//!   itself; the second one's route is annotated `kubegrace.io/heal: disabled` (the
+//!   baseline): its pods stay bare, and no Event names it.
 //!
 //! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::cluster_client`.
 
@@ -31,14 +32,17 @@ use serde_json::json;
 const READY_WITHIN: Duration = Duration::from_secs(60);
 
 /// Deployment `name` whose pod template carries `kubegrace.io/inject=enabled` from the
-/// start (what the operator writes for an annotated Deployment), so its very first pods ask
+/// start, as label and annotation (all the operator writes for an annotated Deployment, so
+/// its copy changes nothing and never rolls the pods itself), so its very first pods ask
 /// the webhook; and its Service and GraceRoute.
 async fn create_app(sc: &Scenario, name: &str, heal: bool) -> Result<()> {
     let mut d = kubegrace_e2e::scenario::deployment(name, sc.opts.replicas, true)?;
     if let Some(t) = d.spec.as_mut().map(|s| &mut s.template) {
-        t.metadata
+        let meta = t.metadata.get_or_insert_with(Default::default);
+        meta.labels
             .get_or_insert_with(Default::default)
-            .labels
+            .insert(keys::INJECT.into(), "enabled".into());
+        meta.annotations
             .get_or_insert_with(Default::default)
             .insert(keys::INJECT.into(), "enabled".into());
     }
@@ -224,9 +228,16 @@ async fn pods_admitted_bare_are_healed_unless_the_route_opts_out() -> Result<()>
         p.step(format!("operator scaled back to {replicas}"));
         // Three pods, one at a time, each waiting for a replacement to be Ready.
         wait_all_injected(&sc, "healed", Duration::from_secs(240), &p).await?;
-        // Who replaced the pods: the operator's own reconcile of an accepted route may roll
-        // a Deployment too, so the proof is the healer's Event on each route: at least one
-        // eviction for `healed`, none for `baseline` (kubegrace.io/heal: disabled).
+        // The baseline (kubegrace.io/heal: disabled) is left as it is: its pods stay bare.
+        // Its template already carries everything the operator copies, so nothing but the
+        // healer could replace them, and the healer had as long as `healed` needed.
+        let (injected, bare, _) = census(&sc, "baseline").await?;
+        ensure!(
+            injected == 0 && bare == want,
+            "baseline (heal disabled): {injected} injected, {bare} bare; its pods were replaced"
+        );
+        // Who replaced the pods: the healer's Event on each route, one per eviction: every
+        // pod of `healed`, none of `baseline`.
         let events: Api<k8s_openapi::api::core::v1::Event> =
             Api::namespaced(client.clone(), &sc.namespace);
         let evictions = |route: &'static str| {
@@ -242,9 +253,10 @@ async fn pods_admitted_bare_are_healed_unless_the_route_opts_out() -> Result<()>
         };
         let healed = evictions("healed").await?;
         let baseline = evictions("baseline").await?;
+        let want_evictions = i32::try_from(want).unwrap_or(i32::MAX);
         ensure!(
-            healed >= 1,
-            "no EvictedWithoutSidecar Event on route healed: its pods were not replaced by the healer"
+            healed >= want_evictions,
+            "{healed} EvictedWithoutSidecar Events on route healed, {want_evictions} wanted: not every bare pod was replaced by the healer"
         );
         ensure!(
             baseline == 0,

@@ -166,6 +166,12 @@ pub(super) async fn serve_stream(
         id: respond.stream_id().as_u32(),
     };
     let (parts, recv) = request.into_parts();
+    // The answer to a HEAD has no body whatever the app sends (RFC 9110
+    // 9.3.2): its head goes out as the stream's end. An app that sends DATA
+    // anyway (hyper's HTTP/2 server does) would otherwise fail the stream
+    // in the app client's content-length check and the client would get a
+    // reset instead of its answer.
+    let head_request = parts.method == http::Method::HEAD;
     let body = H2Body::new(recv, &parts.headers);
     let request = Request::from_parts(parts, crate::upstream::DownstreamBody::Http2(body));
     // A client that resets the stream while the app works: the request
@@ -191,7 +197,7 @@ pub(super) async fn serve_stream(
             .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     }
     let head = Response::from_parts(parts, ());
-    if body.is_end_stream() {
+    if body.is_end_stream() || head_request {
         end.ending();
         if respond.send_response(head, true).is_err() {
             end.refused();

@@ -35,6 +35,7 @@ mod drain_websocket;
 mod drain_websocket_close;
 mod fast_path;
 mod grpc_health;
+mod h2_head;
 mod h2_http1_app;
 mod h2_isolation;
 mod hardening;

@@ -248,16 +248,37 @@ async fn pods_admitted_bare_are_healed_unless_the_route_opts_out() -> Result<()>
                         "involvedObject.kind=GraceRoute,involvedObject.name={route},reason=EvictedWithoutSidecar"
                     )))
                     .await?;
-                anyhow::Ok(list.items.iter().map(|e| e.count.unwrap_or(1).max(1)).sum::<i32>())
+                // One Event per eviction, or one series of them (the recorder folds
+                // repeats into `series.count`).
+                anyhow::Ok(
+                    list.items
+                        .iter()
+                        .map(|e| {
+                            let series = e.series.as_ref().and_then(|s| s.count).unwrap_or(0);
+                            e.count.unwrap_or(1).max(series).max(1)
+                        })
+                        .sum::<i32>(),
+                )
             }
         };
+        let want_evictions = i32::try_from(want).unwrap_or(i32::MAX);
+        // The last eviction's Event may be written a moment after its pod went.
+        p.wait(
+            &format!("{want_evictions} evictions recorded on route healed"),
+            Patience::new(Duration::from_secs(30), Duration::from_millis(500)),
+            || async {
+                let healed = evictions("healed").await.map_err(|e| e.to_string())?;
+                if healed >= want_evictions {
+                    Ok(())
+                } else {
+                    Err(format!("{healed} EvictedWithoutSidecar Events on route healed"))
+                }
+            },
+        )
+        .await
+        .context("not every bare pod of healed was replaced by the healer")?;
         let healed = evictions("healed").await?;
         let baseline = evictions("baseline").await?;
-        let want_evictions = i32::try_from(want).unwrap_or(i32::MAX);
-        ensure!(
-            healed >= want_evictions,
-            "{healed} EvictedWithoutSidecar Events on route healed, {want_evictions} wanted: not every bare pod was replaced by the healer"
-        );
         ensure!(
             baseline == 0,
             "{baseline} EvictedWithoutSidecar Events on route baseline (kubegrace.io/heal: disabled)"

@@ -376,8 +376,13 @@ impl Healer {
                     c.pod,
                     keys::HEAL
                 );
-                self.publish(&pod.object_ref(&()), note.clone()).await;
-                self.publish(&route.object_ref(&()), note).await;
+                let pod_ref = pod.object_ref(&());
+                self.publish(&pod_ref, None, note.clone()).await;
+                // The pod as the related object: one Event per pod on the route,
+                // where without it the recorder folds them into one series that
+                // names only the last pod.
+                self.publish(&route.object_ref(&()), Some(pod_ref), note)
+                    .await;
             }
             Err(kube::Error::Api(e)) if e.code == 429 => {
                 tracing::info!(pod = %c.pod, namespace = %c.namespace, "eviction refused by a PodDisruptionBudget; next round retries");
@@ -390,13 +395,18 @@ impl Healer {
         }
     }
 
-    async fn publish(&self, reference: &k8s_openapi::api::core::v1::ObjectReference, note: String) {
+    async fn publish(
+        &self,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
+        related: Option<k8s_openapi::api::core::v1::ObjectReference>,
+        note: String,
+    ) {
         let event = Event {
             type_: EventType::Normal,
             reason: "EvictedWithoutSidecar".into(),
             note: Some(note),
             action: "Heal".into(),
-            secondary: None,
+            secondary: related,
         };
         if let Err(e) = self.recorder.publish(&event, reference).await {
             // Events are for people; a failed one must not stop healing.

@@ -40,7 +40,7 @@ mod chunked;
 mod exchange;
 #[cfg(test)]
 mod fuzz;
-mod head;
+pub(super) mod head;
 mod pool;
 mod slot;
 mod spare;

@@ -5,8 +5,7 @@
 
 use std::error::Error as StdError;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
@@ -14,8 +13,8 @@ use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::Full;
 use hyper::upgrade::OnUpgrade;
 
-use super::body::{Finish, ProxyBody};
-use super::conn::ConnCtx;
+use super::body::{Finish, ProxyBody, RequestGuard};
+use super::conn::activity::ConnCtx;
 use super::decide::{self, Refused};
 use super::grpc_health::{health_rpc, not_serving_response, watching};
 use super::headers::{
@@ -284,22 +283,6 @@ impl Attempt<'_> {
     }
 }
 
-/// Ends a request's accounting when its response body ends (or is dropped).
-pub(super) struct RequestGuard {
-    ctx: Arc<ConnCtx>,
-    started: Instant,
-}
-
-impl Drop for RequestGuard {
-    fn drop(&mut self) {
-        self.ctx.act.inflight.fetch_sub(1, Ordering::Relaxed);
-        self.ctx
-            .shared
-            .metrics
-            .request_finished(self.started.elapsed());
-    }
-}
-
 /// What one request holds from its start to its answer: the accounting
 /// and, once admitted, the circuit permit. The answer's body takes both
 /// (see [`Finish`]); a request dropped before it has one (client gone,
@@ -317,15 +300,8 @@ struct RequestScope {
 
 impl RequestScope {
     fn start(ctx: Arc<ConnCtx>, version: Version) -> RequestScope {
-        let started = Instant::now();
-        ctx.shared.metrics.request_started();
-        ctx.act.inflight.fetch_add(1, Ordering::Relaxed);
-        ctx.act.requests.fetch_add(1, Ordering::Relaxed);
         RequestScope {
-            request: RequestGuard {
-                ctx: ctx.clone(),
-                started,
-            },
+            request: RequestGuard::start(ctx.clone()),
             permit: None,
             ctx,
             version,

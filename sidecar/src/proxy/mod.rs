@@ -14,8 +14,11 @@
 //! The request path, in order, one module (proxy/*.rs) a step:
 //!
 //! 1. `conn`: the accepted socket is counted (bytes, heads, writes),
-//!    sniffed for the HTTP/2 preface and served by hyper (HTTP/1.1) or
-//!    http2.rs, under the header-read, idle and write timers and the drain.
+//!    sniffed for the HTTP/2 preface and served by the HTTP/1 fast path
+//!    (`h1`), hyper (HTTP/1.1) or http2.rs, under the header-read, idle and
+//!    write timers and the drain. When the fast path meets a request it
+//!    does not serve, it gives the socket back and `conn` hands it to
+//!    hyper: the dependencies run one way, `conn` -> `h1`, `handler`.
 //! 2. `handler` (hyper's types) and `h1` (bytes): each request is counted,
 //!    and `decide` decides, the same for both: its route (by method, host
 //!    and normalized path), a declared body over the limit (413), and its

@@ -22,7 +22,7 @@ use crate::config::LimitsConfig;
 use crate::drain::Phase;
 use crate::upstream::{BodyFault, Upstream};
 
-use super::super::conn::{ConnActivity, ConnCtx};
+use super::super::conn::activity::{ConnActivity, ConnCtx};
 use super::super::decide;
 use super::super::local::{LocalFraming, client_fault_response, local_response};
 
@@ -162,7 +162,7 @@ where
     // The client said this is its last request, all of it is read, and
     // the answer closes: the socket closes right after the answer's last
     // byte, with nothing left unread that we know of, so that byte can go
-    // out with the FIN (conn.rs, `Downstream::poll_write_last`). Not when
+    // out with the FIN (conn/socket.rs, `Downstream::poll_write_last`). Not when
     // the close is only ours (drain, the app's): a client may have sent
     // its next request already, and a close with unread bytes resets the
     // connection, which would take the held bytes with it.

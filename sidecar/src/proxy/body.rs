@@ -3,7 +3,6 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -27,21 +26,14 @@ pub(super) struct RequestGuard {
 impl RequestGuard {
     /// Counts a request started on the connection.
     pub(super) fn start(ctx: Arc<ConnCtx>) -> RequestGuard {
-        let started = Instant::now();
-        ctx.shared.metrics.request_started();
-        ctx.act.inflight.fetch_add(1, Ordering::Relaxed);
-        ctx.act.requests.fetch_add(1, Ordering::Relaxed);
+        let started = ctx.request_started();
         RequestGuard { ctx, started }
     }
 }
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
-        self.ctx.act.inflight.fetch_sub(1, Ordering::Relaxed);
-        self.ctx
-            .shared
-            .metrics
-            .request_finished(self.started.elapsed());
+        self.ctx.request_ended(self.started);
     }
 }
 

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
 
 use http::header::{self, HeaderMap};
 
@@ -18,6 +19,26 @@ pub(crate) struct ConnCtx {
     pub(crate) act: ConnActivity,
     /// The client's address, rendered once per connection for X-Forwarded-For.
     pub(in crate::proxy) peer_ip: crate::listen::ForwardedFor,
+}
+
+impl ConnCtx {
+    /// Counts a request started on this connection (the sidecar's
+    /// in-flight gauge, the connection's requests and in-flight count);
+    /// [`ConnCtx::request_ended`] undoes it. Both request paths count
+    /// through these two (handler.rs via body.rs's `RequestGuard`, the
+    /// fast path via its `Scope`), so the accounting cannot differ.
+    pub(in crate::proxy) fn request_started(&self) -> Instant {
+        self.shared.metrics.request_started();
+        self.act.inflight.fetch_add(1, Ordering::Relaxed);
+        self.act.requests.fetch_add(1, Ordering::Relaxed);
+        Instant::now()
+    }
+
+    /// Ends the accounting of a request started at `started`.
+    pub(in crate::proxy) fn request_ended(&self, started: Instant) {
+        self.act.inflight.fetch_sub(1, Ordering::Relaxed);
+        self.shared.metrics.request_finished(started.elapsed());
+    }
 }
 
 /// A stream offset not known (see [`ConnActivity::message_end`]).

@@ -595,8 +595,10 @@ fn write_status_line(out: &mut Vec<u8>, status: StatusCode) {
 }
 
 /// One request's accounting and circuit permit (handler.rs's
-/// `RequestScope`): a request dropped before its answer (client gone,
-/// drain deadline) records `Cancelled` and ends its accounting here.
+/// `RequestScope`, counted by the same `ConnCtx::request_started` and
+/// `request_ended`): a request dropped before its answer (client gone,
+/// drain deadline) drops its permit (which records `Cancelled`) and ends
+/// its accounting here.
 struct Scope<'c> {
     /// Borrowed: a clone would be two locked instructions per request.
     ctx: &'c ConnCtx,
@@ -608,12 +610,9 @@ struct Scope<'c> {
 
 impl<'c> Scope<'c> {
     fn start(ctx: &'c ConnCtx, head_request: bool) -> Scope<'c> {
-        ctx.shared.metrics.request_started();
-        ctx.act.inflight.fetch_add(1, Ordering::Relaxed);
-        ctx.act.requests.fetch_add(1, Ordering::Relaxed);
         Scope {
             ctx,
-            started: Instant::now(),
+            started: ctx.request_started(),
             permit: None,
             head_request,
         }
@@ -735,10 +734,6 @@ impl Drop for Scope<'_> {
         // The permit goes before the accounting ends; its own `Drop`
         // records `Cancelled` if no outcome was.
         self.permit = None;
-        self.ctx.act.inflight.fetch_sub(1, Ordering::Relaxed);
-        self.ctx
-            .shared
-            .metrics
-            .request_finished(self.started.elapsed());
+        self.ctx.request_ended(self.started);
     }
 }

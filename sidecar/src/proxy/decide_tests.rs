@@ -158,9 +158,14 @@ async fn a_circuit_rejection_is_answered_with_the_routes_fallback() {
     assert!(admit(&r, None, 0, &metrics).await.is_ok(), "slot back");
 }
 
-/// The route the fast path's parser leads to for `raw`; `None`: not this
-/// path's head (hyper's, or refused).
-fn fast_route(t: &RouteTable, raw: &[u8]) -> Option<String> {
+/// What a path gives the decision for a request: the route it leads to
+/// and the body length it declares (the 413's input; none counts as 0,
+/// as [`admit`] reads it).
+type Inputs = (String, u64);
+
+/// The decision's inputs from the fast path's parser for `raw`; `None`:
+/// not this path's head (hyper's, or refused).
+fn fast_route(t: &RouteTable, raw: &[u8]) -> Option<Inputs> {
     let rewrite = Rewrite {
         peer_ip: b"10.0.0.7",
         trust_proto: false,
@@ -171,12 +176,18 @@ fn fast_route(t: &RouteTable, raw: &[u8]) -> Option<String> {
         return None;
     };
     let method = Method::from_bytes(head.method.as_bytes()).ok()?;
-    Some(name(&route(t, &method, head.host, None, &head.path)).to_string())
+    let declared = match head.framing {
+        super::super::h1::head::Framing::Length(n) => Some(n),
+        _ => None,
+    };
+    let chosen = name(&route(t, &method, head.host, None, &head.path)).to_string();
+    Some((chosen, declared.unwrap_or(0)))
 }
 
-/// The route the hyper path leads to for `raw`: hyper's server parses it,
-/// the handler's normalization and [`route_of`] choose.
-async fn hyper_route(t: Arc<RouteTable>, raw: &'static [u8]) -> Option<String> {
+/// The decision's inputs from the hyper path for `raw`: hyper's server
+/// parses it, the handler's normalization, [`route_of`] and
+/// [`declared_length`] read it.
+async fn hyper_route(t: Arc<RouteTable>, raw: &'static [u8]) -> Option<Inputs> {
     let (client, server) = tokio::io::duplex(64 * 1024);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let tx = std::sync::Mutex::new(Some(tx));
@@ -188,7 +199,8 @@ async fn hyper_route(t: Arc<RouteTable>, raw: &'static [u8]) -> Option<String> {
             }
             Ok(None) => Some(name(&route_of(&t, &req)).to_string()),
             Err(()) => None,
-        };
+        }
+        .map(|chosen| (chosen, declared_length(req.headers()).unwrap_or(0)));
         if let Some(tx) = tx.lock().ok().and_then(|mut tx| tx.take()) {
             let _ = tx.send(chosen);
         }
@@ -206,9 +218,9 @@ async fn hyper_route(t: Arc<RouteTable>, raw: &'static [u8]) -> Option<String> {
 }
 
 #[tokio::test]
-async fn both_paths_choose_the_same_route_for_the_same_request() {
+async fn both_paths_give_the_decision_the_same_inputs() {
     let t = Arc::new(table(ROUTES));
-    let cases: [&'static [u8]; 10] = [
+    let cases: [&'static [u8]; 13] = [
         b"GET /x HTTP/1.1\r\nhost: api.example\r\n\r\n",
         b"GET /x HTTP/1.1\r\nhost: API.EXAMPLE:8080\r\n\r\n",
         b"GET /w/1 HTTP/1.1\r\nhost: a.wild.example\r\n\r\n",
@@ -219,6 +231,9 @@ async fn both_paths_choose_the_same_route_for_the_same_request() {
         b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n",
         b"GET /x HTTP/1.1\r\nhost: api.example\xe9\r\n\r\n",
         b"GET /lim HTTP/1.1\r\n\r\n",
+        b"POST /lim HTTP/1.1\r\nhost: x\r\ncontent-length: 12\r\n\r\n",
+        b"POST /lim HTTP/1.1\r\nhost: x\r\ncontent-length: 0012\r\n\r\n",
+        b"POST /lim HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n",
     ];
     for raw in cases {
         let fast = fast_route(&t, raw);

@@ -494,7 +494,7 @@ async fn accept_loop(
         match accepted {
             Ok(Accepted::Tcp(stream, peer)) => {
                 // The HTTP proxy turns Nagle off before its second write
-                // (proxy/conn.rs); a raw tunnel relays as bytes come.
+                // (proxy/conn/); a raw tunnel relays as bytes come.
                 if raw_tcp {
                     let _ = stream.set_nodelay(true);
                 }

@@ -2,17 +2,40 @@
 //! accounting that travels with it.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
+use super::conn::activity::ConnCtx;
 use super::grpc_health::HealthBody;
-use super::handler::RequestGuard;
 use crate::circuit::Permit;
 use crate::upstream::PoolReturn;
+
+/// A request's accounting (the sidecar's and its connection's), from its
+/// start until its response body ends (or is dropped).
+pub(super) struct RequestGuard {
+    ctx: Arc<ConnCtx>,
+    started: Instant,
+}
+
+impl RequestGuard {
+    /// Counts a request started on the connection.
+    pub(super) fn start(ctx: Arc<ConnCtx>) -> RequestGuard {
+        let started = ctx.request_started();
+        RequestGuard { ctx, started }
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.ctx.request_ended(self.started);
+    }
+}
 
 /// Travels with the response body; dropped when the body ends.
 pub(super) struct Finish {

@@ -5,8 +5,7 @@
 
 use std::error::Error as StdError;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
@@ -14,8 +13,9 @@ use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::Full;
 use hyper::upgrade::OnUpgrade;
 
-use super::body::{Finish, ProxyBody};
-use super::conn::ConnCtx;
+use super::body::{Finish, ProxyBody, RequestGuard};
+use super::conn::activity::ConnCtx;
+use super::decide::{self, Refused};
 use super::grpc_health::{health_rpc, not_serving_response, watching};
 use super::headers::{
     HTTP2_SETTINGS, add_forwarded, allow_upgrade, connection_has, drop_spelled_out, ensure_host,
@@ -23,7 +23,7 @@ use super::headers::{
 };
 use super::local::{client_fault_response, local_response};
 use super::tunnel::spawn_tunnel;
-use crate::circuit::{Permit, Rejection, Route, UpstreamOutcome};
+use crate::circuit::{Permit, Route, UpstreamOutcome};
 use crate::config::{Config, DrainGrpcHealth};
 use crate::drain::Phase;
 use crate::metrics::HealthRpc;
@@ -52,26 +52,19 @@ pub(crate) async fn handle(
         return scope.health_not_serving(rpc);
     }
 
-    // 413 before anything is sent upstream when the length is declared.
-    if declares_more_than(req.headers(), live.config.limits.max_request_body_bytes) {
-        return scope.declared_too_large();
-    }
-
-    // Routed, and sent on, by its normalized path (proxy/path.rs).
+    // Routed, and sent on, by its normalized path (proxy/path.rs), then
+    // admitted as decide.rs decides for both HTTP/1 paths.
     match normalized_uri(req.uri()) {
         Ok(Some(uri)) => *req.uri_mut() = uri,
         Ok(None) => {}
         Err(()) => return scope.bad_target(),
     }
-    let host = req
-        .headers()
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| req.uri().authority().map(|a| a.as_str()));
-    let route = live.routes.select(req.method(), host, req.uri().path());
-    match route.admit().await {
-        Ok(permit) => scope.permit = PermitSlot(Some(permit)),
-        Err(rejection) => return scope.rejected(&route, &rejection),
+    let route = decide::route_of(&live.routes, &req);
+    let declared = decide::declared_length(req.headers());
+    let max_body = live.config.limits.max_request_body_bytes;
+    match decide::admit(&route, declared, max_body, &shared.metrics).await {
+        Ok(permit) => scope.permit = Some(permit),
+        Err(refused) => return scope.refused(&route, &refused),
     }
 
     let wants_upgrade = scope.negotiate_upgrade(req.headers_mut(), &live.config.upgrade_protocols);
@@ -149,20 +142,9 @@ fn upstream_request(
     Some((Request::from_parts(parts, body), body_watch))
 }
 
-/// Does the request declare (Content-Length) a body over `max_body`
-/// (zero: no limit)?
-fn declares_more_than(headers: &HeaderMap, max_body: u64) -> bool {
-    max_body > 0
-        && headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            .is_some_and(|len| len > max_body)
-}
-
 /// The request's URI with its path normalized (proxy/path.rs), `None`
 /// when it already is; `Err`: a path refused (an escaped slash).
-fn normalized_uri(uri: &Uri) -> Result<Option<Uri>, ()> {
+pub(super) fn normalized_uri(uri: &Uri) -> Result<Option<Uri>, ()> {
     let Some(path) = super::path::normalize(uri.path()).map_err(|_| ())? else {
         return Ok(None);
     };
@@ -301,43 +283,6 @@ impl Attempt<'_> {
     }
 }
 
-/// Ends a request's accounting when its response body ends (or is dropped).
-pub(super) struct RequestGuard {
-    ctx: Arc<ConnCtx>,
-    started: Instant,
-}
-
-impl Drop for RequestGuard {
-    fn drop(&mut self) {
-        self.ctx.act.inflight.fetch_sub(1, Ordering::Relaxed);
-        self.ctx
-            .shared
-            .metrics
-            .request_finished(self.started.elapsed());
-    }
-}
-
-/// A circuit permit that records `Cancelled` if the request is dropped
-/// before the app answered (client gone, drain deadline): a drain never
-/// counts as a breaker failure.
-struct PermitSlot(Option<Permit>);
-
-impl PermitSlot {
-    fn record(&mut self, outcome: UpstreamOutcome) -> Option<Permit> {
-        let mut permit = self.0.take()?;
-        permit.record(outcome);
-        Some(permit)
-    }
-}
-
-impl Drop for PermitSlot {
-    fn drop(&mut self) {
-        if let Some(permit) = self.0.as_mut() {
-            permit.record(UpstreamOutcome::Cancelled);
-        }
-    }
-}
-
 /// What one request holds from its start to its answer: the accounting
 /// and, once admitted, the circuit permit. The answer's body takes both
 /// (see [`Finish`]); a request dropped before it has one (client gone,
@@ -347,23 +292,17 @@ struct RequestScope {
     /// The client's HTTP version: the answer is in it.
     version: Version,
     // Fields drop in this order: on cancellation the permit goes first
-    // (as `Cancelled`), then the accounting, as when both were locals.
-    permit: PermitSlot,
+    // (its own `Drop` records `Cancelled`: a drain never counts as a
+    // breaker failure), then the accounting, as when both were locals.
+    permit: Option<Permit>,
     request: RequestGuard,
 }
 
 impl RequestScope {
     fn start(ctx: Arc<ConnCtx>, version: Version) -> RequestScope {
-        let started = Instant::now();
-        ctx.shared.metrics.request_started();
-        ctx.act.inflight.fetch_add(1, Ordering::Relaxed);
-        ctx.act.requests.fetch_add(1, Ordering::Relaxed);
         RequestScope {
-            request: RequestGuard {
-                ctx: ctx.clone(),
-                started,
-            },
-            permit: PermitSlot(None),
+            request: RequestGuard::start(ctx.clone()),
+            permit: None,
             ctx,
             version,
         }
@@ -385,27 +324,26 @@ impl RequestScope {
         wants_upgrade
     }
 
-    fn declared_too_large(self) -> Response<ProxyBody> {
-        self.ctx.shared.metrics.body_too_large();
-        let mut resp = local_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
-        // The unread body would otherwise be drained by hyper first.
-        self.close_http1(&mut resp);
-        self.respond_local(resp, None)
+    /// Records what the app did on the permit, which the answer carries.
+    fn record(&mut self, outcome: UpstreamOutcome) -> Option<Permit> {
+        let mut permit = self.permit.take()?;
+        permit.record(outcome);
+        Some(permit)
     }
 
-    fn rejected(self, route: &Route, rejection: &Rejection) -> Response<ProxyBody> {
-        tracing::debug!(
-            route = route.name(),
-            reason = rejection.reason(),
-            "request rejected by the circuit"
-        );
-        let resp = route.fallback(rejection);
-        self.respond_local(resp, None)
+    /// Carries out a refusal decide.rs made: its answer, in hyper's medium.
+    fn refused(self, route: &Route, refused: &Refused) -> Response<ProxyBody> {
+        let mut answer = refused.answer(route);
+        if answer.close {
+            // The unread body would otherwise be drained by hyper first.
+            self.close_http1(&mut answer.response);
+        }
+        self.respond_local(answer.response, None)
     }
 
     fn bad_target(mut self) -> Response<ProxyBody> {
         let resp = local_response(StatusCode::BAD_REQUEST, "bad request target\n");
-        self.permit.record(UpstreamOutcome::Cancelled);
+        self.record(UpstreamOutcome::Cancelled);
         self.respond_local(resp, None)
     }
 
@@ -424,7 +362,7 @@ impl RequestScope {
                     return self.client_fault(fault);
                 }
                 self.ctx.shared.metrics.upstream_timeout();
-                let permit = self.permit.record(UpstreamOutcome::Timeout);
+                let permit = self.record(UpstreamOutcome::Timeout);
                 let resp = local_response(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n");
                 return self.respond_local(resp, permit);
             }
@@ -439,12 +377,12 @@ impl RequestScope {
         // The app is restarting and did not come back within the hold
         // (app.rs): 503 + Retry-After, and no breaker failure.
         if let Some(resp) = crate::app::hold_expired_response(&err) {
-            let permit = self.permit.record(UpstreamOutcome::Cancelled);
+            let permit = self.record(UpstreamOutcome::Cancelled);
             return self.respond_local(resp, permit);
         }
         self.ctx.shared.metrics.upstream_error();
         tracing::debug!(error = %err, source = ?err.source(), "upstream request failed");
-        let permit = self.permit.record(UpstreamOutcome::ConnectError);
+        let permit = self.record(UpstreamOutcome::ConnectError);
         let resp = local_response(StatusCode::BAD_GATEWAY, "upstream unavailable\n");
         self.respond_local(resp, permit)
     }
@@ -454,7 +392,7 @@ impl RequestScope {
     /// failure); a client that left gets nothing, as there is nobody to read it.
     fn client_fault(mut self, fault: BodyFault) -> Response<ProxyBody> {
         let mut resp = client_fault_response(&self.ctx.shared.metrics, fault);
-        let permit = self.permit.record(UpstreamOutcome::ClientFault);
+        let permit = self.record(UpstreamOutcome::ClientFault);
         // The rest of the body cannot be trusted to frame the next request.
         self.close_http1(&mut resp);
         self.respond_local(resp, permit)
@@ -491,7 +429,7 @@ impl RequestScope {
     /// starts, then taken over (grpc_health.rs).
     fn respond_watch(mut self, answer: UpstreamResponse) -> Response<ProxyBody> {
         let mut resp = answer.response;
-        let permit = self.permit.record(UpstreamOutcome::Status(resp.status()));
+        let permit = self.record(UpstreamOutcome::Status(resp.status()));
         strip_hop_by_hop(resp.headers_mut(), false);
         *resp.version_mut() = self.version;
         finish_response(&self.ctx, self.version, &mut resp);
@@ -511,7 +449,7 @@ impl RequestScope {
             response: mut resp,
             pool_return,
         } = answer;
-        let permit = self.permit.record(UpstreamOutcome::Status(resp.status()));
+        let permit = self.record(UpstreamOutcome::Status(resp.status()));
 
         let upgraded =
             resp.status() == StatusCode::SWITCHING_PROTOCOLS && downstream_upgrade.is_some();

@@ -35,7 +35,7 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::conn::{Downstream, MSG_MORE};
+use super::conn::socket::{Downstream, MSG_MORE};
 
 /// An accepted TCP connection; see the module docs.
 pub(crate) struct LazyTcp {

@@ -14,12 +14,18 @@
 //! The request path, in order, one module (proxy/*.rs) a step:
 //!
 //! 1. `conn`: the accepted socket is counted (bytes, heads, writes),
-//!    sniffed for the HTTP/2 preface and served by hyper (HTTP/1.1) or
-//!    http2.rs, under the header-read, idle and write timers and the drain.
-//! 2. `handler`: each request is counted, checked against the declared
-//!    body limit, routed and admitted by its route's circuit, and sent to
-//!    the app within the route's timeout; failures become local answers
-//!    (413, 408, 400, 502, 503, 504) counted as the client's or the app's.
+//!    sniffed for the HTTP/2 preface and served by the HTTP/1 fast path
+//!    (`h1`), hyper (HTTP/1.1) or http2.rs, under the header-read, idle and
+//!    write timers and the drain. When the fast path meets a request it
+//!    does not serve, it gives the socket back and `conn` hands it to
+//!    hyper: the dependencies run one way, `conn` -> `h1`, `handler`.
+//! 2. `handler` (hyper's types) and `h1` (bytes): each request is counted,
+//!    and `decide` decides, the same for both: its route (by method, host
+//!    and normalized path), a declared body over the limit (413), and its
+//!    route's circuit (a permit, or the fallback answer); the paths only
+//!    carry that out. Then it goes to the app within the route's timeout;
+//!    failures become local answers (408, 400, 502, 503, 504) counted as
+//!    the client's or the app's.
 //! 3. `headers`: on the way, hop-by-hop headers come off both the request
 //!    and the response, `X-Forwarded-*` and `Host` are set, and only allowed
 //!    upgrades pass. The rules themselves are `rules`' (and the path routes
@@ -32,6 +38,7 @@
 
 mod body;
 mod conn;
+mod decide;
 mod grpc_health;
 pub(crate) mod h1;
 mod handler;

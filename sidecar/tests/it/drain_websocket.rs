@@ -37,7 +37,7 @@ async fn websocket_survives_the_grace_phase_and_is_force_closed_at_the_timeout()
 
     // Echo every 100ms and note the drain phase each echo happened in.
     let mut echoed_in_phase = [0u32; 4];
-    let mut end = None;
+    let mut end: Option<(String, f64)> = None;
     for i in 0..300 {
         let phase = sidecar
             .metrics()
@@ -46,7 +46,7 @@ async fn websocket_survives_the_grace_phase_and_is_force_closed_at_the_timeout()
             .context("no drain phase")?;
         let text = format!("message {i}");
         if let Err(e) = ws.send(Message::text(text.clone())).await {
-            end = Some(format!("send failed: {e}"));
+            end = Some((format!("send failed: {e}"), phase));
             break;
         }
         match within("echo", WAIT, ws.next()).await? {
@@ -54,26 +54,37 @@ async fn websocket_survives_the_grace_phase_and_is_force_closed_at_the_timeout()
                 echoed_in_phase[(phase as usize).min(3)] += 1;
             }
             Some(Ok(Message::Close(frame))) => {
-                end = Some(format!("close frame {frame:?}"));
+                end = Some((format!("close frame {frame:?}"), phase));
                 break;
             }
             Some(Ok(other)) => bail!("unexpected message {other:?}"),
             Some(Err(e)) => {
-                end = Some(format!("{e}"));
+                end = Some((format!("{e}"), phase));
                 break;
             }
             None => {
-                end = Some("stream ended without a close frame".into());
+                end = Some(("stream ended without a close frame".into(), phase));
                 break;
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let end = end.context("the WebSocket was never closed (30s of echoes)")?;
+    let (end, ended_in) = end.context("the WebSocket was never closed (30s of echoes)")?;
     println!(
         "websocket: echoes by drain phase [serving, draining, closing, drained] = {echoed_in_phase:?}; ended by {end}"
     );
 
+    // Force-closed, as `cut` says: the tunnel is dropped, no Close frame
+    // (that is the default mode's 1001), and not before the drain
+    // reached `Closing` (phase 2), where its timeout runs.
+    ensure!(
+        !end.starts_with("close frame"),
+        "the WebSocket was closed with a Close frame, not cut: {end}"
+    );
+    ensure!(
+        ended_in >= 2.0,
+        "the WebSocket ended in drain phase {ended_in}, before the drain timeout: {end}"
+    );
     ensure!(
         echoed_in_phase[1] > 0,
         "no echo while draining (grace phase): {echoed_in_phase:?}"
@@ -83,7 +94,7 @@ async fn websocket_survives_the_grace_phase_and_is_force_closed_at_the_timeout()
         "no echo once closing: the tunnel was cut before the drain timeout: {echoed_in_phase:?}"
     );
     // Closed at the timeout, and counted.
-    let phase = sidecar.wait_phase(3.0).await?;
+    sidecar.wait_phase(3.0).await?;
     let metrics = sidecar.metrics().await?;
     metrics.expect_at_least(
         "kubegrace_drain_force_closed_total",
@@ -91,7 +102,6 @@ async fn websocket_survives_the_grace_phase_and_is_force_closed_at_the_timeout()
         "the WebSocket was not counted as force-closed",
     )?;
     metrics.expect_no_open_connections()?;
-    ensure!(phase >= 3.0);
 
     sidecar.signal("TERM")?;
     sidecar.exits_cleanly().await?;

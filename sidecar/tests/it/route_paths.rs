@@ -49,6 +49,63 @@ async fn ask(sidecar: &InProcess, path: &str) -> Result<(u16, String)> {
     Ok((status, head))
 }
 
+/// The status of a `POST path` that declares an 11-byte body and sends
+/// none of it (nothing is left unread when the answer comes first).
+async fn post_declaring_11(sidecar: &InProcess, path: &str) -> Result<(u16, String)> {
+    let mut tcp = BufReader::new(TcpStream::connect(sidecar.listen).await?);
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\nConnection: close\r\n\r\n"
+    );
+    tcp.get_mut().write_all(request.as_bytes()).await?;
+    let (head, _) = read_answer(&mut tcp, false)
+        .await
+        .with_context(|| path.to_string())?;
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let status = head
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("{path}: {head:?}"))?;
+    Ok((status, head))
+}
+
+/// One order of checks on both HTTP/1 paths (proxy/decide.rs): the path
+/// first (an escaped slash is 400 even with a body over the limit; the
+/// hyper path answered 413 to it before), then the declared body (413,
+/// even on a route whose breaker is open), then the circuit.
+async fn checks_come_in_one_order(fast_path: &str) -> Result<()> {
+    let app = WireApp::start().await?;
+    let config = format!("limits: {{maxRequestBodyBytes: 10}}\n{CONFIG}");
+    let sidecar = InProcess::start(
+        SidecarSpec::new(app.addr)
+            .args(&["--http1-fast-path", fast_path])
+            .config(&config),
+    )
+    .await?;
+    let (status, _) = ask(&sidecar, "/lim/fail").await?;
+    ensure!(
+        status == 500,
+        "the app's failure opens the breaker, got {status}"
+    );
+    for (path, want) in [("/lim%2fx", 400), ("/lim/x", 413), ("/other", 413)] {
+        let (status, head) = post_declaring_11(&sidecar, path).await?;
+        ensure!(
+            status == want,
+            "POST {path} with a body over the limit (fast path {fast_path}) got {status}, not {want}: {head:?}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn checks_come_in_one_order_on_the_fast_path() -> Result<()> {
+    checks_come_in_one_order("true").await
+}
+
+#[tokio::test]
+async fn checks_come_in_one_order_on_hyper() -> Result<()> {
+    checks_come_in_one_order("false").await
+}
+
 async fn route_limits_hold(fast_path: &str) -> Result<()> {
     let app = WireApp::start().await?;
     let sidecar = InProcess::start(

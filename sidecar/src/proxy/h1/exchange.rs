@@ -1,5 +1,7 @@
 //! One request on the fast path, from its parsed head to the end of the
-//! response body: the same steps and answers as handler.rs, on bytes.
+//! response body: the same steps and answers as handler.rs, on bytes. The
+//! route and the admission are decide.rs's, as they are handler.rs's; this
+//! file carries the decision out on the socket.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +22,8 @@ use crate::config::LimitsConfig;
 use crate::drain::Phase;
 use crate::upstream::{BodyFault, Upstream};
 
-use super::super::conn::{ConnActivity, ConnCtx};
+use super::super::conn::activity::{ConnActivity, ConnCtx};
+use super::super::decide;
 use super::super::local::{LocalFraming, client_fault_response, local_response};
 
 /// Bytes read from a socket at a time while relaying a body.
@@ -70,14 +73,9 @@ where
             Parsed::Refused(refusal) => Err(refusal),
             Parsed::Done(head) => {
                 let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::GET);
-                // Made text only when a route matches on it, and then by
-                // the rule hyper's path uses (`HeaderValue::to_str`: tab and
-                // visible ASCII, else matched as no host).
-                let host = match head.host {
-                    Some(host) if live.routes.matches_hosts() => host_text(host),
-                    _ => None,
-                };
-                let route = live.routes.select(&method, host, &head.path);
+                // One rule for both paths (decide.rs); no absolute-form
+                // target comes here, so there is no authority.
+                let route = decide::route(&live.routes, &method, head.host, None, &head.path);
                 // A request this route may send twice needs its body kept and
                 // hyper's error detail (handler.rs retries): hyper takes it.
                 if route.retries_idempotent() && crate::upstream::retry::is_idempotent(&method) {
@@ -101,25 +99,19 @@ where
     };
 
     let mut scope = Scope::start(ctx, req.head_request);
-    if let Framing::Length(n) = req.framing {
-        let max = limits.max_request_body_bytes;
-        if max > 0 && n > max {
-            shared.metrics.body_too_large();
-            let resp = local_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
-            return Some(Box::pin(scope.answer(client, ctl, resp, None, true)).await);
-        }
-    }
-    match route.admit().await {
+    let declared = match req.framing {
+        Framing::Length(n) => Some(n),
+        _ => None,
+    };
+    let max_body = limits.max_request_body_bytes;
+    match decide::admit(&route, declared, max_body, &shared.metrics).await {
         Ok(permit) => scope.permit = Some(permit),
-        Err(rejection) => {
-            tracing::debug!(
-                route = route.name(),
-                reason = rejection.reason(),
-                "request rejected by the circuit"
-            );
-            let resp = route.fallback(&rejection);
-            // The unread body would frame the next request.
-            let close = req.framing != Framing::Empty;
+        Err(refused) => {
+            let answer = refused.answer(&route);
+            // Here nothing reads an unread body: it would frame the next
+            // request, so any body left closes the connection.
+            let close = answer.close || req.framing != Framing::Empty;
+            let resp = answer.response;
             return Some(Box::pin(scope.answer(client, ctl, resp, None, close)).await);
         }
     }
@@ -170,7 +162,7 @@ where
     // The client said this is its last request, all of it is read, and
     // the answer closes: the socket closes right after the answer's last
     // byte, with nothing left unread that we know of, so that byte can go
-    // out with the FIN (conn.rs, `Downstream::poll_write_last`). Not when
+    // out with the FIN (conn/socket.rs, `Downstream::poll_write_last`). Not when
     // the close is only ours (drain, the app's): a client may have sent
     // its next request already, and a close with unread bytes resets the
     // connection, which would take the held bytes with it.
@@ -198,18 +190,6 @@ where
     drop(permit);
     drop(scope);
     Some(next)
-}
-
-/// A `Host` value as text when `HeaderValue::to_str` would give it.
-fn host_text(value: &[u8]) -> Option<&str> {
-    if value
-        .iter()
-        .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b))
-    {
-        std::str::from_utf8(value).ok()
-    } else {
-        None
-    }
 }
 
 /// What the exchange needs of the request head after the buffer moved on.
@@ -615,8 +595,10 @@ fn write_status_line(out: &mut Vec<u8>, status: StatusCode) {
 }
 
 /// One request's accounting and circuit permit (handler.rs's
-/// `RequestScope`): a request dropped before its answer (client gone,
-/// drain deadline) records `Cancelled` and ends its accounting here.
+/// `RequestScope`, counted by the same `ConnCtx::request_started` and
+/// `request_ended`): a request dropped before its answer (client gone,
+/// drain deadline) drops its permit (which records `Cancelled`) and ends
+/// its accounting here.
 struct Scope<'c> {
     /// Borrowed: a clone would be two locked instructions per request.
     ctx: &'c ConnCtx,
@@ -628,12 +610,9 @@ struct Scope<'c> {
 
 impl<'c> Scope<'c> {
     fn start(ctx: &'c ConnCtx, head_request: bool) -> Scope<'c> {
-        ctx.shared.metrics.request_started();
-        ctx.act.inflight.fetch_add(1, Ordering::Relaxed);
-        ctx.act.requests.fetch_add(1, Ordering::Relaxed);
         Scope {
             ctx,
-            started: Instant::now(),
+            started: ctx.request_started(),
             permit: None,
             head_request,
         }
@@ -752,14 +731,9 @@ impl<'c> Scope<'c> {
 
 impl Drop for Scope<'_> {
     fn drop(&mut self) {
-        if let Some(permit) = self.permit.as_mut() {
-            permit.record(UpstreamOutcome::Cancelled);
-        }
+        // The permit goes before the accounting ends; its own `Drop`
+        // records `Cancelled` if no outcome was.
         self.permit = None;
-        self.ctx.act.inflight.fetch_sub(1, Ordering::Relaxed);
-        self.ctx
-            .shared
-            .metrics
-            .request_finished(self.started.elapsed());
+        self.ctx.request_ended(self.started);
     }
 }

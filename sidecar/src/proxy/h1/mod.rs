@@ -28,7 +28,7 @@
 //! than exactly `chunked`, heads over 100 headers when the limit allows
 //! more. The switch from then on is for the rest of the connection, and
 //! happens only between messages, so no byte is read twice. HTTP/2 never
-//! comes here (conn.rs sniffs it first).
+//! comes here (conn/sniff.rs tells it first).
 //!
 //! Every guarantee of the hyper path holds here and is tested on both:
 //! 400/413/431 and the header, body and write timers, smuggling refusals
@@ -40,7 +40,7 @@ mod chunked;
 mod exchange;
 #[cfg(test)]
 mod fuzz;
-mod head;
+pub(super) mod head;
 mod pool;
 mod slot;
 mod spare;
@@ -58,7 +58,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 pub(crate) use pool::RawPool;
 use spare::Class;
 
-use super::conn::{BoxError, ConnCtx, Rewind, Served, hyper_http1};
+use super::conn::activity::ConnCtx;
+use super::conn::served::{BoxError, Outcome, Served};
+use super::conn::socket::Rewind;
 use crate::config::LimitsConfig;
 use crate::http2::Ending;
 use crate::metrics::ClientTimeout;
@@ -81,7 +83,7 @@ const APP_READ: usize = exchange::READ_CHUNK;
 const FIRST_READ: usize = 256;
 
 /// The connection's end as the connection loop asks for it. One task
-/// polls both sides (the loop in conn.rs polls this path's future), so
+/// polls both sides (the loop in conn/serve.rs polls this path's future), so
 /// one waker slot is enough: registering it is a compare of wakers, where
 /// a `Notify` waiter was a locked list insert and removal per request.
 #[derive(Default)]
@@ -132,29 +134,36 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<F: Future<Output = Result<(), BoxError>>> Future for FastServed<F> {
-    type Output = Result<(), BoxError>;
+impl<F, T> Future for FastServed<F>
+where
+    F: Future<Output = Result<Outcome<T>, BoxError>>,
+{
+    type Output = Result<Outcome<T>, BoxError>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.project().run.poll(cx)
     }
 }
 
-impl<F: Future<Output = Result<(), BoxError>> + Send> Served for FastServed<F> {
+impl<F, T> Served<T> for FastServed<F>
+where
+    F: Future<Output = Result<Outcome<T>, BoxError>> + Send,
+{
     fn shutdown(self: Pin<&mut Self>, why: Ending) {
         self.ctl.ask(why);
     }
 }
 
-/// Serves an HTTP/1 connection on the fast path, handing it to hyper if
-/// it meets a request this path does not serve. `read` holds what was
-/// already read from the client (the protocol sniff's bytes): it becomes
-/// the connection's read buffer.
+/// Serves an HTTP/1 connection on the fast path until it ends, or until it
+/// meets a request this path does not serve: then the future ends with
+/// [`Outcome::ToHyper`], and conn/serve.rs hands the socket to hyper.
+/// `read` holds what was already read from the client (the protocol
+/// sniff's bytes): it becomes the connection's read buffer.
 pub(super) fn serve<T>(
     io: T,
     read: BytesMut,
     ctx: Arc<ConnCtx>,
     limits: LimitsConfig,
-) -> Pin<Box<dyn Served>>
+) -> Pin<Box<dyn Served<T>>>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -247,7 +256,7 @@ async fn run<T>(
     ctx: Arc<ConnCtx>,
     limits: LimitsConfig,
     ctl: Arc<Control>,
-) -> Result<(), BoxError>
+) -> Result<Outcome<T>, BoxError>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -263,14 +272,17 @@ where
             let open = ctx.shared.drain.open_connections();
             spare::give_bytes(Class::ClientRead, client.buf, open);
             spare::give_out(client.out, open);
-            Ok(())
+            Ok(Outcome::Done)
         }
         Ok(Ended::Fallback) => {
             // hyper serves the rest of the connection, the unconsumed
-            // bytes replayed first.
+            // bytes replayed first: conn/serve.rs hands it over, and
+            // passes on an ending already asked of this path.
             spare::give_out(client.out, ctx.shared.drain.open_connections());
-            let replayed = Rewind::new(client.buf.freeze(), client.io);
-            follow_ending(hyper_http1(replayed, ctx, &limits), &ctl).await
+            Ok(Outcome::ToHyper(Rewind::new(
+                client.buf.freeze(),
+                client.io,
+            )))
         }
         Err(err) => Err(err),
     }
@@ -366,21 +378,6 @@ where
             }
             Next::Abort => return Ok(Ended::Closed),
             Next::Fallback => return Ok(Ended::Fallback),
-        }
-    }
-}
-
-/// Runs `served` to its end, passing on the ending this path was asked for.
-async fn follow_ending(mut served: Pin<Box<dyn Served>>, ctl: &Control) -> Result<(), BoxError> {
-    let mut asked = false;
-    loop {
-        if !asked && let Some(why) = ctl.ending() {
-            served.as_mut().shutdown(why);
-            asked = true;
-        }
-        tokio::select! {
-            res = served.as_mut() => return res,
-            _ = ctl.asked(), if !asked => {}
         }
     }
 }

@@ -38,10 +38,10 @@ test-unit: deps ## unit and in-process integration tests (loopback only, no clus
 h2spec: ## the sidecar's HTTP/2 side against h2spec's 145 cases (part of test-unit; known failures in hack/h2spec.known)
 	hack/h2spec
 
-fuzz: ## the property tests long (fast-path parsers, drain on any accepted config, GraceRoute specs; FUZZ_CASES per property, default 100000; minutes)
+fuzz: ## the property tests long: fast-path parsers and drain configs (FUZZ_CASES per property, default 100000, about 1 min), GraceRoute specs (FUZZ_OPERATOR_CASES, default 20000, about 11 min)
 	KUBEGRACE_FUZZ_CASES=$${FUZZ_CASES:-100000} $(CARGO) test -p kubegrace-sidecar --lib proxy::h1::fuzz -- --test-threads=2
 	KUBEGRACE_FUZZ_CASES=$${FUZZ_CASES:-100000} $(CARGO) test -p kubegrace-sidecar --lib drain::fuzz -- --test-threads=2
-	KUBEGRACE_FUZZ_CASES=$${FUZZ_CASES:-100000} $(CARGO) test -p kubegrace-operator --lib build::fuzz -- --test-threads=2
+	KUBEGRACE_FUZZ_CASES=$${FUZZ_OPERATOR_CASES:-20000} $(CARGO) test -p kubegrace-operator --lib build::fuzz -- --test-threads=2
 
 test-cluster: deps ## cluster tests on $$KUBECONFIG, or on the local single-node cluster (booted and torn down here)
 	e2e/run-cluster-tests

@@ -7,6 +7,9 @@
 //!   without a restart, and the route's status shows the new config hash.
 //! - kill the operator: operator pods killed (grace period 0) in the middle of a rollout:
 //!   no failed request, every new pod injected, the other replica takes the Lease.
+//! - the finalizer (after annotate, on its route): a route without a `rollout` block holds
+//!   none; a `rollout` block adds it before the Deployment is written; deleting the route
+//!   restores the Deployment and lets the route go.
 //!
 //! One chart install (two operator replicas, `failurePolicy: Fail`) for the three flows;
 //! each flow has its own temporary labelled namespace, deleted at the end. All three run,
@@ -65,8 +68,10 @@ async fn annotate_edit_route_and_kill_the_operator_under_load() -> Result<()> {
         }
         let mut report = Vec::new();
         let mut failures = Vec::new();
+        let annotated = annotate_flow(&annotate, &p).await;
         for (flow, result) in [
-            ("annotate", annotate_flow(&annotate, &p).await),
+            ("annotate", annotated),
+            ("finalizer", finalizer_flow(&annotate, &p).await),
             ("edit GraceRoute", edit_route_flow(&reload, &p).await),
             ("kill operator", kill_operator_flow(&kill, &p).await),
         ] {
@@ -446,5 +451,101 @@ async fn kill_operator_flow(sc: &Scenario, p: &Progress) -> Result<Vec<String>> 
         run.summary.requests,
         run.summary.by_detail
     );
+    Ok(vec![line])
+}
+
+/// `kubegrace.io/cleanup` is held only while the route has written into its Deployment:
+/// none on a route without a `rollout` block (so it never hangs in Terminating when the
+/// operator is removed first), added before the block's first write, and released after
+/// the deletion restored the Deployment.
+async fn finalizer_flow(sc: &Scenario, p: &Progress) -> Result<Vec<String>> {
+    const FINALIZER: &str = "kubegrace.io/cleanup";
+    const MIN_READY: i32 = 7;
+    let routes = route_api(sc);
+    let deployments: Api<Deployment> = Api::namespaced(sc.client.clone(), &sc.namespace);
+    let holds = |r: &DynamicObject| {
+        r.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == FINALIZER)
+    };
+    let reconciled = |r: &DynamicObject| {
+        r.data["status"]["observedGeneration"].as_i64() == r.metadata.generation
+    };
+    let original = deployments
+        .get(WEB)
+        .await?
+        .spec
+        .and_then(|s| s.min_ready_seconds);
+    let route = p
+        .wait("the route reconciled", Patience::API_CHANGE, || async {
+            let r = routes.get(WEB).await.map_err(|e| e.to_string())?;
+            if reconciled(&r) {
+                Ok(r)
+            } else {
+                Err("observedGeneration behind".into())
+            }
+        })
+        .await?;
+    ensure!(
+        !holds(&route),
+        "a route without a rollout block holds {FINALIZER}: {:?}",
+        route.metadata.finalizers
+    );
+
+    routes
+        .patch(
+            WEB,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"rollout": {"minReadySeconds": MIN_READY}}})),
+        )
+        .await?;
+    p.wait(
+        "minReadySeconds written into the Deployment",
+        Patience::API_CHANGE,
+        || async {
+            let d = deployments.get(WEB).await.map_err(|e| e.to_string())?;
+            let now = d.spec.and_then(|s| s.min_ready_seconds);
+            if now == Some(MIN_READY) {
+                Ok(())
+            } else {
+                Err(format!("minReadySeconds {now:?}"))
+            }
+        },
+    )
+    .await?;
+    // Added before the write, so it is there once the write is.
+    let route = routes.get(WEB).await?;
+    ensure!(
+        holds(&route),
+        "the route wrote into its Deployment without {FINALIZER}: {:?}",
+        route.metadata.finalizers
+    );
+
+    routes.delete(WEB, &Default::default()).await?;
+    p.wait("the route gone", Patience::API_CHANGE, || async {
+        match routes.get_opt(WEB).await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(r) => Err(format!(
+                "still there, finalizers {:?}",
+                r.metadata.finalizers
+            )),
+        }
+    })
+    .await?;
+    let restored = deployments
+        .get(WEB)
+        .await?
+        .spec
+        .and_then(|s| s.min_ready_seconds);
+    ensure!(
+        restored.unwrap_or(0) == original.unwrap_or(0),
+        "minReadySeconds {restored:?} after the route's deletion, was {original:?}"
+    );
+    let line = format!(
+        "no finalizer without a rollout block; held once it wrote minReadySeconds {MIN_READY}; deleted route gone, minReadySeconds back to {restored:?}"
+    );
+    p.step(&line);
     Ok(vec![line])
 }

@@ -245,6 +245,17 @@ impl Metrics {
         });
     }
 
+    /// Drops the per-route series (`namespace/name`) of routes that no
+    /// longer exist: a route without a finalizer is deleted without a
+    /// reconcile that could [`Metrics::forget_route`] it.
+    pub fn retain_routes(&self, exists: impl Fn(&str) -> bool) {
+        self.pods_not_injected
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|route, _| exists(route));
+        self.drain_counts(|counts| counts.retain(|route, _| exists(route)));
+    }
+
     /// The controllers stopped here: the per-route gauges would go stale
     /// (and double an alert's count beside the new leader's).
     pub fn stopped_leading(&self) {

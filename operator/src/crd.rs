@@ -20,13 +20,15 @@
 pub mod bounds;
 mod breaker;
 mod duration;
+#[cfg(test)]
+mod reference;
 mod rollout;
 mod status;
+mod target;
 #[cfg(test)]
 mod tests;
 
 use std::borrow::Cow;
-use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -40,9 +42,8 @@ use serde::{Deserialize, Serialize};
 pub use bounds::DURATION_PATTERN;
 use bounds::{
     HOST_PATTERN, MAX_DRAIN_TEXT, MAX_FAIL_ON, MAX_FALLBACK_BODIES, MAX_HOST, MAX_METHOD,
-    MAX_METHODS, MAX_PATH, MAX_PORT_NAME, MAX_PORTS, MAX_RETRY_BODY_BYTES,
-    MAX_RETRY_MIN_PER_SECOND, MAX_ROUTE_NAME, MAX_ROUTE_OBJECT_NAME, MAX_ROUTES, MAX_TARGET_NAME,
-    PATH_PATTERN,
+    MAX_METHODS, MAX_PATH, MAX_PORTS, MAX_RETRY_BODY_BYTES, MAX_RETRY_MIN_PER_SECOND,
+    MAX_ROUTE_NAME, MAX_ROUTE_OBJECT_NAME, MAX_ROUTES, PATH_PATTERN,
 };
 pub use breaker::{CircuitBreakerSpec, FallbackSpec};
 pub use duration::Duration;
@@ -50,6 +51,7 @@ use duration::{durations_ok, over_cap, well_formed};
 pub use rollout::RolloutSpec;
 use rollout::r_grace;
 pub use status::{GraceRouteStatus, LastDrains};
+pub use target::{PortProtocol, PortSpec, TargetKind, TargetRef};
 
 /// CEL: route `r` has a timeout that, with `drain.maxDelay`, is over the
 /// drain cap (each within its own cap: those have their own message).
@@ -122,13 +124,18 @@ fn name_message() -> String {
     derive = "PartialEq",
     doc = "GraceRoute fronts the pods of a workload with the kubegrace sidecar and derives safe rollout timing from its drain settings.",
     // Raw JSON: kube-derive 5 merges structured printcolumn(...) entries
-    // that carry a description into their neighbours.
+    // that carry a description into their neighbours. The columns answer
+    // the first questions in the order people ask them: is it working, why
+    // not, on what, with which grace period; `-o wide` adds the message.
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"the Ready condition"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","description":"why the route is (not) Ready"}"#,
+    printcolumn = r#"{"name":"Target","type":"string","jsonPath":".spec.targetRef.name","description":"the targetRef workload (empty for a selector route)"}"#,
     printcolumn = r#"{"name":"Targets","type":"integer","jsonPath":".status.targetCount","description":"workloads this route applies to"}"#,
     printcolumn = r#"{"name":"Injected","type":"string","jsonPath":".status.injected","description":"pods carrying the sidecar / pods that should"}"#,
     printcolumn = r#"{"name":"Budget","type":"string","jsonPath":".status.budget","description":"terminationGracePeriodSeconds in force"}"#,
-    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"LastDrains","type":"string","jsonPath":".status.lastDrains.summary","description":"drain outcomes of the pods the last rollout replaced"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"time since the route was created"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].message","description":"the Ready condition's message"}"#,
     validation = Rule::new(name_rule()).message(Message::Message(name_message()))
 )]
 #[x_kube(validation = Rule::new("has(self.targetRef) != has(self.selector)").message("set exactly one of targetRef (a Deployment or StatefulSet) and selector (pod labels)"))]
@@ -136,29 +143,40 @@ fn name_message() -> String {
 #[x_kube(validation = Rule::new(bodies_rule()).message(Message::Message(bodies_message())).field_path(".routes"))]
 #[serde(rename_all = "camelCase")]
 pub struct GraceRouteSpec {
-    /// The workload whose pods get the sidecar. Set this or `selector`.
+    /// The workload whose pods get the sidecar. Set this or `selector`;
+    /// no default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_ref: Option<TargetRef>,
     /// Pods (and the Deployments/StatefulSets whose pod template matches)
-    /// selected by label. Set this or `targetRef`.
+    /// selected by label. Set this or `targetRef`; no default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
     /// The named pod port the sidecar takes over. The sidecar listens under
     /// this name (so a Service with `targetPort: <name>` reaches it); the app
     /// keeps its port number under a new name. Exactly one port per route in
     /// v1alpha1: the sidecar has one listener (a second port needs a second
-    /// route).
-    #[schemars(length(min = 1, max = MAX_PORTS))]
+    /// route). Required: exactly 1 item (the list is keyed by `name`).
+    #[schemars(
+        length(min = 1, max = MAX_PORTS),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
     pub ports: Vec<PortSpec>,
+    /// The drain timers and modes; every field has its own default.
     #[serde(default)]
     pub drain: DrainSpec,
     /// Breaker for every route without its own, and for all other traffic.
+    /// Unset: no concurrency limit, queue or breaker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub circuit_breaker: Option<CircuitBreakerSpec>,
-    /// Per-route policy; first match wins. At most 64 routes (merge routes
+    /// Per-route policy; first match wins (list order), and traffic no
+    /// route matches goes on without a timeout or a route's breaker.
+    /// Keyed by `name`. Default: none. At most 64 routes (merge routes
     /// that share a policy: a path prefix covers every path below it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = MAX_ROUTES))]
+    #[schemars(
+        length(max = MAX_ROUTES),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
     #[x_kube(validation = Rule::new("self.all(r, self.exists_one(o, o.name == r.name))").message("route names must be unique"))]
     pub routes: Vec<RouteSpec>,
     /// Bounds the retries of requests the app never saw (refused HTTP/2
@@ -182,55 +200,6 @@ impl GraceRouteSpec {
             .as_ref()
             .map_or_else(r_grace, |r| r.termination_grace_period_seconds.clone())
     }
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct TargetRef {
-    pub kind: TargetKind,
-    /// The workload's name (at most 253 characters).
-    #[schemars(length(min = 1, max = MAX_TARGET_NAME))]
-    pub name: String,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
-pub enum TargetKind {
-    Deployment,
-    StatefulSet,
-}
-
-impl fmt::Display for TargetKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Deployment => "Deployment",
-            Self::StatefulSet => "StatefulSet",
-        })
-    }
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PortSpec {
-    /// Name of a container port of the target's pods (an IANA service
-    /// name: at most 15 lowercase letters, digits and dashes).
-    #[schemars(
-        length(min = 1, max = MAX_PORT_NAME),
-        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    )]
-    pub name: String,
-    #[serde(default)]
-    pub protocol: PortProtocol,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum PortProtocol {
-    /// HTTP/1.1; HTTP/2 prior knowledge (h2c) is detected too.
-    #[default]
-    Http,
-    Http2,
-    Grpc,
-    Tcp,
 }
 
 fn d_min_delay() -> Duration {
@@ -319,53 +288,58 @@ fn drain_sum_message() -> String {
 #[serde(rename_all = "camelCase")]
 pub struct DrainSpec {
     /// Keep serving at least this long after the drain starts (routers
-    /// lag): at most `maxDelay` (so at most 1h).
+    /// lag): at most `maxDelay` (so at most 1h). Default: `2s`.
     #[serde(default = "d_min_delay")]
     pub min_delay: Duration,
     /// After minDelay, stop accepting once no new connection came for this
-    /// long: at most `maxDelay` (so at most 1h).
+    /// long: at most `maxDelay` (so at most 1h). Default: `1s`.
     #[serde(default = "d_quiet")]
     pub quiet: Duration,
     /// Stop accepting after this long at the latest. `maxDelay + timeout`,
     /// and `maxDelay` + each route's timeout, must stay within 1h: with a
     /// 5s margin that sum is the pods' terminationGracePeriodSeconds.
+    /// Default: `15s`.
     #[serde(default = "d_max_delay")]
     pub max_delay: Duration,
     /// Then wait at most this long for in-flight requests: more than 0s,
-    /// and `maxDelay + timeout` at most 1h.
+    /// and `maxDelay + timeout` at most 1h. Default: `30s`.
     #[serde(default = "d_timeout")]
     pub timeout: Duration,
     /// What the sidecar's readiness answers during the grace phase:
     /// `failFast` turns the endpoint not-serving at the drain's start;
     /// `stayServing` keeps it serving (and terminating) until the listener
     /// closes, for L4 load balancers with `externalTrafficPolicy: Local`.
+    /// Default: `failFast`.
     #[serde(default = "d_readiness")]
     pub readiness: Readiness,
     /// How a downstream HTTP/2 connection is told to go: `auto` (per
     /// client: `finalOnly` for python's h2, `twoPhase` for the rest),
-    /// `twoPhase` or `finalOnly` (docs/http2-drain.md).
+    /// `twoPhase` or `finalOnly` (docs/http2-drain.md). Default: `auto`.
     #[serde(default = "d_http2_go_away")]
     pub http2_go_away: Http2GoAwaySpec,
     /// Who answers the gRPC health service (`grpc.health.v1.Health`) once
     /// the drain starts: `notServing` (the sidecar answers Check and pushes
     /// down Watch streams NOT_SERVING, so clients that balance on health
     /// checks leave before the GOAWAY) or `app` (health calls always reach
-    /// the app).
+    /// the app). Default: `notServing`.
     #[serde(default = "d_grpc_health")]
     pub grpc_health: GrpcHealthSpec,
     /// How an upgraded WebSocket ends at the drain deadline: `goingAway`
     /// (a Close frame with 1001 to the client and to the app, at frame
     /// boundaries, then the close handshake, then the TCP close) or `cut`
-    /// (the TCP connection is closed, as for other upgrades).
+    /// (the TCP connection is closed, as for other upgrades). Default:
+    /// `goingAway`.
     #[serde(default = "d_websocket_close")]
     pub websocket_close: WebSocketCloseSpec,
     /// The WebSocket closes are spread over this window, which ends at the
     /// drain deadline (each session picks a random point), so clients do
     /// not all reconnect at once. At most 1h (and capped by `timeout`).
+    /// Default: `5s`.
     #[serde(default = "d_websocket_close_window")]
     pub websocket_close_window: Duration,
     /// How long a WebSocket close waits for the peers' Close replies
     /// before the TCP close: at most 1h (and capped by `timeout`).
+    /// Default: `1s`.
     #[serde(default = "d_websocket_close_wait")]
     pub websocket_close_wait: Duration,
 }
@@ -427,31 +401,39 @@ impl Default for DrainSpec {
 #[serde(rename_all = "camelCase")]
 pub struct RouteSpec {
     /// Unique among the routes: at most 63 lowercase letters, digits and
-    /// dashes (it names the route in the sidecar's metrics).
+    /// dashes (it names the route in the sidecar's metrics); the key of the
+    /// `routes` list. No default.
     #[schemars(
         length(min = 1, max = MAX_ROUTE_NAME),
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     )]
     pub name: String,
+    /// Which requests this route takes: every condition set must hold.
+    /// Unset: every request (a catch-all route).
     #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
     pub matcher: Option<RouteMatchSpec>,
     /// Upstream request timeout: more than 0s and at most 1h. The drain
     /// waits at least this long for in-flight requests, so it also raises
     /// the time budget: `drain.maxDelay` + this must stay within 1h too.
+    /// Unset: no timeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
-    /// Overrides the route-wide `circuitBreaker`.
+    /// Overrides the route-wide `circuitBreaker` for this route. Unset: the
+    /// route-wide one applies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub circuit_breaker: Option<CircuitBreakerSpec>,
+    /// The response served while this route's breaker is open or its
+    /// queue is full. Unset: a plain 503 with `Retry-After`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<FallbackSpec>,
     /// What counts as a failure: 5xx, a 5xx status such as 503,
-    /// connect-error, timeout; at most 16 entries.
+    /// connect-error, timeout; at most 16 entries, each at most 13
+    /// characters. Unset: 5xx, connect-error and timeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_FAIL_ON))]
     pub fail_on: Option<Vec<FailOn>>,
     /// Retries beyond the requests the app never saw (those are always
-    /// retried within `retryBudget`).
+    /// retried within `retryBudget`). Unset: no other retries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RouteRetrySpec>,
 }
@@ -460,18 +442,19 @@ pub struct RouteSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RetryBudgetSpec {
-    /// Retries allowed per request over the last ten seconds (0 to 1).
+    /// Retries allowed per request over the last ten seconds: 0 to 1.
+    /// Default: 0.2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub ratio: Option<f64>,
     /// Retries allowed per second whatever the traffic (a floor for quiet
-    /// apps): 0 to 10000.
+    /// apps): 0 to 10000. Default: 10.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = MAX_RETRY_MIN_PER_SECOND))]
     pub min_per_second: Option<u32>,
     /// Request body bytes kept for a retry; a larger request is not
     /// retried. 0 turns retries off; at most 16777216 (16 MiB: each request
-    /// in flight may keep this much memory).
+    /// in flight may keep this much memory). Default: 65536.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = MAX_RETRY_BODY_BYTES))]
     pub max_body_bytes: Option<u64>,
@@ -484,6 +467,7 @@ pub struct RouteRetrySpec {
     /// Also retry requests that may have reached the app (no answer came)
     /// when their method is idempotent (GET, HEAD, OPTIONS, TRACE, PUT,
     /// DELETE). Only for apps where doing such a request twice is harmless.
+    /// Default: false.
     #[serde(default)]
     pub idempotent: bool,
 }
@@ -514,22 +498,24 @@ pub struct RouteMatchSpec {
     /// Whole path segments below this prefix (`/api` takes `/api/users`,
     /// not `/apis`): starts with `/`, printable ASCII without spaces (as
     /// requests send paths: percent-encode the rest), at most 1024
-    /// characters.
+    /// characters. Unset: any path (or `path` decides).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_PATH), regex(pattern = PATH_PATTERN))]
     pub path_prefix: Option<String>,
     /// Exactly this path: starts with `/`, printable ASCII without spaces,
-    /// at most 1024 characters.
+    /// at most 1024 characters. Set this or `pathPrefix`, not both. Unset:
+    /// any path (or `pathPrefix` decides).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_PATH), regex(pattern = PATH_PATTERN))]
     pub path: Option<String>,
     /// Methods in capitals (`GET`); at most 16, each at most 32 letters.
+    /// Unset: any method.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_METHODS))]
     pub methods: Vec<HttpMethod>,
     /// The `Host` header without port; `*.example.com` matches one or more
     /// labels. Printable ASCII without spaces (IDNs as punycode), at most
-    /// 253 characters.
+    /// 253 characters. Unset: any host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_HOST), regex(pattern = HOST_PATTERN))]
     pub host: Option<String>,

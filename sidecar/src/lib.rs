@@ -20,6 +20,7 @@ pub mod app;
 pub mod app_readiness;
 pub mod circuit;
 pub mod cli;
+pub mod config_keys;
 pub mod drain;
 pub mod error;
 pub mod http2;
@@ -555,12 +556,10 @@ pub const UPGRADE_REASON: &str = "upgrade";
 
 /// Starts the sidecar with signal handling, announces the bound ports and
 /// runs until SIGTERM/SIGINT and the drain that follows are over.
-pub async fn run(
-    mut config: Config,
-    settings: Settings,
-    file_missing: bool,
-) -> Result<DrainReport> {
-    let sidecar = Sidecar::start_with(&mut config, settings, true, file_missing).await?;
+pub async fn run(startup: cli::Startup, settings: Settings) -> Result<DrainReport> {
+    let mut config = startup.config;
+    let sidecar = Sidecar::start_with(&mut config, settings, true, startup.file_missing).await?;
+    reload::note_unknown_keys(&sidecar.shared, &startup.unknown_keys);
     sidecar.write_ready_file()?;
     println!("{}", sidecar.ready_line());
     upgrade::notify_ready();

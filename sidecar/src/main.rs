@@ -49,11 +49,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    match runtime.block_on(kubegrace_sidecar::run(
-        startup.config,
-        settings,
-        startup.file_missing,
-    )) {
+    match runtime.block_on(kubegrace_sidecar::run(startup, settings)) {
         Ok(report) => {
             tracing::info!(
                 connections = report.connections,

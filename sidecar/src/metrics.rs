@@ -33,6 +33,8 @@ pub struct Metrics {
     duration_count: AtomicU64,
     reloads_ok: AtomicU64,
     reloads_error: AtomicU64,
+    /// Keys of the config file in force that this release skipped.
+    config_unknown_keys: AtomicU64,
     upstream_errors: AtomicU64,
     upstream_timeouts: AtomicU64,
     /// Requests refused with 413 (a client error: declared or sent too much).
@@ -138,6 +140,14 @@ impl Metrics {
         } else {
             self.reloads_error.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// The config file now in force has `n` keys this release skipped
+    /// (set at start and by each good reload; a refused one changes
+    /// nothing, as the config in force does not change).
+    pub fn config_unknown_keys(&self, n: usize) {
+        self.config_unknown_keys
+            .store(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     pub fn upstream_error(&self) {
@@ -460,6 +470,13 @@ impl Metrics {
                 ("error", get(&self.reloads_error)),
             ],
         );
+        Family::new(
+            out,
+            "kubegrace_config_unknown_keys",
+            "gauge",
+            "Keys of the config file in force that this sidecar does not know and skipped (written by a newer operator during an upgrade; the log names them).",
+        )
+        .value(get(&self.config_unknown_keys));
         Family::new(
             out,
             "kubegrace_upstream_errors_total",

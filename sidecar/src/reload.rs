@@ -75,12 +75,29 @@ pub(crate) async fn watch(
     }
 }
 
+/// The config file now in force has `keys` this release skipped: the
+/// metric and `/config` say so (the warning is logged where the file was read).
+pub fn note_unknown_keys(shared: &Shared, keys: &[String]) {
+    shared.metrics.config_unknown_keys(keys.len());
+    shared.update_status(|s| {
+        s.unknown_keys = keys
+            .iter()
+            .take(crate::config_keys::MAX_NAMED)
+            .cloned()
+            .collect();
+    });
+}
+
 /// Re-reads the file and applies it. On error the config in force stays.
+/// Keys this release does not know are skipped with a warning and counted;
+/// every known key is checked as before.
 pub fn reload(shared: &Shared, file: &Path, overrides: &Overrides) -> crate::Result<Vec<String>> {
-    match cli::load(Some(file), overrides) {
-        Ok(config) => {
-            let needs_restart = apply(shared, config);
+    match cli::load_file(Some(file), overrides) {
+        Ok(loaded) => {
+            let needs_restart = apply(shared, loaded.config);
             shared.metrics.reload(true);
+            cli::warn_unknown(file, &loaded.unknown_keys);
+            note_unknown_keys(shared, &loaded.unknown_keys);
             shared.update_status(|s| {
                 s.reloads += 1;
                 s.last_reload = Some(ConfigStatus::stamp());

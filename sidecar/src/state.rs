@@ -43,6 +43,11 @@ pub struct ConfigStatus {
     /// Keys changed in the file that only take effect after a restart.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub needs_restart: Vec<String>,
+    /// Keys of the file in force this release does not know and skipped
+    /// (at most [`crate::config_keys::MAX_NAMED`] named; the metric has
+    /// the count).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unknown_keys: Vec<String>,
 }
 
 impl ConfigStatus {

@@ -172,8 +172,9 @@ async fn the_validating_webhook_refuses_an_unknown_port_and_an_over_budget_route
                 .contains("no container port named \"admin\""),
             "{err}"
         );
-        // The operator's own writes (finalizer on, status, finalizer off at
-        // deletion) go through the webhook and are never refused.
+        // The operator's own writes (status; the finalizer on and off for a
+        // route that writes into its workload) go through the webhook and are
+        // never refused.
         wait_for(60, "web Accepted", || async {
             let r = routes.get("web").await.ok()?;
             (condition(&r, "Accepted")?.0 == "True").then_some(())

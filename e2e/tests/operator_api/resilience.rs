@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::PostParams;
 use kube::core::DynamicObject;
@@ -58,10 +58,11 @@ async fn an_operator_killed_mid_reconcile_converges_when_it_starts_again() {
             let route = graceroute("web", "web");
             create(&routes, &route, "create route").await;
             let (_stop, task) = start_operator(client, &ns.name, port);
-            // Kill it as soon as the reconcile has begun (the finalizer is its first write).
-            wait_for(60, "finalizer added", || async {
-                let r = routes.get("web").await.ok()?;
-                (!r.finalizers().is_empty()).then_some(())
+            // Kill it as soon as the reconcile has begun: the route's ConfigMap is its
+            // first write (a route without a rollout block holds no finalizer).
+            let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+            wait_for(60, "the route's ConfigMap written", || async {
+                config_maps.get_opt("kubegrace-web").await.ok()?.map(|_| ())
             })
             .await;
             task.abort();

@@ -160,6 +160,10 @@ fn check_spec(spec: &GraceRouteSpec) -> Result<(), Invalid> {
             return Err(refuse("targetRef.name", "must not be empty"));
         }
         max_len("targetRef.name", &t.name, MAX_TARGET_NAME)?;
+        // Stored under an older CRD without the group rule.
+        if let Some(why) = t.unsupported_group() {
+            return Err(refuse("targetRef.group", why));
+        }
     }
     if spec.ports.is_empty() {
         return Err(refuse(
@@ -511,6 +515,29 @@ mod tests {
             "metadata.name",
         );
         assert!(m.contains("shorter name"), "{m}");
+    }
+
+    #[test]
+    fn a_target_group_other_than_apps_is_refused_and_apps_or_none_passes() {
+        let m = refused(
+            &BASE.replace(
+                "targetRef: {kind: Deployment,",
+                "targetRef: {group: argoproj.io, kind: Deployment,",
+            ),
+            "targetRef.group",
+        );
+        assert!(m.contains("Deployment and StatefulSet"), "{m}");
+        check_bounds(&route(&BASE.replace(
+            "targetRef: {kind: Deployment,",
+            "targetRef: {group: apps, kind: Deployment,",
+        )))
+        .expect("apps");
+        let r = route(BASE);
+        assert_eq!(
+            r.spec.target_ref.as_ref().map(|t| t.group.as_str()),
+            Some("apps")
+        );
+        check_bounds(&r).expect("no group: apps");
     }
 
     #[test]

@@ -126,6 +126,15 @@ impl Inbox {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Drops what is kept for routes (`namespace/name`) that no longer
+    /// exist: a route deleted without a finalizer gets no last reconcile.
+    pub fn retain(&self, exists: impl Fn(&str) -> bool) {
+        let mut boxes = self.lock();
+        boxes.pending.retain(|route, _| exists(route));
+        boxes.counted.retain(|route, _| exists(route));
+        boxes.written.retain(|route, _| exists(route));
+    }
+
     /// From the pod watch: keeps `pod`'s report for each of `routes`.
     pub fn offer(&self, pod: &Pod, routes: &[ObjectRef<GraceRoute>]) {
         let Some(drain) = report_of(pod) else { return };

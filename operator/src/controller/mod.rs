@@ -11,10 +11,11 @@
 //!
 //! Level-triggered and idempotent: every pass runs the whole pipeline. An
 //! invalid route is not an error, it is a status (`Accepted=False`) and
-//! waits for a change; API failures are errors and are retried. A finalizer
-//! restores what an explicit `rollout` block changed on the targets when
-//! the route is deleted; the ConfigMap goes with the route through its
-//! owner reference.
+//! waits for a change; API failures are errors and are retried. A
+//! [`finalizer`] restores what an explicit `rollout` block changed on the
+//! targets when the route is deleted, held only while there is such a
+//! change to undo; the ConfigMap goes with the route through its owner
+//! reference.
 //!
 //! Routes are watched as dynamic objects and decoded one at a time
 //! ([`crate::tolerant`]): a stored route the operator cannot decode gets
@@ -35,7 +36,6 @@ use kube::core::DynamicObject;
 use kube::core::SelectorExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -43,12 +43,13 @@ use kube::{Api, Client, Resource, ResourceExt};
 use crate::admin::Metrics;
 use crate::crd::{GraceRoute, TargetKind};
 use crate::tolerant::{self, Routes};
-use crate::{Error, FIELD_MANAGER, FINALIZER, Result, keys};
+use crate::{Error, FIELD_MANAGER, Result, keys};
 
 pub mod apply;
 pub mod dereference;
 pub mod desired;
 pub mod drains;
+pub mod finalizer;
 pub mod invalid;
 pub mod status;
 pub mod validate;
@@ -91,6 +92,7 @@ async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {
         Err(invalid) => {
             let report = status::rejected(route, &observed, &invalid);
             write_with_drains(ctx, &api, route, &observed, report).await?;
+            finalizer::follow(&api, route, &observed).await?;
             // A foreign ConfigMap is not watched (the watch is label-selected):
             // look again now and then. Otherwise nothing changes until the
             // route or a target does; watches bring us back.
@@ -102,7 +104,7 @@ async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {
         }
     };
     let desired = desired::desired(route, &valid, &observed)?;
-    apply::apply(&ctx.client, &ns, &desired).await?;
+    finalizer::apply_guarded(&ctx.client, &api, route, &observed, &desired).await?;
     let report = status::accepted(route, &observed, &valid, &desired);
     let ready = report.ready();
     write_with_drains(ctx, &api, route, &observed, report).await?;
@@ -216,9 +218,16 @@ async fn publish_on_workloads(
 
 pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action> {
     let start = Instant::now();
-    // Series of undecodable routes deleted without a reconcile go here.
+    // Series of routes deleted without a reconcile (no finalizer) go here.
     ctx.metrics
         .retain_undecodable(|ns, name| ctx.routes.contains(ns, name));
+    let exists = |label: &str| {
+        label
+            .split_once('/')
+            .is_some_and(|(ns, name)| ctx.routes.contains(ns, name))
+    };
+    ctx.metrics.retain_routes(exists);
+    ctx.drains.retain(exists);
     let result = invalid::guarded(&ctx, &obj, reconcile_object(&obj, &ctx)).await;
     ctx.metrics
         .reconciled(start.elapsed(), result.as_ref().err().map(Error::kind));
@@ -236,20 +245,21 @@ async fn reconcile_object(obj: &DynamicObject, ctx: &Context) -> Result<Action> 
         Err(why) => return invalid::report_undecodable(ctx, obj, &why).await,
     };
     ctx.metrics.route_decodes(&ns, &route.name_any(), true);
+    if route.meta().deletion_timestamp.is_none() {
+        return reconcile_route(&route, ctx).await;
+    }
+    // Deleted. Without the finalizer the API server has let it go and
+    // there is nothing to undo; with it, restore the targets, then let go.
+    let key = ObjectRef::from_obj(route.as_ref());
+    ctx.metrics.forget_route(&drains::route_label(&key));
+    ctx.drains.forget(&key);
+    if !finalizer::has(&route) {
+        return Ok(Action::await_change());
+    }
     let api: Api<GraceRoute> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, route, |event| async {
-        match event {
-            Finalizer::Apply(r) => reconcile_route(&r, ctx).await,
-            Finalizer::Cleanup(r) => {
-                let key = ObjectRef::from_obj(r.as_ref());
-                ctx.metrics.forget_route(&drains::route_label(&key));
-                ctx.drains.forget(&key);
-                apply::cleanup(&r, ctx).await
-            }
-        }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
+    let action = apply::cleanup(&route, ctx).await?;
+    finalizer::release(&api, &route).await?;
+    Ok(action)
 }
 
 pub fn error_policy(obj: Arc<DynamicObject>, err: &Error, _ctx: Arc<Context>) -> Action {

@@ -55,6 +55,10 @@ pub const DURATION_PATTERN: &str = "^([0-9]{1,5}(h|m|s|ms))+$";
 pub const MAX_ROUTE_OBJECT_NAME: usize = 63;
 /// `targetRef.name`: a Deployment or StatefulSet name.
 pub const MAX_TARGET_NAME: usize = 253;
+/// `targetRef.group`: an API group is a DNS subdomain.
+pub const MAX_GROUP: usize = 253;
+/// The one `targetRef.group` v1alpha1 accepts: Deployment and StatefulSet.
+pub const SUPPORTED_GROUP: &str = "apps";
 /// `ports[].name`: an IANA service name.
 pub const MAX_PORT_NAME: usize = 15;
 /// `ports`: the sidecar has one listener.

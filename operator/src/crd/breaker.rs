@@ -74,55 +74,58 @@ fn max_open_for_rule() -> String {
 #[serde(rename_all = "camelCase")]
 pub struct CircuitBreakerSpec {
     /// Requests in flight to the app at once (the ceiling when adaptive):
-    /// 1 to 1000000.
+    /// 1 to 1000000. Default: 1024.
     #[serde(default = "cb_max_concurrent")]
     #[schemars(range(min = 1, max = MAX_CONCURRENT))]
     pub max_concurrent: u32,
     /// Requests waiting for a slot, beyond which the fallback is served: 0
-    /// (no queue) to 1000000.
+    /// (no queue) to 1000000. Default: 1024.
     #[serde(default = "cb_max_queue")]
     #[schemars(range(min = 0, max = MAX_QUEUE))]
     pub max_queue: u32,
     /// How long a request may wait in the queue: more than 0s (with a
-    /// queue) and at most 1h.
+    /// queue) and at most 1h. Default: `1s`.
     #[serde(default = "cb_queue_timeout")]
     pub queue_timeout: Duration,
     /// Open when failures/requests reach this over `window`: 0 (off) to 1.
+    /// Default: 0.5.
     #[serde(default = "cb_error_ratio")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub error_ratio: f64,
     /// The ratio only counts once this many requests were seen in `window`:
-    /// 0 to 1000000.
+    /// 0 to 1000000. Default: 20.
     #[serde(default = "cb_min_requests")]
     #[schemars(range(min = 0, max = MAX_MIN_REQUESTS))]
     pub min_requests: u32,
     /// The rolling window of `errorRatio`: more than 0s (with a ratio) and
-    /// at most 1h.
+    /// at most 1h. Default: `10s`.
     #[serde(default = "cb_window")]
     pub window: Duration,
     /// Open on this many failures in a row; 0 disables. At most 100000
     /// (beyond that the breaker would in effect never open: use 0).
+    /// Default: 5.
     #[serde(default = "cb_consecutive_failures")]
     #[schemars(range(min = 0, max = MAX_CONSECUTIVE_FAILURES))]
     pub consecutive_failures: u32,
     /// First open period (it grows with backoff while failures repeat):
-    /// more than 0s and at most 1h.
+    /// more than 0s and at most 1h. Default: `5s`.
     #[serde(default = "cb_open_for")]
     pub open_for: Duration,
     /// Longest open period the backoff reaches: at least `openFor`, at
-    /// most 1h.
+    /// most 1h. Default: `1m`.
     #[serde(default = "cb_max_open_for")]
     pub max_open_for: Duration,
-    /// Probe requests let through while half-open: 1 to 1000.
+    /// Probe requests let through while half-open: 1 to 1000. Default: 1.
     #[serde(default = "cb_half_open_probes")]
     #[schemars(range(min = 1, max = MAX_HALF_OPEN_PROBES))]
     pub half_open_probes: u32,
     /// Find the app's capacity from observed latency, between
-    /// `minConcurrent` and `maxConcurrent`.
+    /// `minConcurrent` and `maxConcurrent`. Default: false (a fixed
+    /// `maxConcurrent`).
     #[serde(default)]
     pub adaptive: bool,
     /// The floor of the adaptive limit: 1 to 1000000, and at most
-    /// `maxConcurrent` when adaptive is on.
+    /// `maxConcurrent` when adaptive is on. Default: 1.
     #[serde(default = "cb_min_concurrent")]
     #[schemars(range(min = 1, max = MAX_CONCURRENT))]
     pub min_concurrent: u32,
@@ -142,18 +145,19 @@ fn fb_body() -> String {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FallbackSpec {
-    /// The response status: 200 to 599.
+    /// The response status: 200 to 599. Default: 503.
     #[serde(default = "fb_status")]
     #[schemars(range(min = 200, max = 599))]
     pub status: u16,
     /// The `Content-Type` header: at most 256 characters of printable
-    /// ASCII (and tab).
+    /// ASCII (and tab). Default: `text/plain; charset=utf-8`.
     #[serde(default = "fb_content_type")]
     #[schemars(length(max = MAX_CONTENT_TYPE), regex(pattern = CONTENT_TYPE_PATTERN))]
     pub content_type: String,
     /// The response body: at most 32768 characters, and the bodies of all
     /// routes together at most 32768 too (they all go into one
-    /// ConfigMap); for a longer page, link to it.
+    /// ConfigMap); for a longer page, link to it. Default: `service
+    /// unavailable` and a newline.
     #[serde(default = "fb_body")]
     #[schemars(length(max = MAX_FALLBACK_BODY))]
     pub body: String,

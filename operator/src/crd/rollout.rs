@@ -58,14 +58,15 @@ pub struct RolloutSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "int_or_percent")]
     pub max_unavailable: Option<IntOrString>,
-    /// 0 to 3600. Unset: not written.
+    /// Deployments and StatefulSets: seconds a new pod must be ready
+    /// before it counts as available, 0 to 3600. Unset: not written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = MAX_MIN_READY_SECONDS))]
     pub min_ready_seconds: Option<i32>,
     /// `auto` (derived from drain and route timeouts, at most 1h5s) or a
     /// number of seconds from 1 to 86400, which must be at least the
     /// derived budget. Set on each injected pod by the webhook (raised to
-    /// it, never lowered), not in the workload.
+    /// it, never lowered), not in the workload. Default: `auto`.
     #[serde(default = "r_grace")]
     #[schemars(schema_with = "grace_schema")]
     pub termination_grace_period_seconds: IntOrString,

@@ -10,19 +10,29 @@ use super::GraceRoute;
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GraceRouteStatus {
+    /// The route's `metadata.generation` this status describes: behind
+    /// it, the operator has not yet reconciled the latest spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// `Accepted` (the spec is valid against its targets), `Ready` (every
+    /// pod that should carry the sidecar does, with the config in force)
+    /// and `Degraded` (something bypasses or weakens the sidecar), each
+    /// with a reason and a message saying what to fix. Keyed by `type`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// Workloads this route applies to, as `Kind/name`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub targets: Vec<String>,
+    /// How many workloads this route applies to (the length of
+    /// `targets`). Default: 0.
     #[serde(default)]
     pub target_count: i32,
-    /// Pods carrying the sidecar.
+    /// Pods carrying the sidecar. Default: 0.
     #[serde(default)]
     pub pods_injected: i32,
     /// Pods that should carry the sidecar (their workload opted in).
+    /// Default: 0.
     #[serde(default)]
     pub pods_expected: i32,
     /// `injected/expected`, for the printer column.
@@ -34,9 +44,11 @@ pub struct GraceRouteStatus {
     /// The budget in seconds with unit, for the printer column.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<String>,
-    /// The sidecar ConfigMap and the sha256 of its `config.yaml`.
+    /// The name of the sidecar ConfigMap this route renders.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map: Option<String>,
+    /// The sha256 of that ConfigMap's `config.yaml`: it changes exactly
+    /// when the sidecars' configuration does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_hash: Option<String>,
     /// The drain reports of the pods the last rollout (or scale-down)

@@ -147,3 +147,128 @@ fn the_duration_pattern_cannot_overflow_cel() {
     assert!(d.get().as_nanos() < i64::MAX as u128, "{text}");
     assert!(d.get() > MAX_DURATION, "and the cap rule refuses it");
 }
+
+/// Calls `f(path, node)` for every property of the whole schema (spec and
+/// status, the Kubernetes types inside them too).
+fn each_property(path: &str, node: &Value, f: &mut dyn FnMut(&str, &Value)) {
+    if let Some(props) = node.get("properties").and_then(Value::as_object) {
+        for (k, v) in props {
+            let p = format!("{path}.{k}");
+            f(&p, v);
+            each_property(&p, v, f);
+        }
+    }
+    if let Some(items) = node.get("items") {
+        each_property(&format!("{path}[]"), items, f);
+    }
+    if let Some(more) = node.get("additionalProperties").filter(|v| v.is_object()) {
+        each_property(&format!("{path}{{}}"), more, f);
+    }
+}
+
+#[test]
+fn every_property_has_a_description() {
+    let mut missing = Vec::new();
+    let mut seen = 0;
+    each_property("", &spec_schema(), &mut |path, node| {
+        seen += 1;
+        let d = node.get("description").and_then(Value::as_str);
+        if d.is_none_or(|d| d.trim().is_empty()) {
+            missing.push(path.to_string());
+        }
+    });
+    assert!(seen > 100, "the walk found only {seen} properties");
+    assert!(
+        missing.is_empty(),
+        "{} of {seen} properties have no description:\n{}",
+        missing.len(),
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn every_default_is_written_in_the_fields_description() {
+    let mut missing = Vec::new();
+    let mut seen = 0;
+    each_property("", &spec_schema(), &mut |path, node| {
+        let Some(default) = node.get("default") else {
+            return;
+        };
+        let text = match default {
+            Value::String(s) => s.lines().next().unwrap_or_default().to_string(),
+            Value::Bool(_) | Value::Number(_) => number(default),
+            // An object's default is its fields' defaults, each written there.
+            _ => return,
+        };
+        seen += 1;
+        let desc = node.get("description").and_then(Value::as_str);
+        let said = desc.is_some_and(|d| {
+            let d = d.replace('\n', " ");
+            d.contains(&format!("Default: {text}")) || d.contains(&format!("Default: `{text}"))
+        });
+        if !said {
+            missing.push(format!("{path}: default {text:?} not in {desc:?}"));
+        }
+    });
+    assert!(seen > 30, "the walk found only {seen} defaults");
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+/// Server-side apply and GitOps tools merge keyed lists entry by entry
+/// only when the schema says they are maps; the API server accepts such a
+/// schema only when each key is required (or defaulted).
+#[test]
+fn keyed_lists_are_maps_whose_keys_are_required() {
+    let s = spec_schema();
+    let lists = [
+        (&s["properties"]["spec"]["properties"]["ports"], "name"),
+        (&s["properties"]["spec"]["properties"]["routes"], "name"),
+        (
+            &s["properties"]["status"]["properties"]["conditions"],
+            "type",
+        ),
+    ];
+    for (list, key) in lists {
+        assert_eq!(list["x-kubernetes-list-type"], "map", "{list}");
+        assert_eq!(list["x-kubernetes-list-map-keys"], serde_json::json!([key]));
+        let item = &list["items"];
+        let required = item["required"].as_array().cloned().unwrap_or_default();
+        assert!(
+            required.contains(&Value::from(key))
+                || item["properties"][key].get("default").is_some(),
+            "{key} must be required or defaulted: {item}"
+        );
+    }
+}
+
+#[test]
+fn target_group_defaults_to_apps_and_refuses_others_by_rule() {
+    let s = spec_schema();
+    let group = &s["properties"]["spec"]["properties"]["targetRef"]["properties"]["group"];
+    assert_eq!(group["default"], "apps");
+    let rules = group["x-kubernetes-validations"].to_string();
+    assert!(rules.contains("self == 'apps'"), "{rules}");
+    assert!(rules.contains("Deployment and StatefulSet"), "{rules}");
+    let required = &s["properties"]["spec"]["properties"]["targetRef"]["required"];
+    assert!(
+        !required.to_string().contains("group"),
+        "manifests without group stay valid: {required}"
+    );
+}
+
+#[test]
+fn printer_columns_answer_the_first_questions() {
+    let crd = serde_json::to_value(GraceRoute::crd()).expect("crd json");
+    let columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let names: Vec<&str> = columns.iter().filter_map(|c| c["name"].as_str()).collect();
+    for wanted in ["Ready", "Reason", "Target", "Budget", "Age"] {
+        assert!(names.contains(&wanted), "{wanted} not in {names:?}");
+    }
+    assert_eq!(names.first(), Some(&"Ready"), "{names:?}");
+    for c in &columns {
+        assert!(c.get("description").is_some(), "{c}");
+    }
+}

@@ -12,7 +12,7 @@ use super::{ConfigError, HumanDuration};
 /// protocol, step by step"). Each timer is at most [`MAX_DRAIN_TIMER`]
 /// (1h), the operator's budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+#[serde(rename_all = "camelCase", default)]
 pub struct DrainConfig {
     /// Serve at least this long after the trigger: routers lag. 0s to 1h.
     pub min_delay: HumanDuration,
@@ -190,7 +190,7 @@ impl DrainConfig {
 /// duration here is at most [`MAX_DURATION`] (24h); each count's range is
 /// in its comment ([`bounds`] holds them all).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+#[serde(rename_all = "camelCase", default)]
 pub struct LimitsConfig {
     /// Largest request head (request line + headers) in bytes; beyond it
     /// HTTP/1 gets 431. 1024 to 1048576 (1 MiB).
@@ -256,7 +256,7 @@ impl Default for LimitsConfig {
 /// duration here is at most 1h ([`MAX_DRAIN_TIMER`]) except `idleTimeout`
 /// (24h).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+#[serde(rename_all = "camelCase", default)]
 pub struct UpstreamPoolConfig {
     /// Drop a pooled connection idle for this long. Must stay below the
     /// app's own keep-alive timeout (Go's default is 90s, Node's 5s) so the

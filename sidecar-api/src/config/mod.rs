@@ -91,7 +91,7 @@ fn is_one(n: &usize) -> bool {
 
 /// The whole sidecar configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+#[serde(rename_all = "camelCase", default)]
 pub struct Config {
     /// Where downstream traffic arrives (the port the Service targets).
     pub listen: Endpoint,
@@ -156,7 +156,7 @@ pub const DEFAULT_ADMIN: SocketAddr = SocketAddr::new(
 
 /// Forwarding headers (`X-Forwarded-Proto`) from the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+#[serde(rename_all = "camelCase", default)]
 pub struct ForwardedConfig {
     /// Proxies in front of the sidecar whose `X-Forwarded-Proto` is
     /// believed. 0 (the default): the sidecar sets it from the connection
@@ -168,7 +168,7 @@ pub struct ForwardedConfig {
 
 /// How the proxy serves requests (`proxy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+#[serde(rename_all = "camelCase", default)]
 pub struct ProxyConfig {
     /// Plain HTTP/1.1 exchanges (no upgrade, no `Expect`, origin-form
     /// target) are relayed as bytes: heads parsed in place and rewritten in

@@ -18,7 +18,7 @@ use super::bounds::{self, MAX_PROBE_SECONDS, MAX_PROBE_THRESHOLD, count_in, wide
 /// An HTTP GET against the app, as a Kubernetes `httpGet` readiness probe
 /// describes it. Status 200-399 passes, as the kubelet counts it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct AppReadiness {
     /// The app's port on loopback (the probe's port, resolved to a number).
     pub port: u16,
@@ -53,7 +53,6 @@ pub struct AppReadiness {
 
 /// One request header of the check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ProbeHeader {
     pub name: String,
     pub value: String,

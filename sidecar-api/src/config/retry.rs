@@ -12,7 +12,7 @@ use super::bounds::{self, MAX_RETRY_BODY_BYTES};
 /// `retry.idempotent`, when it failed without an answer and its method is
 /// idempotent.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+#[serde(rename_all = "camelCase", default)]
 pub struct RetryBudgetConfig {
     /// Retries allowed per request sent, over the last ten seconds.
     pub ratio: f64,
@@ -89,7 +89,7 @@ impl RetryBudgetConfig {
 
 /// A route's retry policy beyond the requests the app never saw.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+#[serde(rename_all = "camelCase", default)]
 pub struct RouteRetry {
     /// Also retry requests that may have reached the app (the connection
     /// failed before an answer) when their method is idempotent (GET,

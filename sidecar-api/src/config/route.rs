@@ -17,7 +17,7 @@ pub const CATCH_ALL_ROUTE: &str = "default";
 
 /// One route: a match, and the policy applied to what it matches.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct RouteConfig {
     pub name: String,
     #[serde(default, rename = "match")]
@@ -43,7 +43,7 @@ pub struct RouteConfig {
 
 /// Which requests a route takes. Empty fields match anything.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct RouteMatch {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path_prefix: Option<String>,
@@ -135,7 +135,7 @@ impl<'de> Deserialize<'de> for FailureKind {
 /// at most 24h ([`MAX_DURATION`]); every count at most 1000000
 /// ([`MAX_BREAKER_COUNT`]), `halfOpenProbes` at most 1000.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+#[serde(rename_all = "camelCase", default)]
 pub struct CircuitBreakerConfig {
     /// Requests in flight to the app at once (the ceiling when adaptive).
     pub max_concurrent: u32,
@@ -186,7 +186,7 @@ pub const FALLBACK_HEADER: &str = "x-kubegrace-fallback";
 
 /// The response served instead of the app's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+#[serde(rename_all = "camelCase", default)]
 pub struct FallbackConfig {
     pub status: u16,
     pub content_type: String,

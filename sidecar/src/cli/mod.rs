@@ -238,9 +238,17 @@ fn parse_drain_grpc_health(s: &str) -> std::result::Result<DrainGrpcHealth, Stri
 }
 
 fn parse_app_readiness(s: &str) -> std::result::Result<AppReadiness, String> {
-    serde_yaml::from_str(s).map_err(|e| {
-        format!("not an app readiness check ({e}); e.g. {{\"port\":8080,\"path\":\"/healthz\"}}")
-    })
+    let example = r#"e.g. {"port":8080,"path":"/healthz"}"#;
+    // A flag is written by the webhook of the same release: a key it does
+    // not know is a mistake, not skew.
+    match crate::config_keys::parse_tolerant::<AppReadiness>(s) {
+        Ok((check, unknown)) if unknown.is_empty() => Ok(check),
+        Ok((_, unknown)) => Err(format!(
+            "unknown key(s) {} in the app readiness check; {example}",
+            crate::config_keys::named(&unknown)
+        )),
+        Err(e) => Err(format!("not an app readiness check ({e}); {example}")),
+    }
 }
 
 fn parse_websocket_close(s: &str) -> std::result::Result<WebSocketClose, String> {
@@ -499,7 +507,21 @@ impl Cli {
 /// Builds the config in force: defaults, then the file, then the overrides,
 /// then validation of the result.
 pub fn load(file: Option<&std::path::Path>, overrides: &Overrides) -> Result<Config> {
-    let mut config = match file {
+    load_file(file, overrides).map(|loaded| loaded.config)
+}
+
+/// A config as [`load_file`] built it, with the keys of the file it skipped.
+#[derive(Debug)]
+pub struct Loaded {
+    pub config: Config,
+    /// Keys of the file this release does not know (skipped, not refused:
+    /// see [`crate::config_keys`]), as `drain.newKey`.
+    pub unknown_keys: Vec<String>,
+}
+
+/// [`load`], also naming the keys of the file it skipped.
+pub fn load_file(file: Option<&std::path::Path>, overrides: &Overrides) -> Result<Loaded> {
+    let (mut config, unknown_keys) = match file {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|source| Error::ReadConfig {
                 path: path.display().to_string(),
@@ -507,7 +529,7 @@ pub fn load(file: Option<&std::path::Path>, overrides: &Overrides) -> Result<Con
             })?;
             parse_file(&text, path)?
         }
-        None => Config::default(),
+        None => (Config::default(), Vec::new()),
     };
     overrides.apply(&mut config);
     config.normalize();
@@ -517,7 +539,10 @@ pub fn load(file: Option<&std::path::Path>, overrides: &Overrides) -> Result<Con
         }
         Error::Config(e)
     })?;
-    Ok(config)
+    Ok(Loaded {
+        config,
+        unknown_keys,
+    })
 }
 
 /// The config to start with, and whether the file was missing.
@@ -527,6 +552,8 @@ pub struct Startup {
     /// The file named by `--config` does not exist (yet): the sidecar runs
     /// on defaults plus flags and picks the file up when it appears.
     pub file_missing: bool,
+    /// Keys of the file this release does not know (already warned about).
+    pub unknown_keys: Vec<String>,
 }
 
 /// [`load`] for the start of the process. A file that does not exist is
@@ -534,34 +561,64 @@ pub struct Startup {
 /// container started, and a sidecar that refused to start would hold the
 /// pod back for nothing (flags carry what it needs to serve). A file that
 /// exists but cannot be read or is invalid still stops the start (exit 64):
-/// a typo must fail loudly, not run on defaults.
+/// a wrong value must fail loudly, not run on defaults. A key this release
+/// does not know is not invalid: it is named in a warning and skipped
+/// ([`crate::config_keys`]), so a sidecar of the previous release restarts
+/// on a file a newer operator wrote.
 pub fn load_at_start(file: Option<&std::path::Path>, overrides: &Overrides) -> Result<Startup> {
-    match load(file, overrides) {
-        Ok(config) => Ok(Startup {
-            config,
-            file_missing: false,
-        }),
+    match load_file(file, overrides) {
+        Ok(loaded) => {
+            if let Some(path) = file {
+                warn_unknown(path, &loaded.unknown_keys);
+            }
+            Ok(Startup {
+                config: loaded.config,
+                file_missing: false,
+                unknown_keys: loaded.unknown_keys,
+            })
+        }
         Err(Error::ReadConfig { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             Ok(Startup {
                 config: load(None, overrides)?,
                 file_missing: true,
+                unknown_keys: Vec::new(),
             })
         }
         Err(err) => Err(err),
     }
 }
 
+/// The warning for the keys of `file` this release skipped, if any.
+pub fn warn_unknown(file: &std::path::Path, keys: &[String]) {
+    if keys.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        file = %file.display(),
+        count = keys.len(),
+        keys = %crate::config_keys::named(keys),
+        "config keys this sidecar does not know were skipped (written by a newer operator?); the rest of the file applies"
+    );
+}
+
 /// Parses the file without validating: a relation between keys (minDelay <=
 /// maxDelay) may only hold once the flags are laid over it.
-fn parse_file(text: &str, path: &std::path::Path) -> Result<Config> {
+fn parse_file(text: &str, path: &std::path::Path) -> Result<(Config, Vec<String>)> {
     parse_yaml(text, Some(path)).map_err(Error::Config)
 }
 
 /// A YAML config as the sidecar reads it from its file, without flags:
 /// parsed and validated. For tests and tools that hold the text (the
-/// operator's rendering, the bench's breaker config).
+/// operator's rendering, the bench's breaker config), which must speak
+/// this release's keys: an unknown key is an error here.
 pub fn config_from_yaml(text: &str) -> std::result::Result<Config, ConfigError> {
-    let config = parse_yaml(text, None)?;
+    let (config, unknown) = parse_yaml(text, None)?;
+    if !unknown.is_empty() {
+        return Err(ConfigError::new(
+            crate::config_keys::named(&unknown),
+            "unknown key(s) for this release of the sidecar",
+        ));
+    }
     config.validate()?;
     Ok(config)
 }
@@ -569,8 +626,8 @@ pub fn config_from_yaml(text: &str) -> std::result::Result<Config, ConfigError> 
 fn parse_yaml(
     text: &str,
     path: Option<&std::path::Path>,
-) -> std::result::Result<Config, ConfigError> {
-    serde_yaml::from_str::<Config>(text).map_err(|e| {
+) -> std::result::Result<(Config, Vec<String>), ConfigError> {
+    crate::config_keys::parse_tolerant::<Config>(text).map_err(|e| {
         // serde_yaml's message already names the field; the key says where.
         let file = path.map(|p| p.display().to_string());
         let key = match (file, e.location()) {

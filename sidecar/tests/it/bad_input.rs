@@ -176,7 +176,6 @@ async fn bad_config_files_exit_64_naming_the_key() -> Result<()> {
     let dir = scratch_dir("bad-config")?;
     let cases = [
         ("drain: {minDelay: 20s, maxDelay: 5s}\n", "drain.minDelay"),
-        ("drian: {timeout: 5s}\n", "drian"),
         (
             "limits: {headerReadTimeout: 0s}\n",
             "limits.headerReadTimeout",

@@ -20,6 +20,7 @@ mod breaker_isolation;
 mod breaker_overload;
 mod breaker_reload;
 mod config_missing;
+mod config_unknown_keys;
 mod drain_h2_grpc;
 mod drain_h2_strict;
 mod drain_idle;

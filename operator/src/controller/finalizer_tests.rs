@@ -1,0 +1,231 @@
+//! The finalizer is held only while a route has something in a workload to
+//! undo: pure decisions, and the order of the API calls around a write
+//! (scripted mock API server, one second per step, so a missing or extra
+//! call fails the test).
+
+use std::time::Duration;
+
+use http::{Request, Response};
+use kube::client::Body;
+
+use super::*;
+use crate::controller::fixtures::{DEPLOYMENT, ROUTE, observed, route};
+use crate::controller::{desired, validate};
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+const ROUTE_PATH: &str = "/apis/kubegrace.io/v1alpha1/namespaces/shop/graceroutes/web";
+const CM_PATH: &str = "/api/v1/namespaces/shop/configmaps/kubegrace-web";
+const DEPLOY_PATH: &str = "/apis/apps/v1/namespaces/shop/deployments/web";
+
+fn with_rollout() -> String {
+    format!("{ROUTE}  rollout: {{minReadySeconds: 3}}\n")
+}
+
+/// The route (optionally holding `finalizers`), what was observed and
+/// what it wants written.
+fn pass(yaml: &str, finalizers: &[&str]) -> (GraceRoute, Observed, Desired) {
+    let mut r = route(yaml);
+    if !finalizers.is_empty() {
+        r.metadata.finalizers = Some(finalizers.iter().map(|f| f.to_string()).collect());
+    }
+    let seen = observed(&r, &[DEPLOYMENT], &[]);
+    let valid = validate::check(&r, &seen).expect("valid");
+    let d = desired::desired(&r, &valid, &seen).expect("desired");
+    (r, seen, d)
+}
+
+/// What the API server answers, by object.
+struct Answers {
+    route: Value,
+    config_map: Value,
+    deployment: Value,
+}
+
+/// Answers the next request with the object it names; returns (method,
+/// path, content type, body).
+async fn next(api: &mut Handle, answers: &Answers) -> (String, String, String, Value) {
+    let (req, send) = api.next_request().await.expect("a request");
+    let method = req.method().to_string();
+    let path = req.uri().path().to_string();
+    let ct = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let body = req.into_body().collect_bytes().await.expect("body");
+    let answer = match path.as_str() {
+        CM_PATH => &answers.config_map,
+        DEPLOY_PATH => &answers.deployment,
+        _ => &answers.route,
+    };
+    send.send_response(
+        Response::builder()
+            .body(Body::from(serde_json::to_vec(answer).expect("json")))
+            .expect("response"),
+    );
+    let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    (method, path, ct, body)
+}
+
+async fn no_more(api: &mut Handle) {
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), api.next_request())
+            .await
+            .is_err(),
+        "an unexpected API call"
+    );
+}
+
+/// Runs [`apply_guarded`] for the pass against `script`.
+async fn run(
+    (r, seen, d): (GraceRoute, Observed, Desired),
+    script: impl FnOnce(Handle, Answers) -> futures_util::future::BoxFuture<'static, ()>,
+) {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(svc, "shop");
+    let api: Api<GraceRoute> = Api::namespaced(client.clone(), "shop");
+    let answers = Answers {
+        route: serde_json::to_value(&r).expect("route json"),
+        config_map: serde_json::to_value(&d.config_map).expect("cm json"),
+        deployment: serde_yaml::from_str(DEPLOYMENT).expect("deployment"),
+    };
+    let server = tokio::spawn(script(handle, answers));
+    tokio::time::timeout(
+        Duration::from_secs(1),
+        apply_guarded(&client, &api, &r, &seen, &d),
+    )
+    .await
+    .expect("no missing answer")
+    .expect("apply succeeds");
+    tokio::time::timeout(Duration::from_secs(1), server)
+        .await
+        .expect("script done")
+        .expect("script passed");
+}
+
+#[test]
+fn a_route_without_a_rollout_block_wants_no_finalizer() {
+    let (r, seen, d) = pass(ROUTE, &[]);
+    assert!(d.rollout.is_empty());
+    assert!(!wanted(&r, &seen, Some(&d)));
+    assert!(!wanted(&r, &seen, None));
+}
+
+#[test]
+fn a_rollout_block_wants_the_finalizer() {
+    let (r, seen, d) = pass(&with_rollout(), &[]);
+    assert!(wanted(&r, &seen, Some(&d)));
+    // Refused this pass (nothing written), with nothing recorded yet.
+    assert!(!wanted(&r, &seen, None));
+}
+
+#[test]
+fn a_target_that_still_carries_the_record_keeps_the_finalizer() {
+    // The rollout block was removed, but the target still has the
+    // originals the route recorded: its deletion must restore them.
+    let (r, mut seen, _) = pass(ROUTE, &[FINALIZER]);
+    seen.targets[0].0.recorded = Some(r#"{"minReadySeconds":0}"#.into());
+    assert!(must_undo(&r, &seen));
+    assert!(wanted(&r, &seen, None));
+}
+
+#[test]
+fn the_patches_test_the_list_they_change() {
+    let mut r = route(ROUTE);
+    assert_eq!(
+        add_patch(&r),
+        json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": null},
+            {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]},
+        ])
+    );
+    assert_eq!(remove_patch(&r), None);
+    r.metadata.finalizers = Some(vec!["other.io/x".into()]);
+    assert_eq!(
+        add_patch(&r),
+        json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": ["other.io/x"]},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER},
+        ])
+    );
+    r.metadata.finalizers = Some(vec!["other.io/x".into(), FINALIZER.into()]);
+    assert_eq!(
+        remove_patch(&r),
+        Some(json!([
+            {"op": "test", "path": "/metadata/finalizers/1", "value": FINALIZER},
+            {"op": "remove", "path": "/metadata/finalizers/1"},
+        ]))
+    );
+}
+
+#[tokio::test]
+async fn a_route_without_a_rollout_block_writes_its_config_map_and_never_a_finalizer() {
+    run(pass(ROUTE, &[]), |mut api, answer| {
+        Box::pin(async move {
+            let (method, path, _, _) = next(&mut api, &answer).await;
+            assert_eq!((method.as_str(), path.as_str()), ("PATCH", CM_PATH));
+            no_more(&mut api).await;
+        })
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_finalizer_is_added_before_the_first_write_into_a_workload() {
+    run(pass(&with_rollout(), &[]), |mut api, answer| {
+        Box::pin(async move {
+            let (method, path, ct, body) = next(&mut api, &answer).await;
+            assert_eq!((method.as_str(), path.as_str()), ("PATCH", ROUTE_PATH));
+            assert_eq!(ct, "application/json-patch+json");
+            assert_eq!(body[1]["op"], "add", "{body}");
+            assert_eq!(body[1]["value"], json!([FINALIZER]), "{body}");
+            let (_, path, _, _) = next(&mut api, &answer).await;
+            assert_eq!(path, CM_PATH);
+            let (_, path, _, _) = next(&mut api, &answer).await;
+            assert_eq!(path, DEPLOY_PATH);
+            no_more(&mut api).await;
+        })
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_route_that_holds_the_finalizer_and_writes_into_a_workload_adds_nothing() {
+    run(pass(&with_rollout(), &[FINALIZER]), |mut api, answer| {
+        Box::pin(async move {
+            let (_, path, _, _) = next(&mut api, &answer).await;
+            assert_eq!(path, CM_PATH);
+            let (_, path, _, _) = next(&mut api, &answer).await;
+            assert_eq!(path, DEPLOY_PATH);
+            no_more(&mut api).await;
+        })
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_finalizer_with_nothing_left_to_undo_is_released_after_the_write() {
+    // Every route of an earlier release holds the finalizer.
+    run(
+        pass(ROUTE, &["other.io/x", FINALIZER]),
+        |mut api, answer| {
+            Box::pin(async move {
+                let (_, path, _, _) = next(&mut api, &answer).await;
+                assert_eq!(path, CM_PATH);
+                let (method, path, _, body) = next(&mut api, &answer).await;
+                assert_eq!((method.as_str(), path.as_str()), ("PATCH", ROUTE_PATH));
+                assert_eq!(
+                    body,
+                    json!([
+                        {"op": "test", "path": "/metadata/finalizers/1", "value": FINALIZER},
+                        {"op": "remove", "path": "/metadata/finalizers/1"},
+                    ])
+                );
+                no_more(&mut api).await;
+            })
+        },
+    )
+    .await;
+}

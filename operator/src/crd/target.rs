@@ -1,0 +1,98 @@
+//! What a route fronts: the workload (`targetRef`) and its named port
+//! (`ports`).
+
+use std::fmt;
+
+use kube::KubeSchema;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::bounds::{MAX_GROUP, MAX_PORT_NAME, MAX_TARGET_NAME, SUPPORTED_GROUP};
+
+fn t_group() -> String {
+    SUPPORTED_GROUP.into()
+}
+
+fn is_supported_group(g: &str) -> bool {
+    g == SUPPORTED_GROUP
+}
+
+fn group_message() -> String {
+    format!(
+        "targetRef.group must be {SUPPORTED_GROUP} (or left out): the workloads kubegrace supports are Deployment and StatefulSet in the {SUPPORTED_GROUP} API group"
+    )
+}
+
+/// The workload whose pods get the sidecar. Set this or `selector`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetRef {
+    /// The workload's API group. Default: `apps`, the only value accepted
+    /// in v1alpha1 (Deployment and StatefulSet); any other is refused with
+    /// the list of supported kinds. At most 253 characters.
+    #[serde(default = "t_group")]
+    #[schemars(length(max = MAX_GROUP))]
+    #[x_kube(validation = Rule::new(format!("self == '{SUPPORTED_GROUP}'")).message(Message::Message(group_message())))]
+    pub group: String,
+    /// The workload's kind: `Deployment` or `StatefulSet`. No default.
+    pub kind: TargetKind,
+    /// The workload's name, in the route's namespace: 1 to 253
+    /// characters. No default.
+    #[schemars(length(min = 1, max = MAX_TARGET_NAME))]
+    pub name: String,
+}
+
+impl TargetRef {
+    /// `Some(why)` when the group is not one the operator supports (an
+    /// object stored under an older, looser schema).
+    pub fn unsupported_group(&self) -> Option<String> {
+        (!is_supported_group(&self.group)).then(group_message)
+    }
+}
+
+/// A workload kind a route can target.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum TargetKind {
+    Deployment,
+    StatefulSet,
+}
+
+impl fmt::Display for TargetKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Deployment => "Deployment",
+            Self::StatefulSet => "StatefulSet",
+        })
+    }
+}
+
+/// A pod port the sidecar takes over.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortSpec {
+    /// Name of a container port of the target's pods (an IANA service
+    /// name: 1 to 15 lowercase letters, digits and dashes). The key of
+    /// the `ports` list. No default.
+    #[schemars(
+        length(min = 1, max = MAX_PORT_NAME),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// What the port speaks: `http` (HTTP/1.1, and HTTP/2 prior knowledge
+    /// detected), `http2`, `grpc` or `tcp` (bytes relayed, drained by
+    /// connection). Default: `http`.
+    #[serde(default)]
+    pub protocol: PortProtocol,
+}
+
+/// The sidecar's listener protocol.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PortProtocol {
+    /// HTTP/1.1; HTTP/2 prior knowledge (h2c) is detected too.
+    #[default]
+    Http,
+    Http2,
+    Grpc,
+    Tcp,
+}

@@ -399,13 +399,18 @@ async fn connection_close_loses_nothing_and_goaway_refusals_are_attributed() -> 
 
 #[tokio::test]
 async fn a_closed_port_is_refused() -> Result<()> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    drop(listener);
+    // A port bound but never listened on, and held for the whole test: a
+    // connect is refused, and no other test (or outgoing connection) can be
+    // given the port meanwhile. (A listener bound and dropped freed the port,
+    // and once another test's server got it: 10 resets instead of refusals.)
+    let closed = tokio::net::TcpSocket::new_v4()?;
+    closed.bind("127.0.0.1:0".parse()?)?;
+    let addr = closed.local_addr()?;
     for protocol in [Protocol::Http1, Protocol::Http2, Protocol::Grpc] {
         let s = load::run(&config(addr, protocol, 50.0, 200)).await?;
         only_reason(&s, Reason::Refused)?;
     }
+    drop(closed);
     Ok(())
 }
 

@@ -68,17 +68,14 @@ async fn post_declaring_11(sidecar: &InProcess, path: &str) -> Result<(u16, Stri
     Ok((status, head))
 }
 
-/// One order of checks on both HTTP/1 paths (proxy/decide.rs): the path
-/// first (an escaped slash is 400 even with a body over the limit; the
-/// hyper path answered 413 to it before), then the declared body (413,
-/// even on a route whose breaker is open), then the circuit.
-async fn checks_come_in_one_order(fast_path: &str) -> Result<()> {
+/// The app and a sidecar (`--http1-fast-path fast_path`, `config`) whose
+/// route `/lim` has just been opened by the app's one failure.
+async fn opened_route(fast_path: &str, config: &str) -> Result<(WireApp, InProcess)> {
     let app = WireApp::start().await?;
-    let config = format!("limits: {{maxRequestBodyBytes: 10}}\n{CONFIG}");
     let sidecar = InProcess::start(
         SidecarSpec::new(app.addr)
             .args(&["--http1-fast-path", fast_path])
-            .config(&config),
+            .config(config),
     )
     .await?;
     let (status, _) = ask(&sidecar, "/lim/fail").await?;
@@ -86,6 +83,16 @@ async fn checks_come_in_one_order(fast_path: &str) -> Result<()> {
         status == 500,
         "the app's failure opens the breaker, got {status}"
     );
+    Ok((app, sidecar))
+}
+
+/// One order of checks on both HTTP/1 paths (proxy/decide.rs): the path
+/// first (an escaped slash is 400 even with a body over the limit; the
+/// hyper path answered 413 to it before), then the declared body (413,
+/// even on a route whose breaker is open), then the circuit.
+async fn checks_come_in_one_order(fast_path: &str) -> Result<()> {
+    let config = format!("limits: {{maxRequestBodyBytes: 10}}\n{CONFIG}");
+    let (_app, sidecar) = opened_route(fast_path, &config).await?;
     for (path, want) in [("/lim%2fx", 400), ("/lim/x", 413), ("/other", 413)] {
         let (status, head) = post_declaring_11(&sidecar, path).await?;
         ensure!(
@@ -107,18 +114,7 @@ async fn checks_come_in_one_order_on_hyper() -> Result<()> {
 }
 
 async fn route_limits_hold(fast_path: &str) -> Result<()> {
-    let app = WireApp::start().await?;
-    let sidecar = InProcess::start(
-        SidecarSpec::new(app.addr)
-            .args(&["--http1-fast-path", fast_path])
-            .config(CONFIG),
-    )
-    .await?;
-    let (status, _) = ask(&sidecar, "/lim/fail").await?;
-    ensure!(
-        status == 500,
-        "the app's failure opens the breaker, got {status}"
-    );
+    let (app, sidecar) = opened_route(fast_path, CONFIG).await?;
     let reached = app.seen().len();
     for path in SPELLINGS {
         let (status, head) = ask(&sidecar, path).await?;

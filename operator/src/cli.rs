@@ -51,6 +51,50 @@ pub struct WebhookCheckArgs {
     pub timeout: HumanDuration,
 }
 
+/// A resource quantity for the sidecar (`50m`, `128Mi`), or empty for
+/// none: refused at start, not in every pod the API server would refuse.
+fn quantity_or_empty(raw: &str) -> Result<String, String> {
+    if raw.trim().is_empty() {
+        return Ok(String::new());
+    }
+    crate::inject::overrides::parse_quantity(raw).map(|_| raw.trim().to_string())
+}
+
+fn log_level_or_empty(raw: &str) -> Result<String, String> {
+    if raw.trim().is_empty() {
+        return Ok(String::new());
+    }
+    crate::inject::overrides::check_log_level(raw)
+}
+
+/// The sidecar's UID: a number, or left to the platform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunAsUser {
+    Fixed(i64),
+    Platform,
+}
+
+impl RunAsUser {
+    pub fn uid(self) -> Option<i64> {
+        match self {
+            Self::Fixed(uid) => Some(uid),
+            Self::Platform => None,
+        }
+    }
+}
+
+fn run_as_user(raw: &str) -> Result<RunAsUser, String> {
+    if raw.trim() == "platform" {
+        return Ok(RunAsUser::Platform);
+    }
+    raw.trim()
+        .parse::<i64>()
+        .ok()
+        .filter(|uid| (1..=i64::from(i32::MAX)).contains(uid))
+        .map(RunAsUser::Fixed)
+        .ok_or_else(|| format!("{raw:?}: write a UID from 1 to 2147483647, or `platform`"))
+}
+
 /// How the webhook places the sidecar in a pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SidecarMode {
@@ -144,15 +188,26 @@ pub struct RunArgs {
         default_value = "IfNotPresent"
     )]
     pub sidecar_image_pull_policy: String,
-    #[arg(long, env = "KUBEGRACE_SIDECAR_CPU_REQUEST", default_value = "50m")]
+    #[arg(long, env = "KUBEGRACE_SIDECAR_CPU_REQUEST", default_value = "50m", value_parser = quantity_or_empty)]
     pub sidecar_cpu_request: String,
-    #[arg(long, env = "KUBEGRACE_SIDECAR_MEMORY_REQUEST", default_value = "32Mi")]
+    #[arg(long, env = "KUBEGRACE_SIDECAR_MEMORY_REQUEST", default_value = "32Mi", value_parser = quantity_or_empty)]
     pub sidecar_memory_request: String,
     /// Empty: no CPU limit (throttling a proxy adds latency to every request).
-    #[arg(long, env = "KUBEGRACE_SIDECAR_CPU_LIMIT", default_value = "")]
+    #[arg(long, env = "KUBEGRACE_SIDECAR_CPU_LIMIT", default_value = "", value_parser = quantity_or_empty)]
     pub sidecar_cpu_limit: String,
-    #[arg(long, env = "KUBEGRACE_SIDECAR_MEMORY_LIMIT", default_value = "128Mi")]
+    #[arg(long, env = "KUBEGRACE_SIDECAR_MEMORY_LIMIT", default_value = "128Mi", value_parser = quantity_or_empty)]
     pub sidecar_memory_limit: String,
+    /// The sidecar's log filter in every injected pod (`KUBEGRACE_LOG`): a
+    /// level or `target=level` directives. Empty: the sidecar's default
+    /// (info). A pod's `kubegrace.io/sidecar-log-level` annotation wins.
+    #[arg(long, env = "KUBEGRACE_SIDECAR_LOG_LEVEL", default_value = "", value_parser = log_level_or_empty)]
+    pub sidecar_log_level: String,
+    /// The sidecar's runAsUser and runAsGroup (1 to 2147483647), or
+    /// `platform` to leave them unset so the platform assigns them
+    /// (OpenShift's restricted SCC refuses a fixed UID outside the
+    /// namespace's range). `runAsNonRoot` is set either way.
+    #[arg(long, env = "KUBEGRACE_SIDECAR_RUN_AS_USER", default_value = "65532", value_parser = run_as_user)]
+    pub sidecar_run_as_user: RunAsUser,
     /// The sidecar's admin port tried first in each pod (the next free one
     /// above it when a container uses it). Keep it outside the ranges meshes
     /// use (Istio 15000-15090, Linkerd 4140-4191).
@@ -275,11 +330,15 @@ mod tests {
             "--sidecar-memory-request=32Mi",
             "--sidecar-cpu-limit=",
             "--sidecar-memory-limit=128Mi",
+            "--sidecar-log-level=",
+            "--sidecar-run-as-user=platform",
             "--leader-election-lease=kubegrace-operator",
             "--log-format=json",
         ])
         .expect("the chart's flags parse");
         assert_eq!(a.sidecar_cpu_limit, "");
+        assert_eq!(a.sidecar_run_as_user, RunAsUser::Platform);
+        assert_eq!(a.sidecar_log_level, "");
         assert_eq!(a.validating_webhook_config, "");
         assert_eq!(a.log_format, LogFormat::Json);
         assert!(a.cert_dir.is_none());
@@ -338,5 +397,31 @@ mod tests {
         ] {
             assert!(RunArgs::from_args([bad]).is_err(), "{bad} must be refused");
         }
+    }
+
+    /// Values the API server would refuse in every pod are refused at
+    /// start instead, with what to write.
+    #[test]
+    fn bad_sidecar_flags_are_refused_at_start() {
+        let base = ["--namespace=kubegrace-system"];
+        for bad in [
+            "--sidecar-memory-limit=lots",
+            "--sidecar-cpu-request=5Xi",
+            "--sidecar-run-as-user=0",
+            "--sidecar-run-as-user=2147483648",
+            "--sidecar-run-as-user=root",
+            "--sidecar-log-level=loud",
+        ] {
+            let err = RunArgs::from_args(base.iter().copied().chain([bad]))
+                .expect_err(bad)
+                .to_string();
+            assert!(err.contains("write"), "{bad}: {err}");
+        }
+        let ok = RunArgs::from_args(base.iter().copied().chain([
+            "--sidecar-run-as-user=2147483647",
+            "--sidecar-log-level=debug",
+        ]))
+        .expect("at the bounds");
+        assert_eq!(ok.sidecar_run_as_user, RunAsUser::Fixed(2147483647));
     }
 }

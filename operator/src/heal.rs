@@ -157,7 +157,7 @@ pub fn candidates(
             let owner = workload_owner(p)?;
             // The token only fills the edited pod, which is dropped.
             match webhook::decide(p, ns_labels, routes, settings, String::new()) {
-                Decision::Inject(_) => {}
+                Decision::Inject(..) => {}
                 Decision::Ignore | Decision::Skip(..) => return None,
             }
             let route = crate::route_match::pick_route(p, routes)?;

@@ -192,6 +192,8 @@ pub async fn run(
             &args.sidecar_cpu_limit,
             &args.sidecar_memory_limit,
         ),
+        log_level: Some(args.sidecar_log_level.clone()).filter(|l| !l.is_empty()),
+        run_as_user: args.sidecar_run_as_user.uid(),
         native,
         ports: crate::inject::Ports {
             admin: args.sidecar_admin_port,

@@ -39,6 +39,11 @@ pub struct SidecarSettings {
     pub image: String,
     pub pull_policy: String,
     pub resources: ResourceRequirements,
+    /// The sidecar's log filter for every pod (`--sidecar-log-level`); a
+    /// pod's annotation wins.
+    pub log_level: Option<String>,
+    /// The sidecar's UID; `None` leaves it to the platform (OpenShift).
+    pub run_as_user: Option<i64>,
     pub native: bool,
     /// Where the sidecar's admin port and listener go (chart values).
     pub ports: inject::Ports,
@@ -83,7 +88,9 @@ pub fn supports_native(major: &str, minor: &str) -> bool {
 pub enum Decision {
     /// Not asking for the sidecar, or already has it.
     Ignore,
-    Inject(Box<Pod>),
+    /// Injected; the warnings name pod annotations that were ignored (and
+    /// why), for the admission response.
+    Inject(Box<Pod>, Vec<String>),
     /// Asked, but cannot be injected: admitted bare, marked with the reason.
     Skip(Box<Pod>, String),
 }
@@ -127,13 +134,20 @@ pub fn decide(
     let Some(port) = route.spec.ports.first() else {
         return skip(format!("GraceRoute {} names no port", route.name_any()));
     };
+    let own = inject::overrides::read(
+        pod.metadata.annotations.as_ref(),
+        &s.resources,
+        s.log_level.as_deref(),
+    );
     let plan = InjectPlan {
         route: route.name_any(),
         config_map: config_map_name(&route.name_any()),
         port: port.name.clone(),
         image: s.image.clone(),
         pull_policy: s.pull_policy.clone(),
-        resources: s.resources.clone(),
+        resources: own.resources,
+        log_level: own.log_level,
+        run_as_user: s.run_as_user,
         native: s.native,
         token,
         // From the spec (pure), so a pod created before the route's first
@@ -145,7 +159,13 @@ pub fn decide(
         ports: s.ports,
     };
     match inject::inject(pod, &plan) {
-        Ok(p) => Decision::Inject(Box::new(p)),
+        Ok(p) => Decision::Inject(
+            Box::new(p),
+            own.warnings
+                .into_iter()
+                .map(|w| format!("kubegrace: {w}"))
+                .collect(),
+        ),
         Err(Skip(why)) => skip(why),
     }
 }
@@ -252,13 +272,13 @@ impl Webhook {
             Some(skip) => skip,
             None => decide(pod, &labels, &listed.routes, &self.settings, token()),
         };
-        let (after, result, warning) = match decision {
+        let (after, result, warnings) = match decision {
             Decision::Ignore => return (resp.into_review(), "ignored"),
-            Decision::Inject(p) => (p, "injected", None),
+            Decision::Inject(p, warnings) => (p, "injected", warnings),
             Decision::Skip(p, why) => (
                 p,
                 "skipped",
-                Some(format!("kubegrace: sidecar not injected: {why}")),
+                vec![format!("kubegrace: sidecar not injected: {why}")],
             ),
         };
         let patched = patch_for(pod, &after).and_then(|p| {
@@ -268,7 +288,7 @@ impl Webhook {
         });
         match patched {
             Ok(mut r) => {
-                r.warnings = warning.map(|w| vec![w]);
+                r.warnings = (!warnings.is_empty()).then_some(warnings);
                 (r.into_review(), result)
             }
             Err(e) => {
@@ -290,6 +310,8 @@ mod tests {
             image: "sidecar:test".into(),
             pull_policy: "IfNotPresent".into(),
             resources: resources("50m", "32Mi", "", "128Mi"),
+            log_level: None,
+            run_as_user: Some(inject::SIDECAR_UID),
             native: true,
             ports: inject::Ports::default(),
         }
@@ -298,7 +320,7 @@ mod tests {
     /// The pod as injected for `routes`; fails the test if it is not.
     fn injected(pod: &Pod, routes: &[GraceRoute], token: String) -> Box<Pod> {
         match decide(pod, &BTreeMap::new(), routes, &settings(), token) {
-            Decision::Inject(after) => after,
+            Decision::Inject(after, _) => after,
             other => panic!("expected injection, got {other:?}"),
         }
     }
@@ -360,6 +382,57 @@ spec:
             ),
             Decision::Ignore
         );
+    }
+
+    /// A pod's own sidecar settings apply; a bad one is ignored with a
+    /// warning, and the pod is still injected (never left bare for it).
+    #[test]
+    fn a_pods_sidecar_annotations_apply_and_bad_ones_come_back_as_warnings() {
+        let pod: Pod = serde_yaml::from_str(&POD.replace(
+            "annotations: {kubegrace.io/route: web}",
+            "annotations: {kubegrace.io/route: web, kubegrace.io/sidecar-memory-limit: 256Mi, kubegrace.io/sidecar-cpu-request: lots, kubegrace.io/sidecar-log-level: debug}",
+        ))
+        .expect("pod");
+        let routes = vec![route(
+            "metadata: {name: web, namespace: shop}\nspec: {targetRef: {kind: Deployment, name: web}, ports: [{name: http}]}",
+        )];
+        let Decision::Inject(after, warnings) =
+            decide(&pod, &BTreeMap::new(), &routes, &settings(), "tok".into())
+        else {
+            panic!("expected injection");
+        };
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains(keys::SIDECAR_CPU_REQUEST),
+            "{warnings:?}"
+        );
+        let sidecar = after
+            .spec
+            .as_ref()
+            .and_then(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+                    .find(|c| c.name == kubegrace_sidecar_api::pod::CONTAINER)
+            })
+            .expect("sidecar")
+            .clone();
+        let resources = sidecar.resources.expect("resources");
+        let quantity = |m: &Option<BTreeMap<String, Quantity>>, k: &str| {
+            m.as_ref().and_then(|m| m.get(k)).map(|q| q.0.clone())
+        };
+        assert_eq!(
+            quantity(&resources.limits, "memory").as_deref(),
+            Some("256Mi")
+        );
+        assert_eq!(quantity(&resources.requests, "cpu").as_deref(), Some("50m"));
+        let log = sidecar
+            .env
+            .unwrap_or_default()
+            .into_iter()
+            .find(|e| e.name == kubegrace_sidecar_api::cli::env::LOG)
+            .and_then(|e| e.value);
+        assert_eq!(log.as_deref(), Some("debug"));
     }
 
     #[test]

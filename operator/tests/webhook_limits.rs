@@ -55,6 +55,8 @@ async fn start(limits: Limits) -> Server {
             image: "sidecar:test".into(),
             pull_policy: "IfNotPresent".into(),
             resources: webhook::resources("", "", "", ""),
+            log_level: None,
+            run_as_user: Some(65532),
             native: true,
             ports: kubegrace_operator::inject::Ports::default(),
         },

@@ -48,3 +48,16 @@ pub const WEBHOOK_CHECK: &str = "kubegrace.io/webhook-check";
 /// route's pods that were admitted without the sidecar (healing is on
 /// otherwise, unless the operator's `--heal=false`).
 pub const HEAL: &str = "kubegrace.io/heal";
+/// Pod annotation: the sidecar's CPU request for this pod (a quantity,
+/// `100m`), instead of the chart's `sidecar.resources`.
+pub const SIDECAR_CPU_REQUEST: &str = "kubegrace.io/sidecar-cpu-request";
+/// Pod annotation: the sidecar's CPU limit for this pod.
+pub const SIDECAR_CPU_LIMIT: &str = "kubegrace.io/sidecar-cpu-limit";
+/// Pod annotation: the sidecar's memory request for this pod (`64Mi`).
+pub const SIDECAR_MEMORY_REQUEST: &str = "kubegrace.io/sidecar-memory-request";
+/// Pod annotation: the sidecar's memory limit for this pod.
+pub const SIDECAR_MEMORY_LIMIT: &str = "kubegrace.io/sidecar-memory-limit";
+/// Pod annotation: the sidecar's log filter for this pod (`debug`, or
+/// `info,kubegrace_sidecar::drain=debug`), instead of the chart's
+/// `sidecar.logLevel`.
+pub const SIDECAR_LOG_LEVEL: &str = "kubegrace.io/sidecar-log-level";

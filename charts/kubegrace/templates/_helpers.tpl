@@ -51,17 +51,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: kubegrace
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
-{{/* <registry>/<repository>:<tag>, the component's tag falling back to image.tag, then to the chart's appVersion. */}}
+{{/* <registry>/<repository>:<tag>[@<digest>], the component's tag falling back to image.tag, then to the chart's appVersion; with a digest the runtime pulls by digest and the tag is for readers. */}}
 {{- define "kubegrace.image" -}}
 {{- $root := index . 0 -}}
 {{- $img := index . 1 -}}
 {{- $tag := default (default $root.Chart.AppVersion $root.Values.image.tag) $img.tag -}}
+{{- $digest := "" -}}
+{{- with $img.digest }}{{ $digest = printf "@%s" . }}{{ end -}}
 {{- if $root.Values.image.registry -}}
-{{- printf "%s/%s:%s" $root.Values.image.registry $img.repository $tag -}}
+{{- printf "%s/%s:%s%s" $root.Values.image.registry $img.repository $tag $digest -}}
 {{- else -}}
-{{- printf "%s:%s" $img.repository $tag -}}
+{{- printf "%s:%s%s" $img.repository $tag $digest -}}
 {{- end -}}
 {{- end -}}
 

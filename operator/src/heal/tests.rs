@@ -7,6 +7,8 @@ fn settings() -> SidecarSettings {
         image: "sidecar:test".into(),
         pull_policy: "IfNotPresent".into(),
         resources: webhook::resources("50m", "32Mi", "", "128Mi"),
+        log_level: None,
+        run_as_user: Some(65532),
         native: false,
         ports: crate::inject::Ports::default(),
     }

@@ -32,12 +32,15 @@ use kubegrace_sidecar_api::{admin, pod, report};
 use crate::keys;
 
 mod app_readiness;
+pub mod overrides;
 
 pub use app_readiness::{APP_READINESS_IN_SIDECAR, APP_READINESS_ON_APP};
 use app_readiness::{keeps_own_readiness, take_http_readiness};
 
 /// The sidecar image's user (distroless nonroot); set explicitly so
-/// `runAsNonRoot` holds whatever the image says.
+/// `runAsNonRoot` holds whatever the image says, unless the platform
+/// assigns users itself (OpenShift's restricted SCC refuses a fixed one):
+/// see [`InjectPlan::run_as_user`].
 pub const SIDECAR_UID: i64 = 65532;
 
 /// Everything the webhook decided for one pod.
@@ -50,6 +53,13 @@ pub struct InjectPlan {
     pub image: String,
     pub pull_policy: String,
     pub resources: ResourceRequirements,
+    /// The sidecar's log filter (`KUBEGRACE_LOG`); `None` leaves the
+    /// sidecar's default (info).
+    pub log_level: Option<String>,
+    /// The sidecar's `runAsUser` and `runAsGroup`; `None` leaves them to
+    /// the platform (OpenShift assigns a UID from the namespace's range;
+    /// `runAsNonRoot` still holds).
+    pub run_as_user: Option<i64>,
     /// Native sidecar (init container, restartPolicy Always): Kubernetes >= 1.29.
     pub native: bool,
     pub token: String,
@@ -285,6 +295,13 @@ fn sidecar(
         field_env(pod::POD_NAME_ENV, "metadata.name"),
         field_env(pod::POD_NAMESPACE_ENV, "metadata.namespace"),
     ];
+    if let Some(level) = &plan.log_level {
+        vars.push(EnvVar {
+            name: env::LOG.into(),
+            value: Some(level.clone()),
+            ..Default::default()
+        });
+    }
     // The app's check runs inside /ready: the same JSON the flag takes.
     if let Some(check) = app_readiness.and_then(|r| serde_json::to_string(r).ok()) {
         vars.push(EnvVar {
@@ -372,8 +389,8 @@ fn sidecar(
         resources: Some(plan.resources.clone()),
         security_context: Some(SecurityContext {
             run_as_non_root: Some(true),
-            run_as_user: Some(SIDECAR_UID),
-            run_as_group: Some(SIDECAR_UID),
+            run_as_user: plan.run_as_user,
+            run_as_group: plan.run_as_user,
             allow_privilege_escalation: Some(false),
             privileged: Some(false),
             read_only_root_filesystem: Some(true),

@@ -49,6 +49,8 @@ pub(super) fn plan(native: bool) -> InjectPlan {
             requests: Some(BTreeMap::from([("cpu".into(), Quantity("50m".into()))])),
             ..Default::default()
         },
+        log_level: None,
+        run_as_user: Some(SIDECAR_UID),
         native,
         token: "t0k3n".into(),
         budget_seconds: Some(50),
@@ -295,4 +297,46 @@ fn port_names_stay_valid_and_unique() {
         "kg-very-long-na"
     );
     assert!(app_port_name("abcdefghijkl-xy", &BTreeSet::new()).len() <= 15);
+}
+
+#[test]
+fn the_sidecar_user_is_fixed_or_left_to_the_platform() {
+    let user_of = |plan: &InjectPlan| {
+        let out = inject(&pod(POD), plan).expect("injected");
+        let sc = native_sidecar(&out)
+            .security_context
+            .clone()
+            .expect("security context");
+        (sc.run_as_user, sc.run_as_group, sc.run_as_non_root)
+    };
+    assert_eq!(
+        user_of(&plan(true)),
+        (Some(SIDECAR_UID), Some(SIDECAR_UID), Some(true))
+    );
+    // OpenShift: no UID, so the restricted SCC assigns one; still non-root.
+    let platform = InjectPlan {
+        run_as_user: None,
+        ..plan(true)
+    };
+    assert_eq!(user_of(&platform), (None, None, Some(true)));
+}
+
+#[test]
+fn a_log_level_becomes_the_sidecars_log_variable() {
+    let env_of = |plan: &InjectPlan| {
+        let out = inject(&pod(POD), plan).expect("injected");
+        native_sidecar(&out)
+            .env
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|e| e.name == kubegrace_sidecar_api::cli::env::LOG)
+            .and_then(|e| e.value)
+    };
+    assert_eq!(env_of(&plan(true)), None);
+    let debug = InjectPlan {
+        log_level: Some("debug".into()),
+        ..plan(true)
+    };
+    assert_eq!(env_of(&debug).as_deref(), Some("debug"));
 }

@@ -2,6 +2,11 @@
 //! the chart's labels) and its command line, parsed by the operator's own parser, so the
 //! Lease, webhook configurations, certificate Secret and sidecar image are the names the
 //! operator really uses, whatever the release called them.
+//!
+//! The plugin and the operator may come from different releases (docs/skew.md): a flag
+//! this plugin's parser does not know, or a value it would refuse, is an operator of
+//! another release, not a broken install. Such flags are left out (their defaults stand
+//! in) and named in [`Install::ignored_args`], so `check` still reads every name it knows.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::ListParams;
@@ -24,6 +29,9 @@ pub struct Install {
     pub namespace: String,
     pub deployment: Deployment,
     pub args: RunArgs,
+    /// Operator flags this plugin does not know or whose value it refuses (an operator
+    /// of another release), left out of [`Install::args`].
+    pub ignored_args: Vec<String>,
 }
 
 impl Install {
@@ -100,7 +108,7 @@ pub fn from_deployment(deployment: Deployment) -> Result<Install> {
         .skip(1)
         .map(|a| a.replace("$(POD_NAMESPACE)", &namespace))
         .collect();
-    let args = RunArgs::from_args(&args).map_err(|e| {
+    let (args, ignored_args) = parse_tolerant(args).map_err(|e| {
         Error::Invalid(format!(
             "the arguments of {namespace}/{name} are not the operator's: {e}"
         ))
@@ -109,6 +117,61 @@ pub fn from_deployment(deployment: Deployment) -> Result<Install> {
         namespace,
         deployment,
         args,
+        ignored_args,
+    })
+}
+
+/// At most this many flags are left out: more than a release adds, and a bound on the
+/// re-parses of an argument list that came from the cluster.
+const MAX_IGNORED_ARGS: usize = 16;
+
+/// Parses the operator's `run` arguments, leaving out the flags this plugin's parser
+/// does not know or whose value it refuses, one at a time (see the module doc).
+fn parse_tolerant(
+    mut args: Vec<String>,
+) -> std::result::Result<(RunArgs, Vec<String>), clap::Error> {
+    let mut ignored = Vec::new();
+    loop {
+        let err = match RunArgs::from_args(&args) {
+            Ok(parsed) => return Ok((parsed, ignored)),
+            Err(e) => e,
+        };
+        let Some(at) = offending_arg(&err, &args).filter(|_| ignored.len() < MAX_IGNORED_ARGS)
+        else {
+            return Err(err);
+        };
+        let flag = args.remove(at);
+        // `--flag value` (not the chart's style, but legal): its value goes with it.
+        if !flag.contains('=') && args.get(at).is_some_and(|next| !next.starts_with('-')) {
+            args.remove(at);
+        }
+        ignored.push(flag);
+    }
+}
+
+/// Where in `args` the flag that `err` is about starts: an unknown flag, or a known one
+/// with a value this release refuses. `None` for any other error (a missing required
+/// flag, a positional argument), which no leaving-out fixes.
+fn offending_arg(err: &clap::Error, args: &[String]) -> Option<usize> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        err.kind(),
+        ErrorKind::UnknownArgument | ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return None;
+    }
+    let ContextValue::String(shown) = err.get(ContextKind::InvalidArg)? else {
+        return None;
+    };
+    // Shown as `--flag`, `--flag=value` or `--flag <VALUE>`.
+    let flag = shown.split([' ', '=']).next()?;
+    if !flag.starts_with("--") {
+        return None;
+    }
+    args.iter().position(|a| {
+        a == flag
+            || a.strip_prefix(flag)
+                .is_some_and(|rest| rest.starts_with('='))
     })
 }
 
@@ -171,8 +234,45 @@ spec:
                 .expect("deployment");
         assert!(from_deployment(d).is_err());
         let d: Deployment =
-            serde_yaml::from_str(&DEPLOYMENT.replace("--leader-election-lease", "--no-such"))
+            serde_yaml::from_str(&DEPLOYMENT.replace("- --namespace=$(POD_NAMESPACE)", "- stray"))
                 .expect("deployment");
         assert!(from_deployment(d).is_err());
+    }
+
+    /// An operator of a newer release: a flag this plugin does not know and a value it
+    /// refuses are left out and named; everything else is read.
+    #[test]
+    fn an_operator_of_another_release_is_read_without_its_new_flags() {
+        let newer = DEPLOYMENT.replace(
+            "            - --leader-election-lease=kg-operator\n",
+            "            - --leader-election-lease=kg-operator\n            - --sidecar-some-future-flag=on\n            - --sidecar-mode=hybrid\n            - --another-future\n            - value\n",
+        );
+        assert_ne!(newer, DEPLOYMENT);
+        let d: Deployment = serde_yaml::from_str(&newer).expect("deployment");
+        let i = from_deployment(d).expect("install");
+        assert_eq!(i.args.leader_election_lease, "kg-operator");
+        assert_eq!(i.args.webhook_config, "kg-sidecar-injector");
+        assert_eq!(
+            i.ignored_args,
+            [
+                "--sidecar-some-future-flag=on",
+                "--sidecar-mode=hybrid",
+                "--another-future"
+            ]
+        );
+    }
+
+    #[test]
+    fn leaving_out_flags_is_bounded() {
+        let at_bound: Vec<String> = (0..MAX_IGNORED_ARGS)
+            .map(|i| format!("--future-{i}=x"))
+            .chain(["--namespace=ns".to_string()])
+            .collect();
+        let (_, ignored) = parse_tolerant(at_bound).expect("at the bound");
+        assert_eq!(ignored.len(), MAX_IGNORED_ARGS);
+        let past: Vec<String> = (0..=MAX_IGNORED_ARGS)
+            .map(|i| format!("--future-{i}=x"))
+            .collect();
+        assert!(parse_tolerant(past).is_err());
     }
 }

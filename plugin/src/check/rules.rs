@@ -33,9 +33,17 @@ pub fn operator(install: &Install, pods: &[Pod]) -> Finding {
         Finding::ok(
             "operator",
             format!(
-                "operator {ns}/{name}: {ready}/{} pods ready (sidecar {})",
+                "operator {ns}/{name}: {ready}/{} pods ready (sidecar {}){}",
                 live.len(),
-                install.args.sidecar_image
+                install.args.sidecar_image,
+                if install.ignored_args.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; flags of another release, not read by this plugin: {}",
+                        install.ignored_args.join(" ")
+                    )
+                }
             ),
         )
     } else {

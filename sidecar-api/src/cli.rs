@@ -22,6 +22,11 @@ pub mod flag {
     /// Where the final drain report is written (the container's termination
     /// message; see [`crate::report`]).
     pub const TERMINATION_LOG: &str = "--termination-log";
+    /// A directory that outlives the container (the pod's `emptyDir`): the
+    /// drain journal, so a sidecar restarted mid-drain carries the drain on.
+    /// The webhook sets it through [`super::env::STATE_DIR`], which a
+    /// sidecar of an older release ignores instead of refusing.
+    pub const STATE_DIR: &str = "--state-dir";
 }
 
 /// Environment variables, one per flag (`--drain-min-delay` is
@@ -62,6 +67,7 @@ pub mod env {
     pub const READY_FILE: &str = "KUBEGRACE_READY_FILE";
     pub const TERMINATION_LOG: &str = "KUBEGRACE_TERMINATION_LOG";
     pub const UPGRADE_BINARY: &str = "KUBEGRACE_UPGRADE_BINARY";
+    pub const STATE_DIR: &str = "KUBEGRACE_STATE_DIR";
     /// The `tracing` filter: a level or `target=level` directives (`info`,
     /// `info,kubegrace_sidecar::drain=debug`), no span or field filters; no flag.
     pub const LOG: &str = "KUBEGRACE_LOG";

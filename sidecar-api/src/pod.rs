@@ -6,6 +6,11 @@
 pub const CONTAINER: &str = "kubegrace-sidecar";
 /// The volume that mounts the route's ConfigMap into the sidecar.
 pub const CONFIG_VOLUME: &str = "kubegrace-config";
+/// The sidecar's state volume (an `emptyDir` in memory): it outlives a
+/// restart of the sidecar container, which the drain journal needs.
+pub const STATE_VOLUME: &str = "kubegrace-state";
+/// Where the state volume is mounted in the sidecar.
+pub const STATE_DIR: &str = "/var/run/kubegrace";
 /// Where that volume is mounted.
 pub const CONFIG_DIR: &str = "/etc/kubegrace";
 /// The ConfigMap key, and so the file name under [`CONFIG_DIR`], of the

@@ -115,6 +115,14 @@ impl Sidecar {
         if file_missing {
             shared.update_status(|s| s.file_missing = true);
         }
+        // Before anything serves: a drain a previous process of this
+        // container left under way goes on (not ready, closing by its
+        // deadline) instead of the sidecar starting afresh.
+        let carried_exit = settings
+            .state_dir
+            .as_deref()
+            .and_then(|dir| carry_on_drain(&shared.drain, dir))
+            .is_some_and(|entry| entry.exit);
 
         // Sockets passed by systemd, server-starter or an upgrade win over
         // binding: the port then stays open across restarts.
@@ -213,7 +221,8 @@ impl Sidecar {
             listen: listen.clone(),
             listen_addr,
             admin_addr,
-            exit_requested: Arc::new(AtomicBool::new(false)),
+            // A carried-on exit drain ends the process as the first one would have.
+            exit_requested: Arc::new(AtomicBool::new(carried_exit)),
             exit_notify: Arc::new(Notify::new()),
             hup,
             settings,
@@ -358,6 +367,23 @@ impl Sidecar {
         });
         Ok(())
     }
+}
+
+/// Opens the drain journal in `dir`, carries on the drain it holds (if its
+/// deadline has not passed) and keeps every later drain in it. Returns the
+/// drain carried on. A journal that cannot be opened is logged and left
+/// out: the sidecar runs as without `--state-dir`.
+fn carry_on_drain(drain: &drain::Drain, dir: &std::path::Path) -> Option<drain::JournalEntry> {
+    let journal = match drain::Journal::open(dir) {
+        Ok(journal) => journal,
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot keep a drain journal there; a restart mid-drain will not carry the drain on");
+            return None;
+        }
+    };
+    let live = journal.take_live(std::time::SystemTime::now());
+    drain.keep_journal(journal);
+    live.filter(|entry| drain.resume_after_restart(entry))
 }
 
 fn request_exit(shared: &Shared, exit_requested: &AtomicBool, exit_notify: &Notify, reason: &str) {

@@ -18,7 +18,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource,
     HTTPGetAction, HTTPHeader, Lifecycle, LifecycleHandler, ObjectFieldSelector, Pod, PodSpec,
     Probe, ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
@@ -42,6 +43,11 @@ use app_readiness::{keeps_own_readiness, take_http_readiness};
 /// assigns users itself (OpenShift's restricted SCC refuses a fixed one):
 /// see [`InjectPlan::run_as_user`].
 pub const SIDECAR_UID: i64 = 65532;
+
+/// The cluster autoscaler's annotation: local volumes (comma-separated) it
+/// may drop when it evicts the pod to remove a node.
+pub const SAFE_TO_EVICT_LOCAL_VOLUMES: &str =
+    "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes";
 
 /// Everything the webhook decided for one pod.
 #[derive(Debug, Clone)]
@@ -294,6 +300,14 @@ fn sidecar(
         },
         field_env(pod::POD_NAME_ENV, "metadata.name"),
         field_env(pod::POD_NAMESPACE_ENV, "metadata.namespace"),
+        // The drain journal: a sidecar restarted mid-drain carries it on.
+        // An environment variable, not the flag: a sidecar of an older
+        // release ignores it instead of refusing to start.
+        EnvVar {
+            name: env::STATE_DIR.into(),
+            value: Some(pod::STATE_DIR.into()),
+            ..Default::default()
+        },
     ];
     if let Some(level) = &plan.log_level {
         vars.push(EnvVar {
@@ -404,12 +418,19 @@ fn sidecar(
             }),
             ..Default::default()
         }),
-        volume_mounts: Some(vec![VolumeMount {
-            name: pod::CONFIG_VOLUME.into(),
-            mount_path: pod::CONFIG_DIR.into(),
-            read_only: Some(true),
-            ..Default::default()
-        }]),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: pod::CONFIG_VOLUME.into(),
+                mount_path: pod::CONFIG_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: pod::STATE_VOLUME.into(),
+                mount_path: pod::STATE_DIR.into(),
+                ..Default::default()
+            },
+        ]),
         restart_policy: plan.native.then(|| "Always".into()),
         // The file holds the drain report after a clean exit; the log tail
         // stands in only when the sidecar failed before writing one.
@@ -505,6 +526,18 @@ pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
         }),
         ..Default::default()
     });
+    // Outlives a restart of the sidecar container (not of the pod): the
+    // drain journal. In memory and tiny (one small file).
+    spec.volumes.get_or_insert_with(Vec::new).push(Volume {
+        name: pod::STATE_VOLUME.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: Some("Memory".into()),
+            size_limit: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                "1Mi".into(),
+            )),
+        }),
+        ..Default::default()
+    });
     if let Some(budget) = plan.budget_seconds
         && spec.termination_grace_period_seconds.unwrap_or(30) < budget
     {
@@ -513,6 +546,15 @@ pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
 
     let ann = out.metadata.annotations.get_or_insert_with(BTreeMap::new);
     ann.insert(keys::INJECTED.into(), "true".into());
+    // The cluster autoscaler keeps a node whose pods have local volumes
+    // unless they are named safe to evict (as Linkerd does for its own):
+    // the journal means nothing once the pod is gone.
+    let safe = ann
+        .get(SAFE_TO_EVICT_LOCAL_VOLUMES)
+        .filter(|v| !v.trim().is_empty())
+        .map(|v| format!("{v},{}", pod::STATE_VOLUME))
+        .unwrap_or_else(|| pod::STATE_VOLUME.into());
+    ann.insert(SAFE_TO_EVICT_LOCAL_VOLUMES.into(), safe);
     ann.insert(
         keys::SIDECAR_MODE.into(),
         if plan.native { "native" } else { "container" }.into(),

@@ -340,3 +340,49 @@ fn a_log_level_becomes_the_sidecars_log_variable() {
     };
     assert_eq!(env_of(&debug).as_deref(), Some("debug"));
 }
+
+/// The drain journal's volume: mounted writable in the sidecar, named in
+/// the sidecar's environment, and safe for the cluster autoscaler to drop
+/// (kept beside a value the pod already had).
+#[test]
+fn the_sidecar_gets_a_state_volume_the_autoscaler_may_drop() {
+    let out = inject(&pod(POD), &plan(true)).expect("injected");
+    let spec = out.spec.as_ref().expect("spec");
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == pod::STATE_VOLUME)
+        .expect("state volume");
+    assert_eq!(
+        volume.empty_dir.as_ref().and_then(|e| e.medium.as_deref()),
+        Some("Memory")
+    );
+    let sc = native_sidecar(&out);
+    let mount = sc
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == pod::STATE_VOLUME)
+        .expect("mount");
+    assert_eq!(mount.mount_path, pod::STATE_DIR);
+    assert_ne!(mount.read_only, Some(true));
+    assert!(sc.env.iter().flatten().any(|e| {
+        e.name == kubegrace_sidecar_api::cli::env::STATE_DIR && e.value.as_deref() == Some(pod::STATE_DIR)
+    }));
+    let ann = |p: &Pod| {
+        p.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SAFE_TO_EVICT_LOCAL_VOLUMES))
+            .cloned()
+    };
+    assert_eq!(ann(&out).as_deref(), Some(pod::STATE_VOLUME));
+    let mut own = pod(POD);
+    own.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(SAFE_TO_EVICT_LOCAL_VOLUMES.into(), "scratch".into());
+    let out = inject(&own, &plan(true)).expect("injected");
+    assert_eq!(ann(&out), Some(format!("scratch,{}", pod::STATE_VOLUME)));
+}

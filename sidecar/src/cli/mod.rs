@@ -163,6 +163,11 @@ pub struct Cli {
     /// Write {"listen","admin","pid"} here once both ports are bound (for port 0).
     #[arg(long, env = env::READY_FILE, value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
+    /// A directory that outlives this process's container (a pod's
+    /// emptyDir): a drain under way is kept there, and a sidecar restarted
+    /// in the middle of it carries it on instead of serving afresh.
+    #[arg(long, env = env::STATE_DIR, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Write the final drain report (JSON) here on exit: the container's termination message. Default /dev/termination-log when it exists; empty: never.
     #[arg(long, env = env::TERMINATION_LOG, value_name = "FILE")]
     pub termination_log: Option<PathBuf>,
@@ -453,6 +458,8 @@ pub struct Settings {
     /// `--admin-insecure`: a non-loopback admin port without a token is meant.
     pub admin_insecure: bool,
     pub ready_file: Option<PathBuf>,
+    /// Where the drain journal lives (see `drain/journal.rs`).
+    pub state_dir: Option<PathBuf>,
     /// `--termination-log` as given (see [`crate::termination::target`]).
     pub termination_log: Option<PathBuf>,
     pub log_format: LogFormat,
@@ -497,6 +504,7 @@ impl Cli {
             drain_token: self.drain_token.clone().filter(|t| !t.is_empty()),
             admin_insecure: self.admin_insecure,
             ready_file: self.ready_file.clone(),
+            state_dir: self.state_dir.clone(),
             termination_log: self.termination_log.clone(),
             log_format: self.log_format,
             upgrade_binary: self.upgrade_binary.clone(),

@@ -72,7 +72,7 @@ impl Drain {
 
         let grace_end = self.grace(t0).await;
         let grace = t0.elapsed();
-        let timeout = self.timers().timeout.get();
+        let timeout = self.closing_timeout(self.timers().timeout.get());
         if !self.set_state(id, Phase::Closing, false) {
             return;
         }

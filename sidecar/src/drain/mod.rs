@@ -72,12 +72,14 @@ mod driver;
 mod fuzz;
 mod grace;
 mod guard;
+mod journal;
 mod report;
 mod resume;
 #[cfg(test)]
 mod testing;
 
 pub use guard::ConnGuard;
+pub use journal::{Entry as JournalEntry, Journal};
 pub use report::{DrainReport, GraceEnd, RequestTally};
 
 /// Where an unrepresentable deadline goes: far beyond any drain (tokio's
@@ -152,6 +154,9 @@ struct Cycle {
     /// Bumped by every resume; the driver's writes name the cycle they
     /// belong to and are dropped once it is over.
     id: u64,
+    /// When a drain carried on after a restart must be over (its journal's
+    /// deadline): the closing timeout is cut to it.
+    deadline: Option<Instant>,
 }
 
 /// The machine behind every clone of the [`Drain`] handle: the state, the
@@ -181,6 +186,9 @@ struct Machine {
     /// Reads the proxy's request counters for the report; set once by the
     /// owner of the metrics (the machine itself counts connections only).
     requests: OnceLock<Box<dyn Fn() -> RequestTally + Send + Sync>>,
+    /// Where a drain under way is written for a restarted process
+    /// (`--state-dir`); none outside a pod.
+    journal: OnceLock<Journal>,
 }
 
 /// Handle on the drain state machine; cheap to clone.
@@ -214,6 +222,7 @@ impl Drain {
                 trigger: Mutex::new(Cycle {
                     trigger: None,
                     id: 0,
+                    deadline: None,
                 }),
                 exit: AtomicBool::new(false),
                 app_gone: AtomicBool::new(false),
@@ -228,6 +237,7 @@ impl Drain {
                 force_closed: AtomicU64::new(0),
                 report: Mutex::new(None),
                 requests: OnceLock::new(),
+                journal: OnceLock::new(),
             }),
         }
     }
@@ -273,10 +283,12 @@ impl Drain {
             self.machine.exit.store(true, Ordering::Release);
         }
         let mut started = false;
+        let mut became_exit = false;
         self.machine.tx.send_if_modified(|state| {
             let mut changed = false;
             if exit && !state.exit {
                 state.exit = true;
+                became_exit = true;
                 changed = true;
             }
             if state.phase == Phase::Serving {
@@ -294,8 +306,81 @@ impl Drain {
             // down app on every probe, so one that is down now still counts).
             self.machine.app_gone.store(false, Ordering::Release);
             cycle.trigger = Some((reason.to_string(), Instant::now()));
+            cycle.deadline = None;
+            if let Some(journal) = self.machine.journal.get() {
+                let now = std::time::SystemTime::now();
+                journal.record(JournalEntry::new(reason, exit, now, &self.timers()));
+            }
+        } else if became_exit && let Some(journal) = self.machine.journal.get() {
+            journal.update(|e| e.exit = true);
         }
         started
+    }
+
+    /// Keeps every drain of this process in `journal` from now on, for a
+    /// process that restarts mid-drain (see [`journal`]).
+    pub fn keep_journal(&self, journal: Journal) {
+        let _ = self.machine.journal.set(journal);
+    }
+
+    /// Carries on the drain an earlier process of this container left in
+    /// its journal: timed from its original trigger (the phases it already
+    /// went through are not waited for again), over by its deadline, an
+    /// exit drain if it was one, with the app-gone evidence it had seen.
+    /// Returns false when a drain is already under way.
+    pub fn resume_after_restart(&self, entry: &JournalEntry) -> bool {
+        let now = std::time::SystemTime::now();
+        let Some((elapsed, left)) = entry.live(now) else {
+            return false;
+        };
+        let mut cycle = self.lock();
+        if self.phase() != Phase::Serving {
+            return false;
+        }
+        if entry.exit {
+            self.machine.exit.store(true, Ordering::Release);
+        }
+        self.machine
+            .phase
+            .store(Phase::Draining as u8, Ordering::Release);
+        let now = Instant::now();
+        // Backdated as far as the clock allows (a monotonic clock cannot
+        // reach before the machine booted); never later than now.
+        let t0 = now.checked_sub(elapsed).unwrap_or(now);
+        cycle.trigger = Some((
+            format!("{} (carried on after a sidecar restart)", entry.reason),
+            t0,
+        ));
+        cycle.deadline = Some(deadline(now, left));
+        self.machine
+            .app_gone
+            .store(entry.app_gone, Ordering::Release);
+        if let Some(journal) = self.machine.journal.get() {
+            journal.record(entry.clone());
+        }
+        self.machine.tx.send_replace(DrainState {
+            phase: Phase::Draining,
+            force_close: false,
+            exit: entry.exit,
+        });
+        drop(cycle);
+        tracing::warn!(
+            trigger = %entry.reason,
+            exit = entry.exit,
+            elapsed_secs = elapsed.as_secs_f64(),
+            left_secs = left.as_secs_f64(),
+            "a drain was under way when this sidecar's previous process ended; carrying it on (not ready, closing by its deadline)"
+        );
+        true
+    }
+
+    /// The time a drain's closing phase may take from now: `drain.timeout`,
+    /// cut to the deadline of a drain carried on after a restart.
+    fn closing_timeout(&self, timeout: std::time::Duration) -> std::time::Duration {
+        match self.lock().deadline {
+            Some(by) => timeout.min(by.saturating_duration_since(Instant::now())),
+            None => timeout,
+        }
     }
 
     /// Whether this drain ends the process (SIGTERM, SIGINT, upgrade).

@@ -12,6 +12,9 @@ impl Drain {
     /// out). Only counts while a drain is under way.
     pub fn app_gone(&self) {
         if self.phase() != Phase::Serving && !self.machine.app_gone.swap(true, Ordering::AcqRel) {
+            if let Some(journal) = self.machine.journal.get() {
+                journal.update(|e| e.app_gone = true);
+            }
             tracing::info!(phase = %self.phase(), "drain: the app is gone; if it comes back without a SIGTERM, this was a container restart and the sidecar resumes");
         }
     }
@@ -47,6 +50,10 @@ impl Drain {
             .map(|(reason, _)| reason)
             .unwrap_or_else(|| "unknown".to_string());
         cycle.id += 1;
+        cycle.deadline = None;
+        if let Some(journal) = self.machine.journal.get() {
+            journal.clear();
+        }
         self.machine.app_gone.store(false, Ordering::Release);
         self.machine
             .endpoint_removed
@@ -171,5 +178,83 @@ mod tests {
         // And the driver takes the next trigger.
         drain.trigger("admin /drain");
         drain.drained().await;
+    }
+
+    /// What a sidecar restarted mid-drain left in its journal: a drain
+    /// triggered `ago` with `timers`.
+    fn journal_entry(
+        exit: bool,
+        ago: Duration,
+        timers: &crate::config::DrainConfig,
+    ) -> super::super::JournalEntry {
+        let then = std::time::SystemTime::now() - ago;
+        super::super::JournalEntry::new("SIGTERM", exit, then, timers)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_carried_on_after_a_restart_closes_by_its_first_deadline() {
+        // Deadline: 10 s + 20 s + 5 s after a trigger 30 s ago: 5 s left,
+        // where drain.timeout alone would wait 20.
+        let t = timers(1000, 0, 10_000, 20_000);
+        let entry = journal_entry(true, Duration::from_secs(30), &t);
+        let drain = Drain::new(t);
+        let mut stuck = drain.connection();
+        tokio::spawn(drain.clone().run());
+        let t0 = Instant::now();
+        assert!(drain.resume_after_restart(&entry));
+        assert!(drain.is_exit());
+        assert_ne!(drain.phase(), Phase::Serving);
+        let mut rx = drain.subscribe();
+        rx.wait_for(|s| s.force_close).await.expect("drain alive");
+        let waited = Instant::now() - t0;
+        assert!(
+            waited > Duration::from_secs(4) && waited <= Duration::from_secs(5),
+            "{waited:?}"
+        );
+        stuck.mark_forced();
+        drop(stuck);
+        let report = drain.drained().await;
+        assert!(
+            report
+                .trigger
+                .contains("carried on after a sidecar restart"),
+            "{}",
+            report.trigger
+        );
+        // A second carry-on (or trigger) changes nothing.
+        assert!(!drain.resume_after_restart(&entry));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_carried_on_drain_keeps_the_app_gone_evidence_it_had() {
+        let t = timers(0, 0, 0, 1000);
+        let mut gone = journal_entry(false, Duration::from_secs(1), &t);
+        gone.app_gone = true;
+        let drain = Drain::new(t);
+        tokio::spawn(drain.clone().run());
+        assert!(drain.resume_after_restart(&gone));
+        drain.drained().await;
+        assert!(drain.resume("the app is reachable again"));
+        assert_eq!(drain.phase(), Phase::Serving);
+
+        let not_gone = journal_entry(false, Duration::from_secs(1), &t);
+        let drain = Drain::new(t);
+        tokio::spawn(drain.clone().run());
+        assert!(drain.resume_after_restart(&not_gone));
+        drain.drained().await;
+        assert!(
+            !drain.resume("the app is reachable"),
+            "no evidence: stays drained"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_journal_past_its_deadline_is_not_carried_on() {
+        let t = timers(0, 0, 1000, 1000);
+        let stale = journal_entry(true, Duration::from_secs(8), &t);
+        let drain = Drain::new(t);
+        assert!(!drain.resume_after_restart(&stale));
+        assert_eq!(drain.phase(), Phase::Serving);
+        assert!(!drain.is_exit());
     }
 }

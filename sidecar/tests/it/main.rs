@@ -30,6 +30,7 @@ mod drain_long_request;
 mod drain_prestop;
 mod drain_readiness;
 mod drain_report_file;
+mod drain_restart;
 mod drain_rolling;
 mod drain_tcp_mode;
 mod drain_websocket;

@@ -310,7 +310,7 @@ mod tests {
     }
 
     fn route(yaml: &str) -> GraceRoute {
-        serde_yaml::from_str(yaml).expect("route")
+        serde_norway::from_str(yaml).expect("route")
     }
 
     const POD: &str = r#"
@@ -339,7 +339,7 @@ spec:
 
     #[test]
     fn a_pinned_pod_is_injected_and_the_patch_reproduces_it() {
-        let pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let pod: Pod = serde_norway::from_str(POD).expect("pod");
         let routes = vec![route(
             "metadata: {name: web, namespace: shop}\nspec: {targetRef: {kind: Deployment, name: web}, ports: [{name: http}]}\nstatus: {budgetSeconds: 50}",
         )];
@@ -364,7 +364,7 @@ spec:
 
     #[test]
     fn a_target_ref_route_finds_its_pods_by_owner_without_a_pin_in_the_template() {
-        let mut pod: Pod = serde_yaml::from_str(
+        let mut pod: Pod = serde_norway::from_str(
             r#"
 metadata:
   name: web-5d8f-abcde
@@ -408,7 +408,7 @@ spec:
 
     #[test]
     fn without_a_route_the_pod_is_admitted_bare_and_marked() {
-        let pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let pod: Pod = serde_norway::from_str(POD).expect("pod");
         let Decision::Skip(after, why) =
             decide(&pod, &BTreeMap::new(), &[], &settings(), "tok".into())
         else {
@@ -420,7 +420,7 @@ spec:
 
     #[test]
     fn a_route_that_is_not_accepted_injects_nothing() {
-        let pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let pod: Pod = serde_norway::from_str(POD).expect("pod");
         let routes = vec![route(
             r#"
 metadata: {name: web, namespace: shop}
@@ -440,7 +440,7 @@ status:
 
     #[test]
     fn selector_routes_match_by_label_oldest_first() {
-        let mut pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let mut pod: Pod = serde_norway::from_str(POD).expect("pod");
         pod.metadata.annotations = None;
         let routes = vec![
             route(
@@ -463,7 +463,7 @@ status:
     /// scripted API server that answers nothing would time the test out.
     #[tokio::test]
     async fn a_review_that_is_not_a_create_is_allowed_untouched_without_api_calls() {
-        let pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let pod: Pod = serde_norway::from_str(POD).expect("pod");
         let review = serde_json::json!({
             "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
             "request": {
@@ -543,7 +543,7 @@ status:
 
     #[test]
     fn a_pod_pinned_to_an_undecodable_route_starts_bare_with_the_field() {
-        let pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let pod: Pod = serde_norway::from_str(POD).expect("pod");
         let u = Undecodable {
             namespace: "shop".into(),
             name: "web".into(),

@@ -150,7 +150,7 @@ spec:
 
     #[test]
     fn the_install_is_read_from_the_operators_own_arguments() {
-        let d: Deployment = serde_yaml::from_str(DEPLOYMENT).expect("deployment");
+        let d: Deployment = serde_norway::from_str(DEPLOYMENT).expect("deployment");
         let i = from_deployment(d).expect("install");
         assert_eq!(i.namespace, "kg-system");
         assert_eq!(i.args.namespace, "kg-system");
@@ -167,11 +167,11 @@ spec:
     #[test]
     fn a_deployment_without_the_operator_container_is_not_an_install() {
         let d: Deployment =
-            serde_yaml::from_str(&DEPLOYMENT.replace("name: operator", "name: other"))
+            serde_norway::from_str(&DEPLOYMENT.replace("name: operator", "name: other"))
                 .expect("deployment");
         assert!(from_deployment(d).is_err());
         let d: Deployment =
-            serde_yaml::from_str(&DEPLOYMENT.replace("--leader-election-lease", "--no-such"))
+            serde_norway::from_str(&DEPLOYMENT.replace("--leader-election-lease", "--no-such"))
                 .expect("deployment");
         assert!(from_deployment(d).is_err());
     }

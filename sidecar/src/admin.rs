@@ -453,7 +453,7 @@ impl Admin {
             "config": config,
         });
         if yaml {
-            match serde_yaml::to_string(&body) {
+            match serde_norway::to_string(&body) {
                 Ok(text) => {
                     let mut resp = Response::new(Full::new(Bytes::from(text)));
                     resp.headers_mut().insert(

@@ -14,7 +14,8 @@
 //!
 //! The tests of both binaries and the cluster tests use these names too, so
 //! a rename is one change here that the compiler carries everywhere. The
-//! crate depends on serde and thiserror only: YAML parsing stays with the
+//! crate depends on serde, thiserror and humantime (no dependencies of its
+//! own; the durations) only: YAML parsing stays with the
 //! sidecar, rendering with the operator.
 
 pub mod admin;

@@ -8,6 +8,7 @@
 //! - [`cli`]: the sidecar's flags and `KUBEGRACE_*` environment names.
 //! - [`pod`]: container, volume and file names in an injected pod.
 //! - [`keys`]: annotation and label keys.
+//! - [`exposition`]: the Prometheus text format both `/metrics` write.
 //! - [`report`]: the drain report a sidecar leaves as its termination
 //!   message, and the operator collects.
 //! - [`build`]: the version and git revision a binary was built from.
@@ -22,6 +23,7 @@ pub mod admin;
 pub mod build;
 pub mod cli;
 pub mod config;
+pub mod exposition;
 pub mod keys;
 pub mod pod;
 pub mod report;

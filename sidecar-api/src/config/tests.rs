@@ -399,6 +399,10 @@ fn list_sizes_are_bounded() {
         format!("routes: [{}]", list.join(", "))
     };
     from_yaml(&routes(bounds::MAX_ROUTES)).expect("at the bound");
+    let named = |n: usize| format!("routes: [{{name: {}}}]", "r".repeat(n));
+    from_yaml(&named(bounds::MAX_ROUTE_NAME_BYTES)).expect("a name at the bound");
+    let err = from_yaml(&named(bounds::MAX_ROUTE_NAME_BYTES + 1)).expect_err("past");
+    assert_eq!(err.key, "routes[0].name", "{err}");
     assert_eq!(
         from_yaml(&routes(bounds::MAX_ROUTES + 1))
             .expect_err("past")

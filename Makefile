@@ -20,7 +20,7 @@ build: ## debug build of every crate
 test: ## every test: installs what it needs, then lint, unit + in-process, then the cluster suite
 	MAKE="$(MAKE)" hack/test-all
 
-deps: ## what the tests and the demo need on a fresh Debian machine (packages, promtool, test venv, rustfmt/clippy); a no-op when present
+deps: ## what the tests and the demo need on a fresh Debian machine (packages, promtool, test venv, rustfmt/clippy, cargo-deny); a no-op when present
 	hack/install-deps
 
 # The in-process tests write configs, sockets and upgrade state into

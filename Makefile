@@ -5,7 +5,7 @@ CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
 NEWCOMER_ROUNDS ?= 1
 
-.PHONY: deps h2spec version-matrix plugin krew fuzz actionlint release-images-check dockerfile-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo kind-test kind-demo bench cluster-up cluster-down images help
+.PHONY: deps h2spec version-matrix plugin krew fuzz actionlint cargo-deny release-images-check dockerfile-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo kind-test kind-demo bench cluster-up cluster-down images help
 
 all: build
 
@@ -20,7 +20,7 @@ build: ## debug build of every crate
 test: ## every test: installs what it needs, then lint, unit + in-process, then the cluster suite
 	MAKE="$(MAKE)" hack/test-all
 
-deps: ## what the tests and the demo need on a fresh Debian machine (packages, promtool, test venv, rustfmt/clippy); a no-op when present
+deps: ## what the tests and the demo need on a fresh Debian machine (packages, promtool, test venv, rustfmt/clippy, cargo-deny); a no-op when present
 	hack/install-deps
 
 # The in-process tests write configs, sockets and upgrade state into
@@ -46,13 +46,16 @@ fuzz: ## the property tests long: fast-path parsers and drain configs (FUZZ_CASE
 test-cluster: deps ## cluster tests on $$KUBECONFIG, or on the local single-node cluster (booted and torn down here)
 	e2e/run-cluster-tests
 
-lint: deps fmt-check clippy crd-check actionlint ## formatting, clippy -D warnings, CRD drift, GitHub workflows, dead Markdown links
+lint: deps fmt-check clippy crd-check actionlint cargo-deny ## formatting, clippy -D warnings, CRD drift, GitHub workflows, dependencies (cargo-deny), dead Markdown links
 	hack/check-links --self-test
 	hack/check-links
 	hack/check-file-sizes
 
 actionlint: ## the GitHub workflows (actionlint, built from the Go module proxy once)
 	hack/actionlint
+
+cargo-deny: ## the dependency graph against deny.toml: licenses, bans, sources, advisories where the RustSec DB can be fetched
+	hack/cargo-deny
 
 fmt: ## format the code
 	$(CARGO) fmt --all

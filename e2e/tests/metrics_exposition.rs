@@ -25,7 +25,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
 const T: Duration = Duration::from_secs(10);
-const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+use kubegrace_sidecar_api::exposition::CONTENT_TYPE;
 const METRICS_DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md");
 const RULES: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -302,8 +302,9 @@ async fn both_binaries_metrics_parse_exist_from_the_start_and_feed_the_dashboard
     let used = scrape(side.admin_addr()).await?;
     promtool_check("sidecar after traffic and a drain", &used).await?;
     ensure!(
-        used.contains("kubegrace_requests_total{code_class=\"2xx\"} 1\n"),
-        "the request is not counted:\n{used}"
+        // /api/hello matches the test config's route `api`.
+        used.contains("kubegrace_requests_total{route=\"api\",code_class=\"2xx\"} 1\n"),
+        "the request is not counted on its route:\n{used}"
     );
     let late: Vec<_> = names(&families(&used))
         .difference(&names(&families(&fresh)))

@@ -1,11 +1,11 @@
 //! Admin port: `/healthz` (process up), `/readyz` (serving certificate
 //! loaded and webhook listening), `/metrics` (Prometheus text).
 //!
-//! Metrics are a handful of counters and two histograms; a registry crate
-//! would be more code than this.
+//! Metrics are a handful of counters and histograms, written through the
+//! contract's exposition writer (`kubegrace_sidecar_api::exposition`),
+//! which the sidecar's `/metrics` uses too.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -16,6 +16,7 @@ use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use kubegrace_sidecar_api::exposition::{Escaped, Family};
 use tokio::net::TcpListener;
 
 use crate::{Error, Result};
@@ -47,19 +48,17 @@ impl Histogram {
     }
 
     fn render(&self, name: &str, help: &str, out: &mut String) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut family = Family::new(out, name, "histogram", help);
         for (i, b) in BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{b}\"}} {}",
-                self.counts[i].load(Ordering::Relaxed)
-            );
+            let n = self.counts[i].load(Ordering::Relaxed);
+            family.part("_bucket", Some(format_args!("le=\"{b}\"")), n);
         }
         let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        family.part("_bucket", Some(format_args!("le=\"+Inf\"")), count);
         #[allow(clippy::cast_precision_loss)] // a sum of microseconds fits f64 for centuries
         let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+        family.part("_sum", None, sum);
+        family.part("_count", None, count);
     }
 }
 
@@ -100,7 +99,7 @@ const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The Prometheus text exposition format, version 0.0.4: Prometheus 3 refuses
 /// a scrape without a Content-Type unless told a fallback.
-pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub const METRICS_CONTENT_TYPE: &str = kubegrace_sidecar_api::exposition::CONTENT_TYPE;
 
 pub struct Metrics {
     reconciles: Mutex<BTreeMap<&'static str, u64>>,
@@ -316,52 +315,57 @@ impl Metrics {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        let _ = writeln!(
+        let mut family = Family::new(
             out,
-            "# HELP kubegrace_operator_pod_drains_total Pod drains read from sidecar termination messages, by route and outcome (clean, force_closed).\n# TYPE kubegrace_operator_pod_drains_total counter"
+            "kubegrace_operator_pod_drains_total",
+            "counter",
+            "Pod drains read from sidecar termination messages, by route and outcome (clean, force_closed).",
         );
         for (route, c) in &counts {
-            let route = escape_label(route);
-            let _ = writeln!(
-                out,
-                "kubegrace_operator_pod_drains_total{{route=\"{route}\",outcome=\"clean\"}} {}\nkubegrace_operator_pod_drains_total{{route=\"{route}\",outcome=\"force_closed\"}} {}",
-                c.clean, c.force_closed
-            );
+            for (outcome, n) in [("clean", c.clean), ("force_closed", c.force_closed)] {
+                family.series(
+                    format_args!("route=\"{}\",outcome=\"{outcome}\"", Escaped(route)),
+                    n,
+                );
+            }
         }
-        let _ = writeln!(
+        Family::new(
             out,
-            "# HELP kubegrace_operator_requests_cut_total Requests cut by drains that reached drain.timeout, by route.\n# TYPE kubegrace_operator_requests_cut_total counter"
+            "kubegrace_operator_requests_cut_total",
+            "counter",
+            "Requests cut by drains that reached drain.timeout, by route.",
+        )
+        .by(
+            "route",
+            counts.iter().map(|(route, c)| (route, c.requests_cut)),
         );
-        for (route, c) in &counts {
-            let _ = writeln!(
-                out,
-                "kubegrace_operator_requests_cut_total{{route=\"{}\"}} {}",
-                escape_label(route),
-                c.requests_cut
-            );
-        }
     }
 
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP kubegrace_operator_build_info The operator's version and git revision.\n# TYPE kubegrace_operator_build_info gauge\nkubegrace_operator_build_info{{version=\"{}\",revision=\"{}\"}} 1",
-            env!("CARGO_PKG_VERSION"),
-            kubegrace_sidecar_api::build::REVISION,
+        Family::new(
+            &mut out,
+            "kubegrace_operator_build_info",
+            "gauge",
+            "The operator's version and git revision.",
+        )
+        .series(
+            format_args!(
+                "version=\"{}\",revision=\"{}\"",
+                env!("CARGO_PKG_VERSION"),
+                kubegrace_sidecar_api::build::REVISION
+            ),
+            1,
         );
         let counters = |out: &mut String,
                         name: &str,
                         help: &str,
                         label: &str,
                         map: &Mutex<BTreeMap<&'static str, u64>>| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             let m = map
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            for (k, v) in m.iter() {
-                let _ = writeln!(out, "{name}{{{label}=\"{k}\"}} {v}");
-            }
+            Family::new(out, name, "counter", help).by(label, m.iter());
         };
         counters(
             &mut out,
@@ -420,9 +424,11 @@ impl Metrics {
             "task",
             &self.panics,
         );
-        let _ = writeln!(
-            out,
-            "# HELP kubegrace_operator_route_undecodable 1 for each stored GraceRoute the operator cannot decode (its Accepted condition says which field).\n# TYPE kubegrace_operator_route_undecodable gauge"
+        let mut family = Family::new(
+            &mut out,
+            "kubegrace_operator_route_undecodable",
+            "gauge",
+            "1 for each stored GraceRoute the operator cannot decode (its Accepted condition says which field).",
         );
         for (ns, name) in self
             .undecodable
@@ -430,58 +436,46 @@ impl Metrics {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
         {
-            let _ = writeln!(
-                out,
-                "kubegrace_operator_route_undecodable{{namespace=\"{}\",name=\"{}\"}} 1",
-                escape_label(ns),
-                escape_label(name)
+            family.series(
+                format_args!("namespace=\"{}\",name=\"{}\"", Escaped(ns), Escaped(name)),
+                1,
             );
         }
         self.render_drains(&mut out);
         self.heal.render(&mut out);
-        let _ = writeln!(
-            out,
-            "# HELP kubegrace_operator_pods_not_injected Pods that should carry the sidecar and don't, by route (the route's last status).\n# TYPE kubegrace_operator_pods_not_injected gauge"
+        Family::new(
+            &mut out,
+            "kubegrace_operator_pods_not_injected",
+            "gauge",
+            "Pods that should carry the sidecar and don't, by route (the route's last status).",
+        )
+        .by(
+            "route",
+            self.pods_not_injected
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter(),
         );
-        for (route, n) in self
-            .pods_not_injected
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-        {
-            let _ = writeln!(
-                out,
-                "kubegrace_operator_pods_not_injected{{route=\"{}\"}} {n}",
-                escape_label(route)
-            );
-        }
         // No sample until a certificate is loaded: a 0 would read as
         // "expired in 1970" to an expiry alert.
-        let _ = writeln!(
-            out,
-            "# HELP kubegrace_operator_certificate_expiry_timestamp_seconds When the webhook's serving certificate expires (Unix seconds).\n# TYPE kubegrace_operator_certificate_expiry_timestamp_seconds gauge"
+        let expiry = Family::new(
+            &mut out,
+            "kubegrace_operator_certificate_expiry_timestamp_seconds",
+            "gauge",
+            "When the webhook's serving certificate expires (Unix seconds).",
         );
         if let Some(at) = self.certificate.get().and_then(|r| r.not_after()) {
-            let _ = writeln!(
-                out,
-                "kubegrace_operator_certificate_expiry_timestamp_seconds {at}"
-            );
+            expiry.value(at);
         }
-        let _ = writeln!(
-            out,
-            "# HELP kubegrace_operator_leader 1 if this replica runs the controllers.\n# TYPE kubegrace_operator_leader gauge\nkubegrace_operator_leader {}",
-            u8::from(self.leader.load(Ordering::Relaxed))
-        );
+        Family::new(
+            &mut out,
+            "kubegrace_operator_leader",
+            "gauge",
+            "1 if this replica runs the controllers.",
+        )
+        .value(u8::from(self.leader.load(Ordering::Relaxed)));
         out
     }
-}
-
-/// Label values escape backslash, quote and newline (exposition format).
-fn escape_label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 fn respond(status: StatusCode, body: String) -> Response<Full<Bytes>> {

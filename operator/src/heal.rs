@@ -27,7 +27,6 @@
 //! Each eviction gets an Event on the pod and on the route, and is counted.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -225,17 +224,13 @@ impl HealMetrics {
 
     /// Prometheus text, every result present from the start.
     pub fn render(&self, out: &mut String) {
-        let _ = writeln!(
+        kubegrace_sidecar_api::exposition::Family::new(
             out,
-            "# HELP kubegrace_operator_heal_evictions_total Pods admitted without the sidecar that the operator tried to evict, by result.\n# TYPE kubegrace_operator_heal_evictions_total counter"
-        );
-        for r in RESULTS {
-            let _ = writeln!(
-                out,
-                "kubegrace_operator_heal_evictions_total{{result=\"{r}\"}} {}",
-                self.get(r)
-            );
-        }
+            "kubegrace_operator_heal_evictions_total",
+            "counter",
+            "Pods admitted without the sidecar that the operator tried to evict, by result.",
+        )
+        .by("result", RESULTS.map(|r| (r, self.get(r))));
     }
 }
 

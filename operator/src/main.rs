@@ -8,7 +8,7 @@ use kubegrace_operator::crd::GraceRoute;
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Crd => match serde_yaml::to_string(&GraceRoute::crd()) {
+        Command::Crd => match serde_norway::to_string(&GraceRoute::crd()) {
             Ok(yaml) => {
                 print!("{yaml}");
                 std::process::ExitCode::SUCCESS

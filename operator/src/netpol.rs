@@ -189,7 +189,7 @@ mod tests {
     use super::*;
 
     fn injected_pod() -> Pod {
-        serde_yaml::from_str(
+        serde_norway::from_str(
             r#"
 metadata:
   name: web-5d4f-abcde
@@ -212,7 +212,7 @@ spec:
     }
 
     fn policy(name: &str, body: &str) -> NetworkPolicy {
-        serde_yaml::from_str(&format!(
+        serde_norway::from_str(&format!(
             "metadata: {{name: {name}, namespace: shop}}\nspec:\n{body}"
         ))
         .expect("policy")
@@ -302,7 +302,7 @@ spec:
             1
         );
         // A pod without the sidecar has nothing taken over.
-        let bare: Pod = serde_yaml::from_str(
+        let bare: Pod = serde_norway::from_str(
             "metadata: {name: x, namespace: shop}\nspec: {containers: [{name: app, image: a, ports: [{name: http, containerPort: 8080}]}]}",
         )
         .expect("pod");

@@ -90,7 +90,7 @@ mod tests {
     use super::*;
 
     fn cm(yaml: &str) -> ConfigMap {
-        serde_yaml::from_str(yaml).expect("configmap")
+        serde_norway::from_str(yaml).expect("configmap")
     }
 
     #[test]

@@ -283,12 +283,12 @@ spec:
 "#;
 
     fn workloads() -> Workloads {
-        let d: Deployment = serde_yaml::from_str(WEB).expect("deployment");
+        let d: Deployment = serde_norway::from_str(WEB).expect("deployment");
         Workloads::from_objects(&[d], &[])
     }
 
     fn route(name: &str, created: &str, spec: &str) -> GraceRoute {
-        serde_yaml::from_str(&format!(
+        serde_norway::from_str(&format!(
             "apiVersion: kubegrace.io/v1alpha1\nkind: GraceRoute\nmetadata: {{name: {name}, namespace: shop, uid: u-{name}, creationTimestamp: '{created}'}}\nspec: {spec}\n"
         ))
         .expect("route")

@@ -332,7 +332,7 @@ mod tests {
     }
 
     fn route(yaml: &str) -> GraceRoute {
-        serde_yaml::from_str(yaml).expect("route")
+        serde_norway::from_str(yaml).expect("route")
     }
 
     const POD: &str = r#"
@@ -361,7 +361,7 @@ spec:
 
     #[test]
     fn a_pinned_pod_is_injected_and_the_patch_reproduces_it() {
-        let pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let pod: Pod = serde_norway::from_str(POD).expect("pod");
         let routes = vec![route(
             "metadata: {name: web, namespace: shop}\nspec: {targetRef: {kind: Deployment, name: web}, ports: [{name: http}]}\nstatus: {budgetSeconds: 50}",
         )];
@@ -388,7 +388,7 @@ spec:
     /// warning, and the pod is still injected (never left bare for it).
     #[test]
     fn a_pods_sidecar_annotations_apply_and_bad_ones_come_back_as_warnings() {
-        let pod: Pod = serde_yaml::from_str(&POD.replace(
+        let pod: Pod = serde_norway::from_str(&POD.replace(
             "annotations: {kubegrace.io/route: web}",
             "annotations: {kubegrace.io/route: web, kubegrace.io/sidecar-memory-limit: 256Mi, kubegrace.io/sidecar-cpu-request: lots, kubegrace.io/sidecar-log-level: debug}",
         ))
@@ -437,7 +437,7 @@ spec:
 
     #[test]
     fn a_target_ref_route_finds_its_pods_by_owner_without_a_pin_in_the_template() {
-        let mut pod: Pod = serde_yaml::from_str(
+        let mut pod: Pod = serde_norway::from_str(
             r#"
 metadata:
   name: web-5d8f-abcde
@@ -481,7 +481,7 @@ spec:
 
     #[test]
     fn without_a_route_the_pod_is_admitted_bare_and_marked() {
-        let pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let pod: Pod = serde_norway::from_str(POD).expect("pod");
         let Decision::Skip(after, why) =
             decide(&pod, &BTreeMap::new(), &[], &settings(), "tok".into())
         else {
@@ -493,7 +493,7 @@ spec:
 
     #[test]
     fn a_route_that_is_not_accepted_injects_nothing() {
-        let pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let pod: Pod = serde_norway::from_str(POD).expect("pod");
         let routes = vec![route(
             r#"
 metadata: {name: web, namespace: shop}
@@ -513,7 +513,7 @@ status:
 
     #[test]
     fn selector_routes_match_by_label_oldest_first() {
-        let mut pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let mut pod: Pod = serde_norway::from_str(POD).expect("pod");
         pod.metadata.annotations = None;
         let routes = vec![
             route(
@@ -536,7 +536,7 @@ status:
     /// scripted API server that answers nothing would time the test out.
     #[tokio::test]
     async fn a_review_that_is_not_a_create_is_allowed_untouched_without_api_calls() {
-        let pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let pod: Pod = serde_norway::from_str(POD).expect("pod");
         let review = serde_json::json!({
             "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
             "request": {
@@ -616,7 +616,7 @@ status:
 
     #[test]
     fn a_pod_pinned_to_an_undecodable_route_starts_bare_with_the_field() {
-        let pod: Pod = serde_yaml::from_str(POD).expect("pod");
+        let pod: Pod = serde_norway::from_str(POD).expect("pod");
         let u = Undecodable {
             namespace: "shop".into(),
             name: "web".into(),

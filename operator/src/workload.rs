@@ -332,7 +332,7 @@ mod tests {
     use super::*;
 
     fn deploy(yaml: &str) -> Deployment {
-        serde_yaml::from_str(yaml).expect("deployment")
+        serde_norway::from_str(yaml).expect("deployment")
     }
 
     #[test]
@@ -396,7 +396,7 @@ spec: {selector: {}, template: {metadata: {labels: {kubegrace.io/inject: enabled
     }
 
     fn route(yaml: &str) -> GraceRoute {
-        serde_yaml::from_str(yaml).expect("route")
+        serde_norway::from_str(yaml).expect("route")
     }
 
     const ACCEPTED_WEB: &str = r#"

@@ -13,6 +13,8 @@ use kubegrace_operator::admin::Metrics;
 use kubegrace_operator::certs::{self, CertResolver};
 use kubegrace_operator::server::{self, Limits};
 use kubegrace_operator::webhook::{self, SidecarSettings, Webhook};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsConnector;
@@ -35,7 +37,7 @@ async fn start(limits: Limits) -> Server {
     resolver.set(certs::certified_key(cert.as_bytes(), key.as_bytes()).expect("key"));
 
     let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_pemfile::certs(&mut ca.as_bytes()) {
+    for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
         roots.add(c.expect("pem")).expect("root");
     }
     let mut tls = rustls::ClientConfig::builder()

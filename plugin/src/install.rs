@@ -213,7 +213,7 @@ spec:
 
     #[test]
     fn the_install_is_read_from_the_operators_own_arguments() {
-        let d: Deployment = serde_yaml::from_str(DEPLOYMENT).expect("deployment");
+        let d: Deployment = serde_norway::from_str(DEPLOYMENT).expect("deployment");
         let i = from_deployment(d).expect("install");
         assert_eq!(i.namespace, "kg-system");
         assert_eq!(i.args.namespace, "kg-system");
@@ -230,11 +230,11 @@ spec:
     #[test]
     fn a_deployment_without_the_operator_container_is_not_an_install() {
         let d: Deployment =
-            serde_yaml::from_str(&DEPLOYMENT.replace("name: operator", "name: other"))
+            serde_norway::from_str(&DEPLOYMENT.replace("name: operator", "name: other"))
                 .expect("deployment");
         assert!(from_deployment(d).is_err());
         let d: Deployment =
-            serde_yaml::from_str(&DEPLOYMENT.replace("- --namespace=$(POD_NAMESPACE)", "- stray"))
+            serde_norway::from_str(&DEPLOYMENT.replace("- --namespace=$(POD_NAMESPACE)", "- stray"))
                 .expect("deployment");
         assert!(from_deployment(d).is_err());
     }
@@ -248,7 +248,7 @@ spec:
             "            - --leader-election-lease=kg-operator\n            - --sidecar-some-future-flag=on\n            - --sidecar-mode=hybrid\n            - --another-future\n            - value\n",
         );
         assert_ne!(newer, DEPLOYMENT);
-        let d: Deployment = serde_yaml::from_str(&newer).expect("deployment");
+        let d: Deployment = serde_norway::from_str(&newer).expect("deployment");
         let i = from_deployment(d).expect("install");
         assert_eq!(i.args.leader_election_lease, "kg-operator");
         assert_eq!(i.args.webhook_config, "kg-sidecar-injector");

@@ -53,7 +53,7 @@ fn every_platform_carries_the_sha256_of_its_archive() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let doc: serde_yaml::Value = serde_yaml::from_slice(&out.stdout).expect("YAML");
+    let doc: serde_norway::Value = serde_norway::from_slice(&out.stdout).expect("YAML");
     assert_eq!(doc["kind"], "Plugin");
     assert_eq!(doc["metadata"]["name"], "kubegrace");
     assert_eq!(doc["spec"]["version"], "v0.1.0");
@@ -133,7 +133,7 @@ fn windows_archives_are_zips_with_the_exe() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let doc: serde_yaml::Value = serde_yaml::from_slice(&out.stdout).expect("YAML");
+    let doc: serde_norway::Value = serde_norway::from_slice(&out.stdout).expect("YAML");
     let platforms = doc["spec"]["platforms"].as_sequence().expect("platforms");
     assert_eq!(platforms.len(), 2);
     let windows = &platforms[1];

@@ -429,6 +429,7 @@ impl Admin {
         let mut out = String::with_capacity(8 * 1024);
         self.shared.metrics.render(&self.shared.drain, &mut out);
         let live = self.shared.live.load();
+        self.shared.metrics.render_requests(&live.routes, &mut out);
         live.routes.render_metrics(&mut out);
         self.shared.upstreams.render_metrics(&mut out);
         if let Some(app) = self.shared.upstreams.app() {
@@ -437,7 +438,7 @@ impl Admin {
         let mut resp = Response::new(Full::new(Bytes::from(out)));
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            HeaderValue::from_static(kubegrace_sidecar_api::exposition::CONTENT_TYPE),
         );
         resp
     }
@@ -453,7 +454,7 @@ impl Admin {
             "config": config,
         });
         if yaml {
-            match serde_yaml::to_string(&body) {
+            match serde_norway::to_string(&body) {
                 Ok(text) => {
                     let mut resp = Response::new(Full::new(Bytes::from(text)));
                     resp.headers_mut().insert(

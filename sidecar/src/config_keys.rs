@@ -26,9 +26,9 @@ pub const MAX_NAMED: usize = 32;
 /// YAML spelling (`drain.newKey`, `routes[0].match.newKey`), in file order.
 pub fn parse_tolerant<T: DeserializeOwned>(
     text: &str,
-) -> Result<(T, Vec<String>), serde_yaml::Error> {
+) -> Result<(T, Vec<String>), serde_norway::Error> {
     let mut unknown = Vec::new();
-    let value = serde_ignored::deserialize(serde_yaml::Deserializer::from_str(text), |path| {
+    let value = serde_ignored::deserialize(serde_norway::Deserializer::from_str(text), |path| {
         unknown.push(key_path(&path));
     })?;
     Ok((value, unknown))

@@ -5,12 +5,17 @@
 //! no label lookup. Connection and drain numbers are read from the drain
 //! tracker at scrape time rather than kept twice.
 
-use std::fmt::{self, Write as _};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::circuit::{Route, RouteTable};
 use crate::config::DrainReadiness;
 use crate::drain::Drain;
+
+use kubegrace_sidecar_api::exposition::Escaped;
+/// Every `/metrics` part (the proxy, the route table, the app watch) writes
+/// through the contract's one exposition writer.
+pub(crate) use kubegrace_sidecar_api::exposition::Family;
 
 /// Upper bounds of the request duration histogram, in seconds.
 const BUCKETS: [f64; 14] = [
@@ -25,8 +30,10 @@ const BUCKETS_US: [u64; 14] = [
 #[derive(Default)]
 pub struct Metrics {
     inflight: AtomicI64,
-    /// Responses by status class: index 0 = 1xx ... 4 = 5xx.
-    by_class: [AtomicU64; 5],
+    /// Responses given before any route was chosen, by status class:
+    /// index 0 = 1xx ... 4 = 5xx. A routed response counts on its route
+    /// (`RouteStats::responses`).
+    unrouted_by_class: [AtomicU64; 5],
     /// Non-cumulative bucket counts; the last slot is +Inf.
     duration_buckets: [AtomicU64; BUCKETS.len() + 1],
     duration_sum_us: AtomicU64,
@@ -128,10 +135,17 @@ impl Metrics {
         self.duration_count.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// One response sent downstream, counted on `route` (the config's
+    /// route that matched) or, answered before routing, on none.
     #[inline]
-    pub fn response(&self, status: http::StatusCode) {
-        let class = (status.as_u16() / 100).clamp(1, 5) as usize - 1;
-        self.by_class[class].fetch_add(1, Ordering::Relaxed);
+    pub fn response(&self, status: http::StatusCode, route: Option<&Route>) {
+        let class = usize::from((status.as_u16() / 100).clamp(1, 5)) - 1;
+        match route {
+            Some(route) => route.count_response(class),
+            None => {
+                self.unrouted_by_class[class].fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     pub fn reload(&self, ok: bool) {
@@ -263,11 +277,29 @@ impl Metrics {
         }
     }
 
-    pub fn requests_total(&self) -> u64 {
-        self.by_class
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .sum()
+    /// `kubegrace_requests_total`: one series per route of `routes` and
+    /// status class, and the unrouted ones under `route=""`. Cardinality is
+    /// bounded by the config (at most `MAX_ROUTES` routes, each name
+    /// unique and not empty, so `""` is no route's name) times five.
+    pub fn render_requests(&self, routes: &RouteTable, out: &mut String) {
+        let mut family = Family::new(
+            out,
+            "kubegrace_requests_total",
+            "counter",
+            "Responses sent downstream, by route (the config's route that matched; empty for answers given before routing: a bad target, a health answer while draining) and status class.",
+        );
+        let unrouted = self
+            .unrouted_by_class
+            .each_ref()
+            .map(|c| c.load(Ordering::Relaxed));
+        for (route, counts) in routes.response_counts().chain([("", unrouted)]) {
+            for (class, n) in (1..).zip(counts) {
+                family.series(
+                    format_args!("route=\"{}\",code_class=\"{class}xx\"", Escaped(route)),
+                    n,
+                );
+            }
+        }
     }
 
     /// Prometheus text exposition format 0.0.4.
@@ -414,20 +446,7 @@ impl Metrics {
             "HTTP/2 streams reset (RST_STREAM CANCEL) because the client gave no flow-control window for limits.writeTimeout while their answer waited.",
         )
         .value(get(&self.http2_stream_write_timeouts));
-        Family::new(
-            out,
-            "kubegrace_requests_total",
-            "counter",
-            "Responses sent downstream, by status class.",
-        )
-        .by(
-            "code_class",
-            (1..)
-                .zip(&self.by_class)
-                .map(|(class, c)| (format!("{class}xx"), get(c))),
-        );
-
-        Family::new(
+        let mut histogram = Family::new(
             out,
             "kubegrace_request_duration_seconds",
             "histogram",
@@ -436,26 +455,12 @@ impl Metrics {
         let mut cumulative = 0;
         for (i, bound) in BUCKETS.iter().enumerate() {
             cumulative += get(&self.duration_buckets[i]);
-            let _ = writeln!(
-                out,
-                "kubegrace_request_duration_seconds_bucket{{le=\"{bound}\"}} {cumulative}"
-            );
+            histogram.part("_bucket", Some(format_args!("le=\"{bound}\"")), cumulative);
         }
         cumulative += get(&self.duration_buckets[BUCKETS.len()]);
-        let _ = writeln!(
-            out,
-            "kubegrace_request_duration_seconds_bucket{{le=\"+Inf\"}} {cumulative}"
-        );
-        let _ = writeln!(
-            out,
-            "kubegrace_request_duration_seconds_sum {}",
-            get(&self.duration_sum_us) as f64 / 1e6
-        );
-        let _ = writeln!(
-            out,
-            "kubegrace_request_duration_seconds_count {}",
-            get(&self.duration_count)
-        );
+        histogram.part("_bucket", Some(format_args!("le=\"+Inf\"")), cumulative);
+        histogram.part("_sum", None, get(&self.duration_sum_us) as f64 / 1e6);
+        histogram.part("_count", None, get(&self.duration_count));
 
         Family::new(
             out,
@@ -552,44 +557,6 @@ impl Metrics {
     }
 }
 
-/// One metric family of the text format: its HELP and TYPE lines once,
-/// then its series. Every `/metrics` part (the proxy, the route table, the
-/// app watch) writes through it, so the format is written in one place.
-pub(crate) struct Family<'a> {
-    out: &'a mut String,
-    name: &'a str,
-}
-
-impl<'a> Family<'a> {
-    pub(crate) fn new(out: &'a mut String, name: &'a str, kind: &str, help: &str) -> Self {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        Family { out, name }
-    }
-
-    /// The family's one series, without labels.
-    pub(crate) fn value(self, value: impl fmt::Display) {
-        let _ = writeln!(self.out, "{} {value}", self.name);
-    }
-
-    /// One series; `labels` as they go between the braces (`a="x",b="y"`),
-    /// their values already escaped.
-    pub(crate) fn series(&mut self, labels: fmt::Arguments<'_>, value: impl fmt::Display) {
-        let _ = writeln!(self.out, "{}{{{labels}}} {value}", self.name);
-    }
-
-    /// One series per (label value, value) under the one label `label`.
-    pub(crate) fn by<L: fmt::Display, V: fmt::Display>(
-        mut self,
-        label: &str,
-        series: impl IntoIterator<Item = (L, V)>,
-    ) {
-        for (label_value, value) in series {
-            self.series(format_args!("{label}=\"{label_value}\""), value);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -602,20 +569,10 @@ mod tests {
         m.request_finished(Duration::from_micros(700));
         m.request_started();
         m.request_finished(Duration::from_secs(20));
-        m.response(http::StatusCode::OK);
-        m.response(http::StatusCode::BAD_GATEWAY);
         m.reload(false);
         let drain = Drain::new(DrainConfig::default());
         let mut out = String::new();
         m.render(&drain, &mut out);
-        assert!(
-            out.contains("kubegrace_requests_total{code_class=\"2xx\"} 1\n"),
-            "{out}"
-        );
-        assert!(
-            out.contains("kubegrace_requests_total{code_class=\"5xx\"} 1\n"),
-            "{out}"
-        );
         assert!(
             out.contains("kubegrace_request_duration_seconds_bucket{le=\"0.0005\"} 0\n"),
             "{out}"
@@ -654,6 +611,54 @@ mod tests {
         );
         assert!(
             out.contains("kubegrace_drain_readiness{mode=\"stay_serving\"} 0\n"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn requests_are_counted_per_route_and_unrouted_ones_under_an_empty_route() {
+        let config = crate::cli::config_from_yaml(
+            "routes:\n  - name: api\n    match: {pathPrefix: /api}\n  - name: 'we\"ird'\n    match: {pathPrefix: /w}\n",
+        )
+        .expect("valid config");
+        let table = RouteTable::new(&config.routes);
+        let m = Metrics::default();
+        let get = http::Method::GET;
+        m.response(
+            http::StatusCode::OK,
+            Some(&table.select(&get, None, "/api/x")),
+        );
+        m.response(
+            http::StatusCode::OK,
+            Some(&table.select(&get, None, "/api/y")),
+        );
+        m.response(
+            http::StatusCode::NOT_FOUND,
+            Some(&table.select(&get, None, "/w")),
+        );
+        m.response(
+            http::StatusCode::OK,
+            Some(&table.select(&get, None, "/other")),
+        );
+        m.response(http::StatusCode::BAD_REQUEST, None);
+        // A status outside 100..=599 is counted in the nearest class.
+        m.response(http::StatusCode::from_u16(999).expect("three digits"), None);
+        let mut out = String::new();
+        m.render_requests(&table, &mut out);
+        for line in [
+            "kubegrace_requests_total{route=\"api\",code_class=\"2xx\"} 2\n",
+            "kubegrace_requests_total{route=\"api\",code_class=\"5xx\"} 0\n",
+            "kubegrace_requests_total{route=\"we\\\"ird\",code_class=\"4xx\"} 1\n",
+            "kubegrace_requests_total{route=\"default\",code_class=\"2xx\"} 1\n",
+            "kubegrace_requests_total{route=\"\",code_class=\"4xx\"} 1\n",
+            "kubegrace_requests_total{route=\"\",code_class=\"5xx\"} 1\n",
+        ] {
+            assert!(out.contains(line), "{line} missing from:\n{out}");
+        }
+        // Three routes and the unrouted ones, five classes each.
+        assert_eq!(
+            out.lines().filter(|l| !l.starts_with('#')).count(),
+            4 * 5,
             "{out}"
         );
     }

@@ -329,7 +329,7 @@ fn rand_suffix() -> u32 {
 async fn run(args: &Args, client: &Client, ns: &str) -> anyhow::Result<Value> {
     let started = Instant::now();
     // The committed CRD (generated from the Rust types by `make crds`).
-    let crd: CustomResourceDefinition = serde_yaml::from_str(
+    let crd: CustomResourceDefinition = serde_norway::from_str(
         &std::fs::read_to_string(&args.crd).with_context(|| args.crd.clone())?,
     )
     .with_context(|| format!("parsing {}", args.crd))?;

@@ -14,7 +14,7 @@ use serde_json::json;
 use crate::harness::*;
 
 /// `helm template` of the chart's RBAC with `watchNamespaces`, as objects.
-fn render_rbac(release: &str, release_ns: &str, watch: &str) -> Vec<serde_yaml::Value> {
+fn render_rbac(release: &str, release_ns: &str, watch: &str) -> Vec<serde_norway::Value> {
     let helm = kubegrace_e2e::scenario::helm_bin();
     let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/kubegrace");
     let out = std::process::Command::new(&helm)
@@ -38,9 +38,9 @@ fn render_rbac(release: &str, release_ns: &str, watch: &str) -> Vec<serde_yaml::
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).expect("utf-8");
-    serde_yaml::Deserializer::from_str(&text)
+    serde_norway::Deserializer::from_str(&text)
         .filter_map(|d| {
-            let v = <serde_yaml::Value as serde::Deserialize>::deserialize(d).ok()?;
+            let v = <serde_norway::Value as serde::Deserialize>::deserialize(d).ok()?;
             (!v.is_null()).then_some(v)
         })
         .collect()

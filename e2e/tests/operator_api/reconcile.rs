@@ -82,7 +82,7 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
             .as_ref()
             .and_then(|d| d.get(pod::CONFIG_FILE))
             .expect("config.yaml");
-        let config: Config = serde_yaml::from_str(yaml).expect("the sidecar parses it");
+        let config: Config = serde_norway::from_str(yaml).expect("the sidecar parses it");
         config.validate().expect("the sidecar accepts it");
         assert_eq!(config.drain.timeout.get(), Duration::from_secs(40));
         // No rollout block: the Deployment is left exactly as the user wrote it

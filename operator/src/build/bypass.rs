@@ -105,7 +105,7 @@ mod tests {
     #[test]
     fn a_service_targeting_the_app_number_bypasses_and_a_named_one_does_not() {
         let svc = |name: &str, target: &str| -> k8s_openapi::api::core::v1::Service {
-            serde_yaml::from_str(&format!(
+            serde_norway::from_str(&format!(
                 "metadata: {{name: {name}}}\nspec: {{selector: {{app: web}}, ports: [{{port: 80{target}}}]}}"
             ))
             .expect("service")
@@ -126,7 +126,7 @@ mod tests {
         );
         assert!(msg.contains(r#"kubectl patch service web-num --type=json -p '[{"op":"replace","path":"/spec/ports/0/targetPort","value":"http"}]'"#), "{msg}");
         // targetPort unset means the port number: 8080 -> 8080 bypasses.
-        let unset: k8s_openapi::api::core::v1::Service = serde_yaml::from_str(
+        let unset: k8s_openapi::api::core::v1::Service = serde_norway::from_str(
             "metadata: {name: u}\nspec: {selector: {app: web}, ports: [{port: 8080}]}",
         )
         .expect("service");

@@ -249,7 +249,7 @@ pub fn sidecar_config(
 
 /// `config.yaml` and its hash (sha256, first 16 hex digits).
 pub fn render(config: &Config) -> Result<(String, String), Invalid> {
-    let yaml = serde_yaml::to_string(config)
+    let yaml = serde_norway::to_string(config)
         .map_err(|e| Invalid::new("InvalidSpec", format!("rendering the sidecar config: {e}")))?;
     let digest = Sha256::digest(yaml.as_bytes());
     let mut hash = String::with_capacity(16);
@@ -293,7 +293,7 @@ mod tests {
     /// A route with this `drain` does not parse, and the error names the
     /// value that would.
     fn assert_unknown_value_names(drain: &str, valid: &str) {
-        let err = serde_yaml::from_str::<GraceRoute>(&format!("{BASE}  drain: {drain}\n"))
+        let err = serde_norway::from_str::<GraceRoute>(&format!("{BASE}  drain: {drain}\n"))
             .expect_err("unknown value");
         assert!(err.to_string().contains(valid), "{err}");
     }

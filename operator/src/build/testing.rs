@@ -8,12 +8,12 @@ use super::{budget, sidecar_config};
 use crate::crd::GraceRoute;
 
 pub(super) fn route(yaml: &str) -> GraceRoute {
-    serde_yaml::from_str(yaml).expect("valid route yaml")
+    serde_norway::from_str(yaml).expect("valid route yaml")
 }
 
 /// Reads a rendered config back the way the sidecar reads its file.
 pub(super) fn sidecar_reads(yaml: &str) -> Config {
-    let config: Config = serde_yaml::from_str(yaml).expect("the sidecar parses it");
+    let config: Config = serde_norway::from_str(yaml).expect("the sidecar parses it");
     config.validate().expect("the sidecar accepts it");
     config
 }
@@ -28,7 +28,7 @@ spec:
 "#;
 
 pub(super) fn template(yaml: &str) -> PodTemplateSpec {
-    serde_yaml::from_str(yaml).expect("valid template")
+    serde_norway::from_str(yaml).expect("valid template")
 }
 /// The sidecar config a route renders to (without a port plan).
 pub(super) fn config_of(route_yaml: &str) -> Config {

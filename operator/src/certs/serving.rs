@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
+use rustls::pki_types::pem::{self, PemObject};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
@@ -58,15 +60,16 @@ impl ResolvesServerCert for CertResolver {
 
 /// Parses PEM chain + key into what rustls serves.
 pub fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey> {
-    let certs = rustls_pemfile::certs(&mut &*cert_pem)
+    let certs = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| Error::Cert(format!("reading certificate PEM: {e}")))?;
     if certs.is_empty() {
         return Err(Error::Cert("no certificate in PEM".into()));
     }
-    let key = rustls_pemfile::private_key(&mut &*key_pem)
-        .map_err(|e| Error::Cert(format!("reading key PEM: {e}")))?
-        .ok_or_else(|| Error::Cert("no private key in PEM".into()))?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| match e {
+        pem::Error::NoItemsFound => Error::Cert("no private key in PEM".into()),
+        e => Error::Cert(format!("reading key PEM: {e}")),
+    })?;
     let signer = rustls::crypto::ring::sign::any_supported_type(&key)
         .map_err(|e| Error::Cert(format!("unsupported key: {e}")))?;
     Ok(CertifiedKey::new(certs, signer))
@@ -109,5 +112,46 @@ pub async fn watch_dir(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::certified_key;
+    use crate::certs::{issue_leaf, new_ca};
+
+    fn leaf() -> (String, String) {
+        let sans = super::super::testing::sans();
+        let now = time::OffsetDateTime::now_utc();
+        let (ca, ca_key, ca_after) = new_ca(&sans, now).expect("ca");
+        let (cert, key, _) = issue_leaf(&sans, &ca, &ca_key, ca_after, now).expect("leaf");
+        (cert, key)
+    }
+
+    fn refusal(cert: &[u8], key: &[u8]) -> String {
+        match certified_key(cert, key) {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn reads_a_chain_and_its_key() {
+        let (cert, key) = leaf();
+        let served = certified_key(cert.as_bytes(), key.as_bytes()).expect("served");
+        assert_eq!(served.cert.len(), 1);
+    }
+
+    #[test]
+    fn names_what_is_missing_or_broken() {
+        let (cert, key) = leaf();
+        assert!(refusal(b"", key.as_bytes()).contains("no certificate in PEM"));
+        assert!(refusal(cert.as_bytes(), b"").contains("no private key in PEM"));
+        // A certificate where the key belongs: PEM, but no key in it.
+        assert!(refusal(cert.as_bytes(), cert.as_bytes()).contains("no private key in PEM"));
+        let torn = key.replace("-----END", "-----XXX");
+        assert!(refusal(cert.as_bytes(), torn.as_bytes()).contains("reading key PEM"));
+        let bad_base64 = cert.replacen('M', "*", 1);
+        assert!(refusal(bad_base64.as_bytes(), key.as_bytes()).contains("reading certificate PEM"));
     }
 }

@@ -13,10 +13,10 @@ pub(super) fn sans() -> Vec<String> {
 
 /// The first certificate of a PEM, as DER.
 pub(super) fn der(pem: &str) -> Vec<u8> {
-    rustls_pemfile::certs(&mut pem.as_bytes())
-        .next()
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    CertificateDer::from_pem_slice(pem.as_bytes())
         .expect("a certificate")
-        .expect("PEM")
         .to_vec()
 }
 

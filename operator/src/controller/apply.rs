@@ -234,7 +234,7 @@ mod tests {
         let (svc, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let d = desired_for(&format!("{ROUTE}  rollout: {{minReadySeconds: 3}}\n"));
         let cm = serde_json::to_value(&d.config_map).expect("cm");
-        let deployment: serde_json::Value = serde_yaml::from_str(DEPLOYMENT).expect("deployment");
+        let deployment: serde_json::Value = serde_norway::from_str(DEPLOYMENT).expect("deployment");
         run_script(
             d,
             async move {

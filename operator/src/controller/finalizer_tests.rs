@@ -89,7 +89,7 @@ async fn run(
     let answers = Answers {
         route: serde_json::to_value(&r).expect("route json"),
         config_map: serde_json::to_value(&d.config_map).expect("cm json"),
-        deployment: serde_yaml::from_str(DEPLOYMENT).expect("deployment"),
+        deployment: serde_norway::from_str(DEPLOYMENT).expect("deployment"),
     };
     let server = tokio::spawn(script(handle, answers));
     tokio::time::timeout(

@@ -470,7 +470,7 @@ spec:
 "#;
 
     pub fn route(yaml: &str) -> GraceRoute {
-        serde_yaml::from_str(yaml).expect("route fixture")
+        serde_norway::from_str(yaml).expect("route fixture")
     }
 
     /// What dereference reads for `route` when the namespace holds
@@ -478,7 +478,7 @@ spec:
     pub fn observed(route: &GraceRoute, deployments: &[&str], pods: &[Pod]) -> Observed {
         let deployments: Vec<Deployment> = deployments
             .iter()
-            .map(|y| serde_yaml::from_str(y).expect("deployment fixture"))
+            .map(|y| serde_norway::from_str(y).expect("deployment fixture"))
             .collect();
         let workloads = Workloads::from_objects(&deployments, &[]);
         let (targets, overlaps) = claim_targets(route, &workloads, &[]);

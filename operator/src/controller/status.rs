@@ -552,7 +552,7 @@ mod tests {
     use crate::controller::READY;
 
     fn pod(yaml: &str) -> Pod {
-        serde_yaml::from_str(yaml).expect("pod")
+        serde_norway::from_str(yaml).expect("pod")
     }
 
     #[test]

@@ -21,7 +21,7 @@ fn route(extra_meta: &str) -> GraceRoute {
         "namespace: shop}",
         &format!("namespace: shop{extra_meta}}}"),
     );
-    serde_yaml::from_str(&yaml).expect("route")
+    serde_norway::from_str(&yaml).expect("route")
 }
 
 /// A pod of the Deployment `web`: `owner` is the controlling object's
@@ -48,7 +48,7 @@ status:
 "#,
         if ready { "True" } else { "False" }
     );
-    serde_yaml::from_str(&yaml).expect("pod")
+    serde_norway::from_str(&yaml).expect("pod")
 }
 
 fn injected(name: &str) -> Pod {
@@ -69,7 +69,7 @@ fn ns() -> BTreeMap<String, String> {
 
 /// The chart's two entries with the default values, release `kubegrace-system`.
 fn all() -> Vec<MutatingWebhook> {
-    serde_yaml::from_str(
+    serde_norway::from_str(
         r#"
 - name: namespace.inject.kubegrace.io
   admissionReviewVersions: [v1]
@@ -174,7 +174,7 @@ fn a_pod_the_webhook_would_not_inject_is_left_alone() {
 fn an_unaccepted_route_means_no_eviction() {
     let mut r = route("");
     r.status = Some(
-        serde_yaml::from_str(
+        serde_norway::from_str(
             "conditions: [{type: Accepted, status: 'False', reason: Invalid, message: bad, lastTransitionTime: '2026-01-01T00:00:00Z'}]",
         )
         .expect("status"),

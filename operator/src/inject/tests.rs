@@ -19,7 +19,7 @@ spec:
 "#;
 
 pub(super) fn pod(yaml: &str) -> Pod {
-    serde_yaml::from_str(yaml).expect("valid pod")
+    serde_norway::from_str(yaml).expect("valid pod")
 }
 
 /// What the webhook makes of `POD` with `from` replaced by `to`.

@@ -13,7 +13,7 @@ use crate::install::{Install, from_deployment};
 
 fn install() -> Install {
     from_deployment(
-        serde_yaml::from_str(
+        serde_norway::from_str(
             r#"
 metadata: {name: kubegrace-operator, namespace: kg}
 spec:
@@ -31,7 +31,7 @@ spec:
 }
 
 fn pod(yaml: &str) -> Pod {
-    serde_yaml::from_str(yaml).expect("pod")
+    serde_norway::from_str(yaml).expect("pod")
 }
 
 fn now() -> jiff::Timestamp {
@@ -64,7 +64,7 @@ fn the_operator_is_up_with_a_ready_pod_only() {
 }
 
 fn lease(holder: &str, renewed: &str) -> Lease {
-    serde_yaml::from_str(&format!(
+    serde_norway::from_str(&format!(
         "metadata: {{name: kubegrace-operator}}\nspec: {{holderIdentity: {holder}, leaseDurationSeconds: 15, renewTime: \"{renewed}\"}}"
     ))
     .expect("lease")
@@ -319,7 +319,7 @@ fn a_pod_with_another_sidecar_version_is_stale() {
 }
 
 fn route(yaml_status: &str) -> GraceRoute {
-    serde_yaml::from_str(&format!(
+    serde_norway::from_str(&format!(
         r#"
 apiVersion: kubegrace.io/v1alpha1
 kind: GraceRoute
@@ -337,7 +337,7 @@ const ACCEPTED: &str = r#"status: {conditions: [
 
 #[test]
 fn a_service_targeting_the_apps_number_bypasses_the_sidecar() {
-    let deployment: k8s_openapi::api::apps::v1::Deployment = serde_yaml::from_str(
+    let deployment: k8s_openapi::api::apps::v1::Deployment = serde_norway::from_str(
         r#"
 metadata: {name: web, namespace: shop}
 spec:
@@ -349,7 +349,7 @@ spec:
     )
     .expect("deployment");
     let service = |target: &str| {
-        serde_yaml::from_str(&format!(
+        serde_norway::from_str(&format!(
             "metadata: {{name: web, namespace: shop}}\nspec: {{selector: {{app: web}}, ports: [{{port: 80, targetPort: {target}}}]}}"
         ))
         .expect("service")
@@ -462,7 +462,7 @@ spec:
   - {name: app, image: a, ports: [{name: kg-http, containerPort: 8080}]}
 "#);
     let policy = |port: &str| -> k8s_openapi::api::networking::v1::NetworkPolicy {
-        serde_yaml::from_str(&format!(
+        serde_norway::from_str(&format!(
             "metadata: {{name: allow-web, namespace: shop}}\nspec: {{podSelector: {{}}, ingress: [{{ports: [{{port: {port}}}]}}]}}"
         ))
         .expect("policy")

@@ -56,6 +56,10 @@ pub const MAX_UPSTREAMS: usize = 16;
 /// `routes`: matched in order on every request. The operator renders at
 /// most 64 plus the catch-all.
 pub const MAX_ROUTES: usize = 1_024;
+/// `routes[].name`, in bytes: a label value of every route's metrics,
+/// written on every scrape (a Kubernetes DNS subdomain's length; the
+/// operator renders at most 63).
+pub const MAX_ROUTE_NAME_BYTES: usize = 253;
 /// `upgradeProtocols`.
 pub const MAX_UPGRADE_PROTOCOLS: usize = 32;
 /// `forwarded.trustedHops`.

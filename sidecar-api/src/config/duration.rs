@@ -1,11 +1,12 @@
 //! [`HumanDuration`]: a duration written the way people write them
-//! (`300ms`, `2s`, `1m30s`), parsed and printed here so the contract needs
-//! no parsing library.
+//! (`300ms`, `2s`, `1m30s`), parsed and printed by humantime, the one
+//! duration parser of the workspace (the plugin's and the load tools' flags
+//! use it too).
 //!
-//! The accepted spellings and the printed form are humantime 2's, which the
-//! sidecar used before this crate existed: a ConfigMap the operator rendered
-//! then reads the same now, and renders to the same bytes (so its hash, and
-//! the pods, do not change on upgrade).
+//! humantime has no dependencies of its own, so the contract stays small.
+//! The printed form is humantime's without spaces: a ConfigMap the operator
+//! rendered with an earlier release reads the same now, and renders to the
+//! same bytes (so its hash, and the pods, do not change on upgrade).
 
 use std::fmt;
 use std::str::FromStr;
@@ -42,102 +43,15 @@ impl From<HumanDuration> for Duration {
     }
 }
 
-const NANOS_PER_SEC: u128 = 1_000_000_000;
-/// humantime's calendar: a month is 30.44 days, a year 365.25 days.
-const MONTH_SECS: u64 = 2_630_016;
-const YEAR_SECS: u64 = 31_557_600;
-
-/// Nanoseconds in one of `unit`, or `None` for a unit nobody spells so.
-fn unit_nanos(unit: &str) -> Option<u128> {
-    let secs: u64 = match unit {
-        "nanos" | "nsec" | "ns" => return Some(1),
-        "usec" | "us" | "µs" => return Some(1_000),
-        "millis" | "msec" | "ms" => return Some(1_000_000),
-        "seconds" | "second" | "secs" | "sec" | "s" => 1,
-        "minutes" | "minute" | "min" | "mins" | "m" => 60,
-        "hours" | "hour" | "hr" | "hrs" | "h" => 3_600,
-        "days" | "day" | "d" => 86_400,
-        "weeks" | "week" | "wk" | "wks" | "w" => 7 * 86_400,
-        "months" | "month" | "M" => MONTH_SECS,
-        "years" | "year" | "yr" | "yrs" | "y" => YEAR_SECS,
-        _ => return None,
-    };
-    Some(u128::from(secs) * NANOS_PER_SEC)
-}
-
-/// Parses `1m30s`, `1m 30s`, `1.5s`, `300ms`; a bare `0` is zero. Every
-/// other number needs a unit: `5` could mean seconds or milliseconds.
-fn parse(text: &str) -> Result<Duration, String> {
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut rest = text.trim_start();
-    if rest.is_empty() {
-        return Err("it is empty".into());
-    }
-    let mut total: u128 = 0;
-    while !rest.is_empty() {
-        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return Err(format!("expected a number at {:?}", rest));
-        }
-        let (whole, after) = rest.split_at(digits);
-        let (fraction, after) = match after.strip_prefix('.') {
-            Some(after) => {
-                let n = after.bytes().take_while(u8::is_ascii_digit).count();
-                if n == 0 {
-                    return Err(format!("{whole}. needs digits after the point"));
-                }
-                after.split_at(n)
-            }
-            None => ("", after),
-        };
-        let after = after.trim_start();
-        let unit_len: usize = after
-            .chars()
-            .take_while(|c| c.is_ascii_alphabetic() || *c == 'µ')
-            .map(char::len_utf8)
-            .sum();
-        let (unit, after) = after.split_at(unit_len);
-        if unit.is_empty() {
-            return Err(format!(
-                "{whole}{fraction} needs a unit, like {whole}s or {whole}ms"
-            ));
-        }
-        let per_unit = unit_nanos(unit).ok_or_else(|| {
-            format!("unknown unit {unit:?}; use ns, us, ms, s, m, h, d, w, M or y")
-        })?;
-        let overflow = || "it is too long".to_string();
-        let whole: u128 = whole.parse().map_err(|_| overflow())?;
-        let mut nanos = whole.checked_mul(per_unit).ok_or_else(overflow)?;
-        if !fraction.is_empty() {
-            let scale = 10u128
-                .checked_pow(u32::try_from(fraction.len()).map_err(|_| overflow())?)
-                .ok_or_else(overflow)?;
-            let numerator: u128 = fraction.parse().map_err(|_| overflow())?;
-            let part = numerator.checked_mul(per_unit).ok_or_else(overflow)?;
-            if part % scale != 0 {
-                return Err(format!(
-                    "{whole}.{fraction}{unit} is finer than a nanosecond"
-                ));
-            }
-            nanos = nanos.checked_add(part / scale).ok_or_else(overflow)?;
-        }
-        total = total.checked_add(nanos).ok_or_else(overflow)?;
-        rest = after.trim_start();
-    }
-    let secs = u64::try_from(total / NANOS_PER_SEC).map_err(|_| "it is too long".to_string())?;
-    // The remainder of a division by 1e9 always fits.
-    let subsec = u32::try_from(total % NANOS_PER_SEC).unwrap_or(0);
-    Ok(Duration::new(secs, subsec))
-}
-
 impl FromStr for HumanDuration {
     type Err = String;
 
+    /// humantime's parser: `1m30s`, `1m 30s`, `1.5s`, `300ms`, a bare `0`.
+    /// Every other number needs a unit: `5` could mean seconds or
+    /// milliseconds.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let trimmed = s.trim();
-        parse(trimmed).map(Self).map_err(|e| {
+        humantime::parse_duration(trimmed).map(Self).map_err(|e| {
             format!("{trimmed:?} is not a duration ({e}); write it like 300ms, 2s or 1m30s")
         })
     }
@@ -145,35 +59,11 @@ impl FromStr for HumanDuration {
 
 impl fmt::Display for HumanDuration {
     /// The compact form people type into YAML and the operator's CRD
-    /// accepts: `1m30s`, `1h5m`, `2days3h`, `0s`.
+    /// accepts: `1m30s`, `1h5m`, `2days3h`, `0s`: humantime's, without its
+    /// spaces.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (secs, nanos) = (self.0.as_secs(), self.0.subsec_nanos());
-        if secs == 0 && nanos == 0 {
-            return f.write_str("0s");
-        }
-        let (years, rest) = (secs / YEAR_SECS, secs % YEAR_SECS);
-        let (months, rest) = (rest / MONTH_SECS, rest % MONTH_SECS);
-        let (days, rest) = (rest / 86_400, rest % 86_400);
-        // Calendar units are spelt out and pluralised, the rest are symbols.
-        for (value, name) in [(years, "year"), (months, "month"), (days, "day")] {
-            if value > 0 {
-                write!(f, "{value}{name}{}", if value > 1 { "s" } else { "" })?;
-            }
-        }
-        let parts = [
-            (rest / 3_600, "h"),
-            (rest % 3_600 / 60, "m"),
-            (rest % 60, "s"),
-            (u64::from(nanos / 1_000_000), "ms"),
-            (u64::from(nanos / 1_000 % 1_000), "us"),
-            (u64::from(nanos % 1_000), "ns"),
-        ];
-        for (value, unit) in parts {
-            if value > 0 {
-                write!(f, "{value}{unit}")?;
-            }
-        }
-        Ok(())
+        let spaced = humantime::format_duration(self.0).to_string();
+        f.write_str(&spaced.replace(' ', ""))
     }
 }
 
@@ -249,33 +139,35 @@ mod tests {
     }
 
     #[test]
-    fn reads_and_prints_what_humantime_did() {
-        let mut samples = vec![Duration::new(0, 1), Duration::new(90_061, 1_001_001)];
-        for secs in [
-            1, 59, 60, 61, 3_599, 3_600, 86_399, 86_400, 2_630_016, 31_557_601,
+    fn prints_the_bytes_earlier_releases_rendered() {
+        // Printed by the hand-written formatter of releases before this
+        // one: a changed byte here changes every rendered ConfigMap's hash
+        // and rolls every injected pod on upgrade.
+        for (d, text) in [
+            (Duration::new(0, 1), "1ns"),
+            (Duration::new(90_061, 1_001_001), "1day1h1m1s1ms1us1ns"),
+            (Duration::from_secs(59), "59s"),
+            (Duration::from_secs(61), "1m1s"),
+            (Duration::from_secs(3_599), "59m59s"),
+            (Duration::from_secs(86_399), "23h59m59s"),
+            (Duration::from_secs(2_630_016), "1month"),
+            (Duration::from_secs(31_557_601), "1year1s"),
+            (Duration::from_millis(1_500), "1s500ms"),
+            (Duration::from_millis(60_250), "1m250ms"),
         ] {
-            samples.push(Duration::from_secs(secs));
+            assert_eq!(HumanDuration(d).to_string(), text);
+            assert_eq!(parsed(text), d, "{text}");
         }
-        for ms in [1, 250, 999, 1_500, 60_250] {
-            samples.push(Duration::from_millis(ms));
-        }
-        for d in samples {
-            let theirs = humantime::format_duration(d).to_string();
-            assert_eq!(HumanDuration(d).to_string(), theirs.replace(' ', ""));
-            assert_eq!(parsed(&theirs), d, "{theirs}");
-        }
-        for text in [
-            "1m30s",
-            "1 min 30 sec",
-            "2.5h",
-            "1w",
-            "3days",
-            "1M",
-            "1y",
-            "0.5ms",
+        for (text, d) in [
+            ("1 min 30 sec", Duration::from_secs(90)),
+            ("2.5h", Duration::from_secs(9_000)),
+            ("1w", Duration::from_secs(604_800)),
+            ("3days", Duration::from_secs(259_200)),
+            ("1M", Duration::from_secs(2_630_016)),
+            ("1y", Duration::from_secs(31_557_600)),
+            ("0.5ms", Duration::from_micros(500)),
         ] {
-            let theirs = humantime::parse_duration(text).expect(text);
-            assert_eq!(parsed(text), theirs, "{text}");
+            assert_eq!(parsed(text), d, "{text}");
         }
     }
 }

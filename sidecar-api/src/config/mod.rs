@@ -4,7 +4,7 @@
 //! The operator depends on this module to write the file, so the two cannot
 //! drift. Only the types and their rules live here: the sidecar parses the
 //! YAML (`kubegrace_sidecar::cli`), the operator renders it with its own
-//! serde_yaml, so this crate needs serde and nothing that parses. Every field has a default that is safe for a typical HTTP app, and
+//! serde_norway, so this crate needs serde and nothing that parses. Every field has a default that is safe for a typical HTTP app, and
 //! [`Config::validate`] names the offending key (`drain.minDelay`,
 //! `routes[2].circuitBreaker.errorRatio`, ...) so a user knows what to fix.
 //!

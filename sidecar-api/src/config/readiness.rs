@@ -172,7 +172,7 @@ mod tests {
     #[test]
     fn a_probe_in_json_takes_the_kubelet_defaults() {
         let r: AppReadiness =
-            serde_yaml::from_str(r#"{"port": 8080, "path": "/healthz"}"#).expect("parses");
+            serde_norway::from_str(r#"{"port": 8080, "path": "/healthz"}"#).expect("parses");
         assert_eq!(r, AppReadiness::http_get(8080, "/healthz"));
         r.validate("appReadiness").expect("valid");
     }

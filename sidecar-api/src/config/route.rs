@@ -209,6 +209,17 @@ impl RouteConfig {
         if self.name.is_empty() {
             return Err(ConfigError::at(key, "name", "must not be empty"));
         }
+        if self.name.len() > bounds::MAX_ROUTE_NAME_BYTES {
+            return Err(ConfigError::at(
+                key,
+                "name",
+                format!(
+                    "is {} bytes long; at most {} (it labels the route's metrics)",
+                    self.name.len(),
+                    bounds::MAX_ROUTE_NAME_BYTES
+                ),
+            ));
+        }
         let m = &self.matcher;
         if m.path.is_some() && m.path_prefix.is_some() {
             return Err(ConfigError::at(

@@ -6,7 +6,7 @@ use super::*;
 /// What the sidecar does with its file: parse, then validate.
 fn from_yaml(text: &str) -> Result<Config, ConfigError> {
     let config: Config =
-        serde_yaml::from_str(text).map_err(|e| ConfigError::new("yaml", e.to_string()))?;
+        serde_norway::from_str(text).map_err(|e| ConfigError::new("yaml", e.to_string()))?;
     config.validate()?;
     Ok(config)
 }
@@ -40,7 +40,7 @@ routes:
 "#;
     let config = from_yaml(yaml).expect("valid config");
     assert_eq!(config.routes[0].fail_on[1], FailureKind::Status(504));
-    let again = from_yaml(&serde_yaml::to_string(&config).expect("render")).expect("re-parse");
+    let again = from_yaml(&serde_norway::to_string(&config).expect("render")).expect("re-parse");
     assert_eq!(config, again);
 }
 
@@ -95,7 +95,7 @@ fn drain_readiness_defaults_to_fail_fast_and_takes_only_its_two_values() {
     assert_eq!(config.drain.readiness, DrainReadiness::StayServing);
     let config = from_yaml("drain: {readiness: failFast}").expect("valid");
     assert_eq!(config.drain.readiness, DrainReadiness::FailFast);
-    let again = from_yaml(&serde_yaml::to_string(&config).expect("render")).expect("re-parse");
+    let again = from_yaml(&serde_norway::to_string(&config).expect("render")).expect("re-parse");
     assert_eq!(config, again);
     let err = from_yaml("drain: {readiness: stay}").expect_err("unknown value");
     assert!(
@@ -112,7 +112,7 @@ fn grpc_health_defaults_to_not_serving_and_takes_only_its_two_values() {
     );
     let config = from_yaml("drain: {grpcHealth: app}").expect("valid");
     assert_eq!(config.drain.grpc_health, DrainGrpcHealth::App);
-    let again = from_yaml(&serde_yaml::to_string(&config).expect("render")).expect("re-parse");
+    let again = from_yaml(&serde_norway::to_string(&config).expect("render")).expect("re-parse");
     assert_eq!(config, again);
     let err = from_yaml("drain: {grpcHealth: off}").expect_err("unknown value");
     assert!(
@@ -134,7 +134,7 @@ fn websocket_close_defaults_to_going_away_and_a_short_timeout_stays_valid() {
         config.drain.websocket_close_window,
         HumanDuration::from_secs(2)
     );
-    let again = from_yaml(&serde_yaml::to_string(&config).expect("render")).expect("re-parse");
+    let again = from_yaml(&serde_norway::to_string(&config).expect("render")).expect("re-parse");
     assert_eq!(config, again);
     // A timeout below the default wait (1s) must not turn a file that was
     // valid before these keys existed into an invalid one: the sidecar
@@ -149,13 +149,13 @@ fn keys_newer_than_running_sidecars_stay_out_of_a_file_at_their_defaults() {
     // release still read until their pods roll: a key they do not know
     // would fail their reload where they refuse unknown keys (sidecars
     // built before they were tolerated; docs/skew.md).
-    let yaml = serde_yaml::to_string(&Config::default()).expect("render");
+    let yaml = serde_norway::to_string(&Config::default()).expect("render");
     for key in ["websocketClose", "retryBudget"] {
         assert!(!yaml.contains(key), "{key} in a default file:\n{yaml}");
     }
     let mut config = Config::default();
     config.retry_budget.ratio = 0.5;
-    let yaml = serde_yaml::to_string(&config).expect("render");
+    let yaml = serde_norway::to_string(&config).expect("render");
     let again = from_yaml(&yaml).expect("re-parse");
     assert_eq!(again.retry_budget.ratio, 0.5, "{yaml}");
 }
@@ -399,6 +399,10 @@ fn list_sizes_are_bounded() {
         format!("routes: [{}]", list.join(", "))
     };
     from_yaml(&routes(bounds::MAX_ROUTES)).expect("at the bound");
+    let named = |n: usize| format!("routes: [{{name: {}}}]", "r".repeat(n));
+    from_yaml(&named(bounds::MAX_ROUTE_NAME_BYTES)).expect("a name at the bound");
+    let err = from_yaml(&named(bounds::MAX_ROUTE_NAME_BYTES + 1)).expect_err("past");
+    assert_eq!(err.key, "routes[0].name", "{err}");
     assert_eq!(
         from_yaml(&routes(bounds::MAX_ROUTES + 1))
             .expect_err("past")

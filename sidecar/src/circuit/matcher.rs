@@ -146,7 +146,7 @@ mod tests {
     use http::Method;
 
     fn compiled(yaml: &str) -> CompiledMatch {
-        let matcher: RouteMatch = serde_yaml::from_str(yaml).expect("valid match");
+        let matcher: RouteMatch = serde_norway::from_str(yaml).expect("valid match");
         CompiledMatch::compile(&matcher)
     }
 

@@ -7,6 +7,7 @@ use super::Route;
 use super::breaker::BreakerState;
 use crate::metrics::Family;
 use crate::upstream::retry::{RetryDenied, RetryReason};
+use kubegrace_sidecar_api::exposition::Escaped;
 
 /// Renders every route's series, each family with its HELP and TYPE once.
 ///
@@ -24,7 +25,7 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
     for route in guarded() {
         if let Some(guard) = &route.guard {
             let state = guard.current_state() as u8;
-            family.series(format_args!("route=\"{}\"", escape(&route.name)), state);
+            family.series(format_args!("route=\"{}\"", Escaped(&route.name)), state);
         }
     }
 
@@ -42,7 +43,7 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
             (BreakerState::HalfOpen, &stats.transitions_to_half_open),
         ] {
             family.series(
-                format_args!("route=\"{}\",to=\"{}\"", escape(&route.name), to.as_str()),
+                format_args!("route=\"{}\",to=\"{}\"", Escaped(&route.name), to.as_str()),
                 counter.load(Ordering::Relaxed),
             );
         }
@@ -62,7 +63,7 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
             ("queue_timeout", &stats.rejected_queue_timeout),
         ] {
             family.series(
-                format_args!("route=\"{}\",reason=\"{reason}\"", escape(&route.name)),
+                format_args!("route=\"{}\",reason=\"{reason}\"", Escaped(&route.name)),
                 counter.load(Ordering::Relaxed),
             );
         }
@@ -77,7 +78,7 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
     for route in guarded() {
         if let Some(guard) = &route.guard {
             family.series(
-                format_args!("route=\"{}\"", escape(&route.name)),
+                format_args!("route=\"{}\"", Escaped(&route.name)),
                 guard.limit(),
             );
         }
@@ -92,7 +93,7 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
     for route in guarded() {
         if let Some(guard) = &route.guard {
             family.series(
-                format_args!("route=\"{}\"", escape(&route.name)),
+                format_args!("route=\"{}\"", Escaped(&route.name)),
                 guard.queued(),
             );
         }
@@ -106,7 +107,7 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
     );
     for route in routes.clone() {
         family.series(
-            format_args!("route=\"{}\"", escape(&route.name)),
+            format_args!("route=\"{}\"", Escaped(&route.name)),
             route.inflight(),
         );
     }
@@ -122,7 +123,7 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
             family.series(
                 format_args!(
                     "route=\"{}\",reason=\"{}\"",
-                    escape(&route.name),
+                    Escaped(&route.name),
                     reason.as_str()
                 ),
                 counter.load(Ordering::Relaxed),
@@ -141,25 +142,12 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
             family.series(
                 format_args!(
                     "route=\"{}\",reason=\"{}\"",
-                    escape(&route.name),
+                    Escaped(&route.name),
                     why.as_str()
                 ),
                 counter.load(Ordering::Relaxed),
             );
         }
-    }
-}
-
-/// Label values escape backslash, quote and newline (exposition format).
-fn escape(value: &str) -> std::borrow::Cow<'_, str> {
-    if value.contains(['\\', '"', '\n']) {
-        value
-            .replace('\\', "\\\\")
-            .replace('"', "\\\"")
-            .replace('\n', "\\n")
-            .into()
-    } else {
-        value.into()
     }
 }
 

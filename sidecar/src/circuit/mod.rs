@@ -98,6 +98,9 @@ pub(crate) struct RouteStats {
     pub(crate) retries: [AtomicU64; 3],
     /// Retryable failures not retried, by `RetryDenied::ALL` order.
     pub(crate) retries_denied: [AtomicU64; 2],
+    /// Responses sent downstream for this route, by status class: index
+    /// 0 = 1xx ... 4 = 5xx (`kubegrace_requests_total`).
+    pub(crate) responses: [AtomicU64; 5],
 }
 
 /// What happened to a request the route admitted, as the proxy saw it.
@@ -348,6 +351,15 @@ impl Route {
         self.retry_idempotent
     }
 
+    /// A response to a request of this route went downstream; `class` is
+    /// its status class less one (0 = 1xx ... 4 = 5xx).
+    #[inline]
+    pub(crate) fn count_response(&self, class: usize) {
+        if let Some(counter) = self.stats.responses.get(class) {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// A request of this route went to the app again.
     pub fn count_retry(&self, reason: RetryReason) {
         let i = RetryReason::ALL
@@ -509,6 +521,19 @@ impl RouteTable {
             .any(|r| Arc::ptr_eq(r, &self.default_route)))
         .then_some(&self.default_route);
         self.routes.iter().chain(builtin)
+    }
+
+    /// Each route's name and its response counts by status class
+    /// (1xx ... 5xx), for `kubegrace_requests_total`.
+    pub fn response_counts(&self) -> impl Iterator<Item = (&str, [u64; 5])> {
+        self.all_routes().map(|route| {
+            let counts = route
+                .stats
+                .responses
+                .each_ref()
+                .map(|c| c.load(Ordering::Relaxed));
+            (route.name.as_str(), counts)
+        })
     }
 
     /// Prometheus text exposition of every route's breaker and limiter.

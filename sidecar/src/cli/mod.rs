@@ -636,7 +636,7 @@ fn parse_yaml(
     path: Option<&std::path::Path>,
 ) -> std::result::Result<(Config, Vec<String>), ConfigError> {
     crate::config_keys::parse_tolerant::<Config>(text).map_err(|e| {
-        // serde_yaml's message already names the field; the key says where.
+        // serde_norway's message already names the field; the key says where.
         let file = path.map(|p| p.display().to_string());
         let key = match (file, e.location()) {
             (Some(file), Some(l)) => format!("{file} line {} column {}", l.line(), l.column()),

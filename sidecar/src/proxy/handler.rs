@@ -338,7 +338,10 @@ impl RequestScope {
             // The unread body would otherwise be drained by hyper first.
             self.close_http1(&mut answer.response);
         }
-        self.respond_local(answer.response, None)
+        let mut resp = answer.response;
+        finish_response(&self.ctx, self.version, Some(route), &mut resp);
+        let finish = Finish::new(self.request, None);
+        resp.map(|body| ProxyBody::local(body, Some(finish)))
     }
 
     fn bad_target(mut self) -> Response<ProxyBody> {
@@ -412,7 +415,7 @@ impl RequestScope {
         mut resp: Response<Full<Bytes>>,
         permit: Option<Permit>,
     ) -> Response<ProxyBody> {
-        finish_response(&self.ctx, self.version, &mut resp);
+        finish_response(&self.ctx, self.version, routed(&permit), &mut resp);
         let finish = Finish::new(self.request, permit);
         resp.map(|body| ProxyBody::local(body, Some(finish)))
     }
@@ -420,7 +423,8 @@ impl RequestScope {
     /// The sidecar's NOT_SERVING for a health call while draining.
     fn health_not_serving(self, rpc: HealthRpc) -> Response<ProxyBody> {
         let mut resp = not_serving_response(rpc, self.ctx.shared.clone());
-        finish_response(&self.ctx, self.version, &mut resp);
+        // Answered before any route is chosen.
+        finish_response(&self.ctx, self.version, None, &mut resp);
         let finish = Finish::new(self.request, None);
         resp.map(|body| ProxyBody::health(body, Some(finish)))
     }
@@ -432,7 +436,7 @@ impl RequestScope {
         let permit = self.record(UpstreamOutcome::Status(resp.status()));
         strip_hop_by_hop(resp.headers_mut(), false);
         *resp.version_mut() = self.version;
-        finish_response(&self.ctx, self.version, &mut resp);
+        finish_response(&self.ctx, self.version, routed(&permit), &mut resp);
         let finish = Finish::new(self.request, permit);
         let shared = self.ctx.shared.clone();
         resp.map(|body| ProxyBody::health(watching(body, shared), Some(finish)))
@@ -474,7 +478,7 @@ impl RequestScope {
         // Answer in the client's HTTP version, not the app's (an HTTP/1.0 app
         // must not turn off keep-alive for HTTP/1.1 clients).
         *resp.version_mut() = self.version;
-        finish_response(&self.ctx, self.version, &mut resp);
+        finish_response(&self.ctx, self.version, routed(&permit), &mut resp);
         let finish = Finish::new(self.request, permit);
         resp.map(|body| ProxyBody::upstream(body, finish, pool_return))
     }
@@ -487,10 +491,21 @@ struct DownstreamUpgrade {
     websocket: bool,
 }
 
+/// The route a permit was issued by: every admitted request has one.
+fn routed(permit: &Option<Permit>) -> Option<&Route> {
+    permit.as_ref().map(|p| &**p.route())
+}
+
 /// Adds `Connection: close` to HTTP/1 responses while draining, so
 /// keep-alive clients move to other pods before the listener closes.
-fn finish_response<B>(ctx: &ConnCtx, version: Version, resp: &mut Response<B>) {
-    ctx.shared.metrics.response(resp.status());
+/// `route` labels the response's count (`None`: answered before routing).
+fn finish_response<B>(
+    ctx: &ConnCtx,
+    version: Version,
+    route: Option<&Route>,
+    resp: &mut Response<B>,
+) {
+    ctx.shared.metrics.response(resp.status(), route);
     if version != Version::HTTP_2
         && resp.status() != StatusCode::SWITCHING_PROTOCOLS
         && ctx.shared.drain.phase() != Phase::Serving

@@ -340,14 +340,8 @@ impl Upstreams {
         self.slots
             .iter()
             .enumerate()
-            .map(move |(i, s)| (escape_label(&s.endpoint.to_string()), value(i, s)))
+            .map(move |(i, s)| (s.endpoint.to_string(), value(i, s)))
     }
-}
-
-fn escape_label(text: &str) -> String {
-    text.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// Whether `endpoint` accepts a connection within `timeout`.

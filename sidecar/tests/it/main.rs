@@ -45,6 +45,7 @@ mod header_rules;
 mod local_answers;
 mod probes_never_wait;
 mod proxy_basics;
+mod requests_by_route;
 mod retry;
 mod route_paths;
 mod sd_notify;

@@ -409,7 +409,7 @@ fn accepted(v: &Value) -> Result<(), TestCaseError> {
         yaml.len()
     );
     // The sidecar's loader: its YAML, then its own checks.
-    let back: Config = serde_yaml::from_str(&yaml)
+    let back: Config = serde_norway::from_str(&yaml)
         .map_err(|e| TestCaseError::fail(format!("the sidecar cannot parse it: {e}")))?;
     back.validate()
         .map_err(|e| TestCaseError::fail(format!("the sidecar refuses it: {e}")))?;
@@ -433,7 +433,7 @@ fn costliest(chars: impl IntoIterator<Item = char>) -> char {
     chars
         .into_iter()
         .max_by_key(|c| {
-            serde_yaml::to_string(&json!({"k": c.to_string().repeat(100)})).map_or(0, |y| y.len())
+            serde_norway::to_string(&json!({"k": c.to_string().repeat(100)})).map_or(0, |y| y.len())
         })
         .unwrap_or('x')
 }

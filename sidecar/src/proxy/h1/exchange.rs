@@ -17,7 +17,7 @@ use super::head::{self, Framing, Parsed, Refusal, ResponseHead, Rewrite};
 use super::pool::AppConn;
 use super::spare::Class;
 use super::{Client, Control, Next};
-use crate::circuit::{Permit, UpstreamOutcome};
+use crate::circuit::{Permit, Route, UpstreamOutcome};
 use crate::config::LimitsConfig;
 use crate::drain::Phase;
 use crate::upstream::{BodyFault, Upstream};
@@ -98,7 +98,7 @@ where
         Err(refusal) => return Some(refuse(client, refusal).await),
     };
 
-    let mut scope = Scope::start(ctx, req.head_request);
+    let mut scope = Scope::start(ctx, &route, req.head_request);
     let declared = match req.framing {
         Framing::Length(n) => Some(n),
         _ => None,
@@ -158,7 +158,7 @@ where
         );
         return Some(Box::pin(scope.answer(client, ctl, resp, permit, true)).await);
     }
-    shared.metrics.response(status);
+    shared.metrics.response(status, Some(scope.route));
     // The client said this is its last request, all of it is read, and
     // the answer closes: the socket closes right after the answer's last
     // byte, with nothing left unread that we know of, so that byte can go
@@ -602,6 +602,8 @@ fn write_status_line(out: &mut Vec<u8>, status: StatusCode) {
 struct Scope<'c> {
     /// Borrowed: a clone would be two locked instructions per request.
     ctx: &'c ConnCtx,
+    /// The route that matched, for the response's `route` label.
+    route: &'c Route,
     started: Instant,
     permit: Option<Permit>,
     /// The request is a `HEAD`: the answer has no body.
@@ -609,9 +611,10 @@ struct Scope<'c> {
 }
 
 impl<'c> Scope<'c> {
-    fn start(ctx: &'c ConnCtx, head_request: bool) -> Scope<'c> {
+    fn start(ctx: &'c ConnCtx, route: &'c Route, head_request: bool) -> Scope<'c> {
         Scope {
             ctx,
+            route,
             started: ctx.request_started(),
             permit: None,
             head_request,
@@ -707,7 +710,7 @@ impl<'c> Scope<'c> {
             parts.status = StatusCode::BAD_GATEWAY;
             parts.headers.clear();
         }
-        ctx.shared.metrics.response(parts.status);
+        ctx.shared.metrics.response(parts.status, Some(self.route));
         let close = close
             || framing == LocalFraming::Refused
             || ctl.ending().is_some()

@@ -325,3 +325,40 @@ async fn the_pause_is_a_merge_patch_of_spec_paused_by_its_own_field_manager() {
         .expect("script done")
         .expect("script passed");
 }
+
+#[test]
+fn a_statefulset_rolls_until_its_update_revision_is_current_and_gets_cannot_pause() {
+    let sts = |current: &str| -> StatefulSet {
+        serde_yaml::from_str(&format!(
+            r#"
+metadata: {{name: web, generation: 2}}
+spec:
+  replicas: 3
+  selector: {{matchLabels: {{app: web}}}}
+  serviceName: web
+  template: {{metadata: {{labels: {{app: web}}}}}}
+status: {{observedGeneration: 2, replicas: 3, updatedReplicas: 3, currentRevision: {current}, updateRevision: web-2}}
+"#
+        ))
+        .expect("statefulset fixture")
+    };
+    let rolling = statefulset_state(&sts("web-1")).expect("state");
+    assert!(rolling.progressing && !rolling.paused);
+    assert!(!statefulset_state(&sts("web-2")).expect("state").progressing);
+    let v = decide(
+        true,
+        &[drain("web-0", 1, 1, Some(1))],
+        std::slice::from_ref(&rolling),
+        None,
+    );
+    let c = condition(None, v.as_ref(), &[rolling], true, None, at(5)).expect("condition");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", CANNOT_PAUSE)
+    );
+    assert!(
+        c.message.contains("StatefulSet/web not paused") && c.message.contains("pod web-0"),
+        "{}",
+        c.message
+    );
+}

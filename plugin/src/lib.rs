@@ -8,6 +8,8 @@
 //! - [`status`]: per pod of a route or Deployment, the sidecar's drain phase, in-flight
 //!   requests, open connections, breakers and last drain, read from its admin port through
 //!   the API server's pod proxy.
+//! - [`resume`]: resumes the rollouts the operator paused for a lossy drain
+//!   (`rollout.pauseOnDrainLoss`) and records the time on the route.
 //! - [`verify`]: a loadgen Job on the workload's Service, `rollout restart`, and the
 //!   attributed table of `make demo` (`kubegrace_load`, shared with the e2e tests).
 //!
@@ -18,6 +20,7 @@
 pub mod check;
 pub mod cluster;
 pub mod install;
+pub mod resume;
 pub mod status;
 pub mod verify;
 

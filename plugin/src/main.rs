@@ -1,4 +1,4 @@
-//! kubectl-kubegrace: `kubectl kubegrace check|status|verify`. Exit status: 0 all good,
+//! kubectl-kubegrace: `kubectl kubegrace check|status|resume|verify`. Exit status: 0 all good,
 //! 1 a problem found (`check`) or a request failed (`verify`), 2 the command could not run.
 
 use std::path::PathBuf;
@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use kubectl_kubegrace::{check, cluster, status, verify};
+use kubectl_kubegrace::{check, cluster, resume, status, verify};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -54,6 +54,14 @@ enum Command {
         target: String,
         #[arg(short, long, value_enum, default_value = "text")]
         output: Output,
+    },
+    /// Resume the rollout the operator paused for a lossy drain (rollout.pauseOnDrainLoss):
+    /// record the time on the route, so drains that ended before it do not pause it again,
+    /// and unpause the route's Deployments that kubegrace paused (never one paused by
+    /// someone else).
+    Resume {
+        /// ROUTE or groute/ROUTE.
+        route: String,
     },
     /// Roll deploy/NAME under load from a Job in its namespace and count every failed
     /// request. Exit 1 when any failed.
@@ -145,6 +153,20 @@ async fn run(cli: Cli) -> kubectl_kubegrace::Result<bool> {
                     )?
                 ),
             }
+            Ok(true)
+        }
+        Command::Resume { route } => {
+            let ns = cli.namespace.unwrap_or(context_ns);
+            let name = match status::Subject::parse(&route)? {
+                status::Subject::Route(name) => name,
+                status::Subject::Deployment(_) => {
+                    return Err(kubectl_kubegrace::Error::Invalid(format!(
+                        "{route:?}: resume takes ROUTE or groute/ROUTE"
+                    )));
+                }
+            };
+            let plan = resume::resume(&client, &ns, &name).await?;
+            print!("{}", resume::describe(&ns, &name, &plan));
             Ok(true)
         }
         Command::Verify {

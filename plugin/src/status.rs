@@ -254,12 +254,14 @@ async fn pods_of(client: &Client, ns: &str, subject: &Subject) -> Result<(String
             let accepted = route
                 .condition("Accepted")
                 .map_or("-".to_owned(), |c| c.status.clone());
-            (
-                format!(
-                    "graceroute {ns}/{name}: Accepted {accepted}, last rollout's drains: {drains}"
-                ),
-                selectors,
-            )
+            let mut header = format!(
+                "graceroute {ns}/{name}: Accepted {accepted}, last rollout's drains: {drains}"
+            );
+            if let Some(line) = crate::resume::pause_line(&route) {
+                header.push('\n');
+                header.push_str(&line);
+            }
+            (header, selectors)
         }
     };
     let api = Api::<Pod>::namespaced(client.clone(), ns);

@@ -13,6 +13,7 @@
 mod admission;
 mod harness;
 mod ownership;
+mod pause;
 mod reconcile;
 mod resilience;
 mod sidecar_pod;

@@ -13,6 +13,7 @@ use kube::api::ListParams;
 use kube::core::{Selector, SelectorExt};
 use kube::{Api, Client, ResourceExt};
 
+use super::pause::RolloutState;
 use crate::build::{Originals, Target};
 use crate::crd::{GraceRoute, TargetKind};
 use crate::{Error, Result, keys};
@@ -33,6 +34,9 @@ pub struct Observed {
     pub services: Vec<Service>,
     /// The route's ConfigMap as it is now (None: absent).
     pub config_map: Option<ConfigMap>,
+    /// The targets' rollout states (paused, progressing), for
+    /// `rollout.pauseOnDrainLoss`.
+    pub rollouts: Vec<RolloutState>,
 }
 
 impl Observed {
@@ -54,9 +58,13 @@ pub async fn dereference(
     others: &[&GraceRoute],
 ) -> Result<Observed> {
     let ns = route.namespace().unwrap_or_default();
-    let workloads = Workloads::list(client, &ns).await?;
+    let (workloads, states) = Workloads::read(client, &ns).await?;
     let (targets, overlaps) = claim_targets(route, &workloads, others);
     let targets: Vec<(Target, Option<String>)> = targets.into_iter().cloned().collect();
+    let rollouts = targets
+        .iter()
+        .filter_map(|(t, _)| states.get(&t.id()).cloned())
+        .collect();
 
     let ns_labels = Api::<Namespace>::all(client.clone())
         .get_opt(&ns)
@@ -100,6 +108,7 @@ pub async fn dereference(
         pods_by_selector,
         services,
         config_map,
+        rollouts,
     })
 }
 
@@ -212,6 +221,11 @@ impl Workloads {
     }
 
     pub async fn list(client: &Client, ns: &str) -> Result<Self> {
+        Ok(Self::read(client, ns).await?.0)
+    }
+
+    /// [`Workloads::list`], with the rollout state of each (by target id).
+    pub async fn read(client: &Client, ns: &str) -> Result<(Self, BTreeMap<String, RolloutState>)> {
         let lp = ListParams::default();
         let deployments = Api::<Deployment>::namespaced(client.clone(), ns)
             .list(&lp)
@@ -221,7 +235,10 @@ impl Workloads {
             .list(&lp)
             .await
             .map_err(Error::kube(format!("listing StatefulSets in {ns}")))?;
-        Ok(Self::from_objects(&deployments.items, &statefulsets.items))
+        Ok((
+            Self::from_objects(&deployments.items, &statefulsets.items),
+            super::pause::states(&deployments.items, &statefulsets.items),
+        ))
     }
 
     /// The targets a route selects.

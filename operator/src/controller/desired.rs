@@ -116,6 +116,17 @@ mod tests {
     }
 
     #[test]
+    fn pause_on_drain_loss_alone_writes_nothing_into_the_target() {
+        // Nor takes the finalizer: that is held only for what apply wrote.
+        let r = route(&format!("{ROUTE}  rollout: {{pauseOnDrainLoss: true}}\n"));
+        let seen = observed(&r, &[DEPLOYMENT], &[]);
+        let valid = validate::check(&r, &seen).expect("valid");
+        let d = desired(&r, &valid, &seen).expect("desired");
+        assert!(d.rollout.is_empty(), "{:?}", d.rollout);
+        assert!(!crate::controller::finalizer::wanted(&r, &seen, Some(&d)));
+    }
+
+    #[test]
     fn an_explicit_rollout_block_writes_only_its_fields_to_the_target() {
         let r = route(&format!("{ROUTE}  rollout: {{minReadySeconds: 3}}\n"));
         let seen = observed(&r, &[DEPLOYMENT], &[]);

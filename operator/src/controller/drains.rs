@@ -43,6 +43,10 @@ pub struct PodDrain {
     pub labels: BTreeMap<String, String>,
     pub revision: Option<String>,
     pub outcome: DrainOutcome,
+    /// When the sidecar exited with the report (the drain's end), as the
+    /// kubelet recorded it: a pause decision ignores drains that ended
+    /// before the rollout was last resumed.
+    pub finished_at: Option<Time>,
 }
 
 impl PodDrain {
@@ -76,8 +80,8 @@ pub fn report_of(pod: &Pod) -> Option<PodDrain> {
     };
     let container =
         sidecar(&status.init_container_statuses).or_else(|| sidecar(&status.container_statuses))?;
-    let message = container.state?.terminated?.message?;
-    let outcome = parse(&message)?;
+    let terminated = container.state?.terminated?;
+    let outcome = parse(terminated.message.as_deref()?)?;
     let labels = pod.labels().clone();
     let revision = REVISION_LABELS.iter().find_map(|k| labels.get(*k).cloned());
     Some(PodDrain {
@@ -86,6 +90,7 @@ pub fn report_of(pod: &Pod) -> Option<PodDrain> {
         labels,
         revision,
         outcome,
+        finished_at: terminated.finished_at,
     })
 }
 

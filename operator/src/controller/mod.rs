@@ -7,7 +7,9 @@
 //! 4. [`apply`]: server-side apply as `kubegrace-operator`;
 //! 5. [`status`] (pure): conditions and Events from what was observed, then
 //!    written; [`drains`] folds in the drain reports the pod watch collected
-//!    (`status.lastDrains`, counters, Events when a drain cut something).
+//!    (`status.lastDrains`, counters, Events when a drain cut something),
+//!    and [`pause`] stops a Deployment's rollout whose drains lose requests
+//!    (`rollout.pauseOnDrainLoss`).
 //!
 //! Level-triggered and idempotent: every pass runs the whole pipeline. An
 //! invalid route is not an error, it is a status (`Accepted=False`) and
@@ -51,6 +53,7 @@ pub mod desired;
 pub mod drains;
 pub mod finalizer;
 pub mod invalid;
+pub mod pause;
 pub mod status;
 pub mod validate;
 
@@ -146,7 +149,7 @@ async fn write_with_drains(
         .drains
         .written(&key)
         .or(report.status.last_drains.take());
-    let folded = drains::fold(base.as_ref(), taken.clone(), now);
+    let folded = drains::fold(base.as_ref(), taken.clone(), now.clone());
     report.status.last_drains = folded.last.clone();
     for drain in folded.new.iter().filter(|d| !d.clean()) {
         report.events.push(status::Note {
@@ -156,9 +159,37 @@ async fn write_with_drains(
             note: drain.note(),
         });
     }
+    // Pause before the status counts the drains: a failed pause puts them
+    // back, and the retry decides again.
+    let enabled = pause::enabled(route);
+    let verdict = pause::decide(
+        enabled,
+        &folded.new,
+        &observed.rollouts,
+        pause::since(route),
+    );
+    if let Some(pause::Verdict::Pause(loss)) = &verdict {
+        let ns = route.namespace().unwrap_or_default();
+        if let Err(err) = pause::pause(&ctx.client, &ns, &loss.name).await {
+            ctx.drains.put_back(&key, taken);
+            return Err(err);
+        }
+    }
+    let paused = pause::condition(
+        route.condition(pause::ROLLOUT_PAUSED),
+        verdict.as_ref(),
+        &observed.rollouts,
+        enabled,
+        route.metadata.generation,
+        now,
+    );
+    report.status.conditions.extend(paused);
     if let Err(err) = status::write(ctx, api, route, report).await {
         ctx.drains.put_back(&key, taken);
         return Err(err);
+    }
+    if let Some(verdict) = &verdict {
+        pause::announce(ctx, route, verdict).await;
     }
     ctx.drains.counted(&key, &taken, folded.last.as_ref());
     for drain in &folded.new {

@@ -70,6 +70,17 @@ pub struct RolloutSpec {
     #[serde(default = "r_grace")]
     #[schemars(schema_with = "grace_schema")]
     pub termination_grace_period_seconds: IntOrString,
+    /// Pause a Deployment's rollout (`spec.paused: true`) when a pod it
+    /// replaces reports a lossy drain: at least one connection force-closed
+    /// at `drain.timeout` (its requests, if any, cut), as counted in
+    /// `status.lastDrains`. The route then has a `RolloutPaused` condition
+    /// naming the pod and what it lost; fix the cause (raise
+    /// `drain.timeout` above the longest request) and resume with `kubectl
+    /// kubegrace resume`. StatefulSets have no pause: they get the
+    /// condition and Event only. Writes nothing into the workload until a
+    /// loss is seen. Default: false.
+    #[serde(default)]
+    pub pause_on_drain_loss: bool,
 }
 
 impl Default for RolloutSpec {
@@ -79,6 +90,7 @@ impl Default for RolloutSpec {
             max_unavailable: None,
             min_ready_seconds: None,
             termination_grace_period_seconds: r_grace(),
+            pause_on_drain_loss: false,
         }
     }
 }

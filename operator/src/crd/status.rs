@@ -15,9 +15,11 @@ pub struct GraceRouteStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `Accepted` (the spec is valid against its targets), `Ready` (every
-    /// pod that should carry the sidecar does, with the config in force)
-    /// and `Degraded` (something bypasses or weakens the sidecar), each
-    /// with a reason and a message saying what to fix. Keyed by `type`.
+    /// pod that should carry the sidecar does, with the config in force),
+    /// `Degraded` (something bypasses or weakens the sidecar) and, with
+    /// `rollout.pauseOnDrainLoss`, `RolloutPaused` (which pod's drain lost
+    /// what, and whether the rollout is paused or was resumed), each with a
+    /// reason and a message saying what to fix. Keyed by `type`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

@@ -1,0 +1,385 @@
+//! `rollout.pauseOnDrainLoss`: a rollout whose drains lose requests stops
+//! itself. The drain reports the route already collects ([`super::drains`])
+//! are the evidence; the decision is pure ([`decide`], [`condition`]), and
+//! only [`pause`] writes (the Deployment's `spec.paused`).
+//!
+//! What counts as loss is what the drain report calls not clean: at least
+//! one connection still open at `drain.timeout` and closed by force (with
+//! the requests in flight on it cut, if any). That is the same line the
+//! `DrainForceClosed` Event and `status.lastDrains.forceClosed` draw; a
+//! force-closed connection with no request counted in flight is still a
+//! cut WebSocket, gRPC stream or raw TCP session, so it counts too.
+//!
+//! A loss pauses only while the workload is rolling (a scale-down or the
+//! last pod of a finished rollout has nothing left to stop), only a
+//! Deployment nobody paused already, and only for a drain that ended after
+//! the last pause or resume: the route's `RolloutPaused` condition's
+//! transition time, or the time `kubectl kubegrace resume` wrote into the
+//! route's [`RESUMED_AT`] annotation, whichever is later. So a resumed
+//! rollout is not paused again by a report of a pod that drained before.
+//!
+//! The pause is a merge patch by its own field manager
+//! ([`PAUSE_FIELD_MANAGER`]), not part of the route's server-side apply:
+//! that apply is recomputed every pass and would drop a field it no longer
+//! sends. A GitOps tool re-applying a manifest that does not mention
+//! `spec.paused` (Helm's three-way merge, Argo CD's apply, client- or
+//! server-side) leaves it alone; a manifest that sets `paused: false`
+//! resumes the rollout on its next sync, which the condition then records
+//! as `Resumed`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::api::{Patch, PatchParams};
+use kube::core::SelectorExt;
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::Context;
+use super::dereference::selector_of;
+use super::drains::PodDrain;
+use crate::crd::{GraceRoute, TargetKind};
+use crate::{Error, Result};
+
+/// The route condition type.
+pub const ROLLOUT_PAUSED: &str = "RolloutPaused";
+/// `RolloutPaused=True`: the operator paused a Deployment for a lossy drain.
+pub const DRAIN_LOSS: &str = "DrainLoss";
+/// `RolloutPaused=False`: the Deployment was resumed after such a pause.
+pub const RESUMED: &str = "Resumed";
+/// `RolloutPaused=False`: a StatefulSet's drain lost requests; it has no
+/// `spec.paused` to set (and its `partition` belongs to the user's
+/// manifest), so the rollout goes on and only this condition and an Event
+/// say so.
+pub const CANNOT_PAUSE: &str = "CannotPause";
+/// Route annotation: when the rollout was resumed (RFC 3339), written by
+/// `kubectl kubegrace resume`. Drains that ended before it never pause.
+pub const RESUMED_AT: &str = "kubegrace.io/resumed-at";
+/// Field manager of the `spec.paused` writes (pause and resume).
+pub const PAUSE_FIELD_MANAGER: &str = "kubegrace-operator-pause";
+
+/// A target's rollout as the decision needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutState {
+    pub kind: TargetKind,
+    pub name: String,
+    /// The workload's pod selector (immutable, so it also selects the pods
+    /// of older revisions, whose template labels may differ).
+    pub selector: LabelSelector,
+    /// `spec.paused` (Deployments; always false for a StatefulSet).
+    pub paused: bool,
+    /// ... and [`PAUSE_FIELD_MANAGER`] wrote it: this operator paused it
+    /// (a pause whose status write failed is taken up again on the retry).
+    pub paused_here: bool,
+    /// A rollout is under way: pods of an older revision remain or the
+    /// controller has not seen the latest spec.
+    pub progressing: bool,
+}
+
+impl RolloutState {
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.kind, self.name)
+    }
+
+    fn selects(&self, drain: &PodDrain) -> bool {
+        selector_of(&self.selector).is_some_and(|s| !s.selects_all() && s.matches(&drain.labels))
+    }
+}
+
+/// A Deployment's rollout state; None without a spec.
+pub fn deployment_state(d: &Deployment) -> Option<RolloutState> {
+    let spec = d.spec.as_ref()?;
+    let status = d.status.clone().unwrap_or_default();
+    let seen = status.observed_generation >= d.metadata.generation;
+    let updated = status.updated_replicas.unwrap_or(0);
+    let progressing =
+        !seen || updated < spec.replicas.unwrap_or(1) || status.replicas.unwrap_or(0) > updated;
+    Some(RolloutState {
+        kind: TargetKind::Deployment,
+        name: d.name_any(),
+        selector: spec.selector.clone(),
+        paused: spec.paused.unwrap_or(false),
+        paused_here: paused_by_manager(d),
+        progressing,
+    })
+}
+
+/// Whether [`PAUSE_FIELD_MANAGER`] owns the Deployment's `spec.paused`.
+fn paused_by_manager(d: &Deployment) -> bool {
+    d.managed_fields().iter().any(|m| {
+        m.manager.as_deref() == Some(PAUSE_FIELD_MANAGER)
+            && m.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.pointer("/f:spec/f:paused").is_some())
+    })
+}
+
+/// A StatefulSet's rollout state; None without a spec.
+pub fn statefulset_state(s: &StatefulSet) -> Option<RolloutState> {
+    let spec = s.spec.as_ref()?;
+    let status = s.status.clone().unwrap_or_default();
+    let seen = status.observed_generation >= s.metadata.generation;
+    let progressing = !seen
+        || status.update_revision.is_some() && status.update_revision != status.current_revision
+        || status.updated_replicas.unwrap_or(0) < spec.replicas.unwrap_or(1);
+    Some(RolloutState {
+        kind: TargetKind::StatefulSet,
+        name: s.name_any(),
+        selector: spec.selector.clone(),
+        paused: false,
+        paused_here: false,
+        progressing,
+    })
+}
+
+/// What the lossy drain asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Pause this Deployment.
+    Pause(Loss),
+    /// A StatefulSet lost requests: report it, nothing to pause.
+    CannotPause(Loss),
+}
+
+impl Verdict {
+    pub fn loss(&self) -> &Loss {
+        match self {
+            Verdict::Pause(l) | Verdict::CannotPause(l) => l,
+        }
+    }
+}
+
+/// A lossy drain of a pod of a rolling target.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loss {
+    pub kind: TargetKind,
+    pub name: String,
+    pub drain: PodDrain,
+}
+
+impl Loss {
+    /// The workload, as [`RolloutState::id`].
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.kind, self.name)
+    }
+
+    /// Which pod lost what, why, and what to do.
+    pub fn message(&self, paused: bool) -> String {
+        let o = &self.drain.outcome;
+        let what = format!(
+            "pod {} force-closed {} connections and cut {} requests at drain.timeout ({} in flight at the {} trigger)",
+            self.drain.pod, o.force_closed, o.requests_cut, o.inflight_at_trigger, o.trigger
+        );
+        if paused {
+            format!(
+                "{}/{} paused: {what}; raise drain.timeout above the app's longest request, then `kubectl kubegrace resume` the route (or `kubectl rollout resume`)",
+                self.kind, self.name
+            )
+        } else {
+            format!(
+                "{}/{} not paused (a StatefulSet has no spec.paused; its rollout goes on): {what}; raise drain.timeout above the app's longest request",
+                self.kind, self.name
+            )
+        }
+    }
+}
+
+/// The route's `rollout.pauseOnDrainLoss`.
+pub fn enabled(route: &GraceRoute) -> bool {
+    route
+        .spec
+        .rollout
+        .as_ref()
+        .is_some_and(|r| r.pause_on_drain_loss)
+}
+
+/// Drains that ended at or before this time never pause: the later of the
+/// `RolloutPaused` condition's last transition and the [`RESUMED_AT`]
+/// annotation (one that does not parse is ignored).
+pub fn since(route: &GraceRoute) -> Option<jiff::Timestamp> {
+    let transition = route
+        .condition(ROLLOUT_PAUSED)
+        .map(|c| c.last_transition_time.0);
+    let resumed = route
+        .annotations()
+        .get(RESUMED_AT)
+        .and_then(|v| v.parse::<jiff::Timestamp>().ok());
+    transition.max(resumed)
+}
+
+/// The first new lossy drain (pure) that should pause its target, given
+/// the option, the targets' rollouts and [`since`]. A drain without an end
+/// time (a kubelet that did not record one) counts as new: `drains` are
+/// the reports counted this pass, each pod once.
+pub fn decide(
+    enabled: bool,
+    drains: &[PodDrain],
+    rollouts: &[RolloutState],
+    since: Option<jiff::Timestamp>,
+) -> Option<Verdict> {
+    if !enabled {
+        return None;
+    }
+    let after = |d: &PodDrain| match (&d.finished_at, since) {
+        (Some(end), Some(since)) => end.0 > since,
+        _ => true,
+    };
+    for drain in drains.iter().filter(|d| !d.clean() && after(d)) {
+        for r in rollouts
+            .iter()
+            .filter(|r| r.progressing && r.selects(drain))
+        {
+            let loss = Loss {
+                kind: r.kind,
+                name: r.name.clone(),
+                drain: drain.clone(),
+            };
+            match r.kind {
+                // Paused already by someone else: not ours to claim. Paused
+                // here and the drain is new: a retry of a pause whose
+                // status write failed (the patch is idempotent).
+                TargetKind::Deployment if r.paused && !r.paused_here => {}
+                TargetKind::Deployment => return Some(Verdict::Pause(loss)),
+                TargetKind::StatefulSet => return Some(Verdict::CannotPause(loss)),
+            }
+        }
+    }
+    None
+}
+
+/// The `RolloutPaused` condition for this pass (pure): set by a verdict;
+/// else a pause holds while a Deployment target is still paused and turns
+/// `Resumed` when none is; a `False` one stays while the option is on.
+/// None: the route shows no such condition.
+pub fn condition(
+    prev: Option<&Condition>,
+    verdict: Option<&Verdict>,
+    rollouts: &[RolloutState],
+    enabled: bool,
+    generation: Option<i64>,
+    now: Time,
+) -> Option<Condition> {
+    let make = |ok: bool, reason: &str, message: String| Condition {
+        type_: ROLLOUT_PAUSED.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: generation,
+        last_transition_time: now.clone(),
+    };
+    match verdict {
+        Some(Verdict::Pause(l)) => return Some(make(true, DRAIN_LOSS, l.message(true))),
+        Some(Verdict::CannotPause(l)) => {
+            return Some(make(false, CANNOT_PAUSE, l.message(false)));
+        }
+        None => {}
+    }
+    let prev = prev?;
+    if prev.status == "True" {
+        let still = rollouts
+            .iter()
+            .any(|r| r.kind == TargetKind::Deployment && r.paused);
+        if still {
+            return Some(prev.clone());
+        }
+        return Some(make(
+            false,
+            RESUMED,
+            format!(
+                "resumed after: {}; only drains that end from now on can pause it again",
+                prev.message
+            ),
+        ));
+    }
+    enabled.then(|| prev.clone())
+}
+
+/// Pauses the Deployment (merge patch of `spec.paused`).
+pub async fn pause(client: &Client, ns: &str, name: &str) -> Result<()> {
+    set_paused(client, ns, name, true)
+        .await
+        .map_err(Error::kube(format!("pausing Deployment {ns}/{name}")))
+}
+
+/// Sets a Deployment's `spec.paused` as [`PAUSE_FIELD_MANAGER`] (the
+/// plugin's resume too).
+pub async fn set_paused(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    paused: bool,
+) -> std::result::Result<(), kube::Error> {
+    let pp = PatchParams {
+        field_manager: Some(PAUSE_FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    Api::<Deployment>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &pp,
+            &Patch::Merge(json!({"spec": {"paused": paused}})),
+        )
+        .await
+        .map(drop)
+}
+
+/// The Warning Event of a verdict: on the route with the workload as the
+/// related object, and on the workload, where `kubectl describe` shows it.
+pub async fn announce(ctx: &Context, route: &GraceRoute, verdict: &Verdict) {
+    let loss = verdict.loss();
+    let (reason, note) = match verdict {
+        Verdict::Pause(l) => (ROLLOUT_PAUSED, l.message(true)),
+        Verdict::CannotPause(l) => (CANNOT_PAUSE, l.message(false)),
+    };
+    let workload = ObjectReference {
+        api_version: Some("apps/v1".into()),
+        kind: Some(loss.kind.to_string()),
+        name: Some(loss.name.clone()),
+        namespace: route.namespace(),
+        ..Default::default()
+    };
+    let on_route = Event {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        note: Some(note.clone()),
+        action: "Pause".into(),
+        secondary: Some(workload.clone()),
+    };
+    if let Err(e) = ctx
+        .recorder
+        .publish(&on_route, &route.object_ref(&()))
+        .await
+    {
+        // Events are for people; a failed one must not fail the reconcile.
+        tracing::debug!(error = %e, "publishing event");
+    }
+    super::publish_on(
+        ctx,
+        &workload,
+        EventType::Warning,
+        reason,
+        "Pause",
+        format!("GraceRoute {}: {note}", route.name_any()),
+    )
+    .await;
+}
+
+/// The rollout states of the workloads, by [`RolloutState::id`].
+pub fn states(
+    deployments: &[Deployment],
+    statefulsets: &[StatefulSet],
+) -> BTreeMap<String, RolloutState> {
+    deployments
+        .iter()
+        .filter_map(deployment_state)
+        .chain(statefulsets.iter().filter_map(statefulset_state))
+        .map(|s| (s.id(), s))
+        .collect()
+}
+
+#[cfg(test)]
+#[path = "pause_tests.rs"]
+mod tests;

@@ -233,9 +233,10 @@ spec:
             serde_norway::from_str(&DEPLOYMENT.replace("name: operator", "name: other"))
                 .expect("deployment");
         assert!(from_deployment(d).is_err());
-        let d: Deployment =
-            serde_norway::from_str(&DEPLOYMENT.replace("- --namespace=$(POD_NAMESPACE)", "- stray"))
-                .expect("deployment");
+        let d: Deployment = serde_norway::from_str(
+            &DEPLOYMENT.replace("- --namespace=$(POD_NAMESPACE)", "- stray"),
+        )
+        .expect("deployment");
         assert!(from_deployment(d).is_err());
     }
 

@@ -1,13 +1,14 @@
 //! Step 1, dereference: everything the route refers to, read from the API
 //! server in one place: the workloads it targets (minus those an older
-//! route holds), their pods, the namespace's labels and Services, and the
-//! ConfigMap the route will write. Every later step is pure over
+//! route holds), their pods, the namespace's labels, Services and
+//! NetworkPolicies, and the ConfigMap the route will write. Every later step is pure over
 //! [`Observed`] until apply.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::ListParams;
 use kube::core::{Selector, SelectorExt};
@@ -37,6 +38,9 @@ pub struct Observed {
     /// The targets' rollout states (paused, progressing), for
     /// `rollout.pauseOnDrainLoss`.
     pub rollouts: Vec<RolloutState>,
+    /// The namespace's NetworkPolicies, for the ones port takeover breaks
+    /// (empty when the operator may not read them: the check is skipped).
+    pub network_policies: Vec<NetworkPolicy>,
 }
 
 impl Observed {
@@ -95,6 +99,7 @@ pub async fn dereference(
         .await
         .map_err(Error::kube(format!("listing Services in {ns}")))?
         .items;
+    let network_policies = network_policies(client, &ns).await?;
     let cm_name = crate::build::config_map_name(&route.name_any());
     let config_map = Api::<ConfigMap>::namespaced(client.clone(), &ns)
         .get_opt(&cm_name)
@@ -109,7 +114,25 @@ pub async fn dereference(
         services,
         config_map,
         rollouts,
+        network_policies,
     })
+}
+
+/// The namespace's NetworkPolicies. A chart of an earlier release grants no
+/// read of them: that skips the check (said at debug), it does not stop
+/// the reconcile.
+async fn network_policies(client: &Client, ns: &str) -> Result<Vec<NetworkPolicy>> {
+    match Api::<NetworkPolicy>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => Ok(list.items),
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            tracing::debug!(namespace = %ns, "may not list NetworkPolicies; the port-takeover check is skipped");
+            Ok(Vec::new())
+        }
+        Err(e) => Err(Error::kube(format!("listing NetworkPolicies in {ns}"))(e)),
+    }
 }
 
 pub(crate) fn selector_of(ls: &LabelSelector) -> Option<Selector> {

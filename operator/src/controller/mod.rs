@@ -48,6 +48,7 @@ use crate::tolerant::{self, Routes};
 use crate::{Error, FIELD_MANAGER, Result, keys};
 
 pub mod apply;
+pub mod decisions;
 pub mod dereference;
 pub mod desired;
 pub mod drains;
@@ -81,6 +82,10 @@ pub const DEGRADED: &str = "Degraded";
 /// Degraded reason: a Service selecting the route's pods reaches the app
 /// around the sidecar (its targetPort is the app's number).
 pub const SERVICE_BYPASSES_SIDECAR: &str = "ServiceBypassesSidecar";
+/// Degraded reason: a NetworkPolicy admits the route's pods on the app's
+/// port number, which port takeover left to the app: what the Service
+/// sends to the sidecar's port is dropped.
+pub const NETWORK_POLICY_BLOCKS_SIDECAR: &str = "NetworkPolicyBlocksSidecar";
 
 /// One pass of the pipeline for a live route.
 async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {

@@ -15,7 +15,9 @@ use serde_json::json;
 use super::dereference::Observed;
 use super::desired::Desired;
 use super::validate::{Valid, service_bypasses};
-use super::{ACCEPTED, Context, DEGRADED, READY, SERVICE_BYPASSES_SIDECAR};
+use super::{
+    ACCEPTED, Context, DEGRADED, NETWORK_POLICY_BLOCKS_SIDECAR, READY, SERVICE_BYPASSES_SIDECAR,
+};
 use crate::build::{self, Invalid, Target};
 use crate::crd::{GraceRoute, GraceRouteStatus, TargetKind};
 use crate::{Error, Result, keys};
@@ -143,6 +145,14 @@ pub fn accepted(
         &observed.services,
     );
 
+    let pods: Vec<_> = observed.pods.values().cloned().collect();
+    let blocked: Vec<String> = crate::netpol::blocked(&pods, &observed.network_policies)
+        .iter()
+        .map(|b| {
+            let (what, fix) = b.explain();
+            format!("{what}; fix: {fix}")
+        })
+        .collect();
     let target_ids = observed.target_ids();
     let mut accepted_msg = format!("time budget {}s: {}", budget.seconds, budget.explain());
     if budget.seconds != budget.required_seconds {
@@ -238,6 +248,8 @@ pub fn accepted(
         (true, "PodsNotInjected", ready_msg.clone())
     } else if !bypasses.is_empty() {
         (true, SERVICE_BYPASSES_SIDECAR, bypasses.join("; "))
+    } else if !blocked.is_empty() {
+        (true, NETWORK_POLICY_BLOCKS_SIDECAR, blocked.join("; "))
     } else {
         (false, "AsExpected", String::new())
     };
@@ -303,14 +315,15 @@ pub fn accepted(
             ready_msg.clone(),
         ));
     }
-    if degraded_reason == SERVICE_BYPASSES_SIDECAR
+    if (degraded_reason == SERVICE_BYPASSES_SIDECAR
+        || degraded_reason == NETWORK_POLICY_BLOCKS_SIDECAR)
         && route
             .condition(DEGRADED)
             .is_none_or(|c| c.message != degraded_msg)
     {
         events.push(Note::new(
             EventType::Warning,
-            SERVICE_BYPASSES_SIDECAR,
+            degraded_reason,
             "Observe",
             degraded_msg.clone(),
         ));
@@ -343,6 +356,10 @@ pub async fn write(
     }
     let mut status = report.status;
     carry_transitions(route.status.as_ref(), &mut status);
+    let ns = route.namespace().unwrap_or_default();
+    for change in super::decisions::changes(route.status.as_ref(), &status) {
+        tracing::info!(namespace = %ns, route = %route.name_any(), "{change}");
+    }
     if route
         .status
         .as_ref()
@@ -545,6 +562,10 @@ fn inject_hint(t: Option<&Target>, ns: &str) -> String {
         keys::INJECT
     )
 }
+
+#[cfg(test)]
+#[path = "status_netpol_tests.rs"]
+mod netpol_tests;
 
 #[cfg(test)]
 mod tests {

@@ -368,7 +368,8 @@ fn the_sidecar_gets_a_state_volume_the_autoscaler_may_drop() {
     assert_eq!(mount.mount_path, pod::STATE_DIR);
     assert_ne!(mount.read_only, Some(true));
     assert!(sc.env.iter().flatten().any(|e| {
-        e.name == kubegrace_sidecar_api::cli::env::STATE_DIR && e.value.as_deref() == Some(pod::STATE_DIR)
+        e.name == kubegrace_sidecar_api::cli::env::STATE_DIR
+            && e.value.as_deref() == Some(pod::STATE_DIR)
     }));
     let ann = |p: &Pod| {
         p.metadata

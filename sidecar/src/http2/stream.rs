@@ -178,8 +178,8 @@ pub(super) async fn serve_stream(
     // A client that resets the stream while the app works: the request
     // future is dropped, which cancels the upstream call. The shared app
     // connection's count holds until the answer is sent (upstream/h2.rs).
-    let _on_shared = end.wire.share();
-    let affinity = Affinity::new(end.wire.upstream.clone(), _on_shared.is_some());
+    let on_shared = end.wire.share();
+    let affinity = Affinity::new(end.wire.upstream.clone(), on_shared.is_some());
     let shared = ctx.shared.clone();
     // Boxed: the request's future is several KiB, and unboxed it would be
     // moved with this task at its spawn and written again at its end

@@ -507,6 +507,41 @@ mod tests {
         assert_eq!(heard_from(b"HTTP", true).await, Some(Heard::Closed));
     }
 
+    #[test]
+    fn streams_go_on_their_own_connection_while_the_shared_one_is_half_held() {
+        let shared = H2Slot::shared();
+        let own = Arc::new(H2Slot::default());
+        let on = |s: &H2Slot| std::ptr::eq(s, &shared);
+
+        // A stream that may share goes on the shared connection, and while
+        // it waits for its client it counts as holding it.
+        let first = Affinity::new(own.clone(), true);
+        assert!(on(first.slot(&shared)));
+        let mut waiting: Vec<Stalled> = Vec::new();
+        waiting.extend(first.stalled());
+        assert_eq!(shared.stalled.load(Ordering::Acquire), 1);
+        // One that may not (its client was moved) never does.
+        let moved = Affinity::new(own.clone(), false);
+        assert!(!on(moved.slot(&shared)));
+        assert!(moved.stalled().is_none(), "not on the shared connection");
+
+        // Up to the limit of waiting streams, new streams still share.
+        while shared.stalled.load(Ordering::Acquire) < SHARED_STALLED_LIMIT {
+            let a = Affinity::new(own.clone(), true);
+            assert!(on(a.slot(&shared)));
+            waiting.extend(a.stalled());
+        }
+        // At it, they go on their own connection; below it again, they share.
+        let late = Affinity::new(own.clone(), true);
+        assert!(!on(late.slot(&shared)));
+        waiting.pop();
+        assert!(on(late.slot(&shared)));
+        drop(waiting);
+        assert_eq!(shared.stalled.load(Ordering::Acquire), 0);
+        assert_eq!(shared.windows(), (SHARED_STREAM_WINDOW, SHARED_CONN_WINDOW));
+        assert_eq!(own.windows(), (STREAM_WINDOW, CONN_WINDOW));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_http1_verdict_is_rechecked_once_after_a_while() {
         let proto = AppProtocol::default();

@@ -77,3 +77,44 @@ pub const SCENARIOS: [Scenario; 5] = [
         load: Load::Rate { connections: 32 },
     },
 ];
+
+/// The scenarios named in `ids` (comma separated), in report order; all of
+/// them when `ids` is empty. An unknown id is an error naming the known ones.
+pub fn select(ids: &str) -> Result<Vec<Scenario>, String> {
+    let wanted: Vec<&str> = ids
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if let Some(unknown) = wanted
+        .iter()
+        .find(|id| !SCENARIOS.iter().any(|s| s.id == **id))
+    {
+        let known: Vec<&str> = SCENARIOS.iter().map(|s| s.id).collect();
+        return Err(format!(
+            "unknown scenario {unknown:?} in BENCH_SCENARIOS; known: {}",
+            known.join(", ")
+        ));
+    }
+    Ok(SCENARIOS
+        .iter()
+        .filter(|s| wanted.is_empty() || wanted.contains(&s.id))
+        .copied()
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scenarios_are_picked_by_id() -> Result<(), String> {
+        assert_eq!(select("")?.len(), SCENARIOS.len());
+        let picked = select(" h2-multiplexed ,h1-keepalive-64")?;
+        let ids: Vec<&str> = picked.iter().map(|s| s.id).collect();
+        assert_eq!(ids, ["h1-keepalive-64", "h2-multiplexed"], "report order");
+        let unknown = select("h2c").err().unwrap_or_default();
+        assert!(unknown.contains("h2-multiplexed"), "{unknown}");
+        Ok(())
+    }
+}

@@ -50,6 +50,12 @@ pub fn percentile_sorted(sorted: &[u64], q: f64) -> Option<u64> {
     Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
+/// The median of whole counts (the upper one of an even set); 0 for none.
+pub fn median_u32(mut v: Vec<u32>) -> u32 {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,7 +23,7 @@ use kubegrace_bench::report::{
     self, Cell, DrainResult, IdleConnections, KUBEGRACE_STATIC, Memory, Report, Sample,
     ScenarioResult, Settings,
 };
-use kubegrace_bench::scenario::{KEEPALIVE_256, Load, SCENARIOS, Scenario};
+use kubegrace_bench::scenario::{self, KEEPALIVE_256, Load, Scenario};
 use kubegrace_bench::stats::Spread;
 use kubegrace_bench::{memtest, procfs};
 
@@ -68,6 +68,10 @@ struct Args {
     /// Skip the drain tests.
     #[arg(long, env = "BENCH_NO_DRAIN", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
     no_drain: bool,
+    /// Only these load scenarios, comma separated ids (h2-multiplexed, ...);
+    /// all when empty.
+    #[arg(long, env = "BENCH_SCENARIOS", default_value = "")]
+    scenarios: String,
     /// Skip the load scenarios (drain tests only).
     #[arg(long, env = "BENCH_NO_LOAD", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
     no_load: bool,
@@ -417,11 +421,6 @@ struct DrainRound {
     connections: u32,
 }
 
-fn median_u32(mut v: Vec<u32>) -> u32 {
-    v.sort_unstable();
-    v.get(v.len() / 2).copied().unwrap_or(0)
-}
-
 fn write_outputs(args: &Args, report: &Report) -> anyhow::Result<()> {
     let readme = std::fs::read_to_string(&args.readme)
         .with_context(|| format!("reading {}", args.readme.display()))?;
@@ -495,7 +494,7 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
     let scenarios: Vec<Scenario> = if h.args.no_load {
         Vec::new()
     } else {
-        SCENARIOS.to_vec()
+        scenario::select(&h.args.scenarios).map_err(|e| anyhow::anyhow!(e))?
     };
     let load_runs = scenarios.len() * peers.len() * h.args.rounds as usize;
     h.progress(&format!(
@@ -733,9 +732,13 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
                     ),
                     timed_out: rounds.iter().filter(|r| r.exit_ms.is_none()).count() as u32,
                     rounds: rounds.len() as u32,
-                    closed_by_proxy: median_u32(rounds.iter().map(|r| r.closed_by_proxy).collect()),
-                    ok: median_u32(rounds.iter().map(|r| r.ok).collect()),
-                    failed: median_u32(rounds.iter().map(|r| r.failed).collect()),
+                    closed_by_proxy: kubegrace_bench::stats::median_u32(
+                        rounds.iter().map(|r| r.closed_by_proxy).collect(),
+                    ),
+                    ok: kubegrace_bench::stats::median_u32(rounds.iter().map(|r| r.ok).collect()),
+                    failed: kubegrace_bench::stats::median_u32(
+                        rounds.iter().map(|r| r.failed).collect(),
+                    ),
                     connections: rounds.first().map_or(0, |r| r.connections),
                 });
             }

@@ -18,6 +18,7 @@ use http_body_util::BodyExt;
 
 use super::wire::Wire;
 use crate::proxy::{ConnCtx, ProxyBody};
+use crate::upstream::Affinity;
 
 /// Counts an accepted stream until its last frame is handed to h2 (or
 /// its task ends without one).
@@ -175,11 +176,20 @@ pub(super) async fn serve_stream(
     let body = H2Body::new(recv, &parts.headers);
     let request = Request::from_parts(parts, crate::upstream::DownstreamBody::Http2(body));
     // A client that resets the stream while the app works: the request
-    // future is dropped, which cancels the upstream call.
-    let upstream = end.wire.upstream.clone();
+    // future is dropped, which cancels the upstream call. The shared app
+    // connection's count holds until the answer is sent (upstream/h2.rs).
+    let on_shared = end.wire.share();
+    let affinity = Affinity::new(end.wire.upstream.clone(), on_shared.is_some());
     let shared = ctx.shared.clone();
+    // Boxed: the request's future is several KiB, and unboxed it would be
+    // moved with this task at its spawn and written again at its end
+    // (callgrind: most of a request's instructions were those copies).
+    let handled = Box::pin(crate::upstream::with_affinity(
+        affinity.clone(),
+        crate::proxy::handle(ctx, request),
+    ));
     let response = tokio::select! {
-        response = crate::upstream::with_affinity(upstream, crate::proxy::handle(ctx, request)) => response,
+        response = handled => response,
         _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => return,
     };
     let (mut parts, mut body) = response.into_parts();
@@ -207,7 +217,7 @@ pub(super) async fn serve_stream(
     let Ok(mut send) = respond.send_response(head, false) else {
         return;
     };
-    if pump(&mut end, &mut send, &mut body).await == Pumped::WriteTimeout {
+    if pump(&mut end, &mut send, &mut body, &affinity).await == Pumped::WriteTimeout {
         shared.metrics.http2_stream_write_timeout();
     }
 }
@@ -257,13 +267,55 @@ async fn capacity(send: &mut SendStream<Bytes>, limit: Duration) -> Capacity {
         .unwrap_or(Capacity::TimedOut)
 }
 
+/// How long a stream may wait for its client's window before its
+/// connection counts as withholding it (upstream/h2.rs): far above a
+/// reading client's round trip, far below `limits.writeTimeout`.
+const WITHHELD_AFTER: Duration = Duration::from_millis(100);
+
+/// Waits for send capacity as [`capacity`] does; past [`WITHHELD_AFTER`]
+/// the connection's next streams go on its own app connection, and the
+/// stream counts as holding the shared one (if it is on it) while it waits.
+async fn withheld(
+    end: &StreamEnd,
+    send: &mut SendStream<Bytes>,
+    limit: Duration,
+    affinity: &Affinity,
+) -> Capacity {
+    let first = if limit.is_zero() {
+        WITHHELD_AFTER
+    } else {
+        limit.min(WITHHELD_AFTER)
+    };
+    match capacity(send, first).await {
+        Capacity::TimedOut => {}
+        other => return other,
+    }
+    let rest = if limit.is_zero() {
+        Duration::ZERO
+    } else {
+        match limit.checked_sub(first) {
+            Some(rest) if !rest.is_zero() => rest,
+            // The write timeout itself has passed.
+            _ => return Capacity::TimedOut,
+        }
+    };
+    end.wire.window_withheld();
+    let _stalled = affinity.stalled();
+    capacity(send, rest).await
+}
+
 /// Sends the body; on the client's reset it stops (dropping the body
 /// drops the app's response with it). A client that gives no window for
 /// `limits.writeTimeout` gets RST_STREAM(CANCEL): its unread answer would
 /// otherwise hold a share of the app connection's window and the stream
 /// forever (the connection's own write timeout never fires while the
 /// client answers PINGs).
-async fn pump(end: &mut StreamEnd, send: &mut SendStream<Bytes>, body: &mut ProxyBody) -> Pumped {
+async fn pump(
+    end: &mut StreamEnd,
+    send: &mut SendStream<Bytes>,
+    body: &mut ProxyBody,
+    affinity: &Affinity,
+) -> Pumped {
     let write_timeout = end.wire.write_timeout;
     loop {
         let frame = tokio::select! {
@@ -290,7 +342,7 @@ async fn pump(end: &mut StreamEnd, send: &mut SendStream<Bytes>, body: &mut Prox
                     // whole chunk (h2 bounds what it buffers per stream).
                     send.reserve_capacity(1);
                     if send.capacity() == 0 {
-                        match capacity(send, write_timeout).await {
+                        match withheld(end, send, write_timeout, affinity).await {
                             Capacity::Some => {}
                             Capacity::TimedOut => {
                                 tracing::debug!(
@@ -327,5 +379,27 @@ async fn pump(end: &mut StreamEnd, send: &mut SendStream<Bytes>, body: &mut Prox
                 }
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of the future `f` returns, without making one.
+    fn future_size<A, F: std::future::Future>(_f: impl FnOnce(A) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// Every stream is a task, and a task's future is copied when it is
+    /// spawned and when it ends: the request's own future (several KiB) is
+    /// boxed so that those copies stay small. 2 KiB has room for the body
+    /// pump and the response head (1.4 KiB); with the request future inline
+    /// the task was 4.4 KiB (13 KiB before that future was trimmed), in a
+    /// debug build as here.
+    #[test]
+    fn a_stream_task_is_small() {
+        let size = future_size(|(c, o, r, s)| serve_stream(c, o, r, s));
+        assert!(size <= 2048, "the stream task's future is {size} bytes");
     }
 }

@@ -25,15 +25,44 @@ pub(super) struct Wire {
     pub(super) final_set: AtomicBool,
     /// Wakes the connection when a stream task ends.
     pub(super) waker: AtomicWaker,
-    /// This connection's own app connection (upstream/h2.rs): one client
-    /// cannot stall another's answers.
+    /// This connection's own app connection (upstream/h2.rs), used once it
+    /// was seen withholding its window: one client cannot stall another's
+    /// answers.
     pub(super) upstream: Arc<crate::upstream::H2Slot>,
+    /// A stream of this connection waited for the client's window: its
+    /// later streams go on its own app connection.
+    pub(super) withheld: AtomicBool,
+    /// Streams of this connection on the upstream's shared app connection.
+    pub(super) on_shared: AtomicU32,
     /// `limits.writeTimeout`: a stream that gets no send capacity for this
     /// long is reset (zero: never).
     pub(super) write_timeout: Duration,
 }
 
 impl Wire {
+    /// Where a new stream goes: the shared app connection (with the guard
+    /// that counts it there), or `None`: this connection's own.
+    pub(super) fn share(self: &Arc<Self>) -> Option<OnShared> {
+        use crate::upstream::{SHARED_STREAMS_PER_CLIENT, share_all};
+        if !share_all()
+            && (self.withheld.load(Ordering::Acquire)
+                || self.on_shared.load(Ordering::Acquire) >= SHARED_STREAMS_PER_CLIENT)
+        {
+            return None;
+        }
+        self.on_shared.fetch_add(1, Ordering::AcqRel);
+        Some(OnShared(self.clone()))
+    }
+
+    /// A stream waits for the client's window.
+    pub(super) fn window_withheld(&self) {
+        if !self.withheld.swap(true, Ordering::AcqRel) {
+            tracing::debug!(
+                "an HTTP/2 client withholds its window: its next streams go on an app connection of its own"
+            );
+        }
+    }
+
     pub(super) fn kind(&self) -> ClientKind {
         match self.kind.load(Ordering::Acquire) {
             1 => ClientKind::Conforming,
@@ -68,5 +97,14 @@ impl Wire {
 
     pub(super) fn all_ends_written(&self) -> bool {
         self.ends().is_empty()
+    }
+}
+
+/// One stream counted on the shared app connection until it ends.
+pub(super) struct OnShared(Arc<Wire>);
+
+impl Drop for OnShared {
+    fn drop(&mut self) {
+        self.0.on_shared.fetch_sub(1, Ordering::AcqRel);
     }
 }

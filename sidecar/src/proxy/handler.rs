@@ -204,34 +204,36 @@ struct Attempt<'a> {
 }
 
 impl Attempt<'_> {
-    /// Sends within the route's timeout, which covers every attempt.
-    async fn send(
+    /// Sends within the route's timeout, which covers every attempt. Not
+    /// an `async fn` with one `.await` per arm: that lays out the retry
+    /// future twice, and this future is part of every HTTP/2 stream task.
+    fn send(
         &self,
         req: Request<UpstreamBody>,
         timeout: Option<Duration>,
-    ) -> Result<UpstreamResponse, SendFailure> {
+    ) -> impl Future<Output = Result<UpstreamResponse, SendFailure>> + '_ {
+        use futures_util::future::{Either, FutureExt};
+        let sent = self.send_with_retries(req);
         match timeout {
-            Some(limit) => match tokio::time::timeout(limit, self.send_with_retries(req)).await {
+            Some(limit) => Either::Left(tokio::time::timeout(limit, sent).map(|r| match r {
                 Ok(r) => r.map_err(SendFailure::Failed),
                 Err(_) => Err(SendFailure::TimedOut),
-            },
-            None => self
-                .send_with_retries(req)
-                .await
-                .map_err(SendFailure::Failed),
+            })),
+            None => Either::Right(sent.map(|r| r.map_err(SendFailure::Failed))),
         }
     }
 
+    /// One `send_once` await point for the first attempt and the retries
+    /// (two would be laid out side by side).
     async fn send_with_retries(
         &self,
         req: Request<UpstreamBody>,
     ) -> Result<UpstreamResponse, crate::Error> {
-        let Some(retry_body) = req.body().retry_handle() else {
-            return self.send_once(req).await;
-        };
-        let method = req.method().clone();
-        let (uri, version, headers) = (req.uri().clone(), req.version(), req.headers().clone());
-        self.shared.retry_budget.deposit();
+        let again = req.body().retry_handle().map(|body| {
+            self.shared.retry_budget.deposit();
+            let (method, uri) = (req.method().clone(), req.uri().clone());
+            (body, method, uri, req.version(), req.headers().clone())
+        });
         let mut req = req;
         let mut attempt = 1;
         loop {
@@ -239,7 +241,10 @@ impl Attempt<'_> {
                 Ok(answer) => return Ok(answer),
                 Err(err) => err,
             };
-            let Some(reason) = retry_reason(&err, &method, self.route.retries_idempotent()) else {
+            let Some((retry_body, method, uri, version, headers)) = again.as_ref() else {
+                return Err(err);
+            };
+            let Some(reason) = retry_reason(&err, method, self.route.retries_idempotent()) else {
                 return Err(err);
             };
             if attempt >= MAX_ATTEMPTS {
@@ -255,12 +260,12 @@ impl Attempt<'_> {
             }
             self.route.count_retry(reason);
             tracing::debug!(error = %err, reason = reason.as_str(), attempt, "retrying a request the app did not process");
-            let mut again = Request::new(body);
-            *again.method_mut() = method.clone();
-            *again.uri_mut() = uri.clone();
-            *again.version_mut() = version;
-            *again.headers_mut() = headers.clone();
-            req = again;
+            let mut next = Request::new(body);
+            *next.method_mut() = method.clone();
+            *next.uri_mut() = uri.clone();
+            *next.version_mut() = *version;
+            *next.headers_mut() = headers.clone();
+            req = next;
             attempt += 1;
         }
     }

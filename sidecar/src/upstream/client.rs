@@ -1,7 +1,8 @@
 //! The client to one app instance: connects (holding requests while the
-//! app restarts), pools HTTP/1 connections, and opens HTTP/2 connections
-//! per downstream connection, or sends HTTP/2 requests as HTTP/1.1 to an
-//! app that does not speak HTTP/2 (see [`super::h2`]).
+//! app restarts), pools HTTP/1 connections, and keeps a shared HTTP/2
+//! connection plus one for each downstream connection moved off it, or
+//! sends HTTP/2 requests as HTTP/1.1 to an app that does not speak HTTP/2
+//! (see [`super::h2`]).
 
 use std::io;
 use std::sync::Arc;
@@ -16,10 +17,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpStream, UnixStream};
 
 use super::downgrade::{is_grpc, to_http1};
-use super::h2::{
-    AppProtocol, CONN_WINDOW, H2Sender, H2Slot, Route, SNIFF_TIMEOUT, STREAM_WINDOW, Sniff,
-    affinity,
-};
+use super::h2::{AppProtocol, H2Sender, H2Slot, Route, SNIFF_TIMEOUT, Sniff, affinity};
 use super::idle::{IdleConn, IdleStack};
 use super::{UpstreamBody, UpstreamStream};
 use crate::app::AppWatch;
@@ -91,8 +89,8 @@ pub struct Upstream {
     h1: Arc<IdleStack<H1Sender>>,
     /// Idle raw sockets of the HTTP/1.1 fast path (proxy/h1).
     raw: crate::proxy::h1::RawPool,
-    /// The HTTP/2 connection of requests that come with no downstream
-    /// connection's own slot.
+    /// The HTTP/2 connection shared by downstream connections (and used
+    /// by requests that come with no placement).
     h2: H2Slot,
     h2_generation: AtomicU64,
     /// Whether the app speaks HTTP/2.
@@ -129,7 +127,7 @@ impl Upstream {
             connect_timeout: pool.connect_timeout.get(),
             h1,
             raw,
-            h2: H2Slot::default(),
+            h2: H2Slot::shared(),
             h2_generation: AtomicU64::new(0),
             protocol: AppProtocol::default(),
             app,
@@ -265,7 +263,8 @@ impl Upstream {
                 Err(err) => req = retry_or_fail(err)?,
             }
         }
-        let mut sender = self.connect_h1().await?;
+        // Boxed: see send_h2_inner.
+        let mut sender = Box::pin(self.connect_h1()).await?;
         match sender.try_send_request(req).await {
             Ok(response) => Ok(self.h1_response(response, sender)),
             Err(mut err) => {
@@ -306,20 +305,31 @@ impl Upstream {
     /// the downstream connection it came on, or as HTTP/1.1 to an app that
     /// does not speak HTTP/2.
     pub async fn send_h2(&self, req: Request<UpstreamBody>) -> Result<Response<Incoming>> {
-        let slot = affinity();
-        let slot = slot.as_deref().unwrap_or(&self.h2);
+        let affinity = affinity();
+        let slot = match affinity.as_deref() {
+            Some(affinity) => affinity.slot(&self.h2),
+            None => &self.h2,
+        };
         let res = self.send_h2_inner(slot, req).await;
         self.note_lost(res.as_ref().err());
         res
     }
 
+    // The hot path (an open connection, the request sent once) is the only
+    // one inlined here: connecting, the second try and HTTP/1.1 to the app
+    // are boxed, because this future is part of every stream task, which
+    // is moved at each spawn (its size was once most of a request's cost).
     async fn send_h2_inner(
         &self,
         slot: &H2Slot,
         req: Request<UpstreamBody>,
     ) -> Result<Response<Incoming>> {
-        let Some((id, mut sender)) = self.h2_sender(slot).await? else {
-            return self.send_as_http1(req).await;
+        let (id, mut sender) = match slot.current(self.id) {
+            Some(current) => current,
+            None => match Box::pin(self.h2_sender(slot)).await? {
+                Some(current) => current,
+                None => return Box::pin(self.send_as_http1(req)).await,
+            },
         };
         let req = match sender.ready().await {
             Ok(()) => match sender.try_send_request(req).await {
@@ -331,6 +341,14 @@ impl Upstream {
         // The connection closed or refused the stream before it was sent
         // (the app's GOAWAY): retire it and send once more on a new one.
         slot.retire(id);
+        Box::pin(self.send_h2_again(slot, req)).await
+    }
+
+    async fn send_h2_again(
+        &self,
+        slot: &H2Slot,
+        req: Request<UpstreamBody>,
+    ) -> Result<Response<Incoming>> {
         let Some((_, mut sender)) = self.h2_sender(slot).await? else {
             return self.send_as_http1(req).await;
         };
@@ -377,10 +395,11 @@ impl Upstream {
         let (stream, heard) = Sniff::new(stream);
         // Fixed windows, not hyper's adaptive one (which keeps the stream
         // window equal to the connection's): see super::h2.
+        let (stream_window, conn_window) = slot.windows();
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
-            .initial_stream_window_size(STREAM_WINDOW)
-            .initial_connection_window_size(CONN_WINDOW)
+            .initial_stream_window_size(stream_window)
+            .initial_connection_window_size(conn_window)
             .handshake(TokioIo::new(stream))
             .await
             .map_err(Error::Upstream)?;

@@ -5,18 +5,40 @@
 //! Isolation. hyper gives flow control back to the app only as a response
 //! body is read, for the stream and the connection together. A client that
 //! reads nothing of a large answer therefore keeps a stream window's worth
-//! of the app connection's window. With one connection shared by every
-//! client, enough such streams (one, with hyper's adaptive window, which
-//! keeps both windows equal) stop every other answer on it. So:
-//! - the stream window is a quarter of the connection window, so a stalled
-//!   stream holds at most that share of its connection;
-//! - each downstream HTTP/2 connection gets its own app connection
-//!   ([`H2Slot`], carried to the upstream call as a task-local by the
-//!   stream task, see [`with_affinity`]): a client can only stall its own
-//!   connection, whose window it controls downstream anyway;
+//! of the app connection's window; enough such streams stop every other
+//! answer on that connection. One app connection per downstream connection
+//! (issue #35) made that impossible but cost a third of the HTTP/2 speed
+//! (issue #39): eight clients meant eight app connections, each written
+//! and read for a few streams at a time. So streams share one app
+//! connection per upstream, and a client that can hold it up is moved off:
+//! - the shared connection's stream window ([`SHARED_STREAM_WINDOW`]) is a
+//!   small fraction of its connection window ([`SHARED_CONN_WINDOW`]): it
+//!   takes 256 unread answers at once to stop it;
+//! - a downstream connection whose stream waited for the client's window
+//!   (send capacity withheld while the answer has bytes left: the only way
+//!   a stream can hold app-side window) is marked, and its later streams
+//!   go on its own app connection ([`H2Slot`], as before issue #39);
+//! - a downstream connection has at most [`SHARED_STREAMS_PER_CLIENT`]
+//!   streams on the shared connection (more go on its own), so one client
+//!   opening many answers at once, before any of them is seen waiting,
+//!   holds at most an eighth of the shared window;
+//! - while [`SHARED_STALLED_LIMIT`] streams on the shared connection wait
+//!   for their clients (half its window held), every new stream goes on
+//!   its downstream connection's own app connection;
 //! - a downstream stream that gets no send capacity for
 //!   `limits.writeTimeout` is reset (http2/stream.rs), which frees its
 //!   share of the app connection.
+//!
+//! What is left: eight clients that each open 32 large answers in one go
+//! and read nothing can stop the shared connection until
+//! `limits.writeTimeout` resets their streams. Memory: the app may send at
+//! most the connection window unread, [`SHARED_CONN_WINDOW`] per upstream
+//! for the shared connection and [`CONN_WINDOW`] per moved client.
+//!
+//! The placement is carried to the upstream call as a task-local
+//! ([`Affinity`], see [`with_affinity`]). `KUBEGRACE_TEST_H2_SHARE_ALL=1`
+//! turns the moves off (every stream on the shared connection): the
+//! isolation tests are run with it to show that they can fail.
 //!
 //! What the app speaks. The preface of a new app connection is answered by
 //! an HTTP/2 server with its SETTINGS frame; an HTTP/1.1-only server
@@ -27,8 +49,8 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -38,15 +60,28 @@ use tokio::sync::oneshot;
 
 use super::UpstreamBody;
 
-/// The app connection's stream window: what one stream's unread answer can
-/// hold (Envoy's recommended per-stream bound is 64 KiB at the edge, its
-/// per-connection buffer 1 MiB; a sidecar on loopback can afford a larger
-/// stream window for throughput and still keep it a fraction of the
-/// connection's).
+/// A downstream connection's own app connection's stream window: what one
+/// stream's unread answer can hold (Envoy's recommended per-stream bound
+/// is 64 KiB at the edge, its per-connection buffer 1 MiB; a sidecar on
+/// loopback can afford a larger stream window for throughput and still
+/// keep it a fraction of the connection's).
 pub(crate) const STREAM_WINDOW: u32 = 256 * 1024;
-/// The app connection's window: four stalled streams' worth, so siblings
-/// of a stalled stream keep flowing.
+/// Its connection window: four stalled streams' worth, so siblings of a
+/// stalled stream keep flowing.
 pub(crate) const CONN_WINDOW: u32 = 4 * STREAM_WINDOW;
+/// The shared app connection's stream window: HTTP/2's default, enough on
+/// loopback; small, so that it takes many unread answers to hold the
+/// connection window.
+pub(crate) const SHARED_STREAM_WINDOW: u32 = 64 * 1024;
+/// The shared app connection's window: 256 unread answers' worth. Also the
+/// most the app can have sent on it unread (memory).
+pub(crate) const SHARED_CONN_WINDOW: u32 = 256 * SHARED_STREAM_WINDOW;
+/// Streams one downstream connection may have on the shared app
+/// connection at once (h2load's and gRPC clients' usual concurrency fits).
+pub const SHARED_STREAMS_PER_CLIENT: u32 = 32;
+/// Streams waiting for their clients on the shared connection from which
+/// new streams go on their own connections: half the shared window held.
+pub(crate) const SHARED_STALLED_LIMIT: u32 = SHARED_CONN_WINDOW / SHARED_STREAM_WINDOW / 2;
 
 /// How long a verdict of HTTP/1.1 stands before the next HTTP/2 request
 /// tries the preface again (one extra connection per endpoint this often).
@@ -66,6 +101,11 @@ pub struct H2Slot {
     /// Held while a new connection is made, so a burst of streams after a
     /// GOAWAY opens one connection, not one each.
     pub(crate) connecting: tokio::sync::Mutex<()>,
+    /// The upstream's shared connection (its windows differ).
+    shared: bool,
+    /// Streams on this connection now waiting for their client's window
+    /// (shared connection only).
+    pub(crate) stalled: Arc<AtomicU32>,
 }
 
 struct H2Current {
@@ -77,6 +117,23 @@ struct H2Current {
 }
 
 impl H2Slot {
+    /// The slot of an upstream's shared connection.
+    pub(crate) fn shared() -> H2Slot {
+        H2Slot {
+            shared: true,
+            ..H2Slot::default()
+        }
+    }
+
+    /// The (stream, connection) windows of a new connection in this slot.
+    pub(crate) fn windows(&self) -> (u32, u32) {
+        if self.shared {
+            (SHARED_STREAM_WINDOW, SHARED_CONN_WINDOW)
+        } else {
+            (STREAM_WINDOW, CONN_WINDOW)
+        }
+    }
+
     /// The open connection to `upstream`, if any.
     pub(crate) fn current(&self, upstream: u64) -> Option<(u64, H2Sender)> {
         let slot = self.current.lock().unwrap_or_else(PoisonError::into_inner);
@@ -102,20 +159,81 @@ impl H2Slot {
     }
 }
 
+/// Where one downstream stream's request goes: its downstream connection's
+/// own app connection, or, if it may, the upstream's shared one, and then
+/// which shared connection's stall count it adds to while its client
+/// withholds the window.
+pub struct Affinity {
+    own: Arc<H2Slot>,
+    may_share: bool,
+    shared_on: OnceLock<Arc<AtomicU32>>,
+}
+
+impl Affinity {
+    pub fn new(own: Arc<H2Slot>, may_share: bool) -> Arc<Affinity> {
+        Arc::new(Affinity {
+            own,
+            may_share,
+            shared_on: OnceLock::new(),
+        })
+    }
+
+    /// The slot for this stream's request to an upstream whose shared slot
+    /// is `shared`.
+    pub(crate) fn slot<'a>(&'a self, shared: &'a H2Slot) -> &'a H2Slot {
+        if !self.may_share
+            || (!share_all() && shared.stalled.load(Ordering::Acquire) >= SHARED_STALLED_LIMIT)
+        {
+            return &self.own;
+        }
+        let _ = self.shared_on.set(shared.stalled.clone());
+        shared
+    }
+
+    /// The stream waits for its client's window: counted as holding the
+    /// shared connection (if it is on it) until the guard drops.
+    pub fn stalled(&self) -> Option<Stalled> {
+        let count = self.shared_on.get()?.clone();
+        count.fetch_add(1, Ordering::AcqRel);
+        Some(Stalled(count))
+    }
+}
+
+/// One stream counted as waiting on the shared connection.
+pub struct Stalled(Arc<AtomicU32>);
+
+impl Drop for Stalled {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// `KUBEGRACE_TEST_H2_SHARE_ALL=1`: every stream on the shared connection,
+/// nobody moved (a test switch: the isolation tests fail with it).
+pub fn share_all() -> bool {
+    static SHARE_ALL: OnceLock<bool> = OnceLock::new();
+    *SHARE_ALL
+        .get_or_init(|| std::env::var_os("KUBEGRACE_TEST_H2_SHARE_ALL").is_some_and(|v| v == "1"))
+}
+
 tokio::task_local! {
-    /// The app connection slot of the downstream connection whose stream
-    /// this task serves.
-    static AFFINITY: Arc<H2Slot>;
+    /// The placement of the downstream stream this task serves.
+    static AFFINITY: Arc<Affinity>;
 }
 
-/// Runs `fut` (one downstream stream's request) with its connection's slot,
-/// so the upstream call uses that connection's own app connection.
-pub async fn with_affinity<F: std::future::Future>(slot: Arc<H2Slot>, fut: F) -> F::Output {
-    AFFINITY.scope(slot, fut).await
+/// Runs `fut` (one downstream stream's request) with its placement, which
+/// the upstream call reads. Not an `async fn`: that would hold `fut` twice
+/// (as its argument and inside the scope), and this future is moved at
+/// every stream task's spawn.
+pub fn with_affinity<F: std::future::Future>(
+    affinity: Arc<Affinity>,
+    fut: F,
+) -> tokio::task::futures::TaskLocalFuture<Arc<Affinity>, F> {
+    AFFINITY.scope(affinity, fut)
 }
 
-/// The slot of the downstream connection this task serves, if any.
-pub(crate) fn affinity() -> Option<Arc<H2Slot>> {
+/// The placement of the downstream stream this task serves, if any.
+pub(crate) fn affinity() -> Option<Arc<Affinity>> {
     AFFINITY.try_with(Arc::clone).ok()
 }
 
@@ -387,6 +505,41 @@ mod tests {
         );
         assert_eq!(heard_from(b"", true).await, Some(Heard::Closed));
         assert_eq!(heard_from(b"HTTP", true).await, Some(Heard::Closed));
+    }
+
+    #[test]
+    fn streams_go_on_their_own_connection_while_the_shared_one_is_half_held() {
+        let shared = H2Slot::shared();
+        let own = Arc::new(H2Slot::default());
+        let on = |s: &H2Slot| std::ptr::eq(s, &shared);
+
+        // A stream that may share goes on the shared connection, and while
+        // it waits for its client it counts as holding it.
+        let first = Affinity::new(own.clone(), true);
+        assert!(on(first.slot(&shared)));
+        let mut waiting: Vec<Stalled> = Vec::new();
+        waiting.extend(first.stalled());
+        assert_eq!(shared.stalled.load(Ordering::Acquire), 1);
+        // One that may not (its client was moved) never does.
+        let moved = Affinity::new(own.clone(), false);
+        assert!(!on(moved.slot(&shared)));
+        assert!(moved.stalled().is_none(), "not on the shared connection");
+
+        // Up to the limit of waiting streams, new streams still share.
+        while shared.stalled.load(Ordering::Acquire) < SHARED_STALLED_LIMIT {
+            let a = Affinity::new(own.clone(), true);
+            assert!(on(a.slot(&shared)));
+            waiting.extend(a.stalled());
+        }
+        // At it, they go on their own connection; below it again, they share.
+        let late = Affinity::new(own.clone(), true);
+        assert!(!on(late.slot(&shared)));
+        waiting.pop();
+        assert!(on(late.slot(&shared)));
+        drop(waiting);
+        assert_eq!(shared.stalled.load(Ordering::Acquire), 0);
+        assert_eq!(shared.windows(), (SHARED_STREAM_WINDOW, SHARED_CONN_WINDOW));
+        assert_eq!(own.windows(), (STREAM_WINDOW, CONN_WINDOW));
     }
 
     #[tokio::test(start_paused = true)]

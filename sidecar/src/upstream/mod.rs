@@ -12,9 +12,11 @@
 //!   pooled socket turns out closed before the request was written, the
 //!   request goes again on a fresh connection.
 //! - HTTP/2 (prior knowledge, for HTTP/2 and gRPC downstream requests): one
-//!   multiplexed connection per downstream HTTP/2 connection, with windows
-//!   that keep one unread answer from stalling the others ([`h2`]),
-//!   replaced when it closes or refuses new streams (the app's GOAWAY).
+//!   multiplexed connection per upstream shared by the downstream
+//!   connections, with windows that keep unread answers from stalling the
+//!   others, and a connection of its own for a downstream connection seen
+//!   withholding its window ([`h2`]); each replaced when it closes or
+//!   refuses new streams (the app's GOAWAY).
 //!   An app that answers the HTTP/2 preface as HTTP/1.1 gets HTTP/2
 //!   requests as HTTP/1.1 ([`downgrade`]); gRPC gets a clear error.
 //!
@@ -35,6 +37,6 @@ mod stream;
 pub use body::{BodyError, BodyFault, BodyWatch, DownstreamBody, LimitedBody};
 pub use client::{PoolReturn, Upstream, UpstreamResponse};
 pub use downgrade::protocol_mismatch_response;
-pub use h2::{H2Slot, with_affinity};
+pub use h2::{Affinity, H2Slot, SHARED_STREAMS_PER_CLIENT, Stalled, share_all, with_affinity};
 pub use replay::{RetryBody, UpstreamBody};
 pub use stream::UpstreamStream;

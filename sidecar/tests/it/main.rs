@@ -40,6 +40,7 @@ mod grpc_health;
 mod h2_head;
 mod h2_http1_app;
 mod h2_isolation;
+mod h2_shared;
 mod hardening;
 mod header_rules;
 mod local_answers;

@@ -421,23 +421,13 @@ struct DrainRound {
     connections: u32,
 }
 
-fn write_outputs(args: &Args, report: &Report) -> anyhow::Result<()> {
-    let readme = std::fs::read_to_string(&args.readme)
-        .with_context(|| format!("reading {}", args.readme.display()))?;
-    let spliced = report::splice_readme(&readme, &report::markdown(report))
-        .context("bench/README.md lacks the <!-- results:begin/end --> markers")?;
-    std::fs::write(&args.readme, spliced)?;
-    std::fs::write(&args.svg, report::svg(report))?;
-    Ok(())
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if args.render_only {
         let text = std::fs::read_to_string(&args.json)
             .with_context(|| format!("reading {}", args.json.display()))?;
         let report: Report = serde_json::from_str(&text)?;
-        write_outputs(&args, &report)?;
+        report::write_outputs(&args.readme, &args.svg, &report)?;
         eprintln!(
             "rendered {} and {}",
             args.readme.display(),
@@ -789,7 +779,7 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
         std::fs::create_dir_all(parent)?;
     }
     std::fs::write(&h.args.json, serde_json::to_string_pretty(&report)? + "\n")?;
-    write_outputs(&h.args, &report)?;
+    report::write_outputs(&h.args.readme, &h.args.svg, &report)?;
     for v in &report.verdicts {
         eprintln!("  {v}");
     }

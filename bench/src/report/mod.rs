@@ -457,6 +457,23 @@ impl Report {
     }
 }
 
+/// Writes the results into `readme` (between its results markers) and the
+/// plot into `svg`.
+pub fn write_outputs(
+    readme: &std::path::Path,
+    svg_path: &std::path::Path,
+    report: &Report,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let text = std::fs::read_to_string(readme)
+        .with_context(|| format!("reading {}", readme.display()))?;
+    let spliced = splice_readme(&text, &markdown(report))
+        .context("bench/README.md lacks the <!-- results:begin/end --> markers")?;
+    std::fs::write(readme, spliced)?;
+    std::fs::write(svg_path, svg(report))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -465,8 +465,8 @@ pub fn write_outputs(
     report: &Report,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
-    let text = std::fs::read_to_string(readme)
-        .with_context(|| format!("reading {}", readme.display()))?;
+    let text =
+        std::fs::read_to_string(readme).with_context(|| format!("reading {}", readme.display()))?;
     let spliced = splice_readme(&text, &markdown(report))
         .context("bench/README.md lacks the <!-- results:begin/end --> markers")?;
     std::fs::write(readme, spliced)?;

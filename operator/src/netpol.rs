@@ -152,7 +152,10 @@ fn owner(pod: &Pod) -> String {
 /// and port (pure). Policies are additive: a port is open when any policy
 /// that governs the pod's ingress admits it, and every port is open when
 /// none governs it.
-pub fn blocked(pods: &[Pod], policies: &[NetworkPolicy]) -> Vec<Blocked> {
+pub fn blocked<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+    policies: &[NetworkPolicy],
+) -> Vec<Blocked> {
     let mut out = BTreeSet::new();
     for pod in pods {
         let governing: Vec<&NetworkPolicy> = policies

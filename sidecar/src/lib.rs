@@ -328,6 +328,7 @@ impl Sidecar {
             notified.await;
         }
         let report = self.shared.drain.drained().await;
+        self.shared.drain.journal_done();
         // A preStop hook waiting on /drain?wait=true gets its answer before
         // the process goes; bounded, a stuck client must not hold the exit.
         let _ = tokio::time::timeout(EXIT_SETTLE, self.admin.settle()).await;

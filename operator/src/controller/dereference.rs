@@ -99,7 +99,13 @@ pub async fn dereference(
         .await
         .map_err(Error::kube(format!("listing Services in {ns}")))?
         .items;
-    let network_policies = network_policies(client, &ns).await?;
+    // Only injected pods have a port takeover a policy can break: a route
+    // whose pods are bare costs no list.
+    let network_policies = if pods.values().any(crate::inject::is_injected) {
+        network_policies(client, &ns).await?
+    } else {
+        Vec::new()
+    };
     let cm_name = crate::build::config_map_name(&route.name_any());
     let config_map = Api::<ConfigMap>::namespaced(client.clone(), &ns)
         .get_opt(&cm_name)

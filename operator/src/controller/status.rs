@@ -145,14 +145,14 @@ pub fn accepted(
         &observed.services,
     );
 
-    let pods: Vec<_> = observed.pods.values().cloned().collect();
-    let blocked: Vec<String> = crate::netpol::blocked(&pods, &observed.network_policies)
-        .iter()
-        .map(|b| {
-            let (what, fix) = b.explain();
-            format!("{what}; fix: {fix}")
-        })
-        .collect();
+    let blocked: Vec<String> =
+        crate::netpol::blocked(observed.pods.values(), &observed.network_policies)
+            .iter()
+            .map(|b| {
+                let (what, fix) = b.explain();
+                format!("{what}; fix: {fix}")
+            })
+            .collect();
     let target_ids = observed.target_ids();
     let mut accepted_msg = format!("time budget {}s: {}", budget.seconds, budget.explain());
     if budget.seconds != budget.required_seconds {

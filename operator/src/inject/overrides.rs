@@ -18,6 +18,9 @@ use crate::keys;
 /// Longest quantity accepted ("1.5Gi" is 5; Kubernetes' own values stay
 /// far below this).
 const MAX_QUANTITY_LEN: usize = 24;
+/// Largest quantity accepted, in base units (cores, bytes): about 2^63,
+/// the int64 a Kubernetes quantity is kept in (1Ei of memory still fits).
+const MAX_QUANTITY: f64 = 9.2e18;
 /// Longest log filter accepted (`info,kubegrace_sidecar::drain=debug` is 36).
 const MAX_LOG_LEVEL_LEN: usize = 256;
 
@@ -194,6 +197,11 @@ pub fn parse_quantity(raw: &str) -> Result<f64, String> {
     if base.is_nan() || base <= 0.0 {
         return Err(format!("zero; {HINT} above zero"));
     }
+    // Kubernetes keeps a quantity in an int64 of its smallest unit; past
+    // that (`1e999`, `99999Ei`) the API server would refuse the pod.
+    if base > MAX_QUANTITY {
+        return Err(format!("larger than Kubernetes can hold; {HINT}"));
+    }
     Ok(base)
 }
 
@@ -304,8 +312,12 @@ mod tests {
             );
         }
         // At the length bound it is read.
-        let at_bound = format!("{}m", "9".repeat(MAX_QUANTITY_LEN - 1));
+        let at_bound = format!("1.{}", "0".repeat(MAX_QUANTITY_LEN - 2));
         assert!(parse_quantity(&at_bound).is_ok());
+        // At the size bound it is read; past it, refused.
+        assert!(parse_quantity("9.2e18").is_ok());
+        assert!(parse_quantity("1Ei").is_ok());
+        assert!(parse_quantity("9.3e18").is_err());
     }
 
     #[test]

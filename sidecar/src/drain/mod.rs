@@ -317,6 +317,17 @@ impl Drain {
         started
     }
 
+    /// The process is about to exit after its drain: nothing is left for a
+    /// restarted process to carry on. Without this, a container restarted
+    /// after a clean exit that is not the end of the pod (an in-place
+    /// restart, a `kill` by hand) would drain and exit again until the
+    /// journal's deadline.
+    pub fn journal_done(&self) {
+        if let Some(journal) = self.machine.journal.get() {
+            journal.clear();
+        }
+    }
+
     /// Keeps every drain of this process in `journal` from now on, for a
     /// process that restarts mid-drain (see [`journal`]).
     pub fn keep_journal(&self, journal: Journal) {

@@ -15,6 +15,7 @@
 /// The load generator and the demo's report live in `kubegrace-load`, shared with
 /// `kubectl kubegrace verify`; `kubegrace_e2e::load` keeps their old path.
 pub use kubegrace_load as load;
+pub mod local_app;
 pub mod scenario;
 
 use std::future::Future;

@@ -2,61 +2,22 @@
 //! one port, gRPC, WebSocket, streamed bodies, the fault switch, `/stats`, bad input, and
 //! what SIGTERM does (exit at once, cutting in-flight work; or ignore it).
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
+use kubegrace_e2e::local_app::LocalApp;
 use kubegrace_e2e::scenario::kit::{self, stat};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
 const T: Duration = Duration::from_secs(10);
 
-/// The demo app on a free loopback port; killed when dropped.
-struct App {
-    child: Child,
-    addr: String,
-}
-
-impl App {
-    async fn start(extra: &[&str]) -> Result<App> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kubegrace-demo-app"))
-            .args(["--listen", "127.0.0.1:0", "--pod-name", "demo-0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting kubegrace-demo-app")?;
-        let stdout = child.stdout.take().context("no stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(T, lines.next_line())
-            .await
-            .context("the app did not say where it listens")??
-            .context("the app exited before listening")?;
-        // "kubegrace-demo-app listening on 127.0.0.1:PORT as demo-0"
-        let addr = first
-            .split_whitespace()
-            .nth(3)
-            .with_context(|| format!("unexpected first line {first:?}"))?
-            .to_owned();
-        // Keep reading stdout so the app never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(App { child, addr })
-    }
-
-    fn sigterm(&self) -> Result<()> {
-        let pid = self.child.id().context("the app already exited")?;
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()?;
-        ensure!(status.success(), "kill -TERM {pid} failed");
-        Ok(())
-    }
+/// The demo app on a free loopback port, named demo-0; killed when dropped.
+async fn start_app(extra: &[&str]) -> Result<LocalApp> {
+    LocalApp::start(env!("CARGO_BIN_EXE_kubegrace-demo-app"), "demo-0", extra).await
 }
 
 #[tokio::test]
 async fn http1_and_h2c_share_the_port() -> Result<()> {
-    let app = App::start(&[]).await?;
+    let app = start_app(&[]).await?;
     let (status, _, body) = kit::http1(&app.addr, "GET", "/", T).await?;
     ensure!(status == 200 && body == "pod=demo-0\n", "{status} {body:?}");
     let (status, body) = kit::h2_get(&app.addr, "/delay?ms=20", T).await?;
@@ -74,7 +35,7 @@ async fn http1_and_h2c_share_the_port() -> Result<()> {
 
 #[tokio::test]
 async fn streams_grpc_and_websocket_run_to_the_end() -> Result<()> {
-    let app = App::start(&[]).await?;
+    let app = start_app(&[]).await?;
     let (stream, grpc, ws) = tokio::join!(
         kit::http_stream(&app.addr, 5, 20, T),
         kit::grpc_stream(&app.addr, 4, 20, T),
@@ -104,7 +65,7 @@ async fn streams_grpc_and_websocket_run_to_the_end() -> Result<()> {
 
 #[tokio::test]
 async fn the_fault_switch_fails_app_paths_and_stats_count_them() -> Result<()> {
-    let app = App::start(&[]).await?;
+    let app = start_app(&[]).await?;
     for _ in 0..3 {
         kit::http1(&app.addr, "GET", "/api/a", T).await?;
     }
@@ -157,7 +118,7 @@ async fn the_fault_switch_fails_app_paths_and_stats_count_them() -> Result<()> {
 
 #[tokio::test]
 async fn bad_input_gets_a_4xx() -> Result<()> {
-    let app = App::start(&[]).await?;
+    let app = start_app(&[]).await?;
     for (method, path, want) in [
         ("GET", "/delay?ms=soon", 400),
         ("GET", "/stream?chunks=-1", 400),
@@ -184,7 +145,7 @@ async fn bad_input_gets_a_4xx() -> Result<()> {
 
 #[tokio::test]
 async fn sigterm_exits_at_once_and_cuts_what_is_in_flight() -> Result<()> {
-    let mut app = App::start(&[]).await?;
+    let mut app = start_app(&[]).await?;
     let addr = app.addr.clone();
     let long = tokio::spawn(async move { kit::long_request(&addr, 30_000, T).await });
     let addr = app.addr.clone();
@@ -211,7 +172,7 @@ async fn sigterm_exits_at_once_and_cuts_what_is_in_flight() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     app.sigterm()?;
-    let status = tokio::time::timeout(T, app.child.wait())
+    let status = tokio::time::timeout(T, app.child().wait())
         .await
         .context("the app did not exit on SIGTERM")??;
     ensure!(status.success(), "exit status {status}");
@@ -223,7 +184,7 @@ async fn sigterm_exits_at_once_and_cuts_what_is_in_flight() -> Result<()> {
 
 #[tokio::test]
 async fn sigterm_ignored_keeps_serving() -> Result<()> {
-    let app = App::start(&["--on-sigterm", "ignore"]).await?;
+    let app = start_app(&["--on-sigterm", "ignore"]).await?;
     let addr = app.addr.clone();
     let long = tokio::spawn(async move { kit::long_request(&addr, 300, T).await });
     let deadline = tokio::time::Instant::now() + T;
@@ -243,7 +204,7 @@ async fn sigterm_ignored_keeps_serving() -> Result<()> {
 /// keeps serving, and switching it back restores `/livez`.
 #[tokio::test]
 async fn the_demo_apps_liveness_switch_fails_only_livez() -> Result<()> {
-    let app = App::start(&[]).await?;
+    let app = start_app(&[]).await?;
     let addr = app.addr.as_str();
     ensure!(kit::http1(addr, "GET", "/livez", T).await?.0 == 200);
     ensure!(kit::http1(addr, "POST", "/liveness?fail", T).await?.0 == 200);

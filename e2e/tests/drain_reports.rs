@@ -24,7 +24,7 @@ use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client};
-use kubegrace_e2e::scenario::kit::{self, Session, stat};
+use kubegrace_e2e::scenario::kit::{self, Session};
 use kubegrace_e2e::scenario::{
     Action, Options, Patience, Progress, Scenario, graceroute_api, keep_from_env, with_install,
 };
@@ -136,30 +136,7 @@ async fn start_long_request(
     let pods: Api<Pod> = Api::namespaced(sc.client.clone(), &sc.namespace);
     let ready = kit::ready_pods(&pods, NAME).await?;
     let pod = ready.into_iter().next().context("no ready pod")?;
-    ensure!(pod.admin_port.is_some(), "pod {} has no sidecar", pod.name);
-    let front = pod.front();
-    p.step(format!(
-        "a {LONG_MS} ms request on pod {} via {front}",
-        pod.name
-    ));
-    let task =
-        tokio::spawn(async move { kit::long_request(&front, LONG_MS, SESSION_TIMEOUT).await });
-    let app = pod.app();
-    p.wait(
-        "the app reports the long request in flight",
-        Patience::new(Duration::from_secs(20), Duration::from_millis(100)),
-        || async {
-            let s = kit::app_stats(&app).await.map_err(|e| format!("{e:#}"))?;
-            let n = stat(&s, "/delay", "inflight");
-            if n >= 1 {
-                Ok(())
-            } else {
-                Err(format!("/delay in flight: {n}"))
-            }
-        },
-    )
-    .await?;
-    Ok(task)
+    kit::start_long_request(&pod, LONG_MS, SESSION_TIMEOUT, p).await
 }
 
 /// The route's `status.lastDrains` once it counts three pods.

@@ -23,7 +23,7 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kubegrace_e2e::scenario::{
     Options, Patience, Progress, Scenario, graceroute, graceroute_api, has_sidecar, keep_from_env,
-    pod_ready, route_condition, with_install,
+    kit, pod_ready, route_condition, with_install,
 };
 use kubegrace_sidecar_api::keys;
 use serde_json::json;
@@ -72,14 +72,7 @@ async fn create_app(sc: &Scenario, name: &str, heal: bool) -> Result<()> {
 /// The app's live pods (not terminating): (injected, bare, ready).
 async fn census(sc: &Scenario, name: &str) -> Result<(usize, usize, usize)> {
     let pods: Api<Pod> = Api::namespaced(sc.client.clone(), &sc.namespace);
-    let list = pods
-        .list(&ListParams::default().labels(&format!("app={name}")))
-        .await?;
-    let live: Vec<&Pod> = list
-        .items
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect();
+    let live = kit::live_pods(&pods, name).await?;
     let injected = live.iter().filter(|p| has_sidecar(p)).count();
     let ready = live.iter().filter(|p| pod_ready(p)).count();
     Ok((injected, live.len() - injected, ready))

@@ -21,10 +21,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Parser as _;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
 
 const T: Duration = Duration::from_secs(10);
+use kubegrace_e2e::local_app::LocalApp;
 use kubegrace_sidecar_api::exposition::CONTENT_TYPE;
 const METRICS_DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md");
 const RULES: &str = concat!(
@@ -134,34 +135,14 @@ fn names(families: &BTreeSet<(String, String)>) -> BTreeSet<String> {
     families.iter().map(|(n, _)| n.clone()).collect()
 }
 
-/// The demo app on a free loopback port; killed when dropped.
-struct App {
-    _child: Child,
-    addr: SocketAddr,
-}
-
-async fn demo_app() -> Result<App> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kubegrace-demo-app"))
-        .args(["--listen", "127.0.0.1:0", "--pod-name", "metrics-0"])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting kubegrace-demo-app")?;
-    let stdout = child.stdout.take().context("no stdout")?;
-    let first = tokio::time::timeout(T, BufReader::new(stdout).lines().next_line())
-        .await
-        .context("the app did not say where it listens")??
-        .context("the app exited before listening")?;
-    // "kubegrace-demo-app listening on 127.0.0.1:PORT as metrics-0"
-    let addr = first
-        .split_whitespace()
-        .nth(3)
-        .and_then(|a| a.parse().ok())
-        .with_context(|| format!("unexpected first line {first:?}"))?;
-    Ok(App {
-        _child: child,
-        addr,
-    })
+/// The demo app on a free loopback port, named metrics-0; killed when dropped.
+async fn demo_app() -> Result<(LocalApp, SocketAddr)> {
+    let app = LocalApp::start(env!("CARGO_BIN_EXE_kubegrace-demo-app"), "metrics-0", &[]).await?;
+    let addr = app
+        .addr
+        .parse()
+        .with_context(|| format!("the app's address {}", app.addr))?;
+    Ok((app, addr))
 }
 
 /// A sidecar in front of the demo app, with one route that has a breaker (so
@@ -288,8 +269,8 @@ async fn both_binaries_metrics_parse_exist_from_the_start_and_feed_the_dashboard
     std::fs::create_dir_all(&dir)?;
 
     // The sidecar, fresh, then after a request through it and a drain.
-    let app = demo_app().await?;
-    let side = sidecar(app.addr, &dir).await?;
+    let (_app, app_addr) = demo_app().await?;
+    let side = sidecar(app_addr, &dir).await?;
     let fresh = scrape(side.admin_addr()).await?;
     promtool_check("fresh sidecar", &fresh).await?;
     let (head, _) = http(side.listen_addr(), "GET", "/api/hello").await?;

@@ -27,7 +27,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use kubegrace_e2e::scenario::kit::{self, Session, stat};
+use kubegrace_e2e::scenario::kit::{self, Session};
 use kubegrace_e2e::scenario::{
     Action, Options, Patience, Progress, Scenario, graceroute_api, keep_from_env, with_install,
 };
@@ -259,30 +259,7 @@ async fn start_long_requests(
     let mut names = BTreeSet::new();
     let mut tasks = Vec::new();
     for pod in ready {
-        ensure!(pod.admin_port.is_some(), "pod {} has no sidecar", pod.name);
-        let front = pod.front();
-        p.step(format!(
-            "a {LONG_MS} ms request on pod {} via {front}",
-            pod.name
-        ));
-        tasks.push(tokio::spawn(async move {
-            kit::long_request(&front, LONG_MS, SESSION_TIMEOUT).await
-        }));
-        let app = pod.app();
-        p.wait(
-            &format!("pod {}'s app reports the long request in flight", pod.name),
-            Patience::new(Duration::from_secs(20), Duration::from_millis(100)),
-            || async {
-                let s = kit::app_stats(&app).await.map_err(|e| format!("{e:#}"))?;
-                let n = stat(&s, "/delay", "inflight");
-                if n >= 1 {
-                    Ok(())
-                } else {
-                    Err(format!("/delay in flight: {n}"))
-                }
-            },
-        )
-        .await?;
+        tasks.push(kit::start_long_request(&pod, LONG_MS, SESSION_TIMEOUT, p).await?);
         names.insert(pod.name);
     }
     Ok((names, tasks))

@@ -16,10 +16,9 @@
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::ListParams;
 use kubegrace_e2e::load::report;
 use kubegrace_e2e::scenario::{
-    self, Action, Options, Outcome, Progress, WITH, WITHOUT, all_containers, with_install,
+    self, Action, Options, Outcome, Progress, WITH, WITHOUT, all_containers, kit, with_install,
 };
 use kubegrace_sidecar_api::{keys, pod};
 
@@ -43,14 +42,7 @@ fn forced_mode() -> Result<Option<(String, Option<&'static str>)>> {
 /// annotation the webhook writes, and the container itself among the init containers with
 /// `restartPolicy: Always` (native) or among the regular containers (classic).
 async fn check_placement(pods: &Api<Pod>, want: &str) -> Result<String> {
-    let list = pods
-        .list(&ListParams::default().labels(&format!("app={WITH}")))
-        .await?;
-    let live: Vec<&Pod> = list
-        .items
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect();
+    let live = kit::live_pods(pods, WITH).await?;
     ensure!(
         !live.is_empty(),
         "no live {WITH} pod to check the sidecar placement on"

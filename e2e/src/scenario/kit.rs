@@ -28,7 +28,7 @@ use crate::load::conn::{ConnStats, Http2Pool};
 use crate::load::grpc::{self, EchoRequest};
 use crate::load::outcome::RequestCtx;
 use crate::load::target::Target;
-use crate::scenario::{Progress, Scenario, graceroute};
+use crate::scenario::{Patience, Progress, Scenario, graceroute};
 
 /// How one long exchange ended.
 #[derive(Clone, Debug)]
@@ -169,6 +169,41 @@ pub async fn long_request(addr: &str, delay_ms: u64, timeout: Duration) -> Sessi
         Ok((status, _, body)) => session.fail(format!("status {status}: {}", body.trim())),
         Err(e) => session.fail(format!("{e:#}")),
     }
+}
+
+/// Starts a [`long_request`] on `pod` through its sidecar and waits until the app reports
+/// it in flight, so a drain begun next finds it there; the task ends with the request.
+pub async fn start_long_request(
+    pod: &PodAddr,
+    delay_ms: u64,
+    timeout: Duration,
+    p: &Progress,
+) -> Result<tokio::task::JoinHandle<Session>> {
+    if pod.admin_port.is_none() {
+        bail!("pod {} has no sidecar", pod.name);
+    }
+    let front = pod.front();
+    p.step(format!(
+        "a {delay_ms} ms request on pod {} via {front}",
+        pod.name
+    ));
+    let task = tokio::spawn(async move { long_request(&front, delay_ms, timeout).await });
+    let app = pod.app();
+    p.wait(
+        &format!("pod {}'s app reports the long request in flight", pod.name),
+        Patience::new(Duration::from_secs(20), Duration::from_millis(100)),
+        || async {
+            let s = app_stats(&app).await.map_err(|e| format!("{e:#}"))?;
+            let n = stat(&s, "/delay", "inflight");
+            if n >= 1 {
+                Ok(())
+            } else {
+                Err(format!("/delay in flight: {n}"))
+            }
+        },
+    )
+    .await?;
+    Ok(task)
 }
 
 /// A streamed HTTP/1.1 response (`/stream?chunks=N&every_ms=M`), read chunk by chunk.
@@ -355,6 +390,18 @@ impl PodAddr {
     pub fn admin(&self) -> Option<String> {
         self.admin_port.map(|p| format!("{}:{p}", self.ip))
     }
+}
+
+/// The pods labelled `app=<app>` that are not terminating, ready or not.
+pub async fn live_pods(pods: &Api<Pod>, app: &str) -> Result<Vec<Pod>> {
+    let list = pods
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect())
 }
 
 /// The ready, not terminating pods labelled `app=<app>`, with their ports read from the

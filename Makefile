@@ -5,7 +5,7 @@ CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
 NEWCOMER_ROUNDS ?= 1
 
-.PHONY: deps h2spec version-matrix plugin krew fuzz actionlint cargo-deny release-images-check dockerfile-check newcomer-test chart-upgrade-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo kind-test kind-demo bench cluster-up cluster-down images help
+.PHONY: deps h2spec version-matrix plugin krew fuzz actionlint cargo-deny release-images-check dockerfile-check newcomer-test chart-upgrade-test skew-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo kind-test kind-demo bench cluster-up cluster-down images help
 
 all: build
 
@@ -54,7 +54,7 @@ lint: deps fmt-check clippy crd-check actionlint cargo-deny ## formatting, clipp
 actionlint: ## the GitHub workflows (actionlint, built from the Go module proxy once)
 	hack/actionlint
 
-cargo-deny: ## the dependency graph against deny.toml: licenses, bans, sources, advisories where the RustSec DB can be fetched
+cargo-deny: ## the dependency graph against deny.toml: licenses, bans, sources, advisories where the RustSec DB can be fetched (or against a local clone: KG_ADVISORY_DB=DIR)
 	hack/cargo-deny
 
 fmt: ## format the code
@@ -87,10 +87,13 @@ chart-test: ## the chart against a throwaway kube-apiserver: RBAC, webhook selec
 chart-upgrade-test: ## helm upgrade from the previous chart version on $$KUBECONFIG's cluster: CRD schema upgraded, GraceRoute kept, 0 failed requests
 	charts/kubegrace/hack/test-upgrade
 
+skew-test: ## the version skew of docs/skew.md on $$KUBECONFIG's cluster: chart upgrade under load from the previous release, its own operator and sidecar built from that commit (once, cached), old sidecars on the new operator with new route fields, plugin against both operators, 0 failed requests
+	KG_PREVIOUS_IMAGE_TAG=build KG_IMAGE_TAG=$${KG_IMAGE_TAG:-e2e} charts/kubegrace/hack/test-upgrade
+
 version-matrix: ## the core cluster suite on the oldest and newest supported Kubernetes (each built once, booted, torn down): e2e/matrix/results/
 	e2e/matrix/run
 
-newcomer-test: ## the README's Install and Use blocks as written on $$KUBECONFIG's cluster (e2e images as the release ones), checked, then Uninstall (NEWCOMER_ROUNDS=N: N fresh installs back to back)
+newcomer-test: ## the README's Install and Use blocks as written on $$KUBECONFIG's cluster (e2e images as the release ones), checked, Verify with the plugin from its release archive (as krew installs it), then Uninstall (NEWCOMER_ROUNDS=N: N fresh installs back to back)
 	NEWCOMER_ROUNDS=$(NEWCOMER_ROUNDS) e2e/newcomer/run
 
 cluster-up: ## boot the local single-node cluster (prints the kubeconfig)

@@ -39,6 +39,22 @@ impl Install {
         self.deployment.name_any()
     }
 
+    /// The operator's own release: the tag (or digest) of its container's image.
+    pub fn operator_version(&self) -> Option<&str> {
+        self.deployment
+            .spec
+            .as_ref()?
+            .template
+            .spec
+            .as_ref()?
+            .containers
+            .iter()
+            .find(|c| c.name == OPERATOR_CONTAINER)?
+            .image
+            .as_deref()
+            .map(kubegrace_operator::image_ref::version_of)
+    }
+
     /// The version of the sidecar the webhook injects (`kubegrace.io/sidecar-version`).
     pub fn sidecar_version(&self) -> &str {
         kubegrace_operator::image_ref::version_of(&self.args.sidecar_image)

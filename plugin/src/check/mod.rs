@@ -128,7 +128,8 @@ pub fn judge(s: &Snapshot, now: jiff::Timestamp) -> Vec<Finding> {
             out.extend(rules::versions(&s.pods, install.sidecar_version()));
         }
     }
-    out.push(rules::crd(s.crd.as_ref()));
+    let operator_release = s.installs.first().and_then(Install::operator_version);
+    out.push(rules::crd(s.crd.as_ref(), operator_release));
     out.extend(rules::injection(&s.pods, &s.ns_labels));
     out.extend(rules::bypasses(&s.namespaced));
     out.extend(rules::network_policies(

@@ -322,8 +322,14 @@ pub fn certificate(
 }
 
 /// The GraceRoute CRD in the cluster serves and stores the versions this kubegrace reads,
-/// with the same schema.
-pub fn crd(installed: Option<&CustomResourceDefinition>) -> Finding {
+/// with the same schema. `operator_release` is the version the operator's image is tagged
+/// with: when it is not this plugin's, another schema is that release's (docs/skew.md:
+/// a plugin works with operators one release either side), which this plugin cannot
+/// judge, so it is reported and not counted as a problem.
+pub fn crd(
+    installed: Option<&CustomResourceDefinition>,
+    operator_release: Option<&str>,
+) -> Finding {
     let ours = GraceRoute::crd();
     let name = ours.name_any();
     let apply = "kubectl apply --server-side -f crds/graceroutes.kubegrace.io.yaml (of the operator's release), or helm upgrade the chart".to_owned();
@@ -346,6 +352,18 @@ pub fn crd(installed: Option<&CustomResourceDefinition>) -> Finding {
                     v.name, theirs.served, theirs.storage, v.storage
                 ),
                 apply,
+            );
+        }
+        let ours_release = env!("CARGO_PKG_VERSION");
+        if theirs.schema != v.schema
+            && let Some(release) = operator_release.filter(|r| *r != ours_release)
+        {
+            return Finding::ok(
+                "crd",
+                format!(
+                    "CRD {name} version {} has another schema than this plugin's ({ours_release}); the operator runs {release}, another release, whose schema it may be: not compared (run the plugin of {release} to check it)",
+                    v.name
+                ),
             );
         }
         if theirs.schema != v.schema {

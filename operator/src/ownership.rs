@@ -22,7 +22,7 @@
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 
-use crate::build::Invalid;
+use crate::rules::Invalid;
 use crate::{FIELD_MANAGER, keys};
 
 /// The condition reason (and Event reason) of a refused ConfigMap.

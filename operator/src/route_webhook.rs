@@ -48,9 +48,9 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::{Api, Client, ResourceExt};
 
-use crate::build::Invalid;
 use crate::controller::{self, Workloads};
 use crate::crd::GraceRoute;
+use crate::rules::Invalid;
 use crate::{Error, Result};
 
 /// What the webhook answers for one route (pure).

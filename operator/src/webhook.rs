@@ -26,10 +26,10 @@ use kube::{Api, Client, ResourceExt};
 use rand::Rng;
 
 use crate::admin::Metrics;
-use crate::build::config_map_name;
 use crate::crd::GraceRoute;
 use crate::inject::{self, InjectPlan, Skip};
 use crate::route_match;
+use crate::rules::config_map_name;
 use crate::tolerant::{Listed, Undecodable};
 use crate::{Error, Result, keys};
 
@@ -152,7 +152,7 @@ pub fn decide(
         token,
         // From the spec (pure), so a pod created before the route's first
         // status write still gets the grace period its drain needs.
-        budget_seconds: crate::build::budget(&route.spec)
+        budget_seconds: crate::rules::budget(&route.spec)
             .ok()
             .map(|b| b.seconds)
             .or_else(|| route.status.as_ref().and_then(|st| st.budget_seconds)),

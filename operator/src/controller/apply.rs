@@ -12,13 +12,13 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
+use super::build::Desired;
 use super::dereference::{Workloads, claim_targets};
-use super::desired::Desired;
-use crate::build;
 use crate::crd::{GraceRoute, TargetKind};
+use crate::rules;
 use crate::{Error, FIELD_MANAGER, RESTORE_FIELD_MANAGER, Result};
 
-/// Writes what [`super::desired::desired`] built.
+/// Writes what [`super::build::desired`] built.
 pub async fn apply(client: &Client, ns: &str, desired: &Desired) -> Result<()> {
     let pp = PatchParams::apply(FIELD_MANAGER).force();
     let cm_name = desired.config_map.name_any();
@@ -67,7 +67,7 @@ pub async fn cleanup(route: &GraceRoute, ctx: &Context) -> Result<Action> {
             "kind": t.kind.to_string(),
             "metadata": {"name": t.name},
         });
-        let restore = build::restore_patch(t);
+        let restore = rules::restore_patch(t);
         let res = match t.kind {
             TargetKind::Deployment => {
                 restore_one(
@@ -145,7 +145,7 @@ mod tests {
 
     use super::*;
     use crate::controller::fixtures::{DEPLOYMENT, ROUTE, observed, route};
-    use crate::controller::{desired, validate};
+    use crate::controller::{build, validate};
 
     type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
@@ -153,7 +153,7 @@ mod tests {
         let r = route(route_yaml);
         let seen = observed(&r, &[DEPLOYMENT], &[]);
         let valid = validate::check(&r, &seen).expect("valid");
-        desired::desired(&r, &valid, &seen).expect("desired")
+        build::desired(&r, &valid, &seen).expect("desired")
     }
 
     /// Answers the next request, which must be a forced server-side apply

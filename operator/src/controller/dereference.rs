@@ -15,8 +15,9 @@ use kube::core::{Selector, SelectorExt};
 use kube::{Api, Client, ResourceExt};
 
 use super::pause::RolloutState;
-use crate::build::{Originals, Target};
 use crate::crd::{GraceRoute, TargetKind};
+use crate::route_match::precedence;
+use crate::rules::{Originals, Target};
 use crate::{Error, Result, keys};
 
 /// What the route refers to, as read at the start of this pass.
@@ -106,7 +107,7 @@ pub async fn dereference(
     } else {
         Vec::new()
     };
-    let cm_name = crate::build::config_map_name(&route.name_any());
+    let cm_name = crate::rules::config_map_name(&route.name_any());
     let config_map = Api::<ConfigMap>::namespaced(client.clone(), &ns)
         .get_opt(&cm_name)
         .await
@@ -292,17 +293,9 @@ impl Workloads {
     }
 }
 
-/// Routes earlier in this order win a contested target.
-fn precedence(r: &GraceRoute) -> (Option<jiff::Timestamp>, String) {
-    (
-        r.metadata.creation_timestamp.as_ref().map(|t| t.0),
-        r.name_any(),
-    )
-}
-
 /// The targets a route selects, split into those it holds and the overlaps:
-/// targets an older route of the same namespace holds already, each with a
-/// sentence saying so (pure; the controller and the admission webhook share
+/// targets an older route ([`precedence`]) of the same namespace holds
+/// already, each with a sentence saying so (pure; the controller and the admission webhook share
 /// it, so both report the same overlaps).
 pub fn claim_targets<'w>(
     route: &GraceRoute,

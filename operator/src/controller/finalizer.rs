@@ -30,8 +30,8 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::apply;
+use super::build::Desired;
 use super::dereference::Observed;
-use super::desired::Desired;
 use crate::crd::GraceRoute;
 use crate::{Error, FINALIZER, Result};
 

@@ -10,7 +10,7 @@ use kube::client::Body;
 
 use super::*;
 use crate::controller::fixtures::{DEPLOYMENT, ROUTE, observed, route};
-use crate::controller::{desired, validate};
+use crate::controller::{build, validate};
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
@@ -31,7 +31,7 @@ fn pass(yaml: &str, finalizers: &[&str]) -> (GraceRoute, Observed, Desired) {
     }
     let seen = observed(&r, &[DEPLOYMENT], &[]);
     let valid = validate::check(&r, &seen).expect("valid");
-    let d = desired::desired(&r, &valid, &seen).expect("desired");
+    let d = build::desired(&r, &valid, &seen).expect("desired");
     (r, seen, d)
 }
 

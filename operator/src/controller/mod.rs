@@ -3,7 +3,7 @@
 //! 1. [`dereference`]: read the targets (minus those an older route holds),
 //!    their pods, the namespace's labels and Services, the route's ConfigMap;
 //! 2. [`validate`] (pure): budget, ports, sidecar config, ConfigMap ownership;
-//! 3. [`desired`] (pure): the ConfigMap and an explicit `rollout` block's fields;
+//! 3. [`build`] (pure): the ConfigMap and an explicit `rollout` block's fields;
 //! 4. [`apply`]: server-side apply as `kubegrace-operator`;
 //! 5. [`status`] (pure): conditions and Events from what was observed, then
 //!    written; [`drains`] folds in the drain reports the pod watch collected
@@ -48,9 +48,9 @@ use crate::tolerant::{self, Routes};
 use crate::{Error, FIELD_MANAGER, Result, keys};
 
 pub mod apply;
+pub mod build;
 pub mod decisions;
 pub mod dereference;
-pub mod desired;
 pub mod drains;
 pub mod finalizer;
 pub mod invalid;
@@ -111,7 +111,7 @@ async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {
             });
         }
     };
-    let desired = desired::desired(route, &valid, &observed)?;
+    let desired = build::desired(route, &valid, &observed)?;
     finalizer::apply_guarded(&ctx.client, &api, route, &observed, &desired).await?;
     let report = status::accepted(route, &observed, &valid, &desired);
     let ready = report.ready();

@@ -12,14 +12,14 @@ use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
+use super::build::Desired;
 use super::dereference::Observed;
-use super::desired::Desired;
 use super::validate::{Valid, service_bypasses};
 use super::{
     ACCEPTED, Context, DEGRADED, NETWORK_POLICY_BLOCKS_SIDECAR, READY, SERVICE_BYPASSES_SIDECAR,
 };
-use crate::build::{self, Invalid, Target};
 use crate::crd::{GraceRoute, GraceRouteStatus, TargetKind};
+use crate::rules::{self, Invalid, Target};
 use crate::{Error, Result, keys};
 
 /// An Event to publish on the route.
@@ -273,7 +273,7 @@ pub fn accepted(
         injected: Some(format!("{}/{}", count.injected, count.expected)),
         budget_seconds: Some(budget.seconds),
         budget: Some(format!("{}s", budget.seconds)),
-        config_map: Some(build::config_map_name(&name)),
+        config_map: Some(rules::config_map_name(&name)),
         config_hash: Some(hash.clone()),
         // Folded in by the controller from the drain reports it collected.
         last_drains: old.last_drains.clone(),
@@ -300,7 +300,7 @@ pub fn accepted(
             "Apply",
             format!(
                 "sidecar config {hash} written to ConfigMap {}; running sidecars reload it",
-                build::config_map_name(&name)
+                rules::config_map_name(&name)
             ),
         ));
     }
@@ -619,13 +619,13 @@ mod tests {
     }
 
     use crate::controller::fixtures::{DEPLOYMENT, ROUTE, observed, route};
-    use crate::controller::{desired, validate as check};
+    use crate::controller::{build, validate as check};
 
     const INJECTED_POD: &str = "metadata: {name: web-1, namespace: shop, labels: {app: web, kubegrace.io/inject: enabled}, annotations: {kubegrace.io/injected: 'true'}}\nspec: {terminationGracePeriodSeconds: 60, containers: []}";
 
     fn accepted_report(r: &GraceRoute, seen: &Observed) -> Report {
         let valid = check::check(r, seen).expect("valid");
-        let d = desired::desired(r, &valid, seen).expect("desired");
+        let d = build::desired(r, &valid, seen).expect("desired");
         accepted(r, seen, &valid, &d)
     }
 

@@ -4,7 +4,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use super::*;
 use crate::controller::fixtures::{DEPLOYMENT, ROUTE, observed, route};
-use crate::controller::{desired, validate as check};
+use crate::controller::{build, validate as check};
 
 /// An injected pod of `web`: the sidecar has the port name `http` on 15181,
 /// the app keeps 8080 as `kg-http`.
@@ -36,7 +36,7 @@ fn report_with(policies: Vec<NetworkPolicy>) -> Report {
     let mut seen = observed(&r, &[DEPLOYMENT], &[pod]);
     seen.network_policies = policies;
     let valid = check::check(&r, &seen).expect("valid");
-    let d = desired::desired(&r, &valid, &seen).expect("desired");
+    let d = build::desired(&r, &valid, &seen).expect("desired");
     accepted(&r, &seen, &valid, &d)
 }
 

@@ -465,8 +465,8 @@ fn check_rollout(spec: &GraceRouteSpec) -> Result<(), Invalid> {
 mod tests {
     use super::super::testing::{BASE, route};
     use super::*;
-    use crate::build::{budget, check_rendered_size};
     use crate::controller::budget_and_config;
+    use crate::rules::{budget, check_rendered_size};
 
     /// `check_bounds` refuses `yaml` (a route) naming `field`.
     fn refused(yaml: &str, field: &str) -> String {

@@ -147,7 +147,7 @@ pub fn budget(spec: &GraceRouteSpec) -> Result<Budget, Invalid> {
 mod tests {
     use super::super::testing::{BASE, route};
     use super::*;
-    use crate::build::sidecar_config;
+    use crate::rules::sidecar_config;
     use kubegrace_sidecar_api::config::DrainConfig;
 
     #[test]

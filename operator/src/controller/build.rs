@@ -13,8 +13,8 @@ use serde_json::Value;
 
 use super::dereference::Observed;
 use super::validate::Valid;
-use crate::build;
 use crate::crd::{GraceRoute, TargetKind};
+use crate::rules;
 use crate::{Error, FIELD_MANAGER, Result, keys};
 
 /// What apply writes.
@@ -38,14 +38,14 @@ pub struct RolloutFields {
 
 /// Builds what the route wants (pure).
 pub fn desired(route: &GraceRoute, valid: &Valid, observed: &Observed) -> Result<Desired> {
-    let (yaml, hash) = build::render(&valid.config).map_err(|i| Error::Config(i.message))?;
+    let (yaml, hash) = rules::render(&valid.config).map_err(|i| Error::Config(i.message))?;
     let name = route.name_any();
     let owner = route
         .controller_owner_ref(&())
         .ok_or_else(|| Error::MissingField("GraceRoute without uid".into()))?;
     let config_map = ConfigMap {
         metadata: ObjectMeta {
-            name: Some(build::config_map_name(&name)),
+            name: Some(rules::config_map_name(&name)),
             namespace: route.namespace(),
             labels: Some(BTreeMap::from([
                 (keys::MANAGED_BY.to_string(), FIELD_MANAGER.to_string()),
@@ -67,7 +67,7 @@ pub fn desired(route: &GraceRoute, valid: &Valid, observed: &Observed) -> Result
     let mut rollout = Vec::new();
     let mut notes = Vec::new();
     for (t, _) in &observed.targets {
-        let (body, n) = build::target_apply(route.spec.rollout.as_ref(), t);
+        let (body, n) = rules::target_apply(route.spec.rollout.as_ref(), t);
         notes.extend(n);
         if let Some(body) = body {
             rollout.push(RolloutFields {

@@ -287,8 +287,8 @@ pub fn config_map_name(route: &str) -> String {
 mod tests {
     use super::super::testing::{BASE, config_of, route, sidecar_reads, template};
     use super::*;
-    use crate::build::budget;
     use crate::crd::GraceRoute;
+    use crate::rules::budget;
 
     /// A route with this `drain` does not parse, and the error names the
     /// value that would.

@@ -47,6 +47,9 @@ pub enum Error {
     /// The command line or environment is not usable.
     #[error("config: {0}")]
     Config(String),
+    /// The route controller's status step.
+    #[error(transparent)]
+    Status(#[from] crate::controller::status::Error),
     /// A task panicked; the panic was caught at its boundary (the message
     /// is the panic's).
     #[error("panicked: {0}")]
@@ -71,6 +74,7 @@ impl Error {
             Self::Config(_) => "config",
             Self::Timeout(..) => "timeout",
             Self::Panic(_) => "panic",
+            Self::Status(e) => e.kind(),
         }
     }
 

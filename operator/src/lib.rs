@@ -22,6 +22,7 @@ pub mod lease;
 pub mod netpol;
 pub mod ownership;
 pub mod panics;
+pub mod reasons;
 pub mod route_match;
 pub mod route_webhook;
 pub mod rules;

@@ -26,7 +26,7 @@ use crate::rules::Invalid;
 use crate::{FIELD_MANAGER, keys};
 
 /// The condition reason (and Event reason) of a refused ConfigMap.
-pub const REASON: &str = "ConfigMapNotOwned";
+pub use crate::reasons::CONFIG_MAP_NOT_OWNED as REASON;
 
 /// What the controller may do with the route's ConfigMap.
 #[derive(Debug, Clone, PartialEq, Eq)]

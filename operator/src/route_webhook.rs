@@ -50,6 +50,7 @@ use kube::{Api, Client, ResourceExt};
 
 use crate::controller::{self, Workloads};
 use crate::crd::GraceRoute;
+use crate::reasons;
 use crate::rules::Invalid;
 use crate::{Error, Result};
 
@@ -127,7 +128,7 @@ fn subject(route: &GraceRoute) -> String {
 pub fn redact(route: &GraceRoute, invalid: Invalid) -> Invalid {
     let subject = subject(route);
     match invalid.reason {
-        "UnknownPort" => {
+        reasons::UNKNOWN_PORT => {
             let wanted = route
                 .spec
                 .ports
@@ -141,7 +142,7 @@ pub fn redact(route: &GraceRoute, invalid: Invalid) -> Invalid {
                 ),
             )
         }
-        "TargetInvalid" => Invalid::new(
+        reasons::TARGET_INVALID => Invalid::new(
             invalid.reason,
             format!("{subject} has no pod template spec"),
         ),

@@ -11,12 +11,12 @@ use kube::runtime::events::EventType;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::Context;
 use super::build::Desired;
+use super::context::{Context, Note};
 use super::dereference::{Workloads, claim_targets};
 use crate::crd::{GraceRoute, TargetKind};
-use crate::rules;
 use crate::{Error, FIELD_MANAGER, RESTORE_FIELD_MANAGER, Result};
+use crate::{reasons, rules};
 
 /// Writes what [`super::build::desired`] built.
 pub async fn apply(client: &Client, ns: &str, desired: &Desired) -> Result<()> {
@@ -93,18 +93,12 @@ pub async fn cleanup(route: &GraceRoute, ctx: &Context) -> Result<Action> {
             Err(kube::Error::Api(e)) if e.code == 404 => continue,
             Err(e) => return Err(Error::kube(format!("restoring {}", t.id()))(e)),
         }
-        super::publish(
-            ctx,
-            route,
-            EventType::Normal,
-            "Restored",
-            "Cleanup",
-            format!(
-                "{} got its original rollout fields and grace period back",
-                t.id()
-            ),
-        )
-        .await;
+        let note = format!(
+            "{} got its original rollout fields and grace period back",
+            t.id()
+        );
+        let restored = Note::on_route(EventType::Normal, reasons::RESTORED, "Cleanup", note);
+        ctx.announce(route, &[restored]).await;
     }
     Ok(Action::await_change())
 }

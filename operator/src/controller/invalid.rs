@@ -9,15 +9,10 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::{Context, DEGRADED, publish_on};
+use super::Context;
+use crate::reasons::{DEGRADED, FINALIZER_RELEASED, RECONCILE_PANICKED};
 use crate::tolerant::{self, Undecodable};
 use crate::{Error, FINALIZER, Result};
-
-/// Condition reason: a reconcile of this route panicked (a bug); retried.
-pub const RECONCILE_PANICKED: &str = "ReconcilePanicked";
-/// Event reason: a route that cannot be decoded was deleted; its finalizer
-/// was released without restoring its targets.
-pub const FINALIZER_RELEASED: &str = "FinalizerReleased";
 
 /// Runs one reconcile of `obj`; a panic in it is counted, logged with the
 /// route's name and written as its `Degraded` condition, and becomes an
@@ -86,9 +81,9 @@ pub(crate) async fn report_undecodable(
             "deleted while it could not be read ({}): the rollout fields it set on its targets, if any, were not restored",
             why.error
         );
-        publish_on(
-            ctx,
+        ctx.publish(
             &reference,
+            None,
             EventType::Warning,
             FINALIZER_RELEASED,
             "Cleanup",
@@ -104,9 +99,9 @@ pub(crate) async fn report_undecodable(
         api.patch_status(&why.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(Error::kube(format!("writing status of {why}")))?;
-        publish_on(
-            ctx,
+        ctx.publish(
             &reference,
+            None,
             EventType::Warning,
             tolerant::INVALID_OBJECT,
             "Reconcile",

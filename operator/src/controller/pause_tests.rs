@@ -315,7 +315,7 @@ async fn the_pause_is_a_merge_patch_of_spec_paused_by_its_own_field_manager() {
     });
     tokio::time::timeout(
         Duration::from_secs(1),
-        pause(&Client::new(svc, "shop"), "shop", "web"),
+        set_paused(&Client::new(svc, "shop"), "shop", "web", true),
     )
     .await
     .expect("no missing answer")

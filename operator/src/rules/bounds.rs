@@ -23,7 +23,7 @@ use crate::crd::bounds::{
 use crate::crd::{CircuitBreakerSpec, GraceRoute, GraceRouteSpec, RouteSpec};
 
 /// The condition reason of a route outside the bounds.
-pub const REASON: &str = "InvalidSpec";
+pub use crate::reasons::INVALID_SPEC as REASON;
 
 fn refuse(field: &str, message: impl std::fmt::Display) -> Invalid {
     Invalid::new(REASON, format!("{field}: {message}"))

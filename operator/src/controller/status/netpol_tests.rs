@@ -1,10 +1,13 @@
 //! The status step and NetworkPolicies that port takeover breaks.
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use super::*;
 use crate::controller::fixtures::{DEPLOYMENT, ROUTE, observed, route};
 use crate::controller::{build, validate as check};
+use crate::reasons::{DEGRADED, NETWORK_POLICY_BLOCKS_SIDECAR};
 
 /// An injected pod of `web`: the sidecar has the port name `http` on 15181,
 /// the app keeps 8080 as `kg-http`.

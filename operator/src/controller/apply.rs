@@ -8,46 +8,69 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
 use super::build::Desired;
 use super::context::{Context, Note};
 use super::dereference::{Workloads, claim_targets};
 use crate::crd::{GraceRoute, TargetKind};
-use crate::{Error, FIELD_MANAGER, RESTORE_FIELD_MANAGER, Result};
+use crate::rules::Target;
+use crate::{FIELD_MANAGER, RESTORE_FIELD_MANAGER};
 use crate::{reasons, rules};
 
+/// What failed in the apply step: a write to the API server.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("applying {what}: {source}")]
+    Apply {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("restoring {what}: {source}")]
+    Restore {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Listing the workloads a deleted route may have written to.
+    #[error(transparent)]
+    Read(#[from] super::dereference::Error),
+}
+
+impl Error {
+    /// The metric label.
+    pub fn kind(&self) -> &'static str {
+        "kube"
+    }
+}
+
 /// Writes what [`super::build::desired`] built.
-pub async fn apply(client: &Client, ns: &str, desired: &Desired) -> Result<()> {
+pub async fn apply(client: &Client, ns: &str, desired: &Desired) -> Result<(), Error> {
     let pp = PatchParams::apply(FIELD_MANAGER).force();
     let cm_name = desired.config_map.name_any();
     Api::<ConfigMap>::namespaced(client.clone(), ns)
         .patch(&cm_name, &pp, &Patch::Apply(&desired.config_map))
         .await
-        .map_err(Error::kube(format!("applying ConfigMap {ns}/{cm_name}")))?;
+        .map_err(|source| Error::Apply {
+            what: format!("ConfigMap {ns}/{cm_name}"),
+            source,
+        })?;
     for r in &desired.rollout {
-        let result = match r.kind {
-            TargetKind::Deployment => Api::<Deployment>::namespaced(client.clone(), ns)
-                .patch(&r.name, &pp, &Patch::Apply(&r.body))
-                .await
-                .map(drop),
-            TargetKind::StatefulSet => Api::<StatefulSet>::namespaced(client.clone(), ns)
-                .patch(&r.name, &pp, &Patch::Apply(&r.body))
-                .await
-                .map(drop),
-        };
-        result.map_err(Error::kube(format!(
-            "applying rollout fields to {}/{}",
-            r.kind, r.name
-        )))?;
+        patch_workload(client, ns, r.kind, &r.name, &pp, &Patch::Apply(&r.body))
+            .await
+            .map_err(|source| Error::Apply {
+                what: format!("rollout fields to {}/{}", r.kind, r.name),
+                source,
+            })?;
     }
     Ok(())
 }
 
 /// Route deleted: put back what it changed on its targets (in one write per
 /// target, so pods roll at most once), then let go of the fields.
-pub async fn cleanup(route: &GraceRoute, ctx: &Context) -> Result<Action> {
+pub async fn cleanup(route: &GraceRoute, ctx: &Context) -> Result<Action, Error> {
     let client = &ctx.client;
     let ns = route.namespace().unwrap_or_default();
     let name = route.name_any();
@@ -62,36 +85,15 @@ pub async fn cleanup(route: &GraceRoute, ctx: &Context) -> Result<Action> {
         if t.recorded.is_none() && t.pinned_route() != Some(name.as_str()) {
             continue;
         }
-        let empty = json!({
-            "apiVersion": "apps/v1",
-            "kind": t.kind.to_string(),
-            "metadata": {"name": t.name},
-        });
-        let restore = rules::restore_patch(t);
-        let res = match t.kind {
-            TargetKind::Deployment => {
-                restore_one(
-                    Api::<Deployment>::namespaced(client.clone(), &ns),
-                    &t.name,
-                    restore.as_ref(),
-                    &empty,
-                )
-                .await
-            }
-            TargetKind::StatefulSet => {
-                restore_one(
-                    Api::<StatefulSet>::namespaced(client.clone(), &ns),
-                    &t.name,
-                    restore.as_ref(),
-                    &empty,
-                )
-                .await
-            }
-        };
-        match res {
+        match restore(client, &ns, t).await {
             Ok(()) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => continue,
-            Err(e) => return Err(Error::kube(format!("restoring {}", t.id()))(e)),
+            Err(source) => {
+                return Err(Error::Restore {
+                    what: t.id(),
+                    source,
+                });
+            }
         }
         let note = format!(
             "{} got its original rollout fields and grace period back",
@@ -105,29 +107,42 @@ pub async fn cleanup(route: &GraceRoute, ctx: &Context) -> Result<Action> {
 
 /// Puts the originals back (merge patch, its own field manager), then
 /// releases every field `kubegrace-operator` applied (an empty apply).
-async fn restore_one<K>(
-    api: Api<K>,
-    name: &str,
-    restore: Option<&serde_json::Value>,
-    empty: &serde_json::Value,
-) -> std::result::Result<(), kube::Error>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    if let Some(p) = restore {
+async fn restore(client: &Client, ns: &str, t: &Target) -> Result<(), kube::Error> {
+    if let Some(p) = rules::restore_patch(t) {
         let merge = PatchParams {
             field_manager: Some(RESTORE_FIELD_MANAGER.into()),
             ..Default::default()
         };
-        api.patch(name, &merge, &Patch::Merge(p)).await?;
+        patch_workload(client, ns, t.kind, &t.name, &merge, &Patch::Merge(p)).await?;
     }
-    api.patch(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(empty),
-    )
-    .await?;
-    Ok(())
+    let empty = json!({
+        "apiVersion": "apps/v1",
+        "kind": t.kind.to_string(),
+        "metadata": {"name": t.name},
+    });
+    let apply = PatchParams::apply(FIELD_MANAGER).force();
+    patch_workload(client, ns, t.kind, &t.name, &apply, &Patch::Apply(empty)).await
+}
+
+/// One patch of a target workload, whichever its kind.
+async fn patch_workload<P: serde::Serialize + std::fmt::Debug>(
+    client: &Client,
+    ns: &str,
+    kind: TargetKind,
+    name: &str,
+    params: &PatchParams,
+    patch: &Patch<P>,
+) -> Result<(), kube::Error> {
+    match kind {
+        TargetKind::Deployment => Api::<Deployment>::namespaced(client.clone(), ns)
+            .patch(name, params, patch)
+            .await
+            .map(drop),
+        TargetKind::StatefulSet => Api::<StatefulSet>::namespaced(client.clone(), ns)
+            .patch(name, params, patch)
+            .await
+            .map(drop),
+    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,27 @@ use super::dereference::Observed;
 use super::validate::Valid;
 use crate::crd::{GraceRoute, TargetKind};
 use crate::rules;
-use crate::{Error, FIELD_MANAGER, Result, keys};
+use crate::{FIELD_MANAGER, keys};
+
+/// What failed in the build step. Validate rendered the same config, so
+/// either is a bug or an object without the metadata the API server sets.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("rendering the sidecar config: {0}")]
+    Render(String),
+    #[error("GraceRoute {0} has no uid")]
+    MissingUid(String),
+}
+
+impl Error {
+    /// The metric label (the values the crate's error had for these).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Render(_) => "config",
+            Self::MissingUid(_) => "missing_field",
+        }
+    }
+}
 
 /// What apply writes.
 #[derive(Debug, Clone)]
@@ -37,12 +57,12 @@ pub struct RolloutFields {
 }
 
 /// Builds what the route wants (pure).
-pub fn desired(route: &GraceRoute, valid: &Valid, observed: &Observed) -> Result<Desired> {
-    let (yaml, hash) = rules::render(&valid.config).map_err(|i| Error::Config(i.message))?;
+pub fn desired(route: &GraceRoute, valid: &Valid, observed: &Observed) -> Result<Desired, Error> {
+    let (yaml, hash) = rules::render(&valid.config).map_err(|i| Error::Render(i.message))?;
     let name = route.name_any();
     let owner = route
         .controller_owner_ref(&())
-        .ok_or_else(|| Error::MissingField("GraceRoute without uid".into()))?;
+        .ok_or_else(|| Error::MissingUid(name.clone()))?;
     let config_map = ConfigMap {
         metadata: ObjectMeta {
             name: Some(rules::config_map_name(&name)),

@@ -29,6 +29,8 @@ pub mod rules;
 pub mod run;
 pub mod scope;
 pub mod server;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod tolerant;
 pub mod webhook;
 pub mod webhook_check;

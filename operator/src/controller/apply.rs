@@ -147,16 +147,12 @@ async fn patch_workload<P: serde::Serialize + std::fmt::Debug>(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
-    use http::{Request, Response};
-    use kube::client::Body;
-
     use super::*;
     use crate::controller::fixtures::{DEPLOYMENT, ROUTE, observed, route};
     use crate::controller::{build, validate};
+    use crate::testing::{self, Handle, mock, no_more, scripted};
 
-    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+    const CM_PATH: &str = "/api/v1/namespaces/shop/configmaps/kubegrace-web";
 
     fn desired_for(route_yaml: &str) -> Desired {
         let r = route(route_yaml);
@@ -172,97 +168,48 @@ mod tests {
         path: &str,
         answer: serde_json::Value,
     ) -> serde_json::Value {
-        let (req, send) = api.next_request().await.expect("a request");
-        assert_eq!((req.method().as_str(), req.uri().path()), ("PATCH", path));
-        let query = req.uri().query().unwrap_or_default().to_owned();
+        let seen = testing::answer(api, &answer).await;
+        assert_eq!(seen.call(), ("PATCH", path));
         assert!(
-            query.contains("fieldManager=kubegrace-operator") && query.contains("force=true"),
-            "{query}"
+            seen.query.contains("fieldManager=kubegrace-operator")
+                && seen.query.contains("force=true"),
+            "{}",
+            seen.query
         );
-        assert_eq!(
-            req.headers().get("content-type").map(|v| v.as_bytes()),
-            Some(&b"application/apply-patch+yaml"[..])
-        );
-        let body = req.into_body().collect_bytes().await.expect("body");
-        send.send_response(
-            Response::builder()
-                .body(Body::from(serde_json::to_vec(&answer).expect("json")))
-                .expect("response"),
-        );
-        serde_json::from_slice(&body).expect("json body")
-    }
-
-    /// The API calls, scripted: a missing call or an extra one fails the
-    /// test (the script and the apply each have one second).
-    async fn run_script(
-        d: Desired,
-        script: impl std::future::Future<Output = ()> + Send + 'static,
-        api_client: Client,
-    ) {
-        let server = tokio::spawn(script);
-        tokio::time::timeout(Duration::from_secs(1), apply(&api_client, "shop", &d))
-            .await
-            .expect("no missing answer")
-            .expect("apply succeeds");
-        tokio::time::timeout(Duration::from_secs(1), server)
-            .await
-            .expect("script done")
-            .expect("script passed");
+        assert_eq!(seen.content_type, "application/apply-patch+yaml");
+        seen.body
     }
 
     #[tokio::test]
     async fn without_a_rollout_block_apply_writes_the_config_map_and_nothing_else() {
-        let (svc, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let (client, mut api) = mock();
         let d = desired_for(ROUTE);
         let cm = serde_json::to_value(&d.config_map).expect("cm");
-        run_script(
-            d,
-            async move {
-                let sent = expect_apply(
-                    &mut api,
-                    "/api/v1/namespaces/shop/configmaps/kubegrace-web",
-                    cm.clone(),
-                )
-                .await;
-                assert_eq!(sent["data"], cm["data"]);
-                // No further call: the Deployment is not touched.
-                assert!(
-                    tokio::time::timeout(Duration::from_millis(100), api.next_request())
-                        .await
-                        .is_err(),
-                    "an unexpected API call"
-                );
-            },
-            Client::new(svc, "shop"),
-        )
-        .await;
+        let script = async move {
+            let sent = expect_apply(&mut api, CM_PATH, cm.clone()).await;
+            assert_eq!(sent["data"], cm["data"]);
+            // No further call: the Deployment is not touched.
+            no_more(&mut api).await;
+        };
+        scripted(script, apply(&client, "shop", &d))
+            .await
+            .expect("apply succeeds");
     }
 
     #[tokio::test]
     async fn an_explicit_rollout_block_is_applied_to_the_target_after_the_config_map() {
-        let (svc, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let (client, mut api) = mock();
         let d = desired_for(&format!("{ROUTE}  rollout: {{minReadySeconds: 3}}\n"));
         let cm = serde_json::to_value(&d.config_map).expect("cm");
         let deployment: serde_json::Value = serde_norway::from_str(DEPLOYMENT).expect("deployment");
-        run_script(
-            d,
-            async move {
-                expect_apply(
-                    &mut api,
-                    "/api/v1/namespaces/shop/configmaps/kubegrace-web",
-                    cm,
-                )
-                .await;
-                let sent = expect_apply(
-                    &mut api,
-                    "/apis/apps/v1/namespaces/shop/deployments/web",
-                    deployment,
-                )
-                .await;
-                assert_eq!(sent["spec"]["minReadySeconds"], 3);
-            },
-            Client::new(svc, "shop"),
-        )
-        .await;
+        let script = async move {
+            expect_apply(&mut api, CM_PATH, cm).await;
+            let path = "/apis/apps/v1/namespaces/shop/deployments/web";
+            let sent = expect_apply(&mut api, path, deployment).await;
+            assert_eq!(sent["spec"]["minReadySeconds"], 3);
+        };
+        scripted(script, apply(&client, "shop", &d))
+            .await
+            .expect("apply succeeds");
     }
 }

@@ -3,16 +3,10 @@
 //! (scripted mock API server, one second per step, so a missing or extra
 //! call fails the test).
 
-use std::time::Duration;
-
-use http::{Request, Response};
-use kube::client::Body;
-
 use super::*;
 use crate::controller::fixtures::{DEPLOYMENT, ROUTE, observed, route};
 use crate::controller::{build, validate};
-
-type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+use crate::testing::{Handle, mock, no_more, reply, scripted};
 
 const ROUTE_PATH: &str = "/apis/kubegrace.io/v1alpha1/namespaces/shop/graceroutes/web";
 const CM_PATH: &str = "/api/v1/namespaces/shop/configmaps/kubegrace-web";
@@ -42,40 +36,22 @@ struct Answers {
     deployment: Value,
 }
 
+impl Answers {
+    /// The object a path names.
+    fn of(&self, path: &str) -> Value {
+        match path {
+            CM_PATH => self.config_map.clone(),
+            DEPLOY_PATH => self.deployment.clone(),
+            _ => self.route.clone(),
+        }
+    }
+}
+
 /// Answers the next request with the object it names; returns (method,
 /// path, content type, body).
 async fn next(api: &mut Handle, answers: &Answers) -> (String, String, String, Value) {
-    let (req, send) = api.next_request().await.expect("a request");
-    let method = req.method().to_string();
-    let path = req.uri().path().to_string();
-    let ct = req
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    let body = req.into_body().collect_bytes().await.expect("body");
-    let answer = match path.as_str() {
-        CM_PATH => &answers.config_map,
-        DEPLOY_PATH => &answers.deployment,
-        _ => &answers.route,
-    };
-    send.send_response(
-        Response::builder()
-            .body(Body::from(serde_json::to_vec(answer).expect("json")))
-            .expect("response"),
-    );
-    let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    (method, path, ct, body)
-}
-
-async fn no_more(api: &mut Handle) {
-    assert!(
-        tokio::time::timeout(Duration::from_millis(100), api.next_request())
-            .await
-            .is_err(),
-        "an unexpected API call"
-    );
+    let seen = reply(api, 200, |path, _| answers.of(path)).await;
+    (seen.method, seen.path, seen.content_type, seen.body)
 }
 
 /// Runs [`apply_guarded`] for the pass against `script`.
@@ -83,26 +59,19 @@ async fn run(
     (r, seen, d): (GraceRoute, Observed, Desired),
     script: impl FnOnce(Handle, Answers) -> futures_util::future::BoxFuture<'static, ()>,
 ) {
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = Client::new(svc, "shop");
+    let (client, handle) = mock();
     let api: Api<GraceRoute> = Api::namespaced(client.clone(), "shop");
     let answers = Answers {
         route: serde_json::to_value(&r).expect("route json"),
         config_map: serde_json::to_value(&d.config_map).expect("cm json"),
         deployment: serde_norway::from_str(DEPLOYMENT).expect("deployment"),
     };
-    let server = tokio::spawn(script(handle, answers));
-    tokio::time::timeout(
-        Duration::from_secs(1),
+    scripted(
+        script(handle, answers),
         apply_guarded(&client, &api, &r, &seen, &d),
     )
     .await
-    .expect("no missing answer")
     .expect("apply succeeds");
-    tokio::time::timeout(Duration::from_secs(1), server)
-        .await
-        .expect("script done")
-        .expect("script passed");
 }
 
 #[test]

@@ -310,6 +310,11 @@ pub async fn run(
 /// dereference would have observed.
 #[cfg(test)]
 pub(crate) mod fixtures {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+    use kubegrace_sidecar_api::report::{DrainOutcome, KIND};
+
+    use super::drains::PodDrain;
+    use super::pause::RolloutState;
     use super::*;
 
     pub const ROUTE: &str = r#"
@@ -334,6 +339,75 @@ spec:
       containers:
       - {name: app, image: app, ports: [{name: http, containerPort: 8080}]}
 "#;
+
+    /// A context whose client is `client` (a scripted one, say).
+    pub fn context(client: Client) -> Context {
+        Context {
+            recorder: Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: "test".into(),
+                    instance: None,
+                },
+            ),
+            client,
+            metrics: Arc::new(Metrics::default()),
+            routes: Routes::new(
+                kube::runtime::reflector::store::Writer::new(tolerant::api_resource()).as_reader(),
+            ),
+            drains: Arc::new(drains::Inbox::default()),
+        }
+    }
+
+    /// A time, in seconds since the epoch.
+    pub fn at(secs: i64) -> Time {
+        Time(jiff::Timestamp::from_second(secs).expect("timestamp"))
+    }
+
+    /// The drain report of a pod of [`DEPLOYMENT`] (an old revision).
+    pub fn drain(
+        pod: &str,
+        force_closed: u64,
+        requests_cut: u64,
+        finished: Option<i64>,
+    ) -> PodDrain {
+        PodDrain {
+            uid: format!("uid-{pod}"),
+            pod: pod.into(),
+            labels: BTreeMap::from([
+                ("app".to_string(), "web".to_string()),
+                (keys::INJECT.to_string(), "enabled".to_string()),
+                ("pod-template-hash".to_string(), "old".to_string()),
+            ]),
+            revision: Some("old".into()),
+            outcome: DrainOutcome {
+                kind: KIND.into(),
+                trigger: "SIGTERM".into(),
+                duration_ms: 4_000,
+                connections: 3,
+                inflight_at_trigger: 2,
+                requests_finished: 7,
+                force_closed,
+                requests_cut,
+            },
+            finished_at: finished.map(at),
+        }
+    }
+
+    /// The rollout state of the workload `app` (selecting `app: <app>`).
+    pub fn state(kind: TargetKind, app: &str, paused: bool, progressing: bool) -> RolloutState {
+        RolloutState {
+            kind,
+            name: app.into(),
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([("app".to_string(), app.to_string())])),
+                ..Default::default()
+            },
+            paused,
+            paused_here: false,
+            progressing,
+        }
+    }
 
     pub fn route(yaml: &str) -> GraceRoute {
         serde_norway::from_str(yaml).expect("route fixture")

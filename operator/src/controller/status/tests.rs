@@ -58,7 +58,7 @@ fn unchanged_conditions_keep_their_transition_time() {
     );
 }
 
-use crate::controller::fixtures::{DEPLOYMENT, ROUTE, observed, route};
+use crate::controller::fixtures::{DEPLOYMENT, ROUTE, at, drain, observed, route, state};
 use crate::controller::{build, validate as check};
 
 const INJECTED_POD: &str = "metadata: {name: web-1, namespace: shop, labels: {app: web, kubegrace.io/inject: enabled}, annotations: {kubegrace.io/injected: 'true'}}\nspec: {terminationGracePeriodSeconds: 60, containers: []}";
@@ -199,47 +199,15 @@ fn an_invalid_route_is_not_accepted_and_warns_once_per_message() {
     assert!(rejected(&again, &seen, &invalid).events.is_empty());
 }
 
-/// A pod of `web` whose drain force-closed a connection.
 fn lossy_drain() -> crate::controller::drains::PodDrain {
-    use kubegrace_sidecar_api::report::{DrainOutcome, KIND};
-    crate::controller::drains::PodDrain {
-        uid: "uid-web-1".into(),
-        pod: "web-1".into(),
-        labels: BTreeMap::from([
-            ("app".to_string(), "web".to_string()),
-            ("kubegrace.io/inject".to_string(), "enabled".to_string()),
-        ]),
-        revision: Some("old".into()),
-        outcome: DrainOutcome {
-            kind: KIND.into(),
-            trigger: "SIGTERM".into(),
-            duration_ms: 4_000,
-            connections: 2,
-            inflight_at_trigger: 1,
-            requests_finished: 3,
-            force_closed: 1,
-            requests_cut: 1,
-        },
-        finished_at: None,
-    }
-}
-
-fn epoch() -> Time {
-    Time(jiff::Timestamp::UNIX_EPOCH)
+    drain("web-1", 1, 1, None)
 }
 
 #[test]
 fn a_lossy_drain_is_counted_and_announced_on_the_route_and_on_its_workload() {
     let r = route(ROUTE);
     let seen = observed(&r, &[DEPLOYMENT], &[pod(INJECTED_POD)]);
-    let plan = plan(
-        &r,
-        &seen,
-        accepted_report(&r, &seen),
-        None,
-        vec![lossy_drain()],
-        epoch(),
-    );
+    let plan = plan_of(&r, &seen, None, vec![lossy_drain()]);
     assert!(plan.changed);
     assert_eq!(plan.pause, None, "pauseOnDrainLoss is off");
     let last = plan.status.last_drains.as_ref().expect("totals");
@@ -285,22 +253,20 @@ fn plan_of(
     written: Option<crate::crd::LastDrains>,
     taken: Vec<crate::controller::drains::PodDrain>,
 ) -> Plan {
-    plan(r, seen, accepted_report(r, seen), written, taken, epoch())
+    plan(r, seen, accepted_report(r, seen), written, taken, at(0))
 }
 
 #[test]
 fn with_pause_on_drain_loss_a_lossy_drain_of_a_rolling_deployment_plans_its_pause() {
-    use crate::controller::pause::{DRAIN_LOSS, ROLLOUT_PAUSED, RolloutState};
+    use crate::controller::pause::{DRAIN_LOSS, ROLLOUT_PAUSED};
     let r = route(&format!("{ROUTE}  rollout: {{pauseOnDrainLoss: true}}\n"));
     let mut seen = observed(&r, &[DEPLOYMENT], &[pod(INJECTED_POD)]);
-    seen.rollouts = vec![RolloutState {
-        kind: crate::crd::TargetKind::Deployment,
-        name: "web".into(),
-        selector: serde_norway::from_str("matchLabels: {app: web}").expect("selector"),
-        paused: false,
-        paused_here: false,
-        progressing: true,
-    }];
+    seen.rollouts = vec![state(
+        crate::crd::TargetKind::Deployment,
+        "web",
+        false,
+        true,
+    )];
     let plan = plan_of(&r, &seen, None, vec![lossy_drain()]);
     assert_eq!(plan.pause.as_deref(), Some("web"));
     let paused = plan

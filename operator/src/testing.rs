@@ -14,6 +14,11 @@ use serde_json::Value;
 
 pub type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
+/// An object from inline YAML (a test fixture: a typo fails the test).
+pub fn yaml<T: serde::de::DeserializeOwned>(text: &str) -> T {
+    serde_norway::from_str(text).expect("a fixture that parses")
+}
+
 /// A client (default namespace `shop`) and the handle that answers for its
 /// API server.
 pub fn mock() -> (Client, Handle) {

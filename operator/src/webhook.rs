@@ -532,6 +532,28 @@ status:
         );
     }
 
+    /// Runs `review` through a webhook whose API server answers nothing:
+    /// an API call times the test out.
+    async fn review_without_api(
+        review: &serde_json::Value,
+    ) -> (AdmissionReview<DynamicObject>, &'static str) {
+        let (client, _handle) = crate::testing::mock();
+        let hook = Webhook {
+            client,
+            metrics: Arc::new(Metrics::default()),
+            settings: settings(),
+        };
+        let req = crate::server::check_review(
+            &serde_json::to_vec(review).expect("json"),
+            crate::server::Endpoint::Mutate,
+            &[],
+        )
+        .expect("a well-formed review");
+        tokio::time::timeout(Duration::from_secs(1), hook.review(req))
+            .await
+            .expect("answered without the API server")
+    }
+
     /// The least powerful test of "no API call for what needs none": a
     /// scripted API server that answers nothing would time the test out.
     #[tokio::test]
@@ -546,28 +568,7 @@ status:
                 "namespace": "shop", "name": "web-1"
             }
         });
-        let (svc, _handle) = tower_test::mock::pair::<
-            http::Request<kube::client::Body>,
-            http::Response<kube::client::Body>,
-        >();
-        let hook = Webhook {
-            client: Client::new(svc, "default"),
-            metrics: Arc::new(Metrics::default()),
-            settings: settings(),
-        };
-        let (out, result) = tokio::time::timeout(
-            Duration::from_secs(1),
-            hook.review(
-                crate::server::check_review(
-                    &serde_json::to_vec(&review).expect("json"),
-                    crate::server::Endpoint::Mutate,
-                    &[],
-                )
-                .expect("a well-formed review"),
-            ),
-        )
-        .await
-        .expect("answered without the API server");
+        let (out, result) = review_without_api(&review).await;
         assert_eq!(result, "ignored");
         let resp = out.response.expect("response");
         assert!(resp.allowed && resp.patch.is_none());
@@ -588,24 +589,7 @@ status:
                            "spec": {"containers": "not a list"}}
             }
         });
-        let (svc, _handle) = tower_test::mock::pair::<
-            http::Request<kube::client::Body>,
-            http::Response<kube::client::Body>,
-        >();
-        let hook = Webhook {
-            client: Client::new(svc, "default"),
-            metrics: Arc::new(Metrics::default()),
-            settings: settings(),
-        };
-        let req = crate::server::check_review(
-            &serde_json::to_vec(&review).expect("json"),
-            crate::server::Endpoint::Mutate,
-            &[],
-        )
-        .expect("a well-formed review");
-        let (out, result) = tokio::time::timeout(Duration::from_secs(1), hook.review(req))
-            .await
-            .expect("answered without the API server");
+        let (out, result) = review_without_api(&review).await;
         assert_eq!(result, "error");
         let resp = out.response.expect("response");
         assert_eq!(resp.uid, "u-7");

@@ -148,17 +148,13 @@ async fn patch_workload<P: serde::Serialize + std::fmt::Debug>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::fixtures::{DEPLOYMENT, ROUTE, observed, route};
-    use crate::controller::{build, validate};
+    use crate::controller::fixtures::{DEPLOYMENT, ROUTE};
     use crate::testing::{self, Handle, mock, no_more, scripted};
 
     const CM_PATH: &str = "/api/v1/namespaces/shop/configmaps/kubegrace-web";
 
     fn desired_for(route_yaml: &str) -> Desired {
-        let r = route(route_yaml);
-        let seen = observed(&r, &[DEPLOYMENT], &[]);
-        let valid = validate::check(&r, &seen).expect("valid");
-        build::desired(&r, &valid, &seen).expect("desired")
+        crate::controller::fixtures::pass(route_yaml).2
     }
 
     /// Answers the next request, which must be a forced server-side apply

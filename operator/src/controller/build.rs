@@ -108,15 +108,11 @@ pub fn desired(route: &GraceRoute, valid: &Valid, observed: &Observed) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::fixtures::{DEPLOYMENT, ROUTE, observed, route};
-    use crate::controller::validate;
+    use crate::controller::fixtures::{ROUTE, pass};
 
     #[test]
     fn without_a_rollout_block_only_the_owned_labelled_config_map_is_wanted() {
-        let r = route(ROUTE);
-        let seen = observed(&r, &[DEPLOYMENT], &[]);
-        let valid = validate::check(&r, &seen).expect("valid");
-        let d = desired(&r, &valid, &seen).expect("desired");
+        let (_, _, d) = pass(ROUTE);
         assert!(d.rollout.is_empty(), "{:?}", d.rollout);
         let cm = &d.config_map;
         assert_eq!(cm.name_any(), "kubegrace-web");
@@ -138,20 +134,14 @@ mod tests {
     #[test]
     fn pause_on_drain_loss_alone_writes_nothing_into_the_target() {
         // Nor takes the finalizer: that is held only for what apply wrote.
-        let r = route(&format!("{ROUTE}  rollout: {{pauseOnDrainLoss: true}}\n"));
-        let seen = observed(&r, &[DEPLOYMENT], &[]);
-        let valid = validate::check(&r, &seen).expect("valid");
-        let d = desired(&r, &valid, &seen).expect("desired");
+        let (r, seen, d) = pass(&format!("{ROUTE}  rollout: {{pauseOnDrainLoss: true}}\n"));
         assert!(d.rollout.is_empty(), "{:?}", d.rollout);
         assert!(!crate::controller::finalizer::wanted(&r, &seen, Some(&d)));
     }
 
     #[test]
     fn an_explicit_rollout_block_writes_only_its_fields_to_the_target() {
-        let r = route(&format!("{ROUTE}  rollout: {{minReadySeconds: 3}}\n"));
-        let seen = observed(&r, &[DEPLOYMENT], &[]);
-        let valid = validate::check(&r, &seen).expect("valid");
-        let d = desired(&r, &valid, &seen).expect("desired");
+        let (_, _, d) = pass(&format!("{ROUTE}  rollout: {{minReadySeconds: 3}}\n"));
         assert_eq!(d.rollout.len(), 1);
         let body = &d.rollout[0].body;
         assert_eq!(body["spec"]["minReadySeconds"], 3);

@@ -4,8 +4,7 @@
 //! call fails the test).
 
 use super::*;
-use crate::controller::fixtures::{DEPLOYMENT, ROUTE, observed, route};
-use crate::controller::{build, validate};
+use crate::controller::fixtures::{DEPLOYMENT, ROUTE, checked, observed, route};
 use crate::testing::{Handle, mock, no_more, reply, scripted};
 
 const ROUTE_PATH: &str = "/apis/kubegrace.io/v1alpha1/namespaces/shop/graceroutes/web";
@@ -24,8 +23,7 @@ fn pass(yaml: &str, finalizers: &[&str]) -> (GraceRoute, Observed, Desired) {
         r.metadata.finalizers = Some(finalizers.iter().map(|f| f.to_string()).collect());
     }
     let seen = observed(&r, &[DEPLOYMENT], &[]);
-    let valid = validate::check(&r, &seen).expect("valid");
-    let d = build::desired(&r, &valid, &seen).expect("desired");
+    let (_, d) = checked(&r, &seen);
     (r, seen, d)
 }
 
@@ -52,6 +50,16 @@ impl Answers {
 async fn next(api: &mut Handle, answers: &Answers) -> (String, String, String, Value) {
     let seen = reply(api, 200, |path, _| answers.of(path)).await;
     (seen.method, seen.path, seen.content_type, seen.body)
+}
+
+/// The apply of a route with a rollout block: the ConfigMap, then the
+/// Deployment, and no call after them.
+async fn writes_then_nothing(api: &mut Handle, answers: &Answers) {
+    for want in [CM_PATH, DEPLOY_PATH] {
+        let (_, path, _, _) = next(api, answers).await;
+        assert_eq!(path, want);
+    }
+    no_more(api).await;
 }
 
 /// Runs [`apply_guarded`] for the pass against `script`.
@@ -150,11 +158,7 @@ async fn the_finalizer_is_added_before_the_first_write_into_a_workload() {
             assert_eq!(ct, "application/json-patch+json");
             assert_eq!(body[1]["op"], "add", "{body}");
             assert_eq!(body[1]["value"], json!([FINALIZER]), "{body}");
-            let (_, path, _, _) = next(&mut api, &answer).await;
-            assert_eq!(path, CM_PATH);
-            let (_, path, _, _) = next(&mut api, &answer).await;
-            assert_eq!(path, DEPLOY_PATH);
-            no_more(&mut api).await;
+            writes_then_nothing(&mut api, &answer).await;
         })
     })
     .await;
@@ -163,13 +167,7 @@ async fn the_finalizer_is_added_before_the_first_write_into_a_workload() {
 #[tokio::test]
 async fn a_route_that_holds_the_finalizer_and_writes_into_a_workload_adds_nothing() {
     run(pass(&with_rollout(), &[FINALIZER]), |mut api, answer| {
-        Box::pin(async move {
-            let (_, path, _, _) = next(&mut api, &answer).await;
-            assert_eq!(path, CM_PATH);
-            let (_, path, _, _) = next(&mut api, &answer).await;
-            assert_eq!(path, DEPLOY_PATH);
-            no_more(&mut api).await;
-        })
+        Box::pin(async move { writes_then_nothing(&mut api, &answer).await })
     })
     .await;
 }

@@ -119,8 +119,8 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::controller::fixtures::context;
-    use crate::testing::{self, Handle, mock, no_more, scripted};
+    use crate::controller::fixtures::scripted_context;
+    use crate::testing::{self, Handle, no_more, scripted};
 
     /// A route the Rust type refuses: the API server stored it (no
     /// `maximum` in the CRD), `u32` cannot hold it.
@@ -149,8 +149,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_undecodable_route_is_reported_by_name_on_its_status_an_event_and_a_metric() {
-        let (client, mut api) = mock();
-        let ctx = context(client);
+        let (ctx, mut api) = scripted_context();
         let obj = undecodable(json!({}), json!({}));
         let why = tolerant::decode(&obj).expect_err("undecodable");
         let echo = serde_json::to_value(&obj).expect("json");
@@ -193,8 +192,7 @@ mod tests {
     /// (or announce) it again, or the route loops.
     #[tokio::test]
     async fn a_route_whose_status_already_says_so_is_not_written_again() {
-        let (client, mut api) = mock();
-        let ctx = context(client);
+        let (ctx, mut api) = scripted_context();
         let first = undecodable(json!({}), json!({}));
         let why = tolerant::decode(&first).expect_err("undecodable");
         let now = Time(jiff::Timestamp::now());
@@ -208,8 +206,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_deleted_undecodable_route_lets_go_of_its_finalizer_and_says_so() {
-        let (client, mut api) = mock();
-        let ctx = context(client);
+        let (ctx, mut api) = scripted_context();
         let obj = undecodable(
             json!({"finalizers": ["other.io/x", FINALIZER], "deletionTimestamp": "2026-01-01T00:00:00Z"}),
             json!({}),
@@ -242,8 +239,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_panicking_reconcile_is_counted_written_as_degraded_and_retried() {
-        let (client, mut api) = mock();
-        let ctx = context(client);
+        let (ctx, mut api) = scripted_context();
         let obj = undecodable(json!({}), json!({}));
         let script = async move {
             let (method, path, body) = next(&mut api, json!({})).await;

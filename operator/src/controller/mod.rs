@@ -35,8 +35,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
-use kube::api::ObjectMeta;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodTemplateSpec, Service};
 use kube::core::DynamicObject;
 use kube::core::SelectorExt;
 use kube::runtime::controller::Action;
@@ -187,6 +186,27 @@ fn routes_for_workload(
         .collect()
 }
 
+/// The watch mapper of a workload kind: a changed Deployment or
+/// StatefulSet to the routes that may target it (by name, or by its pod
+/// template's labels).
+fn workload_mapper<K: ResourceExt>(
+    store: Routes,
+    kind: TargetKind,
+    template: fn(&K) -> Option<&PodTemplateSpec>,
+) -> impl Fn(K) -> Vec<ObjectRef<DynamicObject>> {
+    move |w| {
+        let labels = template(&w)
+            .and_then(|t| t.metadata.as_ref())
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default();
+        let ns = w.namespace().unwrap_or_default();
+        routes_for_workload(&store, kind, &ns, &w.name_any(), &labels)
+            .iter()
+            .map(tolerant::erase)
+            .collect()
+    }
+}
+
 /// Maps a pod to the route it is pinned to, or the routes selecting it.
 fn routes_for_pod(store: &Routes, pod: &Pod) -> Vec<ObjectRef<GraceRoute>> {
     let ns = pod.namespace().unwrap_or_default();
@@ -243,32 +263,21 @@ pub async fn run(
         routes: store,
         drains: inbox,
     });
-    let tpl_labels = |m: Option<&ObjectMeta>| m.and_then(|m| m.labels.clone()).unwrap_or_default();
     controller
         .owns(crate::scope::api::<ConfigMap>(&client, ns), managed)
         .watches(
             crate::scope::api::<Deployment>(&client, ns),
             watcher::Config::default(),
-            move |d| {
-                let labels = tpl_labels(d.spec.as_ref().and_then(|s| s.template.metadata.as_ref()));
-                let ns = d.namespace().unwrap_or_default();
-                routes_for_workload(&s1, TargetKind::Deployment, &ns, &d.name_any(), &labels)
-                    .iter()
-                    .map(tolerant::erase)
-                    .collect::<Vec<_>>()
-            },
+            workload_mapper(s1, TargetKind::Deployment, |d: &Deployment| {
+                d.spec.as_ref().map(|s| &s.template)
+            }),
         )
         .watches(
             crate::scope::api::<StatefulSet>(&client, ns),
             watcher::Config::default(),
-            move |s| {
-                let labels = tpl_labels(s.spec.as_ref().and_then(|s| s.template.metadata.as_ref()));
-                let ns = s.namespace().unwrap_or_default();
-                routes_for_workload(&s2, TargetKind::StatefulSet, &ns, &s.name_any(), &labels)
-                    .iter()
-                    .map(tolerant::erase)
-                    .collect::<Vec<_>>()
-            },
+            workload_mapper(s2, TargetKind::StatefulSet, |s: &StatefulSet| {
+                s.spec.as_ref().map(|s| &s.template)
+            }),
         )
         .watches(
             crate::scope::api::<Pod>(&client, ns),
@@ -340,7 +349,13 @@ spec:
       - {name: app, image: app, ports: [{name: http, containerPort: 8080}]}
 "#;
 
-    /// A context whose client is `client` (a scripted one, say).
+    /// A context whose API server is the returned script handle.
+    pub fn scripted_context() -> (Context, crate::testing::Handle) {
+        let (client, handle) = crate::testing::mock();
+        (context(client), handle)
+    }
+
+    /// A context whose client is `client`.
     pub fn context(client: Client) -> Context {
         Context {
             recorder: Recorder::new(
@@ -407,6 +422,34 @@ spec:
             paused_here: false,
             progressing,
         }
+    }
+
+    /// What validate and build make of `route` against `seen` (both pass).
+    pub fn checked(route: &GraceRoute, seen: &Observed) -> (validate::Valid, build::Desired) {
+        let valid = validate::check(route, seen).expect("valid");
+        let desired = build::desired(route, &valid, seen).expect("desired");
+        (valid, desired)
+    }
+
+    /// A pass of the route `yaml` against [`DEPLOYMENT`] (no pods): the
+    /// route, what was observed, what it wants written.
+    pub fn pass(yaml: &str) -> (GraceRoute, Observed, build::Desired) {
+        let r = route(yaml);
+        let seen = observed(&r, &[DEPLOYMENT], &[]);
+        let (_, desired) = checked(&r, &seen);
+        (r, seen, desired)
+    }
+
+    /// The condition `type_` of `status`.
+    pub fn condition_of<'a>(
+        status: &'a crate::crd::GraceRouteStatus,
+        type_: &str,
+    ) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .expect("condition")
     }
 
     pub fn route(yaml: &str) -> GraceRoute {

@@ -39,25 +39,26 @@ fn without_the_option_nothing_pauses() {
     assert_eq!(v, None);
 }
 
+/// The verdict on one lossy drain of `web-a`, with the option on.
+fn one_loss(rollouts: &[RolloutState]) -> Option<Verdict> {
+    decide(true, &[drain("web-a", 1, 1, Some(100))], rollouts, None)
+}
+
 #[test]
 fn a_scale_down_or_a_finished_rollout_is_not_paused() {
     let done = vec![state(TargetKind::Deployment, "web", false, false)];
-    assert_eq!(
-        decide(true, &[drain("web-a", 1, 1, Some(100))], &done, None),
-        None
-    );
+    assert_eq!(one_loss(&done), None);
 }
 
 #[test]
 fn a_deployment_paused_by_someone_else_is_left_alone_and_one_paused_here_is_paused_again() {
     let mut by_user = rolling();
     by_user[0].paused = true;
-    let lossy = [drain("web-a", 1, 1, Some(100))];
-    assert_eq!(decide(true, &lossy, &by_user, None), None);
+    assert_eq!(one_loss(&by_user), None);
     // Our pause whose status write failed: the retry decides the same.
     by_user[0].paused_here = true;
     assert_eq!(
-        paused_name(decide(true, &lossy, &by_user, None)),
+        paused_name(one_loss(&by_user)),
         Some(("pause".into(), "web-a".into()))
     );
 }
@@ -85,10 +86,7 @@ fn a_statefulset_is_reported_not_paused() {
 #[test]
 fn a_pod_of_another_workload_does_not_pause_this_one() {
     let other = vec![state(TargetKind::Deployment, "api", false, true)];
-    assert_eq!(
-        decide(true, &[drain("web-a", 1, 1, Some(1))], &other, None),
-        None
-    );
+    assert_eq!(one_loss(&other), None);
 }
 
 #[test]

@@ -11,21 +11,18 @@ use crate::controller::dereference::Observed;
 use crate::crd::GraceRoute;
 use crate::keys;
 use crate::reasons::{ACCEPTED, DEGRADED, DRAIN_FORCE_CLOSED, READY};
-
-fn pod(yaml: &str) -> Pod {
-    serde_norway::from_str(yaml).expect("pod")
-}
+use crate::testing::yaml;
 
 #[test]
 fn drift_counts_pods_that_asked_and_did_not_get_the_sidecar() {
-    let injected = pod(
+    let injected = yaml::<Pod>(
         "metadata: {name: a, labels: {kubegrace.io/inject: enabled}, annotations: {kubegrace.io/injected: 'true'}}",
     );
-    let bare = pod("metadata: {name: b, labels: {kubegrace.io/inject: enabled}}");
-    let skipped = pod(
+    let bare = yaml::<Pod>("metadata: {name: b, labels: {kubegrace.io/inject: enabled}}");
+    let skipped = yaml::<Pod>(
         "metadata: {name: c, labels: {kubegrace.io/inject: enabled}, annotations: {kubegrace.io/inject-skipped: no port}}",
     );
-    let not_asking = pod("metadata: {name: d}");
+    let not_asking = yaml::<Pod>("metadata: {name: d}");
     let c = count_pods([&injected, &bare, &skipped, &not_asking], &BTreeMap::new());
     assert_eq!((c.expected, c.injected), (3, 1));
     assert_eq!(
@@ -58,30 +55,31 @@ fn unchanged_conditions_keep_their_transition_time() {
     );
 }
 
-use crate::controller::fixtures::{DEPLOYMENT, ROUTE, at, drain, observed, route, state};
-use crate::controller::{build, validate as check};
+use crate::controller::fixtures::{
+    DEPLOYMENT, ROUTE, at, checked, condition_of, drain, observed, route, state,
+};
 
 const INJECTED_POD: &str = "metadata: {name: web-1, namespace: shop, labels: {app: web, kubegrace.io/inject: enabled}, annotations: {kubegrace.io/injected: 'true'}}\nspec: {terminationGracePeriodSeconds: 60, containers: []}";
 
 fn accepted_report(r: &GraceRoute, seen: &Observed) -> Report {
-    let valid = check::check(r, seen).expect("valid");
-    let d = build::desired(r, &valid, seen).expect("desired");
+    let (valid, d) = checked(r, seen);
     accepted(r, seen, &valid, &d)
 }
 
+/// The condition has `reason`, and its message says `text`.
+fn assert_says(c: &Condition, reason: &str, text: &str) {
+    assert_eq!(c.reason, reason, "{}", c.message);
+    assert!(c.message.contains(text), "{}", c.message);
+}
+
 fn cond<'a>(report: &'a Report, type_: &str) -> &'a Condition {
-    report
-        .status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .expect("condition")
+    condition_of(&report.status, type_)
 }
 
 #[test]
 fn a_fronted_target_is_ready_and_the_first_pass_announces_budget_and_config() {
     let r = route(ROUTE);
-    let seen = observed(&r, &[DEPLOYMENT], &[pod(INJECTED_POD)]);
+    let seen = observed(&r, &[DEPLOYMENT], &[yaml::<Pod>(INJECTED_POD)]);
     let report = accepted_report(&r, &seen);
     assert!(report.ready());
     assert_eq!(cond(&report, READY).reason, "Fronted");
@@ -105,7 +103,11 @@ fn pods_from_before_injection_keep_the_route_not_ready_until_the_rollout_replace
         "metadata: {name: web-old-1, namespace: shop, labels: {app: web}}\nspec: {containers: []}";
     let report = accepted_report(
         &r,
-        &observed(&r, &[DEPLOYMENT], &[pod(INJECTED_POD), pod(old)]),
+        &observed(
+            &r,
+            &[DEPLOYMENT],
+            &[yaml::<Pod>(INJECTED_POD), yaml::<Pod>(old)],
+        ),
     );
     let ready = cond(&report, READY);
     assert_eq!(
@@ -128,7 +130,11 @@ fn pods_from_before_injection_keep_the_route_not_ready_until_the_rollout_replace
     let leaving = "metadata: {name: web-old-1, namespace: shop, labels: {app: web}, deletionTimestamp: '2026-12-03T10:00:00Z'}\nspec: {containers: []}";
     let report = accepted_report(
         &r,
-        &observed(&r, &[DEPLOYMENT], &[pod(INJECTED_POD), pod(leaving)]),
+        &observed(
+            &r,
+            &[DEPLOYMENT],
+            &[yaml::<Pod>(INJECTED_POD), yaml::<Pod>(leaving)],
+        ),
     );
     assert_eq!(cond(&report, READY).reason, "Fronted");
 
@@ -140,12 +146,15 @@ fn pods_from_before_injection_keep_the_route_not_ready_until_the_rollout_replace
             "metadata: {name: web, namespace: shop}",
             "metadata: {name: web, namespace: shop, annotations: {kubegrace.io/inject: enabled}}",
         );
-    let report = accepted_report(&r, &observed(&r, &[annotated.as_str()], &[pod(old)]));
+    let report = accepted_report(
+        &r,
+        &observed(&r, &[annotated.as_str()], &[yaml::<Pod>(old)]),
+    );
     assert_eq!(cond(&report, READY).reason, "RollingOut");
 
     // Not asked for at all: the old answer with its hint.
     let plain = DEPLOYMENT.replace("kubegrace.io/inject: enabled", "tier: web");
-    let report = accepted_report(&r, &observed(&r, &[plain.as_str()], &[pod(old)]));
+    let report = accepted_report(&r, &observed(&r, &[plain.as_str()], &[yaml::<Pod>(old)]));
     assert_eq!(cond(&report, READY).reason, "InjectionNotEnabled");
 }
 
@@ -153,29 +162,21 @@ fn pods_from_before_injection_keep_the_route_not_ready_until_the_rollout_replace
 fn a_missing_target_and_a_bare_pod_are_conditions_with_the_fix() {
     let r = route(ROUTE);
     let missing = accepted_report(&r, &observed(&r, &[], &[]));
-    let ready = cond(&missing, READY);
-    assert_eq!(ready.reason, "TargetNotFound");
-    assert!(
-        ready
-            .message
-            .contains("Deployment/web does not exist in namespace shop"),
-        "{}",
-        ready.message
+    assert_says(
+        cond(&missing, READY),
+        "TargetNotFound",
+        "Deployment/web does not exist in namespace shop",
     );
     assert_eq!(cond(&missing, ACCEPTED).status, "True");
 
-    let bare = pod(
+    let bare = yaml::<Pod>(
         "metadata: {name: web-2, namespace: shop, labels: {app: web, kubegrace.io/inject: enabled}, annotations: {kubegrace.io/inject-skipped: no GraceRoute selects this pod}}",
     );
     let report = accepted_report(&r, &observed(&r, &[DEPLOYMENT], &[bare]));
-    let ready = cond(&report, READY);
-    assert_eq!(ready.reason, "PodsNotInjected");
-    assert!(
-        ready
-            .message
-            .contains("web-2: no GraceRoute selects this pod"),
-        "{}",
-        ready.message
+    assert_says(
+        cond(&report, READY),
+        "PodsNotInjected",
+        "web-2: no GraceRoute selects this pod",
     );
     assert_eq!(cond(&report, DEGRADED).status, "True");
     assert!(report.events.iter().any(|e| e.reason == "PodsNotInjected"));
@@ -185,7 +186,7 @@ fn a_missing_target_and_a_bare_pod_are_conditions_with_the_fix() {
 fn an_invalid_route_is_not_accepted_and_warns_once_per_message() {
     let r = route(&ROUTE.replace("ports: [{name: http}]", "ports: [{name: nope}]"));
     let seen = observed(&r, &[DEPLOYMENT], &[]);
-    let invalid = check::check(&r, &seen).expect_err("unknown port");
+    let invalid = crate::controller::validate::check(&r, &seen).expect_err("unknown port");
     let report = rejected(&r, &seen, &invalid);
     let accepted = cond(&report, ACCEPTED);
     assert_eq!(
@@ -206,7 +207,7 @@ fn lossy_drain() -> crate::controller::drains::PodDrain {
 #[test]
 fn a_lossy_drain_is_counted_and_announced_on_the_route_and_on_its_workload() {
     let r = route(ROUTE);
-    let seen = observed(&r, &[DEPLOYMENT], &[pod(INJECTED_POD)]);
+    let seen = observed(&r, &[DEPLOYMENT], &[yaml::<Pod>(INJECTED_POD)]);
     let plan = plan_of(&r, &seen, None, vec![lossy_drain()]);
     assert!(plan.changed);
     assert_eq!(plan.pause, None, "pauseOnDrainLoss is off");
@@ -260,7 +261,7 @@ fn plan_of(
 fn with_pause_on_drain_loss_a_lossy_drain_of_a_rolling_deployment_plans_its_pause() {
     use crate::controller::pause::{DRAIN_LOSS, ROLLOUT_PAUSED};
     let r = route(&format!("{ROUTE}  rollout: {{pauseOnDrainLoss: true}}\n"));
-    let mut seen = observed(&r, &[DEPLOYMENT], &[pod(INJECTED_POD)]);
+    let mut seen = observed(&r, &[DEPLOYMENT], &[yaml::<Pod>(INJECTED_POD)]);
     seen.rollouts = vec![state(
         crate::crd::TargetKind::Deployment,
         "web",

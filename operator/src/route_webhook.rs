@@ -52,6 +52,7 @@ use crate::controller::{self, Workloads};
 use crate::crd::GraceRoute;
 use crate::reasons;
 use crate::rules::Invalid;
+use crate::webhook::admitted_with;
 use crate::{Error, Result};
 
 /// What the webhook answers for one route (pure).
@@ -231,21 +232,16 @@ where
             // The API server is what failed, not the route: admit it, say the
             // port was not checked; the controller's condition will tell.
             tracing::warn!(error = %e, "route validation lookup failed; admitting the route");
-            let mut r = resp;
-            r.warnings = Some(vec![format!(
-                "kubegrace: the route's ports were not checked against its target ({e}); see its Accepted condition"
-            )]);
-            return (r.into_review(), "error");
+            let why = format!(
+                "the route's ports were not checked against its target ({e}); see its Accepted condition"
+            );
+            return (admitted_with(resp, vec![why]), "error");
         }
     };
     match judge(route, old, &workloads, &routes, &services) {
         Verdict::Refuse(invalid) => (refuse(resp, &invalid).into_review(), "refused"),
         Verdict::Allow(w) if w.is_empty() => (resp.into_review(), "allowed"),
-        Verdict::Allow(w) => {
-            let mut r = resp;
-            r.warnings = Some(w.into_iter().map(|w| format!("kubegrace: {w}")).collect());
-            (r.into_review(), "warned")
-        }
+        Verdict::Allow(w) => (admitted_with(resp, w), "warned"),
     }
 }
 

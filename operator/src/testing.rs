@@ -14,6 +14,19 @@ use serde_json::Value;
 
 pub type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
+/// `check` takes `min` and `max` and refuses a millisecond past either.
+pub fn assert_bounded<T, E>(
+    check: impl Fn(Duration) -> Result<T, E>,
+    min: Duration,
+    max: Duration,
+) {
+    let step = Duration::from_millis(1);
+    assert!(check(min).is_ok(), "{min:?}");
+    assert!(check(max).is_ok(), "{max:?}");
+    assert!(check(min - step).is_err(), "below {min:?}");
+    assert!(check(max + step).is_err(), "above {max:?}");
+}
+
 /// An object from inline YAML (a test fixture: a typo fails the test).
 pub fn yaml<T: serde::de::DeserializeOwned>(text: &str) -> T {
     serde_norway::from_str(text).expect("a fixture that parses")

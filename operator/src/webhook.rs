@@ -33,6 +33,22 @@ use crate::rules::config_map_name;
 use crate::tolerant::{Listed, Undecodable};
 use crate::{Error, Result, keys};
 
+/// The object admitted unchanged, with `warnings` (each prefixed
+/// `kubegrace: `, so `kubectl` users see who says it).
+pub(crate) fn admitted_with(
+    resp: AdmissionResponse,
+    warnings: Vec<String>,
+) -> AdmissionReview<DynamicObject> {
+    let mut r = resp;
+    r.warnings = Some(
+        warnings
+            .into_iter()
+            .map(|w| format!("kubegrace: {w}"))
+            .collect(),
+    );
+    r.into_review()
+}
+
 /// What the operator's flags say about every sidecar.
 #[derive(Debug, Clone)]
 pub struct SidecarSettings {
@@ -241,11 +257,8 @@ impl Webhook {
                 // Allowed bare (see the module doc): the API server judges
                 // the pod itself.
                 tracing::warn!(error = %e, "the pod does not decode; admitting it unchanged");
-                let mut r = resp;
-                r.warnings = Some(vec![format!(
-                    "kubegrace: sidecar not injected: the pod could not be read: {e}"
-                )]);
-                return (r.into_review(), "error");
+                let why = format!("sidecar not injected: the pod could not be read: {e}");
+                return (admitted_with(resp, vec![why]), "error");
             }
         };
         let pod = &pod;
@@ -263,9 +276,8 @@ impl Webhook {
             Err(e) => {
                 // Admit bare: the route reports the pod as not injected.
                 tracing::warn!(error = %e, "webhook lookup failed; admitting the pod unchanged");
-                let mut r = resp;
-                r.warnings = Some(vec![format!("kubegrace: sidecar not injected: {e}")]);
-                return (r.into_review(), "error");
+                let why = format!("sidecar not injected: {e}");
+                return (admitted_with(resp, vec![why]), "error");
             }
         };
         let decision = match pinned_undecodable(pod, &labels, &listed.undecodable) {

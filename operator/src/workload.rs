@@ -332,20 +332,19 @@ mod tests {
     use super::*;
     use crate::testing::yaml;
 
+    /// The pod template's metadata in an apply body.
+    fn template_meta(body: &serde_json::Value) -> &serde_json::Value {
+        &body["spec"]["template"]["metadata"]
+    }
+
     #[test]
     fn the_annotation_is_copied_into_label_and_annotation() {
         let d = yaml::<Deployment>(
             "metadata: {name: web, annotations: {kubegrace.io/inject: enabled}}\nspec: {selector: {}, template: {}}",
         );
         let body = desired(&d).expect("needs a write");
-        assert_eq!(
-            body["spec"]["template"]["metadata"]["labels"][keys::INJECT],
-            "enabled"
-        );
-        assert_eq!(
-            body["spec"]["template"]["metadata"]["annotations"][keys::INJECT],
-            "enabled"
-        );
+        assert_eq!(template_meta(&body)["labels"][keys::INJECT], "enabled");
+        assert_eq!(template_meta(&body)["annotations"][keys::INJECT], "enabled");
     }
 
     #[test]
@@ -354,15 +353,8 @@ mod tests {
             "metadata: {name: web}\nspec: {selector: {}, template: {metadata: {annotations: {kubegrace.io/inject: enabled}}}}",
         );
         let body = desired(&d).expect("needs the label");
-        assert_eq!(
-            body["spec"]["template"]["metadata"]["labels"][keys::INJECT],
-            "enabled"
-        );
-        assert!(
-            body["spec"]["template"]["metadata"]
-                .get("annotations")
-                .is_none()
-        );
+        assert_eq!(template_meta(&body)["labels"][keys::INJECT], "enabled");
+        assert!(template_meta(&body).get("annotations").is_none());
     }
 
     #[test]

@@ -87,6 +87,12 @@ fn a_statefulset_is_reported_not_paused() {
 fn a_pod_of_another_workload_does_not_pause_this_one() {
     let other = vec![state(TargetKind::Deployment, "api", false, true)];
     assert_eq!(one_loss(&other), None);
+    // The same drain does pause the workload its pod belongs to.
+    let both = [other[0].clone(), rolling()[0].clone()];
+    assert_eq!(
+        paused_name(one_loss(&both)),
+        Some(("pause".into(), "web-a".into()))
+    );
 }
 
 #[test]

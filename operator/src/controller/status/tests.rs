@@ -66,6 +66,12 @@ fn accepted_report(r: &GraceRoute, seen: &Observed) -> Report {
     accepted(r, seen, &valid, &d)
 }
 
+/// The report of `r` when [`DEPLOYMENT`] runs an injected pod and `pod`.
+fn beside_an_injected_pod(r: &GraceRoute, pod: &str) -> Report {
+    let pods = [yaml::<Pod>(INJECTED_POD), yaml::<Pod>(pod)];
+    accepted_report(r, &observed(r, &[DEPLOYMENT], &pods))
+}
+
 /// The condition has `reason`, and its message says `text`.
 fn assert_says(c: &Condition, reason: &str, text: &str) {
     assert_eq!(c.reason, reason, "{}", c.message);
@@ -101,14 +107,7 @@ fn pods_from_before_injection_keep_the_route_not_ready_until_the_rollout_replace
     // Created from the template before it asked for the sidecar.
     let old =
         "metadata: {name: web-old-1, namespace: shop, labels: {app: web}}\nspec: {containers: []}";
-    let report = accepted_report(
-        &r,
-        &observed(
-            &r,
-            &[DEPLOYMENT],
-            &[yaml::<Pod>(INJECTED_POD), yaml::<Pod>(old)],
-        ),
-    );
+    let report = beside_an_injected_pod(&r, old);
     let ready = cond(&report, READY);
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_str()),
@@ -128,14 +127,7 @@ fn pods_from_before_injection_keep_the_route_not_ready_until_the_rollout_replace
 
     // Terminating: the rollout is done with it.
     let leaving = "metadata: {name: web-old-1, namespace: shop, labels: {app: web}, deletionTimestamp: '2026-12-03T10:00:00Z'}\nspec: {containers: []}";
-    let report = accepted_report(
-        &r,
-        &observed(
-            &r,
-            &[DEPLOYMENT],
-            &[yaml::<Pod>(INJECTED_POD), yaml::<Pod>(leaving)],
-        ),
-    );
+    let report = beside_an_injected_pod(&r, leaving);
     assert_eq!(cond(&report, READY).reason, "Fronted");
 
     // Annotated a moment ago: the template does not ask yet, the workload does, and

@@ -77,3 +77,5 @@ impl Error {
 mod netpol_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod write_tests;

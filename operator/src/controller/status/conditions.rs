@@ -102,10 +102,6 @@ pub fn accepted(
     let count = count_pods(observed.pods.values(), &observed.ns_labels);
     let ready = ready(route, observed, &count, &desired.hash);
     let degraded = degraded(route, observed, &count, &ready);
-    let (ready_condition, degraded_condition) = (
-        ready.condition(READY, generation),
-        degraded.condition(DEGRADED, generation),
-    );
     let target_ids = observed.target_ids();
     let budget = &valid.budget;
     let config_map = rules::config_map_name(&route.name_any());
@@ -120,8 +116,8 @@ pub fn accepted(
                 accepted_message(observed, valid, desired),
                 generation,
             ),
-            ready_condition,
-            degraded_condition,
+            ready.condition(READY, generation),
+            degraded.condition(DEGRADED, generation),
         ],
         targets: target_ids.clone(),
         target_count: i32::try_from(target_ids.len()).unwrap_or(i32::MAX),

@@ -41,7 +41,7 @@ h2spec: ## the sidecar's HTTP/2 side against h2spec's 145 cases (part of test-un
 fuzz: ## the property tests long: fast-path parsers and drain configs (FUZZ_CASES per property, default 100000, about 1 min), GraceRoute specs (FUZZ_OPERATOR_CASES, default 20000, about 11 min)
 	KUBEGRACE_FUZZ_CASES=$${FUZZ_CASES:-100000} $(CARGO) test -p kubegrace-sidecar --lib proxy::h1::fuzz -- --test-threads=2
 	KUBEGRACE_FUZZ_CASES=$${FUZZ_CASES:-100000} $(CARGO) test -p kubegrace-sidecar --lib drain::fuzz -- --test-threads=2
-	KUBEGRACE_FUZZ_CASES=$${FUZZ_OPERATOR_CASES:-20000} $(CARGO) test -p kubegrace-operator --lib build::fuzz -- --test-threads=2
+	KUBEGRACE_FUZZ_CASES=$${FUZZ_OPERATOR_CASES:-20000} $(CARGO) test -p kubegrace-operator --lib rules::fuzz -- --test-threads=2
 
 test-cluster: deps ## cluster tests on $$KUBECONFIG, or on the local single-node cluster (booted and torn down here)
 	e2e/run-cluster-tests

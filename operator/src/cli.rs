@@ -298,6 +298,23 @@ impl RunArgs {
     }
 }
 
+/// A duration flag's value, refused outside `min..=max` with the flag's
+/// name and the range.
+pub fn duration_within(
+    flag: &str,
+    d: std::time::Duration,
+    min: std::time::Duration,
+    max: std::time::Duration,
+) -> crate::Result<std::time::Duration> {
+    if (min..=max).contains(&d) {
+        Ok(d)
+    } else {
+        Err(crate::Error::Config(format!(
+            "{flag} {d:?} is outside {min:?}..={max:?}"
+        )))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

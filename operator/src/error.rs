@@ -1,6 +1,9 @@
-//! The operator's one error type. The variant name is the metric label
-//! (`kubegrace_operator_reconcile_errors_total{kind="..."}`), so it says which
-//! edge of the pipeline failed, not which line.
+//! The operator's error type. Each step of the route controller has its own
+//! error enum (`controller::{dereference, build, apply, finalizer,
+//! status}::Error`, as Stackable's operators have one per step), wrapped
+//! here. [`Error::kind`] is the metric label
+//! (`kubegrace_operator_reconcile_errors_total{kind="..."}`): what kind of
+//! thing failed (an API call, the finalizer, a panic), not which line.
 
 use std::time::Duration;
 
@@ -15,9 +18,16 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    /// The finalizer machinery failed to add or remove itself.
-    #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// The route controller's steps, each with its own error (the metric
+    /// label is the step error's).
+    #[error(transparent)]
+    Dereference(#[from] crate::controller::dereference::Error),
+    #[error(transparent)]
+    Build(#[from] crate::controller::build::Error),
+    #[error(transparent)]
+    Apply(#[from] crate::controller::apply::Error),
+    #[error(transparent)]
+    Finalizer(#[from] crate::controller::finalizer::Error),
     /// An object we read did not have the shape we rely on.
     #[error("{0}")]
     MissingField(String),
@@ -47,6 +57,8 @@ pub enum Error {
     /// The command line or environment is not usable.
     #[error("config: {0}")]
     Config(String),
+    #[error(transparent)]
+    Status(#[from] crate::controller::status::Error),
     /// A task panicked; the panic was caught at its boundary (the message
     /// is the panic's).
     #[error("panicked: {0}")]
@@ -61,7 +73,10 @@ impl Error {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Kube { .. } => "kube",
-            Self::Finalizer(_) => "finalizer",
+            Self::Dereference(e) => e.kind(),
+            Self::Build(e) => e.kind(),
+            Self::Apply(e) => e.kind(),
+            Self::Finalizer(e) => e.kind(),
             Self::MissingField(_) => "missing_field",
             Self::Serde { .. } => "serde",
             Self::SidecarConfig(_) => "sidecar_config",
@@ -71,6 +86,7 @@ impl Error {
             Self::Config(_) => "config",
             Self::Timeout(..) => "timeout",
             Self::Panic(_) => "panic",
+            Self::Status(e) => e.kind(),
         }
     }
 

@@ -88,13 +88,7 @@ pub fn served(
 
 /// Refuses an interval outside [`MIN_INTERVAL`]..=[`MAX_INTERVAL`].
 pub fn checked_interval(d: Duration) -> Result<Duration> {
-    if (MIN_INTERVAL..=MAX_INTERVAL).contains(&d) {
-        Ok(d)
-    } else {
-        Err(Error::Config(format!(
-            "--heal-interval {d:?} is outside {MIN_INTERVAL:?}..={MAX_INTERVAL:?}"
-        )))
-    }
+    crate::cli::duration_within("--heal-interval", d, MIN_INTERVAL, MAX_INTERVAL)
 }
 
 /// A bare pod that may be evicted, and why.

@@ -164,92 +164,57 @@ impl LeaderElector {
 mod tests {
     use super::*;
 
-    use http::{Request, Response};
-    use kube::client::Body;
     use serde_json::json;
 
-    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+    use crate::testing::{answer_with, mock, no_more, reply, scripted};
 
-    fn scripted() -> (LeaderElector, Handle) {
-        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        (
-            LeaderElector::new(Client::new(svc, "ops"), "ops", "lease", "me"),
-            handle,
-        )
-    }
-
-    fn respond(status: u16, body: serde_json::Value) -> Response<Body> {
-        Response::builder()
-            .status(status)
-            .body(Body::from(serde_json::to_vec(&body).expect("json")))
-            .expect("response")
+    fn elector() -> (LeaderElector, crate::testing::Handle) {
+        let (client, handle) = mock();
+        (LeaderElector::new(client, "ops", "lease", "me"), handle)
     }
 
     const PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/lease";
 
     /// The API call sequence, scripted: a missing call or an extra one
-    /// times the test out.
+    /// fails the test.
     #[tokio::test]
     async fn a_missing_lease_is_created_with_us_as_holder() {
-        let (elector, mut api) = scripted();
-        let server = tokio::spawn(async move {
-            let (req, send) = api.next_request().await.expect("GET");
-            assert_eq!((req.method().as_str(), req.uri().path()), ("GET", PATH));
-            send.send_response(respond(
-                404,
-                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
-            ));
-            let (req, send) = api.next_request().await.expect("POST");
-            assert_eq!(req.method().as_str(), "POST");
-            let body = req.into_body().collect_bytes().await.expect("body");
-            let lease: Lease = serde_json::from_slice(&body).expect("a Lease");
+        let (elector, mut api) = elector();
+        let script = async move {
+            let not_found = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
+            let seen = answer_with(&mut api, 404, &not_found).await;
+            assert_eq!(seen.call(), ("GET", PATH));
+            let seen = reply(&mut api, 200, |_, body| body.clone()).await;
+            assert_eq!(seen.method, "POST");
+            let lease: Lease = serde_json::from_value(seen.body).expect("a Lease");
             let spec = lease.spec.expect("spec");
             assert_eq!(spec.holder_identity.as_deref(), Some("me"));
             assert_eq!(spec.lease_duration_seconds, Some(15));
-            send.send_response(Response::new(Body::from(body.to_vec())));
-        });
-        let won = tokio::time::timeout(Duration::from_secs(1), elector.try_acquire_or_renew())
+        };
+        let won = scripted(script, elector.try_acquire_or_renew())
             .await
-            .expect("no missing call")
             .expect("no error");
         assert!(won);
-        tokio::time::timeout(Duration::from_secs(1), server)
-            .await
-            .expect("script done")
-            .expect("script passed");
     }
 
     #[tokio::test]
     async fn a_lease_held_by_another_live_replica_is_left_alone() {
-        let (elector, mut api) = scripted();
-        let server = tokio::spawn(async move {
-            let (_, send) = api.next_request().await.expect("GET");
+        let (elector, mut api) = elector();
+        let script = async move {
             let now = jiff::Timestamp::now();
-            send.send_response(respond(
-                200,
-                json!({
-                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": "lease", "namespace": "ops", "resourceVersion": "7"},
-                    "spec": {"holderIdentity": "other", "leaseDurationSeconds": 15, "renewTime": MicroTime(now)},
-                }),
-            ));
+            let held = json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "lease", "namespace": "ops", "resourceVersion": "7"},
+                "spec": {"holderIdentity": "other", "leaseDurationSeconds": 15, "renewTime": MicroTime(now)},
+            });
+            answer_with(&mut api, 200, &held).await;
             // No write may follow.
-            assert!(
-                tokio::time::timeout(Duration::from_millis(200), api.next_request())
-                    .await
-                    .is_err(),
-                "no further call"
-            );
-        });
-        let won = tokio::time::timeout(Duration::from_secs(1), elector.try_acquire_or_renew())
+            no_more(&mut api).await;
+        };
+        let won = scripted(script, elector.try_acquire_or_renew())
             .await
-            .expect("answered")
             .expect("no error");
         assert!(!won);
-        tokio::time::timeout(Duration::from_secs(1), server)
-            .await
-            .expect("script done")
-            .expect("script passed");
     }
 
     #[test]

@@ -1,14 +1,15 @@
 //! kubegrace-operator: the GraceRoute controller and the sidecar-injection
 //! webhook, as a library; `main.rs` only parses the command line.
 //!
-//! Pipeline of the route controller (see [`controller`]):
-//! dereference targets -> validate -> build (pure, [`build`]) -> apply
-//! (server-side apply, field manager `kubegrace-operator`) -> status.
+//! Pipeline of the route controller (see [`controller`], one file per
+//! step): dereference -> validate (pure) -> build (pure) -> apply
+//! (server-side apply, field manager `kubegrace-operator`) -> status (pure,
+//! then one write). The route's rules both pure steps call are in
+//! [`rules`].
 //! The webhook's pod mutation is pure too ([`inject`]), so both are unit
 //! tested from inline YAML without an API server.
 
 pub mod admin;
-pub mod build;
 pub mod certs;
 pub mod cli;
 pub mod controller;
@@ -21,11 +22,15 @@ pub mod lease;
 pub mod netpol;
 pub mod ownership;
 pub mod panics;
+pub mod reasons;
 pub mod route_match;
 pub mod route_webhook;
+pub mod rules;
 pub mod run;
 pub mod scope;
 pub mod server;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod tolerant;
 pub mod webhook;
 pub mod webhook_check;

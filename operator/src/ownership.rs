@@ -22,11 +22,11 @@
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 
-use crate::build::Invalid;
+use crate::rules::Invalid;
 use crate::{FIELD_MANAGER, keys};
 
 /// The condition reason (and Event reason) of a refused ConfigMap.
-pub const REASON: &str = "ConfigMapNotOwned";
+pub use crate::reasons::CONFIG_MAP_NOT_OWNED as REASON;
 
 /// What the controller may do with the route's ConfigMap.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,10 +88,7 @@ pub fn refusal(ns: &str, cm: &str, route: &str, why: &str) -> Invalid {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn cm(yaml: &str) -> ConfigMap {
-        serde_norway::from_str(yaml).expect("configmap")
-    }
+    use crate::testing::yaml;
 
     #[test]
     fn absent_is_created() {
@@ -100,18 +97,19 @@ mod tests {
 
     #[test]
     fn a_users_configmap_is_foreign() {
-        let user = cm("metadata: {name: kubegrace-web, labels: {app: web}}\ndata: {a: b}");
+        let user =
+            yaml::<ConfigMap>("metadata: {name: kubegrace-web, labels: {app: web}}\ndata: {a: b}");
         let Ownership::Foreign(why) = decide(Some(&user), "web") else {
             panic!("a user's ConfigMap must not be ours");
         };
         assert!(why.contains("lacks the labels"), "{why}");
         // One of the two labels is not enough.
-        let half = cm(
+        let half = yaml::<ConfigMap>(
             "metadata: {name: kubegrace-web, labels: {app.kubernetes.io/managed-by: kubegrace-operator}}",
         );
         assert!(matches!(decide(Some(&half), "web"), Ownership::Foreign(_)));
         // Our labels, but for another route (a renamed copy).
-        let other = cm(
+        let other = yaml::<ConfigMap>(
             "metadata: {name: kubegrace-web, labels: {app.kubernetes.io/managed-by: kubegrace-operator, kubegrace.io/route: api}}",
         );
         assert!(matches!(decide(Some(&other), "web"), Ownership::Foreign(_)));
@@ -119,38 +117,44 @@ mod tests {
 
     #[test]
     fn our_labels_or_our_controller_make_it_ours() {
-        let labelled = cm(
+        let labelled = yaml::<ConfigMap>(
             "metadata: {name: kubegrace-web, labels: {app.kubernetes.io/managed-by: kubegrace-operator, kubegrace.io/route: web}}",
         );
         assert_eq!(decide(Some(&labelled), "web"), Ownership::Ours);
-        let owned = cm(r#"
+        let owned = yaml::<ConfigMap>(
+            r#"
 metadata:
   name: kubegrace-web
   ownerReferences:
   - {apiVersion: kubegrace.io/v1alpha1, kind: GraceRoute, name: web, uid: "1", controller: true}
-"#);
+"#,
+        );
         assert_eq!(decide(Some(&owned), "web"), Ownership::Ours);
     }
 
     #[test]
     fn another_controller_wins_over_our_labels() {
-        let helm = cm(r#"
+        let helm = yaml::<ConfigMap>(
+            r#"
 metadata:
   name: kubegrace-web
   labels: {app.kubernetes.io/managed-by: kubegrace-operator, kubegrace.io/route: web}
   ownerReferences:
   - {apiVersion: apps/v1, kind: Deployment, name: web, uid: "2", controller: true}
-"#);
+"#,
+        );
         let Ownership::Foreign(why) = decide(Some(&helm), "web") else {
             panic!("controlled by a Deployment");
         };
         assert!(why.contains("Deployment web"), "{why}");
-        let other_route = cm(r#"
+        let other_route = yaml::<ConfigMap>(
+            r#"
 metadata:
   name: kubegrace-web
   ownerReferences:
   - {apiVersion: kubegrace.io/v1alpha1, kind: GraceRoute, name: api, uid: "3", controller: true}
-"#);
+"#,
+        );
         assert!(matches!(
             decide(Some(&other_route), "web"),
             Ownership::Foreign(_)

@@ -89,23 +89,28 @@ mod tests {
         assert_eq!(catch(async { 7 }).await, Ok(7));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_panicking_background_task_is_counted_and_started_again() {
+    /// Supervises a task that panics on runs below `panics` (counted from
+    /// 0), until it returns or `stop` resolves: how many runs there were,
+    /// and the metrics.
+    async fn supervised<S, SFut>(panics: u32, stop: S) -> (u32, Metrics)
+    where
+        S: Fn() -> SFut,
+        SFut: Future<Output = ()>,
+    {
         let metrics = Metrics::default();
         let runs = AtomicU32::new(0);
-        supervise(
-            "test",
-            &metrics,
-            || {
-                let n = runs.fetch_add(1, Ordering::Relaxed);
-                async move {
-                    assert!(n >= 2, "run {n} panics");
-                }
-            },
-            std::future::pending,
-        )
-        .await;
-        assert_eq!(runs.load(Ordering::Relaxed), 3);
+        let task = || {
+            let n = runs.fetch_add(1, Ordering::Relaxed);
+            async move { assert!(n >= panics, "run {n} panics") }
+        };
+        supervise("test", &metrics, task, stop).await;
+        (runs.load(Ordering::Relaxed), metrics)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_background_task_is_counted_and_started_again() {
+        let (runs, metrics) = supervised(2, std::future::pending).await;
+        assert_eq!(runs, 3);
         assert!(
             metrics
                 .render()
@@ -115,18 +120,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_task_that_should_stop_is_not_started_again() {
-        let metrics = Metrics::default();
-        let runs = AtomicU32::new(0);
-        supervise(
-            "test",
-            &metrics,
-            || {
-                runs.fetch_add(1, Ordering::Relaxed);
-                async { panic!("always") }
-            },
-            || async {},
-        )
-        .await;
-        assert_eq!(runs.load(Ordering::Relaxed), 1);
+        let (runs, _) = supervised(u32::MAX, || async {}).await;
+        assert_eq!(runs, 1);
     }
 }

@@ -62,7 +62,7 @@ pub fn owned_by(pod: &Pod, target: &crate::crd::TargetRef) -> bool {
 
 /// Picks the route for a pod: the one it is pinned to (annotation), else
 /// the oldest whose targetRef owns it or whose selector matches its labels
-/// (pure; the controller's overlap rule: the older route holds the target).
+/// (pure; the controller's overlap rule, [`precedence`]).
 pub fn pick_route<'a>(pod: &Pod, routes: &'a [GraceRoute]) -> Option<&'a GraceRoute> {
     let mut live = routes
         .iter()
@@ -77,10 +77,16 @@ pub fn pick_route<'a>(pod: &Pod, routes: &'a [GraceRoute]) -> Option<&'a GraceRo
             .is_some_and(|s| !s.selects_all() && s.matches(pod.labels())),
         _ => false,
     })
-    .min_by_key(|r| {
-        (
-            r.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            r.name_any(),
-        )
-    })
+    .min_by_key(|r| precedence(r))
+}
+
+/// The overlap rule, in one place: of two routes that select the same
+/// workload or pod, the older holds it (creation time, then name). The
+/// controller's [`claim_targets`](crate::controller::claim_targets) and the
+/// webhook's [`pick_route`] both order by this.
+pub fn precedence(r: &GraceRoute) -> (Option<jiff::Timestamp>, String) {
+    (
+        r.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        r.name_any(),
+    )
 }

@@ -48,9 +48,11 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::{Api, Client, ResourceExt};
 
-use crate::build::Invalid;
 use crate::controller::{self, Workloads};
 use crate::crd::GraceRoute;
+use crate::reasons;
+use crate::rules::Invalid;
+use crate::webhook::admitted_with;
 use crate::{Error, Result};
 
 /// What the webhook answers for one route (pure).
@@ -127,7 +129,7 @@ fn subject(route: &GraceRoute) -> String {
 pub fn redact(route: &GraceRoute, invalid: Invalid) -> Invalid {
     let subject = subject(route);
     match invalid.reason {
-        "UnknownPort" => {
+        reasons::UNKNOWN_PORT => {
             let wanted = route
                 .spec
                 .ports
@@ -141,7 +143,7 @@ pub fn redact(route: &GraceRoute, invalid: Invalid) -> Invalid {
                 ),
             )
         }
-        "TargetInvalid" => Invalid::new(
+        reasons::TARGET_INVALID => Invalid::new(
             invalid.reason,
             format!("{subject} has no pod template spec"),
         ),
@@ -230,21 +232,16 @@ where
             // The API server is what failed, not the route: admit it, say the
             // port was not checked; the controller's condition will tell.
             tracing::warn!(error = %e, "route validation lookup failed; admitting the route");
-            let mut r = resp;
-            r.warnings = Some(vec![format!(
-                "kubegrace: the route's ports were not checked against its target ({e}); see its Accepted condition"
-            )]);
-            return (r.into_review(), "error");
+            let why = format!(
+                "the route's ports were not checked against its target ({e}); see its Accepted condition"
+            );
+            return (admitted_with(resp, vec![why]), "error");
         }
     };
     match judge(route, old, &workloads, &routes, &services) {
         Verdict::Refuse(invalid) => (refuse(resp, &invalid).into_review(), "refused"),
         Verdict::Allow(w) if w.is_empty() => (resp.into_review(), "allowed"),
-        Verdict::Allow(w) => {
-            let mut r = resp;
-            r.warnings = Some(w.into_iter().map(|w| format!("kubegrace: {w}")).collect());
-            (r.into_review(), "warned")
-        }
+        Verdict::Allow(w) => (admitted_with(resp, w), "warned"),
     }
 }
 

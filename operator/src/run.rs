@@ -22,24 +22,33 @@ use crate::lease::LeaderElector;
 use crate::webhook::{self, SidecarSettings, Webhook};
 use crate::{Error, Result, controller, panics, scope, server, workload};
 
+/// The runtime of a subcommand (`command`, for the message), built by
+/// `builder`; a failure is said on stderr and becomes the exit code.
+pub fn runtime(
+    command: &str,
+    mut builder: tokio::runtime::Builder,
+) -> std::result::Result<tokio::runtime::Runtime, std::process::ExitCode> {
+    builder.enable_all().build().map_err(|e| {
+        eprintln!("{command}: starting the runtime: {e}");
+        std::process::ExitCode::FAILURE
+    })
+}
+
+/// The client, from a kubeconfig or the pod's service account.
+pub async fn client() -> Result<Client> {
+    Client::try_default()
+        .await
+        .map_err(|e| Error::Config(format!("no usable kubeconfig or in-cluster config: {e}")))
+}
+
 pub fn main(args: RunArgs) -> std::process::ExitCode {
     init_tracing(args.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let builder = tokio::runtime::Builder::new_multi_thread();
+    let runtime = match runtime("kubegrace-operator", builder) {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("kubegrace-operator: starting the runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
-    let outcome = runtime.block_on(async {
-        let client = Client::try_default().await.map_err(|e| {
-            Error::Config(format!("no usable kubeconfig or in-cluster config: {e}"))
-        })?;
-        run(client, args, signal()).await
-    });
+    let outcome = runtime.block_on(async { run(client().await?, args, signal()).await });
     match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

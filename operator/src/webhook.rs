@@ -26,12 +26,28 @@ use kube::{Api, Client, ResourceExt};
 use rand::Rng;
 
 use crate::admin::Metrics;
-use crate::build::config_map_name;
 use crate::crd::GraceRoute;
 use crate::inject::{self, InjectPlan, Skip};
 use crate::route_match;
+use crate::rules::config_map_name;
 use crate::tolerant::{Listed, Undecodable};
 use crate::{Error, Result, keys};
+
+/// The object admitted unchanged, with `warnings` (each prefixed
+/// `kubegrace: `, so `kubectl` users see who says it).
+pub(crate) fn admitted_with(
+    resp: AdmissionResponse,
+    warnings: Vec<String>,
+) -> AdmissionReview<DynamicObject> {
+    let mut r = resp;
+    r.warnings = Some(
+        warnings
+            .into_iter()
+            .map(|w| format!("kubegrace: {w}"))
+            .collect(),
+    );
+    r.into_review()
+}
 
 /// What the operator's flags say about every sidecar.
 #[derive(Debug, Clone)]
@@ -152,7 +168,7 @@ pub fn decide(
         token,
         // From the spec (pure), so a pod created before the route's first
         // status write still gets the grace period its drain needs.
-        budget_seconds: crate::build::budget(&route.spec)
+        budget_seconds: crate::rules::budget(&route.spec)
             .ok()
             .map(|b| b.seconds)
             .or_else(|| route.status.as_ref().and_then(|st| st.budget_seconds)),
@@ -241,11 +257,8 @@ impl Webhook {
                 // Allowed bare (see the module doc): the API server judges
                 // the pod itself.
                 tracing::warn!(error = %e, "the pod does not decode; admitting it unchanged");
-                let mut r = resp;
-                r.warnings = Some(vec![format!(
-                    "kubegrace: sidecar not injected: the pod could not be read: {e}"
-                )]);
-                return (r.into_review(), "error");
+                let why = format!("sidecar not injected: the pod could not be read: {e}");
+                return (admitted_with(resp, vec![why]), "error");
             }
         };
         let pod = &pod;
@@ -263,9 +276,8 @@ impl Webhook {
             Err(e) => {
                 // Admit bare: the route reports the pod as not injected.
                 tracing::warn!(error = %e, "webhook lookup failed; admitting the pod unchanged");
-                let mut r = resp;
-                r.warnings = Some(vec![format!("kubegrace: sidecar not injected: {e}")]);
-                return (r.into_review(), "error");
+                let why = format!("sidecar not injected: {e}");
+                return (admitted_with(resp, vec![why]), "error");
             }
         };
         let decision = match pinned_undecodable(pod, &labels, &listed.undecodable) {
@@ -532,6 +544,28 @@ status:
         );
     }
 
+    /// Runs `review` through a webhook whose API server answers nothing:
+    /// an API call times the test out.
+    async fn review_without_api(
+        review: &serde_json::Value,
+    ) -> (AdmissionReview<DynamicObject>, &'static str) {
+        let (client, _handle) = crate::testing::mock();
+        let hook = Webhook {
+            client,
+            metrics: Arc::new(Metrics::default()),
+            settings: settings(),
+        };
+        let req = crate::server::check_review(
+            &serde_json::to_vec(review).expect("json"),
+            crate::server::Endpoint::Mutate,
+            &[],
+        )
+        .expect("a well-formed review");
+        tokio::time::timeout(Duration::from_secs(1), hook.review(req))
+            .await
+            .expect("answered without the API server")
+    }
+
     /// The least powerful test of "no API call for what needs none": a
     /// scripted API server that answers nothing would time the test out.
     #[tokio::test]
@@ -546,28 +580,7 @@ status:
                 "namespace": "shop", "name": "web-1"
             }
         });
-        let (svc, _handle) = tower_test::mock::pair::<
-            http::Request<kube::client::Body>,
-            http::Response<kube::client::Body>,
-        >();
-        let hook = Webhook {
-            client: Client::new(svc, "default"),
-            metrics: Arc::new(Metrics::default()),
-            settings: settings(),
-        };
-        let (out, result) = tokio::time::timeout(
-            Duration::from_secs(1),
-            hook.review(
-                crate::server::check_review(
-                    &serde_json::to_vec(&review).expect("json"),
-                    crate::server::Endpoint::Mutate,
-                    &[],
-                )
-                .expect("a well-formed review"),
-            ),
-        )
-        .await
-        .expect("answered without the API server");
+        let (out, result) = review_without_api(&review).await;
         assert_eq!(result, "ignored");
         let resp = out.response.expect("response");
         assert!(resp.allowed && resp.patch.is_none());
@@ -588,24 +601,7 @@ status:
                            "spec": {"containers": "not a list"}}
             }
         });
-        let (svc, _handle) = tower_test::mock::pair::<
-            http::Request<kube::client::Body>,
-            http::Response<kube::client::Body>,
-        >();
-        let hook = Webhook {
-            client: Client::new(svc, "default"),
-            metrics: Arc::new(Metrics::default()),
-            settings: settings(),
-        };
-        let req = crate::server::check_review(
-            &serde_json::to_vec(&review).expect("json"),
-            crate::server::Endpoint::Mutate,
-            &[],
-        )
-        .expect("a well-formed review");
-        let (out, result) = tokio::time::timeout(Duration::from_secs(1), hook.review(req))
-            .await
-            .expect("answered without the API server");
+        let (out, result) = review_without_api(&review).await;
         assert_eq!(result, "error");
         let resp = out.response.expect("response");
         assert_eq!(resp.uid, "u-7");

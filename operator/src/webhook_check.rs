@@ -112,13 +112,7 @@ pub fn next_delay(prev: Duration) -> Duration {
 
 /// Refuses a timeout outside [`MIN_TIMEOUT`]..=[`MAX_TIMEOUT`].
 pub fn checked_timeout(t: Duration) -> Result<Duration> {
-    if (MIN_TIMEOUT..=MAX_TIMEOUT).contains(&t) {
-        Ok(t)
-    } else {
-        Err(Error::Config(format!(
-            "--timeout {t:?} is outside {MIN_TIMEOUT:?}..={MAX_TIMEOUT:?}"
-        )))
-    }
+    crate::cli::duration_within("--timeout", t, MIN_TIMEOUT, MAX_TIMEOUT)
 }
 
 /// One probe: the verdict, or why the create failed.
@@ -170,22 +164,14 @@ pub async fn check(client: Client, namespace: &str, timeout: Duration) -> Result
 /// The subcommand's body: exit 0 when the webhook answered, 1 otherwise.
 pub fn main(namespace: &str, timeout: Duration) -> std::process::ExitCode {
     crate::run::init_tracing(crate::cli::LogFormat::Text);
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let builder = tokio::runtime::Builder::new_current_thread();
+    let runtime = match crate::run::runtime("kubegrace-operator webhook-check", builder) {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("kubegrace-operator webhook-check: starting the runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let outcome = runtime.block_on(async {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = Client::try_default().await.map_err(|e| {
-            Error::Config(format!("no usable kubeconfig or in-cluster config: {e}"))
-        })?;
-        check(client, namespace, timeout).await
+        check(crate::run::client().await?, namespace, timeout).await
     });
     match outcome {
         Ok(probes) => {
@@ -254,10 +240,7 @@ mod tests {
 
     #[test]
     fn the_timeout_is_bounded_at_both_ends() {
-        assert!(checked_timeout(MIN_TIMEOUT).is_ok());
-        assert!(checked_timeout(MAX_TIMEOUT).is_ok());
-        assert!(checked_timeout(MIN_TIMEOUT - Duration::from_millis(1)).is_err());
-        assert!(checked_timeout(MAX_TIMEOUT + Duration::from_millis(1)).is_err());
+        crate::testing::assert_bounded(checked_timeout, MIN_TIMEOUT, MAX_TIMEOUT);
         assert!(checked_timeout(Duration::ZERO).is_err());
     }
 }

@@ -330,47 +330,36 @@ pub async fn run<K: Workload>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::yaml;
 
-    fn deploy(yaml: &str) -> Deployment {
-        serde_norway::from_str(yaml).expect("deployment")
+    /// The pod template's metadata in an apply body.
+    fn template_meta(body: &serde_json::Value) -> &serde_json::Value {
+        &body["spec"]["template"]["metadata"]
     }
 
     #[test]
     fn the_annotation_is_copied_into_label_and_annotation() {
-        let d = deploy(
+        let d = yaml::<Deployment>(
             "metadata: {name: web, annotations: {kubegrace.io/inject: enabled}}\nspec: {selector: {}, template: {}}",
         );
         let body = desired(&d).expect("needs a write");
-        assert_eq!(
-            body["spec"]["template"]["metadata"]["labels"][keys::INJECT],
-            "enabled"
-        );
-        assert_eq!(
-            body["spec"]["template"]["metadata"]["annotations"][keys::INJECT],
-            "enabled"
-        );
+        assert_eq!(template_meta(&body)["labels"][keys::INJECT], "enabled");
+        assert_eq!(template_meta(&body)["annotations"][keys::INJECT], "enabled");
     }
 
     #[test]
     fn a_template_annotation_set_by_the_user_gets_the_label_only() {
-        let d = deploy(
+        let d = yaml::<Deployment>(
             "metadata: {name: web}\nspec: {selector: {}, template: {metadata: {annotations: {kubegrace.io/inject: enabled}}}}",
         );
         let body = desired(&d).expect("needs the label");
-        assert_eq!(
-            body["spec"]["template"]["metadata"]["labels"][keys::INJECT],
-            "enabled"
-        );
-        assert!(
-            body["spec"]["template"]["metadata"]
-                .get("annotations")
-                .is_none()
-        );
+        assert_eq!(template_meta(&body)["labels"][keys::INJECT], "enabled");
+        assert!(template_meta(&body).get("annotations").is_none());
     }
 
     #[test]
     fn nothing_to_do_without_annotation_or_ownership() {
-        let d = deploy(
+        let d = yaml::<Deployment>(
             "metadata: {name: web}\nspec: {selector: {}, template: {metadata: {labels: {kubegrace.io/inject: enabled}}}}",
         );
         // The user labelled the template themselves: not ours to remove.
@@ -379,7 +368,7 @@ mod tests {
 
     #[test]
     fn removal_sends_an_empty_apply_when_we_own_the_copy() {
-        let d = deploy(
+        let d = yaml::<Deployment>(
             r#"
 metadata:
   name: web
@@ -409,7 +398,7 @@ status: {conditions: [{type: Accepted, status: "True", reason: Valid, message: "
 
     #[test]
     fn turning_injection_on_waits_for_an_accepted_route_covering_the_workload() {
-        let d = deploy(
+        let d = yaml::<Deployment>(
             "metadata: {name: web, namespace: shop, annotations: {kubegrace.io/inject: enabled}}\nspec: {selector: {}, template: {}}",
         );
         let body = desired(&d).expect("needs a write");
@@ -433,7 +422,7 @@ status: {conditions: [{type: Accepted, status: "True", reason: Valid, message: "
             "targetRef: {kind: Deployment, name: web}",
             "selector: {matchLabels: {app: web}}",
         ));
-        let labelled = deploy(
+        let labelled = yaml::<Deployment>(
             "metadata: {name: web, namespace: shop, annotations: {kubegrace.io/inject: enabled}}\nspec: {selector: {}, template: {metadata: {labels: {app: web}}}}",
         );
         assert!(accepted_route(&labelled, &[by_labels]).is_some());
@@ -442,13 +431,13 @@ status: {conditions: [{type: Accepted, status: "True", reason: Valid, message: "
     #[test]
     fn turning_injection_off_or_adopting_a_users_label_does_not_wait() {
         // Disabling rolls the sidecar out: never gated on a route.
-        let off = deploy(
+        let off = yaml::<Deployment>(
             "metadata: {name: web, annotations: {kubegrace.io/inject: disabled}}\nspec: {selector: {}, template: {}}",
         );
         let body = desired(&off).expect("needs a write");
         assert!(!turns_injection_on(&off, &body));
         // The template already asks for the sidecar: the pods have what they asked for.
-        let on = deploy(
+        let on = yaml::<Deployment>(
             "metadata: {name: web, annotations: {kubegrace.io/inject: enabled}}\nspec: {selector: {}, template: {metadata: {labels: {kubegrace.io/inject: enabled}}}}",
         );
         let body = desired(&on).expect("needs ownership");

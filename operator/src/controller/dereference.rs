@@ -15,9 +15,32 @@ use kube::core::{Selector, SelectorExt};
 use kube::{Api, Client, ResourceExt};
 
 use super::pause::RolloutState;
-use crate::build::{Originals, Target};
 use crate::crd::{GraceRoute, TargetKind};
-use crate::{Error, Result, keys};
+use crate::keys;
+use crate::route_match::precedence;
+use crate::rules::{Originals, Target};
+
+/// What failed in the dereference step: a read from the API server.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{what}: {source}")]
+    Read {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl Error {
+    fn read(what: String) -> impl FnOnce(kube::Error) -> Self {
+        move |source| Self::Read { what, source }
+    }
+
+    /// The metric label.
+    pub fn kind(&self) -> &'static str {
+        "kube"
+    }
+}
 
 /// What the route refers to, as read at the start of this pass.
 #[derive(Debug, Clone, Default)]
@@ -60,7 +83,7 @@ pub async fn dereference(
     client: &Client,
     route: &GraceRoute,
     others: &[&GraceRoute],
-) -> Result<Observed> {
+) -> Result<Observed, Error> {
     let ns = route.namespace().unwrap_or_default();
     let (workloads, states) = Workloads::read(client, &ns).await?;
     let (targets, overlaps) = claim_targets(route, &workloads, others);
@@ -73,7 +96,7 @@ pub async fn dereference(
     let ns_labels = Api::<Namespace>::all(client.clone())
         .get_opt(&ns)
         .await
-        .map_err(Error::kube(format!("reading namespace {ns}")))?
+        .map_err(Error::read(format!("reading namespace {ns}")))?
         .map(|n| n.labels().clone())
         .unwrap_or_default();
     let pods_api = Api::<Pod>::namespaced(client.clone(), &ns);
@@ -87,7 +110,7 @@ pub async fn dereference(
         let list = pods_api
             .list(&ListParams::default().labels(s))
             .await
-            .map_err(Error::kube(format!("listing pods {s} in {ns}")))?;
+            .map_err(Error::read(format!("listing pods {s} in {ns}")))?;
         let names = pods_by_selector.entry(s.clone()).or_default();
         for p in list {
             names.insert(p.name_any());
@@ -97,7 +120,7 @@ pub async fn dereference(
     let services = Api::<Service>::namespaced(client.clone(), &ns)
         .list(&ListParams::default())
         .await
-        .map_err(Error::kube(format!("listing Services in {ns}")))?
+        .map_err(Error::read(format!("listing Services in {ns}")))?
         .items;
     // Only injected pods have a port takeover a policy can break: a route
     // whose pods are bare costs no list.
@@ -106,11 +129,11 @@ pub async fn dereference(
     } else {
         Vec::new()
     };
-    let cm_name = crate::build::config_map_name(&route.name_any());
+    let cm_name = crate::rules::config_map_name(&route.name_any());
     let config_map = Api::<ConfigMap>::namespaced(client.clone(), &ns)
         .get_opt(&cm_name)
         .await
-        .map_err(Error::kube(format!("reading ConfigMap {ns}/{cm_name}")))?;
+        .map_err(Error::read(format!("reading ConfigMap {ns}/{cm_name}")))?;
     Ok(Observed {
         targets,
         overlaps,
@@ -127,7 +150,7 @@ pub async fn dereference(
 /// The namespace's NetworkPolicies. A chart of an earlier release grants no
 /// read of them: that skips the check (said at debug), it does not stop
 /// the reconcile.
-async fn network_policies(client: &Client, ns: &str) -> Result<Vec<NetworkPolicy>> {
+async fn network_policies(client: &Client, ns: &str) -> Result<Vec<NetworkPolicy>, Error> {
     match Api::<NetworkPolicy>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await
@@ -137,7 +160,7 @@ async fn network_policies(client: &Client, ns: &str) -> Result<Vec<NetworkPolicy
             tracing::debug!(namespace = %ns, "may not list NetworkPolicies; the port-takeover check is skipped");
             Ok(Vec::new())
         }
-        Err(e) => Err(Error::kube(format!("listing NetworkPolicies in {ns}"))(e)),
+        Err(e) => Err(Error::read(format!("listing NetworkPolicies in {ns}"))(e)),
     }
 }
 
@@ -249,21 +272,24 @@ impl Workloads {
         )
     }
 
-    pub async fn list(client: &Client, ns: &str) -> Result<Self> {
+    pub async fn list(client: &Client, ns: &str) -> Result<Self, Error> {
         Ok(Self::read(client, ns).await?.0)
     }
 
     /// [`Workloads::list`], with the rollout state of each (by target id).
-    pub async fn read(client: &Client, ns: &str) -> Result<(Self, BTreeMap<String, RolloutState>)> {
+    pub async fn read(
+        client: &Client,
+        ns: &str,
+    ) -> Result<(Self, BTreeMap<String, RolloutState>), Error> {
         let lp = ListParams::default();
         let deployments = Api::<Deployment>::namespaced(client.clone(), ns)
             .list(&lp)
             .await
-            .map_err(Error::kube(format!("listing Deployments in {ns}")))?;
+            .map_err(Error::read(format!("listing Deployments in {ns}")))?;
         let statefulsets = Api::<StatefulSet>::namespaced(client.clone(), ns)
             .list(&lp)
             .await
-            .map_err(Error::kube(format!("listing StatefulSets in {ns}")))?;
+            .map_err(Error::read(format!("listing StatefulSets in {ns}")))?;
         Ok((
             Self::from_objects(&deployments.items, &statefulsets.items),
             super::pause::states(&deployments.items, &statefulsets.items),
@@ -292,17 +318,9 @@ impl Workloads {
     }
 }
 
-/// Routes earlier in this order win a contested target.
-fn precedence(r: &GraceRoute) -> (Option<jiff::Timestamp>, String) {
-    (
-        r.metadata.creation_timestamp.as_ref().map(|t| t.0),
-        r.name_any(),
-    )
-}
-
 /// The targets a route selects, split into those it holds and the overlaps:
-/// targets an older route of the same namespace holds already, each with a
-/// sentence saying so (pure; the controller and the admission webhook share
+/// targets an older route ([`precedence`]) of the same namespace holds
+/// already, each with a sentence saying so (pure; the controller and the admission webhook share
 /// it, so both report the same overlaps).
 pub fn claim_targets<'w>(
     route: &GraceRoute,

@@ -30,10 +30,31 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::apply;
+use super::build::Desired;
 use super::dereference::Observed;
-use super::desired::Desired;
+use crate::FINALIZER;
 use crate::crd::GraceRoute;
-use crate::{Error, FINALIZER, Result};
+
+/// What failed in the finalizer's patches.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{what} the finalizer of GraceRoute {route}: {source}")]
+    Patch {
+        what: &'static str,
+        route: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the finalizer patch: {0}")]
+    Serde(#[source] serde_json::Error),
+}
+
+impl Error {
+    /// The metric label.
+    pub fn kind(&self) -> &'static str {
+        "finalizer"
+    }
+}
 
 /// What this route wrote into its targets and would restore on deletion:
 /// the recorded originals, or a pod-template pin to it. The same test as
@@ -82,20 +103,29 @@ fn remove_patch(route: &GraceRoute) -> Option<Value> {
     ]))
 }
 
-async fn patch(api: &Api<GraceRoute>, route: &GraceRoute, body: Value, what: &str) -> Result<()> {
+async fn patch(
+    api: &Api<GraceRoute>,
+    route: &GraceRoute,
+    body: Value,
+    what: &'static str,
+) -> Result<(), Error> {
     let name = route.name_any();
-    let patch: json_patch::Patch =
-        serde_json::from_value(body).map_err(Error::serde("finalizer patch"))?;
-    api.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+    let patch: json_patch::Patch = serde_json::from_value(body).map_err(Error::Serde)?;
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
         .await
-        .map_err(Error::kube(format!(
-            "{what} the finalizer of GraceRoute {name}"
-        )))?;
-    Ok(())
+    {
+        Ok(_) => Ok(()),
+        Err(source) => Err(Error::Patch {
+            what,
+            route: name,
+            source,
+        }),
+    }
 }
 
 /// Adds the finalizer unless the route holds it.
-pub async fn hold(api: &Api<GraceRoute>, route: &GraceRoute) -> Result<()> {
+pub async fn hold(api: &Api<GraceRoute>, route: &GraceRoute) -> Result<(), Error> {
     if has(route) {
         return Ok(());
     }
@@ -105,7 +135,7 @@ pub async fn hold(api: &Api<GraceRoute>, route: &GraceRoute) -> Result<()> {
 }
 
 /// Releases the finalizer if the route holds it.
-pub async fn release(api: &Api<GraceRoute>, route: &GraceRoute) -> Result<()> {
+pub async fn release(api: &Api<GraceRoute>, route: &GraceRoute) -> Result<(), Error> {
     let Some(body) = remove_patch(route) else {
         return Ok(());
     };
@@ -114,7 +144,7 @@ pub async fn release(api: &Api<GraceRoute>, route: &GraceRoute) -> Result<()> {
     Ok(())
 }
 
-/// Writes `desired` with the finalizer held exactly while needed: added
+/// Writes `desired` (the apply step) with the finalizer held exactly while needed: added
 /// before the first write into a workload, released after the write that
 /// left nothing to undo.
 pub async fn apply_guarded(
@@ -123,7 +153,7 @@ pub async fn apply_guarded(
     route: &GraceRoute,
     observed: &Observed,
     desired: &Desired,
-) -> Result<()> {
+) -> crate::Result<()> {
     let ns = route.namespace().unwrap_or_default();
     let wanted = wanted(route, observed, Some(desired));
     if wanted {
@@ -138,7 +168,11 @@ pub async fn apply_guarded(
 
 /// A pass that writes nothing (the route is refused): the finalizer
 /// follows what is already in the targets.
-pub async fn follow(api: &Api<GraceRoute>, route: &GraceRoute, observed: &Observed) -> Result<()> {
+pub async fn follow(
+    api: &Api<GraceRoute>,
+    route: &GraceRoute,
+    observed: &Observed,
+) -> Result<(), Error> {
     if wanted(route, observed, None) {
         hold(api, route).await
     } else {

@@ -3,16 +3,9 @@
 //! (scripted mock API server, one second per step, so a missing or extra
 //! call fails the test).
 
-use std::time::Duration;
-
-use http::{Request, Response};
-use kube::client::Body;
-
 use super::*;
-use crate::controller::fixtures::{DEPLOYMENT, ROUTE, observed, route};
-use crate::controller::{desired, validate};
-
-type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+use crate::controller::fixtures::{DEPLOYMENT, ROUTE, checked, observed, route};
+use crate::testing::{Handle, mock, no_more, reply, scripted};
 
 const ROUTE_PATH: &str = "/apis/kubegrace.io/v1alpha1/namespaces/shop/graceroutes/web";
 const CM_PATH: &str = "/api/v1/namespaces/shop/configmaps/kubegrace-web";
@@ -30,8 +23,7 @@ fn pass(yaml: &str, finalizers: &[&str]) -> (GraceRoute, Observed, Desired) {
         r.metadata.finalizers = Some(finalizers.iter().map(|f| f.to_string()).collect());
     }
     let seen = observed(&r, &[DEPLOYMENT], &[]);
-    let valid = validate::check(&r, &seen).expect("valid");
-    let d = desired::desired(&r, &valid, &seen).expect("desired");
+    let (_, d) = checked(&r, &seen);
     (r, seen, d)
 }
 
@@ -42,40 +34,32 @@ struct Answers {
     deployment: Value,
 }
 
+impl Answers {
+    /// The object a path names.
+    fn of(&self, path: &str) -> Value {
+        match path {
+            CM_PATH => self.config_map.clone(),
+            DEPLOY_PATH => self.deployment.clone(),
+            _ => self.route.clone(),
+        }
+    }
+}
+
 /// Answers the next request with the object it names; returns (method,
 /// path, content type, body).
 async fn next(api: &mut Handle, answers: &Answers) -> (String, String, String, Value) {
-    let (req, send) = api.next_request().await.expect("a request");
-    let method = req.method().to_string();
-    let path = req.uri().path().to_string();
-    let ct = req
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    let body = req.into_body().collect_bytes().await.expect("body");
-    let answer = match path.as_str() {
-        CM_PATH => &answers.config_map,
-        DEPLOY_PATH => &answers.deployment,
-        _ => &answers.route,
-    };
-    send.send_response(
-        Response::builder()
-            .body(Body::from(serde_json::to_vec(answer).expect("json")))
-            .expect("response"),
-    );
-    let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    (method, path, ct, body)
+    let seen = reply(api, 200, |path, _| answers.of(path)).await;
+    (seen.method, seen.path, seen.content_type, seen.body)
 }
 
-async fn no_more(api: &mut Handle) {
-    assert!(
-        tokio::time::timeout(Duration::from_millis(100), api.next_request())
-            .await
-            .is_err(),
-        "an unexpected API call"
-    );
+/// The apply of a route with a rollout block: the ConfigMap, then the
+/// Deployment, and no call after them.
+async fn writes_then_nothing(api: &mut Handle, answers: &Answers) {
+    for want in [CM_PATH, DEPLOY_PATH] {
+        let (_, path, _, _) = next(api, answers).await;
+        assert_eq!(path, want);
+    }
+    no_more(api).await;
 }
 
 /// Runs [`apply_guarded`] for the pass against `script`.
@@ -83,26 +67,19 @@ async fn run(
     (r, seen, d): (GraceRoute, Observed, Desired),
     script: impl FnOnce(Handle, Answers) -> futures_util::future::BoxFuture<'static, ()>,
 ) {
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = Client::new(svc, "shop");
+    let (client, handle) = mock();
     let api: Api<GraceRoute> = Api::namespaced(client.clone(), "shop");
     let answers = Answers {
         route: serde_json::to_value(&r).expect("route json"),
         config_map: serde_json::to_value(&d.config_map).expect("cm json"),
         deployment: serde_norway::from_str(DEPLOYMENT).expect("deployment"),
     };
-    let server = tokio::spawn(script(handle, answers));
-    tokio::time::timeout(
-        Duration::from_secs(1),
+    scripted(
+        script(handle, answers),
         apply_guarded(&client, &api, &r, &seen, &d),
     )
     .await
-    .expect("no missing answer")
     .expect("apply succeeds");
-    tokio::time::timeout(Duration::from_secs(1), server)
-        .await
-        .expect("script done")
-        .expect("script passed");
 }
 
 #[test]
@@ -181,11 +158,7 @@ async fn the_finalizer_is_added_before_the_first_write_into_a_workload() {
             assert_eq!(ct, "application/json-patch+json");
             assert_eq!(body[1]["op"], "add", "{body}");
             assert_eq!(body[1]["value"], json!([FINALIZER]), "{body}");
-            let (_, path, _, _) = next(&mut api, &answer).await;
-            assert_eq!(path, CM_PATH);
-            let (_, path, _, _) = next(&mut api, &answer).await;
-            assert_eq!(path, DEPLOY_PATH);
-            no_more(&mut api).await;
+            writes_then_nothing(&mut api, &answer).await;
         })
     })
     .await;
@@ -194,13 +167,7 @@ async fn the_finalizer_is_added_before_the_first_write_into_a_workload() {
 #[tokio::test]
 async fn a_route_that_holds_the_finalizer_and_writes_into_a_workload_adds_nothing() {
     run(pass(&with_rollout(), &[FINALIZER]), |mut api, answer| {
-        Box::pin(async move {
-            let (_, path, _, _) = next(&mut api, &answer).await;
-            assert_eq!(path, CM_PATH);
-            let (_, path, _, _) = next(&mut api, &answer).await;
-            assert_eq!(path, DEPLOY_PATH);
-            no_more(&mut api).await;
-        })
+        Box::pin(async move { writes_then_nothing(&mut api, &answer).await })
     })
     .await;
 }

@@ -9,15 +9,10 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::{Context, DEGRADED, publish_on};
+use super::Context;
+use crate::reasons::{DEGRADED, FINALIZER_RELEASED, RECONCILE_PANICKED};
 use crate::tolerant::{self, Undecodable};
 use crate::{Error, FINALIZER, Result};
-
-/// Condition reason: a reconcile of this route panicked (a bug); retried.
-pub const RECONCILE_PANICKED: &str = "ReconcilePanicked";
-/// Event reason: a route that cannot be decoded was deleted; its finalizer
-/// was released without restoring its targets.
-pub const FINALIZER_RELEASED: &str = "FinalizerReleased";
 
 /// Runs one reconcile of `obj`; a panic in it is counted, logged with the
 /// route's name and written as its `Degraded` condition, and becomes an
@@ -86,9 +81,9 @@ pub(crate) async fn report_undecodable(
             "deleted while it could not be read ({}): the rollout fields it set on its targets, if any, were not restored",
             why.error
         );
-        publish_on(
-            ctx,
+        ctx.publish(
             &reference,
+            None,
             EventType::Warning,
             FINALIZER_RELEASED,
             "Cleanup",
@@ -104,9 +99,9 @@ pub(crate) async fn report_undecodable(
         api.patch_status(&why.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(Error::kube(format!("writing status of {why}")))?;
-        publish_on(
-            ctx,
+        ctx.publish(
             &reference,
+            None,
             EventType::Warning,
             tolerant::INVALID_OBJECT,
             "Reconcile",
@@ -119,21 +114,13 @@ pub(crate) async fn report_undecodable(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::Duration;
 
-    use http::{Request, Response};
-    use kube::Client;
-    use kube::client::Body;
-    use kube::runtime::events::{Recorder, Reporter};
-    use kube::runtime::reflector::store::Writer;
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::admin::Metrics;
-    use crate::controller::drains;
-
-    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+    use crate::controller::fixtures::scripted_context;
+    use crate::testing::{self, Handle, no_more, scripted};
 
     /// A route the Rust type refuses: the API server stored it (no
     /// `maximum` in the CRD), `u32` cannot hold it.
@@ -152,58 +139,21 @@ mod tests {
         .expect("dynamic object")
     }
 
-    fn context(client: Client) -> Context {
-        Context {
-            recorder: Recorder::new(
-                client.clone(),
-                Reporter {
-                    controller: "test".into(),
-                    instance: None,
-                },
-            ),
-            client,
-            metrics: Arc::new(Metrics::default()),
-            routes: tolerant::Routes::new(Writer::new(tolerant::api_resource()).as_reader()),
-            drains: Arc::new(drains::Inbox::default()),
-        }
-    }
-
     /// Answers the next request with `answer`; returns its method, path and body.
     async fn next(api: &mut Handle, answer: Value) -> (String, String, Value) {
-        let (req, send) = api.next_request().await.expect("a request");
-        let (method, path) = (req.method().to_string(), req.uri().path().to_string());
-        let body = req.into_body().collect_bytes().await.expect("body");
-        send.send_response(
-            Response::builder()
-                .body(Body::from(serde_json::to_vec(&answer).expect("json")))
-                .expect("response"),
-        );
-        (
-            method,
-            path,
-            serde_json::from_slice(&body).unwrap_or(Value::Null),
-        )
-    }
-
-    async fn no_more(api: &mut Handle) {
-        assert!(
-            tokio::time::timeout(Duration::from_millis(100), api.next_request())
-                .await
-                .is_err(),
-            "an unexpected API call"
-        );
+        let seen = testing::answer(api, &answer).await;
+        (seen.method, seen.path, seen.body)
     }
 
     const STATUS_PATH: &str = "/apis/kubegrace.io/v1alpha1/namespaces/shop/graceroutes/bad/status";
 
     #[tokio::test]
     async fn an_undecodable_route_is_reported_by_name_on_its_status_an_event_and_a_metric() {
-        let (svc, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let ctx = context(Client::new(svc, "shop"));
+        let (ctx, mut api) = scripted_context();
         let obj = undecodable(json!({}), json!({}));
         let why = tolerant::decode(&obj).expect_err("undecodable");
         let echo = serde_json::to_value(&obj).expect("json");
-        let script = tokio::spawn(async move {
+        let script = async move {
             let (method, path, body) = next(&mut api, echo.clone()).await;
             assert_eq!((method.as_str(), path.as_str()), ("PATCH", STATUS_PATH));
             assert_eq!(body["status"]["observedGeneration"], 3);
@@ -226,14 +176,11 @@ mod tests {
             assert_eq!(method, "POST", "{path}");
             assert_eq!(body["reason"], "InvalidObject", "{body}");
             no_more(&mut api).await;
-        });
-        let action =
-            tokio::time::timeout(Duration::from_secs(1), report_undecodable(&ctx, &obj, &why))
-                .await
-                .expect("no missing answer")
-                .expect("reported");
+        };
+        let action = scripted(script, report_undecodable(&ctx, &obj, &why))
+            .await
+            .expect("reported");
         assert_eq!(action, Action::await_change());
-        script.await.expect("script passed");
         assert!(
             ctx.metrics.render().contains(
                 "kubegrace_operator_route_undecodable{namespace=\"shop\",name=\"bad\"} 1"
@@ -245,31 +192,28 @@ mod tests {
     /// (or announce) it again, or the route loops.
     #[tokio::test]
     async fn a_route_whose_status_already_says_so_is_not_written_again() {
-        let (svc, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let ctx = context(Client::new(svc, "shop"));
+        let (ctx, mut api) = scripted_context();
         let first = undecodable(json!({}), json!({}));
         let why = tolerant::decode(&first).expect_err("undecodable");
         let now = Time(jiff::Timestamp::now());
         let patch = tolerant::invalid_status(&first, &why, &now).expect("a first write");
         let written = undecodable(json!({}), patch["status"].clone());
-        let script = tokio::spawn(async move { no_more(&mut api).await });
-        report_undecodable(&ctx, &written, &why)
+        let script = async move { no_more(&mut api).await };
+        scripted(script, report_undecodable(&ctx, &written, &why))
             .await
             .expect("reported");
-        script.await.expect("no API call");
     }
 
     #[tokio::test]
     async fn a_deleted_undecodable_route_lets_go_of_its_finalizer_and_says_so() {
-        let (svc, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let ctx = context(Client::new(svc, "shop"));
+        let (ctx, mut api) = scripted_context();
         let obj = undecodable(
             json!({"finalizers": ["other.io/x", FINALIZER], "deletionTimestamp": "2026-01-01T00:00:00Z"}),
             json!({}),
         );
         ctx.metrics.route_decodes("shop", "bad", false);
         let why = tolerant::decode(&obj).expect_err("undecodable");
-        let script = tokio::spawn(async move {
+        let script = async move {
             let (method, path, body) = next(&mut api, json!({})).await;
             assert_eq!(
                 (method.as_str(), path.as_str()),
@@ -286,21 +230,18 @@ mod tests {
             let (_, _, event) = next(&mut api, json!({})).await;
             assert_eq!(event["reason"], FINALIZER_RELEASED);
             no_more(&mut api).await;
-        });
-        tokio::time::timeout(Duration::from_secs(1), report_undecodable(&ctx, &obj, &why))
+        };
+        scripted(script, report_undecodable(&ctx, &obj, &why))
             .await
-            .expect("no missing answer")
             .expect("released");
-        script.await.expect("script passed");
         assert!(!ctx.metrics.render().contains("route_undecodable{"));
     }
 
     #[tokio::test]
     async fn a_panicking_reconcile_is_counted_written_as_degraded_and_retried() {
-        let (svc, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let ctx = context(Client::new(svc, "shop"));
+        let (ctx, mut api) = scripted_context();
         let obj = undecodable(json!({}), json!({}));
-        let script = tokio::spawn(async move {
+        let script = async move {
             let (method, path, body) = next(&mut api, json!({})).await;
             assert_eq!((method.as_str(), path.as_str()), ("PATCH", STATUS_PATH));
             let c = &body["status"]["conditions"][0];
@@ -316,21 +257,18 @@ mod tests {
                 "{c}"
             );
             no_more(&mut api).await;
-        });
+        };
         let pass = async {
             let v: Vec<u8> = Vec::new();
             let i = v.len() + 1;
             // A bug: indexing past the end.
             Ok::<_, Error>(Action::requeue(Duration::from_secs(u64::from(v[i]))))
         };
-        let out = tokio::time::timeout(Duration::from_secs(1), guarded(&ctx, &obj, pass))
-            .await
-            .expect("no missing answer");
+        let out = scripted(script, guarded(&ctx, &obj, pass)).await;
         assert!(
             matches!(out, Err(Error::Panic(ref m)) if m.contains("index out of bounds")),
             "{out:?}"
         );
-        script.await.expect("script passed");
         assert!(
             ctx.metrics
                 .render()

@@ -3,13 +3,16 @@
 //! 1. [`dereference`]: read the targets (minus those an older route holds),
 //!    their pods, the namespace's labels and Services, the route's ConfigMap;
 //! 2. [`validate`] (pure): budget, ports, sidecar config, ConfigMap ownership;
-//! 3. [`desired`] (pure): the ConfigMap and an explicit `rollout` block's fields;
+//! 3. [`build`] (pure): the ConfigMap and an explicit `rollout` block's fields;
 //! 4. [`apply`]: server-side apply as `kubegrace-operator`;
-//! 5. [`status`] (pure): conditions and Events from what was observed, then
-//!    written; [`drains`] folds in the drain reports the pod watch collected
-//!    (`status.lastDrains`, counters, Events when a drain cut something),
-//!    and [`pause`] stops a Deployment's rollout whose drains lose requests
-//!    (`rollout.pauseOnDrainLoss`).
+//! 5. [`status`] (pure, then one write): conditions and Events from what
+//!    the earlier steps found; [`drains`] folds in the drain reports the pod
+//!    watch collected (`status.lastDrains`, counters, Events when a drain
+//!    cut something), and [`pause`] decides to stop a Deployment's rollout
+//!    whose drains lose requests (`rollout.pauseOnDrainLoss`).
+//!
+//! Each step has its own error type, wrapped by [`crate::Error`]; the
+//! condition types and reasons are in [`crate::reasons`].
 //!
 //! Level-triggered and idempotent: every pass runs the whole pipeline. An
 //! invalid route is not an error, it is a status (`Accepted=False`) and
@@ -32,12 +35,11 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
-use kube::api::ObjectMeta;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodTemplateSpec, Service};
 use kube::core::DynamicObject;
 use kube::core::SelectorExt;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -48,9 +50,10 @@ use crate::tolerant::{self, Routes};
 use crate::{Error, FIELD_MANAGER, Result, keys};
 
 pub mod apply;
+pub mod build;
+pub mod context;
 pub mod decisions;
 pub mod dereference;
-pub mod desired;
 pub mod drains;
 pub mod finalizer;
 pub mod invalid;
@@ -58,34 +61,19 @@ pub mod pause;
 pub mod status;
 pub mod validate;
 
+pub use context::Context;
 pub use dereference::{Observed, Workloads, claim_targets, deployment_target, statefulset_target};
 pub use status::{PodCount, count_pods};
 pub use validate::{budget_and_config, service_bypasses};
 
 use dereference::selector_of;
 
-pub struct Context {
-    pub client: Client,
-    pub recorder: Recorder,
-    pub metrics: Arc<Metrics>,
-    /// All routes that decode, for overlap detection and for mapping
-    /// watched objects.
-    pub routes: Routes,
-    /// Drain reports the pod watch saw, waiting for their route's reconcile.
-    pub drains: Arc<drains::Inbox>,
-}
-
-/// The condition types.
-pub const ACCEPTED: &str = "Accepted";
-pub const READY: &str = "Ready";
-pub const DEGRADED: &str = "Degraded";
-/// Degraded reason: a Service selecting the route's pods reaches the app
-/// around the sidecar (its targetPort is the app's number).
-pub const SERVICE_BYPASSES_SIDECAR: &str = "ServiceBypassesSidecar";
-/// Degraded reason: a NetworkPolicy admits the route's pods on the app's
-/// port number, which port takeover left to the app: what the Service
-/// sends to the sidecar's port is dropped.
-pub const NETWORK_POLICY_BLOCKS_SIDECAR: &str = "NetworkPolicyBlocksSidecar";
+/// The condition types and the reasons other modules name through the
+/// controller.
+pub use crate::reasons::{
+    ACCEPTED, DEGRADED, DRAIN_FORCE_CLOSED, NETWORK_POLICY_BLOCKS_SIDECAR, READY,
+    SERVICE_BYPASSES_SIDECAR,
+};
 
 /// One pass of the pipeline for a live route.
 async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {
@@ -99,7 +87,7 @@ async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {
         Ok(valid) => valid,
         Err(invalid) => {
             let report = status::rejected(route, &observed, &invalid);
-            write_with_drains(ctx, &api, route, &observed, report).await?;
+            status::update(ctx, &api, route, &observed, report).await?;
             finalizer::follow(&api, route, &observed).await?;
             // A foreign ConfigMap is not watched (the watch is label-selected):
             // look again now and then. Otherwise nothing changes until the
@@ -111,11 +99,11 @@ async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {
             });
         }
     };
-    let desired = desired::desired(route, &valid, &observed)?;
+    let desired = build::desired(route, &valid, &observed)?;
     finalizer::apply_guarded(&ctx.client, &api, route, &observed, &desired).await?;
     let report = status::accepted(route, &observed, &valid, &desired);
     let ready = report.ready();
-    write_with_drains(ctx, &api, route, &observed, report).await?;
+    status::update(ctx, &api, route, &observed, report).await?;
     // Pods and workloads are watched; the periodic pass only catches drift
     // a watch could have missed.
     Ok(Action::requeue(Duration::from_secs(if ready {
@@ -123,133 +111,6 @@ async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {
     } else {
         30
     })))
-}
-
-/// Writes the status with the drain reports collected since the last pass
-/// folded in; counts and announces them once the status holds them.
-async fn write_with_drains(
-    ctx: &Context,
-    api: &Api<GraceRoute>,
-    route: &GraceRoute,
-    observed: &Observed,
-    mut report: status::Report,
-) -> Result<()> {
-    let key = ObjectRef::from_obj(route);
-    let label = drains::route_label(&key);
-    ctx.metrics.route_seen(&label);
-    ctx.metrics.pods_not_injected(
-        &label,
-        i64::from(
-            report
-                .status
-                .pods_expected
-                .saturating_sub(report.status.pods_injected),
-        )
-        .max(0),
-    );
-    let taken = ctx.drains.take(&key);
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
-    // What this process wrote last, else what the (maybe stale) cache shows.
-    let base = ctx
-        .drains
-        .written(&key)
-        .or(report.status.last_drains.take());
-    let folded = drains::fold(base.as_ref(), taken.clone(), now.clone());
-    report.status.last_drains = folded.last.clone();
-    for drain in folded.new.iter().filter(|d| !d.clean()) {
-        report.events.push(status::Note {
-            type_: EventType::Warning,
-            reason: DRAIN_FORCE_CLOSED.into(),
-            action: "Drain",
-            note: drain.note(),
-        });
-    }
-    // Pause before the status counts the drains: a failed pause puts them
-    // back, and the retry decides again.
-    let enabled = pause::enabled(route);
-    let verdict = pause::decide(
-        enabled,
-        &folded.new,
-        &observed.rollouts,
-        pause::since(route),
-    );
-    if let Some(pause::Verdict::Pause(loss)) = &verdict {
-        let ns = route.namespace().unwrap_or_default();
-        if let Err(err) = pause::pause(&ctx.client, &ns, &loss.name).await {
-            ctx.drains.put_back(&key, taken);
-            return Err(err);
-        }
-    }
-    let paused = pause::condition(
-        route.condition(pause::ROLLOUT_PAUSED),
-        verdict.as_ref(),
-        &observed.rollouts,
-        enabled,
-        route.metadata.generation,
-        now,
-    );
-    report.status.conditions.extend(paused);
-    if let Err(err) = status::write(ctx, api, route, report).await {
-        ctx.drains.put_back(&key, taken);
-        return Err(err);
-    }
-    if let Some(verdict) = &verdict {
-        pause::announce(ctx, route, verdict).await;
-    }
-    ctx.drains.counted(&key, &taken, folded.last.as_ref());
-    for drain in &folded.new {
-        ctx.metrics
-            .pod_drained(&label, drain.clean(), drain.outcome.requests_cut);
-        if !drain.clean() {
-            publish_on_workloads(ctx, route, observed, drain).await;
-        }
-    }
-    Ok(())
-}
-
-/// Event reason: a pod's drain reached drain.timeout and closed connections.
-pub const DRAIN_FORCE_CLOSED: &str = "DrainForceClosed";
-
-/// The force-closed drain's Event on the workloads the pod belonged to
-/// (their pod template's labels are on the pod), where `kubectl describe
-/// deploy` shows it.
-async fn publish_on_workloads(
-    ctx: &Context,
-    route: &GraceRoute,
-    observed: &Observed,
-    drain: &drains::PodDrain,
-) {
-    let ns = route.namespace();
-    for (target, _) in &observed.targets {
-        let template = target
-            .template
-            .metadata
-            .as_ref()
-            .and_then(|m| m.labels.as_ref());
-        let owns_pod =
-            template.is_some_and(|l| l.iter().all(|(k, v)| drain.labels.get(k) == Some(v)));
-        if !owns_pod {
-            continue;
-        }
-        let reference = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some("apps/v1".into()),
-            kind: Some(target.kind.to_string()),
-            name: Some(target.name.clone()),
-            namespace: ns.clone(),
-            ..Default::default()
-        };
-        let event = Event {
-            type_: EventType::Warning,
-            reason: DRAIN_FORCE_CLOSED.into(),
-            note: Some(format!("GraceRoute {}: {}", route.name_any(), drain.note())),
-            action: "Drain".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-            // Events are for people; a failed one must not fail the reconcile.
-            tracing::debug!(error = %e, "publishing event");
-        }
-    }
 }
 
 pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action> {
@@ -309,38 +170,6 @@ pub fn error_policy(obj: Arc<DynamicObject>, err: &Error, _ctx: Arc<Context>) ->
     Action::requeue(Duration::from_secs(10))
 }
 
-pub(crate) async fn publish_on(
-    ctx: &Context,
-    reference: &k8s_openapi::api::core::v1::ObjectReference,
-    type_: EventType,
-    reason: &str,
-    action: &str,
-    note: String,
-) {
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: action.into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, reference).await {
-        // Events are for people; a failed one must not fail the reconcile.
-        tracing::debug!(error = %e, "publishing event");
-    }
-}
-
-pub(crate) async fn publish(
-    ctx: &Context,
-    route: &GraceRoute,
-    type_: EventType,
-    reason: &str,
-    action: &str,
-    note: String,
-) {
-    publish_on(ctx, &route.object_ref(&()), type_, reason, action, note).await;
-}
-
 /// Maps a Deployment/StatefulSet to the routes that may target it.
 fn routes_for_workload(
     store: &Routes,
@@ -355,6 +184,27 @@ fn routes_for_workload(
         .filter(|r| crate::route_match::covers_workload(r, kind, ns, name, labels))
         .map(|r| ObjectRef::from_obj(r.as_ref()))
         .collect()
+}
+
+/// The watch mapper of a workload kind: a changed Deployment or
+/// StatefulSet to the routes that may target it (by name, or by its pod
+/// template's labels).
+fn workload_mapper<K: ResourceExt>(
+    store: Routes,
+    kind: TargetKind,
+    template: fn(&K) -> Option<&PodTemplateSpec>,
+) -> impl Fn(K) -> Vec<ObjectRef<DynamicObject>> {
+    move |w| {
+        let labels = template(&w)
+            .and_then(|t| t.metadata.as_ref())
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default();
+        let ns = w.namespace().unwrap_or_default();
+        routes_for_workload(&store, kind, &ns, &w.name_any(), &labels)
+            .iter()
+            .map(tolerant::erase)
+            .collect()
+    }
 }
 
 /// Maps a pod to the route it is pinned to, or the routes selecting it.
@@ -413,32 +263,21 @@ pub async fn run(
         routes: store,
         drains: inbox,
     });
-    let tpl_labels = |m: Option<&ObjectMeta>| m.and_then(|m| m.labels.clone()).unwrap_or_default();
     controller
         .owns(crate::scope::api::<ConfigMap>(&client, ns), managed)
         .watches(
             crate::scope::api::<Deployment>(&client, ns),
             watcher::Config::default(),
-            move |d| {
-                let labels = tpl_labels(d.spec.as_ref().and_then(|s| s.template.metadata.as_ref()));
-                let ns = d.namespace().unwrap_or_default();
-                routes_for_workload(&s1, TargetKind::Deployment, &ns, &d.name_any(), &labels)
-                    .iter()
-                    .map(tolerant::erase)
-                    .collect::<Vec<_>>()
-            },
+            workload_mapper(s1, TargetKind::Deployment, |d: &Deployment| {
+                d.spec.as_ref().map(|s| &s.template)
+            }),
         )
         .watches(
             crate::scope::api::<StatefulSet>(&client, ns),
             watcher::Config::default(),
-            move |s| {
-                let labels = tpl_labels(s.spec.as_ref().and_then(|s| s.template.metadata.as_ref()));
-                let ns = s.namespace().unwrap_or_default();
-                routes_for_workload(&s2, TargetKind::StatefulSet, &ns, &s.name_any(), &labels)
-                    .iter()
-                    .map(tolerant::erase)
-                    .collect::<Vec<_>>()
-            },
+            workload_mapper(s2, TargetKind::StatefulSet, |s: &StatefulSet| {
+                s.spec.as_ref().map(|s| &s.template)
+            }),
         )
         .watches(
             crate::scope::api::<Pod>(&client, ns),
@@ -480,6 +319,11 @@ pub async fn run(
 /// dereference would have observed.
 #[cfg(test)]
 pub(crate) mod fixtures {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+    use kubegrace_sidecar_api::report::{DrainOutcome, KIND};
+
+    use super::drains::PodDrain;
+    use super::pause::RolloutState;
     use super::*;
 
     pub const ROUTE: &str = r#"
@@ -504,6 +348,109 @@ spec:
       containers:
       - {name: app, image: app, ports: [{name: http, containerPort: 8080}]}
 "#;
+
+    /// A context whose API server is the returned script handle.
+    pub fn scripted_context() -> (Context, crate::testing::Handle) {
+        let (client, handle) = crate::testing::mock();
+        (context(client), handle)
+    }
+
+    /// A context whose client is `client`.
+    pub fn context(client: Client) -> Context {
+        Context {
+            recorder: Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: "test".into(),
+                    instance: None,
+                },
+            ),
+            client,
+            metrics: Arc::new(Metrics::default()),
+            routes: Routes::new(
+                kube::runtime::reflector::store::Writer::new(tolerant::api_resource()).as_reader(),
+            ),
+            drains: Arc::new(drains::Inbox::default()),
+        }
+    }
+
+    /// A time, in seconds since the epoch.
+    pub fn at(secs: i64) -> Time {
+        Time(jiff::Timestamp::from_second(secs).expect("timestamp"))
+    }
+
+    /// The drain report of a pod of [`DEPLOYMENT`] (an old revision).
+    pub fn drain(
+        pod: &str,
+        force_closed: u64,
+        requests_cut: u64,
+        finished: Option<i64>,
+    ) -> PodDrain {
+        PodDrain {
+            uid: format!("uid-{pod}"),
+            pod: pod.into(),
+            labels: BTreeMap::from([
+                ("app".to_string(), "web".to_string()),
+                (keys::INJECT.to_string(), "enabled".to_string()),
+                ("pod-template-hash".to_string(), "old".to_string()),
+            ]),
+            revision: Some("old".into()),
+            outcome: DrainOutcome {
+                kind: KIND.into(),
+                trigger: "SIGTERM".into(),
+                duration_ms: 4_000,
+                connections: 3,
+                inflight_at_trigger: 2,
+                requests_finished: 7,
+                force_closed,
+                requests_cut,
+            },
+            finished_at: finished.map(at),
+        }
+    }
+
+    /// The rollout state of the workload `app` (selecting `app: <app>`).
+    pub fn state(kind: TargetKind, app: &str, paused: bool, progressing: bool) -> RolloutState {
+        RolloutState {
+            kind,
+            name: app.into(),
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([("app".to_string(), app.to_string())])),
+                ..Default::default()
+            },
+            paused,
+            paused_here: false,
+            progressing,
+        }
+    }
+
+    /// What validate and build make of `route` against `seen` (both pass).
+    pub fn checked(route: &GraceRoute, seen: &Observed) -> (validate::Valid, build::Desired) {
+        let valid = validate::check(route, seen).expect("valid");
+        let desired = build::desired(route, &valid, seen).expect("desired");
+        (valid, desired)
+    }
+
+    /// A pass of the route `yaml` against [`DEPLOYMENT`] (no pods): the
+    /// route, what was observed, what it wants written.
+    pub fn pass(yaml: &str) -> (GraceRoute, Observed, build::Desired) {
+        let r = route(yaml);
+        let seen = observed(&r, &[DEPLOYMENT], &[]);
+        let (_, desired) = checked(&r, &seen);
+        (r, seen, desired)
+    }
+
+    /// The condition `type_` of `status`.
+    pub fn condition_of<'a>(
+        status: &'a crate::crd::GraceRouteStatus,
+        type_: &str,
+    ) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .expect("condition")
+    }
 
     pub fn route(yaml: &str) -> GraceRoute {
         serde_norway::from_str(yaml).expect("route fixture")

@@ -1,7 +1,7 @@
 //! `rollout.pauseOnDrainLoss`: a rollout whose drains lose requests stops
 //! itself. The drain reports the route already collects ([`super::drains`])
 //! are the evidence; the decision is pure ([`decide`], [`condition`]), and
-//! only [`pause`] writes (the Deployment's `spec.paused`).
+//! only [`set_paused`] writes (the Deployment's `spec.paused`).
 //!
 //! What counts as loss is what the drain report calls not clean: at least
 //! one connection still open at `drain.timeout` and closed by force (with
@@ -30,31 +30,20 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::api::{Patch, PatchParams};
 use kube::core::SelectorExt;
-use kube::runtime::events::{Event, EventType};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::runtime::events::EventType;
+use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-use super::Context;
+use super::context::{Note, Subject};
 use super::dereference::selector_of;
 use super::drains::PodDrain;
 use crate::crd::{GraceRoute, TargetKind};
-use crate::{Error, Result};
 
-/// The route condition type.
-pub const ROLLOUT_PAUSED: &str = "RolloutPaused";
-/// `RolloutPaused=True`: the operator paused a Deployment for a lossy drain.
-pub const DRAIN_LOSS: &str = "DrainLoss";
-/// `RolloutPaused=False`: the Deployment was resumed after such a pause.
-pub const RESUMED: &str = "Resumed";
-/// `RolloutPaused=False`: a StatefulSet's drain lost requests; it has no
-/// `spec.paused` to set (and its `partition` belongs to the user's
-/// manifest), so the rollout goes on and only this condition and an Event
-/// say so.
-pub const CANNOT_PAUSE: &str = "CannotPause";
+/// The route condition type and its reasons (in [`crate::reasons`]).
+pub use crate::reasons::{CANNOT_PAUSE, DRAIN_LOSS, RESUMED, ROLLOUT_PAUSED};
 /// Route annotation: when the rollout was resumed (RFC 3339), written by
 /// `kubectl kubegrace resume`. Drains that ended before it never pause.
 pub const RESUMED_AT: &str = "kubegrace.io/resumed-at";
@@ -297,13 +286,6 @@ pub fn condition(
     enabled.then(|| prev.clone())
 }
 
-/// Pauses the Deployment (merge patch of `spec.paused`).
-pub async fn pause(client: &Client, ns: &str, name: &str) -> Result<()> {
-    set_paused(client, ns, name, true)
-        .await
-        .map_err(Error::kube(format!("pausing Deployment {ns}/{name}")))
-}
-
 /// Sets a Deployment's `spec.paused` as [`PAUSE_FIELD_MANAGER`] (the
 /// plugin's resume too).
 pub async fn set_paused(
@@ -326,45 +308,33 @@ pub async fn set_paused(
         .map(drop)
 }
 
-/// The Warning Event of a verdict: on the route with the workload as the
-/// related object, and on the workload, where `kubectl describe` shows it.
-pub async fn announce(ctx: &Context, route: &GraceRoute, verdict: &Verdict) {
+/// The Warning Events of a verdict (pure): on the route with the workload
+/// as the related object, and on the workload, where `kubectl describe`
+/// shows it.
+pub fn notes(route: &str, verdict: &Verdict) -> [Note; 2] {
     let loss = verdict.loss();
     let (reason, note) = match verdict {
         Verdict::Pause(l) => (ROLLOUT_PAUSED, l.message(true)),
         Verdict::CannotPause(l) => (CANNOT_PAUSE, l.message(false)),
     };
-    let workload = ObjectReference {
-        api_version: Some("apps/v1".into()),
-        kind: Some(loss.kind.to_string()),
-        name: Some(loss.name.clone()),
-        namespace: route.namespace(),
-        ..Default::default()
+    let workload = Subject::Workload {
+        kind: loss.kind,
+        name: loss.name.clone(),
     };
-    let on_route = Event {
-        type_: EventType::Warning,
-        reason: reason.into(),
-        note: Some(note.clone()),
-        action: "Pause".into(),
-        secondary: Some(workload.clone()),
+    let on_route = Note {
+        related: Some(workload.clone()),
+        ..Note::on_route(EventType::Warning, reason, "Pause", note.clone())
     };
-    if let Err(e) = ctx
-        .recorder
-        .publish(&on_route, &route.object_ref(&()))
-        .await
-    {
-        // Events are for people; a failed one must not fail the reconcile.
-        tracing::debug!(error = %e, "publishing event");
-    }
-    super::publish_on(
-        ctx,
-        &workload,
-        EventType::Warning,
-        reason,
-        "Pause",
-        format!("GraceRoute {}: {note}", route.name_any()),
-    )
-    .await;
+    let on_workload = Note {
+        on: workload,
+        ..Note::on_route(
+            EventType::Warning,
+            reason,
+            "Pause",
+            format!("GraceRoute {route}: {note}"),
+        )
+    };
+    [on_route, on_workload]
 }
 
 /// The rollout states of the workloads, by [`RolloutState::id`].

@@ -1,51 +1,5 @@
-use std::time::Duration;
-
-use http::{Request, Response};
-use kube::client::Body;
-use kubegrace_sidecar_api::report::{DrainOutcome, KIND};
-
 use super::*;
-
-fn at(secs: i64) -> Time {
-    Time(jiff::Timestamp::from_second(secs).expect("timestamp"))
-}
-
-fn drain(pod: &str, force_closed: u64, requests_cut: u64, finished: Option<i64>) -> PodDrain {
-    PodDrain {
-        uid: format!("uid-{pod}"),
-        pod: pod.into(),
-        labels: BTreeMap::from([
-            ("app".to_string(), "web".to_string()),
-            ("pod-template-hash".to_string(), "old".to_string()),
-        ]),
-        revision: Some("old".into()),
-        outcome: DrainOutcome {
-            kind: KIND.into(),
-            trigger: "SIGTERM".into(),
-            duration_ms: 4_000,
-            connections: 3,
-            inflight_at_trigger: 2,
-            requests_finished: 7,
-            force_closed,
-            requests_cut,
-        },
-        finished_at: finished.map(at),
-    }
-}
-
-fn state(kind: TargetKind, app: &str, paused: bool, progressing: bool) -> RolloutState {
-    RolloutState {
-        kind,
-        name: app.into(),
-        selector: LabelSelector {
-            match_labels: Some(BTreeMap::from([("app".to_string(), app.to_string())])),
-            ..Default::default()
-        },
-        paused,
-        paused_here: false,
-        progressing,
-    }
-}
+use crate::controller::fixtures::{at, drain, state};
 
 fn rolling() -> Vec<RolloutState> {
     vec![state(TargetKind::Deployment, "web", false, true)]
@@ -85,25 +39,26 @@ fn without_the_option_nothing_pauses() {
     assert_eq!(v, None);
 }
 
+/// The verdict on one lossy drain of `web-a`, with the option on.
+fn one_loss(rollouts: &[RolloutState]) -> Option<Verdict> {
+    decide(true, &[drain("web-a", 1, 1, Some(100))], rollouts, None)
+}
+
 #[test]
 fn a_scale_down_or_a_finished_rollout_is_not_paused() {
     let done = vec![state(TargetKind::Deployment, "web", false, false)];
-    assert_eq!(
-        decide(true, &[drain("web-a", 1, 1, Some(100))], &done, None),
-        None
-    );
+    assert_eq!(one_loss(&done), None);
 }
 
 #[test]
 fn a_deployment_paused_by_someone_else_is_left_alone_and_one_paused_here_is_paused_again() {
     let mut by_user = rolling();
     by_user[0].paused = true;
-    let lossy = [drain("web-a", 1, 1, Some(100))];
-    assert_eq!(decide(true, &lossy, &by_user, None), None);
+    assert_eq!(one_loss(&by_user), None);
     // Our pause whose status write failed: the retry decides the same.
     by_user[0].paused_here = true;
     assert_eq!(
-        paused_name(decide(true, &lossy, &by_user, None)),
+        paused_name(one_loss(&by_user)),
         Some(("pause".into(), "web-a".into()))
     );
 }
@@ -131,9 +86,12 @@ fn a_statefulset_is_reported_not_paused() {
 #[test]
 fn a_pod_of_another_workload_does_not_pause_this_one() {
     let other = vec![state(TargetKind::Deployment, "api", false, true)];
+    assert_eq!(one_loss(&other), None);
+    // The same drain does pause the workload its pod belongs to.
+    let both = [other[0].clone(), rolling()[0].clone()];
     assert_eq!(
-        decide(true, &[drain("web-a", 1, 1, Some(1))], &other, None),
-        None
+        paused_name(one_loss(&both)),
+        Some(("pause".into(), "web-a".into()))
     );
 }
 
@@ -287,43 +245,22 @@ fn the_resume_annotation_or_the_condition_whichever_is_later_bounds_old_drains()
 
 #[tokio::test]
 async fn the_pause_is_a_merge_patch_of_spec_paused_by_its_own_field_manager() {
-    let (svc, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let script = tokio::spawn(async move {
-        let (req, send) = api.next_request().await.expect("a request");
+    let (client, mut api) = crate::testing::mock();
+    let script = async move {
+        let answer = serde_json::to_value(deployment(ROLLING)).expect("json");
+        let seen = crate::testing::answer(&mut api, &answer).await;
         assert_eq!(
-            (req.method().as_str(), req.uri().path()),
+            seen.call(),
             ("PATCH", "/apis/apps/v1/namespaces/shop/deployments/web")
         );
-        let query = req.uri().query().unwrap_or_default().to_owned();
-        assert!(
-            query.contains(&format!("fieldManager={PAUSE_FIELD_MANAGER}")),
-            "{query}"
-        );
-        assert_eq!(
-            req.headers().get("content-type").map(|v| v.as_bytes()),
-            Some(&b"application/merge-patch+json"[..])
-        );
-        let body = req.into_body().collect_bytes().await.expect("body");
-        let sent: serde_json::Value = serde_json::from_slice(&body).expect("json");
-        assert_eq!(sent, json!({"spec": {"paused": true}}));
-        let answer = serde_json::to_vec(&deployment(ROLLING)).expect("json");
-        send.send_response(
-            Response::builder()
-                .body(Body::from(answer))
-                .expect("response"),
-        );
-    });
-    tokio::time::timeout(
-        Duration::from_secs(1),
-        pause(&Client::new(svc, "shop"), "shop", "web"),
-    )
-    .await
-    .expect("no missing answer")
-    .expect("pause succeeds");
-    tokio::time::timeout(Duration::from_secs(1), script)
+        let manager = format!("fieldManager={PAUSE_FIELD_MANAGER}");
+        assert!(seen.query.contains(&manager), "{}", seen.query);
+        assert_eq!(seen.content_type, "application/merge-patch+json");
+        assert_eq!(seen.body, json!({"spec": {"paused": true}}));
+    };
+    crate::testing::scripted(script, set_paused(&client, "shop", "web", true))
         .await
-        .expect("script done")
-        .expect("script passed");
+        .expect("pause succeeds");
 }
 
 #[test]

@@ -10,9 +10,9 @@ use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 
 use super::dereference::{Observed, template_labels};
-use crate::build::{self, Budget, Invalid, Target};
 use crate::crd::GraceRoute;
 use crate::ownership::{self, Ownership};
+use crate::rules::{self, Budget, Invalid, Target};
 
 /// A route that passed: its budget and the sidecar config it renders to.
 #[derive(Debug, Clone)]
@@ -30,7 +30,7 @@ pub fn check(route: &GraceRoute, observed: &Observed) -> Result<Valid, Invalid> 
     if let Ownership::Foreign(why) = ownership::decide(observed.config_map.as_ref(), &name) {
         return Err(ownership::refusal(
             &route.namespace().unwrap_or_default(),
-            &build::config_map_name(&name),
+            &rules::config_map_name(&name),
             &name,
             &why,
         ));
@@ -48,16 +48,16 @@ pub fn budget_and_config(
     route: &GraceRoute,
     targets: &[&(Target, Option<String>)],
 ) -> Result<(Budget, kubegrace_sidecar_api::config::Config), Invalid> {
-    build::check_bounds(route)?;
-    let budget = build::budget(&route.spec)?;
+    rules::check_bounds(route)?;
+    let budget = rules::budget(&route.spec)?;
     let mut plan = None;
     for (t, _) in targets {
-        let p = build::check_template(&route.spec, &t.id(), &t.template)?;
+        let p = rules::check_template(&route.spec, &t.id(), &t.template)?;
         plan.get_or_insert(p);
     }
-    let config = build::sidecar_config(&route.spec, &budget, plan)?;
-    let (yaml, _) = build::render(&config)?;
-    build::check_rendered_size(&yaml)?;
+    let config = rules::sidecar_config(&route.spec, &budget, plan)?;
+    let (yaml, _) = rules::render(&config)?;
+    rules::check_rendered_size(&yaml)?;
     Ok((budget, config))
 }
 
@@ -79,11 +79,11 @@ pub fn service_bypasses(
     labels.extend(pods.iter().cloned());
     let numbers: BTreeSet<i32> = targets
         .iter()
-        .filter_map(|(t, _)| build::app_port(&t.template, &port.name))
+        .filter_map(|(t, _)| rules::app_port(&t.template, &port.name))
         .collect();
     let mut out = Vec::new();
     for n in numbers {
-        for b in build::bypassing_services(services, &labels, &port.name, n) {
+        for b in rules::bypassing_services(services, &labels, &port.name, n) {
             let s = b.explain(&port.name);
             if !out.contains(&s) {
                 out.push(s);

@@ -247,10 +247,7 @@ fn one_pod_at_a_time_per_workload_only_when_the_others_are_ready() {
 
 #[test]
 fn the_interval_is_bounded_at_both_ends() {
-    assert!(checked_interval(MIN_INTERVAL).is_ok());
-    assert!(checked_interval(MAX_INTERVAL).is_ok());
-    assert!(checked_interval(MIN_INTERVAL - Duration::from_millis(1)).is_err());
-    assert!(checked_interval(MAX_INTERVAL + Duration::from_millis(1)).is_err());
+    crate::testing::assert_bounded(checked_interval, MIN_INTERVAL, MAX_INTERVAL);
 }
 
 #[test]

@@ -109,12 +109,7 @@ fn native_injection_takes_over_the_port_name_and_keeps_the_app_port_number() {
         Some(APP_READINESS_IN_SIDECAR)
     );
     // preStop drains through the sidecar, with the pod's token.
-    let hook = app
-        .lifecycle
-        .as_ref()
-        .and_then(|l| l.pre_stop.as_ref())
-        .and_then(|p| p.http_get.as_ref())
-        .expect("hook");
+    let hook = pre_stop_get(app);
     assert_eq!(hook.path.as_deref(), Some(admin::path::DRAIN_WAIT));
     assert_eq!(hook.port, IntOrString::Int(i32::from(admin::DEFAULT_PORT)));
     assert_eq!(
@@ -193,12 +188,7 @@ fn a_pod_on_our_default_ports_and_istios_gets_the_next_free_ones() {
         assert_eq!(port_of(probe), Some(IntOrString::Int(15182)));
     }
     for c in [sc, &spec.containers[0]] {
-        let hook = c
-            .lifecycle
-            .as_ref()
-            .and_then(|l| l.pre_stop.as_ref())
-            .and_then(|p| p.http_get.as_ref())
-            .expect("preStop");
+        let hook = pre_stop_get(c);
         assert_eq!(hook.port, IntOrString::Int(15182));
     }
     assert_eq!(admin_port_of(&out), Some(15182));
@@ -386,4 +376,13 @@ fn the_sidecar_gets_a_state_volume_the_autoscaler_may_drop() {
         .insert(SAFE_TO_EVICT_LOCAL_VOLUMES.into(), "scratch".into());
     let out = inject(&own, &plan(true)).expect("injected");
     assert_eq!(ann(&out), Some(format!("scratch,{}", pod::STATE_VOLUME)));
+}
+
+/// The container's preStop `httpGet` (the drain through the sidecar).
+fn pre_stop_get(c: &Container) -> &HTTPGetAction {
+    c.lifecycle
+        .as_ref()
+        .and_then(|l| l.pre_stop.as_ref())
+        .and_then(|p| p.http_get.as_ref())
+        .expect("a preStop httpGet")
 }

@@ -23,7 +23,7 @@ use crate::crd::bounds::{
 use crate::crd::{CircuitBreakerSpec, GraceRoute, GraceRouteSpec, RouteSpec};
 
 /// The condition reason of a route outside the bounds.
-pub const REASON: &str = "InvalidSpec";
+pub use crate::reasons::INVALID_SPEC as REASON;
 
 fn refuse(field: &str, message: impl std::fmt::Display) -> Invalid {
     Invalid::new(REASON, format!("{field}: {message}"))
@@ -465,8 +465,8 @@ fn check_rollout(spec: &GraceRouteSpec) -> Result<(), Invalid> {
 mod tests {
     use super::super::testing::{BASE, route};
     use super::*;
-    use crate::build::{budget, check_rendered_size};
     use crate::controller::budget_and_config;
+    use crate::rules::{budget, check_rendered_size};
 
     /// `check_bounds` refuses `yaml` (a route) naming `field`.
     fn refused(yaml: &str, field: &str) -> String {
@@ -488,27 +488,25 @@ mod tests {
         );
         assert!(m.contains("write at most 1h"), "{m}");
         // Stored (no maximum) and decodable as u32.
-        refused(
-            &format!("{BASE}  circuitBreaker: {{consecutiveFailures: 4294967295}}\n"),
-            "circuitBreaker.consecutiveFailures",
-        );
-        refused(
-            &format!("{BASE}  drain: {{quiet: 99999h}}\n"),
-            "drain.quiet",
-        );
-        refused(
-            &format!("{BASE}  drain: {{timeout: 99999h}}\n"),
-            "drain.timeout",
-        );
+        for (spec, field) in [
+            (
+                "circuitBreaker: {consecutiveFailures: 4294967295}",
+                "circuitBreaker.consecutiveFailures",
+            ),
+            ("drain: {quiet: 99999h}", "drain.quiet"),
+            ("drain: {timeout: 99999h}", "drain.timeout"),
+            (
+                "rollout: {maxUnavailable: \"101%\"}",
+                "rollout.maxUnavailable",
+            ),
+        ] {
+            refused(&format!("{BASE}  {spec}\n"), field);
+        }
         let m = refused(
             &format!("{BASE}  rollout: {{maxSurge: \"00%\"}}\n"),
             "rollout.maxSurge",
         );
         assert!(m.contains("without leading zeros"), "{m}");
-        refused(
-            &format!("{BASE}  rollout: {{maxUnavailable: \"101%\"}}\n"),
-            "rollout.maxUnavailable",
-        );
         let long = "a".repeat(MAX_ROUTE_OBJECT_NAME + 1);
         let m = refused(
             &BASE.replace("name: web,", &format!("name: {long},")),

@@ -1,10 +1,12 @@
 //! The status step and NetworkPolicies that port takeover breaks.
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use super::*;
-use crate::controller::fixtures::{DEPLOYMENT, ROUTE, observed, route};
-use crate::controller::{desired, validate as check};
+use crate::controller::fixtures::{DEPLOYMENT, ROUTE, checked, condition_of, observed, route};
+use crate::reasons::{DEGRADED, NETWORK_POLICY_BLOCKS_SIDECAR};
 
 /// An injected pod of `web`: the sidecar has the port name `http` on 15181,
 /// the app keeps 8080 as `kg-http`.
@@ -35,18 +37,12 @@ fn report_with(policies: Vec<NetworkPolicy>) -> Report {
     let pod: Pod = serde_norway::from_str(INJECTED).expect("pod");
     let mut seen = observed(&r, &[DEPLOYMENT], &[pod]);
     seen.network_policies = policies;
-    let valid = check::check(&r, &seen).expect("valid");
-    let d = desired::desired(&r, &valid, &seen).expect("desired");
+    let (valid, d) = checked(&r, &seen);
     accepted(&r, &seen, &valid, &d)
 }
 
 fn degraded(report: &Report) -> &Condition {
-    report
-        .status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == DEGRADED)
-        .expect("Degraded")
+    condition_of(&report.status, DEGRADED)
 }
 
 #[test]

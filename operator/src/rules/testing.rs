@@ -1,4 +1,4 @@
-//! What the build unit tests share: routes and pod templates from inline
+//! What the rules unit tests share: routes and pod templates from inline
 //! YAML, and the sidecar's reading of a rendered config.
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;

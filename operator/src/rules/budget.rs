@@ -10,6 +10,7 @@ use kubegrace_sidecar_api::config::HumanDuration;
 use super::Invalid;
 use crate::crd::GraceRouteSpec;
 use crate::crd::bounds::MAX_DRAIN;
+use crate::reasons;
 
 /// Time after the drain for the app to exit on SIGTERM and the sidecar to
 /// follow. With native sidecars the kubelet sends the sidecar SIGTERM only
@@ -96,7 +97,7 @@ pub fn budget(spec: &GraceRouteSpec) -> Result<Budget, Invalid> {
             None => format!("drain.timeout {}", HumanDuration(drain_timeout)),
         };
         return Err(Invalid::new(
-            "InvalidSpec",
+            reasons::INVALID_SPEC,
             format!(
                 "drain.maxDelay {} + {timeout} is over {}: with a {} margin that sum becomes the pods' terminationGracePeriodSeconds; shorten them",
                 HumanDuration(max_delay),
@@ -121,7 +122,7 @@ pub fn budget(spec: &GraceRouteSpec) -> Result<Budget, Invalid> {
             let n = i64::from(*n);
             if n < required_seconds {
                 return Err(Invalid::new(
-                    "BudgetDoesNotFit",
+                    reasons::BUDGET_DOES_NOT_FIT,
                     format!(
                         "rollout.terminationGracePeriodSeconds is {n} but a drain needs {required_seconds}s ({} > {n}s); \
                          raise it to at least {required_seconds}, set it to auto, or shorten drain.maxDelay, drain.timeout or the route timeouts",
@@ -133,7 +134,7 @@ pub fn budget(spec: &GraceRouteSpec) -> Result<Budget, Invalid> {
         }
         IntOrString::String(other) => {
             return Err(Invalid::new(
-                "InvalidSpec",
+                reasons::INVALID_SPEC,
                 format!(
                     "rollout.terminationGracePeriodSeconds {other:?} is neither auto nor a number of seconds"
                 ),
@@ -147,7 +148,7 @@ pub fn budget(spec: &GraceRouteSpec) -> Result<Budget, Invalid> {
 mod tests {
     use super::super::testing::{BASE, route};
     use super::*;
-    use crate::build::sidecar_config;
+    use crate::rules::sidecar_config;
     use kubegrace_sidecar_api::config::DrainConfig;
 
     #[test]

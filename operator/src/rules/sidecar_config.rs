@@ -18,6 +18,7 @@ use crate::crd::{
     CircuitBreakerSpec, FallbackSpec, GraceRouteSpec, GrpcHealthSpec, Http2GoAwaySpec,
     PortProtocol, Readiness, WebSocketCloseSpec,
 };
+use crate::reasons;
 
 /// Where the sidecar listens and where the app is, for one pod shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +36,7 @@ pub fn check_template(
 ) -> Result<PortPlan, Invalid> {
     let Some(pod) = template.spec.as_ref() else {
         return Err(Invalid::new(
-            "TargetInvalid",
+            reasons::TARGET_INVALID,
             format!("{target} has no pod template spec"),
         ));
     };
@@ -67,7 +68,7 @@ pub fn check_template(
         format!("it has: {}", names.join(", "))
     };
     Err(Invalid::new(
-        "UnknownPort",
+        reasons::UNKNOWN_PORT,
         format!(
             "{target} has no container port named {wanted:?} ({have}); set ports[0].name to one of them, or name the port in the pod template"
         ),
@@ -197,7 +198,10 @@ pub fn sidecar_config(
                 .enumerate()
                 .map(|(j, f)| {
                     f.0.parse::<FailureKind>().map_err(|e| {
-                        Invalid::new("InvalidSpec", format!("routes[{i}].failOn[{j}]: {e}"))
+                        Invalid::new(
+                            reasons::INVALID_SPEC,
+                            format!("routes[{i}].failOn[{j}]: {e}"),
+                        )
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?,
@@ -243,14 +247,18 @@ pub fn sidecar_config(
     // points at the field to fix.
     config
         .validate()
-        .map_err(|e| Invalid::new("InvalidSpec", format!("{}: {}", e.key, e.message)))?;
+        .map_err(|e| Invalid::new(reasons::INVALID_SPEC, format!("{}: {}", e.key, e.message)))?;
     Ok(config)
 }
 
 /// `config.yaml` and its hash (sha256, first 16 hex digits).
 pub fn render(config: &Config) -> Result<(String, String), Invalid> {
-    let yaml = serde_norway::to_string(config)
-        .map_err(|e| Invalid::new("InvalidSpec", format!("rendering the sidecar config: {e}")))?;
+    let yaml = serde_norway::to_string(config).map_err(|e| {
+        Invalid::new(
+            reasons::INVALID_SPEC,
+            format!("rendering the sidecar config: {e}"),
+        )
+    })?;
     let digest = Sha256::digest(yaml.as_bytes());
     let mut hash = String::with_capacity(16);
     for b in digest.iter().take(8) {
@@ -269,7 +277,7 @@ pub fn check_rendered_size(yaml: &str) -> Result<(), Invalid> {
         .saturating_add(kubegrace_sidecar_api::pod::CONFIG_FILE.len());
     if size > CONFIG_MAP_LIMIT {
         return Err(Invalid::new(
-            "InvalidSpec",
+            reasons::INVALID_SPEC,
             format!(
                 "the sidecar config this route renders is {size} bytes, over the {CONFIG_MAP_LIMIT} a ConfigMap holds; shorten the fallback bodies, paths and hosts, or split the routes over several GraceRoutes"
             ),
@@ -287,8 +295,8 @@ pub fn config_map_name(route: &str) -> String {
 mod tests {
     use super::super::testing::{BASE, config_of, route, sidecar_reads, template};
     use super::*;
-    use crate::build::budget;
     use crate::crd::GraceRoute;
+    use crate::rules::budget;
 
     /// A route with this `drain` does not parse, and the error names the
     /// value that would.

@@ -13,9 +13,29 @@ use serde_json::Value;
 
 use super::dereference::Observed;
 use super::validate::Valid;
-use crate::build;
 use crate::crd::{GraceRoute, TargetKind};
-use crate::{Error, FIELD_MANAGER, Result, keys};
+use crate::rules;
+use crate::{FIELD_MANAGER, keys};
+
+/// What failed in the build step. Validate rendered the same config, so
+/// either is a bug or an object without the metadata the API server sets.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("rendering the sidecar config: {0}")]
+    Render(String),
+    #[error("GraceRoute {0} has no uid")]
+    MissingUid(String),
+}
+
+impl Error {
+    /// The metric label (the values the crate's error had for these).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Render(_) => "config",
+            Self::MissingUid(_) => "missing_field",
+        }
+    }
+}
 
 /// What apply writes.
 #[derive(Debug, Clone)]
@@ -37,15 +57,15 @@ pub struct RolloutFields {
 }
 
 /// Builds what the route wants (pure).
-pub fn desired(route: &GraceRoute, valid: &Valid, observed: &Observed) -> Result<Desired> {
-    let (yaml, hash) = build::render(&valid.config).map_err(|i| Error::Config(i.message))?;
+pub fn desired(route: &GraceRoute, valid: &Valid, observed: &Observed) -> Result<Desired, Error> {
+    let (yaml, hash) = rules::render(&valid.config).map_err(|i| Error::Render(i.message))?;
     let name = route.name_any();
     let owner = route
         .controller_owner_ref(&())
-        .ok_or_else(|| Error::MissingField("GraceRoute without uid".into()))?;
+        .ok_or_else(|| Error::MissingUid(name.clone()))?;
     let config_map = ConfigMap {
         metadata: ObjectMeta {
-            name: Some(build::config_map_name(&name)),
+            name: Some(rules::config_map_name(&name)),
             namespace: route.namespace(),
             labels: Some(BTreeMap::from([
                 (keys::MANAGED_BY.to_string(), FIELD_MANAGER.to_string()),
@@ -67,7 +87,7 @@ pub fn desired(route: &GraceRoute, valid: &Valid, observed: &Observed) -> Result
     let mut rollout = Vec::new();
     let mut notes = Vec::new();
     for (t, _) in &observed.targets {
-        let (body, n) = build::target_apply(route.spec.rollout.as_ref(), t);
+        let (body, n) = rules::target_apply(route.spec.rollout.as_ref(), t);
         notes.extend(n);
         if let Some(body) = body {
             rollout.push(RolloutFields {
@@ -88,15 +108,11 @@ pub fn desired(route: &GraceRoute, valid: &Valid, observed: &Observed) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::fixtures::{DEPLOYMENT, ROUTE, observed, route};
-    use crate::controller::validate;
+    use crate::controller::fixtures::{ROUTE, pass};
 
     #[test]
     fn without_a_rollout_block_only_the_owned_labelled_config_map_is_wanted() {
-        let r = route(ROUTE);
-        let seen = observed(&r, &[DEPLOYMENT], &[]);
-        let valid = validate::check(&r, &seen).expect("valid");
-        let d = desired(&r, &valid, &seen).expect("desired");
+        let (_, _, d) = pass(ROUTE);
         assert!(d.rollout.is_empty(), "{:?}", d.rollout);
         let cm = &d.config_map;
         assert_eq!(cm.name_any(), "kubegrace-web");
@@ -118,20 +134,14 @@ mod tests {
     #[test]
     fn pause_on_drain_loss_alone_writes_nothing_into_the_target() {
         // Nor takes the finalizer: that is held only for what apply wrote.
-        let r = route(&format!("{ROUTE}  rollout: {{pauseOnDrainLoss: true}}\n"));
-        let seen = observed(&r, &[DEPLOYMENT], &[]);
-        let valid = validate::check(&r, &seen).expect("valid");
-        let d = desired(&r, &valid, &seen).expect("desired");
+        let (r, seen, d) = pass(&format!("{ROUTE}  rollout: {{pauseOnDrainLoss: true}}\n"));
         assert!(d.rollout.is_empty(), "{:?}", d.rollout);
         assert!(!crate::controller::finalizer::wanted(&r, &seen, Some(&d)));
     }
 
     #[test]
     fn an_explicit_rollout_block_writes_only_its_fields_to_the_target() {
-        let r = route(&format!("{ROUTE}  rollout: {{minReadySeconds: 3}}\n"));
-        let seen = observed(&r, &[DEPLOYMENT], &[]);
-        let valid = validate::check(&r, &seen).expect("valid");
-        let d = desired(&r, &valid, &seen).expect("desired");
+        let (_, _, d) = pass(&format!("{ROUTE}  rollout: {{minReadySeconds: 3}}\n"));
         assert_eq!(d.rollout.len(), 1);
         let body = &d.rollout[0].body;
         assert_eq!(body["spec"]["minReadySeconds"], 3);

@@ -1,5 +1,7 @@
-//! The pure middle of the pipeline: GraceRoute spec (+ the target's pod
-//! template) -> sidecar config, time budget and the target's rollout fields.
+//! The GraceRoute's rules, pure: spec (+ the target's pod template) ->
+//! sidecar config, time budget and the target's rollout fields. The
+//! controller's validate and build steps call them, and so does the route
+//! admission webhook, so `kubectl apply` and the route's conditions agree.
 //! Nothing here talks to the API server, so every rule is tested from inline
 //! YAML.
 //!

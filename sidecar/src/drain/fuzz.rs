@@ -11,7 +11,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tokio::time::Instant;
 
-use super::{Drain, Phase};
+use super::{Drain, ExitTrigger, Phase};
 use crate::config::bounds::MAX_DRAIN_TIMER;
 use crate::config::{Config, DrainConfig, HumanDuration};
 
@@ -93,7 +93,7 @@ fn full_drain(timers: DrainConfig, stuck: bool, new_conns: u8) {
         let mut driver = tokio::spawn(drain.clone().run());
         let mut rx = drain.subscribe();
         let t0 = Instant::now();
-        assert!(drain.trigger_exit("fuzz"));
+        assert_eq!(drain.trigger_exit("fuzz"), ExitTrigger::Started);
         assert_eq!(drain.phase(), Phase::Draining);
         // Routers still sending: new connections restart the quiet clock.
         for _ in 0..new_conns {

@@ -100,7 +100,7 @@ mod tests {
     use tokio::time::Instant;
 
     use super::super::testing::timers;
-    use super::super::{Drain, Phase};
+    use super::super::{Drain, ExitTrigger, Phase};
 
     #[tokio::test(start_paused = true)]
     async fn a_provisional_drain_resumes_once_the_app_was_gone_and_is_back() {
@@ -142,7 +142,7 @@ mod tests {
         // SIGTERM first: the app going and coming back changes nothing.
         let drain = Drain::new(timers(100, 50, 1000, 1000));
         tokio::spawn(drain.clone().run());
-        assert!(drain.trigger_exit("SIGTERM"));
+        assert_eq!(drain.trigger_exit("SIGTERM"), ExitTrigger::Started);
         assert!(drain.subscribe().borrow().exit);
         drain.app_gone();
         assert!(!drain.resume("back"));
@@ -155,8 +155,13 @@ mod tests {
         tokio::spawn(drain.clone().run());
         drain.trigger("admin /drain");
         drain.app_gone();
-        assert!(!drain.trigger_exit("SIGTERM"), "joins the drain under way");
+        assert_eq!(
+            drain.trigger_exit("SIGTERM"),
+            ExitTrigger::Joined,
+            "joins the drain under way"
+        );
         assert!(drain.is_exit());
+        assert_eq!(drain.trigger_exit("SIGINT"), ExitTrigger::Repeated);
         assert!(!drain.resume("back"));
         drain.drained().await;
         assert_eq!(drain.phase(), Phase::Drained);

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 use super::{Drain, DrainState, Phase};
 use crate::config::{DrainConfig, HumanDuration};
 
-pub(super) fn timers(min: u64, quiet: u64, max: u64, timeout: u64) -> DrainConfig {
+pub(crate) fn timers(min: u64, quiet: u64, max: u64, timeout: u64) -> DrainConfig {
     DrainConfig {
         min_delay: HumanDuration::from_millis(min),
         quiet: HumanDuration::from_millis(quiet),

@@ -44,6 +44,7 @@ pub mod listen;
 mod memory;
 pub mod metrics;
 pub mod notify;
+mod passthrough;
 pub mod proxy;
 pub mod reload;
 pub mod server;

@@ -67,12 +67,11 @@ impl Stop {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::drain::testing::timers;
+    use crate::drain::testing::{running, timers};
 
     #[tokio::test(start_paused = true)]
     async fn a_stop_is_the_exit_drain_and_asking_twice_changes_nothing() {
-        let drain = Drain::new(timers(100, 50, 1000, 1000));
-        tokio::spawn(drain.clone().run());
+        let drain = running(timers(100, 50, 1000, 1000));
         let stop = Stop::new(drain.clone());
         assert!(!stop.is_requested());
         let waiter = tokio::spawn({
@@ -90,8 +89,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_stop_during_a_provisional_drain_ends_the_process() {
-        let drain = Drain::new(timers(100, 50, 1000, 1000));
-        tokio::spawn(drain.clone().run());
+        let drain = running(timers(100, 50, 1000, 1000));
         let stop = Stop::new(drain.clone());
         drain.trigger("admin /drain");
         drain.drained().await;

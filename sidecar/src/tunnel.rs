@@ -83,19 +83,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Moved<'_, T> {
 }
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for Moved<'_, T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut *self.get_mut().inner).poll_write(cx, buf)
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.get_mut().inner).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.get_mut().inner).poll_shutdown(cx)
-    }
+    crate::passthrough::write_through!(inner);
 }
 
 /// `copy_bidirectional` that gives up once no byte was read from either

@@ -79,15 +79,19 @@ fn expected_refusal(d: &DrainConfig) -> Option<&'static str> {
     .map(|(key, _)| key)
 }
 
-/// One whole drain on a paused clock; `stuck` holds a connection open
-/// through `Closing` so the force-close at `timeout` runs too.
-fn full_drain(timers: DrainConfig, stuck: bool, new_conns: u8) {
-    let rt = tokio::runtime::Builder::new_current_thread()
+/// A runtime on a paused clock: the drain's timers pass at once.
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
-        .expect("runtime");
-    rt.block_on(async move {
+        .expect("runtime")
+}
+
+/// One whole drain on a paused clock; `stuck` holds a connection open
+/// through `Closing` so the force-close at `timeout` runs too.
+fn full_drain(timers: DrainConfig, stuck: bool, new_conns: u8) {
+    paused_runtime().block_on(async move {
         let drain = Drain::new(timers);
         let held = stuck.then(|| drain.connection());
         let mut driver = tokio::spawn(drain.clone().run());
@@ -166,12 +170,7 @@ fn timers_past_every_bound_never_panic_the_driver() {
         timeout: huge,
         ..DrainConfig::default()
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("runtime");
-    rt.block_on(async move {
+    paused_runtime().block_on(async move {
         let drain = Drain::new(timers);
         let held = drain.connection();
         let mut driver = tokio::spawn(drain.clone().run());

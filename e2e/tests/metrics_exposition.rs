@@ -170,8 +170,11 @@ async fn sidecar(app: SocketAddr, dir: &std::path::Path) -> Result<kubegrace_sid
         settings.config_file.as_deref(),
         &settings.overrides,
     )?;
-    let mut config = startup.config;
-    Ok(kubegrace_sidecar::Sidecar::start_with(&mut config, settings, false, false).await?)
+    let options = kubegrace_sidecar::StartOptions {
+        config_file: startup.config_file,
+        ..Default::default()
+    };
+    Ok(kubegrace_sidecar::Sidecar::start(startup.config, settings, options).await?)
 }
 
 /// The operator's admin server on a free loopback port.

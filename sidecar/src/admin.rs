@@ -236,7 +236,7 @@ impl Admin {
                 if let Some(denied) = self.check_token(&req) {
                     return denied;
                 }
-                let (status, body) = crate::upgrade::admin_upgrade().await;
+                let (status, body) = self.shared.upgrade.admin_upgrade().await;
                 text(status, &body)
             }
             path::LIVE

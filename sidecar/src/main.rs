@@ -59,8 +59,8 @@ fn main() {
             );
             // An upgrade hands the container to the new process, whose own
             // drain writes the message the kubelet will read.
-            if let Some(path) =
-                termination_log.filter(|_| report.trigger != kubegrace_sidecar::UPGRADE_REASON)
+            if let Some(path) = termination_log
+                .filter(|_| report.trigger != kubegrace_sidecar::stop::UPGRADE_REASON)
                 && let Err(err) = kubegrace_sidecar::termination::write(&report, &path)
             {
                 tracing::warn!(path = %path.display(), error = %err, "cannot write the drain report as the termination message");

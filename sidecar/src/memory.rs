@@ -293,65 +293,70 @@ mod tests {
         trim(take_thread_cache());
     }
 
+    /// One tick of a plan: (ticks since start, open, closed, expected).
+    type Tick = (u32, usize, u64, Option<TrimKind>);
+
+    /// Runs `ticks` through a plan that starts with `open` connections and
+    /// none closed; each tick's decision must be the expected one.
+    fn walk(open: usize, ticks: &[Tick]) {
+        let start = Instant::now();
+        let mut plan = TrimPlan::new(0, open);
+        for (i, &(tick, open, closed, expected)) in ticks.iter().enumerate() {
+            let got = plan.at_tick(start + TICK * tick, open, closed, POOL_IDLE);
+            assert_eq!(
+                got, expected,
+                "step {i} (tick {tick}, {open} open, {closed} closed)"
+            );
+        }
+    }
+
     #[test]
     fn trims_once_enough_closed_and_the_count_stopped_rising() {
-        let start = Instant::now();
-        let mut plan = TrimPlan::new(0, 0);
-        // 10,000 opened: rising.
-        assert_eq!(plan.at_tick(start, 10_000, 0, POOL_IDLE), None);
-        // A few closed: not worth a walk of the heap.
-        assert_eq!(plan.at_tick(start + TICK, 9_937, 63, POOL_IDLE), None);
-        // Still rising again: later.
-        assert_eq!(plan.at_tick(start + TICK * 2, 9_990, 500, POOL_IDLE), None);
-        assert_eq!(
-            plan.at_tick(start + TICK * 3, 0, 10_000, POOL_IDLE),
-            Some(TrimKind::AfterCloses)
+        walk(
+            0,
+            &[
+                // 10,000 opened: rising.
+                (0, 10_000, 0, None),
+                // A few closed: not worth a walk of the heap.
+                (1, 9_937, 63, None),
+                // Still rising again: later.
+                (2, 9_990, 500, None),
+                (3, 0, 10_000, Some(TrimKind::AfterCloses)),
+                // Nothing more closed.
+                (4, 0, 10_000, None),
+            ],
         );
-        // Nothing more closed.
-        assert_eq!(plan.at_tick(start + TICK * 4, 0, 10_000, POOL_IDLE), None);
     }
 
     #[test]
     fn trims_again_once_the_spikes_idle_app_connections_aged_out() {
-        let start = Instant::now();
-        let mut plan = TrimPlan::new(0, 1_000);
-        assert_eq!(
-            plan.at_tick(start, 0, 1_000, POOL_IDLE),
-            Some(TrimKind::AfterCloses)
+        walk(
+            1_000,
+            &[
+                (0, 0, 1_000, Some(TrimKind::AfterCloses)),
+                // The reaper runs every half timeout: gone by 1.5 timeouts (6 s).
+                (1, 0, 1_000, None),
+                (2, 0, 1_000, Some(TrimKind::PoolAgedOut)),
+                // Once.
+                (3, 0, 1_000, None),
+            ],
         );
-        // The reaper runs every half timeout: gone by 1.5 timeouts (6 s).
-        assert_eq!(plan.at_tick(start + TICK, 0, 1_000, POOL_IDLE), None);
-        assert_eq!(
-            plan.at_tick(start + TICK * 2, 0, 1_000, POOL_IDLE),
-            Some(TrimKind::PoolAgedOut)
-        );
-        // Once.
-        assert_eq!(plan.at_tick(start + TICK * 3, 0, 1_000, POOL_IDLE), None);
     }
 
     #[test]
     fn a_rise_puts_the_follow_up_off_and_a_new_spike_moves_it() {
-        let start = Instant::now();
-        let mut plan = TrimPlan::new(0, 1_000);
-        assert_eq!(
-            plan.at_tick(start, 0, 1_000, POOL_IDLE),
-            Some(TrimKind::AfterCloses)
-        );
-        // Due, but connections are coming in: not while they do.
-        assert_eq!(plan.at_tick(start + TICK * 2, 300, 1_000, POOL_IDLE), None);
-        assert_eq!(
-            plan.at_tick(start + TICK * 3, 300, 1_010, POOL_IDLE),
-            Some(TrimKind::PoolAgedOut)
-        );
-        // A second spike's trim sets a new follow-up from its own time.
-        assert_eq!(
-            plan.at_tick(start + TICK * 4, 0, 1_310, POOL_IDLE),
-            Some(TrimKind::AfterCloses)
-        );
-        assert_eq!(plan.at_tick(start + TICK * 5, 0, 1_310, POOL_IDLE), None);
-        assert_eq!(
-            plan.at_tick(start + TICK * 6, 0, 1_310, POOL_IDLE),
-            Some(TrimKind::PoolAgedOut)
+        walk(
+            1_000,
+            &[
+                (0, 0, 1_000, Some(TrimKind::AfterCloses)),
+                // Due, but connections are coming in: not while they do.
+                (2, 300, 1_000, None),
+                (3, 300, 1_010, Some(TrimKind::PoolAgedOut)),
+                // A second spike's trim sets a new follow-up from its own time.
+                (4, 0, 1_310, Some(TrimKind::AfterCloses)),
+                (5, 0, 1_310, None),
+                (6, 0, 1_310, Some(TrimKind::PoolAgedOut)),
+            ],
         );
     }
 }

@@ -23,6 +23,24 @@ use crate::cli::{self, Overrides};
 use crate::config::{Config, Protocol};
 use crate::state::{ConfigStatus, Live, Shared};
 
+/// Asks the watcher to re-read the file now (SIGHUP,
+/// [`crate::Sidecar::reload`]). A reload is never a stop (see
+/// [`crate::stop`]); cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct Reload(Arc<Notify>);
+
+impl Reload {
+    /// Re-read the file now. Asked while the watcher is busy, it is kept
+    /// for the watcher's next look (one permit), never lost.
+    pub fn request(&self) {
+        self.0.notify_one();
+    }
+
+    async fn requested(&self) {
+        self.0.notified().await;
+    }
+}
+
 /// How often the file is looked at.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -46,12 +64,13 @@ fn fingerprint(path: &Path) -> Option<Fingerprint> {
     })
 }
 
-/// Watches `file` and reloads on change or when `hup` fires, forever.
+/// Watches `file` and reloads on change or when `reload` is requested,
+/// forever.
 pub(crate) async fn watch(
     shared: Arc<Shared>,
     file: PathBuf,
     overrides: Overrides,
-    hup: Arc<Notify>,
+    reload: Reload,
 ) {
     let mut last = fingerprint(&file);
     let mut tick = tokio::time::interval(POLL_INTERVAL);
@@ -59,7 +78,7 @@ pub(crate) async fn watch(
     loop {
         let forced = tokio::select! {
             _ = tick.tick() => false,
-            _ = hup.notified() => true,
+            _ = reload.requested() => true,
         };
         let now = fingerprint(&file);
         if !forced && now == last {
@@ -71,7 +90,7 @@ pub(crate) async fn watch(
             continue;
         }
         last = now;
-        let _ = reload(&shared, &file, &overrides);
+        let _ = self::reload(&shared, &file, &overrides);
     }
 }
 
@@ -302,12 +321,11 @@ mod tests {
         std::os::unix::fs::symlink(data.join("config.yaml"), &file).expect("link");
 
         let shared = shared(cli::load(Some(&file), &Overrides::default()).expect("load"));
-        let hup = Arc::new(Notify::new());
         let task = tokio::spawn(watch(
             shared.clone(),
             file.clone(),
             Overrides::default(),
-            hup,
+            Reload::default(),
         ));
         // Let the watcher take its first look (virtual time: no real wait).
         tokio::time::sleep(POLL_INTERVAL / 2).await;

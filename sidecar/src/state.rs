@@ -1,5 +1,7 @@
 //! What every part of a running sidecar shares: the config in force, the
-//! drain machine, metrics and the upstream pools.
+//! drain machine and its stop, the upgrade state, metrics and the upstream
+//! pools. Nothing of it is process-wide: two sidecars in one process (the
+//! integration tests start many) share nothing.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,6 +14,8 @@ use crate::circuit::RouteTable;
 use crate::config::Config;
 use crate::drain::Drain;
 use crate::metrics::Metrics;
+use crate::stop::Stop;
+use crate::upgrade::Upgrades;
 use crate::upstream::retry::RetryBudget;
 use crate::upstream::slots::Upstreams;
 
@@ -60,6 +64,10 @@ pub struct Shared {
     pub live: ArcSwap<Live>,
     pub status: Mutex<ConfigStatus>,
     pub drain: Drain,
+    /// The one way to stop the process (the drain that ends it).
+    pub stop: Stop,
+    /// The self-upgrade: the upgrader (binary only) and the hand-over.
+    pub upgrade: Upgrades,
     pub metrics: Metrics,
     /// The app instance(s); `pick()` gives a request its upstream.
     pub upstreams: Upstreams,
@@ -87,7 +95,9 @@ impl Shared {
                 file,
                 ..ConfigStatus::default()
             }),
+            stop: Stop::new(drain.clone()),
             drain,
+            upgrade: Upgrades::default(),
             metrics: Metrics::default(),
             upstreams,
             retry_budget: RetryBudget::new(),

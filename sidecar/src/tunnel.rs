@@ -8,12 +8,12 @@
 //! (`kubegrace_client_timeouts_total{kind="tunnel_idle"}`).
 
 use std::io;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::passthrough::{ReadWatch, Watched};
 
 use crate::drain::ConnGuard;
 use crate::metrics::ClientTimeout;
@@ -59,42 +59,14 @@ where
     }
 }
 
-/// A stream that counts the bytes read from it into a shared counter.
-struct Moved<'a, T> {
-    inner: &'a mut T,
-    moved: &'a AtomicU64,
-}
+/// Counts the bytes read from a stream into a counter both directions share.
+struct Moved<'a>(&'a AtomicU64);
 
-impl<T: AsyncRead + Unpin> AsyncRead for Moved<'_, T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let res = Pin::new(&mut *this.inner).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        if n > 0 {
-            this.moved.fetch_add(n as u64, Ordering::Relaxed);
+impl ReadWatch for Moved<'_> {
+    fn saw(&mut self, _: &io::Result<()>, new: &[u8]) {
+        if !new.is_empty() {
+            self.0.fetch_add(new.len() as u64, Ordering::Relaxed);
         }
-        res
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Moved<'_, T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut *self.get_mut().inner).poll_write(cx, buf)
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.get_mut().inner).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.get_mut().inner).poll_shutdown(cx)
     }
 }
 
@@ -110,13 +82,13 @@ where
         return TunnelEnd::Closed(tokio::io::copy_bidirectional(a, b).await);
     }
     let moved = AtomicU64::new(0);
-    let mut a = Moved {
+    let mut a = Watched {
         inner: a,
-        moved: &moved,
+        watch: Moved(&moved),
     };
-    let mut b = Moved {
+    let mut b = Watched {
         inner: b,
-        moved: &moved,
+        watch: Moved(&moved),
     };
     let copy = tokio::io::copy_bidirectional(&mut a, &mut b);
     tokio::pin!(copy);

@@ -29,14 +29,16 @@
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
+
+use command_fds::{CommandFdExt, FdMapping};
+use tokio::sync::watch;
 
 use crate::config::{DrainConfig, HumanDuration};
 use crate::drain::{Drain, Phase};
 use crate::listen::Listener;
-use command_fds::{CommandFdExt, FdMapping};
+use crate::stop::{Stop, UPGRADE_REASON};
 
 /// How long a new process may take to start serving.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -53,32 +55,85 @@ pub struct Upgrader {
     admin: OwnedFd,
     binary: Option<PathBuf>,
     drain: Drain,
-    /// Starts this process's drain-and-exit (what SIGTERM does).
-    on_handover: Box<dyn Fn() + Send + Sync>,
+    /// This process's drain-and-exit once the new process serves.
+    stop: Stop,
+    handed_over: HandOver,
     busy: tokio::sync::Mutex<()>,
 }
 
-static INSTALLED: OnceLock<Arc<Upgrader>> = OnceLock::new();
-/// Set once the new process serves: this one stops accepting at once.
-static HANDED_OVER: AtomicBool = AtomicBool::new(false);
-static HANDED_OVER_NOTIFY: tokio::sync::Notify = tokio::sync::Notify::const_new();
-/// Write end of the parent's notification pipe, when we are the new process.
-static NOTIFY: Mutex<Option<std::fs::File>> = Mutex::new(None);
+/// One sidecar's upgrade state (it lives in [`crate::state::Shared`], so
+/// two sidecars in one process, as in the integration tests, never share
+/// it): its upgrader, whether it handed its sockets over, and the pipe to
+/// the process that started it.
+#[derive(Debug, Default)]
+pub struct Upgrades {
+    /// Only the binary installs one ([`Upgrades::install`]); in-process
+    /// sidecars answer `POST /upgrade` with 501.
+    upgrader: OnceLock<Arc<Upgrader>>,
+    handed_over: HandOver,
+    /// Write end of the parent's notification pipe, when we are the new
+    /// process of an upgrade.
+    parent: Mutex<Option<std::fs::File>>,
+}
+
+/// Whether the sockets went to a new process: set once, never cleared;
+/// cheap to clone.
+#[derive(Clone, Debug)]
+pub struct HandOver(Arc<watch::Sender<bool>>);
+
+impl Default for HandOver {
+    fn default() -> Self {
+        HandOver(Arc::new(watch::channel(false).0))
+    }
+}
+
+impl HandOver {
+    /// The new process serves: this one stops accepting at once.
+    fn mark(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Whether the sockets went to a new process: a Unix socket file then
+    /// belongs to the new process and stays.
+    pub fn is_done(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once the sockets went to a new process (never for an
+    /// in-process sidecar); the accept loop stops on it.
+    pub async fn done(&self) {
+        // The sender is `self`: the wait ends only with a hand-over.
+        let _ = self.0.subscribe().wait_for(|done| *done).await;
+    }
+}
+
+impl std::fmt::Debug for Upgrader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upgrader")
+            .field("listeners", &self.listeners.len())
+            .field("binary", &self.binary)
+            .finish()
+    }
+}
 
 impl Upgrader {
+    /// `stop` and `handed_over` are those of the sidecar whose sockets
+    /// these are.
     pub fn new(
         listeners: Vec<Weak<Listener>>,
         admin: OwnedFd,
         binary: Option<PathBuf>,
+        stop: Stop,
         drain: Drain,
-        on_handover: Box<dyn Fn() + Send + Sync>,
+        handed_over: HandOver,
     ) -> Arc<Upgrader> {
         Arc::new(Upgrader {
             listeners,
             admin,
             binary,
             drain,
-            on_handover,
+            stop,
+            handed_over,
             busy: tokio::sync::Mutex::new(()),
         })
     }
@@ -206,29 +261,10 @@ impl Upgrader {
         // The accept loop stops now: every new connection goes to the new
         // process, so none can be accepted here and then caught by Closing
         // before its request is read.
-        HANDED_OVER.store(true, Ordering::Release);
-        HANDED_OVER_NOTIFY.notify_waiters();
+        self.handed_over.mark();
         self.drain.set_timers(handover_timers(self.drain.timers()));
-        (self.on_handover)();
+        self.stop.request(UPGRADE_REASON);
     }
-}
-
-/// Whether this process handed its sockets to a new one: a Unix socket
-/// file then belongs to the new process and stays.
-pub fn is_handed_over() -> bool {
-    HANDED_OVER.load(Ordering::Acquire)
-}
-
-/// Resolves once this process handed its sockets to a new one (never for
-/// an in-process sidecar); the accept loop stops on it.
-pub async fn handed_over() {
-    let notified = HANDED_OVER_NOTIFY.notified();
-    tokio::pin!(notified);
-    notified.as_mut().enable();
-    if HANDED_OVER.load(Ordering::Acquire) {
-        return;
-    }
-    notified.await;
 }
 
 /// Drain timers after a hand-over. The port stays open in the new process,
@@ -266,63 +302,71 @@ fn current_exe() -> Result<PathBuf, String> {
     })
 }
 
-/// Makes `upgrader` the process's upgrader (the binary has one set of
-/// sockets; in-process test sidecars do not install one) and listens for
-/// SIGUSR2.
-pub fn install(upgrader: Arc<Upgrader>) -> std::io::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut usr2 = signal(SignalKind::user_defined2())?;
-    if INSTALLED.set(upgrader).is_err() {
-        tracing::warn!("an upgrader is already installed; keeping the first");
-        return Ok(());
-    }
-    tokio::spawn(async move {
-        while usr2.recv().await.is_some() {
-            tracing::info!("SIGUSR2: upgrading");
-            if let Some(upgrader) = INSTALLED.get() {
+impl Upgrades {
+    /// Makes `upgrader` this sidecar's upgrader (the binary's; in-process
+    /// sidecars do not install one) and upgrades on SIGUSR2.
+    pub fn install(&self, upgrader: Arc<Upgrader>) -> std::io::Result<()> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut usr2 = signal(SignalKind::user_defined2())?;
+        if self.upgrader.set(upgrader.clone()).is_err() {
+            tracing::warn!("an upgrader is already installed; keeping the first");
+            return Ok(());
+        }
+        tokio::spawn(async move {
+            while usr2.recv().await.is_some() {
+                tracing::info!("SIGUSR2: upgrading");
                 // Errors are logged inside; the process keeps serving.
                 let _ = upgrader.upgrade().await;
             }
+        });
+        Ok(())
+    }
+
+    /// `POST /upgrade` on the admin port: (status, body).
+    pub async fn admin_upgrade(&self) -> (http::StatusCode, String) {
+        let Some(upgrader) = self.upgrader.get() else {
+            return (
+                http::StatusCode::NOT_IMPLEMENTED,
+                "this sidecar cannot upgrade itself (not started as the binary)\n".into(),
+            );
+        };
+        match upgrader.upgrade().await {
+            Ok(pid) => (
+                http::StatusCode::OK,
+                format!("upgraded: new process {pid} serves; this one drains\n"),
+            ),
+            Err(why) => (
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                format!("upgrade failed, still serving: {why}\n"),
+            ),
         }
-    });
-    Ok(())
-}
-
-/// `POST /upgrade` on the admin port: (status, body).
-pub async fn admin_upgrade() -> (http::StatusCode, String) {
-    let Some(upgrader) = INSTALLED.get() else {
-        return (
-            http::StatusCode::NOT_IMPLEMENTED,
-            "this sidecar cannot upgrade itself (not started as the binary)\n".into(),
-        );
-    };
-    match upgrader.upgrade().await {
-        Ok(pid) => (
-            http::StatusCode::OK,
-            format!("upgraded: new process {pid} serves; this one drains\n"),
-        ),
-        Err(why) => (
-            http::StatusCode::INTERNAL_SERVER_ERROR,
-            format!("upgrade failed, still serving: {why}\n"),
-        ),
     }
-}
 
-/// Keeps the parent's notification pipe until [`notify_ready`].
-pub fn set_notify(file: Option<std::fs::File>) {
-    if file.is_some() {
-        *NOTIFY.lock().unwrap_or_else(PoisonError::into_inner) = file;
+    /// Whether the sockets went to a new process, and the wait for it.
+    pub fn handed_over(&self) -> &HandOver {
+        &self.handed_over
     }
-}
 
-/// Tells the process that started us (an upgrade) that we serve.
-pub fn notify_ready() {
-    use std::io::Write;
-    let file = NOTIFY.lock().unwrap_or_else(PoisonError::into_inner).take();
-    if let Some(mut file) = file
-        && let Err(e) = file.write_all(b"ready\n")
-    {
-        tracing::warn!(error = %e, "cannot tell the old process we are ready");
+    /// Keeps the parent's notification pipe until [`Upgrades::notify_ready`].
+    pub fn set_parent(&self, file: Option<std::fs::File>) {
+        if file.is_some() {
+            *self.parent.lock().unwrap_or_else(PoisonError::into_inner) = file;
+        }
+    }
+
+    /// Tells the process that started us (an upgrade) that we serve.
+    pub fn notify_ready(&self) {
+        use std::io::Write;
+        let file = self
+            .parent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(mut file) = file
+            && let Err(e) = file.write_all(b"ready\n")
+        {
+            tracing::warn!(error = %e, "cannot tell the old process we are ready");
+        }
     }
 }
 
@@ -359,5 +403,46 @@ pub fn request(admin: std::net::SocketAddr, token: Option<&str>) -> Result<Strin
         Err(format!("no HTTP answer from {admin}"))
     } else {
         Err(format!("{status}: {body}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upgrader_of(upgrades: &Upgrades, drain: &Drain) -> Arc<Upgrader> {
+        let admin = OwnedFd::from(std::fs::File::open("/dev/null").expect("/dev/null"));
+        Upgrader::new(
+            Vec::new(),
+            admin,
+            None,
+            Stop::new(drain.clone()),
+            drain.clone(),
+            upgrades.handed_over().clone(),
+        )
+    }
+
+    #[test]
+    fn a_hand_over_is_one_sidecars_own() {
+        // Two sidecars in one process, as in the integration tests.
+        let (ours, theirs) = (Upgrades::default(), Upgrades::default());
+        let (our_drain, their_drain) = (
+            Drain::new(DrainConfig::default()),
+            Drain::new(DrainConfig::default()),
+        );
+        let _their_upgrader = upgrader_of(&theirs, &their_drain);
+        upgrader_of(&ours, &our_drain).hand_over();
+
+        assert!(ours.handed_over().is_done());
+        assert!(our_drain.is_exit(), "the hand-over stops this sidecar");
+        assert_eq!(our_drain.timers().min_delay.0, HANDOVER_GRACE);
+        assert!(!theirs.handed_over().is_done());
+        assert!(!their_drain.is_exit());
+    }
+
+    #[tokio::test]
+    async fn only_an_installed_upgrader_answers_post_upgrade() {
+        let (status, _) = Upgrades::default().admin_upgrade().await;
+        assert_eq!(status, http::StatusCode::NOT_IMPLEMENTED);
     }
 }

@@ -11,6 +11,22 @@ fn from_yaml(text: &str) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
+/// `config` comes back the same after a render and a re-parse.
+fn assert_round_trips(config: &Config) {
+    let again = from_yaml(&serde_norway::to_string(config).expect("render")).expect("re-parse");
+    assert_eq!(*config, again);
+}
+
+/// `yaml` sets a key to a value it does not take; the error names each of
+/// the values it does.
+fn assert_refused_naming(yaml: &str, values: &[&str]) {
+    let err = from_yaml(yaml).expect_err("unknown value");
+    assert!(
+        values.iter().all(|value| err.message.contains(value)),
+        "{yaml}: {err}"
+    );
+}
+
 #[test]
 fn endpoints_accept_ports_addresses_and_unix_paths() {
     assert_eq!(
@@ -40,8 +56,7 @@ routes:
 "#;
     let config = from_yaml(yaml).expect("valid config");
     assert_eq!(config.routes[0].fail_on[1], FailureKind::Status(504));
-    let again = from_yaml(&serde_norway::to_string(&config).expect("render")).expect("re-parse");
-    assert_eq!(config, again);
+    assert_round_trips(&config);
 }
 
 #[test]
@@ -95,13 +110,8 @@ fn drain_readiness_defaults_to_fail_fast_and_takes_only_its_two_values() {
     assert_eq!(config.drain.readiness, DrainReadiness::StayServing);
     let config = from_yaml("drain: {readiness: failFast}").expect("valid");
     assert_eq!(config.drain.readiness, DrainReadiness::FailFast);
-    let again = from_yaml(&serde_norway::to_string(&config).expect("render")).expect("re-parse");
-    assert_eq!(config, again);
-    let err = from_yaml("drain: {readiness: stay}").expect_err("unknown value");
-    assert!(
-        err.message.contains("failFast") && err.message.contains("stayServing"),
-        "{err}"
-    );
+    assert_round_trips(&config);
+    assert_refused_naming("drain: {readiness: stay}", &["failFast", "stayServing"]);
 }
 
 #[test]
@@ -112,13 +122,8 @@ fn grpc_health_defaults_to_not_serving_and_takes_only_its_two_values() {
     );
     let config = from_yaml("drain: {grpcHealth: app}").expect("valid");
     assert_eq!(config.drain.grpc_health, DrainGrpcHealth::App);
-    let again = from_yaml(&serde_norway::to_string(&config).expect("render")).expect("re-parse");
-    assert_eq!(config, again);
-    let err = from_yaml("drain: {grpcHealth: off}").expect_err("unknown value");
-    assert!(
-        err.message.contains("notServing") && err.message.contains("app"),
-        "{err}"
-    );
+    assert_round_trips(&config);
+    assert_refused_naming("drain: {grpcHealth: off}", &["notServing", "app"]);
 }
 
 #[test]
@@ -134,8 +139,7 @@ fn websocket_close_defaults_to_going_away_and_a_short_timeout_stays_valid() {
         config.drain.websocket_close_window,
         HumanDuration::from_secs(2)
     );
-    let again = from_yaml(&serde_norway::to_string(&config).expect("render")).expect("re-parse");
-    assert_eq!(config, again);
+    assert_round_trips(&config);
     // A timeout below the default wait (1s) must not turn a file that was
     // valid before these keys existed into an invalid one: the sidecar
     // caps the wait and the window at the timeout instead.

@@ -1,10 +1,10 @@
 //! Prometheus text and the `/breakers` JSON for the route table.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::Route;
 use super::breaker::BreakerState;
+use super::{Route, RouteStats};
 use crate::metrics::Family;
 use crate::upstream::retry::{RetryDenied, RetryReason};
 use kubegrace_sidecar_api::exposition::Escaped;
@@ -16,135 +16,139 @@ use kubegrace_sidecar_api::exposition::Escaped;
 pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, out: &mut String) {
     let guarded = || routes.clone().filter(|route| route.guard.is_some());
 
-    let mut family = Family::new(
-        out,
-        "kubegrace_breaker_state",
-        "gauge",
-        "Circuit breaker state per route: 0 closed, 1 open, 2 half-open.",
+    per_route(
+        Family::new(
+            out,
+            "kubegrace_breaker_state",
+            "gauge",
+            "Circuit breaker state per route: 0 closed, 1 open, 2 half-open.",
+        ),
+        guarded(),
+        |route| Some(route.guard.as_ref()?.current_state() as u8),
     );
-    for route in guarded() {
-        if let Some(guard) = &route.guard {
-            let state = guard.current_state() as u8;
-            family.series(format_args!("route=\"{}\"", Escaped(&route.name)), state);
-        }
-    }
+    per_route_by(
+        Family::new(
+            out,
+            "kubegrace_breaker_transitions_total",
+            "counter",
+            "Circuit breaker state changes per route, by the state entered.",
+        ),
+        guarded(),
+        "to",
+        [
+            BreakerState::Closed,
+            BreakerState::Open,
+            BreakerState::HalfOpen,
+        ]
+        .map(BreakerState::as_str),
+        |stats| {
+            [
+                &stats.transitions_to_closed,
+                &stats.transitions_to_open,
+                &stats.transitions_to_half_open,
+            ]
+        },
+    );
+    per_route_by(
+        Family::new(
+            out,
+            "kubegrace_rejected_requests_total",
+            "counter",
+            "Requests answered with the fallback instead of the app, by reason.",
+        ),
+        guarded(),
+        "reason",
+        ["breaker_open", "queue_full", "queue_timeout"],
+        |stats| {
+            [
+                &stats.rejected_breaker_open,
+                &stats.rejected_queue_full,
+                &stats.rejected_queue_timeout,
+            ]
+        },
+    );
+    per_route(
+        Family::new(
+            out,
+            "kubegrace_concurrency_limit",
+            "gauge",
+            "Requests a route lets through to the app at once (moves when adaptive).",
+        ),
+        guarded(),
+        |route| Some(route.guard.as_ref()?.limit()),
+    );
+    per_route(
+        Family::new(
+            out,
+            "kubegrace_queue_depth",
+            "gauge",
+            "Requests waiting for a concurrency slot.",
+        ),
+        guarded(),
+        |route| Some(route.guard.as_ref()?.queued()),
+    );
+    per_route(
+        Family::new(
+            out,
+            "kubegrace_route_inflight_requests",
+            "gauge",
+            "Requests admitted to the app and not finished, per route.",
+        ),
+        routes.clone(),
+        |route| Some(route.inflight()),
+    );
+    per_route_by(
+        Family::new(
+            out,
+            "kubegrace_retries_total",
+            "counter",
+            "Requests sent to the app again, per route, by reason: refused_stream and goaway (the app never saw them), idempotent (route opt-in).",
+        ),
+        routes.clone(),
+        "reason",
+        RetryReason::ALL.map(RetryReason::as_str),
+        |stats| stats.retries.each_ref(),
+    );
+    per_route_by(
+        Family::new(
+            out,
+            "kubegrace_retries_denied_total",
+            "counter",
+            "Requests that could have been retried and were not, per route: budget (retryBudget spent), body (larger than retryBudget.maxBodyBytes).",
+        ),
+        routes,
+        "reason",
+        RetryDenied::ALL.map(RetryDenied::as_str),
+        |stats| stats.retries_denied.each_ref(),
+    );
+}
 
-    let mut family = Family::new(
-        out,
-        "kubegrace_breaker_transitions_total",
-        "counter",
-        "Circuit breaker state changes per route, by the state entered.",
-    );
-    for route in guarded() {
-        let stats = &route.stats;
-        for (to, counter) in [
-            (BreakerState::Closed, &stats.transitions_to_closed),
-            (BreakerState::Open, &stats.transitions_to_open),
-            (BreakerState::HalfOpen, &stats.transitions_to_half_open),
-        ] {
-            family.series(
-                format_args!("route=\"{}\",to=\"{}\"", Escaped(&route.name), to.as_str()),
-                counter.load(Ordering::Relaxed),
-            );
-        }
-    }
-
-    let mut family = Family::new(
-        out,
-        "kubegrace_rejected_requests_total",
-        "counter",
-        "Requests answered with the fallback instead of the app, by reason.",
-    );
-    for route in guarded() {
-        let stats = &route.stats;
-        for (reason, counter) in [
-            ("breaker_open", &stats.rejected_breaker_open),
-            ("queue_full", &stats.rejected_queue_full),
-            ("queue_timeout", &stats.rejected_queue_timeout),
-        ] {
-            family.series(
-                format_args!("route=\"{}\",reason=\"{reason}\"", Escaped(&route.name)),
-                counter.load(Ordering::Relaxed),
-            );
-        }
-    }
-
-    let mut family = Family::new(
-        out,
-        "kubegrace_concurrency_limit",
-        "gauge",
-        "Requests a route lets through to the app at once (moves when adaptive).",
-    );
-    for route in guarded() {
-        if let Some(guard) = &route.guard {
-            family.series(
-                format_args!("route=\"{}\"", Escaped(&route.name)),
-                guard.limit(),
-            );
-        }
-    }
-
-    let mut family = Family::new(
-        out,
-        "kubegrace_queue_depth",
-        "gauge",
-        "Requests waiting for a concurrency slot.",
-    );
-    for route in guarded() {
-        if let Some(guard) = &route.guard {
-            family.series(
-                format_args!("route=\"{}\"", Escaped(&route.name)),
-                guard.queued(),
-            );
-        }
-    }
-
-    let mut family = Family::new(
-        out,
-        "kubegrace_route_inflight_requests",
-        "gauge",
-        "Requests admitted to the app and not finished, per route.",
-    );
-    for route in routes.clone() {
-        family.series(
-            format_args!("route=\"{}\"", Escaped(&route.name)),
-            route.inflight(),
-        );
-    }
-
-    let mut family = Family::new(
-        out,
-        "kubegrace_retries_total",
-        "counter",
-        "Requests sent to the app again, per route, by reason: refused_stream and goaway (the app never saw them), idempotent (route opt-in).",
-    );
-    for route in routes.clone() {
-        for (reason, counter) in RetryReason::ALL.iter().zip(&route.stats.retries) {
-            family.series(
-                format_args!(
-                    "route=\"{}\",reason=\"{}\"",
-                    Escaped(&route.name),
-                    reason.as_str()
-                ),
-                counter.load(Ordering::Relaxed),
-            );
-        }
-    }
-
-    let mut family = Family::new(
-        out,
-        "kubegrace_retries_denied_total",
-        "counter",
-        "Requests that could have been retried and were not, per route: budget (retryBudget spent), body (larger than retryBudget.maxBodyBytes).",
-    );
+/// A series per route (`route="name"`) for the routes `value` has one for.
+fn per_route<'a, V: std::fmt::Display>(
+    mut family: Family<'_>,
+    routes: impl Iterator<Item = &'a Arc<Route>>,
+    value: impl Fn(&Route) -> Option<V>,
+) {
     for route in routes {
-        for (why, counter) in RetryDenied::ALL.iter().zip(&route.stats.retries_denied) {
+        if let Some(value) = value(route) {
+            family.series(format_args!("route=\"{}\"", Escaped(&route.name)), value);
+        }
+    }
+}
+
+/// A series per route and value of `label` (`route="name",label="value"`):
+/// `values[i]` is what `counters(stats)[i]` counts.
+fn per_route_by<'a, const N: usize>(
+    mut family: Family<'_>,
+    routes: impl Iterator<Item = &'a Arc<Route>>,
+    label: &str,
+    values: [&str; N],
+    counters: impl Fn(&RouteStats) -> [&AtomicU64; N],
+) {
+    for route in routes {
+        for (value, counter) in values.iter().zip(counters(&route.stats)) {
             family.series(
-                format_args!(
-                    "route=\"{}\",reason=\"{}\"",
-                    Escaped(&route.name),
-                    why.as_str()
-                ),
+                format_args!("route=\"{}\",{label}=\"{value}\"", Escaped(&route.name)),
                 counter.load(Ordering::Relaxed),
             );
         }

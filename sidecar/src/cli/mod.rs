@@ -553,13 +553,22 @@ pub fn load_file(file: Option<&std::path::Path>, overrides: &Overrides) -> Resul
     })
 }
 
+/// Whether the file named by `--config` was there at start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ConfigFile {
+    /// Read at start, or none named.
+    #[default]
+    Read,
+    /// Named but not there (yet): the sidecar runs on defaults plus flags
+    /// and picks the file up when it appears.
+    Missing,
+}
+
 /// The config to start with, and whether the file was missing.
 #[derive(Debug)]
 pub struct Startup {
     pub config: Config,
-    /// The file named by `--config` does not exist (yet): the sidecar runs
-    /// on defaults plus flags and picks the file up when it appears.
-    pub file_missing: bool,
+    pub config_file: ConfigFile,
     /// Keys of the file this release does not know (already warned about).
     pub unknown_keys: Vec<String>,
 }
@@ -581,14 +590,14 @@ pub fn load_at_start(file: Option<&std::path::Path>, overrides: &Overrides) -> R
             }
             Ok(Startup {
                 config: loaded.config,
-                file_missing: false,
+                config_file: ConfigFile::Read,
                 unknown_keys: loaded.unknown_keys,
             })
         }
         Err(Error::ReadConfig { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             Ok(Startup {
                 config: load(None, overrides)?,
-                file_missing: true,
+                config_file: ConfigFile::Missing,
                 unknown_keys: Vec::new(),
             })
         }

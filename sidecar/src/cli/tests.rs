@@ -187,7 +187,7 @@ fn a_missing_file_at_start_runs_on_flags_an_invalid_one_does_not() {
     let path = temp_file("gone", "drain: {quiet: 2s}\n").with_file_name("absent.yaml");
     let c = cli(&["--drain-quiet", "300ms"]).expect("parse");
     let start = load_at_start(Some(&path), &c.settings().overrides).expect("starts");
-    assert!(start.file_missing);
+    assert_eq!(start.config_file, ConfigFile::Missing);
     assert_eq!(start.config.drain.quiet.get(), Duration::from_millis(300));
     let bad = temp_file("invalid", "drain: {quiet: soon}\n");
     let err = load_at_start(Some(&bad), &Overrides::default()).expect_err("invalid");

@@ -11,7 +11,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tokio::time::Instant;
 
-use super::{Drain, Phase};
+use super::{Drain, ExitTrigger, Phase};
 use crate::config::bounds::MAX_DRAIN_TIMER;
 use crate::config::{Config, DrainConfig, HumanDuration};
 
@@ -79,21 +79,25 @@ fn expected_refusal(d: &DrainConfig) -> Option<&'static str> {
     .map(|(key, _)| key)
 }
 
-/// One whole drain on a paused clock; `stuck` holds a connection open
-/// through `Closing` so the force-close at `timeout` runs too.
-fn full_drain(timers: DrainConfig, stuck: bool, new_conns: u8) {
-    let rt = tokio::runtime::Builder::new_current_thread()
+/// A runtime on a paused clock: the drain's timers pass at once.
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
-        .expect("runtime");
-    rt.block_on(async move {
+        .expect("runtime")
+}
+
+/// One whole drain on a paused clock; `stuck` holds a connection open
+/// through `Closing` so the force-close at `timeout` runs too.
+fn full_drain(timers: DrainConfig, stuck: bool, new_conns: u8) {
+    paused_runtime().block_on(async move {
         let drain = Drain::new(timers);
         let held = stuck.then(|| drain.connection());
         let mut driver = tokio::spawn(drain.clone().run());
         let mut rx = drain.subscribe();
         let t0 = Instant::now();
-        assert!(drain.trigger_exit("fuzz"));
+        assert_eq!(drain.trigger_exit("fuzz"), ExitTrigger::Started);
         assert_eq!(drain.phase(), Phase::Draining);
         // Routers still sending: new connections restart the quiet clock.
         for _ in 0..new_conns {
@@ -166,12 +170,7 @@ fn timers_past_every_bound_never_panic_the_driver() {
         timeout: huge,
         ..DrainConfig::default()
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("runtime");
-    rt.block_on(async move {
+    paused_runtime().block_on(async move {
         let drain = Drain::new(timers);
         let held = drain.connection();
         let mut driver = tokio::spawn(drain.clone().run());

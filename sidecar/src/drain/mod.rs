@@ -76,7 +76,7 @@ mod journal;
 mod report;
 mod resume;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 pub use guard::ConnGuard;
 pub use journal::{Entry as JournalEntry, Journal};
@@ -191,6 +191,17 @@ struct Machine {
     journal: OnceLock<Journal>,
 }
 
+/// What [`Drain::trigger_exit`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitTrigger {
+    /// Nothing was under way: an exit drain started.
+    Started,
+    /// A provisional drain was under way (or over): it is now the exit drain.
+    Joined,
+    /// An exit had already been asked for: nothing changed.
+    Repeated,
+}
+
 /// Handle on the drain state machine; cheap to clone.
 #[derive(Clone)]
 pub struct Drain {
@@ -257,14 +268,19 @@ impl Drain {
     /// Returns false when one was already under way, so a second SIGTERM or
     /// `/drain` changes nothing.
     pub fn trigger(&self, reason: &str) -> bool {
-        self.start(reason, false)
+        self.start(reason, false).0
     }
 
     /// Starts (or joins) the drain that ends the process: SIGTERM, SIGINT,
     /// an upgrade. A drain already under way becomes an exit drain, so it
-    /// can no longer resume. Returns false when one was already under way.
-    pub fn trigger_exit(&self, reason: &str) -> bool {
-        self.start(reason, true)
+    /// can no longer resume. The process's one way to say "stop" is
+    /// [`crate::stop::Stop::request`], which calls this.
+    pub fn trigger_exit(&self, reason: &str) -> ExitTrigger {
+        match self.start(reason, true) {
+            (true, _) => ExitTrigger::Started,
+            (false, false) => ExitTrigger::Joined,
+            (false, true) => ExitTrigger::Repeated,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Cycle> {
@@ -274,14 +290,15 @@ impl Drain {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn start(&self, reason: &str, exit: bool) -> bool {
+    /// Returns whether a drain started, and whether an exit had already
+    /// been asked for (told apart under the lock, so of two signals at once
+    /// exactly one is the first).
+    fn start(&self, reason: &str, exit: bool) -> (bool, bool) {
         // The reason is stored under its lock before the watch fires, and
         // the driver reads it under the same lock after waking, so the
         // report always names what started the drain.
         let mut cycle = self.lock();
-        if exit {
-            self.machine.exit.store(true, Ordering::Release);
-        }
+        let was_exit = exit && self.machine.exit.swap(true, Ordering::AcqRel);
         let mut started = false;
         let mut became_exit = false;
         self.machine.tx.send_if_modified(|state| {
@@ -314,7 +331,7 @@ impl Drain {
         } else if became_exit && let Some(journal) = self.machine.journal.get() {
             journal.update(|e| e.exit = true);
         }
-        started
+        (started, was_exit)
     }
 
     /// The process is about to exit after its drain: nothing is left for a

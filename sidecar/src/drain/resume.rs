@@ -99,13 +99,12 @@ mod tests {
 
     use tokio::time::Instant;
 
-    use super::super::testing::timers;
-    use super::super::{Drain, Phase};
+    use super::super::testing::{running, timers};
+    use super::super::{Drain, ExitTrigger, Phase};
 
     #[tokio::test(start_paused = true)]
     async fn a_provisional_drain_resumes_once_the_app_was_gone_and_is_back() {
-        let drain = Drain::new(timers(100, 50, 1000, 1000));
-        tokio::spawn(drain.clone().run());
+        let drain = running(timers(100, 50, 1000, 1000));
         drain.trigger("admin /drain");
         drain.drained().await;
         assert!(
@@ -128,8 +127,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn evidence_from_before_the_trigger_does_not_count() {
-        let drain = Drain::new(timers(100, 50, 1000, 1000));
-        tokio::spawn(drain.clone().run());
+        let drain = running(timers(100, 50, 1000, 1000));
         drain.app_gone(); // while serving: not evidence
         drain.trigger("admin /drain");
         drain.drained().await;
@@ -140,9 +138,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn sigterm_always_wins() {
         // SIGTERM first: the app going and coming back changes nothing.
-        let drain = Drain::new(timers(100, 50, 1000, 1000));
-        tokio::spawn(drain.clone().run());
-        assert!(drain.trigger_exit("SIGTERM"));
+        let drain = running(timers(100, 50, 1000, 1000));
+        assert_eq!(drain.trigger_exit("SIGTERM"), ExitTrigger::Started);
         assert!(drain.subscribe().borrow().exit);
         drain.app_gone();
         assert!(!drain.resume("back"));
@@ -151,12 +148,16 @@ mod tests {
         assert_eq!(drain.phase(), Phase::Drained);
 
         // SIGTERM after a provisional drain: that drain can no longer resume.
-        let drain = Drain::new(timers(100, 50, 1000, 1000));
-        tokio::spawn(drain.clone().run());
+        let drain = running(timers(100, 50, 1000, 1000));
         drain.trigger("admin /drain");
         drain.app_gone();
-        assert!(!drain.trigger_exit("SIGTERM"), "joins the drain under way");
+        assert_eq!(
+            drain.trigger_exit("SIGTERM"),
+            ExitTrigger::Joined,
+            "joins the drain under way"
+        );
         assert!(drain.is_exit());
+        assert_eq!(drain.trigger_exit("SIGINT"), ExitTrigger::Repeated);
         assert!(!drain.resume("back"));
         drain.drained().await;
         assert_eq!(drain.phase(), Phase::Drained);
@@ -164,8 +165,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_resume_mid_grace_ends_that_cycle_for_good() {
-        let drain = Drain::new(timers(1000, 500, 5000, 5000));
-        tokio::spawn(drain.clone().run());
+        let drain = running(timers(1000, 500, 5000, 5000));
         let mut rx = drain.subscribe();
         drain.trigger("admin /drain");
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -230,16 +230,14 @@ mod tests {
         let t = timers(0, 0, 0, 1000);
         let mut gone = journal_entry(false, Duration::from_secs(1), &t);
         gone.app_gone = true;
-        let drain = Drain::new(t);
-        tokio::spawn(drain.clone().run());
+        let drain = running(t);
         assert!(drain.resume_after_restart(&gone));
         drain.drained().await;
         assert!(drain.resume("the app is reachable again"));
         assert_eq!(drain.phase(), Phase::Serving);
 
         let not_gone = journal_entry(false, Duration::from_secs(1), &t);
-        let drain = Drain::new(t);
-        tokio::spawn(drain.clone().run());
+        let drain = running(t);
         assert!(drain.resume_after_restart(&not_gone));
         drain.drained().await;
         assert!(

@@ -63,7 +63,9 @@ pub(crate) fn normalize(path: &str) -> Result<Option<String>, EscapedSlash> {
     Ok((normal != path).then_some(normal))
 }
 
-fn hex(b: u8) -> Option<u8> {
+/// The value of one hex digit (a path escape, a chunk size).
+#[inline]
+pub(super) fn hex(b: u8) -> Option<u8> {
     match b {
         b'0'..=b'9' => Some(b - b'0'),
         b'a'..=b'f' => Some(b - b'a' + 10),

@@ -48,17 +48,15 @@
 //! app that starts speaking HTTP/2 is noticed.
 
 use std::io;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::client::conn::http2;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 
 use super::UpstreamBody;
+use crate::passthrough::{ReadWatch, Watched};
 
 /// A downstream connection's own app connection's stream window: what one
 /// stream's unread answer can hold (Envoy's recommended per-stream bound
@@ -371,8 +369,10 @@ fn judge(first: &[u8; 9]) -> Heard {
 
 /// An app socket that reports the app's first 9 bytes (or its close) once;
 /// after that, one branch per read.
-pub(crate) struct Sniff<T> {
-    inner: T,
+pub(crate) type Sniff<T> = Watched<T, Sniffer>;
+
+/// What [`Sniff`] has seen of the app's first bytes, until it told.
+pub(crate) struct Sniffer {
     seen: [u8; 9],
     len: u8,
     tell: Option<oneshot::Sender<Heard>>,
@@ -381,15 +381,16 @@ pub(crate) struct Sniff<T> {
 impl<T> Sniff<T> {
     pub(crate) fn new(inner: T) -> (Self, oneshot::Receiver<Heard>) {
         let (tx, rx) = oneshot::channel();
-        let sniff = Sniff {
-            inner,
+        let watch = Sniffer {
             seen: [0; 9],
             len: 0,
             tell: Some(tx),
         };
-        (sniff, rx)
+        (Watched { inner, watch }, rx)
     }
+}
 
+impl Sniffer {
     fn tell(&mut self, heard: Heard) {
         if let Some(tx) = self.tell.take() {
             let _ = tx.send(heard);
@@ -409,54 +410,15 @@ impl<T> Sniff<T> {
     }
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for Sniff<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let res = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if this.tell.is_some() {
-            match &res {
-                Poll::Ready(Ok(())) if buf.filled().len() == before => this.tell(Heard::Closed),
-                Poll::Ready(Ok(())) => this.note(&buf.filled()[before..]),
-                Poll::Ready(Err(_)) => this.tell(Heard::Closed),
-                Poll::Pending => {}
+impl ReadWatch for Sniffer {
+    fn saw(&mut self, res: &io::Result<()>, new: &[u8]) {
+        if self.tell.is_some() {
+            match res {
+                Ok(()) if new.is_empty() => self.tell(Heard::Closed),
+                Ok(()) => self.note(new),
+                Err(_) => self.tell(Heard::Closed),
             }
         }
-        res
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Sniff<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 

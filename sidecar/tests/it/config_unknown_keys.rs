@@ -16,11 +16,42 @@ use anyhow::{Context, Result, ensure};
 const WAIT: Duration = Duration::from_secs(15);
 const METRIC: &str = "kubegrace_config_unknown_keys";
 
-/// Replaces the file as a ConfigMap update does (write elsewhere, rename).
-fn replace(path: &std::path::Path, text: &str) -> Result<()> {
+/// Replaces the sidecar's file with `text` as a ConfigMap update does
+/// (write elsewhere, rename), then waits until `/config` counts `n`
+/// reloads of the kind `counter` names (`reloads`, `failedReloads`) and
+/// returns what it says then.
+async fn replace(
+    sidecar: &Sidecar,
+    text: &str,
+    counter: &str,
+    n: u64,
+) -> Result<serde_json::Value> {
+    let path = sidecar.config_path.as_deref().context("config file")?;
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)?;
+    wait_for(&format!("{counter} = {n}"), WAIT, || async {
+        let now = sidecar.config_json().await.ok()?;
+        (now["source"][counter] == n).then_some(now)
+    })
+    .await
+}
+
+/// The sidecar warned about the file's unknown `keys`, naming each, and
+/// counts them.
+async fn expect_skipped(sidecar: &mut Sidecar, keys: &[&str]) -> Result<()> {
+    let line = sidecar
+        .wait_log("does not know", Duration::from_secs(5))
+        .await?;
+    ensure!(
+        keys.iter().all(|key| line.contains(key)),
+        "the warning names each of {keys:?}: {line}"
+    );
+    let count = u32::try_from(keys.len())?;
+    sidecar
+        .metrics()
+        .await?
+        .expect(METRIC, f64::from(count), "one per skipped key")?;
     Ok(())
 }
 
@@ -30,21 +61,18 @@ async fn a_reload_with_unknown_keys_applies_warns_and_counts_them() -> Result<()
     let mut sidecar =
         Sidecar::start(SidecarSpec::new(app.addr).config("limits: {maxRequestBodyBytes: 100}\n"))
             .await?;
-    let path = sidecar.config_path.clone().context("config file")?;
     sidecar
         .metrics()
         .await?
         .expect(METRIC, 0.0, "a file of known keys")?;
 
     // What a newer operator would render: a new drain key, a new route key.
-    replace(
-        &path,
+    let after = replace(
+        &sidecar,
         "limits: {maxRequestBodyBytes: 10}\ndrain: {quiet: 3s, surgeGuard: on}\nroutes:\n- {name: api, match: {pathPrefix: /api}, hedging: {delay: 1s}}\n",
-    )?;
-    let after = wait_for("the reload", WAIT, || async {
-        let now = sidecar.config_json().await.ok()?;
-        (now["source"]["reloads"] == 1).then_some(now)
-    })
+        "reloads",
+        1,
+    )
     .await?;
     ensure!(after["source"]["failedReloads"] == 0, "{after}");
     ensure!(
@@ -58,17 +86,7 @@ async fn a_reload_with_unknown_keys_applies_warns_and_counts_them() -> Result<()
             == serde_json::json!(["drain.surgeGuard", "routes[0].hedging"]),
         "{after}"
     );
-    let line = sidecar
-        .wait_log("does not know", Duration::from_secs(5))
-        .await?;
-    ensure!(
-        line.contains("drain.surgeGuard") && line.contains("routes[0].hedging"),
-        "the warning names each key: {line}"
-    );
-    sidecar
-        .metrics()
-        .await?
-        .expect(METRIC, 2.0, "two skipped keys")?;
+    expect_skipped(&mut sidecar, &["drain.surgeGuard", "routes[0].hedging"]).await?;
     // The applied file is in force: a body over the new limit gets 413.
     crate::kit::http::raw_expect(
         sidecar.listen,
@@ -80,14 +98,12 @@ async fn a_reload_with_unknown_keys_applies_warns_and_counts_them() -> Result<()
 
     // An unknown key next to a wrong value of a known one: refused, and the
     // last good config (and its count) stays.
-    replace(
-        &path,
+    let refused = replace(
+        &sidecar,
         "limits: {maxRequestBodyBytes: 1000}\ndrain: {quiet: soon}\nnewer: 1\n",
-    )?;
-    let refused = wait_for("the refused reload", WAIT, || async {
-        let now = sidecar.config_json().await.ok()?;
-        (now["source"]["failedReloads"] == 1).then_some(now)
-    })
+        "failedReloads",
+        1,
+    )
     .await?;
     ensure!(
         refused["config"]["limits"]["maxRequestBodyBytes"] == 10,
@@ -105,11 +121,12 @@ async fn a_reload_with_unknown_keys_applies_warns_and_counts_them() -> Result<()
         .expect(METRIC, 2.0, "the config in force did not change")?;
 
     // Back to known keys only: the count goes to 0.
-    replace(&path, "limits: {maxRequestBodyBytes: 10}\n")?;
-    wait_for("the clean reload", WAIT, || async {
-        let now = sidecar.config_json().await.ok()?;
-        (now["source"]["reloads"] == 2).then_some(())
-    })
+    replace(
+        &sidecar,
+        "limits: {maxRequestBodyBytes: 10}\n",
+        "reloads",
+        2,
+    )
     .await?;
     sidecar
         .metrics()
@@ -126,17 +143,7 @@ async fn a_sidecar_starts_on_a_file_with_unknown_keys_and_counts_them() -> Resul
             .config("drain: {quiet: 2s, surgeGuard: on}\nnewSection: {a: 1}\n"),
     )
     .await?;
-    let line = sidecar
-        .wait_log("does not know", Duration::from_secs(5))
-        .await?;
-    ensure!(
-        line.contains("drain.surgeGuard") && line.contains("newSection"),
-        "{line}"
-    );
-    sidecar
-        .metrics()
-        .await?
-        .expect(METRIC, 2.0, "counted at start")?;
+    expect_skipped(&mut sidecar, &["drain.surgeGuard", "newSection"]).await?;
     let config = sidecar.config_json().await?;
     ensure!(config["config"]["drain"]["quiet"] == "2s", "{config}");
     let resp = crate::kit::http::get(sidecar.listen, "/work").await?;

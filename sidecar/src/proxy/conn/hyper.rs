@@ -148,7 +148,13 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<I, S, B, T> Future for Http1Served<hyper::server::conn::http1::UpgradeableConnection<I, S>, T>
+/// hyper's HTTP/1 connection (with upgrades), its bounds named once for
+/// the two impls of [`Http1Served`].
+trait Http1Conn: Future<Output = hyper::Result<()>> {
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+impl<I, S, B> Http1Conn for hyper::server::conn::http1::UpgradeableConnection<I, S>
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     S: hyper::service::HttpService<Incoming, ResBody = B>,
@@ -156,6 +162,13 @@ where
     B: Body + 'static,
     B::Error: Into<BoxError>,
 {
+    #[inline]
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        hyper::server::conn::http1::UpgradeableConnection::graceful_shutdown(self);
+    }
+}
+
+impl<C: Http1Conn, T> Future for Http1Served<C, T> {
     type Output = Result<Outcome<T>, BoxError>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.project()
@@ -165,14 +178,8 @@ where
     }
 }
 
-impl<I, S, B, T> Served<T>
-    for Http1Served<hyper::server::conn::http1::UpgradeableConnection<I, S>, T>
+impl<C: Http1Conn, T> Served<T> for Http1Served<C, T>
 where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    S: hyper::service::HttpService<Incoming, ResBody = B>,
-    S::Error: Into<BoxError>,
-    B: Body + 'static,
-    B::Error: Into<BoxError>,
     Self: Send,
 {
     fn shutdown(self: Pin<&mut Self>, _why: Ending) {

@@ -5,6 +5,7 @@
 //! every line ends in CRLF (a bare LF is refused), the data of a chunk is
 //! followed by CRLF, and extensions and trailers are bounded.
 
+use super::super::path::hex;
 use super::super::rules::TrailerName;
 
 /// Bytes allowed for one chunk-size line's extensions.
@@ -229,15 +230,6 @@ impl ChunkFramer {
 /// A byte of an HTTP token (RFC 9110 `tchar`), as a field name is made of.
 fn is_tchar(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-}
-
-fn hex(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

@@ -366,14 +366,11 @@ impl InProcess {
             .context("the spec's flags")?;
         let settings = cli.settings();
         let startup = cli::load_at_start(settings.config_file.as_deref(), &settings.overrides)?;
-        let mut config = startup.config;
-        let sidecar = kubegrace_sidecar::Sidecar::start_with(
-            &mut config,
-            settings,
-            false,
-            startup.file_missing,
-        )
-        .await?;
+        let options = kubegrace_sidecar::StartOptions {
+            config_file: startup.config_file,
+            ..Default::default()
+        };
+        let sidecar = kubegrace_sidecar::Sidecar::start(startup.config, settings, options).await?;
         Ok(Self {
             ports: Ports {
                 listen: sidecar.listen_addr(),

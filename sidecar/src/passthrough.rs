@@ -1,0 +1,116 @@
+//! Wrappers that only watch (or replay) what is read and pass writes
+//! straight through, inline, so they cost nothing on the write path:
+//!
+//! - [`Watched`]: a stream plus a [`ReadWatch`] that sees every completed
+//!   read (the upstream HTTP/2 sniff, the tunnel's idle counter);
+//! - [`write_through!`]: the forwarding `AsyncWrite` methods for a wrapper
+//!   whose read side is its own (a replay of sniffed bytes, a counter that
+//!   also watches writes).
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// What a [`Watched`] stream calls after each read that completed.
+pub(crate) trait ReadWatch {
+    /// `res`: how the read ended; `new`: the bytes it added to the buffer
+    /// (none at EOF and on error).
+    fn saw(&mut self, res: &io::Result<()>, new: &[u8]);
+}
+
+/// A stream whose reads a [`ReadWatch`] sees; writes go straight through.
+pub(crate) struct Watched<T, W> {
+    pub(crate) inner: T,
+    pub(crate) watch: W,
+}
+
+impl<T: AsyncRead + Unpin, W: ReadWatch + Unpin> AsyncRead for Watched<T, W> {
+    #[inline]
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let res = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Poll::Ready(done) = &res {
+            // A read only adds to what is filled: `before` is in range.
+            let new = buf.filled().get(before..).unwrap_or_default();
+            this.watch.saw(done, new);
+        }
+        res
+    }
+}
+
+/// Forwards `AsyncWrite` to `self.$field`, inside an `impl AsyncWrite for`
+/// block: `write_through!(inner);` forwards every method;
+/// `write_through!(inner, flush_and_shutdown);` only those two, for a
+/// wrapper whose writes do their own bookkeeping.
+macro_rules! write_through {
+    ($field:ident) => {
+        #[inline]
+        fn poll_write(
+            self: ::std::pin::Pin<&mut Self>,
+            cx: &mut ::std::task::Context<'_>,
+            buf: &[u8],
+        ) -> ::std::task::Poll<::std::io::Result<usize>> {
+            ::tokio::io::AsyncWrite::poll_write(
+                ::std::pin::Pin::new(&mut self.get_mut().$field),
+                cx,
+                buf,
+            )
+        }
+
+        #[inline]
+        fn poll_write_vectored(
+            self: ::std::pin::Pin<&mut Self>,
+            cx: &mut ::std::task::Context<'_>,
+            bufs: &[::std::io::IoSlice<'_>],
+        ) -> ::std::task::Poll<::std::io::Result<usize>> {
+            ::tokio::io::AsyncWrite::poll_write_vectored(
+                ::std::pin::Pin::new(&mut self.get_mut().$field),
+                cx,
+                bufs,
+            )
+        }
+
+        #[inline]
+        fn is_write_vectored(&self) -> bool {
+            ::tokio::io::AsyncWrite::is_write_vectored(&self.$field)
+        }
+
+        $crate::passthrough::write_through!($field, flush_and_shutdown);
+    };
+    ($field:ident, flush_and_shutdown) => {
+        #[inline]
+        fn poll_flush(
+            self: ::std::pin::Pin<&mut Self>,
+            cx: &mut ::std::task::Context<'_>,
+        ) -> ::std::task::Poll<::std::io::Result<()>> {
+            ::tokio::io::AsyncWrite::poll_flush(
+                ::std::pin::Pin::new(&mut self.get_mut().$field),
+                cx,
+            )
+        }
+
+        #[inline]
+        fn poll_shutdown(
+            self: ::std::pin::Pin<&mut Self>,
+            cx: &mut ::std::task::Context<'_>,
+        ) -> ::std::task::Poll<::std::io::Result<()>> {
+            ::tokio::io::AsyncWrite::poll_shutdown(
+                ::std::pin::Pin::new(&mut self.get_mut().$field),
+                cx,
+            )
+        }
+    };
+}
+
+pub(crate) use write_through;
+
+impl<T: AsyncWrite + Unpin, W: Unpin> AsyncWrite for Watched<T, W> {
+    write_through!(inner);
+}

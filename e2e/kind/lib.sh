@@ -3,7 +3,7 @@
 # Settings for the kind path (sourced after e2e/cluster/lib.sh, whose versions it follows).
 # Everything built lives in $KIND_CACHE, keyed by version, and is built once.
 
-KIND_VERSION=v0.30.0
+KIND_VERSION=$("$KG_REPO/hack/tool-version" sigs.k8s.io/kind) # hack/tools/go.mod
 KIND_CACHE=${KIND_CACHE:-$KG_CACHE/kind}
 KIND_BIN_DIR=$KIND_CACHE/bin        # kind and the node's Go binaries (not on the default PATH)
 KIND_BIN=$KIND_BIN_DIR/kind-$KIND_VERSION

@@ -49,6 +49,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use kube::{Api, Client, ResourceExt};
 
 use crate::build::Invalid;
+use crate::controller::dereference::ReadWorkloads as _;
 use crate::controller::{self, Workloads};
 use crate::crd::GraceRoute;
 use crate::{Error, Result};

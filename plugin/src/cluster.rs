@@ -5,10 +5,22 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::DynamicObject;
+use kube::{Api, Client};
 
 use crate::{Error, Result};
+
+/// GraceRoutes as dynamic objects, in one namespace or all, decoded one by one
+/// as the operator reads them ([`kubegrace_api::tolerant`]): one route stored under
+/// a looser schema fails alone, not the whole answer.
+pub fn routes(client: &Client, ns: Option<&str>) -> Api<DynamicObject> {
+    let ar = kubegrace_api::tolerant::api_resource();
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    }
+}
 
 /// Where the cluster is: `--kubeconfig` (else `KUBECONFIG`, else `~/.kube/config`, else
 /// in-cluster) and `--context`, as kubectl passes them on to a plugin.

@@ -11,7 +11,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
-use kubegrace_operator::cli::RunArgs;
+use kubegrace_api::cli::RunArgs;
 
 use crate::{Error, Result};
 
@@ -41,7 +41,7 @@ impl Install {
 
     /// The version of the sidecar the webhook injects (`kubegrace.io/sidecar-version`).
     pub fn sidecar_version(&self) -> &str {
-        kubegrace_operator::image_ref::version_of(&self.args.sidecar_image)
+        kubegrace_api::image_ref::version_of(&self.args.sidecar_image)
     }
 
     /// The Secret holding the serving certificate: the operator's own, or the one

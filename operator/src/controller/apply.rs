@@ -12,7 +12,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
-use super::dereference::{Workloads, claim_targets};
+use super::dereference::{ReadWorkloads as _, Workloads, claim_targets};
 use super::desired::Desired;
 use crate::build;
 use crate::crd::{GraceRoute, TargetKind};

@@ -1,8 +1,12 @@
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use http::{Request, Response};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::client::Body;
 use kubegrace_sidecar_api::report::{DrainOutcome, KIND};
+use serde_json::json;
 
 use super::*;
 

@@ -9,11 +9,11 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{CustomResourceExt, ResourceExt};
-use kubegrace_operator::controller::dereference::Workloads;
-use kubegrace_operator::controller::validate::service_bypasses;
-use kubegrace_operator::crd::GraceRoute;
-use kubegrace_operator::inject::{is_injected, wants_injection};
-use kubegrace_operator::keys;
+use kubegrace_api::bypass::service_bypasses;
+use kubegrace_api::crd::GraceRoute;
+use kubegrace_api::inject::{is_injected, wants_injection};
+use kubegrace_api::keys;
+use kubegrace_api::workloads::Workloads;
 
 use super::Finding;
 use crate::install::Install;
@@ -80,7 +80,7 @@ pub fn leader(
     };
     let holder = spec.holder_identity.clone().unwrap_or_default();
     // Someone other than "" holds an unexpired lease: the operator's own rule.
-    if !kubegrace_operator::lease::held_by_other(spec, "", now) {
+    if !kubegrace_api::lease::held_by_other(spec, "", now) {
         return Finding::problem(
             "leader",
             format!(
@@ -622,7 +622,7 @@ pub fn network_policies(pods: &[Pod], policies: Result<&[NetworkPolicy], &str>) 
         .filter(|p| p.metadata.deletion_timestamp.is_none() && is_injected(p))
         .cloned()
         .collect();
-    let blocked = kubegrace_operator::netpol::blocked(&injected, policies);
+    let blocked = kubegrace_api::netpol::blocked(&injected, policies);
     if blocked.is_empty() {
         return vec![Finding::ok(
             "network-policy",

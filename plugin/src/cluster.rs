@@ -22,6 +22,17 @@ pub fn routes(client: &Client, ns: Option<&str>) -> Api<DynamicObject> {
     }
 }
 
+/// `ns/name` from `api`; [`Error::NotFound`] naming its `kind` when there is none.
+pub async fn get<K>(api: &Api<K>, kind: &str, ns: &str, name: &str) -> Result<K>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name)
+        .await
+        .map_err(Error::kube(format!("reading {kind} {ns}/{name}")))?
+        .ok_or_else(|| Error::NotFound(format!("{kind} {ns}/{name} not found")))
+}
+
 /// Where the cluster is: `--kubeconfig` (else `KUBECONFIG`, else `~/.kube/config`, else
 /// in-cluster) and `--context`, as kubectl passes them on to a plugin.
 #[derive(Debug, Clone, Default)]

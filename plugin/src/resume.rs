@@ -71,11 +71,7 @@ pub fn describe(ns: &str, route: &str, plan: &Plan) -> String {
 /// Records the resume time on the route, then unpauses what the operator paused.
 pub async fn resume(client: &Client, ns: &str, name: &str) -> Result<Plan> {
     let routes = crate::cluster::routes(client, Some(ns));
-    let obj = routes
-        .get_opt(name)
-        .await
-        .map_err(Error::kube(format!("reading GraceRoute {ns}/{name}")))?
-        .ok_or_else(|| Error::NotFound(format!("GraceRoute {ns}/{name} not found")))?;
+    let obj = crate::cluster::get(&routes, "GraceRoute", ns, name).await?;
     let route = kubegrace_api::tolerant::decode(&obj).map_err(|u| Error::Invalid(u.message()))?;
     let deployments = Api::<Deployment>::namespaced(client.clone(), ns)
         .list(&ListParams::default())

@@ -197,11 +197,8 @@ fn route_of(obj: &kube::core::DynamicObject) -> Result<GraceRoute> {
 async fn pods_of(client: &Client, ns: &str, subject: &Subject) -> Result<(String, Vec<Pod>)> {
     let (header, selectors) = match subject {
         Subject::Deployment(name) => {
-            let d = Api::<Deployment>::namespaced(client.clone(), ns)
-                .get_opt(name)
-                .await
-                .map_err(Error::kube(format!("reading Deployment {ns}/{name}")))?
-                .ok_or_else(|| Error::NotFound(format!("Deployment {ns}/{name} not found")))?;
+            let deployments = Api::<Deployment>::namespaced(client.clone(), ns);
+            let d = crate::cluster::get(&deployments, "Deployment", ns, name).await?;
             let sel = d
                 .spec
                 .as_ref()
@@ -214,11 +211,8 @@ async fn pods_of(client: &Client, ns: &str, subject: &Subject) -> Result<(String
             // Read as a dynamic object: a route the operator's types refuse
             // is reported with the field that fails, not as a bare decode
             // error of the whole response.
-            let obj = crate::cluster::routes(client, Some(ns))
-                .get_opt(name)
-                .await
-                .map_err(Error::kube(format!("reading GraceRoute {ns}/{name}")))?
-                .ok_or_else(|| Error::NotFound(format!("GraceRoute {ns}/{name} not found")))?;
+            let routes = crate::cluster::routes(client, Some(ns));
+            let obj = crate::cluster::get(&routes, "GraceRoute", ns, name).await?;
             let route = route_of(&obj)?;
             let lp = ListParams::default();
             let deployments = Api::<Deployment>::namespaced(client.clone(), ns)

@@ -407,13 +407,9 @@ pub fn injection(
             fix,
         ));
     }
-    if out.is_empty() {
-        out.push(Finding::ok(
-            "injection",
-            format!("{asking} pods ask for the sidecar; every one has it"),
-        ));
-    }
-    out
+    or_ok(out, "injection", || {
+        format!("{asking} pods ask for the sidecar; every one has it")
+    })
 }
 
 /// Injected pods whose sidecar is not the version the operator injects now.
@@ -440,13 +436,9 @@ pub fn versions(pods: &[Pod], expected: &str) -> Vec<Finding> {
             recreate(p),
         ));
     }
-    if out.is_empty() {
-        out.push(Finding::ok(
-            "sidecar-version",
-            format!("{injected} injected pods run sidecar {expected}"),
-        ));
-    }
-    out
+    or_ok(out, "sidecar-version", || {
+        format!("{injected} injected pods run sidecar {expected}")
+    })
 }
 
 /// What a namespace holds for the bypass check.
@@ -488,13 +480,9 @@ pub fn bypasses(by_namespace: &BTreeMap<String, Namespaced>) -> Vec<Finding> {
             }
         }
     }
-    if out.is_empty() {
-        out.push(Finding::ok(
-            "service-bypass",
-            format!("no Service of {services} reaches a route's app around the sidecar"),
-        ));
-    }
-    out
+    or_ok(out, "service-bypass", || {
+        format!("no Service of {services} reaches a route's app around the sidecar")
+    })
 }
 
 /// Routes the operator did not accept, or whose target is missing.
@@ -544,16 +532,12 @@ pub fn routes(routes: &[GraceRoute]) -> Vec<Finding> {
             ));
         }
     }
-    if out.is_empty() {
-        out.push(Finding::ok(
-            "route",
-            format!(
-                "{} GraceRoutes accepted, each with its target",
-                routes.len()
-            ),
-        ));
-    }
-    out
+    or_ok(out, "route", || {
+        format!(
+            "{} GraceRoutes accepted, each with its target",
+            routes.len()
+        )
+    })
 }
 
 fn live(p: &Pod) -> bool {
@@ -643,4 +627,16 @@ pub fn network_policies(pods: &[Pod], policies: Result<&[NetworkPolicy], &str>) 
             Finding::problem("network-policy", format!("{ns}: {what}"), fix)
         })
         .collect()
+}
+
+/// `out`, or when it holds no problem, the one finding that says all is well.
+fn or_ok(
+    mut out: Vec<Finding>,
+    topic: &'static str,
+    all_well: impl FnOnce() -> String,
+) -> Vec<Finding> {
+    if out.is_empty() {
+        out.push(Finding::ok(topic, all_well()));
+    }
+    out
 }

@@ -1,5 +1,6 @@
 //! Where kubegrace is installed and what it was told: the operator Deployment (found by
-//! the chart's labels) and its command line, parsed by the operator's own parser, so the
+//! the chart's labels) and its command line, parsed by the operator's own parser
+//! (`kubegrace_api::cli::RunArgs`, the flag struct the operator runs on), so the
 //! Lease, webhook configurations, certificate Secret and sidecar image are the names the
 //! operator really uses, whatever the release called them.
 //!

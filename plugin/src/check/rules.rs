@@ -451,7 +451,7 @@ pub struct Namespaced {
 }
 
 /// Services that select a route's pods but reach the app around the sidecar (the
-/// operator's own rule, `validate::service_bypasses`).
+/// operator's own rule, `kubegrace_api::bypass::service_bypasses`).
 pub fn bypasses(by_namespace: &BTreeMap<String, Namespaced>) -> Vec<Finding> {
     let mut out = Vec::new();
     let mut services = 0;

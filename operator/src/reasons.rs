@@ -7,8 +7,9 @@
 pub const ACCEPTED: &str = "Accepted";
 pub const READY: &str = "Ready";
 pub const DEGRADED: &str = "Degraded";
-/// Only with `rollout.pauseOnDrainLoss`.
-pub const ROLLOUT_PAUSED: &str = "RolloutPaused";
+/// Only with `rollout.pauseOnDrainLoss`; its reasons below. The plugin reads
+/// them too, so they are the API crate's.
+pub use kubegrace_api::pause::ROLLOUT_PAUSED;
 
 // Accepted.
 /// `Accepted=True`: the spec holds against its targets.
@@ -55,15 +56,10 @@ pub const NETWORK_POLICY_BLOCKS_SIDECAR: &str = "NetworkPolicyBlocksSidecar";
 /// A reconcile of this route panicked (a bug); retried.
 pub const RECONCILE_PANICKED: &str = "ReconcilePanicked";
 
-// RolloutPaused.
-/// `True`: the operator paused a Deployment for a lossy drain.
-pub const DRAIN_LOSS: &str = "DrainLoss";
-/// `False`: the Deployment was resumed after such a pause.
-pub const RESUMED: &str = "Resumed";
-/// `False`: a StatefulSet's drain lost requests; it has no `spec.paused` to
-/// set (and its `partition` belongs to the user's manifest), so the rollout
-/// goes on and only this condition and an Event say so.
-pub const CANNOT_PAUSE: &str = "CannotPause";
+// RolloutPaused: `DrainLoss` (True: the operator paused a Deployment for a
+// lossy drain), `Resumed` (False: resumed after such a pause), `CannotPause`
+// (False: a StatefulSet's drain lost requests; it has no `spec.paused`).
+pub use kubegrace_api::pause::{CANNOT_PAUSE, DRAIN_LOSS, RESUMED};
 
 // Events only.
 /// The budget the webhook gives new pods changed.

@@ -80,13 +80,9 @@ pub fn pick_route<'a>(pod: &Pod, routes: &'a [GraceRoute]) -> Option<&'a GraceRo
     .min_by_key(|r| precedence(r))
 }
 
-/// The overlap rule, in one place: of two routes that select the same
-/// workload or pod, the older holds it (creation time, then name). The
-/// controller's [`claim_targets`](crate::controller::claim_targets) and the
-/// webhook's [`pick_route`] both order by this.
-pub fn precedence(r: &GraceRoute) -> (Option<jiff::Timestamp>, String) {
-    (
-        r.metadata.creation_timestamp.as_ref().map(|t| t.0),
-        r.name_any(),
-    )
-}
+/// The overlap rule, in one place (the API crate, which the plugin shares):
+/// of two routes that select the same workload or pod, the older holds it
+/// (creation time, then name). The controller's
+/// [`claim_targets`](crate::controller::claim_targets) and the webhook's
+/// [`pick_route`] both order by it.
+pub use kubegrace_api::workloads::precedence;

@@ -48,6 +48,7 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::{Api, Client, ResourceExt};
 
+use crate::controller::dereference::ReadWorkloads as _;
 use crate::controller::{self, Workloads};
 use crate::crd::GraceRoute;
 use crate::reasons;

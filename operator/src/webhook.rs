@@ -87,17 +87,7 @@ pub fn resources(
     }
 }
 
-/// Whether a native sidecar works for kubegrace on this API server: 1.33 and
-/// newer. Native sidecars (init containers with restartPolicy Always) are on
-/// by default from 1.29, but the port takeover moves the port *name* a
-/// Service targets onto the sidecar, and before 1.33 the endpoints
-/// controller resolves a named targetPort in regular containers only: the
-/// Service gets no endpoints (seen on 1.30.14 by `make version-matrix`).
-pub fn supports_native(major: &str, minor: &str) -> bool {
-    let major: u32 = major.trim_end_matches('+').parse().unwrap_or(0);
-    let minor: u32 = minor.trim_end_matches('+').parse().unwrap_or(0);
-    major > 1 || (major == 1 && minor >= 33)
-}
+pub use kubegrace_api::inject::supports_native;
 
 /// The outcome for one pod.
 #[derive(Debug, Clone, PartialEq)]

@@ -5,10 +5,33 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::DynamicObject;
+use kube::{Api, Client};
 
 use crate::{Error, Result};
+
+/// GraceRoutes as dynamic objects, in one namespace or all, decoded one by one
+/// as the operator reads them ([`kubegrace_api::tolerant`]): one route stored under
+/// a looser schema fails alone, not the whole answer.
+pub fn routes(client: &Client, ns: Option<&str>) -> Api<DynamicObject> {
+    let ar = kubegrace_api::tolerant::api_resource();
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    }
+}
+
+/// `ns/name` from `api`; [`Error::NotFound`] naming its `kind` when there is none.
+pub async fn get<K>(api: &Api<K>, kind: &str, ns: &str, name: &str) -> Result<K>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name)
+        .await
+        .map_err(Error::kube(format!("reading {kind} {ns}/{name}")))?
+        .ok_or_else(|| Error::NotFound(format!("{kind} {ns}/{name} not found")))
+}
 
 /// Where the cluster is: `--kubeconfig` (else `KUBECONFIG`, else `~/.kube/config`, else
 /// in-cluster) and `--context`, as kubectl passes them on to a plugin.

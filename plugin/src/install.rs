@@ -1,5 +1,6 @@
 //! Where kubegrace is installed and what it was told: the operator Deployment (found by
-//! the chart's labels) and its command line, parsed by the operator's own parser, so the
+//! the chart's labels) and its command line, parsed by the operator's own parser
+//! (`kubegrace_api::cli::RunArgs`, the flag struct the operator runs on), so the
 //! Lease, webhook configurations, certificate Secret and sidecar image are the names the
 //! operator really uses, whatever the release called them.
 //!
@@ -11,7 +12,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
-use kubegrace_operator::cli::RunArgs;
+use kubegrace_api::cli::RunArgs;
 
 use crate::{Error, Result};
 
@@ -52,12 +53,12 @@ impl Install {
             .find(|c| c.name == OPERATOR_CONTAINER)?
             .image
             .as_deref()
-            .map(kubegrace_operator::image_ref::version_of)
+            .map(kubegrace_api::image_ref::version_of)
     }
 
     /// The version of the sidecar the webhook injects (`kubegrace.io/sidecar-version`).
     pub fn sidecar_version(&self) -> &str {
-        kubegrace_operator::image_ref::version_of(&self.args.sidecar_image)
+        kubegrace_api::image_ref::version_of(&self.args.sidecar_image)
     }
 
     /// The Secret holding the serving certificate: the operator's own, or the one

@@ -13,9 +13,12 @@
 //! - [`verify`]: a loadgen Job on the workload's Service, `rollout restart`, and the
 //!   attributed table of `make demo` (`kubegrace_load`, shared with the e2e tests).
 //!
-//! The operator's own rules are reused, not restated: which pods want the sidecar
-//! (`inject::wants_injection`), which Services bypass it (`validate::service_bypasses`),
-//! the sidecar version of an image (`image_ref::version_of`), the CRD (`crd::GraceRoute`).
+//! The operator's own rules are reused, not restated, from the API crate
+//! (`kubegrace_api`, which the operator uses too; the plugin does not depend on the
+//! operator): which pods want the sidecar (`inject::wants_injection`), which Services
+//! bypass it (`bypass::service_bypasses`), the workloads a route selects
+//! (`workloads::Workloads`), the sidecar version of an image (`image_ref::version_of`),
+//! the CRD (`crd::GraceRoute`) and the operator's flags (`cli::RunArgs`).
 
 pub mod check;
 pub mod cluster;

@@ -6,11 +6,11 @@
 //! A Deployment someone else paused is left alone and named: its pause is not kubegrace's.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch};
 use kube::{Api, Client, ResourceExt};
-use kubegrace_operator::controller::dereference::Workloads;
-use kubegrace_operator::controller::pause::{self, PAUSE_FIELD_MANAGER, RESUMED_AT};
-use kubegrace_operator::crd::GraceRoute;
+use kubegrace_api::crd::GraceRoute;
+use kubegrace_api::pause::{self, RESUMED_AT};
+use kubegrace_api::workloads::Workloads;
 use serde_json::json;
 
 use crate::{Error, Result};
@@ -70,14 +70,9 @@ pub fn describe(ns: &str, route: &str, plan: &Plan) -> String {
 
 /// Records the resume time on the route, then unpauses what the operator paused.
 pub async fn resume(client: &Client, ns: &str, name: &str) -> Result<Plan> {
-    let routes = kubegrace_operator::tolerant::api(client, Some(ns));
-    let obj = routes
-        .get_opt(name)
-        .await
-        .map_err(Error::kube(format!("reading GraceRoute {ns}/{name}")))?
-        .ok_or_else(|| Error::NotFound(format!("GraceRoute {ns}/{name} not found")))?;
-    let route =
-        kubegrace_operator::tolerant::decode(&obj).map_err(|u| Error::Invalid(u.message()))?;
+    let routes = crate::cluster::routes(client, Some(ns));
+    let obj = crate::cluster::get(&routes, "GraceRoute", ns, name).await?;
+    let route = kubegrace_api::tolerant::decode(&obj).map_err(|u| Error::Invalid(u.message()))?;
     let deployments = Api::<Deployment>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await
@@ -85,10 +80,7 @@ pub async fn resume(client: &Client, ns: &str, name: &str) -> Result<Plan> {
     let plan = plan(&route, &deployments.items);
     // The time first: the operator reconciles on the Deployment's change and must
     // already see it.
-    let pp = PatchParams {
-        field_manager: Some(PAUSE_FIELD_MANAGER.into()),
-        ..Default::default()
-    };
+    let pp = pause::pause_params();
     let now = jiff::Timestamp::now().to_string();
     routes
         .patch(
@@ -99,7 +91,8 @@ pub async fn resume(client: &Client, ns: &str, name: &str) -> Result<Plan> {
         .await
         .map_err(Error::kube(format!("annotating GraceRoute {ns}/{name}")))?;
     for d in &plan.resume {
-        pause::set_paused(client, ns, d, false)
+        Api::<Deployment>::namespaced(client.clone(), ns)
+            .patch(d, &pp, &pause::paused_patch(false))
             .await
             .map_err(Error::kube(format!("resuming Deployment {ns}/{d}")))?;
     }
@@ -119,6 +112,8 @@ pub fn pause_line(route: &GraceRoute) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use kubegrace_api::pause::PAUSE_FIELD_MANAGER;
+
     use super::*;
 
     const ROUTE: &str = r#"
@@ -177,7 +172,7 @@ spec:
     fn the_pause_reason_is_one_line_of_status() {
         let mut r = route();
         assert_eq!(pause_line(&r), None);
-        r.status = Some(kubegrace_operator::crd::GraceRouteStatus {
+        r.status = Some(kubegrace_api::crd::GraceRouteStatus {
             conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
                 type_: pause::ROLLOUT_PAUSED.into(),
                 status: "True".into(),

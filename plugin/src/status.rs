@@ -9,8 +9,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::core::Selector;
 use kube::{Api, Client, ResourceExt};
-use kubegrace_operator::controller::dereference::Workloads;
-use kubegrace_operator::crd::GraceRoute;
+use kubegrace_api::crd::GraceRoute;
+use kubegrace_api::inject::admin_port_of;
+use kubegrace_api::workloads::Workloads;
 use kubegrace_sidecar_api::report::DrainOutcome;
 use kubegrace_sidecar_api::{admin, pod as sidecar_pod};
 use serde::Serialize;
@@ -133,18 +134,6 @@ pub fn describe_drain(d: &DrainOutcome) -> String {
     )
 }
 
-/// The sidecar's admin port in this pod (the container port named `kg-admin`).
-pub fn admin_port(p: &Pod) -> Option<u16> {
-    let spec = p.spec.as_ref()?;
-    spec.containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .filter(|c| c.name == sidecar_pod::CONTAINER)
-        .flat_map(|c| c.ports.iter().flatten())
-        .find(|port| port.name.as_deref() == Some(admin::PORT_NAME))
-        .and_then(|port| u16::try_from(port.container_port).ok())
-}
-
 /// The table (pure).
 pub fn table(header: &str, rows: &[Row]) -> String {
     let cells: Vec<[String; 7]> = rows
@@ -201,18 +190,15 @@ pub fn table(header: &str, rows: &[Row]) -> String {
 
 /// The typed route, or what the operator says about one it cannot read.
 fn route_of(obj: &kube::core::DynamicObject) -> Result<GraceRoute> {
-    kubegrace_operator::tolerant::decode(obj).map_err(|u| Error::Invalid(u.message()))
+    kubegrace_api::tolerant::decode(obj).map_err(|u| Error::Invalid(u.message()))
 }
 
 /// The pods `subject` covers, and a line about it.
 async fn pods_of(client: &Client, ns: &str, subject: &Subject) -> Result<(String, Vec<Pod>)> {
     let (header, selectors) = match subject {
         Subject::Deployment(name) => {
-            let d = Api::<Deployment>::namespaced(client.clone(), ns)
-                .get_opt(name)
-                .await
-                .map_err(Error::kube(format!("reading Deployment {ns}/{name}")))?
-                .ok_or_else(|| Error::NotFound(format!("Deployment {ns}/{name} not found")))?;
+            let deployments = Api::<Deployment>::namespaced(client.clone(), ns);
+            let d = crate::cluster::get(&deployments, "Deployment", ns, name).await?;
             let sel = d
                 .spec
                 .as_ref()
@@ -225,11 +211,8 @@ async fn pods_of(client: &Client, ns: &str, subject: &Subject) -> Result<(String
             // Read as a dynamic object: a route the operator's types refuse
             // is reported with the field that fails, not as a bare decode
             // error of the whole response.
-            let obj = kubegrace_operator::tolerant::api(client, Some(ns))
-                .get_opt(name)
-                .await
-                .map_err(Error::kube(format!("reading GraceRoute {ns}/{name}")))?
-                .ok_or_else(|| Error::NotFound(format!("GraceRoute {ns}/{name} not found")))?;
+            let routes = crate::cluster::routes(client, Some(ns));
+            let obj = crate::cluster::get(&routes, "GraceRoute", ns, name).await?;
             let route = route_of(&obj)?;
             let lp = ListParams::default();
             let deployments = Api::<Deployment>::namespaced(client.clone(), ns)
@@ -295,7 +278,7 @@ async fn row(client: &Client, ns: &str, p: &Pod) -> Row {
         last_drain: last_drain(p),
         ..Row::default()
     };
-    let Some(port) = admin_port(p) else {
+    let Some(port) = admin_port_of(p) else {
         row.phase = "no sidecar".to_owned();
         return row;
     };
@@ -392,7 +375,7 @@ mod tests {
         let fresh: Pod =
             serde_json::from_value(serde_json::json!({"metadata": {"name": "q"}})).expect("pod");
         assert_eq!(last_drain(&fresh), None);
-        assert_eq!(admin_port(&fresh), None);
+        assert_eq!(admin_port_of(&fresh), None);
     }
 
     #[test]

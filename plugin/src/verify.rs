@@ -142,11 +142,7 @@ pub fn job_name(deployment: &str) -> String {
 pub async fn verify(client: &Client, opts: &Options, say: &dyn Fn(&str)) -> Result<Verdict> {
     let (ns, name) = (&opts.namespace, &opts.deployment);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let d = deployments
-        .get_opt(name)
-        .await
-        .map_err(Error::kube(format!("reading Deployment {ns}/{name}")))?
-        .ok_or_else(|| Error::NotFound(format!("Deployment {ns}/{name} not found")))?;
+    let d = crate::cluster::get(&deployments, "Deployment", ns, name).await?;
     let spec = d
         .spec
         .as_ref()

@@ -10,6 +10,26 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("krew/manifest")
 }
 
+/// The manifest script's output for these archives (version v0.1.0).
+fn manifest(archives: &[&Path]) -> std::process::Output {
+    Command::new(script())
+        .arg("v0.1.0")
+        .args(archives)
+        .output()
+        .expect("manifest")
+}
+
+/// The manifest of these archives, which the script must accept.
+fn good_manifest(archives: &[&Path]) -> serde_norway::Value {
+    let out = manifest(archives);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_norway::from_slice(&out.stdout).expect("YAML")
+}
+
 /// A fresh directory under the system temp dir.
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kg-krew-{name}-{}", std::process::id()));
@@ -42,18 +62,7 @@ fn every_platform_carries_the_sha256_of_its_archive() {
     let dir = scratch("ok");
     let amd = archive(&dir, "linux_amd64", "amd64 binary");
     let arm = archive(&dir, "linux_arm64", "arm64 binary");
-    let out = Command::new(script())
-        .arg("v0.1.0")
-        .arg(&amd)
-        .arg(&arm)
-        .output()
-        .expect("manifest");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: serde_norway::Value = serde_norway::from_slice(&out.stdout).expect("YAML");
+    let doc = good_manifest(&[&amd, &arm]);
     assert_eq!(doc["kind"], "Plugin");
     assert_eq!(doc["metadata"]["name"], "kubegrace");
     assert_eq!(doc["spec"]["version"], "v0.1.0");
@@ -84,12 +93,7 @@ fn a_missing_or_misnamed_archive_gives_no_manifest() {
     let misnamed = dir.join("kubegrace-linux.tar.gz");
     std::fs::copy(&good, &misnamed).expect("copy");
     for bad in [dir.join("absent.tar.gz"), misnamed] {
-        let out = Command::new(script())
-            .arg("v0.1.0")
-            .arg(&good)
-            .arg(&bad)
-            .output()
-            .expect("manifest");
+        let out = manifest(&[&good, &bad]);
         assert!(!out.status.success(), "{bad:?} accepted");
         assert!(out.stdout.is_empty(), "half a manifest for {bad:?}");
     }
@@ -122,18 +126,7 @@ fn windows_archives_are_zips_with_the_exe() {
     let dir = scratch("windows");
     let linux = archive(&dir, "linux_amd64", "amd64 binary");
     let win = windows_zip(&dir, "arm64", &["kubectl-kubegrace.exe", "LICENSE"]);
-    let out = Command::new(script())
-        .arg("v0.1.0")
-        .arg(&linux)
-        .arg(&win)
-        .output()
-        .expect("manifest");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: serde_norway::Value = serde_norway::from_slice(&out.stdout).expect("YAML");
+    let doc = good_manifest(&[&linux, &win]);
     let platforms = doc["spec"]["platforms"].as_sequence().expect("platforms");
     assert_eq!(platforms.len(), 2);
     let windows = &platforms[1];
@@ -153,11 +146,7 @@ fn windows_archives_are_zips_with_the_exe() {
     let bad_zip = windows_zip(&no_exe, "amd64", &["kubectl-kubegrace"]);
     let tar_for_windows = archive(&dir, "windows_amd64", "binary");
     for bad in [bad_zip, tar_for_windows] {
-        let out = Command::new(script())
-            .arg("v0.1.0")
-            .arg(&bad)
-            .output()
-            .expect("manifest");
+        let out = manifest(&[&bad]);
         assert!(!out.status.success(), "{bad:?} accepted");
         assert!(out.stdout.is_empty(), "half a manifest for {bad:?}");
     }

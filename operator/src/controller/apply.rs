@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::build::Desired;
 use super::context::{Context, Note};
-use super::dereference::{Workloads, claim_targets};
+use super::dereference::{ReadWorkloads as _, Workloads, claim_targets};
 use crate::crd::{GraceRoute, TargetKind};
 use crate::rules::Target;
 use crate::{FIELD_MANAGER, RESTORE_FIELD_MANAGER};

@@ -27,102 +27,19 @@
 //! resumes the rollout on its next sync, which the condition then records
 //! as `Resumed`.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
-use kube::api::{Patch, PatchParams};
-use kube::core::SelectorExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::runtime::events::EventType;
 use kube::{Api, Client, ResourceExt};
-use serde_json::json;
 
 use super::context::{Note, Subject};
-use super::dereference::selector_of;
 use super::drains::PodDrain;
 use crate::crd::{GraceRoute, TargetKind};
 
-/// The route condition type and its reasons (in [`crate::reasons`]).
-pub use crate::reasons::{CANNOT_PAUSE, DRAIN_LOSS, RESUMED, ROLLOUT_PAUSED};
-/// Route annotation: when the rollout was resumed (RFC 3339), written by
-/// `kubectl kubegrace resume`. Drains that ended before it never pause.
-pub const RESUMED_AT: &str = "kubegrace.io/resumed-at";
-/// Field manager of the `spec.paused` writes (pause and resume).
-pub const PAUSE_FIELD_MANAGER: &str = "kubegrace-operator-pause";
-
-/// A target's rollout as the decision needs it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RolloutState {
-    pub kind: TargetKind,
-    pub name: String,
-    /// The workload's pod selector (immutable, so it also selects the pods
-    /// of older revisions, whose template labels may differ).
-    pub selector: LabelSelector,
-    /// `spec.paused` (Deployments; always false for a StatefulSet).
-    pub paused: bool,
-    /// ... and [`PAUSE_FIELD_MANAGER`] wrote it: this operator paused it
-    /// (a pause whose status write failed is taken up again on the retry).
-    pub paused_here: bool,
-    /// A rollout is under way: pods of an older revision remain or the
-    /// controller has not seen the latest spec.
-    pub progressing: bool,
-}
-
-impl RolloutState {
-    pub fn id(&self) -> String {
-        format!("{}/{}", self.kind, self.name)
-    }
-
-    fn selects(&self, drain: &PodDrain) -> bool {
-        selector_of(&self.selector).is_some_and(|s| !s.selects_all() && s.matches(&drain.labels))
-    }
-}
-
-/// A Deployment's rollout state; None without a spec.
-pub fn deployment_state(d: &Deployment) -> Option<RolloutState> {
-    let spec = d.spec.as_ref()?;
-    let status = d.status.clone().unwrap_or_default();
-    let seen = status.observed_generation >= d.metadata.generation;
-    let updated = status.updated_replicas.unwrap_or(0);
-    let progressing =
-        !seen || updated < spec.replicas.unwrap_or(1) || status.replicas.unwrap_or(0) > updated;
-    Some(RolloutState {
-        kind: TargetKind::Deployment,
-        name: d.name_any(),
-        selector: spec.selector.clone(),
-        paused: spec.paused.unwrap_or(false),
-        paused_here: paused_by_manager(d),
-        progressing,
-    })
-}
-
-/// Whether [`PAUSE_FIELD_MANAGER`] owns the Deployment's `spec.paused`.
-fn paused_by_manager(d: &Deployment) -> bool {
-    d.managed_fields().iter().any(|m| {
-        m.manager.as_deref() == Some(PAUSE_FIELD_MANAGER)
-            && m.fields_v1
-                .as_ref()
-                .is_some_and(|f| f.0.pointer("/f:spec/f:paused").is_some())
-    })
-}
-
-/// A StatefulSet's rollout state; None without a spec.
-pub fn statefulset_state(s: &StatefulSet) -> Option<RolloutState> {
-    let spec = s.spec.as_ref()?;
-    let status = s.status.clone().unwrap_or_default();
-    let seen = status.observed_generation >= s.metadata.generation;
-    let progressing = !seen
-        || status.update_revision.is_some() && status.update_revision != status.current_revision
-        || status.updated_replicas.unwrap_or(0) < spec.replicas.unwrap_or(1);
-    Some(RolloutState {
-        kind: TargetKind::StatefulSet,
-        name: s.name_any(),
-        selector: spec.selector.clone(),
-        paused: false,
-        paused_here: false,
-        progressing,
-    })
-}
+pub use kubegrace_api::pause::{
+    CANNOT_PAUSE, DRAIN_LOSS, PAUSE_FIELD_MANAGER, RESUMED, RESUMED_AT, ROLLOUT_PAUSED,
+    RolloutState, deployment_state, pause_params, paused_patch, statefulset_state, states,
+};
 
 /// What the lossy drain asks for.
 #[derive(Debug, Clone, PartialEq)]
@@ -219,7 +136,7 @@ pub fn decide(
     for drain in drains.iter().filter(|d| !d.clean() && after(d)) {
         for r in rollouts
             .iter()
-            .filter(|r| r.progressing && r.selects(drain))
+            .filter(|r| r.progressing && r.selects(&drain.labels))
         {
             let loss = Loss {
                 kind: r.kind,
@@ -294,16 +211,8 @@ pub async fn set_paused(
     name: &str,
     paused: bool,
 ) -> std::result::Result<(), kube::Error> {
-    let pp = PatchParams {
-        field_manager: Some(PAUSE_FIELD_MANAGER.into()),
-        ..Default::default()
-    };
     Api::<Deployment>::namespaced(client.clone(), ns)
-        .patch(
-            name,
-            &pp,
-            &Patch::Merge(json!({"spec": {"paused": paused}})),
-        )
+        .patch(name, &pause_params(), &paused_patch(paused))
         .await
         .map(drop)
 }
@@ -335,19 +244,6 @@ pub fn notes(route: &str, verdict: &Verdict) -> [Note; 2] {
         )
     };
     [on_route, on_workload]
-}
-
-/// The rollout states of the workloads, by [`RolloutState::id`].
-pub fn states(
-    deployments: &[Deployment],
-    statefulsets: &[StatefulSet],
-) -> BTreeMap<String, RolloutState> {
-    deployments
-        .iter()
-        .filter_map(deployment_state)
-        .chain(statefulsets.iter().filter_map(statefulset_state))
-        .map(|s| (s.id(), s))
-        .collect()
 }
 
 #[cfg(test)]

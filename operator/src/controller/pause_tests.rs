@@ -1,3 +1,8 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use serde_json::json;
+
 use super::*;
 use crate::controller::fixtures::{at, drain, state};
 

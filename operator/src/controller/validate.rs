@@ -4,12 +4,9 @@
 //! route writes is absent or ours. The admission webhook runs the same
 //! [`budget_and_config`], so `kubectl apply` and the route's conditions agree.
 
-use std::collections::{BTreeMap, BTreeSet};
-
-use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 
-use super::dereference::{Observed, template_labels};
+use super::dereference::Observed;
 use crate::crd::GraceRoute;
 use crate::ownership::{self, Ownership};
 use crate::rules::{self, Budget, Invalid, Target};
@@ -61,34 +58,4 @@ pub fn budget_and_config(
     Ok((budget, config))
 }
 
-/// The Services that select the route's pods (its targets' templates and
-/// `pods`, label sets of pods already seen) but reach the app around the
-/// sidecar, each as the sentence with its fix (pure; the controller and the
-/// admission webhook share it).
-pub fn service_bypasses(
-    route: &GraceRoute,
-    targets: &[&(Target, Option<String>)],
-    pods: &[BTreeMap<String, String>],
-    services: &[Service],
-) -> Vec<String> {
-    let Some(port) = route.spec.ports.first() else {
-        return Vec::new();
-    };
-    let mut labels: Vec<BTreeMap<String, String>> =
-        targets.iter().map(|(t, _)| template_labels(t)).collect();
-    labels.extend(pods.iter().cloned());
-    let numbers: BTreeSet<i32> = targets
-        .iter()
-        .filter_map(|(t, _)| rules::app_port(&t.template, &port.name))
-        .collect();
-    let mut out = Vec::new();
-    for n in numbers {
-        for b in rules::bypassing_services(services, &labels, &port.name, n) {
-            let s = b.explain(&port.name);
-            if !out.contains(&s) {
-                out.push(s);
-            }
-        }
-    }
-    out
-}
+pub use kubegrace_api::bypass::service_bypasses;

@@ -36,6 +36,8 @@ pub mod overrides;
 
 pub use app_readiness::{APP_READINESS_IN_SIDECAR, APP_READINESS_ON_APP};
 use app_readiness::{keeps_own_readiness, take_http_readiness};
+/// What a pod says about the sidecar, read by the plugin too.
+pub use kubegrace_api::inject::{admin_port_of, app_port_name, is_injected, wants_injection};
 
 /// The sidecar image's user (distroless nonroot); set explicitly so
 /// `runAsNonRoot` holds whatever the image says, unless the platform
@@ -149,78 +151,6 @@ impl Ports {
     pub fn listen_port(&self, spec: &PodSpec, admin: u16) -> u16 {
         first_free(self.first_listen, &used_ports(spec), Some(admin)).unwrap_or(self.first_listen)
     }
-}
-
-/// The admin port of an injected pod: the sidecar's [`admin::PORT_NAME`]
-/// port (what the webhook chose for this pod), for callers of its admin API.
-pub fn admin_port_of(pod: &Pod) -> Option<u16> {
-    let spec = pod.spec.as_ref()?;
-    spec.containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .filter(|c| c.name == pod::CONTAINER)
-        .flat_map(|c| c.ports.iter().flatten())
-        .find(|p| p.name.as_deref() == Some(admin::PORT_NAME))
-        .and_then(|p| u16::try_from(p.container_port).ok())
-}
-
-/// A new name for the app's port: `kg-<name>`, within the 15 characters a
-/// port name may have, not taken by another port of the pod.
-pub fn app_port_name(name: &str, taken: &BTreeSet<String>) -> String {
-    let base: String = format!("kg-{name}").chars().take(15).collect();
-    let base = base.trim_end_matches('-').to_string();
-    if !taken.contains(&base) {
-        return base;
-    }
-    (0..100)
-        .map(|i| {
-            let suffix = format!("-{i}");
-            let stem: String = base.chars().take(15 - suffix.len()).collect();
-            format!("{}{suffix}", stem.trim_end_matches('-'))
-        })
-        .find(|n| !taken.contains(n))
-        .unwrap_or(base)
-}
-
-fn annotations(pod: &Pod) -> Option<&BTreeMap<String, String>> {
-    pod.metadata.annotations.as_ref()
-}
-
-/// Already injected (by us, earlier: the webhook may be called twice with
-/// reinvocationPolicy, or a pod may be re-submitted).
-pub fn is_injected(pod: &Pod) -> bool {
-    annotations(pod).is_some_and(|a| a.contains_key(keys::INJECTED))
-        || pod.spec.as_ref().is_some_and(|s| {
-            s.containers
-                .iter()
-                .chain(s.init_containers.iter().flatten())
-                .any(|c| c.name == pod::CONTAINER)
-        })
-}
-
-/// Whether a pod asks for the sidecar: its own label or annotation wins
-/// (`disabled` opts out of a labelled namespace), else the namespace label.
-/// The label is what the webhook configuration's objectSelector sees; the
-/// operator copies a workload's annotation into both.
-pub fn wants_injection(pod: &Pod, namespace_labels: &BTreeMap<String, String>) -> bool {
-    let label = pod
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(keys::INJECT))
-        .map(String::as_str);
-    let annotation = annotations(pod)
-        .and_then(|a| a.get(keys::INJECT))
-        .map(String::as_str);
-    if label == Some("disabled") || annotation == Some("disabled") {
-        return false;
-    }
-    if label == Some("enabled") || annotation == Some("enabled") {
-        return true;
-    }
-    namespace_labels
-        .get(keys::INJECT)
-        .is_some_and(|v| v == "enabled")
 }
 
 fn http_get(path: &str, port: i32, token: Option<&str>) -> HTTPGetAction {

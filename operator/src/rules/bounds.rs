@@ -96,7 +96,7 @@ fn duration(field: &str, d: HumanDuration) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// `^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`: a DNS label (route and port names).
+/// [`crate::crd::bounds::DNS_LABEL_PATTERN`]: a DNS label (route and port names).
 pub(crate) fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();
     let inner = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();

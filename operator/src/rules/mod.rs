@@ -14,7 +14,6 @@
 
 mod bounds;
 mod budget;
-mod bypass;
 #[cfg(test)]
 mod fuzz;
 mod rollout;
@@ -24,7 +23,7 @@ mod testing;
 
 pub use bounds::check_bounds;
 pub use budget::{Budget, MARGIN, budget};
-pub use bypass::{Bypass, app_port, bypassing_services};
+pub use kubegrace_api::bypass::{Bypass, app_port, bypassing_services};
 pub use rollout::{Originals, Target, restore_patch, target_apply};
 pub use sidecar_config::{
     PortPlan, check_rendered_size, check_template, config_map_name, render, sidecar_config,

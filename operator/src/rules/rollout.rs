@@ -1,60 +1,12 @@
 //! The target workload's rollout fields: what the route writes into it,
 //! what it was before, and the patch that puts that back.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::core::v1::PodTemplateSpec;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::crd::{RolloutSpec, TargetKind};
 use crate::keys;
 
-/// The target's rollout values before the first route touched them; written
-/// once into an annotation on the target and restored on route deletion.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Originals {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_surge: Option<IntOrString>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_unavailable: Option<IntOrString>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min_ready_seconds: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub termination_grace_period_seconds: Option<i64>,
-}
-
-/// What the route controller needs to know of a Deployment or StatefulSet.
-#[derive(Debug, Clone)]
-pub struct Target {
-    pub kind: TargetKind,
-    pub name: String,
-    pub template: PodTemplateSpec,
-    /// `RollingUpdate`, `Recreate` (Deployment) or `OnDelete` (StatefulSet).
-    pub strategy_type: Option<String>,
-    pub current: Originals,
-    /// The annotation [`keys::ORIGINAL`] if a route already wrote it.
-    pub recorded: Option<String>,
-    pub annotations: BTreeMap<String, String>,
-}
-
-impl Target {
-    pub fn id(&self) -> String {
-        format!("{}/{}", self.kind, self.name)
-    }
-
-    /// The route this target's pod template is pinned to.
-    pub fn pinned_route(&self) -> Option<&str> {
-        self.template
-            .metadata
-            .as_ref()
-            .and_then(|m| m.annotations.as_ref())
-            .and_then(|a| a.get(keys::ROUTE))
-            .map(String::as_str)
-    }
-}
+pub use kubegrace_api::workloads::{Originals, Target};
 
 /// The server-side apply body for the target: only the rollout fields the
 /// route's explicit `rollout` block sets, nothing else (fields left out are
@@ -177,6 +129,11 @@ pub fn restore_patch(target: &Target) -> Option<Value> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::PodTemplateSpec;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
     use super::super::testing::{BASE, route, template};
     use super::*;
 

@@ -16,8 +16,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{ListParams, PostParams};
 use kube::core::{Selector, SelectorExt};
 use kube::{Api, Client, CustomResourceExt, Resource, ResourceExt};
-use kubegrace_operator::crd::GraceRoute;
-use kubegrace_operator::keys;
+use kubegrace_api::crd::GraceRoute;
+use kubegrace_api::keys;
 use serde_json::json;
 
 use super::Snapshot;
@@ -67,12 +67,12 @@ pub async fn gather(client: &Client, scope: &Scope) -> Result<Snapshot> {
     // fail the whole check (it is reported by name instead).
     let routes: Vec<GraceRoute> = match s.crd {
         Some(_) => {
-            let objects = kubegrace_operator::tolerant::api(client, scope.namespace.as_deref())
+            let objects = crate::cluster::routes(client, scope.namespace.as_deref())
                 .list(&ListParams::default())
                 .await
                 .map_err(Error::kube("listing GraceRoutes"))?
                 .items;
-            let listed = kubegrace_operator::tolerant::split(objects);
+            let listed = kubegrace_api::tolerant::split(objects);
             s.undecodable_routes = listed.undecodable;
             listed.routes
         }
@@ -289,7 +289,7 @@ async fn dry_run(client: &Client, namespace: &str) -> Probe {
 /// The webhook's mark on a pod it judged (pure).
 pub fn verdict(pod: &Pod, namespace: &str) -> Probe {
     let namespace = namespace.to_owned();
-    if kubegrace_operator::inject::is_injected(pod) {
+    if kubegrace_api::inject::is_injected(pod) {
         return Probe::Answered {
             namespace,
             verdict: "injected".to_owned(),

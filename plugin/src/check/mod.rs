@@ -76,7 +76,7 @@ pub struct Snapshot {
     /// Why they could not be read, if so (the user's RBAC).
     pub network_policies_unreadable: Option<String>,
     /// GraceRoutes stored with values the types refuse (an older, looser CRD).
-    pub undecodable_routes: Vec<kubegrace_operator::tolerant::Undecodable>,
+    pub undecodable_routes: Vec<kubegrace_api::tolerant::Undecodable>,
 }
 
 /// The findings of a snapshot at `now` (pure).

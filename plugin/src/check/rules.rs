@@ -9,11 +9,11 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{CustomResourceExt, ResourceExt};
-use kubegrace_operator::controller::dereference::Workloads;
-use kubegrace_operator::controller::validate::service_bypasses;
-use kubegrace_operator::crd::GraceRoute;
-use kubegrace_operator::inject::{is_injected, wants_injection};
-use kubegrace_operator::keys;
+use kubegrace_api::bypass::service_bypasses;
+use kubegrace_api::crd::GraceRoute;
+use kubegrace_api::inject::{is_injected, wants_injection};
+use kubegrace_api::keys;
+use kubegrace_api::workloads::Workloads;
 
 use super::Finding;
 use crate::install::Install;
@@ -80,7 +80,7 @@ pub fn leader(
     };
     let holder = spec.holder_identity.clone().unwrap_or_default();
     // Someone other than "" holds an unexpired lease: the operator's own rule.
-    if !kubegrace_operator::lease::held_by_other(spec, "", now) {
+    if !kubegrace_api::lease::held_by_other(spec, "", now) {
         return Finding::problem(
             "leader",
             format!(
@@ -425,13 +425,9 @@ pub fn injection(
             fix,
         ));
     }
-    if out.is_empty() {
-        out.push(Finding::ok(
-            "injection",
-            format!("{asking} pods ask for the sidecar; every one has it"),
-        ));
-    }
-    out
+    or_ok(out, "injection", || {
+        format!("{asking} pods ask for the sidecar; every one has it")
+    })
 }
 
 /// Injected pods whose sidecar is not the version the operator injects now.
@@ -458,13 +454,9 @@ pub fn versions(pods: &[Pod], expected: &str) -> Vec<Finding> {
             recreate(p),
         ));
     }
-    if out.is_empty() {
-        out.push(Finding::ok(
-            "sidecar-version",
-            format!("{injected} injected pods run sidecar {expected}"),
-        ));
-    }
-    out
+    or_ok(out, "sidecar-version", || {
+        format!("{injected} injected pods run sidecar {expected}")
+    })
 }
 
 /// What a namespace holds for the bypass check.
@@ -477,7 +469,7 @@ pub struct Namespaced {
 }
 
 /// Services that select a route's pods but reach the app around the sidecar (the
-/// operator's own rule, `validate::service_bypasses`).
+/// operator's own rule, `kubegrace_api::bypass::service_bypasses`).
 pub fn bypasses(by_namespace: &BTreeMap<String, Namespaced>) -> Vec<Finding> {
     let mut out = Vec::new();
     let mut services = 0;
@@ -506,13 +498,9 @@ pub fn bypasses(by_namespace: &BTreeMap<String, Namespaced>) -> Vec<Finding> {
             }
         }
     }
-    if out.is_empty() {
-        out.push(Finding::ok(
-            "service-bypass",
-            format!("no Service of {services} reaches a route's app around the sidecar"),
-        ));
-    }
-    out
+    or_ok(out, "service-bypass", || {
+        format!("no Service of {services} reaches a route's app around the sidecar")
+    })
 }
 
 /// Routes the operator did not accept, or whose target is missing.
@@ -562,16 +550,12 @@ pub fn routes(routes: &[GraceRoute]) -> Vec<Finding> {
             ));
         }
     }
-    if out.is_empty() {
-        out.push(Finding::ok(
-            "route",
-            format!(
-                "{} GraceRoutes accepted, each with its target",
-                routes.len()
-            ),
-        ));
-    }
-    out
+    or_ok(out, "route", || {
+        format!(
+            "{} GraceRoutes accepted, each with its target",
+            routes.len()
+        )
+    })
 }
 
 fn live(p: &Pod) -> bool {
@@ -640,7 +624,7 @@ pub fn network_policies(pods: &[Pod], policies: Result<&[NetworkPolicy], &str>) 
         .filter(|p| p.metadata.deletion_timestamp.is_none() && is_injected(p))
         .cloned()
         .collect();
-    let blocked = kubegrace_operator::netpol::blocked(&injected, policies);
+    let blocked = kubegrace_api::netpol::blocked(&injected, policies);
     if blocked.is_empty() {
         return vec![Finding::ok(
             "network-policy",
@@ -661,4 +645,16 @@ pub fn network_policies(pods: &[Pod], policies: Result<&[NetworkPolicy], &str>) 
             Finding::problem("network-policy", format!("{ns}: {what}"), fix)
         })
         .collect()
+}
+
+/// `out`, or when it holds no problem, the one finding that says all is well.
+fn or_ok(
+    mut out: Vec<Finding>,
+    topic: &'static str,
+    all_well: impl FnOnce() -> String,
+) -> Vec<Finding> {
+    if out.is_empty() {
+        out.push(Finding::ok(topic, all_well()));
+    }
+    out
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::CustomResourceExt;
-use kubegrace_operator::crd::GraceRoute;
+use kubegrace_api::crd::GraceRoute;
 
 use super::rules::{self, Namespaced, Probe};
 use super::{Finding, Snapshot, judge};
@@ -505,7 +505,7 @@ spec:
 #[test]
 fn a_route_the_operator_cannot_read_fails_the_check_by_name() {
     let snapshot = Snapshot {
-        undecodable_routes: vec![kubegrace_operator::tolerant::Undecodable {
+        undecodable_routes: vec![kubegrace_api::tolerant::Undecodable {
             namespace: "shop".into(),
             name: "web".into(),
             error: "spec.circuitBreaker.consecutiveFailures: invalid value: integer 4294967296, expected u32".into(),

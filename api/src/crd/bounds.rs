@@ -64,6 +64,10 @@ pub const MAX_PORT_NAME: usize = 15;
 /// `ports`: the sidecar has one listener.
 pub const MAX_PORTS: usize = 1;
 
+/// A DNS label (RFC 1123): route names and port names, which the sidecar's
+/// metrics and the pod's port list carry; the operator's re-check of stored
+/// routes is `build::bounds::is_dns_label`.
+pub const DNS_LABEL_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 /// `routes`.
 pub const MAX_ROUTES: usize = 64;
 /// `routes[].name`.

@@ -7,7 +7,9 @@ use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::bounds::{MAX_GROUP, MAX_PORT_NAME, MAX_TARGET_NAME, SUPPORTED_GROUP};
+use super::bounds::{
+    DNS_LABEL_PATTERN, MAX_GROUP, MAX_PORT_NAME, MAX_TARGET_NAME, SUPPORTED_GROUP,
+};
 
 fn t_group() -> String {
     SUPPORTED_GROUP.into()
@@ -75,7 +77,7 @@ pub struct PortSpec {
     /// the `ports` list. No default.
     #[schemars(
         length(min = 1, max = MAX_PORT_NAME),
-        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+        regex(pattern = DNS_LABEL_PATTERN)
     )]
     pub name: String,
     /// What the port speaks: `http` (HTTP/1.1, and HTTP/2 prior knowledge

@@ -1,9 +1,14 @@
-//! Services that reach the app directly instead of the sidecar.
+//! Services that reach the app directly instead of the sidecar: the
+//! route controller and the admission webhook report them, the kubectl
+//! plugin's `check` too.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::api::core::v1::{PodTemplateSpec, Service};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::crd::GraceRoute;
+use crate::workloads::{Target, template_labels};
 
 /// The number of the container port named `name` in a pod template.
 pub fn app_port(template: &PodTemplateSpec, name: &str) -> Option<i32> {
@@ -55,7 +60,7 @@ impl Bypass {
 /// sidecar, as does one naming the app's renamed port (`kg-<name>`).
 /// `pods` are the label sets of the route's pods (its targets' templates).
 pub fn bypassing_services(
-    services: &[k8s_openapi::api::core::v1::Service],
+    services: &[Service],
     pods: &[BTreeMap<String, String>],
     port_name: &str,
     app_port: i32,
@@ -92,6 +97,38 @@ pub fn bypassing_services(
                     port: p.port,
                     target,
                 });
+            }
+        }
+    }
+    out
+}
+
+/// The Services that select the route's pods (its targets' templates and
+/// `pods`, label sets of pods already seen) but reach the app around the
+/// sidecar, each as the sentence with its fix (pure; the controller and the
+/// admission webhook share it).
+pub fn service_bypasses(
+    route: &GraceRoute,
+    targets: &[&(Target, Option<String>)],
+    pods: &[BTreeMap<String, String>],
+    services: &[Service],
+) -> Vec<String> {
+    let Some(port) = route.spec.ports.first() else {
+        return Vec::new();
+    };
+    let mut labels: Vec<BTreeMap<String, String>> =
+        targets.iter().map(|(t, _)| template_labels(t)).collect();
+    labels.extend(pods.iter().cloned());
+    let numbers: BTreeSet<i32> = targets
+        .iter()
+        .filter_map(|(t, _)| app_port(&t.template, &port.name))
+        .collect();
+    let mut out = Vec::new();
+    for n in numbers {
+        for b in bypassing_services(services, &labels, &port.name, n) {
+            let s = b.explain(&port.name);
+            if !out.contains(&s) {
+                out.push(s);
             }
         }
     }

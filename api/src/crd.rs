@@ -41,8 +41,8 @@ use serde::{Deserialize, Serialize};
 
 pub use bounds::DURATION_PATTERN;
 use bounds::{
-    HOST_PATTERN, MAX_DRAIN_TEXT, MAX_FAIL_ON, MAX_FALLBACK_BODIES, MAX_HOST, MAX_METHOD,
-    MAX_METHODS, MAX_PATH, MAX_PORTS, MAX_RETRY_BODY_BYTES, MAX_RETRY_MIN_PER_SECOND,
+    DNS_LABEL_PATTERN, HOST_PATTERN, MAX_DRAIN_TEXT, MAX_FAIL_ON, MAX_FALLBACK_BODIES, MAX_HOST,
+    MAX_METHOD, MAX_METHODS, MAX_PATH, MAX_PORTS, MAX_RETRY_BODY_BYTES, MAX_RETRY_MIN_PER_SECOND,
     MAX_ROUTE_NAME, MAX_ROUTE_OBJECT_NAME, MAX_ROUTES, PATH_PATTERN,
 };
 pub use breaker::{CircuitBreakerSpec, FallbackSpec};
@@ -405,7 +405,7 @@ pub struct RouteSpec {
     /// `routes` list. No default.
     #[schemars(
         length(min = 1, max = MAX_ROUTE_NAME),
-        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+        regex(pattern = DNS_LABEL_PATTERN)
     )]
     pub name: String,
     /// Which requests this route takes: every condition set must hold.

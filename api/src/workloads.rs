@@ -1,0 +1,234 @@
+//! The workloads a GraceRoute fronts, read from Deployments and
+//! StatefulSets already fetched (pure): what the route controller, the
+//! admission webhook and the kubectl plugin all need to know of a target,
+//! which targets a route selects, and which route holds a target two
+//! routes select.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use kube::core::{Selector, SelectorExt};
+use kubegrace_sidecar_api::keys;
+use serde::{Deserialize, Serialize};
+
+use crate::crd::{GraceRoute, TargetKind};
+
+/// The target's rollout values before the first route touched them; written
+/// once into an annotation on the target and restored on route deletion.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Originals {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_surge: Option<IntOrString>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<IntOrString>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_ready_seconds: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period_seconds: Option<i64>,
+}
+
+/// What the route controller needs to know of a Deployment or StatefulSet.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub kind: TargetKind,
+    pub name: String,
+    pub template: PodTemplateSpec,
+    /// `RollingUpdate`, `Recreate` (Deployment) or `OnDelete` (StatefulSet).
+    pub strategy_type: Option<String>,
+    pub current: Originals,
+    /// The annotation [`keys::ORIGINAL`] if a route already wrote it.
+    pub recorded: Option<String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Target {
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.kind, self.name)
+    }
+
+    /// The route this target's pod template is pinned to.
+    pub fn pinned_route(&self) -> Option<&str> {
+        self.template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get(keys::ROUTE))
+            .map(String::as_str)
+    }
+}
+
+pub fn selector_of(ls: &LabelSelector) -> Option<Selector> {
+    Selector::try_from(ls.clone()).ok()
+}
+
+pub fn template_labels(t: &Target) -> BTreeMap<String, String> {
+    t.template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default()
+}
+
+/// A workload's selector as a label-selector string for listing its pods.
+pub fn pod_selector(ls: Option<&LabelSelector>) -> Option<String> {
+    let s = selector_of(ls?)?;
+    // An empty selector would select every pod in the namespace.
+    (!s.selects_all()).then(|| s.to_string())
+}
+
+pub fn deployment_target(d: &Deployment) -> Option<(Target, Option<String>)> {
+    let spec = d.spec.as_ref()?;
+    let strategy = spec.strategy.as_ref();
+    let ru = strategy.and_then(|s| s.rolling_update.as_ref());
+    let current = Originals {
+        // The API server defaults these; None only for Recreate.
+        max_surge: ru.and_then(|r| r.max_surge.clone()),
+        max_unavailable: ru.and_then(|r| r.max_unavailable.clone()),
+        min_ready_seconds: Some(spec.min_ready_seconds.unwrap_or(0)),
+        termination_grace_period_seconds: Some(grace_period(&spec.template)),
+    };
+    Some((
+        target(
+            TargetKind::Deployment,
+            d,
+            &spec.template,
+            strategy.and_then(|s| s.type_.clone()),
+            current,
+        ),
+        pod_selector(Some(&spec.selector)),
+    ))
+}
+
+/// The pod template's grace period, with the API server's default.
+fn grace_period(template: &k8s_openapi::api::core::v1::PodTemplateSpec) -> i64 {
+    template
+        .spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds)
+        .unwrap_or(30)
+}
+
+pub fn statefulset_target(s: &StatefulSet) -> Option<(Target, Option<String>)> {
+    let spec = s.spec.as_ref()?;
+    let current = Originals {
+        max_surge: None,
+        max_unavailable: None,
+        min_ready_seconds: Some(spec.min_ready_seconds.unwrap_or(0)),
+        termination_grace_period_seconds: Some(grace_period(&spec.template)),
+    };
+    Some((
+        target(
+            TargetKind::StatefulSet,
+            s,
+            &spec.template,
+            spec.update_strategy.as_ref().and_then(|u| u.type_.clone()),
+            current,
+        ),
+        pod_selector(Some(&spec.selector)),
+    ))
+}
+
+/// What the two workload kinds have in common as a [`Target`]: the name,
+/// the annotations (with the originals a route recorded there) and the pod
+/// template; the kind-specific parts are passed in.
+fn target(
+    kind: TargetKind,
+    workload: &impl ResourceExt,
+    template: &k8s_openapi::api::core::v1::PodTemplateSpec,
+    strategy_type: Option<String>,
+    current: Originals,
+) -> Target {
+    let annotations = workload.annotations().clone();
+    Target {
+        kind,
+        name: workload.name_any(),
+        template: template.clone(),
+        strategy_type,
+        current,
+        recorded: annotations.get(keys::ORIGINAL).cloned(),
+        annotations,
+    }
+}
+
+/// The workloads of one namespace, with the selectors of their pods.
+pub struct Workloads(pub Vec<(Target, Option<String>)>);
+
+impl Workloads {
+    /// From objects already read (pure; the admission tests use it).
+    pub fn from_objects(deployments: &[Deployment], statefulsets: &[StatefulSet]) -> Self {
+        Self(
+            deployments
+                .iter()
+                .filter_map(deployment_target)
+                .chain(statefulsets.iter().filter_map(statefulset_target))
+                .collect(),
+        )
+    }
+
+    /// The targets a route selects.
+    pub fn of(&self, route: &GraceRoute) -> Vec<&(Target, Option<String>)> {
+        if let Some(r) = &route.spec.target_ref {
+            return self
+                .0
+                .iter()
+                .filter(|(t, _)| t.kind == r.kind && t.name == r.name)
+                .collect();
+        }
+        let Some(sel) = route.spec.selector.as_ref().and_then(selector_of) else {
+            return Vec::new();
+        };
+        if sel.selects_all() {
+            return Vec::new();
+        }
+        self.0
+            .iter()
+            .filter(|(t, _)| sel.matches(&template_labels(t)))
+            .collect()
+    }
+}
+
+/// Routes earlier in this order win a contested target.
+pub fn precedence(r: &GraceRoute) -> (Option<jiff::Timestamp>, String) {
+    (
+        r.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        r.name_any(),
+    )
+}
+
+/// The targets a route selects, split into those it holds and the overlaps:
+/// targets an older route of the same namespace holds already, each with a
+/// sentence saying so (pure; the controller and the admission webhook share
+/// it, so both report the same overlaps).
+pub fn claim_targets<'w>(
+    route: &GraceRoute,
+    workloads: &'w Workloads,
+    others: &[&GraceRoute],
+) -> (Vec<&'w (Target, Option<String>)>, Vec<String>) {
+    let name = route.name_any();
+    let ns = route.namespace();
+    let mut overlaps = Vec::new();
+    let mut targets = Vec::new();
+    for t in workloads.of(route) {
+        let holder = others.iter().find(|other| {
+            other.name_any() != name
+                && other.namespace() == ns
+                && other.metadata.deletion_timestamp.is_none()
+                && precedence(other) < precedence(route)
+                && workloads.of(other).iter().any(|o| o.0.id() == t.0.id())
+        });
+        match holder {
+            Some(other) => overlaps.push(format!(
+                "{} is also targeted by GraceRoute {} (older, in force)",
+                t.0.id(),
+                other.name_any()
+            )),
+            None => targets.push(t),
+        }
+    }
+    (targets, overlaps)
+}

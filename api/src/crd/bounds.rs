@@ -1,6 +1,6 @@
 //! Every bound on what a GraceRoute may say, in one place. The CRD schema
 //! (`maximum`, `maxLength`, `maxItems`, patterns and CEL rules), the
-//! validate step (`build::check_bounds`, for objects stored under an older,
+//! validate step (the operator's `rules::check_bounds`, for objects stored under an older,
 //! looser CRD) and the tests all read these constants, so the API server,
 //! the operator and the tests cannot disagree.
 //!
@@ -19,7 +19,7 @@
 //!   `"\uFFFF"`), 16 methods of 32 letters, 16 failOn entries, a breaker
 //!   with every number at its maximum, and one body of all 32,768
 //!   characters the routes share: 64 x ~3.5 KiB of route + 192 KiB of
-//!   body. `build::fuzz::the_worst_case_route_renders_well_under_1_mib`
+//!   body. `rules::fuzz::the_worst_case_route_renders_well_under_1_mib`
 //!   builds it: 424,472 bytes, under [`WORST_RENDERED_CONFIG`] (512 KiB,
 //!   half the limit), which the property tests hold every route to.
 
@@ -66,7 +66,7 @@ pub const MAX_PORTS: usize = 1;
 
 /// A DNS label (RFC 1123): route names and port names, which the sidecar's
 /// metrics and the pod's port list carry; the operator's re-check of stored
-/// routes is `build::bounds::is_dns_label`.
+/// routes is `rules::bounds::is_dns_label` in the operator.
 pub const DNS_LABEL_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 /// `routes`.
 pub const MAX_ROUTES: usize = 64;

@@ -10,6 +10,7 @@
 //! in) and named in [`Install::ignored_args`], so `check` still reads every name it knows.
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Container, PodSpec};
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use kubegrace_api::cli::RunArgs;
@@ -42,15 +43,7 @@ impl Install {
 
     /// The operator's own release: the tag (or digest) of its container's image.
     pub fn operator_version(&self) -> Option<&str> {
-        self.deployment
-            .spec
-            .as_ref()?
-            .template
-            .spec
-            .as_ref()?
-            .containers
-            .iter()
-            .find(|c| c.name == OPERATOR_CONTAINER)?
+        operator_container(&self.deployment)?
             .image
             .as_deref()
             .map(kubegrace_api::image_ref::version_of)
@@ -67,12 +60,7 @@ impl Install {
         if self.args.cert_dir.is_none() {
             return Some(self.args.cert_secret.clone());
         }
-        self.deployment
-            .spec
-            .as_ref()?
-            .template
-            .spec
-            .as_ref()?
+        pod_spec(&self.deployment)?
             .volumes
             .iter()
             .flatten()
@@ -102,21 +90,29 @@ impl Install {
     }
 }
 
+/// The operator Deployment's pod spec.
+fn pod_spec(deployment: &Deployment) -> Option<&PodSpec> {
+    deployment.spec.as_ref()?.template.spec.as_ref()
+}
+
+/// The operator's container in its Deployment.
+fn operator_container(deployment: &Deployment) -> Option<&Container> {
+    pod_spec(deployment)?
+        .containers
+        .iter()
+        .find(|c| c.name == OPERATOR_CONTAINER)
+}
+
 /// Reads the install from an operator Deployment (pure): its `run` arguments, with
 /// `$(POD_NAMESPACE)` being the Deployment's namespace.
 pub fn from_deployment(deployment: Deployment) -> Result<Install> {
     let namespace = deployment.namespace().unwrap_or_default();
     let name = deployment.name_any();
-    let container = deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|s| s.containers.iter().find(|c| c.name == OPERATOR_CONTAINER))
-        .ok_or_else(|| {
-            Error::Invalid(format!(
-                "Deployment {namespace}/{name} has no container {OPERATOR_CONTAINER:?}"
-            ))
-        })?;
+    let container = operator_container(&deployment).ok_or_else(|| {
+        Error::Invalid(format!(
+            "Deployment {namespace}/{name} has no container {OPERATOR_CONTAINER:?}"
+        ))
+    })?;
     let args: Vec<String> = container
         .args
         .iter()

@@ -25,9 +25,7 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client};
 use kubegrace_e2e::scenario::kit::{self, Session};
-use kubegrace_e2e::scenario::{
-    Action, Options, Patience, Progress, Scenario, graceroute_api, keep_from_env, with_install,
-};
+use kubegrace_e2e::scenario::{Action, Options, Progress, Scenario, keep_from_env, with_install};
 use serde_json::json;
 
 const NAME: &str = "drains";
@@ -53,7 +51,8 @@ async fn a_rollout_with_one_request_past_the_drain_timeout_shows_one_force_close
         let rolled = sc.roll_under_load(NAME, Action::Restart, &p).await?;
         let long = long.await.context("the long request's task")?;
         p.step(format!("long request: {long}"));
-        let status = wait_last_drains(&sc, &p).await?;
+        let status =
+            kit::wait_last_drains(&sc, NAME, 3, &p).await?.data["status"]["lastDrains"].clone();
         let column = printer_column(&client, &sc.namespace, "LastDrains").await?;
         let counters = operator_counters(&sc, &p).await?;
         let events = drain_events(&client, &sc.namespace).await?;
@@ -137,25 +136,6 @@ async fn start_long_request(
     let ready = kit::ready_pods(&pods, NAME).await?;
     let pod = ready.into_iter().next().context("no ready pod")?;
     kit::start_long_request(&pod, LONG_MS, SESSION_TIMEOUT, p).await
-}
-
-/// The route's `status.lastDrains` once it counts three pods.
-async fn wait_last_drains(sc: &Scenario, p: &Progress) -> Result<serde_json::Value> {
-    let routes = graceroute_api(&sc.client, &sc.namespace);
-    p.wait(
-        "status.lastDrains counts the three old pods",
-        Patience::API_CHANGE,
-        || async {
-            let route = routes.get(NAME).await.map_err(|e| format!("{e:#}"))?;
-            let last = route.data["status"]["lastDrains"].clone();
-            if last["pods"].as_i64().unwrap_or(0) >= 3 {
-                Ok(last)
-            } else {
-                Err(format!("lastDrains: {last}"))
-            }
-        },
-    )
-    .await
 }
 
 /// The route's printer column `name`, as `kubectl get groute` shows it: the API server's

@@ -193,22 +193,7 @@ async fn rollout_runs_to_the_end(sc: &Scenario, p: &Progress) -> Result<Ran> {
         let s = task.await.context("a long request's task")?;
         p.step(format!("long request: {s}"));
     }
-    let routes = graceroute_api(&sc.client, &sc.namespace);
-    let last = p
-        .wait(
-            "status.lastDrains counts the three old pods",
-            Patience::API_CHANGE,
-            || async {
-                let route = routes.get(NAME).await.map_err(|e| format!("{e:#}"))?;
-                let last = route.data["status"]["lastDrains"].clone();
-                if last["pods"].as_i64().unwrap_or(0) >= 3 {
-                    Ok(route)
-                } else {
-                    Err(format!("lastDrains: {last}"))
-                }
-            },
-        )
-        .await?;
+    let last = kit::wait_last_drains(sc, NAME, 3, p).await?;
     let condition = last.data["status"]["conditions"]
         .as_array()
         .into_iter()

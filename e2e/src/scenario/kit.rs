@@ -206,6 +206,30 @@ pub async fn start_long_request(
     Ok(task)
 }
 
+/// The route `name` once its `status.lastDrains` counts at least `pods` drained pods.
+pub async fn wait_last_drains(
+    sc: &Scenario,
+    name: &str,
+    pods: i64,
+    p: &Progress,
+) -> Result<kube::core::DynamicObject> {
+    let routes = crate::scenario::graceroute_api(&sc.client, &sc.namespace);
+    p.wait(
+        &format!("status.lastDrains counts {pods} drained pods"),
+        Patience::API_CHANGE,
+        || async {
+            let route = routes.get(name).await.map_err(|e| format!("{e:#}"))?;
+            let last = &route.data["status"]["lastDrains"];
+            if last["pods"].as_i64().unwrap_or(0) >= pods {
+                Ok(route)
+            } else {
+                Err(format!("lastDrains: {last}"))
+            }
+        },
+    )
+    .await
+}
+
 /// A streamed HTTP/1.1 response (`/stream?chunks=N&every_ms=M`), read chunk by chunk.
 pub async fn http_stream(addr: &str, chunks: usize, every_ms: u64, timeout: Duration) -> Session {
     let path = format!("/stream?chunks={chunks}&every_ms={every_ms}");

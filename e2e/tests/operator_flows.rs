@@ -48,12 +48,6 @@ async fn annotate_edit_route_and_kill_the_operator_under_load() -> Result<()> {
     let mut opts = Options::new("kg-e2e-ops").with_load_from_env()?;
     // The chart's default; the kill flow kills one replica while the other serves.
     opts.operator_replicas = 2;
-    // The drain's documented defaults (minDelay 2s, quiet 1s), not the scenario's faster
-    // 1s/500ms: the annotate flow rolls the sidecar *out* while three injected pods drain at once,
-    // and on this single loaded node kube-proxy then lagged past 1.5 s: 1 connection of
-    // ~1300 was refused by a sidecar already in Closing, in 2 of 2 runs.
-    opts.drain.min_delay = "2s".into();
-    opts.drain.quiet = "1s".into();
     let p = Progress::default();
     let (report, failures) = with_install(&client, &opts, &p, keep_from_env(), async |run| {
         let annotate = run.scenario("annotate").await?;

@@ -114,7 +114,7 @@ fn route_yaml(name: &str) -> String {
         "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
         "metadata": {"name": name},
         "spec": {"targetRef": {"kind": "Deployment", "name": name}, "ports": [{"name": "http"}],
-                 "drain": {"minDelay": "1s", "quiet": "500ms", "maxDelay": "5s", "timeout": "10s"}},
+                 "drain": {"minDelay": "2s", "quiet": "1s", "maxDelay": "5s", "timeout": "10s"}},
     })
     .to_string()
 }

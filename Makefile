@@ -50,6 +50,7 @@ lint: deps fmt-check clippy crd-check actionlint cargo-deny ## formatting, clipp
 	hack/check-links --self-test
 	hack/check-links
 	hack/check-file-sizes
+	hack/check-duplicates
 
 actionlint: ## the GitHub workflows (actionlint, built from the Go module proxy once)
 	hack/actionlint

@@ -56,6 +56,18 @@ pub fn demo_image() -> String {
         .unwrap_or_else(|_| format!("localhost/kubegrace/demo-app:{}", image_tag()))
 }
 
+/// `rel` inside this checkout (e.g. `charts/kubegrace`). The directory comes from cargo's
+/// `CARGO_MANIFEST_DIR` at run time (`cargo test` and `cargo run` set it), and only without
+/// it from the compile-time value: a test binary another checkout left in a shared
+/// `CARGO_TARGET_DIR`, and that cargo took as fresh, once installed that checkout's chart.
+pub fn repo_path(rel: &str) -> PathBuf {
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.join("Cargo.toml").is_file())
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest_dir.join("..").join(rel)
+}
+
 /// `1` turns the cluster tier on (set by `e2e/run-cluster-tests` and CI).
 pub const CLUSTER_TIER_ENV: &str = "KUBEGRACE_E2E_CLUSTER";
 /// The kubeconfig of the cluster under test (set by `e2e/cluster/with-cluster`).
@@ -347,7 +359,7 @@ pub async fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<(u16,
 
 #[cfg(test)]
 mod tests {
-    use super::tier_on;
+    use super::{repo_path, tier_on};
 
     #[test]
     fn only_1_turns_the_cluster_tier_on() {
@@ -355,5 +367,11 @@ mod tests {
         for off in [None, Some(""), Some("0"), Some("false"), Some("yes")] {
             assert!(!tier_on(off), "{off:?}");
         }
+    }
+
+    #[test]
+    fn repo_path_finds_this_checkouts_chart() {
+        assert!(repo_path("charts/kubegrace/Chart.yaml").is_file());
+        assert!(!repo_path("charts/no-such-chart/Chart.yaml").exists());
     }
 }

@@ -129,7 +129,7 @@ async fn rolling_update_under_load_loses_no_request_with_kubegrace_and_some_with
     })
     .await?;
 
-    let out_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e-rollout");
+    let out_dir = kubegrace_e2e::repo_path("target/e2e-rollout");
     let result = outcome.demo_result();
     print!("{}", report::table(&result));
     match report::write(&out_dir, &result) {

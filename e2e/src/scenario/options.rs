@@ -145,7 +145,7 @@ impl Options {
     pub fn new(release_prefix: &str) -> Options {
         let release = format!("{release_prefix}-{}", suffix());
         Options {
-            chart: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/kubegrace"),
+            chart: crate::repo_path("charts/kubegrace"),
             release_namespace: release.clone(),
             release,
             image_registry: "localhost".into(),

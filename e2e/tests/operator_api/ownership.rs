@@ -16,7 +16,7 @@ use crate::harness::*;
 /// `helm template` of the chart's RBAC with `watchNamespaces`, as objects.
 fn render_rbac(release: &str, release_ns: &str, watch: &str) -> Vec<serde_norway::Value> {
     let helm = kubegrace_e2e::scenario::helm_bin();
-    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/kubegrace");
+    let chart = kubegrace_e2e::repo_path("charts/kubegrace");
     let out = std::process::Command::new(&helm)
         .args(["template", release])
         .arg(&chart)

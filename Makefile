@@ -5,7 +5,7 @@ CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
 NEWCOMER_ROUNDS ?= 1
 
-.PHONY: deps h2spec version-matrix plugin krew fuzz actionlint cargo-deny release-images-check dockerfile-check newcomer-test chart-upgrade-test skew-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo kind-test kind-demo bench cluster-up cluster-down images help
+.PHONY: deps h2spec version-matrix plugin krew fuzz actionlint cargo-deny release-images-check dockerfile-check newcomer-test chart-upgrade-test skew-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo kind-test kind-demo bench bench-operator bench-scale cluster-up cluster-down images help
 
 all: build
 
@@ -131,6 +131,8 @@ bench: ## the sidecar against nginx, HAProxy and Caddy, side by side (under 10 m
 	bench/run
 bench-operator: ## operator webhook latency and reconcile time on the local cluster (bench/results/operator.json)
 	e2e/cluster/with-cluster cargo run -p kubegrace-bench --features operator --bin bench-operator
+bench-scale: ## one operator, a whole cluster: kwok nodes, 200 routes and 2,000 injected pods on the local cluster (bench/results/scale.json; SCALE_* knobs in bench/scale)
+	bench/scale
 release-images-check: ## release images (sidecar, operator) for amd64+arm64 from a clean checkout, offline, checked (heavy: two release builds; not in `make test`)
 	e2e/images/check-release
 dockerfile-check: ## the Dockerfile: hadolint, and (with Buildah) an offline FROM-scratch build from prebuilt binaries, checked

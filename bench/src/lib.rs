@@ -6,6 +6,8 @@
 //! writes the report). The parts worth testing without load live here.
 
 pub mod memtest;
+#[cfg(feature = "operator")]
+pub mod operator_rig;
 pub mod parse;
 pub mod peers;
 pub mod proc;

@@ -22,43 +22,19 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use futures_util::StreamExt as _;
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
-};
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt as _};
+use kubegrace_bench::operator_rig::{
+    GraceRoute, Histogram, Operator, Series, client, condition, counter, create_mutating_webhook,
+    create_validating_webhook, install_crd, metrics, operator_bin, rand_suffix, route_resource,
+    wait_ca_bundle, wait_for, write_report,
+};
 use kubegrace_sidecar_api::keys;
 use serde_json::{Value, json};
-
-/// The operator's custom resource, untyped (the bench does not link the
-/// operator: it runs its binary).
-type GraceRoute = DynamicObject;
-
-fn route_resource() -> ApiResource {
-    ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "kubegrace.io",
-        "v1alpha1",
-        "GraceRoute",
-    ))
-}
-
-/// A condition of a route's status: (status, observedGeneration).
-fn condition(r: &GraceRoute, type_: &str) -> Option<(String, Option<i64>)> {
-    r.data["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
-        .map(|c| {
-            (
-                c["status"].as_str().unwrap_or_default().to_string(),
-                c["observedGeneration"].as_i64(),
-            )
-        })
-}
 
 #[derive(Parser, Debug)]
 #[command(about = "kubegrace-operator: webhook latency and reconcile time on the local cluster")]
@@ -85,155 +61,6 @@ struct Args {
     /// The CRD to install (what `kubegrace-operator crd` prints).
     #[arg(long, default_value = "crds/graceroutes.kubegrace.io.yaml")]
     crd: String,
-}
-
-/// Milliseconds, sorted.
-#[derive(Debug, Default)]
-struct Series(Vec<f64>);
-
-impl Series {
-    fn push(&mut self, d: Duration) {
-        self.0.push(d.as_secs_f64() * 1000.0);
-    }
-
-    fn pct(&self, q: f64) -> f64 {
-        let mut v = self.0.clone();
-        v.sort_by(f64::total_cmp);
-        if v.is_empty() {
-            return f64::NAN;
-        }
-        // Nearest rank.
-        #[allow(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            clippy::cast_precision_loss
-        )]
-        let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-        v[i]
-    }
-
-    fn json(&self) -> Value {
-        let round = |x: f64| (x * 1000.0).round() / 1000.0;
-        json!({
-            "n": self.0.len(),
-            "p50_ms": round(self.pct(0.50)),
-            "p90_ms": round(self.pct(0.90)),
-            "p99_ms": round(self.pct(0.99)),
-            "max_ms": round(self.pct(1.0)),
-        })
-    }
-}
-
-/// One Prometheus histogram read from the operator's /metrics.
-#[derive(Debug, Default, Clone)]
-struct Histogram {
-    /// (upper bound seconds, cumulative count)
-    buckets: Vec<(f64, f64)>,
-    sum: f64,
-    count: f64,
-}
-
-impl Histogram {
-    fn parse(text: &str, name: &str) -> Self {
-        let mut h = Histogram::default();
-        for line in text.lines() {
-            let Some((key, value)) = line.rsplit_once(' ') else {
-                continue;
-            };
-            let Ok(v) = value.parse::<f64>() else {
-                continue;
-            };
-            if let Some(rest) = key.strip_prefix(&format!("{name}_bucket{{le=\"")) {
-                let le = rest.trim_end_matches("\"}");
-                let le = if le == "+Inf" {
-                    f64::INFINITY
-                } else {
-                    le.parse().unwrap_or(f64::INFINITY)
-                };
-                h.buckets.push((le, v));
-            } else if key == format!("{name}_sum") {
-                h.sum = v;
-            } else if key == format!("{name}_count") {
-                h.count = v;
-            }
-        }
-        h
-    }
-
-    /// What was observed between `before` and `self`.
-    fn since(&self, before: &Histogram) -> Histogram {
-        Histogram {
-            buckets: self
-                .buckets
-                .iter()
-                .map(|(le, c)| {
-                    let b = before
-                        .buckets
-                        .iter()
-                        .find(|(l, _)| l == le)
-                        .map_or(0.0, |(_, c)| *c);
-                    (*le, c - b)
-                })
-                .collect(),
-            sum: self.sum - before.sum,
-            count: self.count - before.count,
-        }
-    }
-
-    /// The bucket bound the q-quantile falls under (what a Prometheus
-    /// histogram can say, no interpolation).
-    fn quantile_bound_ms(&self, q: f64) -> Option<f64> {
-        let want = q * self.count;
-        self.buckets
-            .iter()
-            .find(|(_, c)| *c >= want && self.count > 0.0)
-            .map(|(le, _)| le * 1000.0)
-    }
-
-    fn json(&self) -> Value {
-        let bound = |q| {
-            self.quantile_bound_ms(q)
-                .filter(|b| b.is_finite())
-                .map_or(Value::String("> 10000".into()), |b| json!(b))
-        };
-        json!({
-            "count": self.count,
-            "mean_ms": if self.count > 0.0 { (self.sum / self.count * 1e6).round() / 1000.0 } else { f64::NAN },
-            "p50_at_most_ms": bound(0.5),
-            "p99_at_most_ms": bound(0.99),
-        })
-    }
-}
-
-async fn client() -> anyhow::Result<Client> {
-    Client::try_default()
-        .await
-        .context("no kubeconfig: run under e2e/cluster/with-cluster")
-}
-
-async fn metrics(admin: u16) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", admin)).await?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await?;
-    Ok(out)
-}
-
-/// Polls `check` every 100 ms until it is Some or `secs` pass.
-async fn wait_for<T, F, Fut>(secs: u64, what: &str, check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    kubegrace_e2e::poll(
-        what,
-        Duration::from_secs(secs),
-        Duration::from_millis(100),
-        check,
-    )
-    .await
 }
 
 fn pod(injected: bool) -> anyhow::Result<Pod> {
@@ -307,49 +134,13 @@ async fn main() -> anyhow::Result<()> {
     let outcome =
         tokio::time::timeout(Duration::from_secs(args.deadline), run(&args, &client, &ns)).await;
     setup.cleanup().await;
-    let report = match outcome {
-        Ok(r) => r?,
-        Err(_) => bail!("the run took longer than --deadline {}s", args.deadline),
-    };
-    let text = serde_json::to_string_pretty(&report)?;
-    std::fs::write(&args.out, format!("{text}\n")).with_context(|| args.out.clone())?;
-    println!("{text}");
-    eprintln!("wrote {}", args.out);
-    Ok(())
-}
-
-fn rand_suffix() -> u32 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    (nanos ^ std::process::id()) & 0xff_ffff
+    write_report(outcome, args.deadline, &args.out)
 }
 
 #[allow(clippy::too_many_lines)] // one linear script: setup, three series, report
 async fn run(args: &Args, client: &Client, ns: &str) -> anyhow::Result<Value> {
     let started = Instant::now();
-    // The committed CRD (generated from the Rust types by `make crds`).
-    let crd: CustomResourceDefinition = serde_norway::from_str(
-        &std::fs::read_to_string(&args.crd).with_context(|| args.crd.clone())?,
-    )
-    .with_context(|| format!("parsing {}", args.crd))?;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.patch(
-        "graceroutes.kubegrace.io",
-        &PatchParams::apply("kubegrace-bench").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .context("installing the CRD")?;
-    wait_for(60, "CRD Established", || async {
-        let c = crds.get("graceroutes.kubegrace.io").await.ok()?;
-        c.status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
-    })
-    .await?;
+    install_crd(client, &args.crd).await?;
 
     let namespace: Namespace = serde_json::from_value(
         json!({"metadata": {"name": ns, "labels": {"kubegrace.io/test": "bench"}}}),
@@ -360,61 +151,11 @@ async fn run(args: &Args, client: &Client, ns: &str) -> anyhow::Result<Value> {
         .context("creating the namespace")?;
     let [webhook_port, admin_port] = kubegrace_e2e::free_ports::<2>()?;
     let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
-    let mwc: MutatingWebhookConfiguration = serde_json::from_value(json!({
-        "metadata": {"name": ns, "labels": {"kubegrace.io/test": "bench"}},
-        "webhooks": [{
-            "name": "pod.inject.kubegrace.io", "admissionReviewVersions": ["v1"],
-            "clientConfig": {"url": format!("https://127.0.0.1:{webhook_port}/mutate")},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}],
-            "namespaceSelector": selector,
-            "objectSelector": {"matchLabels": { (keys::INJECT): "enabled" }},
-            "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 10,
-            "reinvocationPolicy": "IfNeeded",
-        }]
-    }))?;
-    Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &mwc)
-        .await
-        .context("creating the MutatingWebhookConfiguration")?;
+    create_mutating_webhook(client, ns, webhook_port, &selector).await?;
 
-    let bin = match &args.operator_bin {
-        Some(b) => b.clone(),
-        None => format!(
-            "{}/x86_64-unknown-linux-gnu/release/kubegrace-operator",
-            std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into())
-        ),
-    };
-    let log_path = std::env::temp_dir().join(format!("{ns}-operator.log"));
-    let log = std::fs::File::create(&log_path)?;
-    let mut operator = tokio::process::Command::new(&bin)
-        .args([
-            "run".to_string(),
-            format!("--namespace={ns}"),
-            format!("--webhook-addr=127.0.0.1:{webhook_port}"),
-            format!("--admin-addr=127.0.0.1:{admin_port}"),
-            format!("--webhook-config={ns}"),
-            format!("--validating-webhook-config={ns}"),
-            "--webhook-extra-san=127.0.0.1".into(),
-            format!("--leader-election-lease=kubegrace-bench-{ns}"),
-            "--sidecar-image=localhost/kubegrace/sidecar:e2e".into(),
-        ])
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| {
-            format!("starting {bin} (run under e2e/cluster/with-cluster, or set --operator-bin)")
-        })?;
-    eprintln!("operator {bin}, log {}", log_path.display());
-    let mwcs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    wait_for(60, "the operator's caBundle", || async {
-        let m = mwcs.get(ns).await.ok()?;
-        m.webhooks?
-            .iter()
-            .all(|w| w.client_config.ca_bundle.is_some())
-            .then_some(())
-    })
-    .await?;
+    let bin = operator_bin(args.operator_bin.as_deref());
+    let operator = Operator::start(&bin, ns, webhook_port, admin_port, &[], "")?;
+    wait_ca_bundle(client, ns).await?;
 
     // The workload and its route. No replicas: the reconcile does all its
     // work (ConfigMap, rollout fields, pod count) without pods churning on
@@ -485,20 +226,8 @@ async fn run(args: &Args, client: &Client, ns: &str) -> anyhow::Result<Value> {
     // ---- 2. GraceRoute admission: dry-run creates before and after the
     // validating webhook exists.
     let route_without = time_dry_run_routes(&routes, args.routes, "dry-run route create").await?;
-    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
-        "metadata": {"name": ns, "labels": {"kubegrace.io/test": "bench"}},
-        "webhooks": [{
-            "name": "graceroutes.validate.kubegrace.io", "admissionReviewVersions": ["v1"],
-            "clientConfig": {"url": format!("https://127.0.0.1:{webhook_port}/validate")},
-            "rules": [{"apiGroups": ["kubegrace.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["graceroutes"], "scope": "Namespaced"}],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-            "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 10,
-        }]
-    }))?;
+    create_validating_webhook(client, ns, webhook_port, &selector).await?;
     let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    vwcs.create(&PostParams::default(), &vwc)
-        .await
-        .context("creating the ValidatingWebhookConfiguration")?;
     wait_for(60, "the validating webhook answering", || async {
         let ok = vwcs
             .get(ns)
@@ -584,14 +313,7 @@ async fn run(args: &Args, client: &Client, ns: &str) -> anyhow::Result<Value> {
     let reconciles = counter(&after, "kubegrace_operator_reconcile_total") - reconciles_before;
     eprintln!("[{:5.1}s] reconcile done", started.elapsed().as_secs_f64());
 
-    // SIGTERM is the operator's shutdown signal; kill_on_drop covers a
-    // run that ends early.
-    if let Some(pid) = operator.id() {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(20), operator.wait()).await;
+    operator.stop().await?;
 
     let version = client.apiserver_version().await?;
     Ok(json!({
@@ -622,12 +344,4 @@ async fn run(args: &Args, client: &Client, ns: &str) -> anyhow::Result<Value> {
         "histogram_note": "operator_histogram: from /metrics before and after the series; p50/p99 are the bucket bounds they fall under (buckets 1, 2.5, 5, 10, 25, 50, 100 ms, ...)",
         "total_seconds": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
     }))
-}
-
-/// Sum of a counter over its labels.
-fn counter(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
 }

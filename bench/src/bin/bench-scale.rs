@@ -1,0 +1,719 @@
+//! One operator, a whole cluster: thousands of GraceRoutes and injected pods
+//! on simulated nodes, against the local cluster's real API server.
+//!
+//! kwok (`sigs.k8s.io/kwok`, built from the Go module proxy by `bench/scale`)
+//! plays the kubelets of `--nodes` fake nodes: it schedules nothing itself,
+//! it only moves the pods the real scheduler put on them to Running and
+//! Ready (and finishes their deletion). Everything else is real: the API
+//! server, the controller-manager that turns Deployments into pods, the
+//! scheduler, and the release operator binary on this host, whose webhook
+//! the API server calls for every pod.
+//!
+//! The run, each phase bounded in time:
+//! 1. **Storm**: `--routes` Deployments in `--namespaces` namespaces, each
+//!    with `--pods-per-route` replicas and its GraceRoute, applied as fast as
+//!    the API server takes them. Timed: until every pod is injected and Ready
+//!    and every route `Ready` at its generation. Meanwhile the same pod is
+//!    sent through admission with and without the webhook (dryRun=All),
+//!    interleaved: the webhook's added latency while the storm lasts.
+//! 2. **Steady**: the operator's RSS and CPU with nothing changing.
+//! 3. **Cold start**: the operator stopped, every route edited (a config
+//!    change that rolls nothing) while it is down, the operator started
+//!    again. Timed: until every route's status is at its new generation;
+//!    RSS after.
+//! 4. **Rolling restart**: every Deployment restarted at once
+//!    (`kubectl rollout restart`); timed until every Deployment is rolled
+//!    out and every route current again.
+//!
+//! The operator's RSS and CPU are sampled from /proc all along. Everything
+//! is deleted at the end (namespaces while the operator still removes its
+//! finalizers, then kwok, then the nodes), on failure too.
+//!
+//!   e2e/cluster/with-cluster cargo run -p kubegrace-bench --features operator --bin bench-scale
+//! (`make bench-scale`; see `bench/scale`).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt as _};
+use kubegrace_bench::operator_rig::{
+    GraceRoute, Histogram, Operator, Series, client, condition, create_mutating_webhook,
+    create_validating_webhook, install_crd, metrics, operator_bin, rand_suffix, route_resource,
+    wait_ca_bundle, wait_for, write_report,
+};
+use kubegrace_bench::procfs;
+use kubegrace_sidecar_api::keys;
+use serde_json::{Value, json};
+
+#[derive(Parser, Debug)]
+#[command(about = "kubegrace-operator at scale: kwok nodes, thousands of routes and pods")]
+struct Args {
+    /// Fake (kwok) nodes.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    nodes: u32,
+    /// Namespaces the routes are spread over.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=2000))]
+    namespaces: u32,
+    /// GraceRoutes, one Deployment each.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=5000))]
+    routes: u32,
+    /// Replicas of each Deployment.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pods_per_route: u32,
+    /// Upper bound of each phase's wait, seconds.
+    #[arg(long, default_value_t = 600)]
+    phase_timeout: u64,
+    /// Upper bound of the whole run, seconds.
+    #[arg(long, default_value_t = 2400)]
+    deadline: u64,
+    /// Where the JSON goes.
+    #[arg(long, default_value = "bench/results/scale.json")]
+    out: String,
+    /// The kwok binary (`bench/scale` builds it).
+    #[arg(long, env = "KUBEGRACE_KWOK_BIN", default_value = "kwok")]
+    kwok_bin: String,
+    /// kwok's lifecycle stages: a directory of Stage files (`bench/scale` puts
+    /// the ones kwok publishes there).
+    #[arg(long, env = "KUBEGRACE_KWOK_STAGES")]
+    kwok_stages: String,
+    /// The operator binary; default: the static release build of
+    /// e2e/cluster/with-cluster in $CARGO_TARGET_DIR.
+    #[arg(long, env = "KUBEGRACE_OPERATOR_BIN")]
+    operator_bin: Option<String>,
+    /// The CRD to install (what `kubegrace-operator crd` prints).
+    #[arg(long, default_value = "crds/graceroutes.kubegrace.io.yaml")]
+    crd: String,
+}
+
+/// The label every object of this run carries (value: the run's name);
+/// kwok manages the nodes that have it, the webhooks serve the namespaces
+/// that have it.
+const RUN_LABEL: &str = "kubegrace.io/bench-scale";
+/// kwok's own taint: only pods that tolerate it land on fake nodes.
+const KWOK_TAINT: &str = "kwok.x-k8s.io/node";
+
+/// Operator memory and CPU, sampled from /proc every 500 ms.
+#[derive(Default)]
+struct Samples {
+    /// (seconds since start, RSS KiB, CPU ticks so far)
+    points: Vec<(f64, u64, u64)>,
+}
+
+impl Samples {
+    /// Peak and last RSS (MiB), and CPU seconds, between two instants.
+    fn window(&self, from: f64, to: f64) -> Value {
+        let inside: Vec<_> = self
+            .points
+            .iter()
+            .filter(|(t, _, _)| *t >= from && *t <= to)
+            .collect();
+        let (Some(first), Some(last)) = (inside.first(), inside.last()) else {
+            return json!(null);
+        };
+        let peak = inside.iter().map(|p| p.1).max().unwrap_or(0);
+        let mib = |kib: u64| (kib as f64 / 1024.0 * 10.0).round() / 10.0;
+        let cpu = last.2.saturating_sub(first.2) as f64 / procfs::clock_ticks_per_second();
+        let secs = (last.0 - first.0).max(0.001);
+        json!({
+            "rss_peak_mib": mib(peak),
+            "rss_last_mib": mib(last.1),
+            "cpu_seconds": (cpu * 100.0).round() / 100.0,
+            "cpu_cores_mean": (cpu / secs * 1000.0).round() / 1000.0,
+        })
+    }
+}
+
+/// Samples the process `pid` until `stop` is set.
+fn sample(pid: u32, t0: Instant, samples: Arc<Mutex<Samples>>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let stat = procfs::read_stat(pid);
+            let Ok(stat) = stat else { return };
+            let rss = procfs::tree_rss_kib(pid);
+            let ticks = stat.cpu_ticks;
+            if let Ok(mut s) = samples.lock() {
+                s.points.push((t0.elapsed().as_secs_f64(), rss, ticks));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+}
+
+fn node(name: &str, run: &str) -> anyhow::Result<Node> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {RUN_LABEL: run, "type": "kwok"},
+                     "annotations": {"kwok.x-k8s.io/node": "fake"}},
+        "spec": {"taints": [{"key": KWOK_TAINT, "value": "fake", "effect": "NoSchedule"}]},
+        "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
+                   "capacity": {"cpu": "64", "memory": "256Gi", "pods": "1000"}},
+    }))?)
+}
+
+fn deployment(name: &str, replicas: u32, run: &str) -> anyhow::Result<Deployment> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                 "strategy": {"rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}},
+                 "template": {
+                    "metadata": {"labels": {"app": name, (keys::INJECT): "enabled"}},
+                    "spec": {
+                        "nodeSelector": {"type": "kwok", RUN_LABEL: run},
+                        "tolerations": [{"key": KWOK_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+                        "containers": [{"name": "app", "image": "localhost/kubegrace/pause:e2e",
+                                        "imagePullPolicy": "Never",
+                                        "ports": [{"name": "http", "containerPort": 8080}]}]}}}
+    }))?)
+}
+
+fn route(name: &str, quiet_ms: u64) -> anyhow::Result<GraceRoute> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+        "metadata": {"name": name},
+        "spec": {"targetRef": {"kind": "Deployment", "name": name}, "ports": [{"name": "http"}],
+                 "drain": {"quiet": format!("{quiet_ms}ms")}}
+    }))?)
+}
+
+/// The same pod with and without the label that sends it to the webhook.
+fn probe_pod(injected: bool) -> anyhow::Result<Pod> {
+    let mut labels = json!({"app": "probe"});
+    if injected {
+        labels[keys::INJECT] = json!("enabled");
+    }
+    Ok(serde_json::from_value(json!({
+        "metadata": {"generateName": "probe-", "labels": labels},
+        "spec": {"containers": [{"name": "app", "image": "localhost/kubegrace/pause:e2e",
+                                 "ports": [{"name": "http", "containerPort": 8080}]}]}
+    }))?)
+}
+
+/// Where the run stands: every injected pod Ready, every route Ready at its
+/// generation (None: not yet, with what is missing).
+async fn all_current(
+    client: &Client,
+    run: &str,
+    routes_wanted: usize,
+    pods_wanted: usize,
+) -> Result<(), String> {
+    let lp = ListParams::default().labels(&format!("{}=enabled", keys::INJECT));
+    let pods = Api::<Pod>::all(client.clone())
+        .list(&lp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let in_run: Vec<&Pod> = pods
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.node_selector.as_ref())
+                .is_some_and(|s| s.get(RUN_LABEL).map(String::as_str) == Some(run))
+        })
+        .collect();
+    let ready = in_run
+        .iter()
+        .filter(|p| p.annotations().contains_key(keys::INJECTED) && kube_ready(p))
+        .count();
+    if in_run.len() != pods_wanted || ready != pods_wanted {
+        return Err(format!(
+            "{ready} injected and Ready of {} pods ({pods_wanted} wanted)",
+            in_run.len()
+        ));
+    }
+    let routes = Api::<GraceRoute>::all_with(client.clone(), &route_resource())
+        .list(&ListParams::default().labels(&format!("{RUN_LABEL}={run}")))
+        .await
+        .map_err(|e| e.to_string())?;
+    let current = routes
+        .items
+        .iter()
+        .filter(|r| {
+            let generation = r.metadata.generation;
+            r.data["status"]["observedGeneration"].as_i64() == generation
+                && condition(r, "Ready")
+                    .is_some_and(|(status, g)| status == "True" && g == generation)
+        })
+        .count();
+    if routes.items.len() != routes_wanted || current != routes_wanted {
+        return Err(format!(
+            "{current} routes Ready at their generation of {} ({routes_wanted} wanted)",
+            routes.items.len()
+        ));
+    }
+    Ok(())
+}
+
+fn kube_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Polls [`all_current`] every second until it holds; the time it took.
+async fn until_current(
+    client: &Client,
+    run: &str,
+    routes: usize,
+    pods: usize,
+    timeout: u64,
+    what: &str,
+) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    let deadline = t + Duration::from_secs(timeout);
+    let mut last = String::new();
+    loop {
+        match all_current(client, run, routes, pods).await {
+            Ok(()) => {
+                eprintln!("  {what}: done after {:.1}s", t.elapsed().as_secs_f64());
+                return Ok(t.elapsed());
+            }
+            Err(why) => {
+                if why != last {
+                    eprintln!("  {what} [{:5.1}s]: {why}", t.elapsed().as_secs_f64());
+                    last = why;
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("{what}: not done after {timeout}s: {last}");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Dry-run pod creates, with and without the webhook, interleaved, until
+/// `stop` or `max` pairs.
+async fn admission_probe(
+    pods: Api<Pod>,
+    stop: Arc<tokio::sync::Notify>,
+    max: usize,
+) -> anyhow::Result<(Series, Series)> {
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let (bare, asking) = (probe_pod(false)?, probe_pod(true)?);
+    let (mut with_hook, mut without_hook) = (Series::default(), Series::default());
+    let stopped = stop.notified();
+    tokio::pin!(stopped);
+    'pairs: for _ in 0..max {
+        for (p, series) in [(&bare, &mut without_hook), (&asking, &mut with_hook)] {
+            let t = Instant::now();
+            tokio::select! {
+                r = pods.create(&dry, p) => { r.context("dry-run pod create")?; }
+                () = &mut stopped => break 'pairs,
+            }
+            series.push(t.elapsed());
+        }
+    }
+    Ok((with_hook, without_hook))
+}
+
+fn added(with: &Series, without: &Series) -> Value {
+    let r = |x: f64| (x * 1000.0).round() / 1000.0;
+    json!({
+        "with_webhook": with.json(),
+        "without_webhook": without.json(),
+        "added_p50_ms": r(with.pct(0.5) - without.pct(0.5)),
+        "added_p99_ms": r(with.pct(0.99) - without.pct(0.99)),
+    })
+}
+
+/// `-c FILE` for each Stage file in `dir`.
+fn stage_files(dir: &str) -> anyhow::Result<Vec<String>> {
+    let mut files: Vec<String> = std::fs::read_dir(dir)
+        .with_context(|| format!("kwok stages {dir} (bench/scale puts them there)"))?
+        .filter_map(Result::ok)
+        .map(|e| e.path().display().to_string())
+        .filter(|p| p.ends_with(".yaml"))
+        .collect();
+    if files.is_empty() {
+        bail!("no kwok stage (*.yaml) in {dir}");
+    }
+    files.sort();
+    Ok(files
+        .into_iter()
+        .flat_map(|f| ["-c".to_string(), f])
+        .collect())
+}
+
+struct Run {
+    client: Client,
+    name: String,
+    namespaces: Vec<String>,
+    nodes: Vec<String>,
+}
+
+impl Run {
+    /// Deletes the run's namespaces (the operator, still running, removes its
+    /// finalizers; kwok finishes the pods), waits for them, then the rest.
+    async fn delete_namespaces(&self) {
+        for ns in &self.namespaces {
+            kubegrace_e2e::delete_test_namespace(&self.client, ns).await;
+        }
+        if self.namespaces_gone(180).await {
+            return;
+        }
+        // kwok gone (it failed, or was never started): nothing finishes the
+        // pods' deletion, so do it here.
+        eprintln!("namespaces still terminating: force-deleting their pods");
+        let force = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        for ns in &self.namespaces {
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+            if let Ok(list) = pods.list(&ListParams::default()).await {
+                for p in list {
+                    let _ = pods.delete(&p.name_any(), &force).await;
+                }
+            }
+        }
+        if !self.namespaces_gone(120).await {
+            eprintln!(
+                "warning: some namespaces of {} are still terminating",
+                self.name
+            );
+        }
+    }
+
+    async fn namespaces_gone(&self, secs: u64) -> bool {
+        let nss: Api<Namespace> = Api::all(self.client.clone());
+        kubegrace_e2e::poll(
+            "the run's namespaces gone",
+            Duration::from_secs(secs),
+            Duration::from_secs(2),
+            || async {
+                let left = nss
+                    .list(&ListParams::default().labels(&format!("{RUN_LABEL}={}", self.name)))
+                    .await
+                    .ok()?
+                    .items
+                    .len();
+                (left == 0).then_some(())
+            },
+        )
+        .await
+        .is_ok()
+    }
+
+    async fn delete_rest(&self) {
+        let dp = DeleteParams::default();
+        for n in &self.nodes {
+            let _ = Api::<Node>::all(self.client.clone()).delete(n, &dp).await;
+        }
+        kubegrace_e2e::delete_test_namespace(&self.client, &self.name).await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let client = client().await?;
+    let name = format!("kg-bench-scale-{:06x}", rand_suffix());
+    let mut run = Run {
+        client: client.clone(),
+        name: name.clone(),
+        namespaces: (0..args.namespaces)
+            .map(|i| format!("{name}-{i:04}"))
+            .collect(),
+        nodes: (0..args.nodes)
+            .map(|i| format!("{name}-node-{i:04}"))
+            .collect(),
+    };
+    let kwok_log = std::env::temp_dir().join(format!("{name}-kwok.log"));
+    let kwok = tokio::process::Command::new(&args.kwok_bin)
+        .args([
+            format!(
+                "--kubeconfig={}",
+                std::env::var("KUBECONFIG").context("KUBECONFIG is not set")?
+            ),
+            "--manage-all-nodes=false".into(),
+            format!("--manage-nodes-with-label-selector={RUN_LABEL}={name}"),
+            // Inside the local cluster's pod range, which never leaves the
+            // machine (e2e/cluster/up drops it on the way out); the real
+            // node uses its first /24.
+            "--cidr=10.244.128.0/17".into(),
+            // Leases, not status heartbeats, keep the nodes Ready (cheaper).
+            "--node-lease-duration-seconds=40".into(),
+        ])
+        .args(stage_files(&args.kwok_stages)?)
+        .stdout(std::fs::File::create(&kwok_log)?)
+        .stderr(std::fs::File::create(kwok_log.with_extension("err"))?)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting kwok ({}): bench/scale builds it", args.kwok_bin))?;
+    eprintln!("kwok log {}", kwok_log.display());
+    let mut operator = None;
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(args.deadline),
+        scale(&args, &client, &mut run, &mut operator),
+    )
+    .await;
+    eprintln!("cleaning up");
+    run.delete_namespaces().await;
+    if let Some(op) = operator {
+        let _ = op.stop().await;
+    }
+    drop(kwok);
+    run.delete_rest().await;
+    write_report(outcome, args.deadline, &args.out)
+}
+
+#[allow(clippy::too_many_lines)] // one linear script: setup, four phases, report
+async fn scale(
+    args: &Args,
+    client: &Client,
+    run: &mut Run,
+    operator_slot: &mut Option<Operator>,
+) -> anyhow::Result<Value> {
+    let t0 = Instant::now();
+    let name = run.name.clone();
+    let pods_wanted = usize::try_from(args.routes * args.pods_per_route)?;
+    let routes_wanted = usize::try_from(args.routes)?;
+    install_crd(client, &args.crd).await?;
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let labelled = |ns: &str| -> anyhow::Result<Namespace> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": ns, "labels": {"kubegrace.io/test": "bench", RUN_LABEL: name}}
+        }))?)
+    };
+    // The operator's own namespace (Lease, certificate Secret): not served.
+    let mut own = labelled(&name)?;
+    own.labels_mut().remove(RUN_LABEL);
+    nss.create(&PostParams::default(), &own).await?;
+    for n in &run.nodes {
+        Api::<Node>::all(client.clone())
+            .create(&PostParams::default(), &node(n, &name)?)
+            .await
+            .with_context(|| format!("creating node {n}"))?;
+    }
+    let [webhook_port, admin_port] = kubegrace_e2e::free_ports::<2>()?;
+    let served = json!({"matchLabels": {RUN_LABEL: name}});
+    create_mutating_webhook(client, &name, webhook_port, &served).await?;
+    create_validating_webhook(client, &name, webhook_port, &served).await?;
+
+    let bin = operator_bin(args.operator_bin.as_deref());
+    let operator = Operator::start(&bin, &name, webhook_port, admin_port, &[], "")?;
+    let samples = Arc::new(Mutex::new(Samples::default()));
+    let mut sampler = sample(
+        operator.pid().context("the operator has no pid")?,
+        t0,
+        samples.clone(),
+    );
+    *operator_slot = Some(operator);
+    wait_ca_bundle(client, &name).await?;
+    for ns in &run.namespaces {
+        nss.create(&PostParams::default(), &labelled(ns)?).await?;
+    }
+    let probe_ns = run.namespaces[0].clone();
+    let start_s = t0.elapsed().as_secs_f64();
+    eprintln!("[{start_s:6.1}s] setup done; phase 1: the storm");
+
+    // ---- 1. Storm.
+    let before = metrics(admin_port).await?;
+    let stop_probe = Arc::new(tokio::sync::Notify::new());
+    let probe = tokio::spawn(admission_probe(
+        Api::namespaced(client.clone(), &probe_ns),
+        stop_probe.clone(),
+        5000,
+    ));
+    let storm_t = Instant::now();
+    let per_ns = args.routes.div_ceil(args.namespaces);
+    for i in 0..args.routes {
+        let ns = &run.namespaces[usize::try_from(i / per_ns)?];
+        let r = format!("web-{i:05}");
+        let mut gr = route(&r, 1000)?;
+        gr.labels_mut().insert(RUN_LABEL.into(), name.clone());
+        Api::<GraceRoute>::namespaced_with(client.clone(), ns, &route_resource())
+            .create(&PostParams::default(), &gr)
+            .await
+            .with_context(|| format!("creating route {ns}/{r}"))?;
+        Api::<Deployment>::namespaced(client.clone(), ns)
+            .create(
+                &PostParams::default(),
+                &deployment(&r, args.pods_per_route, &name)?,
+            )
+            .await
+            .with_context(|| format!("creating Deployment {ns}/{r}"))?;
+    }
+    let applied = storm_t.elapsed();
+    eprintln!("  applied in {:.1}s", applied.as_secs_f64());
+    let storm = until_current(
+        client,
+        &name,
+        routes_wanted,
+        pods_wanted,
+        args.phase_timeout,
+        "storm",
+    )
+    .await?;
+    stop_probe.notify_one();
+    let (with_hook, without_hook) = probe.await??;
+    let after = metrics(admin_port).await?;
+    let webhook_server =
+        Histogram::parse(&after, "kubegrace_operator_webhook_duration_seconds").since(
+            &Histogram::parse(&before, "kubegrace_operator_webhook_duration_seconds"),
+        );
+    let storm_end_s = t0.elapsed().as_secs_f64();
+
+    // ---- 2. Steady.
+    eprintln!("[{storm_end_s:6.1}s] phase 2: steady (30s)");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let steady_end_s = t0.elapsed().as_secs_f64();
+    let reconciles_steady = {
+        let a = metrics(admin_port).await?;
+        kubegrace_bench::operator_rig::counter(&a, "kubegrace_operator_reconcile_total")
+            - kubegrace_bench::operator_rig::counter(&after, "kubegrace_operator_reconcile_total")
+    };
+
+    // ---- 3. Cold start: stop, edit every route, start, time until current.
+    eprintln!("[{steady_end_s:6.1}s] phase 3: cold start");
+    if let Some(op) = operator_slot.take() {
+        op.stop().await?;
+    }
+    sampler.abort();
+    for i in 0..args.routes {
+        let ns = &run.namespaces[usize::try_from(i / per_ns)?];
+        Api::<GraceRoute>::namespaced_with(client.clone(), ns, &route_resource())
+            .patch(
+                &format!("web-{i:05}"),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"drain": {"quiet": "1100ms"}}})),
+            )
+            .await
+            .context("editing a route while the operator is down")?;
+    }
+    let restart_s = t0.elapsed().as_secs_f64();
+    let operator = Operator::start(&bin, &name, webhook_port, admin_port, &[], "-2")?;
+    sampler = sample(
+        operator.pid().context("the operator has no pid")?,
+        t0,
+        samples.clone(),
+    );
+    *operator_slot = Some(operator);
+    let cold = until_current(
+        client,
+        &name,
+        routes_wanted,
+        pods_wanted,
+        args.phase_timeout,
+        "cold start",
+    )
+    .await?;
+    let cold_end_s = t0.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let cold_steady_s = t0.elapsed().as_secs_f64();
+
+    // ---- 4. Rolling restart of every Deployment at once.
+    eprintln!("[{cold_steady_s:6.1}s] phase 4: rolling restart of every Deployment");
+    let before = metrics(admin_port).await?;
+    let roll_t = Instant::now();
+    let stamp = format!("{}", t0.elapsed().as_millis());
+    for i in 0..args.routes {
+        let ns = &run.namespaces[usize::try_from(i / per_ns)?];
+        Api::<Deployment>::namespaced(client.clone(), ns)
+            .patch(
+                &format!("web-{i:05}"),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"template": {"metadata": {"annotations": {
+                    "kubectl.kubernetes.io/restartedAt": stamp}}}}})),
+            )
+            .await
+            .context("restarting a Deployment")?;
+    }
+    let deployments: Api<Deployment> = Api::all(client.clone());
+    wait_for(
+        args.phase_timeout,
+        "every Deployment rolled out",
+        || async {
+            let list = deployments.list(&ListParams::default()).await.ok()?;
+            let ours: Vec<_> = list
+                .items
+                .iter()
+                .filter(|d| {
+                    d.metadata
+                        .namespace
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with(&format!("{name}-")))
+                })
+                .collect();
+            let rolled = ours.iter().all(|d| {
+                let s = d.status.clone().unwrap_or_default();
+                let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+                s.observed_generation == d.metadata.generation
+                    && s.updated_replicas == Some(want)
+                    && s.ready_replicas == Some(want)
+                    && s.replicas == Some(want)
+            });
+            (ours.len() == routes_wanted && rolled).then_some(())
+        },
+    )
+    .await?;
+    let rolled = until_current(
+        client,
+        &name,
+        routes_wanted,
+        pods_wanted,
+        args.phase_timeout,
+        "rolling restart",
+    )
+    .await
+    .map(|_| roll_t.elapsed())?;
+    let after = metrics(admin_port).await?;
+    let webhook_roll =
+        Histogram::parse(&after, "kubegrace_operator_webhook_duration_seconds").since(
+            &Histogram::parse(&before, "kubegrace_operator_webhook_duration_seconds"),
+        );
+    let reconcile_all = Histogram::parse(&after, "kubegrace_operator_reconcile_duration_seconds");
+    let end_s = t0.elapsed().as_secs_f64();
+    sampler.abort();
+
+    let version = client.apiserver_version().await?;
+    let samples = samples
+        .lock()
+        .map_err(|_| anyhow::anyhow!("sampler poisoned"))?;
+    let secs = |d: Duration| (d.as_secs_f64() * 10.0).round() / 10.0;
+    Ok(json!({
+        "what": "kubegrace-operator (release binary on this host) against the local cluster's API server, with kwok playing the kubelets of fake nodes; the real scheduler and controller-manager",
+        "kubernetes": version.git_version,
+        "machine_cpus": std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        "nodes": args.nodes,
+        "namespaces": args.namespaces,
+        "routes": args.routes,
+        "pods": pods_wanted,
+        "storm": {
+            "how": "every route and Deployment created as fast as the API server takes them; until every pod is injected and Ready and every route Ready at its generation",
+            "applied_seconds": secs(applied),
+            "all_current_seconds": secs(storm),
+            "operator": samples.window(start_s, storm_end_s),
+            "admission_during_storm": added(&with_hook, &without_hook),
+            "operator_webhook_histogram": webhook_server.json(),
+        },
+        "steady": {
+            "operator": samples.window(storm_end_s + 10.0, steady_end_s),
+            "reconciles_in_30s": reconciles_steady,
+        },
+        "cold_start": {
+            "how": "operator stopped, every route edited (drain.quiet), operator started; until every route's status is at its new generation",
+            "all_current_seconds": secs(cold),
+            "operator_catching_up": samples.window(restart_s, cold_end_s),
+            "operator_steady_after": samples.window(cold_end_s + 10.0, cold_steady_s),
+        },
+        "rolling_restart": {
+            "how": "every Deployment's template annotated at once (kubectl rollout restart); until every Deployment is rolled out and every route current",
+            "all_current_seconds": secs(rolled),
+            "operator": samples.window(cold_steady_s, end_s),
+            "operator_webhook_histogram": webhook_roll.json(),
+        },
+        "reconcile_histogram_since_cold_start": reconcile_all.json(),
+        "total_seconds": secs(t0.elapsed()),
+    }))
+}

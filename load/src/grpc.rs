@@ -303,10 +303,19 @@ impl tonic::server::NamedService for EchoServer {
     const NAME: &'static str = SERVICE;
 }
 
-struct UnaryHandler(Arc<str>);
+/// One method of the service, for the pod `pod`: `answer` turns the request into what it
+/// replies (one message, or a stream of them); the tower plumbing is the same for both.
+struct Method<F> {
+    pod: Arc<str>,
+    answer: F,
+}
 
-impl tonic::codegen::Service<tonic::Request<EchoRequest>> for UnaryHandler {
-    type Response = tonic::Response<EchoReply>;
+impl<F, Fut, T> tonic::codegen::Service<tonic::Request<EchoRequest>> for Method<F>
+where
+    F: Fn(String, EchoRequest) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    type Response = tonic::Response<T>;
     type Error = Status;
     type Future = BoxFuture<Self::Response, Status>;
 
@@ -315,51 +324,35 @@ impl tonic::codegen::Service<tonic::Request<EchoRequest>> for UnaryHandler {
     }
 
     fn call(&mut self, req: tonic::Request<EchoRequest>) -> Self::Future {
-        let pod = self.0.to_string();
-        Box::pin(async move {
-            let req = req.into_inner();
-            sleep_ms(req.delay_ms).await;
-            Ok(tonic::Response::new(EchoReply {
-                message: req.message,
-                pod,
-                seq: 0,
-            }))
-        })
+        let answer = (self.answer)(self.pod.to_string(), req.into_inner());
+        Box::pin(async move { Ok(tonic::Response::new(answer.await)) })
     }
 }
 
-struct StreamHandler(Arc<str>);
-
-impl tonic::codegen::Service<tonic::Request<EchoRequest>> for StreamHandler {
-    type Response = tonic::Response<BoxStream<EchoReply>>;
-    type Error = Status;
-    type Future = BoxFuture<Self::Response, Status>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
-        Poll::Ready(Ok(()))
+async fn unary_reply(pod: String, req: EchoRequest) -> EchoReply {
+    sleep_ms(req.delay_ms).await;
+    EchoReply {
+        message: req.message,
+        pod,
+        seq: 0,
     }
+}
 
-    fn call(&mut self, req: tonic::Request<EchoRequest>) -> Self::Future {
-        let pod = self.0.to_string();
-        Box::pin(async move {
-            let req = req.into_inner();
-            let count = req.count.clamp(1, MAX_STREAM_COUNT);
-            let replies = futures_util::stream::iter(0..count).then(move |seq| {
-                let (message, pod) = (req.message.clone(), pod.clone());
-                async move {
-                    sleep_ms(if seq == 0 {
-                        req.delay_ms
-                    } else {
-                        req.interval_ms
-                    })
-                    .await;
-                    Ok(EchoReply { message, pod, seq })
-                }
-            });
-            let replies: BoxStream<EchoReply> = Box::pin(replies);
-            Ok(tonic::Response::new(replies))
-        })
-    }
+async fn stream_replies(pod: String, req: EchoRequest) -> BoxStream<EchoReply> {
+    let count = req.count.clamp(1, MAX_STREAM_COUNT);
+    let replies = futures_util::stream::iter(0..count).then(move |seq| {
+        let (message, pod) = (req.message.clone(), pod.clone());
+        async move {
+            sleep_ms(if seq == 0 {
+                req.delay_ms
+            } else {
+                req.interval_ms
+            })
+            .await;
+            Ok(EchoReply { message, pod, seq })
+        }
+    });
+    Box::pin(replies)
 }
 
 async fn sleep_ms(ms: u32) {
@@ -387,12 +380,20 @@ where
             UNARY_PATH => Box::pin(async move {
                 let mut grpc =
                     tonic::server::Grpc::new(ProstCodec::<EchoReply, EchoRequest>::default());
-                Ok(grpc.unary(UnaryHandler(pod), req).await)
+                let unary = Method {
+                    pod,
+                    answer: unary_reply,
+                };
+                Ok(grpc.unary(unary, req).await)
             }),
             STREAM_PATH => Box::pin(async move {
                 let mut grpc =
                     tonic::server::Grpc::new(ProstCodec::<EchoReply, EchoRequest>::default());
-                Ok(grpc.server_streaming(StreamHandler(pod), req).await)
+                let stream = Method {
+                    pod,
+                    answer: stream_replies,
+                };
+                Ok(grpc.server_streaming(stream, req).await)
             }),
             other => {
                 let status = Status::unimplemented(format!("no method {other}"));

@@ -24,6 +24,25 @@
 //! - [`grpc`]: hand-written prost messages and a prost codec for tonic (no
 //!   protoc, no generated code).
 
+/// One HTTP/1 subject as two tests, named as the docs name them: `$fast`
+/// runs `$subject("true")` (`--http1-fast-path true`), `$hyper` runs
+/// `$subject("false")` (hyper's server), so each path passes or fails on
+/// its own.
+macro_rules! on_both_http1_paths {
+    ($fast:ident, $hyper:ident, $subject:expr) => {
+        #[tokio::test]
+        async fn $fast() -> anyhow::Result<()> {
+            ($subject)("true").await
+        }
+
+        #[tokio::test]
+        async fn $hyper() -> anyhow::Result<()> {
+            ($subject)("false").await
+        }
+    };
+}
+pub(crate) use on_both_http1_paths;
+
 pub mod app;
 pub mod balancer;
 pub mod grpc;

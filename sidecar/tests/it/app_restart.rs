@@ -265,9 +265,7 @@ async fn requests_arriving_while_the_app_is_down_are_held_and_sent_when_it_is_ba
     }
     ensure!(app.served() >= u64::from(sent));
     let m = sidecar.metrics().await?;
-    let held_sent = m
-        .with_label("kubegrace_held_requests_total", "outcome=\"sent\"")
-        .unwrap_or(0.0);
+    let held_sent = m.counted_with("kubegrace_held_requests_total", "outcome=\"sent\"");
     ensure!(held_sent >= f64::from(sent), "held and sent: {held_sent}");
     ensure!(m.sum("kubegrace_held_requests") == Some(0.0));
     wait_for("ready again", WAIT, || async {

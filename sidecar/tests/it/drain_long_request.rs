@@ -14,7 +14,7 @@ use crate::kit::app::TestApp;
 use crate::kit::http::spawn_get;
 use crate::kit::sidecar::Sidecar;
 use crate::kit::sidecar::drain_flags;
-use crate::kit::{wait_for, within};
+use crate::kit::{race_rounds, wait_for, within};
 use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
@@ -154,9 +154,8 @@ async fn cut_h1_and_h2_work_is_counted_in_the_metrics_and_pre_stop_still_answers
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_exit_line_names_what_started_the_drain() -> Result<()> {
     // Recording the trigger races with the drain's own task: try a few times.
-    let mut wrong = Vec::new();
     const ROUNDS: usize = 6;
-    for round in 0..ROUNDS {
+    let wrong = race_rounds(ROUNDS, |round| async move {
         let (_app, mut sidecar) = Sidecar::with_app(&[
             "--drain-min-delay",
             "50ms",
@@ -175,10 +174,9 @@ async fn the_exit_line_names_what_started_the_drain() -> Result<()> {
             .into_iter()
             .find(|l| l.contains("force-closed"))
             .with_context(|| format!("round {round}: no exit line:\n{}", sidecar.logs_text()))?;
-        if !line.contains(&format!("SIG{signal}")) {
-            wrong.push(line);
-        }
-    }
+        Ok((!line.contains(&format!("SIG{signal}"))).then_some(line))
+    })
+    .await?;
     ensure!(
         wrong.is_empty(),
         "{} of {ROUNDS} exit lines do not name the signal: {wrong:#?}",

@@ -12,7 +12,7 @@ use crate::kit::http::{finished_ok, spawn_get};
 use crate::kit::pod::pre_stop;
 use crate::kit::sidecar::Sidecar;
 use crate::kit::sidecar::drain_flags;
-use crate::kit::{wait_for, within};
+use crate::kit::{race_rounds, wait_for, within};
 use anyhow::{Result, ensure};
 use http::StatusCode;
 
@@ -45,9 +45,8 @@ async fn pre_stop_answers_only_after_in_flight_work_completed() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pre_stop_gets_its_answer_when_sigterm_arrives_at_the_same_time() -> Result<()> {
     // The race is timing-dependent: try it a few times.
-    let mut failures = Vec::new();
     const ROUNDS: usize = 10;
-    for round in 0..ROUNDS {
+    let failures = race_rounds(ROUNDS, |round| async move {
         let (_app, mut sidecar) = Sidecar::with_app(DRAIN).await?;
         let admin = sidecar.admin;
         // Both orders: kubelet starts the two at the same time.
@@ -62,11 +61,12 @@ async fn pre_stop_gets_its_answer_when_sigterm_arrives_at_the_same_time() -> Res
         let hook = within("preStop", WAIT, hook).await??;
         let status = sidecar.wait_exit(WAIT).await?;
         ensure!(status.success(), "round {round}: exit {status}");
-        match hook {
-            Ok(r) if r.status == StatusCode::OK => {}
-            other => failures.push(format!("round {round}: {other:?}")),
-        }
-    }
+        Ok(match hook {
+            Ok(r) if r.status == StatusCode::OK => None,
+            other => Some(format!("round {round}: {other:?}")),
+        })
+    })
+    .await?;
     ensure!(
         failures.is_empty(),
         "preStop lost its answer in {} of {ROUNDS} rounds: {failures:?}",

@@ -116,11 +116,6 @@ impl LoadReport {
         self.failures.len()
     }
 
-    /// Failures of one kind.
-    pub fn count(&self, kind: Failure) -> usize {
-        self.failures.iter().filter(|f| f.kind == kind).count()
-    }
-
     pub fn by_kind(&self) -> BTreeMap<String, usize> {
         let mut kinds = BTreeMap::new();
         for f in &self.failures {
@@ -151,6 +146,17 @@ impl LoadReport {
             self.ok_by_pod,
             self.closes_by_pod
         )
+    }
+
+    /// Fails, naming `what`, unless every request succeeded.
+    pub fn ensure_lost_nothing(&self, what: &str) -> Result<()> {
+        anyhow::ensure!(
+            self.failures.is_empty(),
+            "{what} lost requests: {}\n{}",
+            self.summary(),
+            self.failure_details()
+        );
+        Ok(())
     }
 
     /// The first few failures with their details, for assertion messages.

@@ -95,6 +95,25 @@ pub fn free_port() -> Result<SocketAddr> {
     listener.local_addr().context("local_addr")
 }
 
+/// A race tried `rounds` times: `round(i)` says what went wrong in round
+/// `i` (`None`: nothing did); an error ends the test at once. Returns every
+/// complaint, so the assertion can say how often the race was lost.
+pub async fn race_rounds<Fut>(
+    rounds: usize,
+    mut round: impl FnMut(usize) -> Fut,
+) -> Result<Vec<String>>
+where
+    Fut: Future<Output = Result<Option<String>>>,
+{
+    let mut lost = Vec::new();
+    for i in 0..rounds {
+        if let Some(what) = round(i).await? {
+            lost.push(what);
+        }
+    }
+    Ok(lost)
+}
+
 /// Bounds a whole future; the error names what hung.
 pub async fn within<T>(what: &str, limit: Duration, fut: impl Future<Output = T>) -> Result<T> {
     tokio::time::timeout(limit, fut)

@@ -64,32 +64,24 @@ pub(crate) fn poll_read_seen<T: AsyncRead + Unpin>(
 /// `write_through!(inner, flush_and_shutdown);` only those two, for a
 /// wrapper whose writes do their own bookkeeping.
 macro_rules! write_through {
+    // One method: the same call on the field, the arguments passed on.
+    (@forward $field:ident, $method:ident($($arg:ident: $ty:ty),*) -> $out:ty) => {
+        #[inline]
+        fn $method(
+            self: ::std::pin::Pin<&mut Self>,
+            cx: &mut ::std::task::Context<'_>,
+            $($arg: $ty),*
+        ) -> ::std::task::Poll<::std::io::Result<$out>> {
+            let field = ::std::pin::Pin::new(&mut self.get_mut().$field);
+            ::tokio::io::AsyncWrite::$method(field, cx $(, $arg)*)
+        }
+    };
     ($field:ident) => {
-        #[inline]
-        fn poll_write(
-            self: ::std::pin::Pin<&mut Self>,
-            cx: &mut ::std::task::Context<'_>,
-            buf: &[u8],
-        ) -> ::std::task::Poll<::std::io::Result<usize>> {
-            ::tokio::io::AsyncWrite::poll_write(
-                ::std::pin::Pin::new(&mut self.get_mut().$field),
-                cx,
-                buf,
-            )
-        }
-
-        #[inline]
-        fn poll_write_vectored(
-            self: ::std::pin::Pin<&mut Self>,
-            cx: &mut ::std::task::Context<'_>,
-            bufs: &[::std::io::IoSlice<'_>],
-        ) -> ::std::task::Poll<::std::io::Result<usize>> {
-            ::tokio::io::AsyncWrite::poll_write_vectored(
-                ::std::pin::Pin::new(&mut self.get_mut().$field),
-                cx,
-                bufs,
-            )
-        }
+        $crate::passthrough::write_through!(@forward $field, poll_write(buf: &[u8]) -> usize);
+        $crate::passthrough::write_through!(
+            @forward $field,
+            poll_write_vectored(bufs: &[::std::io::IoSlice<'_>]) -> usize
+        );
 
         #[inline]
         fn is_write_vectored(&self) -> bool {
@@ -99,27 +91,8 @@ macro_rules! write_through {
         $crate::passthrough::write_through!($field, flush_and_shutdown);
     };
     ($field:ident, flush_and_shutdown) => {
-        #[inline]
-        fn poll_flush(
-            self: ::std::pin::Pin<&mut Self>,
-            cx: &mut ::std::task::Context<'_>,
-        ) -> ::std::task::Poll<::std::io::Result<()>> {
-            ::tokio::io::AsyncWrite::poll_flush(
-                ::std::pin::Pin::new(&mut self.get_mut().$field),
-                cx,
-            )
-        }
-
-        #[inline]
-        fn poll_shutdown(
-            self: ::std::pin::Pin<&mut Self>,
-            cx: &mut ::std::task::Context<'_>,
-        ) -> ::std::task::Poll<::std::io::Result<()>> {
-            ::tokio::io::AsyncWrite::poll_shutdown(
-                ::std::pin::Pin::new(&mut self.get_mut().$field),
-                cx,
-            )
-        }
+        $crate::passthrough::write_through!(@forward $field, poll_flush() -> ());
+        $crate::passthrough::write_through!(@forward $field, poll_shutdown() -> ());
     };
 }
 

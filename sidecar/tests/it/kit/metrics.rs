@@ -144,6 +144,14 @@ impl Metrics {
             .map(|(_, v)| *v)
     }
 
+    /// `kubegrace_rejected_requests_total` of one route, for one reason
+    /// (`breaker_open`, `queue_full`, `queue_timeout`).
+    pub fn rejected(&self, route: &str, reason: &str) -> Option<f64> {
+        self.get(&format!(
+            "kubegrace_rejected_requests_total{{route=\"{route}\",reason=\"{reason}\"}}"
+        ))
+    }
+
     /// [`Self::sum`] of a counter, 0 while it has no series.
     pub fn counted(&self, name: &str) -> f64 {
         self.sum(name).unwrap_or(0.0)

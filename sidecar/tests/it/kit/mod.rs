@@ -134,6 +134,15 @@ pub fn scratch_dir(tag: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// A fresh [`scratch_dir`] holding one file, `name`, with `text`:
+/// (the directory, the file).
+pub fn scratch_file(tag: &str, name: &str, text: &str) -> Result<(PathBuf, PathBuf)> {
+    let dir = scratch_dir(tag)?;
+    let file = dir.join(name);
+    std::fs::write(&file, text).with_context(|| format!("write {}", file.display()))?;
+    Ok((dir, file))
+}
+
 /// Sends a Unix signal (`TERM`, `INT`, `HUP`, ...) with kill(1): the
 /// workspace forbids `unsafe`, so no libc call.
 pub fn signal(pid: u32, name: &str) -> Result<()> {

@@ -191,12 +191,26 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for PoolTransport
     }
 }
 
-fn client(pool: &Arc<Http2Pool>, ctx: &Arc<RequestCtx>) -> tonic::client::Grpc<PoolTransport> {
+/// One call on the loadgen's pool: a client, ready, hands itself to `send`; a failed call
+/// is classified ([`classify_status`]).
+async fn call<T, Fut>(
+    pool: &Arc<Http2Pool>,
+    ctx: &Arc<RequestCtx>,
+    send: impl FnOnce(tonic::client::Grpc<PoolTransport>) -> Fut,
+) -> Result<T, Failure>
+where
+    Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+{
     let transport = PoolTransport {
         pool: pool.clone(),
         ctx: ctx.clone(),
     };
-    tonic::client::Grpc::with_origin(transport, pool.target().origin.clone())
+    let mut grpc = tonic::client::Grpc::with_origin(transport, pool.target().origin.clone());
+    grpc.ready().await?;
+    match send(grpc).await {
+        Ok(resp) => Ok(resp.into_inner()),
+        Err(status) => Err(classify_status(&status)),
+    }
 }
 
 /// Classifies a failed call: our transport's own classification when the error came from
@@ -231,15 +245,12 @@ pub async fn unary(
     ctx: &Arc<RequestCtx>,
     req: EchoRequest,
 ) -> Result<EchoReply, Failure> {
-    let mut grpc = client(pool, ctx);
-    grpc.ready().await?;
     let path = http::uri::PathAndQuery::from_static(UNARY_PATH);
-    let codec = ProstCodec::<EchoRequest, EchoReply>::default();
-    let resp = grpc
-        .unary(tonic::Request::new(req), path, codec)
-        .await
-        .map_err(|s| classify_status(&s))?;
-    let reply = resp.into_inner();
+    let reply: EchoReply = call(pool, ctx, |mut grpc| async move {
+        let codec = ProstCodec::<EchoRequest, EchoReply>::default();
+        grpc.unary(tonic::Request::new(req), path, codec).await
+    })
+    .await?;
     ctx.answered(pod_from_name(&reply.pod));
     Ok(reply)
 }
@@ -252,15 +263,13 @@ pub async fn stream(
     req: EchoRequest,
 ) -> Result<Vec<EchoReply>, Failure> {
     let expected = req.count.max(1) as usize;
-    let mut grpc = client(pool, ctx);
-    grpc.ready().await?;
     let path = http::uri::PathAndQuery::from_static(STREAM_PATH);
-    let codec = ProstCodec::<EchoRequest, EchoReply>::default();
-    let resp = grpc
-        .server_streaming(tonic::Request::new(req), path, codec)
-        .await
-        .map_err(|s| classify_status(&s))?;
-    let mut messages = resp.into_inner();
+    let mut messages = call(pool, ctx, |mut grpc| async move {
+        let codec = ProstCodec::<EchoRequest, EchoReply>::default();
+        grpc.server_streaming(tonic::Request::new(req), path, codec)
+            .await
+    })
+    .await?;
     let mut replies = Vec::with_capacity(expected);
     while let Some(reply) = messages.message().await.map_err(|s| classify_status(&s))? {
         if replies.is_empty() {
@@ -308,6 +317,12 @@ impl tonic::server::NamedService for EchoServer {
 struct Method<F> {
     pod: Arc<str>,
     answer: F,
+}
+
+impl<F> Method<F> {
+    fn new(pod: Arc<str>, answer: F) -> Self {
+        Method { pod, answer }
+    }
 }
 
 impl<F, Fut, T> tonic::codegen::Service<tonic::Request<EchoRequest>> for Method<F>
@@ -376,24 +391,14 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let pod = self.pod.clone();
+        let mut grpc = tonic::server::Grpc::new(ProstCodec::<EchoReply, EchoRequest>::default());
         match req.uri().path() {
-            UNARY_PATH => Box::pin(async move {
-                let mut grpc =
-                    tonic::server::Grpc::new(ProstCodec::<EchoReply, EchoRequest>::default());
-                let unary = Method {
-                    pod,
-                    answer: unary_reply,
-                };
-                Ok(grpc.unary(unary, req).await)
-            }),
+            UNARY_PATH => {
+                Box::pin(async move { Ok(grpc.unary(Method::new(pod, unary_reply), req).await) })
+            }
             STREAM_PATH => Box::pin(async move {
-                let mut grpc =
-                    tonic::server::Grpc::new(ProstCodec::<EchoReply, EchoRequest>::default());
-                let stream = Method {
-                    pod,
-                    answer: stream_replies,
-                };
-                Ok(grpc.server_streaming(stream, req).await)
+                let method = Method::new(pod, stream_replies);
+                Ok(grpc.server_streaming(method, req).await)
             }),
             other => {
                 let status = Status::unimplemented(format!("no method {other}"));

@@ -148,17 +148,7 @@ async fn a_prestop_drain_then_an_app_restart_serves_again_on_the_same_address() 
 async fn liveness_restart_under_load(sidecar: Option<&[&str]>) -> Result<(usize, u64, String)> {
     let balancer = Balancer::new(Duration::from_millis(300));
     let (mut a, b) = Pod::pair(&balancer, sidecar).await?;
-    let load = Load::start(
-        balancer.clone(),
-        LoadSpec {
-            rate: 250,
-            workers: 10,
-            max_requests: 8_000,
-            max_duration: Duration::from_secs(60),
-            requests_per_connection: 10,
-            ..LoadSpec::default()
-        },
-    );
+    let load = Load::start(balancer.clone(), LoadSpec::churning(250, 10));
     load.wait_more(200, WAIT).await?;
     if let Some(s) = &a.sidecar {
         let hook = pre_stop(s.admin, WAIT).await;

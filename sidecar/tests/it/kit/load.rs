@@ -67,6 +67,23 @@ impl Default for LoadSpec {
     }
 }
 
+impl LoadSpec {
+    /// The load of a pod-replacement test: `rate` requests/s from `workers`
+    /// keep-alive clients that reconnect every 10 requests (the steady
+    /// trickle of new connections routers keep sending to a terminating
+    /// pod), up to 8,000 requests or 60 s.
+    pub fn churning(rate: u32, workers: usize) -> Self {
+        LoadSpec {
+            rate,
+            workers,
+            max_requests: 8_000,
+            max_duration: Duration::from_secs(60),
+            requests_per_connection: 10,
+            ..LoadSpec::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Failure {
     /// Connection refused: the pod's listener was gone.

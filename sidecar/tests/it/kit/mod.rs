@@ -95,23 +95,39 @@ pub fn free_port() -> Result<SocketAddr> {
     listener.local_addr().context("local_addr")
 }
 
+/// Waits (bounded) until the app is working on `n` requests: the work a
+/// drain test needs in flight before it starts the drain.
+pub async fn app_busy(app: &app::TestApp, n: i64) -> Result<()> {
+    let what = format!("the app to have {n} requests in flight");
+    wait_for(&what, WAIT, || async {
+        (app.stats.inflight.load(Ordering::SeqCst) >= n).then_some(())
+    })
+    .await
+}
+
 /// A race tried `rounds` times: `round(i)` says what went wrong in round
-/// `i` (`None`: nothing did); an error ends the test at once. Returns every
-/// complaint, so the assertion can say how often the race was lost.
+/// `i` (`None`: nothing did); an error ends the test at once. Fails unless
+/// every round won, saying how often `lost` happened and what each said.
 pub async fn race_rounds<Fut>(
     rounds: usize,
+    lost: &str,
     mut round: impl FnMut(usize) -> Fut,
-) -> Result<Vec<String>>
+) -> Result<()>
 where
     Fut: Future<Output = Result<Option<String>>>,
 {
-    let mut lost = Vec::new();
+    let mut complaints = Vec::new();
     for i in 0..rounds {
         if let Some(what) = round(i).await? {
-            lost.push(what);
+            complaints.push(what);
         }
     }
-    Ok(lost)
+    anyhow::ensure!(
+        complaints.is_empty(),
+        "{lost} in {} of {rounds} rounds: {complaints:#?}",
+        complaints.len()
+    );
+    Ok(())
 }
 
 /// Bounds a whole future; the error names what hung.

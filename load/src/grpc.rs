@@ -191,12 +191,26 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for PoolTransport
     }
 }
 
-fn client(pool: &Arc<Http2Pool>, ctx: &Arc<RequestCtx>) -> tonic::client::Grpc<PoolTransport> {
+/// One call on the loadgen's pool: a client, ready, hands itself to `send`; a failed call
+/// is classified ([`classify_status`]).
+async fn call<T, Fut>(
+    pool: &Arc<Http2Pool>,
+    ctx: &Arc<RequestCtx>,
+    send: impl FnOnce(tonic::client::Grpc<PoolTransport>) -> Fut,
+) -> Result<T, Failure>
+where
+    Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+{
     let transport = PoolTransport {
         pool: pool.clone(),
         ctx: ctx.clone(),
     };
-    tonic::client::Grpc::with_origin(transport, pool.target().origin.clone())
+    let mut grpc = tonic::client::Grpc::with_origin(transport, pool.target().origin.clone());
+    grpc.ready().await?;
+    match send(grpc).await {
+        Ok(resp) => Ok(resp.into_inner()),
+        Err(status) => Err(classify_status(&status)),
+    }
 }
 
 /// Classifies a failed call: our transport's own classification when the error came from
@@ -231,15 +245,12 @@ pub async fn unary(
     ctx: &Arc<RequestCtx>,
     req: EchoRequest,
 ) -> Result<EchoReply, Failure> {
-    let mut grpc = client(pool, ctx);
-    grpc.ready().await?;
     let path = http::uri::PathAndQuery::from_static(UNARY_PATH);
-    let codec = ProstCodec::<EchoRequest, EchoReply>::default();
-    let resp = grpc
-        .unary(tonic::Request::new(req), path, codec)
-        .await
-        .map_err(|s| classify_status(&s))?;
-    let reply = resp.into_inner();
+    let reply: EchoReply = call(pool, ctx, |mut grpc| async move {
+        let codec = ProstCodec::<EchoRequest, EchoReply>::default();
+        grpc.unary(tonic::Request::new(req), path, codec).await
+    })
+    .await?;
     ctx.answered(pod_from_name(&reply.pod));
     Ok(reply)
 }
@@ -252,15 +263,13 @@ pub async fn stream(
     req: EchoRequest,
 ) -> Result<Vec<EchoReply>, Failure> {
     let expected = req.count.max(1) as usize;
-    let mut grpc = client(pool, ctx);
-    grpc.ready().await?;
     let path = http::uri::PathAndQuery::from_static(STREAM_PATH);
-    let codec = ProstCodec::<EchoRequest, EchoReply>::default();
-    let resp = grpc
-        .server_streaming(tonic::Request::new(req), path, codec)
-        .await
-        .map_err(|s| classify_status(&s))?;
-    let mut messages = resp.into_inner();
+    let mut messages = call(pool, ctx, |mut grpc| async move {
+        let codec = ProstCodec::<EchoRequest, EchoReply>::default();
+        grpc.server_streaming(tonic::Request::new(req), path, codec)
+            .await
+    })
+    .await?;
     let mut replies = Vec::with_capacity(expected);
     while let Some(reply) = messages.message().await.map_err(|s| classify_status(&s))? {
         if replies.is_empty() {
@@ -303,35 +312,25 @@ impl tonic::server::NamedService for EchoServer {
     const NAME: &'static str = SERVICE;
 }
 
-struct UnaryHandler(Arc<str>);
+/// One method of the service, for the pod `pod`: `answer` turns the request into what it
+/// replies (one message, or a stream of them); the tower plumbing is the same for both.
+struct Method<F> {
+    pod: Arc<str>,
+    answer: F,
+}
 
-impl tonic::codegen::Service<tonic::Request<EchoRequest>> for UnaryHandler {
-    type Response = tonic::Response<EchoReply>;
-    type Error = Status;
-    type Future = BoxFuture<Self::Response, Status>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: tonic::Request<EchoRequest>) -> Self::Future {
-        let pod = self.0.to_string();
-        Box::pin(async move {
-            let req = req.into_inner();
-            sleep_ms(req.delay_ms).await;
-            Ok(tonic::Response::new(EchoReply {
-                message: req.message,
-                pod,
-                seq: 0,
-            }))
-        })
+impl<F> Method<F> {
+    fn new(pod: Arc<str>, answer: F) -> Self {
+        Method { pod, answer }
     }
 }
 
-struct StreamHandler(Arc<str>);
-
-impl tonic::codegen::Service<tonic::Request<EchoRequest>> for StreamHandler {
-    type Response = tonic::Response<BoxStream<EchoReply>>;
+impl<F, Fut, T> tonic::codegen::Service<tonic::Request<EchoRequest>> for Method<F>
+where
+    F: Fn(String, EchoRequest) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    type Response = tonic::Response<T>;
     type Error = Status;
     type Future = BoxFuture<Self::Response, Status>;
 
@@ -340,26 +339,35 @@ impl tonic::codegen::Service<tonic::Request<EchoRequest>> for StreamHandler {
     }
 
     fn call(&mut self, req: tonic::Request<EchoRequest>) -> Self::Future {
-        let pod = self.0.to_string();
-        Box::pin(async move {
-            let req = req.into_inner();
-            let count = req.count.clamp(1, MAX_STREAM_COUNT);
-            let replies = futures_util::stream::iter(0..count).then(move |seq| {
-                let (message, pod) = (req.message.clone(), pod.clone());
-                async move {
-                    sleep_ms(if seq == 0 {
-                        req.delay_ms
-                    } else {
-                        req.interval_ms
-                    })
-                    .await;
-                    Ok(EchoReply { message, pod, seq })
-                }
-            });
-            let replies: BoxStream<EchoReply> = Box::pin(replies);
-            Ok(tonic::Response::new(replies))
-        })
+        let answer = (self.answer)(self.pod.to_string(), req.into_inner());
+        Box::pin(async move { Ok(tonic::Response::new(answer.await)) })
     }
+}
+
+async fn unary_reply(pod: String, req: EchoRequest) -> EchoReply {
+    sleep_ms(req.delay_ms).await;
+    EchoReply {
+        message: req.message,
+        pod,
+        seq: 0,
+    }
+}
+
+async fn stream_replies(pod: String, req: EchoRequest) -> BoxStream<EchoReply> {
+    let count = req.count.clamp(1, MAX_STREAM_COUNT);
+    let replies = futures_util::stream::iter(0..count).then(move |seq| {
+        let (message, pod) = (req.message.clone(), pod.clone());
+        async move {
+            sleep_ms(if seq == 0 {
+                req.delay_ms
+            } else {
+                req.interval_ms
+            })
+            .await;
+            Ok(EchoReply { message, pod, seq })
+        }
+    });
+    Box::pin(replies)
 }
 
 async fn sleep_ms(ms: u32) {
@@ -383,16 +391,14 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let pod = self.pod.clone();
+        let mut grpc = tonic::server::Grpc::new(ProstCodec::<EchoReply, EchoRequest>::default());
         match req.uri().path() {
-            UNARY_PATH => Box::pin(async move {
-                let mut grpc =
-                    tonic::server::Grpc::new(ProstCodec::<EchoReply, EchoRequest>::default());
-                Ok(grpc.unary(UnaryHandler(pod), req).await)
-            }),
+            UNARY_PATH => {
+                Box::pin(async move { Ok(grpc.unary(Method::new(pod, unary_reply), req).await) })
+            }
             STREAM_PATH => Box::pin(async move {
-                let mut grpc =
-                    tonic::server::Grpc::new(ProstCodec::<EchoReply, EchoRequest>::default());
-                Ok(grpc.server_streaming(StreamHandler(pod), req).await)
+                let method = Method::new(pod, stream_replies);
+                Ok(grpc.server_streaming(method, req).await)
             }),
             other => {
                 let status = Status::unimplemented(format!("no method {other}"));

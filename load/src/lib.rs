@@ -260,30 +260,16 @@ impl Clients {
     }
 
     async fn request(&self, kind: Kind, seq: u64, ctx: &Arc<RequestCtx>) -> Result<(), Failure> {
-        let missing = || Failure::new(Reason::Other, "no client for this protocol");
+        let path = &self.cfg.path;
         match kind {
-            Kind::Http1 => {
-                self.http1
-                    .as_ref()
-                    .ok_or_else(missing)?
-                    .get(&self.cfg.path, ctx)
-                    .await
-            }
-            Kind::Http2 => {
-                self.http2
-                    .as_ref()
-                    .ok_or_else(missing)?
-                    .get(&self.cfg.path, ctx)
-                    .await
-            }
+            Kind::Http1 => client(&self.http1)?.get(path, ctx).await,
+            Kind::Http2 => client(&self.http2)?.get(path, ctx).await,
             Kind::GrpcUnary => {
                 let req = grpc::EchoRequest {
                     message: format!("req-{seq}"),
                     ..Default::default()
                 };
-                grpc::unary(self.grpc.as_ref().ok_or_else(missing)?, ctx, req)
-                    .await
-                    .map(drop)
+                grpc::unary(client(&self.grpc)?, ctx, req).await.map(drop)
             }
             Kind::GrpcStream => {
                 let req = grpc::EchoRequest {
@@ -293,12 +279,16 @@ impl Clients {
                         .unwrap_or(u32::MAX),
                     ..Default::default()
                 };
-                grpc::stream(self.grpc.as_ref().ok_or_else(missing)?, ctx, req)
-                    .await
-                    .map(drop)
+                grpc::stream(client(&self.grpc)?, ctx, req).await.map(drop)
             }
         }
     }
+}
+
+/// The client of a protocol the run was set up for.
+fn client<P>(pool: &Option<P>) -> Result<&P, Failure> {
+    pool.as_ref()
+        .ok_or_else(|| Failure::new(Reason::Other, "no client for this protocol"))
 }
 
 /// Runs the schedule to the end and returns every outcome (in completion order) and the

@@ -206,25 +206,47 @@ mod tests {
         log_filter([kubegrace_log, rust_log].map(|v| v.map(str::to_owned).ok_or(())))
     }
 
+    /// Asserts that `KUBEGRACE_LOG=spec` enables each `(target, level)` of
+    /// `on` and none of `off`.
+    fn assert_enables(spec: &str, on: &[(&str, Level)], off: &[(&str, Level)]) {
+        let f = filter(Some(spec), None);
+        for (target, level) in on {
+            assert!(f.would_enable(target, level), "{spec}: {target} {level}");
+        }
+        for (target, level) in off {
+            assert!(
+                !f.would_enable(target, level),
+                "{spec}: not {target} {level}"
+            );
+        }
+    }
+
     #[test]
     fn a_level_applies_to_every_target() {
-        let f = filter(Some("warn"), None);
-        assert!(f.would_enable("kubegrace_sidecar::drain", &Level::WARN));
-        assert!(!f.would_enable("kubegrace_sidecar::drain", &Level::INFO));
-        assert!(f.would_enable("hyper::proto", &Level::ERROR));
-        assert!(filter(Some("DEBUG"), None).would_enable("h2", &Level::DEBUG));
+        let on = [
+            ("kubegrace_sidecar::drain", Level::WARN),
+            ("hyper::proto", Level::ERROR),
+        ];
+        assert_enables("warn", &on, &[("kubegrace_sidecar::drain", Level::INFO)]);
+        assert_enables("DEBUG", &[("h2", Level::DEBUG)], &[]);
     }
 
     #[test]
     fn target_directives_as_documented() {
-        let f = filter(Some("info,kubegrace_sidecar::drain=debug"), None);
-        assert!(f.would_enable("kubegrace_sidecar::drain::driver", &Level::DEBUG));
-        assert!(!f.would_enable("kubegrace_sidecar::proxy", &Level::DEBUG));
-        assert!(f.would_enable("kubegrace_sidecar::proxy", &Level::INFO));
+        assert_enables(
+            "info,kubegrace_sidecar::drain=debug",
+            &[
+                ("kubegrace_sidecar::drain::driver", Level::DEBUG),
+                ("kubegrace_sidecar::proxy", Level::INFO),
+            ],
+            &[("kubegrace_sidecar::proxy", Level::DEBUG)],
+        );
         // A target alone: everything else is off, as with EnvFilter.
-        let only = filter(Some("kubegrace_sidecar=debug"), None);
-        assert!(only.would_enable("kubegrace_sidecar", &Level::DEBUG));
-        assert!(!only.would_enable("hyper", &Level::ERROR));
+        assert_enables(
+            "kubegrace_sidecar=debug",
+            &[("kubegrace_sidecar", Level::DEBUG)],
+            &[("hyper", Level::ERROR)],
+        );
     }
 
     #[test]

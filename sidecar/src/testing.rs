@@ -17,3 +17,18 @@ pub(crate) fn config_file(area: &str, name: &str, text: &str) -> PathBuf {
     std::fs::write(&path, text).expect("write");
     path
 }
+
+/// The fuzz tests' proptest settings: `default_cases` cases unless
+/// `KUBEGRACE_FUZZ_CASES` sets the count (`make fuzz` runs them long).
+pub(crate) fn fuzz_config(default_cases: u32) -> proptest::prelude::ProptestConfig {
+    let cases = std::env::var("KUBEGRACE_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default_cases);
+    proptest::prelude::ProptestConfig {
+        cases,
+        // A failure prints its minimal input; no regression files in the tree.
+        failure_persistence: None,
+        ..proptest::prelude::ProptestConfig::default()
+    }
+}

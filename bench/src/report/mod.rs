@@ -492,27 +492,23 @@ mod tests {
         }
     }
 
+    /// A cell of one round per `(rps, p99, cpu)`.
+    fn cell(rounds: &[(f64, f64, f64)]) -> Cell {
+        let samples = rounds.iter().map(|&(rps, p99, cpu)| sample(rps, p99, cpu));
+        Cell::from_samples(samples.collect()).expect("cell")
+    }
+
     #[test]
     fn added_latency_is_paired_by_round() {
         // Round 2 was noisy for both; the difference of medians (40 - 2)
         // would pair direct's quiet round with the peer's noisy one.
-        let direct = Cell::from_samples(vec![
-            sample(1000.0, 1.0, 0.0),
-            sample(1000.0, 50.0, 0.0),
-            sample(1000.0, 2.0, 0.0),
-        ])
-        .expect("direct");
-        let peer = Cell::from_samples(vec![
-            sample(1000.0, 3.0, 1.0),
-            sample(1000.0, 52.0, 1.0),
-            sample(1000.0, 40.0, 1.0),
-        ])
-        .expect("peer");
+        let direct = cell(&[(1000.0, 1.0, 0.0), (1000.0, 50.0, 0.0), (1000.0, 2.0, 0.0)]);
+        let peer = cell(&[(1000.0, 3.0, 1.0), (1000.0, 52.0, 1.0), (1000.0, 40.0, 1.0)]);
         let added = peer.compare(&direct);
         assert_eq!(added.p99_added_ms, 2.0);
         assert_eq!(added.p50_added_ms, 1.0);
         // Unequal round counts cannot be paired: medians then.
-        let short = Cell::from_samples(vec![sample(1000.0, 10.0, 1.0)]).expect("short");
+        let short = cell(&[(1000.0, 10.0, 1.0)]);
         assert_eq!(short.compare(&direct).p99_added_ms, 8.0);
     }
 
@@ -584,17 +580,12 @@ mod tests {
 
     #[test]
     fn cells_summarise_rounds_and_compare() {
-        let ours = Cell::from_samples(vec![
-            sample(100.0, 2.0, 5.0),
-            sample(120.0, 1.0, 5.0),
-            sample(110.0, 3.0, 5.0),
-        ])
-        .expect("cell");
+        let ours = cell(&[(100.0, 2.0, 5.0), (120.0, 1.0, 5.0), (110.0, 3.0, 5.0)]);
         assert_eq!(ours.rps.median, 110.0);
         assert_eq!(ours.proxy_cpu.expect("cpu").median, 1.0);
         // 550 requests on 5 CPU-seconds
         assert_eq!(ours.rps_per_core.expect("per core").median, 110.0);
-        let reference = Cell::from_samples(vec![sample(220.0, 1.0, 5.0)]).expect("cell");
+        let reference = cell(&[(220.0, 1.0, 5.0)]);
         let c = ours.compare(&reference);
         assert_eq!(c.rps, 0.5);
         assert_eq!(c.p99_added_ms, 1.0);

@@ -187,11 +187,17 @@ mod tests {
         assert_eq!(limiter.queued(), 0);
     }
 
+    /// What a second request gets while a first holds the only slot.
+    async fn second_of_one_slot(limiter: &Arc<Limiter>) -> Option<Rejection> {
+        let _held = limiter.acquire().await.expect("slot");
+        limiter.acquire().await.err()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_queued_request_times_out() {
         let limiter = limiter(1, 4);
-        let _held = limiter.acquire().await.expect("slot");
-        assert_eq!(limiter.acquire().await.err(), Some(Rejection::QueueTimeout));
+        let second = second_of_one_slot(&limiter).await;
+        assert_eq!(second, Some(Rejection::QueueTimeout));
         assert_eq!(limiter.queued(), 0);
     }
 
@@ -211,9 +217,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn no_queue_means_immediate_rejection() {
-        let limiter = limiter(1, 0);
-        let _held = limiter.acquire().await.expect("slot");
-        assert_eq!(limiter.acquire().await.err(), Some(Rejection::QueueFull));
+        let second = second_of_one_slot(&limiter(1, 0)).await;
+        assert_eq!(second, Some(Rejection::QueueFull));
     }
 
     #[tokio::test(start_paused = true)]

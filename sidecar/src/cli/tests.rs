@@ -13,6 +13,16 @@ fn temp_file(name: &str, text: &str) -> PathBuf {
     crate::testing::config_file("cli", name, text)
 }
 
+/// The config loaded from a file of `yaml` alone, and from the same file
+/// with the flag `flag` given too (where the flag must win).
+fn file_then_flag(name: &str, yaml: &str, flag: [&str; 2]) -> (Config, Config) {
+    let path = temp_file(name, yaml);
+    let file_only = load(Some(&path), &Overrides::default()).expect("load");
+    let c = cli(&flag).expect("parse");
+    let flagged = load(Some(&path), &c.settings().overrides).expect("load");
+    (file_only, flagged)
+}
+
 #[test]
 fn the_sidecar_takes_the_arguments_the_operator_writes() {
     use kubegrace_sidecar_api::cli::flag;
@@ -204,11 +214,12 @@ fn drain_readiness_comes_from_the_flag_over_the_file() {
     );
     let err = cli(&["--drain-readiness", "lazy"]).expect_err("invalid");
     assert!(err.to_string().contains("--drain-readiness"), "{err}");
-    let path = temp_file("readiness", "drain: {readiness: stayServing}\n");
-    let file_only = load(Some(&path), &Overrides::default()).expect("load");
+    let (file_only, flagged) = file_then_flag(
+        "readiness",
+        "drain: {readiness: stayServing}\n",
+        ["--drain-readiness", "failFast"],
+    );
     assert_eq!(file_only.drain.readiness, DrainReadiness::StayServing);
-    let c = cli(&["--drain-readiness", "failFast"]).expect("parse");
-    let flagged = load(Some(&path), &c.settings().overrides).expect("load");
     assert_eq!(
         flagged.drain.readiness,
         DrainReadiness::FailFast,
@@ -220,11 +231,12 @@ fn drain_readiness_comes_from_the_flag_over_the_file() {
 fn grpc_health_comes_from_the_flag_over_the_file() {
     let err = cli(&["--drain-grpc-health", "off"]).expect_err("invalid");
     assert!(err.to_string().contains("notServing or app"), "{err}");
-    let path = temp_file("grpc-health", "drain: {grpcHealth: app}\n");
-    let file_only = load(Some(&path), &Overrides::default()).expect("load");
+    let (file_only, flagged) = file_then_flag(
+        "grpc-health",
+        "drain: {grpcHealth: app}\n",
+        ["--drain-grpc-health", "notServing"],
+    );
     assert_eq!(file_only.drain.grpc_health, DrainGrpcHealth::App);
-    let c = cli(&["--drain-grpc-health", "notServing"]).expect("parse");
-    let flagged = load(Some(&path), &c.settings().overrides).expect("load");
     assert_eq!(
         flagged.drain.grpc_health,
         DrainGrpcHealth::NotServing,
@@ -252,11 +264,12 @@ fn the_http1_fast_path_is_on_unless_switched_off() {
             .proxy
             .http1_fast_path
     );
-    let path = temp_file("fastpath", "proxy: {http1FastPath: false}\n");
-    let file_off = load(Some(&path), &Overrides::default()).expect("load");
+    let (file_off, flag_on) = file_then_flag(
+        "fastpath",
+        "proxy: {http1FastPath: false}\n",
+        ["--http1-fast-path", "true"],
+    );
     assert!(!file_off.proxy.http1_fast_path);
-    let c = cli(&["--http1-fast-path", "true"]).expect("parse");
-    let flag_on = load(Some(&path), &c.settings().overrides).expect("load");
     assert!(flag_on.proxy.http1_fast_path, "flag wins");
 }
 
@@ -264,15 +277,16 @@ fn the_http1_fast_path_is_on_unless_switched_off() {
 fn deferred_accept_is_on_unless_switched_off() {
     let defaults = load(None, &Overrides::default()).expect("load");
     assert!(defaults.proxy.defer_accept);
-    let path = temp_file("defer", "proxy: {deferAccept: false}\n");
-    let file_off = load(Some(&path), &Overrides::default()).expect("load");
+    let (file_off, flag_on) = file_then_flag(
+        "defer",
+        "proxy: {deferAccept: false}\n",
+        ["--defer-accept", "true"],
+    );
     assert!(!file_off.proxy.defer_accept);
     assert!(
         file_off.proxy.http1_fast_path,
         "the other proxy key keeps its default"
     );
-    let c = cli(&["--defer-accept", "true"]).expect("parse");
-    let flag_on = load(Some(&path), &c.settings().overrides).expect("load");
     assert!(flag_on.proxy.defer_accept, "flag wins");
 }
 

@@ -16,15 +16,7 @@ use crate::config::bounds::MAX_DRAIN_TIMER;
 use crate::config::{Config, DrainConfig, HumanDuration};
 
 fn config() -> ProptestConfig {
-    let cases = std::env::var("KUBEGRACE_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
+    crate::testing::fuzz_config(64)
 }
 
 /// A drain timer: zero, short, anywhere up to the bound, at it, just past

@@ -130,22 +130,26 @@ async fn a_body_at_the_limit_is_admitted_and_one_past_it_gets_413() {
     assert!(admit(&r, None, 1, &metrics).await.is_ok());
 }
 
+/// The `lim` route (one slot, no queue) with its only slot taken by a GET:
+/// the circuit would reject the next request.
+async fn lim_with_its_slot_taken(metrics: &Metrics) -> (Arc<Route>, Permit) {
+    let r = route(&table(ROUTES), &Method::GET, None, None, "/lim");
+    let held = admit(&r, None, 0, metrics).await.expect("the only slot");
+    (r, held)
+}
+
 #[tokio::test]
 async fn an_oversized_body_is_refused_even_when_the_circuit_would_reject() {
-    let t = table(ROUTES);
     let metrics = Metrics::default();
-    let r = route(&t, &Method::GET, None, None, "/lim");
-    let _held = admit(&r, None, 0, &metrics).await.expect("the only slot");
+    let (r, _held) = lim_with_its_slot_taken(&metrics).await;
     let refused = admit(&r, Some(2), 1, &metrics).await.err();
     assert_eq!(refused, Some(Refused::TooLarge), "413 comes first");
 }
 
 #[tokio::test]
 async fn a_circuit_rejection_is_answered_with_the_routes_fallback() {
-    let t = table(ROUTES);
     let metrics = Metrics::default();
-    let r = route(&t, &Method::GET, None, None, "/lim");
-    let held = admit(&r, None, 0, &metrics).await.expect("the only slot");
+    let (r, held) = lim_with_its_slot_taken(&metrics).await;
     let refused = admit(&r, None, 0, &metrics).await.err();
     assert_eq!(refused, Some(Refused::Circuit(Rejection::QueueFull)));
     let answer = refused.expect("refused").answer(&r);

@@ -89,18 +89,21 @@ impl LazyTcp {
 
     /// Runs `direct` on the unregistered socket; once it would block (or the
     /// socket was registered before), `registered` on tokio's stream, which
-    /// waits for the readiness the registration reports.
-    fn poll_io<R>(
+    /// waits for the readiness the registration reports. Both get `buf`,
+    /// what the call reads into or writes from (both closures could not
+    /// hold a read's `&mut ReadBuf` themselves).
+    fn poll_io<B, R>(
         &mut self,
         cx: &mut Context<'_>,
-        mut direct: impl FnMut(&StdTcpStream) -> io::Result<R>,
-        registered: impl FnOnce(&mut tokio::net::TcpStream, &mut Context<'_>) -> Poll<io::Result<R>>,
+        mut buf: B,
+        mut direct: impl FnMut(&StdTcpStream, &mut B) -> io::Result<R>,
+        registered: impl FnOnce(&mut tokio::net::TcpStream, &mut Context<'_>, B) -> Poll<io::Result<R>>,
     ) -> Poll<io::Result<R>> {
         match &mut self.state {
-            State::Registered(stream) => return registered(stream, cx),
+            State::Registered(stream) => return registered(stream, cx, buf),
             State::Failed => return Poll::Ready(Err(failed())),
             State::Direct(stream) => loop {
-                match direct(stream) {
+                match direct(stream, &mut buf) {
                     Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
                     Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
                     res => return Poll::Ready(res),
@@ -108,7 +111,7 @@ impl LazyTcp {
             },
         }
         match self.registered() {
-            Ok(stream) => registered(stream, cx),
+            Ok(stream) => registered(stream, cx, buf),
             Err(err) => Poll::Ready(Err(err)),
         }
     }
@@ -127,11 +130,10 @@ impl AsyncRead for LazyTcp {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        match &mut this.state {
-            State::Registered(stream) => return Pin::new(stream).poll_read(cx, buf),
-            State::Failed => return Poll::Ready(Err(failed())),
-            State::Direct(stream) => loop {
+        self.get_mut().poll_io(
+            cx,
+            buf,
+            |stream, buf| {
                 // Into the caller's uninitialised space, as tokio's own
                 // read does: zeroing it first (the safe `ReadBuf` way) cost
                 // a sixth of a one-request connection's user-space
@@ -142,28 +144,18 @@ impl AsyncRead for LazyTcp {
                 // `ReadBuf`'s record of what is initialised; `recv` writes
                 // only bytes the kernel copied in, and `assume_init(n)`
                 // marks exactly the `n` it reports.
-                let read = unsafe {
-                    let read = socket2::SockRef::from(&*stream).recv(buf.unfilled_mut());
+                let n = unsafe {
+                    let read = socket2::SockRef::from(stream).recv(buf.unfilled_mut());
                     if let Ok(n) = read {
                         buf.assume_init(n);
                     }
                     read
-                };
-                match read {
-                    Ok(n) => {
-                        buf.advance(n);
-                        return Poll::Ready(Ok(()));
-                    }
-                    Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(err) => return Poll::Ready(Err(err)),
-                }
+                }?;
+                buf.advance(n);
+                Ok(())
             },
-        }
-        match this.registered() {
-            Ok(stream) => Pin::new(stream).poll_read(cx, buf),
-            Err(err) => Poll::Ready(Err(err)),
-        }
+            |stream, cx, buf| Pin::new(stream).poll_read(cx, buf),
+        )
     }
 }
 
@@ -175,8 +167,9 @@ impl AsyncWrite for LazyTcp {
     ) -> Poll<io::Result<usize>> {
         self.get_mut().poll_io(
             cx,
-            |s| (&*s).write(buf),
-            |s, cx| Pin::new(s).poll_write(cx, buf),
+            buf,
+            |s, buf| (&*s).write(buf),
+            |s, cx, buf| Pin::new(s).poll_write(cx, buf),
         )
     }
 
@@ -187,8 +180,9 @@ impl AsyncWrite for LazyTcp {
     ) -> Poll<io::Result<usize>> {
         self.get_mut().poll_io(
             cx,
-            |s| (&*s).write_vectored(bufs),
-            |s, cx| Pin::new(s).poll_write_vectored(cx, bufs),
+            bufs,
+            |s, bufs| (&*s).write_vectored(bufs),
+            |s, cx, bufs| Pin::new(s).poll_write_vectored(cx, bufs),
         )
     }
 
@@ -223,8 +217,9 @@ impl Downstream for LazyTcp {
     fn poll_write_last(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         self.poll_io(
             cx,
-            |s| socket2::SockRef::from(s).send_with_flags(buf, MSG_MORE),
-            |s, cx| s.poll_write_last(cx, buf),
+            buf,
+            |s, buf| socket2::SockRef::from(s).send_with_flags(buf, MSG_MORE),
+            |s, cx, buf| s.poll_write_last(cx, buf),
         )
     }
 }

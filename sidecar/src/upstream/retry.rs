@@ -200,12 +200,14 @@ mod tests {
         }
     }
 
+    /// How many of 100 retries in a row `budget` grants under `settings`.
+    fn granted_of_100(budget: &RetryBudget, settings: &RetryBudgetConfig) -> usize {
+        (0..100).filter(|_| budget.withdraw(settings)).count()
+    }
+
     #[test]
     fn the_floor_allows_min_per_second_over_the_window_without_traffic() {
-        let budget = RetryBudget::new();
-        let granted = (0..100)
-            .filter(|_| budget.withdraw(&settings(0.0, 2)))
-            .count();
+        let granted = granted_of_100(&RetryBudget::new(), &settings(0.0, 2));
         assert_eq!(granted, 20, "2/s over a 10 s window");
     }
 
@@ -215,9 +217,7 @@ mod tests {
         for _ in 0..50 {
             budget.deposit();
         }
-        let granted = (0..100)
-            .filter(|_| budget.withdraw(&settings(0.2, 0)))
-            .count();
+        let granted = granted_of_100(&budget, &settings(0.2, 0));
         assert_eq!(granted, 10, "20% of 50 requests");
     }
 

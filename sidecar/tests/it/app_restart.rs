@@ -148,17 +148,7 @@ async fn a_prestop_drain_then_an_app_restart_serves_again_on_the_same_address() 
 async fn liveness_restart_under_load(sidecar: Option<&[&str]>) -> Result<(usize, u64, String)> {
     let balancer = Balancer::new(Duration::from_millis(300));
     let (mut a, b) = Pod::pair(&balancer, sidecar).await?;
-    let load = Load::start(
-        balancer.clone(),
-        LoadSpec {
-            rate: 250,
-            workers: 10,
-            max_requests: 8_000,
-            max_duration: Duration::from_secs(60),
-            requests_per_connection: 10,
-            ..LoadSpec::default()
-        },
-    );
+    let load = Load::start(balancer.clone(), LoadSpec::churning(250, 10));
     load.wait_more(200, WAIT).await?;
     if let Some(s) = &a.sidecar {
         let hook = pre_stop(s.admin, WAIT).await;
@@ -265,9 +255,7 @@ async fn requests_arriving_while_the_app_is_down_are_held_and_sent_when_it_is_ba
     }
     ensure!(app.served() >= u64::from(sent));
     let m = sidecar.metrics().await?;
-    let held_sent = m
-        .with_label("kubegrace_held_requests_total", "outcome=\"sent\"")
-        .unwrap_or(0.0);
+    let held_sent = m.counted_with("kubegrace_held_requests_total", "outcome=\"sent\"");
     ensure!(held_sent >= f64::from(sent), "held and sent: {held_sent}");
     ensure!(m.sum("kubegrace_held_requests") == Some(0.0));
     wait_for("ready again", WAIT, || async {

@@ -19,7 +19,7 @@ use std::time::Duration;
 use crate::kit::WAIT;
 use crate::kit::app::TestApp;
 use crate::kit::free_port;
-use crate::kit::load::{Failure, Load};
+use crate::kit::load::Load;
 use crate::kit::upgrade::Upgradable;
 use anyhow::{Context, Result, ensure};
 
@@ -99,11 +99,7 @@ async fn blue_green_app_upgrade_loses_nothing_an_in_place_restart_does() -> Resu
     eprintln!("in-place restart: {}", in_place.summary());
     proc.stop().await?;
 
-    ensure!(
-        recipe.failed() == 0 && recipe.count(Failure::Refused) == 0,
-        "the blue/green recipe lost requests: {}",
-        recipe.summary()
-    );
+    recipe.ensure_lost_nothing("the blue/green recipe")?;
     ensure!(long_recipe, "the long request on v1 finished there");
     ensure!(v2_served >= 300, "v2 took over: served {v2_served}");
     ensure!(
@@ -213,11 +209,7 @@ async fn blue_green_over_unix_sockets_loses_nothing_an_in_place_restart_does() -
     proc.stop().await?;
     let _ = std::fs::remove_dir_all(&dir);
 
-    ensure!(
-        recipe.failed() == 0 && recipe.count(Failure::Refused) == 0,
-        "the blue/green recipe over unix sockets lost requests: {}",
-        recipe.summary()
-    );
+    recipe.ensure_lost_nothing("the blue/green recipe over unix sockets")?;
     ensure!(long_recipe, "the long request on v1 finished there");
     ensure!(
         !long_in_place || in_place.failed() > 0,

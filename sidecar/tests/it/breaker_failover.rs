@@ -142,8 +142,7 @@ async fn breaker_opens_on_evidence_serves_fallbacks_and_closes_on_recovery() -> 
     );
 
     let metrics = sidecar.metrics().await?;
-    let rejected =
-        metrics.get(r#"kubegrace_rejected_requests_total{route="api",reason="breaker_open"}"#);
+    let rejected = metrics.rejected("api", "breaker_open");
     let client_saw = f64::from(fallbacks + 1);
     ensure!(
         rejected == Some(client_saw),

@@ -186,10 +186,8 @@ async fn excess_load_gets_fast_fallbacks_and_admitted_requests_keep_their_latenc
 
     // The sidecar's own books agree and nothing is left in flight or queued.
     let metrics = sidecar.metrics().await?;
-    let full =
-        metrics.get(r#"kubegrace_rejected_requests_total{route="limited",reason="queue_full"}"#);
-    let timeout =
-        metrics.get(r#"kubegrace_rejected_requests_total{route="limited",reason="queue_timeout"}"#);
+    let full = metrics.rejected("limited", "queue_full");
+    let timeout = metrics.rejected("limited", "queue_timeout");
     ensure!(
         full == Some(f64::from(limited.fallback_queue_full)),
         "queue_full metric {full:?}"

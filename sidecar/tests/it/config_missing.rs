@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use crate::kit::app::TestApp;
-use crate::kit::scratch_dir;
 use crate::kit::sidecar::{Sidecar, SidecarSpec, run_to_exit};
+use crate::kit::{scratch_dir, scratch_file};
 use anyhow::{Context, Result, ensure};
 
 /// Sends a request head declaring a `len`-byte body and returns the status
@@ -90,9 +90,7 @@ async fn starts_without_its_config_file_and_loads_it_when_it_appears() -> Result
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_file_at_start_still_exits_64() -> Result<()> {
-    let dir = scratch_dir("invalid")?;
-    let file = dir.join("config.yaml");
-    std::fs::write(&file, "drain: {quiet: soon}\n")?;
+    let (dir, file) = scratch_file("invalid", "config.yaml", "drain: {quiet: soon}\n")?;
     let (status, output) = run_to_exit(
         &[
             "--config",

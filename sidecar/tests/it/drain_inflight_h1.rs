@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::kit::WAIT;
 use crate::kit::sidecar::InProcess;
 use crate::kit::sidecar::drain_flags;
-use crate::kit::{wait_for, within};
+use crate::kit::{app_busy, within};
 use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
 use http::{Request, StatusCode};
@@ -66,12 +66,7 @@ async fn slow_uploads_and_downloads_in_flight_complete_across_closing() -> Resul
         Ok::<_, hyper::Error>((status, body))
     });
 
-    wait_for(
-        "both transfers to be in flight at the app",
-        WAIT,
-        || async { (app.stats.inflight.load(Ordering::SeqCst) >= 2).then_some(()) },
-    )
-    .await?;
+    app_busy(&app, 2).await?;
     sidecar.start_drain().await?;
     sidecar.wait_phase(2.0).await?;
     let in_flight_while_closing = app.stats.inflight.load(Ordering::SeqCst);

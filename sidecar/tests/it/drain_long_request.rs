@@ -6,15 +6,13 @@
 //! configurable timeout; unlike it, the sidecar says what it left behind:
 //! the exit line reads "drained N connections in Xs, M force-closed".
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::kit::WAIT;
-use crate::kit::app::TestApp;
 use crate::kit::http::spawn_get;
 use crate::kit::sidecar::Sidecar;
 use crate::kit::sidecar::drain_flags;
-use crate::kit::{wait_for, within};
+use crate::kit::{app_busy, race_rounds, within};
 use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
@@ -25,14 +23,6 @@ const TIMEOUT: Duration = Duration::from_secs(1);
 const MARGIN: Duration = Duration::from_secs(20);
 
 const DRAIN: &[&str] = &drain_flags("200ms", "100ms", "1s", "1s");
-
-/// Waits (bounded) until the app is working on `n` requests.
-async fn app_busy(app: &TestApp, n: i64) -> Result<()> {
-    wait_for("the app to have the long work in flight", WAIT, || async {
-        (app.stats.inflight.load(Ordering::SeqCst) >= n).then_some(())
-    })
-    .await
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_longer_than_the_drain_timeout_is_cut_and_the_exit_is_bounded() -> Result<()> {
@@ -154,9 +144,9 @@ async fn cut_h1_and_h2_work_is_counted_in_the_metrics_and_pre_stop_still_answers
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_exit_line_names_what_started_the_drain() -> Result<()> {
     // Recording the trigger races with the drain's own task: try a few times.
-    let mut wrong = Vec::new();
     const ROUNDS: usize = 6;
-    for round in 0..ROUNDS {
+    let lost = "the exit line did not name the signal";
+    race_rounds(ROUNDS, lost, |round| async move {
         let (_app, mut sidecar) = Sidecar::with_app(&[
             "--drain-min-delay",
             "50ms",
@@ -175,14 +165,7 @@ async fn the_exit_line_names_what_started_the_drain() -> Result<()> {
             .into_iter()
             .find(|l| l.contains("force-closed"))
             .with_context(|| format!("round {round}: no exit line:\n{}", sidecar.logs_text()))?;
-        if !line.contains(&format!("SIG{signal}")) {
-            wrong.push(line);
-        }
-    }
-    ensure!(
-        wrong.is_empty(),
-        "{} of {ROUNDS} exit lines do not name the signal: {wrong:#?}",
-        wrong.len()
-    );
-    Ok(())
+        Ok((!line.contains(&format!("SIG{signal}"))).then_some(line))
+    })
+    .await
 }

@@ -8,25 +8,30 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::kit::WAIT;
-use crate::kit::http::{finished_ok, spawn_get};
+use crate::kit::app::TestApp;
+use crate::kit::http::{Response, finished_ok, spawn_get};
 use crate::kit::pod::pre_stop;
 use crate::kit::sidecar::Sidecar;
 use crate::kit::sidecar::drain_flags;
-use crate::kit::{wait_for, within};
+use crate::kit::{app_busy, race_rounds, within};
 use anyhow::{Result, ensure};
 use http::StatusCode;
+use tokio::task::JoinHandle;
 
 const DRAIN: &[&str] = &drain_flags("100ms", "50ms", "2s", "10s");
 
+/// The sidecar in front of an app that is working on one 1.5 s request,
+/// and that request's answer to come.
+async fn busy_with_one_request() -> Result<(TestApp, Sidecar, JoinHandle<Result<Response>>)> {
+    let (app, sidecar) = Sidecar::with_app(DRAIN).await?;
+    let work = spawn_get(sidecar.listen, "/work?ms=1500", Duration::from_secs(10));
+    app_busy(&app, 1).await?;
+    Ok((app, sidecar, work))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pre_stop_answers_only_after_in_flight_work_completed() -> Result<()> {
-    let (app, sidecar) = Sidecar::with_app(DRAIN).await?;
-    let listen = sidecar.listen;
-    let work = spawn_get(listen, "/work?ms=1500", Duration::from_secs(10));
-    wait_for("the work to reach the app", WAIT, || async {
-        (app.stats.inflight.load(Ordering::SeqCst) >= 1).then_some(())
-    })
-    .await?;
+    let (app, sidecar, work) = busy_with_one_request().await?;
     let hook = pre_stop(sidecar.admin, WAIT).await;
     // When the hook answers, the app must be done with the work (the
     // client may still be reading the last bytes of the answer).
@@ -45,9 +50,8 @@ async fn pre_stop_answers_only_after_in_flight_work_completed() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pre_stop_gets_its_answer_when_sigterm_arrives_at_the_same_time() -> Result<()> {
     // The race is timing-dependent: try it a few times.
-    let mut failures = Vec::new();
     const ROUNDS: usize = 10;
-    for round in 0..ROUNDS {
+    race_rounds(ROUNDS, "preStop lost its answer", |round| async move {
         let (_app, mut sidecar) = Sidecar::with_app(DRAIN).await?;
         let admin = sidecar.admin;
         // Both orders: kubelet starts the two at the same time.
@@ -62,28 +66,17 @@ async fn pre_stop_gets_its_answer_when_sigterm_arrives_at_the_same_time() -> Res
         let hook = within("preStop", WAIT, hook).await??;
         let status = sidecar.wait_exit(WAIT).await?;
         ensure!(status.success(), "round {round}: exit {status}");
-        match hook {
-            Ok(r) if r.status == StatusCode::OK => {}
-            other => failures.push(format!("round {round}: {other:?}")),
-        }
-    }
-    ensure!(
-        failures.is_empty(),
-        "preStop lost its answer in {} of {ROUNDS} rounds: {failures:?}",
-        failures.len()
-    );
-    Ok(())
+        Ok(match hook {
+            Ok(r) if r.status == StatusCode::OK => None,
+            other => Some(format!("round {round}: {other:?}")),
+        })
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_sigterm_does_not_cut_work_in_flight() -> Result<()> {
-    let (app, mut sidecar) = Sidecar::with_app(DRAIN).await?;
-    let listen = sidecar.listen;
-    let work = spawn_get(listen, "/work?ms=1500", Duration::from_secs(10));
-    wait_for("the work to reach the app", WAIT, || async {
-        (app.stats.inflight.load(Ordering::SeqCst) >= 1).then_some(())
-    })
-    .await?;
+    let (_app, mut sidecar, work) = busy_with_one_request().await?;
     sidecar.signal("TERM")?;
     sidecar.wait_phase(1.0).await?;
     // Impatient tooling sends it again; only SIGKILL is the hard stop.

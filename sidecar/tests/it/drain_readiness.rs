@@ -10,14 +10,13 @@
 //! everything else about the drain is unchanged.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::kit::WAIT;
 use crate::kit::app::TestApp;
 use crate::kit::http::{get, request};
 use crate::kit::sidecar::{Sidecar, SidecarSpec};
-use crate::kit::{free_port, wait_for, within};
+use crate::kit::{app_busy, free_port, within};
 use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
@@ -176,10 +175,7 @@ async fn stay_serving_holds_ready_through_the_grace_phase_only(trigger: Trigger)
     let listen = sidecar.listen;
     let slow =
         tokio::spawn(async move { request(listen, Method::GET, "/work?ms=8000", &[], WAIT).await });
-    wait_for("the slow request to reach the app", WAIT, || async {
-        (app.stats.inflight.load(Ordering::SeqCst) >= 1).then_some(())
-    })
-    .await?;
+    app_busy(&app, 1).await?;
 
     match trigger {
         Trigger::Admin => {

@@ -4,13 +4,12 @@
 //! cuts a request says so; the baseline, a drain whose request finishes in
 //! time, says it cut nothing.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::kit::app::TestApp;
 use crate::kit::http::spawn_get;
 use crate::kit::sidecar::{Sidecar, SidecarSpec, drain_flags};
-use crate::kit::{WAIT, scratch_dir, wait_for, within};
+use crate::kit::{WAIT, app_busy, scratch_dir, within};
 use anyhow::{Context, Result, ensure};
 use kubegrace_sidecar_api::cli::flag;
 use kubegrace_sidecar_api::report::{DrainOutcome, KIND, MAX_BYTES};
@@ -34,10 +33,7 @@ async fn drain_with_one_request(work_ms: u64) -> Result<DrainOutcome> {
         &format!("/work?ms={work_ms}"),
         Duration::from_secs(60),
     );
-    wait_for("the app to have the request in flight", WAIT, || async {
-        (app.stats.inflight.load(Ordering::SeqCst) >= 1).then_some(())
-    })
-    .await?;
+    app_busy(&app, 1).await?;
     sidecar.signal("TERM")?;
     let status = sidecar.wait_exit(EXIT).await?;
     ensure!(status.success(), "exit {status}:\n{}", sidecar.logs_text());

@@ -49,17 +49,12 @@ async fn rolling_replacement(how: Termination) -> Result<Outcome> {
 
     let load = Load::start(
         balancer.clone(),
+        // ~30 new connections/s overall: routers keep sending some to the
+        // terminating pod for the whole lag.
         LoadSpec {
-            rate: 300,
-            workers: 12,
-            max_requests: 8_000,
-            max_duration: Duration::from_secs(60),
             // Work long enough that every pod has requests in flight.
             path: "/work?ms=30".into(),
-            // ~30 new connections/s overall: routers keep sending some to
-            // the terminating pod for the whole lag.
-            requests_per_connection: 10,
-            ..LoadSpec::default()
+            ..LoadSpec::churning(300, 12)
         },
     );
     load.wait_more(150, WAIT).await?;

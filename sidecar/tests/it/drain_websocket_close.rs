@@ -7,14 +7,14 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail, ensure};
-use futures_util::{SinkExt, StreamExt};
+use anyhow::{Result, bail, ensure};
+use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::kit::app::TestApp;
-use crate::kit::http::websocket;
+use crate::kit::http::{echoing_websocket, websocket};
 use crate::kit::sidecar::{InProcess, SidecarSpec, drain_flags};
 use crate::kit::{WAIT, timing_sensitive, within};
 
@@ -77,10 +77,7 @@ async fn websocket_gets_going_away_both_ways_at_the_deadline_and_a_cut_without()
     for mode in ["cut", "goingAway"] {
         let app = TestApp::start("a").await?;
         let sidecar = InProcess::start(spec(&app, mode, "300ms", "900ms")).await?;
-        let mut ws = websocket(sidecar.listen).await?;
-        ws.send(Message::text("before")).await?;
-        let echo = within("echo", WAIT, ws.next()).await?.context("closed")??;
-        ensure!(echo == Message::text("before"), "unexpected echo {echo:?}");
+        let mut ws = echoing_websocket(sidecar.listen).await?;
 
         sidecar.start_drain().await?;
         let (client_end, _) = read_to_end(&mut ws).await?;
@@ -92,12 +89,8 @@ async fn websocket_gets_going_away_both_ways_at_the_deadline_and_a_cut_without()
             .map(|c| c.clone())
             .unwrap_or_default();
         let metrics = sidecar.metrics().await?;
-        let forced = metrics
-            .sum("kubegrace_drain_force_closed_total")
-            .unwrap_or(0.0);
-        let clean = metrics
-            .with_label("kubegrace_websocket_closes_total", "outcome=\"clean\"")
-            .unwrap_or(0.0);
+        let forced = metrics.counted("kubegrace_drain_force_closed_total");
+        let clean = metrics.counted_with("kubegrace_websocket_closes_total", "outcome=\"clean\"");
         println!(
             "{mode}: client {client_end:?}, app saw Close codes {app_codes:?}, force-closed {forced}, clean closes {clean}"
         );
@@ -288,9 +281,7 @@ async fn half_frame_session(mode: &str, finish: bool) -> Result<HalfFrameRun> {
             .unwrap_or_default(),
         outcome_clean: outcome("clean"),
         outcome_mid_frame: outcome("mid_frame"),
-        forced: metrics
-            .sum("kubegrace_drain_force_closed_total")
-            .unwrap_or(0.0),
+        forced: metrics.counted("kubegrace_drain_force_closed_total"),
     };
     println!("{mode} (finish {finish}): {run:?}");
     Ok(run)
@@ -384,12 +375,8 @@ async fn the_closes_of_200_sessions_are_spread_over_the_window() -> Result<()> {
     }
     sidecar.wait_phase(3.0).await?;
     let closes = sidecar.metrics().await?;
-    let counted = closes
-        .sum("kubegrace_websocket_closes_total")
-        .unwrap_or(0.0);
-    let clean = closes
-        .with_label("kubegrace_websocket_closes_total", "outcome=\"clean\"")
-        .unwrap_or(0.0);
+    let counted = closes.counted("kubegrace_websocket_closes_total");
+    let clean = closes.counted_with("kubegrace_websocket_closes_total", "outcome=\"clean\"");
     println!("closes counted {counted}, of which clean {clean}");
 
     // Not bunched: the 1.1 s the closes may span hold 11 buckets; uniform
@@ -480,11 +467,7 @@ async fn a_non_websocket_upgrade_is_still_cut_at_the_deadline() -> Result<()> {
     ensure!(after.is_empty(), "the tunnel got bytes injected: {after:?}");
     sidecar.wait_phase(3.0).await?;
     let metrics = sidecar.metrics().await?;
-    metrics.expect_at_least(
-        "kubegrace_drain_force_closed_total",
-        1.0,
-        "the upgrade was not cut at the deadline",
-    )?;
+    metrics.expect_cut_at_least(1.0, "the upgrade was not cut at the deadline")?;
     metrics.expect("kubegrace_websocket_closes_total", 0.0, "no WebSocket here")?;
     Ok(())
 }
@@ -498,10 +481,7 @@ async fn a_websocket_through_tcp_mode_is_still_cut_at_the_deadline() -> Result<(
             .args(&["--protocol", "tcp"]),
     )
     .await?;
-    let mut ws = websocket(sidecar.listen).await?;
-    ws.send(Message::text("before")).await?;
-    let echo = within("echo", WAIT, ws.next()).await?.context("closed")??;
-    ensure!(echo == Message::text("before"), "unexpected echo {echo:?}");
+    let mut ws = echoing_websocket(sidecar.listen).await?;
 
     sidecar.start_drain().await?;
     let (end, _) = read_to_end(&mut ws).await?;
@@ -512,11 +492,7 @@ async fn a_websocket_through_tcp_mode_is_still_cut_at_the_deadline() -> Result<(
     );
     sidecar.wait_phase(3.0).await?;
     let metrics = sidecar.metrics().await?;
-    metrics.expect_at_least(
-        "kubegrace_drain_force_closed_total",
-        1.0,
-        "the TCP connection was not cut at the deadline",
-    )?;
+    metrics.expect_cut_at_least(1.0, "the TCP connection was not cut at the deadline")?;
     metrics.expect(
         "kubegrace_websocket_closes_total",
         0.0,

@@ -274,27 +274,19 @@ async fn check_answers_not_serving_while_draining_unless_the_app_answers() -> Re
         let answered = sidecar
             .metric("kubegrace_grpc_health_not_serving_total", "rpc=\"check\"")
             .await?;
-        if mode == "notServing" {
-            ensure!(
-                status == NOT_SERVING,
-                "draining: the sidecar says NOT_SERVING, got {status}"
-            );
-            ensure!(
-                app_checks == 1,
-                "the sidecar answered, not the app ({app_checks} checks)"
-            );
-            ensure!(answered == 1.0, "counted once: {answered}");
+        // notServing: the sidecar answers NOT_SERVING itself, once, counted;
+        // app: the app's own answer, and the sidecar counts nothing.
+        let want = if mode == "notServing" {
+            (NOT_SERVING, 1, 1.0)
         } else {
-            ensure!(
-                status == SERVING,
-                "app mode: the app's own answer, got {status}"
-            );
-            ensure!(
-                app_checks == 2,
-                "app mode: the app answered ({app_checks} checks)"
-            );
-            ensure!(answered == 0.0, "app mode: nothing answered by the sidecar");
-        }
+            (SERVING, 2, 0.0)
+        };
+        ensure!(
+            (status, app_checks, answered) == want,
+            "{mode} while draining: (status, checks the app answered, answers the sidecar counted) \
+             is {:?}, want {want:?}",
+            (status, app_checks, answered)
+        );
         // Other calls still reach the app while draining.
         grpc.ready().await?;
         grpc.unary(

@@ -8,6 +8,7 @@ use anyhow::{Context, Result, ensure};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+use crate::kit::on_both_http1_paths;
 use crate::kit::sidecar::{InProcess, SidecarSpec};
 use crate::kit::wire::{WireApp, header, read_answer};
 
@@ -112,22 +113,14 @@ async fn one_connection(fast_path: &str, pipelined: bool) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn local_answers_keep_a_keep_alive_connection_in_step_on_the_fast_path() -> Result<()> {
-    one_connection("true", false).await
-}
+on_both_http1_paths!(
+    local_answers_keep_a_keep_alive_connection_in_step_on_the_fast_path,
+    local_answers_keep_a_keep_alive_connection_in_step_on_hyper,
+    |fast_path| one_connection(fast_path, false)
+);
 
-#[tokio::test]
-async fn local_answers_keep_a_keep_alive_connection_in_step_on_hyper() -> Result<()> {
-    one_connection("false", false).await
-}
-
-#[tokio::test]
-async fn local_answers_keep_pipelined_requests_in_step_on_the_fast_path() -> Result<()> {
-    one_connection("true", true).await
-}
-
-#[tokio::test]
-async fn local_answers_keep_pipelined_requests_in_step_on_hyper() -> Result<()> {
-    one_connection("false", true).await
-}
+on_both_http1_paths!(
+    local_answers_keep_pipelined_requests_in_step_on_the_fast_path,
+    local_answers_keep_pipelined_requests_in_step_on_hyper,
+    |fast_path| one_connection(fast_path, true)
+);

@@ -71,6 +71,22 @@ impl Drop for Health {
     }
 }
 
+/// The test app, a health endpoint answering `status` after `delay`, and
+/// a sidecar (not waited ready) whose readiness checks of the app go to
+/// that endpoint with `timeoutSeconds: timeout_seconds`.
+async fn checked_app(
+    status: u16,
+    delay: Duration,
+    timeout_seconds: u32,
+) -> Result<(TestApp, Health, Sidecar)> {
+    let app = TestApp::start("a").await?;
+    let health = Health::start(status, delay).await?;
+    let check = health.check_json(timeout_seconds);
+    let sidecar =
+        Sidecar::start_unready(SidecarSpec::to(&app).args(&["--app-readiness", &check])).await?;
+    Ok((app, health, sidecar))
+}
+
 /// 8 concurrent `/ready`, then one more: every answer, as seen by `during`
 /// (called when each answer arrives).
 async fn burst(sidecar: &Sidecar, during: impl Fn() -> u64) -> Result<Vec<(StatusCode, u64)>> {
@@ -92,13 +108,8 @@ async fn burst(sidecar: &Sidecar, during: impl Fn() -> u64) -> Result<Vec<(Statu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_are_answered_before_a_slow_app_check_could_answer() -> Result<()> {
-    let app = TestApp::start("a").await?;
     // Each check takes 4 s (within its 5 s timeout).
-    let health = Health::start(200, Duration::from_secs(4)).await?;
-    let sidecar = Sidecar::start_unready(
-        SidecarSpec::to(&app).args(&["--app-readiness", &health.check_json(5)]),
-    )
-    .await?;
+    let (_app, health, sidecar) = checked_app(200, Duration::from_secs(4), 5).await?;
     // Wait until a check is in flight, so the burst meets one.
     let received = health.received.clone();
     while received.load(Ordering::SeqCst) == 0 {
@@ -124,12 +135,7 @@ async fn probes_are_answered_before_a_slow_app_check_could_answer() -> Result<()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_never_queue_behind_a_fast_failing_app_check() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let health = Health::start(503, Duration::ZERO).await?;
-    let sidecar = Sidecar::start_unready(
-        SidecarSpec::to(&app).args(&["--app-readiness", &health.check_json(1)]),
-    )
-    .await?;
+    let (_app, health, sidecar) = checked_app(503, Duration::ZERO, 1).await?;
     let received = health.received.clone();
     let before = received.load(Ordering::SeqCst);
     let seen = burst(&sidecar, || received.load(Ordering::SeqCst)).await?;
@@ -154,12 +160,7 @@ async fn probes_never_queue_behind_a_fast_failing_app_check() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_never_shows_the_app_checks_header_values() -> Result<()> {
-    let app = TestApp::start("a").await?;
-    let health = Health::start(200, Duration::ZERO).await?;
-    let sidecar = Sidecar::start_unready(
-        SidecarSpec::to(&app).args(&["--app-readiness", &health.check_json(1)]),
-    )
-    .await?;
+    let (_app, _health, sidecar) = checked_app(200, Duration::ZERO, 1).await?;
     for query in ["", "?format=yaml"] {
         let text = sidecar.admin_get(&format!("/config{query}")).await?.text();
         ensure!(

@@ -9,6 +9,7 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use crate::kit::http::{h2_connect, h2_get};
+use crate::kit::on_both_http1_paths;
 use crate::kit::sidecar::{InProcess, SidecarSpec};
 use crate::kit::wire::{WireApp, header, read_answer};
 
@@ -98,15 +99,11 @@ async fn checks_come_in_one_order(fast_path: &str) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn checks_come_in_one_order_on_the_fast_path() -> Result<()> {
-    checks_come_in_one_order("true").await
-}
-
-#[tokio::test]
-async fn checks_come_in_one_order_on_hyper() -> Result<()> {
-    checks_come_in_one_order("false").await
-}
+on_both_http1_paths!(
+    checks_come_in_one_order_on_the_fast_path,
+    checks_come_in_one_order_on_hyper,
+    checks_come_in_one_order
+);
 
 async fn route_limits_hold(fast_path: &str) -> Result<()> {
     let (app, sidecar) = opened_route(&["--http1-fast-path", fast_path], CONFIG).await?;
@@ -142,15 +139,11 @@ async fn route_limits_hold(fast_path: &str) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn route_limits_hold_for_every_spelling_of_the_path_on_the_fast_path() -> Result<()> {
-    route_limits_hold("true").await
-}
-
-#[tokio::test]
-async fn route_limits_hold_for_every_spelling_of_the_path_on_hyper() -> Result<()> {
-    route_limits_hold("false").await
-}
+on_both_http1_paths!(
+    route_limits_hold_for_every_spelling_of_the_path_on_the_fast_path,
+    route_limits_hold_for_every_spelling_of_the_path_on_hyper,
+    route_limits_hold
+);
 
 #[tokio::test]
 async fn route_limits_hold_for_every_spelling_of_the_path_on_http2() -> Result<()> {

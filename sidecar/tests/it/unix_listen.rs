@@ -20,7 +20,7 @@ use crate::kit::http::unix_get;
 use crate::kit::load::Load;
 use crate::kit::sidecar::drain_flags;
 use crate::kit::sidecar::{BIN, Sidecar, command};
-use crate::kit::{WAIT, free_port, scratch_dir};
+use crate::kit::{WAIT, free_port, scratch_dir, scratch_file};
 use anyhow::{Context, Result, ensure};
 use command_fds::{CommandFdExt, FdMapping};
 
@@ -87,9 +87,7 @@ async fn serves_on_a_unix_socket_drains_and_removes_it() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_or_a_live_socket_at_the_path_is_refused_and_kept() -> Result<()> {
-    let dir = scratch_dir("ur")?;
-    let file = dir.join("plain");
-    std::fs::write(&file, "keep me")?;
+    let (dir, file) = scratch_file("ur", "plain", "keep me")?;
     let upstream = free_port()?;
     let mut proc = Sidecar::spawn_args(&args(&file, upstream, &[])?, &[])?;
     proc.exits_with(64, "not a socket").await?;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::kit::WAIT;
 use crate::kit::app::TestApp;
 use crate::kit::free_port;
-use crate::kit::load::{Failure, Load};
+use crate::kit::load::Load;
 use crate::kit::sidecar::{Sidecar, command};
 use crate::kit::upgrade::Upgradable;
 use anyhow::{Context, Result, ensure};
@@ -96,11 +96,7 @@ async fn three_upgrades_under_load_lose_nothing_a_restart_does() -> Result<()> {
     eprintln!("kill-and-restart: {}", restart.summary());
     proc.stop().await?;
 
-    ensure!(
-        handover.failed() == 0 && handover.count(Failure::Refused) == 0,
-        "hand-over lost requests: {}",
-        handover.summary()
-    );
+    handover.ensure_lost_nothing("hand-over")?;
     ensure!(handover.ok >= 800, "{}", handover.summary());
     ensure!(
         restart.failed() > 0,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::kit::WAIT;
 use crate::kit::app::TestApp;
 use crate::kit::listening_sockets;
-use crate::kit::load::{Failure, Load};
+use crate::kit::load::Load;
 use crate::kit::upgrade::Upgradable;
 use anyhow::{Context, Result, ensure};
 
@@ -33,11 +33,7 @@ async fn n_listeners_are_handed_over_and_all_drained() -> Result<()> {
     proc.wait_gone(old).await?;
     load.wait_ok(200, WAIT).await?;
     let counts = load.stop().await?;
-    ensure!(
-        counts.failed() == 0 && counts.count(Failure::Refused) == 0,
-        "upgrade with 3 workers lost requests: {}",
-        counts.summary()
-    );
+    counts.ensure_lost_nothing("upgrade with 3 workers")?;
     ensure!(
         listening_sockets(port) == 3,
         "the new process serves on the same 3 sockets, found {}; logs:\n{}",

@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::activity::ConnCtx;
+use super::activity::{ConnActivity, ConnCtx};
 
 /// A downstream socket: TCP or Unix.
 pub(crate) trait Downstream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
@@ -68,13 +68,9 @@ pub(super) struct CountingIo<T> {
     /// The connection's context, for its activity counters (one allocation
     /// per connection holds both).
     ctx: Arc<ConnCtx>,
-    /// Bytes read and written so far (this wrapper is the only reader
-    /// and writer): the shared counters are stored, not added to, which
-    /// is a plain store instead of a locked instruction per read and write.
-    read: u64,
+    reads: ReadCount,
+    /// Bytes written so far (see [`ReadCount::read`]).
     written: u64,
-    /// How much of CRLF CRLF the head scan has matched.
-    scan_state: u8,
     /// Nagle's algorithm is still on: it goes off before the second
     /// write (see [`CountingIo::before_write`]).
     delay_on: bool,
@@ -86,17 +82,45 @@ impl<T> CountingIo<T> {
         CountingIo {
             inner,
             ctx,
-            read: 0,
+            reads: ReadCount::default(),
             written: 0,
-            scan_state: 0,
             delay_on: true,
             wrote: false,
         }
     }
 
-    /// Book-keeping for `n` new bytes at the end of `data`.
-    fn saw(&mut self, data: &[u8]) {
-        let act = &self.ctx.act;
+    fn wrote(&mut self, res: &Poll<io::Result<usize>>) {
+        match res {
+            Poll::Ready(Ok(n)) => {
+                self.wrote = true;
+                self.written += *n as u64;
+                self.ctx
+                    .act
+                    .bytes_written
+                    .store(self.written, Ordering::Relaxed);
+                self.ctx.act.write_blocked.store(false, Ordering::Relaxed);
+            }
+            Poll::Pending => self.ctx.act.write_blocked.store(true, Ordering::Relaxed),
+            Poll::Ready(Err(_)) => {}
+        }
+    }
+}
+
+/// The read side's counters.
+#[derive(Default)]
+struct ReadCount {
+    /// Bytes read so far. [`CountingIo`] is its socket's only reader and
+    /// writer, so the shared counters (this one and `written`) are stored,
+    /// not added to: a plain store instead of a locked instruction per
+    /// read and write.
+    read: u64,
+    /// How much of CRLF CRLF the head scan has matched.
+    scan_state: u8,
+}
+
+impl ReadCount {
+    /// Book-keeping for the new bytes `data`.
+    fn saw(&mut self, act: &ConnActivity, data: &[u8]) {
         if act.head_scan.load(Ordering::Relaxed) {
             for (i, &b) in data.iter().enumerate() {
                 self.scan_state = match (self.scan_state, b) {
@@ -125,22 +149,6 @@ impl<T> CountingIo<T> {
         self.read += data.len() as u64;
         act.bytes_read.store(self.read, Ordering::Relaxed);
     }
-
-    fn wrote(&mut self, res: &Poll<io::Result<usize>>) {
-        match res {
-            Poll::Ready(Ok(n)) => {
-                self.wrote = true;
-                self.written += *n as u64;
-                self.ctx
-                    .act
-                    .bytes_written
-                    .store(self.written, Ordering::Relaxed);
-                self.ctx.act.write_blocked.store(false, Ordering::Relaxed);
-            }
-            Poll::Pending => self.ctx.act.write_blocked.store(true, Ordering::Relaxed),
-            Poll::Ready(Err(_)) => {}
-        }
-    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for CountingIo<T> {
@@ -149,14 +157,14 @@ impl<T: AsyncRead + Unpin> AsyncRead for CountingIo<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let res = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            let filled = &buf.filled()[before..];
-            this.saw(filled);
-        }
-        res
+        let CountingIo {
+            inner, ctx, reads, ..
+        } = self.get_mut();
+        crate::passthrough::poll_read_seen(inner, cx, buf, |_, new| {
+            if !new.is_empty() {
+                reads.saw(&ctx.act, new);
+            }
+        })
     }
 }
 
@@ -227,13 +235,13 @@ impl<T: AsyncRead + Unpin> AsyncRead for Rewind<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if !this.pre.is_empty() {
-            let n = this.pre.len().min(buf.remaining());
-            buf.put_slice(&this.pre.split_to(n));
+        let Rewind { pre, inner } = self.get_mut();
+        if !pre.is_empty() {
+            let n = pre.len().min(buf.remaining());
+            buf.put_slice(&pre.split_to(n));
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
+        Pin::new(inner).poll_read(cx, buf)
     }
 }
 

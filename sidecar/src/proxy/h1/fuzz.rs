@@ -22,16 +22,18 @@ use super::chunked::ChunkFramer;
 use super::head::{Framing, Parsed, Refusal, Rewrite, parse_request, parse_response};
 
 fn config() -> ProptestConfig {
-    let cases = std::env::var("KUBEGRACE_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256);
-    ProptestConfig {
-        cases,
-        // A failure prints its minimal input; no regression files in the tree.
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
+    crate::testing::fuzz_config(256)
+}
+
+/// A string that is one of `known` or matches one of the regexes
+/// `patterns`, each choice as likely as the others.
+fn one_of(
+    known: &[&'static str],
+    patterns: &[&'static str],
+) -> prop::strategy::Union<BoxedStrategy<String>> {
+    let known = known.iter().map(|s| Just(s.to_string()).boxed());
+    let patterns = patterns.iter().map(|&p| p.boxed());
+    prop::strategy::Union::new(known.chain(patterns))
 }
 
 const REWRITE: Rewrite<'static> = Rewrite {
@@ -126,56 +128,54 @@ fn frame(body: &[u8], pieces: &[usize]) -> Chunked {
 /// rules (framing, hop-by-hop, Host) over-represented, then damaged a
 /// little: a byte changed, inserted or cut.
 fn head_like() -> impl Strategy<Value = Vec<u8>> {
-    let method = prop_oneof![
-        Just("GET".to_string()),
-        Just("POST".to_string()),
-        Just("HEAD".to_string()),
-        Just("CONNECT".to_string()),
-        "[A-Z]{1,8}",
-    ];
-    let target = prop_oneof![
-        Just("/".to_string()),
-        Just("/a/b?x=1".to_string()),
-        Just("/%6cim/./x//y/../z?q=%2F".to_string()),
-        Just("/lim%2Fx".to_string()),
-        Just("*".to_string()),
-        Just("http://h/x".to_string()),
-        "/[ -~]{0,20}",
-    ];
+    let method = one_of(&["GET", "POST", "HEAD", "CONNECT"], &["[A-Z]{1,8}"]);
+    let target = one_of(
+        &[
+            "/",
+            "/a/b?x=1",
+            "/%6cim/./x//y/../z?q=%2F",
+            "/lim%2Fx",
+            "*",
+            "http://h/x",
+        ],
+        &["/[ -~]{0,20}"],
+    );
     let version = prop_oneof![
         4 => Just("HTTP/1.1"),
         1 => Just("HTTP/1.0"),
         1 => Just("HTTP/2.0"),
         1 => Just("HTTP/1.1 "),
     ];
-    let name = prop_oneof![
-        Just("Host".to_string()),
-        Just("Content-Length".to_string()),
-        Just("Transfer-Encoding".to_string()),
-        Just("Connection".to_string()),
-        Just("Keep-Alive".to_string()),
-        Just("Upgrade".to_string()),
-        Just("Expect".to_string()),
-        Just("X-Forwarded-For".to_string()),
-        Just("TE".to_string()),
-        Just("Content_Length".to_string()),
-        Just("X_Real_IP".to_string()),
-        "[A-Za-z_-]{1,12}",
-        "[ -~]{1,6}",
-    ];
-    let value = prop_oneof![
-        Just("0".to_string()),
-        Just("5".to_string()),
-        Just("+5".to_string()),
-        Just("5, 5".to_string()),
-        Just("chunked".to_string()),
-        Just("gzip, chunked".to_string()),
-        Just("close".to_string()),
-        Just("keep-alive, X-A".to_string()),
-        Just("upgrade".to_string()),
-        "[ -~]{0,16}",
-        "[\\x00-\\xff]{0,6}",
-    ];
+    let name = one_of(
+        &[
+            "Host",
+            "Content-Length",
+            "Transfer-Encoding",
+            "Connection",
+            "Keep-Alive",
+            "Upgrade",
+            "Expect",
+            "X-Forwarded-For",
+            "TE",
+            "Content_Length",
+            "X_Real_IP",
+        ],
+        &["[A-Za-z_-]{1,12}", "[ -~]{1,6}"],
+    );
+    let value = one_of(
+        &[
+            "0",
+            "5",
+            "+5",
+            "5, 5",
+            "chunked",
+            "gzip, chunked",
+            "close",
+            "keep-alive, X-A",
+            "upgrade",
+        ],
+        &["[ -~]{0,16}", "[\\x00-\\xff]{0,6}"],
+    );
     let line_end = prop_oneof![8 => Just("\r\n"), 1 => Just("\n"), 1 => Just("\r\n ")];
     let header = (name, value, line_end.clone());
     (
@@ -587,14 +587,8 @@ fn response_like() -> impl Strategy<Value = (Vec<u8>, u16, bool)> {
     ];
     let interim = prop::option::of(prop_oneof![Just(100u16), Just(103)]);
     let framing = prop_oneof![Just(0u8), Just(1), Just(2)];
-    let trailers = prop::collection::vec(
-        prop_oneof![
-            Just("grpc-status".to_string()),
-            Just("x-sum".to_string()),
-            Just("content-type".to_string()),
-        ],
-        0..3,
-    );
+    let trailers =
+        prop::collection::vec(one_of(&["grpc-status", "x-sum", "content-type"], &[]), 0..3);
     (
         interim,
         status,

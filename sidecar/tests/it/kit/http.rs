@@ -199,9 +199,44 @@ pub async fn websocket(addr: SocketAddr) -> Result<tokio_tungstenite::WebSocketS
     Ok(ws)
 }
 
+/// A WebSocket through the proxy at `addr` that has echoed one message:
+/// the tunnel is up end to end before a test starts its drain.
+pub async fn echoing_websocket(
+    addr: SocketAddr,
+) -> Result<tokio_tungstenite::WebSocketStream<TcpStream>> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let mut ws = websocket(addr).await?;
+    ws.send(Message::text("before")).await?;
+    let echo = within("echo before the drain", WAIT, ws.next())
+        .await?
+        .context("closed")??;
+    anyhow::ensure!(echo == Message::text("before"), "unexpected echo {echo:?}");
+    Ok(ws)
+}
+
 /// The first line of a raw answer.
 pub fn status_line(answer: &str) -> &str {
     answer.lines().next().unwrap_or("")
+}
+
+/// Reads what the sidecar sends a client it cuts, to the end (for at most
+/// `limit`): nothing, or a 408, is all it may send. Returns how the read
+/// ended and what arrived.
+pub async fn read_cut_answer(
+    conn: &mut (impl tokio::io::AsyncRead + Unpin),
+    what: &str,
+    limit: Duration,
+) -> Result<(std::io::Result<usize>, String)> {
+    let mut answer = Vec::new();
+    let read = within(what, limit, conn.read_to_end(&mut answer)).await?;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    anyhow::ensure!(
+        answer.is_empty() || status_line(&answer).starts_with("HTTP/1.1 408"),
+        "{what}: the cut client got {:?}",
+        status_line(&answer)
+    );
+    Ok((read, answer))
 }
 
 /// Writes `bytes` on a fresh connection and reads until the server closes

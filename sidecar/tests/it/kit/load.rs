@@ -67,6 +67,23 @@ impl Default for LoadSpec {
     }
 }
 
+impl LoadSpec {
+    /// The load of a pod-replacement test: `rate` requests/s from `workers`
+    /// keep-alive clients that reconnect every 10 requests (the steady
+    /// trickle of new connections routers keep sending to a terminating
+    /// pod), up to 8,000 requests or 60 s.
+    pub fn churning(rate: u32, workers: usize) -> Self {
+        LoadSpec {
+            rate,
+            workers,
+            max_requests: 8_000,
+            max_duration: Duration::from_secs(60),
+            requests_per_connection: 10,
+            ..LoadSpec::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Failure {
     /// Connection refused: the pod's listener was gone.
@@ -116,11 +133,6 @@ impl LoadReport {
         self.failures.len()
     }
 
-    /// Failures of one kind.
-    pub fn count(&self, kind: Failure) -> usize {
-        self.failures.iter().filter(|f| f.kind == kind).count()
-    }
-
     pub fn by_kind(&self) -> BTreeMap<String, usize> {
         let mut kinds = BTreeMap::new();
         for f in &self.failures {
@@ -151,6 +163,17 @@ impl LoadReport {
             self.ok_by_pod,
             self.closes_by_pod
         )
+    }
+
+    /// Fails, naming `what`, unless every request succeeded.
+    pub fn ensure_lost_nothing(&self, what: &str) -> Result<()> {
+        anyhow::ensure!(
+            self.failures.is_empty(),
+            "{what} lost requests: {}\n{}",
+            self.summary(),
+            self.failure_details()
+        );
+        Ok(())
     }
 
     /// The first few failures with their details, for assertion messages.

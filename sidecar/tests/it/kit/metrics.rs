@@ -97,6 +97,14 @@ impl Metrics {
         )
     }
 
+    /// A drain that had to cut: at least `min` connections were closed by
+    /// force at the deadline, and none is left open. Returns the count.
+    pub fn expect_cut_at_least(&self, min: f64, what: &str) -> Result<f64> {
+        let forced = self.expect_at_least("kubegrace_drain_force_closed_total", min, what)?;
+        self.expect_no_open_connections()?;
+        Ok(forced)
+    }
+
     /// The metric `name` (summed over its series) is at least `min`.
     pub fn expect_at_least(&self, name: &str, min: f64, what: &str) -> Result<f64> {
         match self.sum(name) {
@@ -134,6 +142,24 @@ impl Metrics {
             .iter()
             .find(|(key, _)| key.split('{').next() == Some(name) && key.contains(label))
             .map(|(_, v)| *v)
+    }
+
+    /// `kubegrace_rejected_requests_total` of one route, for one reason
+    /// (`breaker_open`, `queue_full`, `queue_timeout`).
+    pub fn rejected(&self, route: &str, reason: &str) -> Option<f64> {
+        self.get(&format!(
+            "kubegrace_rejected_requests_total{{route=\"{route}\",reason=\"{reason}\"}}"
+        ))
+    }
+
+    /// [`Self::sum`] of a counter, 0 while it has no series.
+    pub fn counted(&self, name: &str) -> f64 {
+        self.sum(name).unwrap_or(0.0)
+    }
+
+    /// [`Self::with_label`] of a counter, 0 while that series is absent.
+    pub fn counted_with(&self, name: &str, label: &str) -> f64 {
+        self.with_label(name, label).unwrap_or(0.0)
     }
 }
 

@@ -24,6 +24,25 @@
 //! - [`grpc`]: hand-written prost messages and a prost codec for tonic (no
 //!   protoc, no generated code).
 
+/// One HTTP/1 subject as two tests, named as the docs name them: `$fast`
+/// runs `$subject("true")` (`--http1-fast-path true`), `$hyper` runs
+/// `$subject("false")` (hyper's server), so each path passes or fails on
+/// its own.
+macro_rules! on_both_http1_paths {
+    ($fast:ident, $hyper:ident, $subject:expr) => {
+        #[tokio::test]
+        async fn $fast() -> anyhow::Result<()> {
+            ($subject)("true").await
+        }
+
+        #[tokio::test]
+        async fn $hyper() -> anyhow::Result<()> {
+            ($subject)("false").await
+        }
+    };
+}
+pub(crate) use on_both_http1_paths;
+
 pub mod app;
 pub mod balancer;
 pub mod grpc;
@@ -76,6 +95,41 @@ pub fn free_port() -> Result<SocketAddr> {
     listener.local_addr().context("local_addr")
 }
 
+/// Waits (bounded) until the app is working on `n` requests: the work a
+/// drain test needs in flight before it starts the drain.
+pub async fn app_busy(app: &app::TestApp, n: i64) -> Result<()> {
+    let what = format!("the app to have {n} requests in flight");
+    wait_for(&what, WAIT, || async {
+        (app.stats.inflight.load(Ordering::SeqCst) >= n).then_some(())
+    })
+    .await
+}
+
+/// A race tried `rounds` times: `round(i)` says what went wrong in round
+/// `i` (`None`: nothing did); an error ends the test at once. Fails unless
+/// every round won, saying how often `lost` happened and what each said.
+pub async fn race_rounds<Fut>(
+    rounds: usize,
+    lost: &str,
+    mut round: impl FnMut(usize) -> Fut,
+) -> Result<()>
+where
+    Fut: Future<Output = Result<Option<String>>>,
+{
+    let mut complaints = Vec::new();
+    for i in 0..rounds {
+        if let Some(what) = round(i).await? {
+            complaints.push(what);
+        }
+    }
+    anyhow::ensure!(
+        complaints.is_empty(),
+        "{lost} in {} of {rounds} rounds: {complaints:#?}",
+        complaints.len()
+    );
+    Ok(())
+}
+
 /// Bounds a whole future; the error names what hung.
 pub async fn within<T>(what: &str, limit: Duration, fut: impl Future<Output = T>) -> Result<T> {
     tokio::time::timeout(limit, fut)
@@ -94,6 +148,15 @@ pub fn scratch_dir(tag: &str) -> Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     Ok(dir)
+}
+
+/// A fresh [`scratch_dir`] holding one file, `name`, with `text`:
+/// (the directory, the file).
+pub fn scratch_file(tag: &str, name: &str, text: &str) -> Result<(PathBuf, PathBuf)> {
+    let dir = scratch_dir(tag)?;
+    let file = dir.join(name);
+    std::fs::write(&file, text).with_context(|| format!("write {}", file.display()))?;
+    Ok((dir, file))
 }
 
 /// Sends a Unix signal (`TERM`, `INT`, `HUP`, ...) with kill(1): the

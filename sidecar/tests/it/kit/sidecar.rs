@@ -359,6 +359,12 @@ impl InProcess {
         Ok((app, Self::start(spec).await?))
     }
 
+    /// The usual setup with `limits.headerReadTimeout: 500ms`, for the
+    /// tests of a request head that never completes.
+    pub async fn with_short_header_read_timeout() -> Result<(TestApp, Self)> {
+        Self::with_app_config("limits: {headerReadTimeout: 500ms}\n").await
+    }
+
     /// Starts serving without waiting for readiness (an app not up yet).
     pub async fn start_unready(spec: SidecarSpec) -> Result<Self> {
         let (args, config_path) = spec.command_line()?;

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use super::{Budget, Invalid};
 use crate::crd::bounds::CONFIG_MAP_LIMIT;
 use crate::crd::{
-    CircuitBreakerSpec, FallbackSpec, GraceRouteSpec, GrpcHealthSpec, Http2GoAwaySpec,
+    CircuitBreakerSpec, DrainSpec, FallbackSpec, GraceRouteSpec, GrpcHealthSpec, Http2GoAwaySpec,
     PortProtocol, Readiness, WebSocketCloseSpec,
 };
 use crate::reasons;
@@ -114,6 +114,23 @@ fn http2_go_away(g: Http2GoAwaySpec) -> Http2GoAway {
     }
 }
 
+/// The route's `drain` as the sidecar's, before the budget has its say
+/// (see [`sidecar_config`]).
+pub(super) fn drain(d: &DrainSpec) -> DrainConfig {
+    DrainConfig {
+        min_delay: d.min_delay.0,
+        quiet: d.quiet.0,
+        max_delay: d.max_delay.0,
+        timeout: d.timeout.0,
+        readiness: readiness(d.readiness),
+        http2_go_away: http2_go_away(d.http2_go_away),
+        grpc_health: grpc_health(d.grpc_health),
+        websocket_close: websocket_close(d.websocket_close),
+        websocket_close_window: d.websocket_close_window.0,
+        websocket_close_wait: d.websocket_close_wait.0,
+    }
+}
+
 fn breaker(cb: &CircuitBreakerSpec) -> CircuitBreakerConfig {
     CircuitBreakerConfig {
         max_concurrent: cb.max_concurrent,
@@ -154,15 +171,7 @@ pub fn sidecar_config(
             .first()
             .map_or(Protocol::Auto, |p| protocol(p.protocol)),
         drain: DrainConfig {
-            min_delay: spec.drain.min_delay.0,
-            quiet: spec.drain.quiet.0,
-            max_delay: spec.drain.max_delay.0,
             timeout: HumanDuration(budget.effective_timeout()),
-            readiness: readiness(spec.drain.readiness),
-            http2_go_away: http2_go_away(spec.drain.http2_go_away),
-            grpc_health: grpc_health(spec.drain.grpc_health),
-            websocket_close: websocket_close(spec.drain.websocket_close),
-            websocket_close_window: spec.drain.websocket_close_window.0,
             // The budget may shorten the timeout; the sidecar caps the wait
             // at it anyway, this keeps the rendered file saying what runs.
             websocket_close_wait: HumanDuration(
@@ -172,6 +181,7 @@ pub fn sidecar_config(
                     .get()
                     .min(budget.effective_timeout()),
             ),
+            ..drain(&spec.drain)
         },
         ..Config::default()
     };

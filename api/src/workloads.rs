@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
@@ -105,12 +105,18 @@ pub fn deployment_target(d: &Deployment) -> Option<(Target, Option<String>)> {
 }
 
 /// The pod template's grace period, with the API server's default.
-fn grace_period(template: &k8s_openapi::api::core::v1::PodTemplateSpec) -> i64 {
-    template
-        .spec
-        .as_ref()
-        .and_then(|s| s.termination_grace_period_seconds)
-        .unwrap_or(30)
+fn grace_period(template: &PodTemplateSpec) -> i64 {
+    pod_grace_period(template.spec.as_ref())
+}
+
+/// The API server's default `terminationGracePeriodSeconds`.
+pub const DEFAULT_GRACE_SECONDS: i64 = 30;
+
+/// A pod's (or template's) grace period, with the API server's default:
+/// what a pod created now gets, compared with a route's budget.
+pub fn pod_grace_period(spec: Option<&PodSpec>) -> i64 {
+    spec.and_then(|s| s.termination_grace_period_seconds)
+        .unwrap_or(DEFAULT_GRACE_SECONDS)
 }
 
 pub fn statefulset_target(s: &StatefulSet) -> Option<(Target, Option<String>)> {

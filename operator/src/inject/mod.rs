@@ -477,7 +477,7 @@ pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
         ..Default::default()
     });
     if let Some(budget) = plan.budget_seconds
-        && spec.termination_grace_period_seconds.unwrap_or(30) < budget
+        && kubegrace_api::workloads::pod_grace_period(Some(spec)) < budget
     {
         spec.termination_grace_period_seconds = Some(budget);
     }

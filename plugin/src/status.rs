@@ -306,22 +306,16 @@ mod tests {
 
     #[test]
     fn subjects_parse_like_kubectl() {
-        assert_eq!(
-            Subject::parse("web").ok(),
-            Some(Subject::Route("web".into()))
-        );
-        assert_eq!(
-            Subject::parse("groute/web").ok(),
-            Some(Subject::Route("web".into()))
-        );
-        assert_eq!(
-            Subject::parse("deploy/web").ok(),
-            Some(Subject::Deployment("web".into()))
-        );
-        assert_eq!(
-            Subject::parse("deployment/web").ok(),
-            Some(Subject::Deployment("web".into()))
-        );
+        let route = Subject::Route("web".into());
+        let deployment = Subject::Deployment("web".into());
+        for (arg, want) in [
+            ("web", &route),
+            ("groute/web", &route),
+            ("deploy/web", &deployment),
+            ("deployment/web", &deployment),
+        ] {
+            assert_eq!(Subject::parse(arg).ok().as_ref(), Some(want), "{arg}");
+        }
         assert!(Subject::parse("svc/web").is_err());
         assert!(Subject::parse("deploy/").is_err());
     }

@@ -40,6 +40,12 @@ pub(super) fn over_cap(expr: &str) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Duration(pub HumanDuration);
 
+impl From<HumanDuration> for Duration {
+    fn from(d: HumanDuration) -> Self {
+        Self(d)
+    }
+}
+
 impl Duration {
     pub const fn from_secs(s: u64) -> Self {
         Self(HumanDuration::from_secs(s))

@@ -6,18 +6,15 @@ use std::net::SocketAddr;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kubegrace_sidecar_api::config::{
-    CATCH_ALL_ROUTE, CircuitBreakerConfig, Config, DrainConfig, DrainGrpcHealth, DrainReadiness,
-    Endpoint, FailureKind, FallbackConfig, Http2GoAway, HumanDuration, Protocol, RetryBudgetConfig,
-    RouteConfig, RouteMatch, RouteRetry, WebSocketClose,
+    CATCH_ALL_ROUTE, CircuitBreakerConfig, Config, DrainConfig, Endpoint, FailureKind,
+    FallbackConfig, HumanDuration, Protocol, RetryBudgetConfig, RouteConfig, RouteMatch,
+    RouteRetry,
 };
 use sha2::{Digest, Sha256};
 
 use super::{Budget, Invalid};
 use crate::crd::bounds::CONFIG_MAP_LIMIT;
-use crate::crd::{
-    CircuitBreakerSpec, DrainSpec, FallbackSpec, GraceRouteSpec, GrpcHealthSpec, Http2GoAwaySpec,
-    PortProtocol, Readiness, WebSocketCloseSpec,
-};
+use crate::crd::{CircuitBreakerSpec, DrainSpec, FallbackSpec, GraceRouteSpec, PortProtocol};
 use crate::reasons;
 
 /// Where the sidecar listens and where the app is, for one pod shape.
@@ -85,35 +82,6 @@ fn protocol(p: PortProtocol) -> Protocol {
     }
 }
 
-fn grpc_health(g: GrpcHealthSpec) -> DrainGrpcHealth {
-    match g {
-        GrpcHealthSpec::NotServing => DrainGrpcHealth::NotServing,
-        GrpcHealthSpec::App => DrainGrpcHealth::App,
-    }
-}
-
-fn websocket_close(w: WebSocketCloseSpec) -> WebSocketClose {
-    match w {
-        WebSocketCloseSpec::GoingAway => WebSocketClose::GoingAway,
-        WebSocketCloseSpec::Cut => WebSocketClose::Cut,
-    }
-}
-
-fn readiness(r: Readiness) -> DrainReadiness {
-    match r {
-        Readiness::FailFast => DrainReadiness::FailFast,
-        Readiness::StayServing => DrainReadiness::StayServing,
-    }
-}
-
-fn http2_go_away(g: Http2GoAwaySpec) -> Http2GoAway {
-    match g {
-        Http2GoAwaySpec::Auto => Http2GoAway::Auto,
-        Http2GoAwaySpec::TwoPhase => Http2GoAway::TwoPhase,
-        Http2GoAwaySpec::FinalOnly => Http2GoAway::FinalOnly,
-    }
-}
-
 /// The route's `drain` as the sidecar's, before the budget has its say
 /// (see [`sidecar_config`]).
 pub(super) fn drain(d: &DrainSpec) -> DrainConfig {
@@ -122,10 +90,10 @@ pub(super) fn drain(d: &DrainSpec) -> DrainConfig {
         quiet: d.quiet.0,
         max_delay: d.max_delay.0,
         timeout: d.timeout.0,
-        readiness: readiness(d.readiness),
-        http2_go_away: http2_go_away(d.http2_go_away),
-        grpc_health: grpc_health(d.grpc_health),
-        websocket_close: websocket_close(d.websocket_close),
+        readiness: d.readiness.into(),
+        http2_go_away: d.http2_go_away.into(),
+        grpc_health: d.grpc_health.into(),
+        websocket_close: d.websocket_close.into(),
         websocket_close_window: d.websocket_close_window.0,
         websocket_close_wait: d.websocket_close_wait.0,
     }
@@ -305,8 +273,11 @@ pub fn config_map_name(route: &str) -> String {
 mod tests {
     use super::super::testing::{BASE, config_of, route, sidecar_reads, template};
     use super::*;
-    use crate::crd::GraceRoute;
+    use crate::crd::{GraceRoute, Readiness};
     use crate::rules::budget;
+    use kubegrace_sidecar_api::config::{
+        DrainGrpcHealth, DrainReadiness, Http2GoAway, WebSocketClose,
+    };
 
     /// A route with this `drain` does not parse, and the error names the
     /// value that would.

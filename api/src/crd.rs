@@ -28,6 +28,24 @@ macro_rules! sidecar_defaults {
     )+};
 }
 
+/// The schema of a string newtype, written inline where a field uses it
+/// (no `$ref`: a CRD's structural schema has no definitions).
+macro_rules! inline_string_schema {
+    ($ty:ident, $schema:tt) => {
+        impl JsonSchema for $ty {
+            fn schema_name() -> Cow<'static, str> {
+                stringify!($ty).into()
+            }
+            fn inline_schema() -> bool {
+                true
+            }
+            fn json_schema(_: &mut SchemaGenerator) -> Schema {
+                json_schema!($schema)
+            }
+        }
+    };
+}
+
 pub mod bounds;
 mod breaker;
 mod duration;
@@ -484,21 +502,11 @@ pub struct RouteRetrySpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct FailOn(pub String);
 
-impl JsonSchema for FailOn {
-    fn schema_name() -> Cow<'static, str> {
-        "FailOn".into()
-    }
-    fn inline_schema() -> bool {
-        true
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "string",
-            "pattern": "^(5xx|connect-error|timeout|5[0-9][0-9])$",
-            "maxLength": "connect-error".len(),
-        })
-    }
-}
+inline_string_schema!(FailOn, {
+    "type": "string",
+    "pattern": "^(5xx|connect-error|timeout|5[0-9][0-9])$",
+    "maxLength": "connect-error".len(),
+});
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -532,14 +540,4 @@ pub struct RouteMatchSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct HttpMethod(pub String);
 
-impl JsonSchema for HttpMethod {
-    fn schema_name() -> Cow<'static, str> {
-        "HttpMethod".into()
-    }
-    fn inline_schema() -> bool {
-        true
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": "string", "pattern": "^[A-Z]+$", "maxLength": MAX_METHOD})
-    }
-}
+inline_string_schema!(HttpMethod, {"type": "string", "pattern": "^[A-Z]+$", "maxLength": MAX_METHOD});

@@ -73,27 +73,17 @@ impl<'de> Deserialize<'de> for Duration {
     }
 }
 
-impl JsonSchema for Duration {
-    fn schema_name() -> Cow<'static, str> {
-        "Duration".into()
-    }
-    fn inline_schema() -> bool {
-        true
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "string",
-            "pattern": DURATION_PATTERN,
-            // Bounded so CEL cost estimation stays small.
-            "maxLength": DURATION_MAX_LEN,
-            // Every duration field has the same cap, so it lives here; the
-            // API server names the field in front of the message.
-            "x-kubernetes-validations": [{
-                "rule": format!("!{} || !({})", well_formed("self"), over_cap("self")),
-                "messageExpression": format!(
-                    "self + ' is longer than the {MAX_DURATION_TEXT} maximum; write at most {MAX_DURATION_TEXT}'"
-                ),
-            }],
-        })
-    }
-}
+inline_string_schema!(Duration, {
+    "type": "string",
+    "pattern": DURATION_PATTERN,
+    // Bounded so CEL cost estimation stays small.
+    "maxLength": DURATION_MAX_LEN,
+    // Every duration field has the same cap, so it lives here; the
+    // API server names the field in front of the message.
+    "x-kubernetes-validations": [{
+        "rule": format!("!{} || !({})", well_formed("self"), over_cap("self")),
+        "messageExpression": format!(
+            "self + ' is longer than the {MAX_DURATION_TEXT} maximum; write at most {MAX_DURATION_TEXT}'"
+        ),
+    }],
+});

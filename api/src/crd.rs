@@ -223,6 +223,15 @@ pub struct GraceRouteSpec {
 }
 
 impl GraceRouteSpec {
+    /// The name of the pod port the sidecar takes over (`ports` has one
+    /// entry); empty when a stored route has none.
+    pub fn port_name(&self) -> &str {
+        self.ports
+            .first()
+            .map(|p| p.name.as_str())
+            .unwrap_or_default()
+    }
+
     /// `rollout.terminationGracePeriodSeconds`, `auto` when unset.
     pub fn grace(&self) -> IntOrString {
         self.rollout

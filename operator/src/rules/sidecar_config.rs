@@ -37,11 +37,7 @@ pub fn check_template(
             format!("{target} has no pod template spec"),
         ));
     };
-    let wanted = spec
-        .ports
-        .first()
-        .map(|p| p.name.as_str())
-        .unwrap_or_default();
+    let wanted = spec.port_name();
     let mut names = Vec::new();
     for c in &pod.containers {
         for p in c.ports.iter().flatten() {

@@ -267,7 +267,7 @@ pub fn config_map_name(route: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{BASE, config_of, route, sidecar_reads, template};
+    use super::super::testing::{BASE, config_of, rendered, route, sidecar_reads, template};
     use super::*;
     use crate::crd::{GraceRoute, Readiness};
     use crate::rules::budget;
@@ -313,39 +313,23 @@ mod tests {
 
     #[test]
     fn drain_grpc_health_is_carried_into_the_sidecar_config() {
-        let b = budget(&route(BASE).spec).expect("valid");
-        let c = sidecar_config(&route(BASE).spec, &b, None).expect("valid");
         assert_eq!(
-            c.drain.grpc_health,
+            config_of(BASE).drain.grpc_health,
             DrainGrpcHealth::NotServing,
             "unset: the sidecar default"
         );
-        let r = route(&format!("{BASE}  drain: {{grpcHealth: app}}\n"));
-        let b = budget(&r.spec).expect("valid");
-        let c = sidecar_config(&r.spec, &b, None).expect("valid");
-        assert_eq!(c.drain.grpc_health, DrainGrpcHealth::App);
-        let (yaml, _) = render(&c).expect("render");
-        assert_eq!(
-            sidecar_reads(&yaml).drain.grpc_health,
-            DrainGrpcHealth::App,
-            "{yaml}"
-        );
+        let (yaml, read) = rendered(&format!("{BASE}  drain: {{grpcHealth: app}}\n"));
+        assert_eq!(read.drain.grpc_health, DrainGrpcHealth::App, "{yaml}");
         assert_unknown_value_names("{grpcHealth: off}", "notServing");
     }
 
     #[test]
     fn retry_budget_and_route_retry_are_carried_into_the_sidecar_config() {
-        let b = budget(&route(BASE).spec).expect("valid");
-        let c = sidecar_config(&route(BASE).spec, &b, None).expect("valid");
-        let (yaml, _) = render(&c).expect("render");
+        let (yaml, _) = rendered(BASE);
         assert!(!yaml.contains("retryBudget"), "unset: not written\n{yaml}");
-        let r = route(&format!(
+        let (yaml, read) = rendered(&format!(
             "{BASE}  retryBudget: {{ratio: 0.5}}\n  routes:\n  - name: reads\n    retry: {{idempotent: true}}\n"
         ));
-        let b = budget(&r.spec).expect("valid");
-        let c = sidecar_config(&r.spec, &b, None).expect("valid");
-        let (yaml, _) = render(&c).expect("render");
-        let read = sidecar_reads(&yaml);
         assert_eq!(read.retry_budget.ratio, 0.5, "{yaml}");
         assert_eq!(
             read.retry_budget.min_per_second,
@@ -357,21 +341,17 @@ mod tests {
 
     #[test]
     fn drain_websocket_close_is_carried_into_the_sidecar_config() {
-        let b = budget(&route(BASE).spec).expect("valid");
-        let c = sidecar_config(&route(BASE).spec, &b, None).expect("valid");
+        let c = config_of(BASE);
         assert_eq!(c.drain.websocket_close, WebSocketClose::GoingAway);
         assert_eq!(
             c.drain.websocket_close_window,
             DrainConfig::default().websocket_close_window,
             "unset: the sidecar default"
         );
-        let r = route(&format!(
+        let (yaml, read) = rendered(&format!(
             "{BASE}  drain: {{websocketClose: cut, websocketCloseWindow: 3s, websocketCloseWait: 200ms}}\n"
         ));
-        let b = budget(&r.spec).expect("valid");
-        let c = sidecar_config(&r.spec, &b, None).expect("valid");
-        let (yaml, _) = render(&c).expect("render");
-        let read = sidecar_reads(&yaml).drain;
+        let read = read.drain;
         assert_eq!(read.websocket_close, WebSocketClose::Cut, "{yaml}");
         assert_eq!(read.websocket_close_window.get().as_secs(), 3);
         assert_eq!(read.websocket_close_wait.get().as_millis(), 200);
@@ -489,13 +469,9 @@ mod tests {
 
     #[test]
     fn the_catch_all_is_the_sidecars_one_and_there_is_exactly_one() {
-        let r = route(&format!(
+        let (yaml, back) = rendered(&format!(
             "{BASE}  circuitBreaker: {{maxConcurrent: 10}}\n  routes:\n  - {{name: api, match: {{pathPrefix: /api}}}}\n"
         ));
-        let b = budget(&r.spec).expect("valid");
-        let c = sidecar_config(&r.spec, &b, None).expect("valid");
-        let (yaml, _) = render(&c).expect("render");
-        let back = sidecar_reads(&yaml);
         let catch_alls: Vec<&RouteConfig> = back
             .routes
             .iter()
@@ -504,10 +480,9 @@ mod tests {
         assert_eq!(catch_alls.len(), 1, "{yaml}");
         assert_eq!(catch_alls[0].name, CATCH_ALL_ROUTE);
         // A user route of that name is the catch-all's policy: no second one.
-        let r = route(&format!(
+        let c = config_of(&format!(
             "{BASE}  circuitBreaker: {{maxConcurrent: 10}}\n  routes:\n  - {{name: default, timeout: 5s}}\n"
         ));
-        let c = sidecar_config(&r.spec, &b, None).expect("valid");
         assert_eq!(c.routes.len(), 1);
     }
 }

@@ -17,6 +17,35 @@
 //! Defaults come from the sidecar's own `Default` impls so the schema, the
 //! ConfigMap and a bare sidecar agree.
 
+/// The functions `#[serde(default = "...")]` names, one per field: each
+/// returns the field of the sidecar's own default `$config`, so a route that
+/// leaves the field out runs what a sidecar without the operator would.
+macro_rules! sidecar_defaults {
+    ($config:ty { $($name:ident => $field:ident: $ty:ty),+ $(,)? }) => {$(
+        fn $name() -> $ty {
+            <$ty>::from(<$config>::default().$field)
+        }
+    )+};
+}
+
+/// The schema of a string newtype, written inline where a field uses it
+/// (no `$ref`: a CRD's structural schema has no definitions).
+macro_rules! inline_string_schema {
+    ($ty:ident, $schema:tt) => {
+        impl JsonSchema for $ty {
+            fn schema_name() -> Cow<'static, str> {
+                stringify!($ty).into()
+            }
+            fn inline_schema() -> bool {
+                true
+            }
+            fn json_schema(_: &mut SchemaGenerator) -> Schema {
+                json_schema!($schema)
+            }
+        }
+    };
+}
+
 pub mod bounds;
 mod breaker;
 mod duration;
@@ -194,6 +223,15 @@ pub struct GraceRouteSpec {
 }
 
 impl GraceRouteSpec {
+    /// The name of the pod port the sidecar takes over (`ports` has one
+    /// entry); empty when a stored route has none.
+    pub fn port_name(&self) -> &str {
+        self.ports
+            .first()
+            .map(|p| p.name.as_str())
+            .unwrap_or_default()
+    }
+
     /// `rollout.terminationGracePeriodSeconds`, `auto` when unset.
     pub fn grace(&self) -> IntOrString {
         self.rollout
@@ -202,49 +240,18 @@ impl GraceRouteSpec {
     }
 }
 
-fn d_min_delay() -> Duration {
-    Duration(DrainConfig::default().min_delay)
-}
-fn d_quiet() -> Duration {
-    Duration(DrainConfig::default().quiet)
-}
-fn d_max_delay() -> Duration {
-    Duration(DrainConfig::default().max_delay)
-}
-fn d_timeout() -> Duration {
-    Duration(DrainConfig::default().timeout)
-}
-fn d_http2_go_away() -> Http2GoAwaySpec {
-    match DrainConfig::default().http2_go_away {
-        Http2GoAway::Auto => Http2GoAwaySpec::Auto,
-        Http2GoAway::TwoPhase => Http2GoAwaySpec::TwoPhase,
-        Http2GoAway::FinalOnly => Http2GoAwaySpec::FinalOnly,
-    }
-}
-fn d_grpc_health() -> GrpcHealthSpec {
-    match DrainConfig::default().grpc_health {
-        DrainGrpcHealth::NotServing => GrpcHealthSpec::NotServing,
-        DrainGrpcHealth::App => GrpcHealthSpec::App,
-    }
-}
-fn d_websocket_close() -> WebSocketCloseSpec {
-    match DrainConfig::default().websocket_close {
-        WebSocketClose::GoingAway => WebSocketCloseSpec::GoingAway,
-        WebSocketClose::Cut => WebSocketCloseSpec::Cut,
-    }
-}
-fn d_websocket_close_window() -> Duration {
-    Duration(DrainConfig::default().websocket_close_window)
-}
-fn d_websocket_close_wait() -> Duration {
-    Duration(DrainConfig::default().websocket_close_wait)
-}
-fn d_readiness() -> Readiness {
-    match DrainConfig::default().readiness {
-        DrainReadiness::FailFast => Readiness::FailFast,
-        DrainReadiness::StayServing => Readiness::StayServing,
-    }
-}
+sidecar_defaults!(DrainConfig {
+    d_min_delay => min_delay: Duration,
+    d_quiet => quiet: Duration,
+    d_max_delay => max_delay: Duration,
+    d_timeout => timeout: Duration,
+    d_http2_go_away => http2_go_away: Http2GoAwaySpec,
+    d_grpc_health => grpc_health: GrpcHealthSpec,
+    d_websocket_close => websocket_close: WebSocketCloseSpec,
+    d_websocket_close_window => websocket_close_window: Duration,
+    d_websocket_close_wait => websocket_close_wait: Duration,
+    d_readiness => readiness: Readiness,
+});
 
 /// CEL: duration field `a` is not longer than `b` (once both are well
 /// formed and within the cap, which have their own messages).
@@ -377,6 +384,34 @@ pub enum Readiness {
     StayServing,
 }
 
+/// A CRD enum and the sidecar's enum it stands for (the CRD's has the
+/// schema), converted variant by variant both ways: the schema's defaults
+/// come from the sidecar's, and the operator renders the CRD's into the
+/// sidecar's file.
+macro_rules! twin_enums {
+    ($spec:ident <=> $sidecar:ident { $($variant:ident),+ $(,)? }) => {
+        impl From<$spec> for $sidecar {
+            fn from(v: $spec) -> Self {
+                match v {
+                    $($spec::$variant => Self::$variant,)+
+                }
+            }
+        }
+        impl From<$sidecar> for $spec {
+            fn from(v: $sidecar) -> Self {
+                match v {
+                    $($sidecar::$variant => Self::$variant,)+
+                }
+            }
+        }
+    };
+}
+
+twin_enums!(WebSocketCloseSpec <=> WebSocketClose { GoingAway, Cut });
+twin_enums!(GrpcHealthSpec <=> DrainGrpcHealth { NotServing, App });
+twin_enums!(Http2GoAwaySpec <=> Http2GoAway { Auto, TwoPhase, FinalOnly });
+twin_enums!(Readiness <=> DrainReadiness { FailFast, StayServing });
+
 impl Default for DrainSpec {
     fn default() -> Self {
         Self {
@@ -476,21 +511,11 @@ pub struct RouteRetrySpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct FailOn(pub String);
 
-impl JsonSchema for FailOn {
-    fn schema_name() -> Cow<'static, str> {
-        "FailOn".into()
-    }
-    fn inline_schema() -> bool {
-        true
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "string",
-            "pattern": "^(5xx|connect-error|timeout|5[0-9][0-9])$",
-            "maxLength": "connect-error".len(),
-        })
-    }
-}
+inline_string_schema!(FailOn, {
+    "type": "string",
+    "pattern": "^(5xx|connect-error|timeout|5[0-9][0-9])$",
+    "maxLength": "connect-error".len(),
+});
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -524,14 +549,4 @@ pub struct RouteMatchSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct HttpMethod(pub String);
 
-impl JsonSchema for HttpMethod {
-    fn schema_name() -> Cow<'static, str> {
-        "HttpMethod".into()
-    }
-    fn inline_schema() -> bool {
-        true
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": "string", "pattern": "^[A-Z]+$", "maxLength": MAX_METHOD})
-    }
-}
+inline_string_schema!(HttpMethod, {"type": "string", "pattern": "^[A-Z]+$", "maxLength": MAX_METHOD});

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
@@ -84,67 +84,74 @@ pub fn pod_selector(ls: Option<&LabelSelector>) -> Option<String> {
 pub fn deployment_target(d: &Deployment) -> Option<(Target, Option<String>)> {
     let spec = d.spec.as_ref()?;
     let strategy = spec.strategy.as_ref();
-    let ru = strategy.and_then(|s| s.rolling_update.as_ref());
+    // The API server defaults these; None only for Recreate.
+    let rolling = strategy.and_then(|s| s.rolling_update.as_ref());
     let current = Originals {
-        // The API server defaults these; None only for Recreate.
-        max_surge: ru.and_then(|r| r.max_surge.clone()),
-        max_unavailable: ru.and_then(|r| r.max_unavailable.clone()),
-        min_ready_seconds: Some(spec.min_ready_seconds.unwrap_or(0)),
-        termination_grace_period_seconds: Some(grace_period(&spec.template)),
+        max_surge: rolling.and_then(|r| r.max_surge.clone()),
+        max_unavailable: rolling.and_then(|r| r.max_unavailable.clone()),
+        ..originals(&spec.template, spec.min_ready_seconds)
     };
-    Some((
-        target(
-            TargetKind::Deployment,
-            d,
-            &spec.template,
-            strategy.and_then(|s| s.type_.clone()),
-            current,
-        ),
-        pod_selector(Some(&spec.selector)),
+    let strategy_type = strategy.and_then(|s| s.type_.clone());
+    Some(target(
+        TargetKind::Deployment,
+        d,
+        &spec.template,
+        &spec.selector,
+        strategy_type,
+        current,
     ))
-}
-
-/// The pod template's grace period, with the API server's default.
-fn grace_period(template: &k8s_openapi::api::core::v1::PodTemplateSpec) -> i64 {
-    template
-        .spec
-        .as_ref()
-        .and_then(|s| s.termination_grace_period_seconds)
-        .unwrap_or(30)
 }
 
 pub fn statefulset_target(s: &StatefulSet) -> Option<(Target, Option<String>)> {
     let spec = s.spec.as_ref()?;
-    let current = Originals {
-        max_surge: None,
-        max_unavailable: None,
-        min_ready_seconds: Some(spec.min_ready_seconds.unwrap_or(0)),
-        termination_grace_period_seconds: Some(grace_period(&spec.template)),
-    };
-    Some((
-        target(
-            TargetKind::StatefulSet,
-            s,
-            &spec.template,
-            spec.update_strategy.as_ref().and_then(|u| u.type_.clone()),
-            current,
-        ),
-        pod_selector(Some(&spec.selector)),
+    let strategy_type = spec.update_strategy.as_ref().and_then(|u| u.type_.clone());
+    let current = originals(&spec.template, spec.min_ready_seconds);
+    let kind = TargetKind::StatefulSet;
+    Some(target(
+        kind,
+        s,
+        &spec.template,
+        &spec.selector,
+        strategy_type,
+        current,
     ))
 }
 
+/// The rollout values both kinds have, as the workload runs with them now
+/// (a StatefulSet has no surge).
+fn originals(template: &PodTemplateSpec, min_ready_seconds: Option<i32>) -> Originals {
+    Originals {
+        max_surge: None,
+        max_unavailable: None,
+        min_ready_seconds: Some(min_ready_seconds.unwrap_or(0)),
+        termination_grace_period_seconds: Some(pod_grace_period(template.spec.as_ref())),
+    }
+}
+
+/// The API server's default `terminationGracePeriodSeconds`.
+pub const DEFAULT_GRACE_SECONDS: i64 = 30;
+
+/// A pod's (or template's) grace period, with the API server's default:
+/// what a pod created now gets, compared with a route's budget.
+pub fn pod_grace_period(spec: Option<&PodSpec>) -> i64 {
+    spec.and_then(|s| s.termination_grace_period_seconds)
+        .unwrap_or(DEFAULT_GRACE_SECONDS)
+}
+
 /// What the two workload kinds have in common as a [`Target`]: the name,
-/// the annotations (with the originals a route recorded there) and the pod
-/// template; the kind-specific parts are passed in.
+/// the annotations (with the originals a route recorded there), the pod
+/// template and the selector of its pods; the kind-specific parts are
+/// passed in.
 fn target(
     kind: TargetKind,
     workload: &impl ResourceExt,
-    template: &k8s_openapi::api::core::v1::PodTemplateSpec,
+    template: &PodTemplateSpec,
+    selector: &LabelSelector,
     strategy_type: Option<String>,
     current: Originals,
-) -> Target {
+) -> (Target, Option<String>) {
     let annotations = workload.annotations().clone();
-    Target {
+    let target = Target {
         kind,
         name: workload.name_any(),
         template: template.clone(),
@@ -152,7 +159,8 @@ fn target(
         current,
         recorded: annotations.get(keys::ORIGINAL).cloned(),
         annotations,
-    }
+    };
+    (target, pod_selector(Some(selector)))
 }
 
 /// The workloads of one namespace, with the selectors of their pods.

@@ -290,6 +290,18 @@ where
     }
 }
 
+/// The name of one pod labelled `app=<app>`, if there is any.
+pub async fn a_pod_of(
+    pods: &Api<k8s_openapi::api::core::v1::Pod>,
+    app: &str,
+) -> Result<Option<String>> {
+    let list = pods
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .with_context(|| format!("listing the pods of {app}"))?;
+    Ok(list.items.into_iter().find_map(|p| p.metadata.name))
+}
+
 /// Polls `probe` every `interval` until it returns `Some`, at most `timeout`.
 pub async fn poll<T, Fut>(
     what: &str,

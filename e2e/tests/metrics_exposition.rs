@@ -252,6 +252,17 @@ fn collect_queries(v: &serde_json::Value, out: &mut Vec<String>) {
 }
 
 /// The family a sample name belongs to (`x_bucket` of histogram `x` is `x`).
+/// The metric names of `used` (a dashboard's, the alerts') that no family
+/// of `exported` provides.
+fn not_exported<'a>(
+    used: &'a BTreeSet<String>,
+    exported: &BTreeSet<(String, String)>,
+) -> Vec<&'a String> {
+    used.iter()
+        .filter(|m| family_of(m, exported).is_none())
+        .collect()
+}
+
 fn family_of(name: &str, exported: &BTreeSet<(String, String)>) -> Option<String> {
     if exported.iter().any(|(n, _)| n == name) {
         return Some(name.to_string());
@@ -339,10 +350,7 @@ async fn both_binaries_metrics_parse_exist_from_the_start_and_feed_the_dashboard
         queried.len() >= 10,
         "the dashboard names only {queried:?}: is {DASHBOARD} the dashboard?"
     );
-    let unknown: Vec<_> = queried
-        .iter()
-        .filter(|m| family_of(m, &exported).is_none())
-        .collect();
+    let unknown = not_exported(&queried, &exported);
     ensure!(
         unknown.is_empty(),
         "the dashboard queries metrics no binary exports: {unknown:?}\nexported: {:?}",
@@ -355,10 +363,7 @@ async fn both_binaries_metrics_parse_exist_from_the_start_and_feed_the_dashboard
         alerted.len() >= 5,
         "the PrometheusRule names only {alerted:?}: is {RULES} the rule template?"
     );
-    let unknown: Vec<_> = alerted
-        .iter()
-        .filter(|m| family_of(m, &exported).is_none())
-        .collect();
+    let unknown = not_exported(&alerted, &exported);
     ensure!(
         unknown.is_empty(),
         "the PrometheusRule alerts on metrics no binary exports: {unknown:?}"

@@ -21,7 +21,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kubegrace_e2e::scenario::{
     APP_PORT, Drain, Options, Patience, Progress, graceroute, keep_from_env, kit, suffix,
     with_install,
@@ -185,12 +185,8 @@ async fn check_passes_on_a_healthy_install_and_names_each_problem_it_is_shown() 
         )
         .await
         .context("creating pod uninjected")?;
-        let stale = pods
-            .list(&ListParams::default().labels(&format!("app={APP}")))
+        let stale = kubegrace_e2e::a_pod_of(&pods, APP)
             .await?
-            .items
-            .into_iter()
-            .find_map(|p| p.metadata.name)
             .context("no pod of web")?;
         pods.patch(
             &stale,

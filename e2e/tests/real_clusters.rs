@@ -525,12 +525,8 @@ async fn stay_serving_flow(sc: &Scenario, p: &Progress) -> Result<String> {
     let pods: Api<Pod> = Api::namespaced(sc.client.clone(), ns);
     for app in [STAY, FAIL] {
         sc.settle(app, true, p).await?;
-        let pod = pods
-            .list(&ListParams::default().labels(&format!("app={app}")))
+        let pod = kubegrace_e2e::a_pod_of(&pods, app)
             .await?
-            .items
-            .into_iter()
-            .find_map(|p| p.metadata.name)
             .with_context(|| format!("{app}: no pod"))?;
         old_pods.insert(app, pod);
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use kubegrace_sidecar_api::exposition::{Escaped, Family};
 use tokio::net::TcpListener;
 
@@ -536,11 +536,7 @@ pub async fn serve(
                 tokio::spawn(async move {
                     let _permit = permit;
                     let svc = hyper::service::service_fn(move |req| handle(req, metrics.clone()));
-                    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    builder
-                        .http1()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(ADMIN_HEADER_TIMEOUT);
+                    let builder = crate::server::connection_builder(ADMIN_HEADER_TIMEOUT);
                     let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
                 });
             }

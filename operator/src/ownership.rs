@@ -115,20 +115,20 @@ mod tests {
         assert!(matches!(decide(Some(&other), "web"), Ownership::Foreign(_)));
     }
 
+    /// The route's ConfigMap, unlabelled, with a controller reference.
+    fn controlled_by(api_version: &str, kind: &str, name: &str) -> ConfigMap {
+        yaml::<ConfigMap>(&format!(
+            "metadata:\n  name: kubegrace-web\n  ownerReferences:\n  - {{apiVersion: {api_version}, kind: {kind}, name: {name}, uid: u-{name}, controller: true}}"
+        ))
+    }
+
     #[test]
     fn our_labels_or_our_controller_make_it_ours() {
         let labelled = yaml::<ConfigMap>(
             "metadata: {name: kubegrace-web, labels: {app.kubernetes.io/managed-by: kubegrace-operator, kubegrace.io/route: web}}",
         );
         assert_eq!(decide(Some(&labelled), "web"), Ownership::Ours);
-        let owned = yaml::<ConfigMap>(
-            r#"
-metadata:
-  name: kubegrace-web
-  ownerReferences:
-  - {apiVersion: kubegrace.io/v1alpha1, kind: GraceRoute, name: web, uid: "1", controller: true}
-"#,
-        );
+        let owned = controlled_by("kubegrace.io/v1alpha1", "GraceRoute", "web");
         assert_eq!(decide(Some(&owned), "web"), Ownership::Ours);
     }
 
@@ -147,14 +147,7 @@ metadata:
             panic!("controlled by a Deployment");
         };
         assert!(why.contains("Deployment web"), "{why}");
-        let other_route = yaml::<ConfigMap>(
-            r#"
-metadata:
-  name: kubegrace-web
-  ownerReferences:
-  - {apiVersion: kubegrace.io/v1alpha1, kind: GraceRoute, name: api, uid: "3", controller: true}
-"#,
-        );
+        let other_route = controlled_by("kubegrace.io/v1alpha1", "GraceRoute", "api");
         assert!(matches!(
             decide(Some(&other_route), "web"),
             Ownership::Foreign(_)

@@ -131,12 +131,7 @@ pub fn redact(route: &GraceRoute, invalid: Invalid) -> Invalid {
     let subject = subject(route);
     match invalid.reason {
         reasons::UNKNOWN_PORT => {
-            let wanted = route
-                .spec
-                .ports
-                .first()
-                .map(|p| p.name.as_str())
-                .unwrap_or_default();
+            let wanted = route.spec.port_name();
             Invalid::new(
                 invalid.reason,
                 format!(

@@ -576,11 +576,7 @@ pub async fn serve_on(
                     let io = Activity { io: tls, epoch, last_ms: last_ms.clone() };
                     let svc_server = server.clone();
                     let svc = hyper::service::service_fn(move |req| handle(req, svc_server.clone()));
-                    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    builder
-                        .http1()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(read_timeout);
+                    let mut builder = connection_builder(read_timeout);
                     builder
                         .http2()
                         .timer(TokioTimer::new())
@@ -594,6 +590,20 @@ pub async fn serve_on(
     metrics.ready.store(false, Ordering::Relaxed);
     let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
     Ok(())
+}
+
+/// How the webhook and the admin port serve a connection: HTTP/1 or
+/// HTTP/2, and an HTTP/1 head that has not arrived within `header_timeout`
+/// closes the connection (a slow client cannot hold a connection slot).
+pub(crate) fn connection_builder(
+    header_timeout: Duration,
+) -> hyper_util::server::conn::auto::Builder<TokioExecutor> {
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    builder
 }
 
 #[cfg(test)]

@@ -27,6 +27,8 @@ use rand::Rng;
 
 use crate::admin::Metrics;
 use crate::crd::GraceRoute;
+/// Where the operator's flags go: kept under this name for the callers.
+pub use crate::inject::SidecarSettings;
 use crate::inject::{self, InjectPlan, Skip};
 use crate::route_match;
 use crate::rules::config_map_name;
@@ -47,22 +49,6 @@ pub(crate) fn admitted_with(
             .collect(),
     );
     r.into_review()
-}
-
-/// What the operator's flags say about every sidecar.
-#[derive(Debug, Clone)]
-pub struct SidecarSettings {
-    pub image: String,
-    pub pull_policy: String,
-    pub resources: ResourceRequirements,
-    /// The sidecar's log filter for every pod (`--sidecar-log-level`); a
-    /// pod's annotation wins.
-    pub log_level: Option<String>,
-    /// The sidecar's UID; `None` leaves it to the platform (OpenShift).
-    pub run_as_user: Option<i64>,
-    pub native: bool,
-    /// Where the sidecar's admin port and listener go (chart values).
-    pub ports: inject::Ports,
 }
 
 /// Requests and limits from the flags; an empty flag leaves it out.
@@ -149,12 +135,11 @@ pub fn decide(
         route: route.name_any(),
         config_map: config_map_name(&route.name_any()),
         port: port.name.clone(),
-        image: s.image.clone(),
-        pull_policy: s.pull_policy.clone(),
-        resources: own.resources,
-        log_level: own.log_level,
-        run_as_user: s.run_as_user,
-        native: s.native,
+        sidecar: SidecarSettings {
+            resources: own.resources,
+            log_level: own.log_level,
+            ..s.clone()
+        },
         token,
         // From the spec (pure), so a pod created before the route's first
         // status write still gets the grace period its drain needs.
@@ -162,7 +147,6 @@ pub fn decide(
             .ok()
             .map(|b| b.seconds)
             .or_else(|| route.status.as_ref().and_then(|st| st.budget_seconds)),
-        ports: s.ports,
     };
     match inject::inject(pod, &plan) {
         Ok(p) => Decision::Inject(

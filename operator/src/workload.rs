@@ -61,25 +61,23 @@ pub trait Workload:
     }
 }
 
-impl Workload for Deployment {
-    const KIND: &'static str = "Deployment";
-    const TARGET: TargetKind = TargetKind::Deployment;
-    fn template_meta(&self) -> Option<&ObjectMeta> {
-        self.spec
-            .as_ref()
-            .and_then(|s| s.template.metadata.as_ref())
-    }
+/// Deployments and StatefulSets keep their pod template at the same place
+/// and are named alike in the API and in [`TargetKind`].
+macro_rules! workload {
+    ($($kind:ident),+) => {$(
+        impl Workload for $kind {
+            const KIND: &'static str = stringify!($kind);
+            const TARGET: TargetKind = TargetKind::$kind;
+            fn template_meta(&self) -> Option<&ObjectMeta> {
+                self.spec
+                    .as_ref()
+                    .and_then(|s| s.template.metadata.as_ref())
+            }
+        }
+    )+};
 }
 
-impl Workload for StatefulSet {
-    const KIND: &'static str = "StatefulSet";
-    const TARGET: TargetKind = TargetKind::StatefulSet;
-    fn template_meta(&self) -> Option<&ObjectMeta> {
-        self.spec
-            .as_ref()
-            .and_then(|s| s.template.metadata.as_ref())
-    }
-}
+workload!(Deployment, StatefulSet);
 
 /// Which of the template's inject label / annotation our manager owns
 /// (from managedFields).

@@ -165,16 +165,13 @@ pub fn table(header: &str, rows: &[Row]) -> String {
         "LAST DRAIN",
     ]
     .map(String::from);
-    let widths: Vec<usize> = (0..7)
-        .map(|i| {
-            cells
-                .iter()
-                .chain([&head])
-                .map(|c| c[i].len())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
+    // Each column as wide as its widest cell, the heading included.
+    let mut widths = head.clone().map(|h| h.len());
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
     let mut out = String::new();
     let _ = writeln!(out, "{header}");
     for r in [&head].into_iter().chain(&cells) {
@@ -306,24 +303,52 @@ mod tests {
 
     #[test]
     fn subjects_parse_like_kubectl() {
-        assert_eq!(
-            Subject::parse("web").ok(),
-            Some(Subject::Route("web".into()))
-        );
-        assert_eq!(
-            Subject::parse("groute/web").ok(),
-            Some(Subject::Route("web".into()))
-        );
-        assert_eq!(
-            Subject::parse("deploy/web").ok(),
-            Some(Subject::Deployment("web".into()))
-        );
-        assert_eq!(
-            Subject::parse("deployment/web").ok(),
-            Some(Subject::Deployment("web".into()))
-        );
+        let route = Subject::Route("web".into());
+        let deployment = Subject::Deployment("web".into());
+        for (arg, want) in [
+            ("web", &route),
+            ("groute/web", &route),
+            ("deploy/web", &deployment),
+            ("deployment/web", &deployment),
+        ] {
+            assert_eq!(Subject::parse(arg).ok().as_ref(), Some(want), "{arg}");
+        }
         assert!(Subject::parse("svc/web").is_err());
         assert!(Subject::parse("deploy/").is_err());
+    }
+
+    #[test]
+    fn the_table_aligns_each_column_to_its_widest_cell() {
+        let rows = [
+            Row {
+                pod: "web-7d9f-abcdef".into(),
+                ready: true,
+                phase: "serving".into(),
+                inflight: Some(12),
+                ..Row::default()
+            },
+            Row {
+                pod: "web-1".into(),
+                phase: "no sidecar".into(),
+                breakers: vec!["api=open".into()],
+                ..Row::default()
+            },
+        ];
+        let text = table("route shop/web", &rows);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "route shop/web");
+        assert_eq!(
+            lines[1],
+            "POD              READY  PHASE       IN-FLIGHT  CONNS  BREAKERS  LAST DRAIN"
+        );
+        assert_eq!(
+            lines[2],
+            "web-7d9f-abcdef  yes    serving     12         -      -         -"
+        );
+        assert_eq!(
+            lines[3],
+            "web-1            no     no sidecar  -          -      api=open  -"
+        );
     }
 
     #[test]

@@ -44,17 +44,22 @@ fn archive(dir: &Path, os_arch: &str, content: &str) -> PathBuf {
     std::fs::create_dir_all(&stage).expect("stage");
     std::fs::write(stage.join("kubectl-kubegrace"), content).expect("binary");
     let out = dir.join(format!("kubectl-kubegrace_v0.1.0_{os_arch}.tar.gz"));
-    let ok = Command::new("tar")
-        .arg("-czf")
-        .arg(&out)
-        .arg("-C")
-        .arg(&stage)
-        .arg("kubectl-kubegrace")
-        .status()
-        .expect("tar")
-        .success();
-    assert!(ok, "tar failed");
+    run_tool(
+        Command::new("tar")
+            .arg("-czf")
+            .arg(&out)
+            .arg("-C")
+            .arg(&stage)
+            .arg("kubectl-kubegrace"),
+        "tar",
+    );
     out
+}
+
+/// Runs a tool that makes a fixture; the test fails with it.
+fn run_tool(command: &mut Command, what: &str) {
+    let status = command.status().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(status.success(), "{what} failed: {status}");
 }
 
 #[test]
@@ -105,19 +110,18 @@ fn a_missing_or_misnamed_archive_gives_no_manifest() {
 /// Windows job writes it with PowerShell's Compress-Archive: the same format.
 fn windows_zip(dir: &Path, arch: &str, members: &[&str]) -> PathBuf {
     let out = dir.join(format!("kubectl-kubegrace_v0.1.0_windows_{arch}.zip"));
-    let ok = Command::new("python3")
-        .arg("-c")
-        .arg(
-            "import sys, zipfile\n\
-             with zipfile.ZipFile(sys.argv[1], 'w') as z:\n\
-             \x20   [z.writestr(m, 'content of ' + m) for m in sys.argv[2:]]",
-        )
-        .arg(&out)
-        .args(members)
-        .status()
-        .expect("python3")
-        .success();
-    assert!(ok, "zip failed");
+    run_tool(
+        Command::new("python3")
+            .arg("-c")
+            .arg(
+                "import sys, zipfile\n\
+                 with zipfile.ZipFile(sys.argv[1], 'w') as z:\n\
+                 \x20   [z.writestr(m, 'content of ' + m) for m in sys.argv[2:]]",
+            )
+            .arg(&out)
+            .args(members),
+        "zip (python3)",
+    );
     out
 }
 

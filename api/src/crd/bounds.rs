@@ -98,19 +98,20 @@ pub const MAX_FALLBACK_BODY: usize = 32_768;
 /// into the one ConfigMap.
 pub const MAX_FALLBACK_BODIES: usize = 32_768;
 
-/// `circuitBreaker.maxConcurrent` and `.minConcurrent`.
-pub const MAX_CONCURRENT: u32 = 1_000_000;
-/// `circuitBreaker.maxQueue`.
-pub const MAX_QUEUE: u32 = 1_000_000;
+/// `circuitBreaker.maxConcurrent` and `.minConcurrent`: the sidecar's own
+/// maximum.
+pub const MAX_CONCURRENT: u32 = kubegrace_sidecar_api::config::MAX_BREAKER_COUNT;
+/// `circuitBreaker.maxQueue`: the sidecar's own maximum.
+pub const MAX_QUEUE: u32 = kubegrace_sidecar_api::config::MAX_BREAKER_COUNT;
 /// `circuitBreaker.minRequests`.
 pub const MAX_MIN_REQUESTS: u32 = 1_000_000;
 /// `circuitBreaker.consecutiveFailures`: beyond this the breaker would in
 /// effect never open; 0 turns it off.
 pub const MAX_CONSECUTIVE_FAILURES: u32 = 100_000;
-/// `circuitBreaker.halfOpenProbes`.
-pub const MAX_HALF_OPEN_PROBES: u32 = 1_000;
-/// `retryBudget.minPerSecond`.
-pub const MAX_RETRY_MIN_PER_SECOND: u32 = 10_000;
+/// `circuitBreaker.halfOpenProbes`: the sidecar's own maximum.
+pub const MAX_HALF_OPEN_PROBES: u32 = kubegrace_sidecar_api::config::MAX_HALF_OPEN_PROBES;
+/// `retryBudget.minPerSecond`: the sidecar's own maximum.
+pub const MAX_RETRY_MIN_PER_SECOND: u32 = kubegrace_sidecar_api::config::MAX_RETRY_MIN_PER_SECOND;
 /// `retryBudget.maxBodyBytes`: the sidecar's own maximum.
 pub const MAX_RETRY_BODY_BYTES: u64 = kubegrace_sidecar_api::config::MAX_RETRY_BODY_BYTES;
 

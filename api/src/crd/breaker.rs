@@ -14,42 +14,19 @@ use super::bounds::{
 };
 use super::duration::{durations_ok, over_cap};
 
-fn cb_default() -> CircuitBreakerConfig {
-    CircuitBreakerConfig::default()
-}
-fn cb_max_concurrent() -> u32 {
-    cb_default().max_concurrent
-}
-fn cb_max_queue() -> u32 {
-    cb_default().max_queue
-}
-fn cb_queue_timeout() -> Duration {
-    Duration(cb_default().queue_timeout)
-}
-fn cb_error_ratio() -> f64 {
-    cb_default().error_ratio
-}
-fn cb_min_requests() -> u32 {
-    cb_default().min_requests
-}
-fn cb_window() -> Duration {
-    Duration(cb_default().window)
-}
-fn cb_consecutive_failures() -> u32 {
-    cb_default().consecutive_failures
-}
-fn cb_open_for() -> Duration {
-    Duration(cb_default().open_for)
-}
-fn cb_max_open_for() -> Duration {
-    Duration(cb_default().max_open_for)
-}
-fn cb_half_open_probes() -> u32 {
-    cb_default().half_open_probes
-}
-fn cb_min_concurrent() -> u32 {
-    cb_default().min_concurrent
-}
+sidecar_defaults!(CircuitBreakerConfig {
+    cb_max_concurrent => max_concurrent: u32,
+    cb_max_queue => max_queue: u32,
+    cb_queue_timeout => queue_timeout: Duration,
+    cb_error_ratio => error_ratio: f64,
+    cb_min_requests => min_requests: u32,
+    cb_window => window: Duration,
+    cb_consecutive_failures => consecutive_failures: u32,
+    cb_open_for => open_for: Duration,
+    cb_max_open_for => max_open_for: Duration,
+    cb_half_open_probes => half_open_probes: u32,
+    cb_min_concurrent => min_concurrent: u32,
+});
 
 fn max_open_for_rule() -> String {
     durations_ok(
@@ -131,15 +108,11 @@ pub struct CircuitBreakerSpec {
     pub min_concurrent: u32,
 }
 
-fn fb_status() -> u16 {
-    FallbackConfig::default().status
-}
-fn fb_content_type() -> String {
-    FallbackConfig::default().content_type
-}
-fn fb_body() -> String {
-    FallbackConfig::default().body
-}
+sidecar_defaults!(FallbackConfig {
+    fb_status => status: u16,
+    fb_content_type => content_type: String,
+    fb_body => body: String,
+});
 
 /// The response served while the breaker is open or the queue overflows.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]

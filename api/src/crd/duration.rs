@@ -40,6 +40,12 @@ pub(super) fn over_cap(expr: &str) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Duration(pub HumanDuration);
 
+impl From<HumanDuration> for Duration {
+    fn from(d: HumanDuration) -> Self {
+        Self(d)
+    }
+}
+
 impl Duration {
     pub const fn from_secs(s: u64) -> Self {
         Self(HumanDuration::from_secs(s))
@@ -67,27 +73,17 @@ impl<'de> Deserialize<'de> for Duration {
     }
 }
 
-impl JsonSchema for Duration {
-    fn schema_name() -> Cow<'static, str> {
-        "Duration".into()
-    }
-    fn inline_schema() -> bool {
-        true
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "string",
-            "pattern": DURATION_PATTERN,
-            // Bounded so CEL cost estimation stays small.
-            "maxLength": DURATION_MAX_LEN,
-            // Every duration field has the same cap, so it lives here; the
-            // API server names the field in front of the message.
-            "x-kubernetes-validations": [{
-                "rule": format!("!{} || !({})", well_formed("self"), over_cap("self")),
-                "messageExpression": format!(
-                    "self + ' is longer than the {MAX_DURATION_TEXT} maximum; write at most {MAX_DURATION_TEXT}'"
-                ),
-            }],
-        })
-    }
-}
+inline_string_schema!(Duration, {
+    "type": "string",
+    "pattern": DURATION_PATTERN,
+    // Bounded so CEL cost estimation stays small.
+    "maxLength": DURATION_MAX_LEN,
+    // Every duration field has the same cap, so it lives here; the
+    // API server names the field in front of the message.
+    "x-kubernetes-validations": [{
+        "rule": format!("!{} || !({})", well_formed("self"), over_cap("self")),
+        "messageExpression": format!(
+            "self + ' is longer than the {MAX_DURATION_TEXT} maximum; write at most {MAX_DURATION_TEXT}'"
+        ),
+    }],
+});

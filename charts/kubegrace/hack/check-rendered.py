@@ -155,19 +155,25 @@ def check_probe_entry(webhooks, opts):
               f"{PROBE_ENTRY}: sent for a pod without the check label")
 
 
+def check_ca_injection(config, opts, names, which):
+    """cert-manager injects the CA into a webhook configuration only when told to by
+    its annotation, which must name the chart's Certificate, and only then."""
+    annotations = (config.get("metadata") or {}).get("annotations") or {}
+    got = annotations.get("cert-manager.io/inject-ca-from")
+    if opts.cert_manager:
+        want = f"{opts.namespace}/{names['certificate']}"
+        check(got == want, f"{which}: cert-manager.io/inject-ca-from is {got!r}, want {want!r}")
+    else:
+        check("cert-manager.io/inject-ca-from" not in annotations, f"{which}: inject-ca-from set without cert-manager")
+
+
 def check_webhook(docs, opts, names):
     mwc = one(docs, "MutatingWebhookConfiguration")
     webhooks = mwc.get("webhooks") or []
     check_probe_entry(webhooks, opts)
     webhooks = [w for w in webhooks if w.get("name") != PROBE_ENTRY]
     check(len(webhooks) == 2, f"expected 2 webhook entries, found {len(webhooks)}")
-    annotations = (mwc.get("metadata") or {}).get("annotations") or {}
-    if opts.cert_manager:
-        want = f"{opts.namespace}/{names['certificate']}"
-        got = annotations.get("cert-manager.io/inject-ca-from")
-        check(got == want, f"cert-manager.io/inject-ca-from is {got!r}, want {want!r}")
-    else:
-        check("cert-manager.io/inject-ca-from" not in annotations, "inject-ca-from set without cert-manager")
+    check_ca_injection(mwc, opts, names, "mutating")
     for w in webhooks:
         ww = f"webhook {w.get('name')}"
         check(w.get("admissionReviewVersions") == ["v1"], f"{ww}: admissionReviewVersions")
@@ -247,13 +253,7 @@ def check_route_validation(docs, opts, names):
         return
     vwc = one(docs, "ValidatingWebhookConfiguration")
     names["vwc"] = (vwc.get("metadata") or {}).get("name")
-    annotations = (vwc.get("metadata") or {}).get("annotations") or {}
-    if opts.cert_manager:
-        want = f"{opts.namespace}/{names['certificate']}"
-        got = annotations.get("cert-manager.io/inject-ca-from")
-        check(got == want, f"validating: cert-manager.io/inject-ca-from is {got!r}, want {want!r}")
-    else:
-        check("cert-manager.io/inject-ca-from" not in annotations, "validating: inject-ca-from without cert-manager")
+    check_ca_injection(vwc, opts, names, "validating")
     webhooks = vwc.get("webhooks") or []
     check(len(webhooks) == 1, f"expected 1 validating webhook entry, found {len(webhooks)}")
     for w in webhooks:

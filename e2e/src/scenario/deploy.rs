@@ -9,6 +9,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use kube::api::{DynamicObject, ListParams, PostParams};
 use kube::{Api, Client};
+use kubegrace_api::workloads::pod_grace_period;
 use kubegrace_sidecar_api::admin;
 use serde_json::json;
 
@@ -247,13 +248,7 @@ impl Scenario {
                     let budget = r.data["status"]["budgetSeconds"].as_i64().unwrap_or(0);
                     let short: Vec<String> = live
                         .iter()
-                        .filter(|p| {
-                            p.spec
-                                .as_ref()
-                                .and_then(|s| s.termination_grace_period_seconds)
-                                .unwrap_or(30)
-                                < budget
-                        })
+                        .filter(|p| pod_grace_period(p.spec.as_ref()) < budget)
                         .filter_map(|p| p.metadata.name.clone())
                         .collect();
                     if !short.is_empty() {

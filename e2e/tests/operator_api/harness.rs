@@ -137,49 +137,76 @@ impl TestNs {
 /// A webhook configuration for this namespace only, calling the operator on
 /// this host.
 pub async fn webhook_config(client: &Client, ns: &str, port: u16, failure_policy: &str) {
-    let mwc: MutatingWebhookConfiguration = serde_json::from_value(json!({
-        "metadata": {"name": ns, "labels": {TEST_LABEL: "true"}},
-        "webhooks": [{
-            "name": "pod.inject.kubegrace.io",
-            "admissionReviewVersions": ["v1"],
-            "clientConfig": {"url": format!("https://127.0.0.1:{port}/mutate")},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-            "failurePolicy": failure_policy,
-            "sideEffects": "None",
-            "timeoutSeconds": 5,
-            "reinvocationPolicy": "IfNeeded",
-        }]
-    }))
-    .expect("mwc");
-    Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &mwc)
-        .await
-        .expect("create webhook configuration");
+    let pods = json!({"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"});
+    let mut entry = webhook_entry(
+        ns,
+        port,
+        "pod.inject.kubegrace.io",
+        "/mutate",
+        pods,
+        failure_policy,
+    );
+    entry["reinvocationPolicy"] = json!("IfNeeded");
+    create_webhook_config::<MutatingWebhookConfiguration>(client, ns, entry).await;
 }
 
 /// The GraceRoute validating webhook for this namespace only, calling the
 /// operator on this host; failurePolicy Fail, so a refusal can only come
 /// from the operator's answer.
 pub async fn validating_webhook_config(client: &Client, ns: &str, port: u16) {
-    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+    let routes = json!({"apiGroups": ["kubegrace.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["graceroutes"], "scope": "Namespaced"});
+    let entry = webhook_entry(
+        ns,
+        port,
+        "graceroutes.validate.kubegrace.io",
+        "/validate",
+        routes,
+        "Fail",
+    );
+    create_webhook_config::<ValidatingWebhookConfiguration>(client, ns, entry).await;
+}
+
+/// One webhook entry for objects in `ns` matching `rule`, calling the
+/// operator's `path` on this host.
+fn webhook_entry(
+    ns: &str,
+    port: u16,
+    name: &str,
+    path: &str,
+    rule: serde_json::Value,
+    failure_policy: &str,
+) -> serde_json::Value {
+    json!({
+        "name": name,
+        "admissionReviewVersions": ["v1"],
+        "clientConfig": {"url": format!("https://127.0.0.1:{port}{path}")},
+        "rules": [rule],
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+        "failurePolicy": failure_policy,
+        "sideEffects": "None",
+        "timeoutSeconds": 5,
+    })
+}
+
+/// Creates a webhook configuration named after the test's namespace (and
+/// labelled, for cleanup) with the one `entry`.
+async fn create_webhook_config<K>(client: &Client, ns: &str, entry: serde_json::Value)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + serde::Serialize,
+{
+    let config: K = serde_json::from_value(json!({
         "metadata": {"name": ns, "labels": {TEST_LABEL: "true"}},
-        "webhooks": [{
-            "name": "graceroutes.validate.kubegrace.io",
-            "admissionReviewVersions": ["v1"],
-            "clientConfig": {"url": format!("https://127.0.0.1:{port}/validate")},
-            "rules": [{"apiGroups": ["kubegrace.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["graceroutes"], "scope": "Namespaced"}],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "timeoutSeconds": 5,
-        }]
+        "webhooks": [entry],
     }))
-    .expect("vwc");
-    Api::<ValidatingWebhookConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &vwc)
+    .expect("webhook configuration");
+    Api::<K>::all(client.clone())
+        .create(&PostParams::default(), &config)
         .await
-        .expect("create validating webhook configuration");
+        .unwrap_or_else(|e| panic!("create {}: {e}", K::kind(&())));
 }
 
 /// The operator running as a task: its shutdown trigger and the task.

@@ -192,26 +192,24 @@ fn a_deployment_is_progressing_until_every_pod_is_of_the_new_revision() {
     }
 }
 
-const PAUSED: &str = r#"
-metadata:
-  name: web
-  generation: 3
-  managedFields:
-  - {manager: MANAGER, operation: Update, fieldsType: FieldsV1, fieldsV1: {"f:spec": {"f:paused": {}}}}
-spec:
-  paused: true
-  replicas: 3
-  selector: {matchLabels: {app: web}}
-  template: {metadata: {labels: {app: web}}}
-status: {observedGeneration: 3, replicas: 3, updatedReplicas: 1}
-"#;
+/// [`ROLLING`], paused by the field manager `manager`.
+fn paused_by(manager: &str) -> Deployment {
+    let managed = format!(
+        r#"managedFields: [{{manager: {manager}, operation: Update, fieldsType: FieldsV1, fieldsV1: {{"f:spec": {{"f:paused": {{}}}}}}}}]"#
+    );
+    deployment(
+        &ROLLING
+            .replace("generation: 3}", &format!("generation: 3, {managed}}}"))
+            .replace("spec:\n", "spec:\n  paused: true\n"),
+    )
+}
 
 #[test]
 fn a_pause_written_by_the_pause_field_manager_is_ours() {
-    let ours = deployment(&PAUSED.replace("MANAGER", PAUSE_FIELD_MANAGER));
+    let ours = paused_by(PAUSE_FIELD_MANAGER);
     let s = deployment_state(&ours).expect("state");
     assert!(s.paused && s.paused_here && s.progressing);
-    let theirs = deployment(&PAUSED.replace("MANAGER", "kubectl-rollout"));
+    let theirs = paused_by("kubectl-rollout");
     let s = deployment_state(&theirs).expect("state");
     assert!(s.paused && !s.paused_here);
 }

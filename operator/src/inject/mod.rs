@@ -42,13 +42,32 @@ pub use kubegrace_api::inject::{admin_port_of, app_port_name, is_injected, wants
 /// The sidecar image's user (distroless nonroot); set explicitly so
 /// `runAsNonRoot` holds whatever the image says, unless the platform
 /// assigns users itself (OpenShift's restricted SCC refuses a fixed one):
-/// see [`InjectPlan::run_as_user`].
+/// see [`SidecarSettings::run_as_user`].
 pub const SIDECAR_UID: i64 = 65532;
 
 /// The cluster autoscaler's annotation: local volumes (comma-separated) it
 /// may drop when it evicts the pod to remove a node.
 pub const SAFE_TO_EVICT_LOCAL_VOLUMES: &str =
     "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes";
+
+/// What the operator's flags say about every sidecar.
+#[derive(Debug, Clone)]
+pub struct SidecarSettings {
+    pub image: String,
+    pub pull_policy: String,
+    pub resources: ResourceRequirements,
+    /// The sidecar's log filter (`KUBEGRACE_LOG`, `--sidecar-log-level`);
+    /// `None` leaves the sidecar's default (info).
+    pub log_level: Option<String>,
+    /// The sidecar's `runAsUser` and `runAsGroup`; `None` leaves them to
+    /// the platform (OpenShift assigns a UID from the namespace's range;
+    /// `runAsNonRoot` still holds).
+    pub run_as_user: Option<i64>,
+    /// Native sidecar (init container, restartPolicy Always): Kubernetes >= 1.29.
+    pub native: bool,
+    /// Where the sidecar's admin port and listener go (chart values).
+    pub ports: Ports,
+}
 
 /// Everything the webhook decided for one pod.
 #[derive(Debug, Clone)]
@@ -57,22 +76,12 @@ pub struct InjectPlan {
     pub config_map: String,
     /// The pod port name the sidecar takes over.
     pub port: String,
-    pub image: String,
-    pub pull_policy: String,
-    pub resources: ResourceRequirements,
-    /// The sidecar's log filter (`KUBEGRACE_LOG`); `None` leaves the
-    /// sidecar's default (info).
-    pub log_level: Option<String>,
-    /// The sidecar's `runAsUser` and `runAsGroup`; `None` leaves them to
-    /// the platform (OpenShift assigns a UID from the namespace's range;
-    /// `runAsNonRoot` still holds).
-    pub run_as_user: Option<i64>,
-    /// Native sidecar (init container, restartPolicy Always): Kubernetes >= 1.29.
-    pub native: bool,
+    /// The operator's settings, with this pod's own resources and log
+    /// level where its annotations set them.
+    pub sidecar: SidecarSettings,
     pub token: String,
     /// The route's time budget; the pod's grace period is raised to it.
     pub budget_seconds: Option<i64>,
-    pub ports: Ports,
 }
 
 /// Why a pod that asked for the sidecar did not get it.
@@ -238,7 +247,7 @@ fn sidecar(
             ..Default::default()
         },
     ];
-    if let Some(level) = &plan.log_level {
+    if let Some(level) = &plan.sidecar.log_level {
         vars.push(EnvVar {
             name: env::LOG.into(),
             value: Some(level.clone()),
@@ -262,8 +271,8 @@ fn sidecar(
     });
     Container {
         name: pod::CONTAINER.into(),
-        image: Some(plan.image.clone()),
-        image_pull_policy: Some(plan.pull_policy.clone()),
+        image: Some(plan.sidecar.image.clone()),
+        image_pull_policy: Some(plan.sidecar.pull_policy.clone()),
         // Flags win over the file, so pod-specific addresses live here and
         // the route's ConfigMap stays the same for every pod.
         args: Some(vec![
@@ -329,11 +338,11 @@ fn sidecar(
         // TERM together with the app); in native mode it is a no-op twin of
         // the app's hook.
         lifecycle: Some(drain_hook(&plan.token, admin)),
-        resources: Some(plan.resources.clone()),
+        resources: Some(plan.sidecar.resources.clone()),
         security_context: Some(SecurityContext {
             run_as_non_root: Some(true),
-            run_as_user: plan.run_as_user,
-            run_as_group: plan.run_as_user,
+            run_as_user: plan.sidecar.run_as_user,
+            run_as_group: plan.sidecar.run_as_user,
             allow_privilege_escalation: Some(false),
             privileged: Some(false),
             read_only_root_filesystem: Some(true),
@@ -360,7 +369,7 @@ fn sidecar(
                 ..Default::default()
             },
         ]),
-        restart_policy: plan.native.then(|| "Always".into()),
+        restart_policy: plan.sidecar.native.then(|| "Always".into()),
         // The file holds the drain report after a clean exit; the log tail
         // stands in only when the sidecar failed before writing one.
         termination_message_path: Some(report::DEFAULT_PATH.into()),
@@ -391,8 +400,8 @@ pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
             .flat_map(|c| c.ports.iter().flatten())
     };
     let taken: BTreeSet<String> = all_ports().filter_map(|p| p.name.clone()).collect();
-    let admin = plan.ports.admin_port(spec, Some(&pod.metadata))?;
-    let listen = plan.ports.listen_port(spec, admin);
+    let admin = plan.sidecar.ports.admin_port(spec, Some(&pod.metadata))?;
+    let listen = plan.sidecar.ports.listen_port(spec, admin);
     let new_name = app_port_name(&plan.port, &taken);
 
     let Some(app) = spec.containers.iter_mut().find(|c| {
@@ -436,7 +445,7 @@ pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
     }
 
     let container = sidecar(plan, listen, admin, upstream, app_readiness.as_ref());
-    if plan.native {
+    if plan.sidecar.native {
         // First, so it is up before any other init container or the app.
         spec.init_containers
             .get_or_insert_with(Vec::new)
@@ -468,7 +477,7 @@ pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
         ..Default::default()
     });
     if let Some(budget) = plan.budget_seconds
-        && spec.termination_grace_period_seconds.unwrap_or(30) < budget
+        && kubegrace_api::workloads::pod_grace_period(Some(spec)) < budget
     {
         spec.termination_grace_period_seconds = Some(budget);
     }
@@ -486,11 +495,16 @@ pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
     ann.insert(SAFE_TO_EVICT_LOCAL_VOLUMES.into(), safe);
     ann.insert(
         keys::SIDECAR_MODE.into(),
-        if plan.native { "native" } else { "container" }.into(),
+        if plan.sidecar.native {
+            "native"
+        } else {
+            "container"
+        }
+        .into(),
     );
     ann.insert(
         keys::SIDECAR_VERSION.into(),
-        crate::image_ref::version_of(&plan.image).into(),
+        crate::image_ref::version_of(&plan.sidecar.image).into(),
     );
     ann.entry(keys::ROUTE.into())
         .or_insert_with(|| plan.route.clone());

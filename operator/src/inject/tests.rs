@@ -43,18 +43,20 @@ pub(super) fn plan(native: bool) -> InjectPlan {
         route: "web".into(),
         config_map: "kubegrace-web".into(),
         port: "http".into(),
-        image: "localhost/kubegrace/sidecar:e2e".into(),
-        pull_policy: "IfNotPresent".into(),
-        resources: ResourceRequirements {
-            requests: Some(BTreeMap::from([("cpu".into(), Quantity("50m".into()))])),
-            ..Default::default()
+        sidecar: SidecarSettings {
+            image: "localhost/kubegrace/sidecar:e2e".into(),
+            pull_policy: "IfNotPresent".into(),
+            resources: ResourceRequirements {
+                requests: Some(BTreeMap::from([("cpu".into(), Quantity("50m".into()))])),
+                ..Default::default()
+            },
+            log_level: None,
+            run_as_user: Some(SIDECAR_UID),
+            native,
+            ports: Ports::default(),
         },
-        log_level: None,
-        run_as_user: Some(SIDECAR_UID),
-        native,
         token: "t0k3n".into(),
         budget_seconds: Some(50),
-        ports: Ports::default(),
     }
 }
 
@@ -304,10 +306,8 @@ fn the_sidecar_user_is_fixed_or_left_to_the_platform() {
         (Some(SIDECAR_UID), Some(SIDECAR_UID), Some(true))
     );
     // OpenShift: no UID, so the restricted SCC assigns one; still non-root.
-    let platform = InjectPlan {
-        run_as_user: None,
-        ..plan(true)
-    };
+    let mut platform = plan(true);
+    platform.sidecar.run_as_user = None;
     assert_eq!(user_of(&platform), (None, None, Some(true)));
 }
 
@@ -324,10 +324,8 @@ fn a_log_level_becomes_the_sidecars_log_variable() {
             .and_then(|e| e.value)
     };
     assert_eq!(env_of(&plan(true)), None);
-    let debug = InjectPlan {
-        log_level: Some("debug".into()),
-        ..plan(true)
-    };
+    let mut debug = plan(true);
+    debug.sidecar.log_level = Some("debug".into());
     assert_eq!(env_of(&debug).as_deref(), Some("debug"));
 }
 

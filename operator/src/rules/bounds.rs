@@ -216,15 +216,8 @@ fn check_spec(spec: &GraceRouteSpec) -> Result<(), Invalid> {
 
 fn check_drain(spec: &GraceRouteSpec) -> Result<(), Invalid> {
     let d = &spec.drain;
-    for (field, v) in [
-        ("drain.minDelay", d.min_delay),
-        ("drain.quiet", d.quiet),
-        ("drain.maxDelay", d.max_delay),
-        ("drain.timeout", d.timeout),
-        ("drain.websocketCloseWindow", d.websocket_close_window),
-        ("drain.websocketCloseWait", d.websocket_close_wait),
-    ] {
-        duration(field, v.0)?;
+    for (key, v) in super::sidecar_config::drain(d).timers() {
+        duration(&format!("drain.{key}"), v)?;
     }
     for (field, v) in [("drain.minDelay", d.min_delay), ("drain.quiet", d.quiet)] {
         if v > d.max_delay {

@@ -6,18 +6,15 @@ use std::net::SocketAddr;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kubegrace_sidecar_api::config::{
-    CATCH_ALL_ROUTE, CircuitBreakerConfig, Config, DrainConfig, DrainGrpcHealth, DrainReadiness,
-    Endpoint, FailureKind, FallbackConfig, Http2GoAway, HumanDuration, Protocol, RetryBudgetConfig,
-    RouteConfig, RouteMatch, RouteRetry, WebSocketClose,
+    CATCH_ALL_ROUTE, CircuitBreakerConfig, Config, DrainConfig, Endpoint, FailureKind,
+    FallbackConfig, HumanDuration, Protocol, RetryBudgetConfig, RouteConfig, RouteMatch,
+    RouteRetry,
 };
 use sha2::{Digest, Sha256};
 
 use super::{Budget, Invalid};
 use crate::crd::bounds::CONFIG_MAP_LIMIT;
-use crate::crd::{
-    CircuitBreakerSpec, FallbackSpec, GraceRouteSpec, GrpcHealthSpec, Http2GoAwaySpec,
-    PortProtocol, Readiness, WebSocketCloseSpec,
-};
+use crate::crd::{CircuitBreakerSpec, DrainSpec, FallbackSpec, GraceRouteSpec, PortProtocol};
 use crate::reasons;
 
 /// Where the sidecar listens and where the app is, for one pod shape.
@@ -40,11 +37,7 @@ pub fn check_template(
             format!("{target} has no pod template spec"),
         ));
     };
-    let wanted = spec
-        .ports
-        .first()
-        .map(|p| p.name.as_str())
-        .unwrap_or_default();
+    let wanted = spec.port_name();
     let mut names = Vec::new();
     for c in &pod.containers {
         for p in c.ports.iter().flatten() {
@@ -85,32 +78,20 @@ fn protocol(p: PortProtocol) -> Protocol {
     }
 }
 
-fn grpc_health(g: GrpcHealthSpec) -> DrainGrpcHealth {
-    match g {
-        GrpcHealthSpec::NotServing => DrainGrpcHealth::NotServing,
-        GrpcHealthSpec::App => DrainGrpcHealth::App,
-    }
-}
-
-fn websocket_close(w: WebSocketCloseSpec) -> WebSocketClose {
-    match w {
-        WebSocketCloseSpec::GoingAway => WebSocketClose::GoingAway,
-        WebSocketCloseSpec::Cut => WebSocketClose::Cut,
-    }
-}
-
-fn readiness(r: Readiness) -> DrainReadiness {
-    match r {
-        Readiness::FailFast => DrainReadiness::FailFast,
-        Readiness::StayServing => DrainReadiness::StayServing,
-    }
-}
-
-fn http2_go_away(g: Http2GoAwaySpec) -> Http2GoAway {
-    match g {
-        Http2GoAwaySpec::Auto => Http2GoAway::Auto,
-        Http2GoAwaySpec::TwoPhase => Http2GoAway::TwoPhase,
-        Http2GoAwaySpec::FinalOnly => Http2GoAway::FinalOnly,
+/// The route's `drain` as the sidecar's, before the budget has its say
+/// (see [`sidecar_config`]).
+pub(super) fn drain(d: &DrainSpec) -> DrainConfig {
+    DrainConfig {
+        min_delay: d.min_delay.0,
+        quiet: d.quiet.0,
+        max_delay: d.max_delay.0,
+        timeout: d.timeout.0,
+        readiness: d.readiness.into(),
+        http2_go_away: d.http2_go_away.into(),
+        grpc_health: d.grpc_health.into(),
+        websocket_close: d.websocket_close.into(),
+        websocket_close_window: d.websocket_close_window.0,
+        websocket_close_wait: d.websocket_close_wait.0,
     }
 }
 
@@ -154,15 +135,7 @@ pub fn sidecar_config(
             .first()
             .map_or(Protocol::Auto, |p| protocol(p.protocol)),
         drain: DrainConfig {
-            min_delay: spec.drain.min_delay.0,
-            quiet: spec.drain.quiet.0,
-            max_delay: spec.drain.max_delay.0,
             timeout: HumanDuration(budget.effective_timeout()),
-            readiness: readiness(spec.drain.readiness),
-            http2_go_away: http2_go_away(spec.drain.http2_go_away),
-            grpc_health: grpc_health(spec.drain.grpc_health),
-            websocket_close: websocket_close(spec.drain.websocket_close),
-            websocket_close_window: spec.drain.websocket_close_window.0,
             // The budget may shorten the timeout; the sidecar caps the wait
             // at it anyway, this keeps the rendered file saying what runs.
             websocket_close_wait: HumanDuration(
@@ -172,6 +145,7 @@ pub fn sidecar_config(
                     .get()
                     .min(budget.effective_timeout()),
             ),
+            ..drain(&spec.drain)
         },
         ..Config::default()
     };
@@ -293,10 +267,13 @@ pub fn config_map_name(route: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{BASE, config_of, route, sidecar_reads, template};
+    use super::super::testing::{BASE, config_of, rendered, route, sidecar_reads, template};
     use super::*;
-    use crate::crd::GraceRoute;
+    use crate::crd::{GraceRoute, Readiness};
     use crate::rules::budget;
+    use kubegrace_sidecar_api::config::{
+        DrainGrpcHealth, DrainReadiness, Http2GoAway, WebSocketClose,
+    };
 
     /// A route with this `drain` does not parse, and the error names the
     /// value that would.
@@ -336,39 +313,23 @@ mod tests {
 
     #[test]
     fn drain_grpc_health_is_carried_into_the_sidecar_config() {
-        let b = budget(&route(BASE).spec).expect("valid");
-        let c = sidecar_config(&route(BASE).spec, &b, None).expect("valid");
         assert_eq!(
-            c.drain.grpc_health,
+            config_of(BASE).drain.grpc_health,
             DrainGrpcHealth::NotServing,
             "unset: the sidecar default"
         );
-        let r = route(&format!("{BASE}  drain: {{grpcHealth: app}}\n"));
-        let b = budget(&r.spec).expect("valid");
-        let c = sidecar_config(&r.spec, &b, None).expect("valid");
-        assert_eq!(c.drain.grpc_health, DrainGrpcHealth::App);
-        let (yaml, _) = render(&c).expect("render");
-        assert_eq!(
-            sidecar_reads(&yaml).drain.grpc_health,
-            DrainGrpcHealth::App,
-            "{yaml}"
-        );
+        let (yaml, read) = rendered(&format!("{BASE}  drain: {{grpcHealth: app}}\n"));
+        assert_eq!(read.drain.grpc_health, DrainGrpcHealth::App, "{yaml}");
         assert_unknown_value_names("{grpcHealth: off}", "notServing");
     }
 
     #[test]
     fn retry_budget_and_route_retry_are_carried_into_the_sidecar_config() {
-        let b = budget(&route(BASE).spec).expect("valid");
-        let c = sidecar_config(&route(BASE).spec, &b, None).expect("valid");
-        let (yaml, _) = render(&c).expect("render");
+        let (yaml, _) = rendered(BASE);
         assert!(!yaml.contains("retryBudget"), "unset: not written\n{yaml}");
-        let r = route(&format!(
+        let (yaml, read) = rendered(&format!(
             "{BASE}  retryBudget: {{ratio: 0.5}}\n  routes:\n  - name: reads\n    retry: {{idempotent: true}}\n"
         ));
-        let b = budget(&r.spec).expect("valid");
-        let c = sidecar_config(&r.spec, &b, None).expect("valid");
-        let (yaml, _) = render(&c).expect("render");
-        let read = sidecar_reads(&yaml);
         assert_eq!(read.retry_budget.ratio, 0.5, "{yaml}");
         assert_eq!(
             read.retry_budget.min_per_second,
@@ -380,21 +341,17 @@ mod tests {
 
     #[test]
     fn drain_websocket_close_is_carried_into_the_sidecar_config() {
-        let b = budget(&route(BASE).spec).expect("valid");
-        let c = sidecar_config(&route(BASE).spec, &b, None).expect("valid");
+        let c = config_of(BASE);
         assert_eq!(c.drain.websocket_close, WebSocketClose::GoingAway);
         assert_eq!(
             c.drain.websocket_close_window,
             DrainConfig::default().websocket_close_window,
             "unset: the sidecar default"
         );
-        let r = route(&format!(
+        let (yaml, read) = rendered(&format!(
             "{BASE}  drain: {{websocketClose: cut, websocketCloseWindow: 3s, websocketCloseWait: 200ms}}\n"
         ));
-        let b = budget(&r.spec).expect("valid");
-        let c = sidecar_config(&r.spec, &b, None).expect("valid");
-        let (yaml, _) = render(&c).expect("render");
-        let read = sidecar_reads(&yaml).drain;
+        let read = read.drain;
         assert_eq!(read.websocket_close, WebSocketClose::Cut, "{yaml}");
         assert_eq!(read.websocket_close_window.get().as_secs(), 3);
         assert_eq!(read.websocket_close_wait.get().as_millis(), 200);
@@ -512,13 +469,9 @@ mod tests {
 
     #[test]
     fn the_catch_all_is_the_sidecars_one_and_there_is_exactly_one() {
-        let r = route(&format!(
+        let (yaml, back) = rendered(&format!(
             "{BASE}  circuitBreaker: {{maxConcurrent: 10}}\n  routes:\n  - {{name: api, match: {{pathPrefix: /api}}}}\n"
         ));
-        let b = budget(&r.spec).expect("valid");
-        let c = sidecar_config(&r.spec, &b, None).expect("valid");
-        let (yaml, _) = render(&c).expect("render");
-        let back = sidecar_reads(&yaml);
         let catch_alls: Vec<&RouteConfig> = back
             .routes
             .iter()
@@ -527,10 +480,9 @@ mod tests {
         assert_eq!(catch_alls.len(), 1, "{yaml}");
         assert_eq!(catch_alls[0].name, CATCH_ALL_ROUTE);
         // A user route of that name is the catch-all's policy: no second one.
-        let r = route(&format!(
+        let c = config_of(&format!(
             "{BASE}  circuitBreaker: {{maxConcurrent: 10}}\n  routes:\n  - {{name: default, timeout: 5s}}\n"
         ));
-        let c = sidecar_config(&r.spec, &b, None).expect("valid");
         assert_eq!(c.routes.len(), 1);
     }
 }

@@ -36,3 +36,10 @@ pub(super) fn config_of(route_yaml: &str) -> Config {
     let budget = budget(&spec).expect("valid");
     sidecar_config(&spec, &budget, None).expect("valid")
 }
+
+/// The route's ConfigMap file, and the sidecar's reading of it.
+pub(super) fn rendered(route_yaml: &str) -> (String, Config) {
+    let (yaml, _) = sidecar_config::render(&config_of(route_yaml)).expect("render");
+    let read = sidecar_reads(&yaml);
+    (yaml, read)
+}

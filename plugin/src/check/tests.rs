@@ -34,6 +34,14 @@ fn pod(yaml: &str) -> Pod {
     serde_norway::from_str(yaml).expect("pod")
 }
 
+/// [`APP_POD`] with these annotations (a YAML flow mapping's entries).
+fn annotated_app_pod(annotations: &str) -> Pod {
+    pod(&APP_POD.replace(
+        "labels:",
+        &format!("annotations: {{{annotations}}}\n  labels:"),
+    ))
+}
+
 fn now() -> jiff::Timestamp {
     "2026-12-03T10:00:00Z".parse().expect("time")
 }
@@ -272,10 +280,8 @@ fn a_pod_asking_for_the_sidecar_without_it_is_named_with_its_restart() {
         f[0].fix.as_deref(),
         Some("kubectl -n shop rollout restart deployment/web")
     );
-    let skipped = pod(&APP_POD.replace(
-        "labels:",
-        "annotations: {kubegrace.io/inject-skipped: \"no GraceRoute selects this pod\"}\n  labels:",
-    ));
+    let skipped =
+        annotated_app_pod("kubegrace.io/inject-skipped: \"no GraceRoute selects this pod\"");
     let f = rules::injection(&[skipped], &ns);
     assert!(
         f[0].message
@@ -286,10 +292,7 @@ fn a_pod_asking_for_the_sidecar_without_it_is_named_with_its_restart() {
         f[0].fix.as_deref(),
         Some("no GraceRoute selects this pod; then kubectl -n shop rollout restart deployment/web")
     );
-    let injected = pod(&APP_POD.replace(
-        "labels:",
-        "annotations: {kubegrace.io/injected: \"true\"}\n  labels:",
-    ));
+    let injected = annotated_app_pod("kubegrace.io/injected: \"true\"");
     assert!(problems(&rules::injection(&[injected], &ns)).is_empty());
     // The namespace label asks too; a pod's own `disabled` wins over it.
     let plain = pod(&APP_POD.replace("kubegrace.io/inject: enabled, ", ""));
@@ -312,9 +315,8 @@ fn a_pod_asking_for_the_sidecar_without_it_is_named_with_its_restart() {
 #[test]
 fn a_pod_with_another_sidecar_version_is_stale() {
     let with = |v: &str| {
-        pod(&APP_POD.replace(
-            "labels:",
-            &format!("annotations: {{kubegrace.io/injected: \"true\", kubegrace.io/sidecar-version: \"{v}\"}}\n  labels:"),
+        annotated_app_pod(&format!(
+            "kubegrace.io/injected: \"true\", kubegrace.io/sidecar-version: \"{v}\""
         ))
     };
     assert!(problems(&rules::versions(&[with("1.2.0")], "1.2.0")).is_empty());

@@ -307,17 +307,23 @@ impl DrainConfig {
                 "must be more than 0s, or every in-flight request is cut at once",
             ));
         }
-        for (field, value) in [
+        for (field, value) in self.timers() {
+            duration_at_most(key, field, value, MAX_DRAIN_TIMER)?;
+        }
+        Ok(())
+    }
+
+    /// Every timer with its key in the config file: the one list the
+    /// sidecar's bound and the operator's re-check of a route both walk.
+    pub fn timers(&self) -> [(&'static str, HumanDuration); 6] {
+        [
             ("minDelay", self.min_delay),
             ("quiet", self.quiet),
             ("maxDelay", self.max_delay),
             ("timeout", self.timeout),
             ("websocketCloseWindow", self.websocket_close_window),
             ("websocketCloseWait", self.websocket_close_wait),
-        ] {
-            duration_at_most(key, field, value, MAX_DRAIN_TIMER)?;
-        }
-        Ok(())
+        ]
     }
 }
 

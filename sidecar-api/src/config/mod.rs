@@ -47,7 +47,10 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-pub use bounds::{MAX_RETRY_BODY_BYTES, MAX_WORKERS};
+pub use bounds::{
+    MAX_BREAKER_COUNT, MAX_HALF_OPEN_PROBES, MAX_RETRY_BODY_BYTES, MAX_RETRY_MIN_PER_SECOND,
+    MAX_WORKERS,
+};
 pub use duration::HumanDuration;
 pub use limits::{
     DrainConfig, DrainGrpcHealth, DrainReadiness, Http2GoAway, LimitsConfig, UpstreamPoolConfig,

@@ -103,27 +103,51 @@ fn http2_stream_cap_defaults_to_200_and_refuses_zero() {
     assert_eq!(err.key, "limits.maxConcurrentStreams");
 }
 
+/// A drain key that takes one of a few words: unset it is the first of
+/// `values`, each word sets its value and round-trips, and `unknown` is
+/// refused naming every word.
+fn assert_drain_choice<T: PartialEq + std::fmt::Debug>(
+    key: &str,
+    get: fn(&DrainConfig) -> T,
+    values: &[(&str, T)],
+    unknown: &str,
+) {
+    assert_eq!(get(&Config::default().drain), values[0].1, "{key} unset");
+    for (word, value) in values {
+        let config = from_yaml(&format!("drain: {{{key}: {word}}}")).expect(word);
+        assert_eq!(get(&config.drain), *value, "{key}: {word}");
+        assert_round_trips(&config);
+    }
+    let words: Vec<&str> = values.iter().map(|(word, _)| *word).collect();
+    assert_refused_naming(&format!("drain: {{{key}: {unknown}}}"), &words);
+}
+
 #[test]
 fn drain_readiness_defaults_to_fail_fast_and_takes_only_its_two_values() {
-    assert_eq!(Config::default().drain.readiness, DrainReadiness::FailFast);
-    let config = from_yaml("drain: {readiness: stayServing}").expect("valid");
-    assert_eq!(config.drain.readiness, DrainReadiness::StayServing);
-    let config = from_yaml("drain: {readiness: failFast}").expect("valid");
-    assert_eq!(config.drain.readiness, DrainReadiness::FailFast);
-    assert_round_trips(&config);
-    assert_refused_naming("drain: {readiness: stay}", &["failFast", "stayServing"]);
+    let words = [
+        ("failFast", DrainReadiness::FailFast),
+        ("stayServing", DrainReadiness::StayServing),
+    ];
+    assert_drain_choice("readiness", |d| d.readiness, &words, "stay");
 }
 
 #[test]
 fn grpc_health_defaults_to_not_serving_and_takes_only_its_two_values() {
-    assert_eq!(
-        Config::default().drain.grpc_health,
-        DrainGrpcHealth::NotServing
-    );
-    let config = from_yaml("drain: {grpcHealth: app}").expect("valid");
-    assert_eq!(config.drain.grpc_health, DrainGrpcHealth::App);
-    assert_round_trips(&config);
-    assert_refused_naming("drain: {grpcHealth: off}", &["notServing", "app"]);
+    let words = [
+        ("notServing", DrainGrpcHealth::NotServing),
+        ("app", DrainGrpcHealth::App),
+    ];
+    assert_drain_choice("grpcHealth", |d| d.grpc_health, &words, "off");
+}
+
+#[test]
+fn http2_go_away_defaults_to_auto_and_takes_only_its_three_values() {
+    let words = [
+        ("auto", Http2GoAway::Auto),
+        ("twoPhase", Http2GoAway::TwoPhase),
+        ("finalOnly", Http2GoAway::FinalOnly),
+    ];
+    assert_drain_choice("http2GoAway", |d| d.http2_go_away, &words, "once");
 }
 
 #[test]

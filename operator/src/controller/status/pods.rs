@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
+use kubegrace_api::workloads::pod_grace_period;
 
 use super::super::dereference::Observed;
 use crate::crd::TargetKind;
@@ -17,13 +18,7 @@ use crate::rules::Target;
 pub(super) fn short_grace<'a>(pods: impl IntoIterator<Item = &'a Pod>, budget: i64) -> usize {
     pods.into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none() && crate::inject::is_injected(p))
-        .filter(|p| {
-            p.spec
-                .as_ref()
-                .and_then(|s| s.termination_grace_period_seconds)
-                .unwrap_or(30)
-                < budget
-        })
+        .filter(|p| pod_grace_period(p.spec.as_ref()) < budget)
         .count()
 }
 

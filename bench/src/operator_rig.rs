@@ -7,6 +7,7 @@
 //! `bench-scale` puts thousands of routes and pods (on kwok nodes) behind
 //! one operator.
 
+use std::future::Future;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -179,18 +180,13 @@ pub async fn metrics(admin: u16) -> anyhow::Result<String> {
 }
 
 /// Polls `check` every 100 ms until it is Some or `secs` pass.
-pub async fn wait_for<T, F, Fut>(secs: u64, what: &str, check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    kubegrace_e2e::poll(
-        what,
-        Duration::from_secs(secs),
-        Duration::from_millis(100),
-        check,
-    )
-    .await
+pub async fn wait_for<T, Fut: Future<Output = Option<T>>>(
+    secs: u64,
+    what: &str,
+    check: impl FnMut() -> Fut,
+) -> anyhow::Result<T> {
+    let every = Duration::from_millis(100);
+    kubegrace_e2e::poll(what, Duration::from_secs(secs), every, check).await
 }
 
 /// Installs the committed CRD (generated from the Rust types by `make crds`)
@@ -218,55 +214,76 @@ pub async fn install_crd(client: &Client, path: &str) -> anyhow::Result<()> {
     .await
 }
 
-/// The pod-injection webhook of a bench run, named `name`, calling the
-/// operator on this host by URL, for the namespaces `namespaces` selects and
-/// the pods that carry the inject label (as the chart's).
+/// A webhook configuration of a bench run, named `name`, with one webhook
+/// `hook` that the API server calls on the operator on this host by URL
+/// (`path`), for `rules` in the namespaces `namespaces` selects.
+fn webhook_configuration(
+    name: &str,
+    hook: &str,
+    (webhook_port, path): (u16, &str),
+    rules: Value,
+    namespaces: &Value,
+    failure_policy: &str,
+) -> Value {
+    json!({
+        "metadata": {"name": name, "labels": {"kubegrace.io/test": "bench"}},
+        "webhooks": [{
+            "name": hook, "admissionReviewVersions": ["v1"],
+            "clientConfig": {"url": format!("https://127.0.0.1:{webhook_port}{path}")},
+            "rules": [rules], "namespaceSelector": namespaces,
+            "failurePolicy": failure_policy, "sideEffects": "None", "timeoutSeconds": 10,
+        }]
+    })
+}
+
+/// The pod-injection webhook (as the chart's: pods that carry the inject
+/// label; a pod is refused while the operator cannot be reached).
 pub async fn create_mutating_webhook(
     client: &Client,
     name: &str,
     webhook_port: u16,
     namespaces: &Value,
 ) -> anyhow::Result<()> {
-    let mwc: MutatingWebhookConfiguration = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"kubegrace.io/test": "bench"}},
-        "webhooks": [{
-            "name": "pod.inject.kubegrace.io", "admissionReviewVersions": ["v1"],
-            "clientConfig": {"url": format!("https://127.0.0.1:{webhook_port}/mutate")},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}],
-            "namespaceSelector": namespaces,
-            "objectSelector": {"matchLabels": { (kubegrace_sidecar_api::keys::INJECT): "enabled" }},
-            "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 10,
-            "reinvocationPolicy": "IfNeeded",
-        }]
-    }))?;
+    let mut config = webhook_configuration(
+        name,
+        "pod.inject.kubegrace.io",
+        (webhook_port, "/mutate"),
+        json!({"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+               "resources": ["pods"], "scope": "Namespaced"}),
+        namespaces,
+        "Fail",
+    );
+    config["webhooks"][0]["objectSelector"] =
+        json!({"matchLabels": { (kubegrace_sidecar_api::keys::INJECT): "enabled" }});
+    config["webhooks"][0]["reinvocationPolicy"] = json!("IfNeeded");
+    let config: MutatingWebhookConfiguration = serde_json::from_value(config)?;
     Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &mwc)
+        .create(&PostParams::default(), &config)
         .await
         .context("creating the MutatingWebhookConfiguration")?;
     Ok(())
 }
 
-/// The GraceRoute validating webhook of a bench run (see
-/// [`create_mutating_webhook`]).
+/// The GraceRoute validating webhook (as the chart's default: `Ignore`, so
+/// routes stay editable while the operator is down).
 pub async fn create_validating_webhook(
     client: &Client,
     name: &str,
     webhook_port: u16,
     namespaces: &Value,
 ) -> anyhow::Result<()> {
-    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"kubegrace.io/test": "bench"}},
-        "webhooks": [{
-            "name": "graceroutes.validate.kubegrace.io", "admissionReviewVersions": ["v1"],
-            "clientConfig": {"url": format!("https://127.0.0.1:{webhook_port}/validate")},
-            "rules": [{"apiGroups": ["kubegrace.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["graceroutes"], "scope": "Namespaced"}],
-            "namespaceSelector": namespaces,
-            // The chart's default: routes stay editable while the operator is down.
-            "failurePolicy": "Ignore", "sideEffects": "None", "timeoutSeconds": 10,
-        }]
-    }))?;
+    let config: ValidatingWebhookConfiguration = serde_json::from_value(webhook_configuration(
+        name,
+        "graceroutes.validate.kubegrace.io",
+        (webhook_port, "/validate"),
+        json!({"apiGroups": ["kubegrace.io"], "apiVersions": ["v1alpha1"],
+                   "operations": ["CREATE", "UPDATE"], "resources": ["graceroutes"],
+                   "scope": "Namespaced"}),
+        namespaces,
+        "Ignore",
+    ))?;
     Api::<ValidatingWebhookConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &vwc)
+        .create(&PostParams::default(), &config)
         .await
         .context("creating the ValidatingWebhookConfiguration")?;
     Ok(())

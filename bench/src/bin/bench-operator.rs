@@ -111,29 +111,15 @@ async fn time_dry_run_routes(
     Ok(series)
 }
 
-struct Setup {
-    client: Client,
-    ns: String,
-}
-
-impl Setup {
-    async fn cleanup(&self) {
-        kubegrace_e2e::delete_test_namespace(&self.client, &self.ns).await;
-    }
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let client = client().await?;
     let ns = format!("kg-bench-op-{:06x}", rand_suffix());
-    let setup = Setup {
-        client: client.clone(),
-        ns: ns.clone(),
-    };
     let outcome =
         tokio::time::timeout(Duration::from_secs(args.deadline), run(&args, &client, &ns)).await;
-    setup.cleanup().await;
+    // Also on failure: the namespace, and the webhook configurations named after it.
+    kubegrace_e2e::delete_test_namespace(&client, &ns).await;
     write_report(outcome, args.deadline, &args.out)
 }
 

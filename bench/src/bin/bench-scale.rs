@@ -65,6 +65,10 @@ struct Args {
     /// Replicas of each Deployment.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=100))]
     pods_per_route: u32,
+    /// Run phase 4, the rolling restart of every Deployment (most of the run's
+    /// time: the controller-manager replaces pods at its API rate).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    rolling_restart: bool,
     /// Upper bound of each phase's wait, seconds.
     #[arg(long, default_value_t = 600)]
     phase_timeout: u64,
@@ -613,12 +617,78 @@ async fn scale(
     let cold_steady_s = t0.elapsed().as_secs_f64();
 
     // ---- 4. Rolling restart of every Deployment at once.
-    eprintln!("[{cold_steady_s:6.1}s] phase 4: rolling restart of every Deployment");
+    let roll = if args.rolling_restart {
+        eprintln!("[{cold_steady_s:6.1}s] phase 4: rolling restart of every Deployment");
+        Some(rolling_restart(args, client, &run.namespaces, &name, admin_port).await?)
+    } else {
+        None
+    };
+    let after = metrics(admin_port).await?;
+    let reconcile_all = Histogram::parse(&after, "kubegrace_operator_reconcile_duration_seconds");
+    let end_s = t0.elapsed().as_secs_f64();
+    sampler.abort();
+
+    let version = client.apiserver_version().await?;
+    let samples = samples
+        .lock()
+        .map_err(|_| anyhow::anyhow!("sampler poisoned"))?;
+    let secs = |d: Duration| (d.as_secs_f64() * 10.0).round() / 10.0;
+    Ok(json!({
+        "what": "kubegrace-operator (release binary on this host) against the local cluster's API server, with kwok playing the kubelets of fake nodes; the real scheduler and controller-manager",
+        "kubernetes": version.git_version,
+        "machine_cpus": std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        "nodes": args.nodes,
+        "namespaces": args.namespaces,
+        "routes": args.routes,
+        "pods": pods_wanted,
+        "storm": {
+            "how": "every route and Deployment created as fast as the API server takes them; until every pod is injected and Ready and every route Ready at its generation",
+            "applied_seconds": secs(applied),
+            "all_current_seconds": secs(storm),
+            "operator": samples.window(start_s, storm_end_s),
+            "admission_during_storm": added(&with_hook, &without_hook),
+            "operator_webhook_histogram": webhook_server.json(),
+        },
+        "steady": {
+            "operator": samples.window(storm_end_s + 10.0, steady_end_s),
+            "reconciles_in_30s": reconciles_steady,
+        },
+        "cold_start": {
+            "how": "operator stopped, every route edited (drain.quiet), operator started; until every route's status is at its new generation",
+            "all_current_seconds": secs(cold),
+            "operator_catching_up": samples.window(restart_s, cold_end_s),
+            "operator_steady_after": samples.window(cold_end_s + 10.0, cold_steady_s),
+        },
+        "rolling_restart": roll.map_or(json!(null), |(took, webhook)| json!({
+            "how": "every Deployment's template annotated at once (kubectl rollout restart); until every Deployment is rolled out and every route current",
+            "all_current_seconds": secs(took),
+            "operator": samples.window(cold_steady_s, end_s),
+            "operator_webhook_histogram": webhook.json(),
+        })),
+        "reconcile_histogram_since_cold_start": reconcile_all.json(),
+        "total_seconds": secs(t0.elapsed()),
+    }))
+}
+
+/// Phase 4: every Deployment restarted at once (`kubectl rollout restart`);
+/// the time until every one is rolled out and every route current, and the
+/// webhook's histogram meanwhile.
+async fn rolling_restart(
+    args: &Args,
+    client: &Client,
+    namespaces: &[String],
+    name: &str,
+    admin_port: u16,
+) -> anyhow::Result<(Duration, Histogram)> {
+    let per_ns = args.routes.div_ceil(args.namespaces);
+    let routes_wanted = usize::try_from(args.routes)?;
+    let pods_wanted = usize::try_from(args.routes * args.pods_per_route)?;
+    let t0 = Instant::now();
     let before = metrics(admin_port).await?;
     let roll_t = Instant::now();
     let stamp = format!("{}", t0.elapsed().as_millis());
     for i in 0..args.routes {
-        let ns = &run.namespaces[usize::try_from(i / per_ns)?];
+        let ns = &namespaces[usize::try_from(i / per_ns)?];
         Api::<Deployment>::namespaced(client.clone(), ns)
             .patch(
                 &format!("web-{i:05}"),
@@ -659,7 +729,7 @@ async fn scale(
     .await?;
     let rolled = until_current(
         client,
-        &name,
+        name,
         routes_wanted,
         pods_wanted,
         args.phase_timeout,
@@ -668,52 +738,8 @@ async fn scale(
     .await
     .map(|_| roll_t.elapsed())?;
     let after = metrics(admin_port).await?;
-    let webhook_roll =
-        Histogram::parse(&after, "kubegrace_operator_webhook_duration_seconds").since(
-            &Histogram::parse(&before, "kubegrace_operator_webhook_duration_seconds"),
-        );
-    let reconcile_all = Histogram::parse(&after, "kubegrace_operator_reconcile_duration_seconds");
-    let end_s = t0.elapsed().as_secs_f64();
-    sampler.abort();
-
-    let version = client.apiserver_version().await?;
-    let samples = samples
-        .lock()
-        .map_err(|_| anyhow::anyhow!("sampler poisoned"))?;
-    let secs = |d: Duration| (d.as_secs_f64() * 10.0).round() / 10.0;
-    Ok(json!({
-        "what": "kubegrace-operator (release binary on this host) against the local cluster's API server, with kwok playing the kubelets of fake nodes; the real scheduler and controller-manager",
-        "kubernetes": version.git_version,
-        "machine_cpus": std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
-        "nodes": args.nodes,
-        "namespaces": args.namespaces,
-        "routes": args.routes,
-        "pods": pods_wanted,
-        "storm": {
-            "how": "every route and Deployment created as fast as the API server takes them; until every pod is injected and Ready and every route Ready at its generation",
-            "applied_seconds": secs(applied),
-            "all_current_seconds": secs(storm),
-            "operator": samples.window(start_s, storm_end_s),
-            "admission_during_storm": added(&with_hook, &without_hook),
-            "operator_webhook_histogram": webhook_server.json(),
-        },
-        "steady": {
-            "operator": samples.window(storm_end_s + 10.0, steady_end_s),
-            "reconciles_in_30s": reconciles_steady,
-        },
-        "cold_start": {
-            "how": "operator stopped, every route edited (drain.quiet), operator started; until every route's status is at its new generation",
-            "all_current_seconds": secs(cold),
-            "operator_catching_up": samples.window(restart_s, cold_end_s),
-            "operator_steady_after": samples.window(cold_end_s + 10.0, cold_steady_s),
-        },
-        "rolling_restart": {
-            "how": "every Deployment's template annotated at once (kubectl rollout restart); until every Deployment is rolled out and every route current",
-            "all_current_seconds": secs(rolled),
-            "operator": samples.window(cold_steady_s, end_s),
-            "operator_webhook_histogram": webhook_roll.json(),
-        },
-        "reconcile_histogram_since_cold_start": reconcile_all.json(),
-        "total_seconds": secs(t0.elapsed()),
-    }))
+    let webhook = Histogram::parse(&after, "kubegrace_operator_webhook_duration_seconds").since(
+        &Histogram::parse(&before, "kubegrace_operator_webhook_duration_seconds"),
+    );
+    Ok((rolled, webhook))
 }

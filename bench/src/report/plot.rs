@@ -268,9 +268,13 @@ mod tests {
 
     #[test]
     fn axis_steps_are_round_numbers() {
-        assert_eq!(nice_step(1800.0), 2000.0);
-        assert_eq!(nice_step(2100.0), 2500.0);
-        assert_eq!(nice_step(0.3), 0.5);
-        assert_eq!(nice_step(10_000.0), 10_000.0);
+        for (raw, step) in [
+            (1800.0, 2000.0),
+            (2100.0, 2500.0),
+            (0.3, 0.5),
+            (10_000.0, 10_000.0),
+        ] {
+            assert_eq!(nice_step(raw), step, "the step above {raw}");
+        }
     }
 }

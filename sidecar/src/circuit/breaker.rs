@@ -36,6 +36,9 @@ pub(crate) enum BreakerState {
 }
 
 impl BreakerState {
+    /// Every state, in the order `RouteStats::transitions` counts them.
+    pub(crate) const ALL: [BreakerState; 3] = [Self::Closed, Self::Open, Self::HalfOpen];
+
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Closed => "closed",

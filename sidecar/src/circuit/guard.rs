@@ -125,12 +125,8 @@ impl Guard {
     fn note(&self, transition: Option<BreakerState>) {
         let Some(to) = transition else { return };
         self.state.store(to as u8, Ordering::Release);
-        let counter = match to {
-            BreakerState::Closed => &self.stats.transitions_to_closed,
-            BreakerState::Open => &self.stats.transitions_to_open,
-            BreakerState::HalfOpen => &self.stats.transitions_to_half_open,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+        let i = BreakerState::ALL.iter().position(|s| *s == to).unwrap_or(0);
+        self.stats.transitions[i].fetch_add(1, Ordering::Relaxed);
         match to {
             BreakerState::Open => tracing::warn!(route = %self.route, "circuit breaker opened"),
             _ => {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::breaker::BreakerState;
-use super::{Route, RouteStats};
+use super::{Rejection, Route, RouteStats};
 use crate::metrics::Family;
 use crate::upstream::retry::{RetryDenied, RetryReason};
 use kubegrace_sidecar_api::exposition::Escaped;
@@ -35,19 +35,8 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
         ),
         guarded(),
         "to",
-        [
-            BreakerState::Closed,
-            BreakerState::Open,
-            BreakerState::HalfOpen,
-        ]
-        .map(BreakerState::as_str),
-        |stats| {
-            [
-                &stats.transitions_to_closed,
-                &stats.transitions_to_open,
-                &stats.transitions_to_half_open,
-            ]
-        },
+        BreakerState::ALL.map(BreakerState::as_str),
+        |stats| stats.transitions.each_ref(),
     );
     per_route_by(
         Family::new(
@@ -58,14 +47,8 @@ pub(crate) fn render<'a>(routes: impl Iterator<Item = &'a Arc<Route>> + Clone, o
         ),
         guarded(),
         "reason",
-        ["breaker_open", "queue_full", "queue_timeout"],
-        |stats| {
-            [
-                &stats.rejected_breaker_open,
-                &stats.rejected_queue_full,
-                &stats.rejected_queue_timeout,
-            ]
-        },
+        Rejection::REASONS,
+        |stats| stats.rejected.each_ref(),
     );
     per_route(
         Family::new(
@@ -169,16 +152,21 @@ pub(crate) fn route_snapshot(route: &Route) -> serde_json::Value {
         let live = guard.snapshot();
         value["breaker"] = live["breaker"].clone();
         value["limiter"] = live["limiter"].clone();
-        value["rejections"] = serde_json::json!({
-            "breaker_open": stats.rejected_breaker_open.load(Ordering::Relaxed),
-            "queue_full": stats.rejected_queue_full.load(Ordering::Relaxed),
-            "queue_timeout": stats.rejected_queue_timeout.load(Ordering::Relaxed),
-        });
-        value["transitions"] = serde_json::json!({
-            "closed": stats.transitions_to_closed.load(Ordering::Relaxed),
-            "open": stats.transitions_to_open.load(Ordering::Relaxed),
-            "half_open": stats.transitions_to_half_open.load(Ordering::Relaxed),
-        });
+        value["rejections"] = counts(Rejection::REASONS, &stats.rejected);
+        value["transitions"] = counts(
+            BreakerState::ALL.map(BreakerState::as_str),
+            &stats.transitions,
+        );
     }
     value
+}
+
+/// `{label: count}` for the `/breakers` JSON, the labels in counting order.
+fn counts<const N: usize>(labels: [&str; N], counters: &[AtomicU64; N]) -> serde_json::Value {
+    labels
+        .into_iter()
+        .zip(counters)
+        .map(|(label, counter)| (label.to_owned(), counter.load(Ordering::Relaxed).into()))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }

@@ -88,12 +88,10 @@ pub struct Route {
 #[derive(Default)]
 pub(crate) struct RouteStats {
     pub(crate) inflight: AtomicU64,
-    pub(crate) rejected_breaker_open: AtomicU64,
-    pub(crate) rejected_queue_full: AtomicU64,
-    pub(crate) rejected_queue_timeout: AtomicU64,
-    pub(crate) transitions_to_closed: AtomicU64,
-    pub(crate) transitions_to_open: AtomicU64,
-    pub(crate) transitions_to_half_open: AtomicU64,
+    /// Requests not admitted, by `Rejection::REASONS` order.
+    pub(crate) rejected: [AtomicU64; 3],
+    /// Breaker states entered, by `BreakerState::ALL` order.
+    pub(crate) transitions: [AtomicU64; 3],
     /// Retries, by `RetryReason::ALL` order.
     pub(crate) retries: [AtomicU64; 3],
     /// Retryable failures not retried, by `RetryDenied::ALL` order.
@@ -133,6 +131,9 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    /// Every `reason()`, in the order `RouteStats::rejected` counts them.
+    pub(crate) const REASONS: [&'static str; 3] = ["breaker_open", "queue_full", "queue_timeout"];
+
     /// Metric label and `x-kubegrace-fallback` value.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -406,12 +407,12 @@ impl Route {
     }
 
     fn count_rejection(&self, rejection: &Rejection) {
-        let counter = match rejection {
-            Rejection::BreakerOpen { .. } => &self.stats.rejected_breaker_open,
-            Rejection::QueueFull => &self.stats.rejected_queue_full,
-            Rejection::QueueTimeout => &self.stats.rejected_queue_timeout,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+        let reason = rejection.reason();
+        let i = Rejection::REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
+        self.stats.rejected[i].fetch_add(1, Ordering::Relaxed);
     }
 
     /// The response served instead of the app's: the configured fallback or

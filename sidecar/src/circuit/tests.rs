@@ -336,3 +336,15 @@ routes:
         println!("{path:>16}: {per_request:?} per request");
     }
 }
+
+#[test]
+fn every_rejection_reason_has_its_own_counter() {
+    let all = [
+        Rejection::BreakerOpen {
+            retry_after: Duration::ZERO,
+        },
+        Rejection::QueueFull,
+        Rejection::QueueTimeout,
+    ];
+    assert_eq!(all.map(|r| r.reason()), Rejection::REASONS);
+}

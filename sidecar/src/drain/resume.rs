@@ -4,6 +4,7 @@
 
 use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use super::{Drain, DrainState, Phase};
 
@@ -39,16 +40,10 @@ impl Drain {
         {
             return false;
         }
-        let drained_for = cycle
-            .trigger
-            .as_ref()
-            .map(|(_, at)| at.elapsed())
-            .unwrap_or_default();
-        let trigger = cycle
-            .trigger
-            .take()
-            .map(|(reason, _)| reason)
-            .unwrap_or_else(|| "unknown".to_string());
+        let (trigger, drained_for) = cycle.trigger.take().map_or_else(
+            || ("unknown".to_string(), Duration::ZERO),
+            |(reason, at)| (reason, at.elapsed()),
+        );
         cycle.id += 1;
         cycle.deadline = None;
         if let Some(journal) = self.machine.journal.get() {

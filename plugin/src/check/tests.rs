@@ -30,6 +30,13 @@ spec:
     .expect("install")
 }
 
+/// The finding's message says `part` and its fix is exactly `fix`.
+#[track_caller]
+fn assert_says(finding: &Finding, part: &str, fix: &str) {
+    assert!(finding.message.contains(part), "{finding:?}");
+    assert_eq!(finding.fix.as_deref(), Some(fix), "{finding:?}");
+}
+
 fn pod(yaml: &str) -> Pod {
     serde_norway::from_str(yaml).expect("pod")
 }
@@ -48,6 +55,14 @@ fn now() -> jiff::Timestamp {
 
 fn problems(f: &[Finding]) -> Vec<&Finding> {
     f.iter().filter(|f| !f.ok).collect()
+}
+
+/// The one problem among the findings; fails unless there is exactly one.
+#[track_caller]
+fn one_problem(f: &[Finding]) -> &Finding {
+    let p = problems(f);
+    assert_eq!(p.len(), 1, "{f:?}");
+    p[0]
 }
 
 const OPERATOR_POD: &str = r#"
@@ -272,25 +287,18 @@ fn a_pod_asking_for_the_sidecar_without_it_is_named_with_its_restart() {
     let ns = BTreeMap::new();
     let f = rules::injection(&[pod(APP_POD)], &ns);
     assert_eq!(problems(&f).len(), 1);
-    assert!(
-        f[0].message
-            .contains("pod shop/web-7d9f-x1 asks for the sidecar and has none")
-    );
-    assert_eq!(
-        f[0].fix.as_deref(),
-        Some("kubectl -n shop rollout restart deployment/web")
+    assert_says(
+        &f[0],
+        "pod shop/web-7d9f-x1 asks for the sidecar and has none",
+        "kubectl -n shop rollout restart deployment/web",
     );
     let skipped =
         annotated_app_pod("kubegrace.io/inject-skipped: \"no GraceRoute selects this pod\"");
     let f = rules::injection(&[skipped], &ns);
-    assert!(
-        f[0].message
-            .contains("(the webhook skipped it: no GraceRoute selects this pod)"),
-        "{f:?}"
-    );
-    assert_eq!(
-        f[0].fix.as_deref(),
-        Some("no GraceRoute selects this pod; then kubectl -n shop rollout restart deployment/web")
+    assert_says(
+        &f[0],
+        "(the webhook skipped it: no GraceRoute selects this pod)",
+        "no GraceRoute selects this pod; then kubectl -n shop rollout restart deployment/web",
     );
     let injected = annotated_app_pod("kubegrace.io/injected: \"true\"");
     assert!(problems(&rules::injection(&[injected], &ns)).is_empty());
@@ -321,10 +329,9 @@ fn a_pod_with_another_sidecar_version_is_stale() {
     };
     assert!(problems(&rules::versions(&[with("1.2.0")], "1.2.0")).is_empty());
     let f = rules::versions(&[with("1.1.0"), with("1.2.0")], "1.2.0");
-    let p = problems(&f);
-    assert_eq!(p.len(), 1);
+    let p = one_problem(&f);
     assert!(
-        p[0].message
+        p.message
             .contains("runs sidecar 1.1.0 but the operator injects 1.2.0"),
         "{p:?}"
     );
@@ -381,15 +388,14 @@ spec:
     };
     assert!(problems(&rules::bypasses(&ns("http"))).is_empty());
     let f = rules::bypasses(&ns("8080"));
-    let p = problems(&f);
-    assert_eq!(p.len(), 1);
+    let p = one_problem(&f);
     assert!(
-        p[0].message
+        p.message
             .contains("Service web port 80 targets 8080 by number"),
         "{p:?}"
     );
     assert!(
-        p[0].fix
+        p.fix
             .as_deref()
             .unwrap_or("")
             .starts_with("set targetPort: http"),
@@ -404,14 +410,10 @@ fn routes_not_accepted_or_without_target_are_problems() {
         r#"status: {conditions: [{type: Accepted, status: "False", reason: UnknownPort, message: "port http is not declared", lastTransitionTime: "2026-12-03T09:00:00Z"}]}"#,
     );
     let f = rules::routes(&[rejected]);
-    assert!(
-        f[0].message
-            .contains("is not Accepted (UnknownPort): port http is not declared"),
-        "{f:?}"
-    );
-    assert_eq!(
-        f[0].fix.as_deref(),
-        Some("kubectl -n shop describe groute web")
+    assert_says(
+        &f[0],
+        "is not Accepted (UnknownPort): port http is not declared",
+        "kubectl -n shop describe groute web",
     );
     let missing = route(
         r#"status: {conditions: [
@@ -420,11 +422,11 @@ fn routes_not_accepted_or_without_target_are_problems() {
     );
     let f = rules::routes(&[missing]);
     assert_eq!(problems(&f).len(), 1);
-    assert!(
-        f[0].message
-            .contains("(TargetNotFound): Deployment/web does not exist")
+    assert_says(
+        &f[0],
+        "(TargetNotFound): Deployment/web does not exist",
+        "create it or fix spec.targetRef",
     );
-    assert_eq!(f[0].fix.as_deref(), Some("create it or fix spec.targetRef"));
     let unreconciled = rules::routes(&[route("")]);
     assert!(
         unreconciled[0]
@@ -520,9 +522,9 @@ fn a_route_the_operator_cannot_read_fails_the_check_by_name() {
         .filter(|f| !f.ok && f.check == "route")
         .collect();
     assert_eq!(bad.len(), 1, "{findings:?}");
-    assert!(bad[0].message.contains("GraceRoute shop/web: the operator cannot read this GraceRoute: spec.circuitBreaker.consecutiveFailures"), "{}", bad[0].message);
-    assert_eq!(
-        bad[0].fix.as_deref(),
-        Some("kubectl edit graceroute web -n shop")
+    assert_says(
+        bad[0],
+        "GraceRoute shop/web: the operator cannot read this GraceRoute: spec.circuitBreaker.consecutiveFailures",
+        "kubectl edit graceroute web -n shop",
     );
 }

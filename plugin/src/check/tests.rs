@@ -12,9 +12,8 @@ use super::{Finding, Snapshot, judge};
 use crate::install::{Install, from_deployment};
 
 fn install() -> Install {
-    from_deployment(
-        serde_norway::from_str(
-            r#"
+    from_deployment(yaml(
+        r#"
 metadata: {name: kubegrace-operator, namespace: kg}
 spec:
   selector: {matchLabels: {app.kubernetes.io/name: kubegrace}}
@@ -24,9 +23,7 @@ spec:
         - name: operator
           args: [run, --namespace=$(POD_NAMESPACE), --sidecar-image=reg/kubegrace/sidecar:1.2.0]
 "#,
-        )
-        .expect("deployment"),
-    )
+    ))
     .expect("install")
 }
 
@@ -37,8 +34,14 @@ fn assert_says(finding: &Finding, part: &str, fix: &str) {
     assert_eq!(finding.fix.as_deref(), Some(fix), "{finding:?}");
 }
 
-fn pod(yaml: &str) -> Pod {
-    serde_norway::from_str(yaml).expect("pod")
+/// An object of any type from inline YAML.
+#[track_caller]
+fn yaml<T: serde::de::DeserializeOwned>(text: &str) -> T {
+    serde_norway::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn pod(text: &str) -> Pod {
+    yaml(text)
 }
 
 /// [`APP_POD`] with these annotations (a YAML flow mapping's entries).
@@ -87,10 +90,9 @@ fn the_operator_is_up_with_a_ready_pod_only() {
 }
 
 fn lease(holder: &str, renewed: &str) -> Lease {
-    serde_norway::from_str(&format!(
+    yaml(&format!(
         "metadata: {{name: kubegrace-operator}}\nspec: {{holderIdentity: {holder}, leaseDurationSeconds: 15, renewTime: \"{renewed}\"}}"
     ))
-    .expect("lease")
 }
 
 #[test]
@@ -340,7 +342,7 @@ fn a_pod_with_another_sidecar_version_is_stale() {
 }
 
 fn route(yaml_status: &str) -> GraceRoute {
-    serde_norway::from_str(&format!(
+    yaml(&format!(
         r#"
 apiVersion: kubegrace.io/v1alpha1
 kind: GraceRoute
@@ -349,7 +351,6 @@ spec: {{targetRef: {{kind: Deployment, name: web}}, ports: [{{name: http}}]}}
 {yaml_status}
 "#
     ))
-    .expect("route")
 }
 
 const ACCEPTED: &str = r#"status: {conditions: [
@@ -358,7 +359,7 @@ const ACCEPTED: &str = r#"status: {conditions: [
 
 #[test]
 fn a_service_targeting_the_apps_number_bypasses_the_sidecar() {
-    let deployment: k8s_openapi::api::apps::v1::Deployment = serde_norway::from_str(
+    let deployment: k8s_openapi::api::apps::v1::Deployment = yaml(
         r#"
 metadata: {name: web, namespace: shop}
 spec:
@@ -367,13 +368,11 @@ spec:
     metadata: {labels: {app: web}}
     spec: {containers: [{name: app, image: app, ports: [{name: http, containerPort: 8080}]}]}
 "#,
-    )
-    .expect("deployment");
+    );
     let service = |target: &str| {
-        serde_norway::from_str(&format!(
+        yaml(&format!(
             "metadata: {{name: web, namespace: shop}}\nspec: {{selector: {{app: web}}, ports: [{{port: 80, targetPort: {target}}}]}}"
         ))
-        .expect("service")
     };
     let ns = |target: &str| {
         BTreeMap::from([(
@@ -478,10 +477,9 @@ spec:
   - {name: app, image: a, ports: [{name: kg-http, containerPort: 8080}]}
 "#);
     let policy = |port: &str| -> k8s_openapi::api::networking::v1::NetworkPolicy {
-        serde_norway::from_str(&format!(
+        yaml(&format!(
             "metadata: {{name: allow-web, namespace: shop}}\nspec: {{podSelector: {{}}, ingress: [{{ports: [{{port: {port}}}]}}]}}"
         ))
-        .expect("policy")
     };
     let by_number = rules::network_policies(std::slice::from_ref(&injected), Ok(&[policy("8080")]));
     let found = problems(&by_number);

@@ -302,6 +302,18 @@ pub async fn a_pod_of(
     Ok(list.items.into_iter().find_map(|p| p.metadata.name))
 }
 
+/// Every container status of a pod: its init containers' (a native sidecar is one), then
+/// its containers'. Names are unique across both lists in a pod.
+pub fn container_statuses(
+    status: &k8s_openapi::api::core::v1::PodStatus,
+) -> impl Iterator<Item = &k8s_openapi::api::core::v1::ContainerStatus> {
+    status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+}
+
 /// Polls `probe` every `interval` until it returns `Some`, at most `timeout`.
 pub async fn poll<T, Fut>(
     what: &str,

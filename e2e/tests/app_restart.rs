@@ -67,11 +67,7 @@ async fn create(sc: &Scenario, name: &str, replicas: i32, kubegrace: bool) -> Re
 async fn restarts(pods: &Api<Pod>, pod: &str, container: &str) -> Result<i32> {
     let p = pods.get(pod).await?;
     let status = p.status.unwrap_or_default();
-    status
-        .container_statuses
-        .iter()
-        .flatten()
-        .chain(status.init_container_statuses.iter().flatten())
+    kubegrace_e2e::container_statuses(&status)
         .find(|c| c.name == container)
         .map(|c| c.restart_count)
         .with_context(|| format!("pod {pod}: no status for container {container}"))

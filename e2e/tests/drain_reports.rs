@@ -21,11 +21,12 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::ListParams;
+use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
 use kubegrace_e2e::scenario::kit::{self, Session};
-use kubegrace_e2e::scenario::{Action, Options, Progress, Scenario, keep_from_env, with_install};
+use kubegrace_e2e::scenario::{
+    Action, Options, Progress, Scenario, events_for, keep_from_env, with_install,
+};
 use serde_json::json;
 
 const NAME: &str = "drains";
@@ -40,9 +41,7 @@ async fn a_rollout_with_one_request_past_the_drain_timeout_shows_one_force_close
 -> Result<()> {
     let test = "a_rollout_with_one_request_past_the_drain_timeout_shows_one_force_closed_drain";
     let client = kubegrace_e2e::cluster_or_skip!(test);
-    let mut opts = Options::new("kg-drains").with_load_from_env()?;
-    opts.replicas = 3;
-    opts.drain.timeout = "4s".into();
+    let opts = Options::lossy_drain("kg-drains")?;
     let p = Progress::default();
     let found = with_install(&client, &opts, &p, keep_from_env(), async |run| {
         let sc = run.scenario("drains").await?;
@@ -205,13 +204,9 @@ async fn operator_counters(sc: &Scenario, p: &Progress) -> Result<(u64, u64)> {
 
 /// The kinds of the objects the namespace's DrainForceClosed Events are about.
 async fn drain_events(client: &Client, ns: &str) -> Result<Vec<String>> {
-    let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    Ok(events
-        .list(&ListParams::default())
+    Ok(events_for(client, ns, "DrainForceClosed")
         .await?
-        .items
         .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("DrainForceClosed"))
         .filter_map(|e| e.involved_object.kind)
         .collect())
 }

@@ -135,6 +135,21 @@ fn names(families: &BTreeSet<(String, String)>) -> BTreeSet<String> {
     families.iter().map(|(n, _)| n.clone()).collect()
 }
 
+/// Every family of `used` (a scrape after one of each event) must already be in `fresh`
+/// (the scrape before any): a family that appears only with its first event leaves
+/// dashboards and alerts blind until then. `who` names the binary.
+fn ensure_none_late(who: &str, fresh: &str, used: &str) -> Result<()> {
+    let late: Vec<_> = names(&families(used))
+        .difference(&names(&families(fresh)))
+        .cloned()
+        .collect();
+    ensure!(
+        late.is_empty(),
+        "{who} families that appeared only after their first event: {late:?}"
+    );
+    Ok(())
+}
+
 /// The demo app on a free loopback port, named metrics-0; killed when dropped.
 async fn demo_app() -> Result<(LocalApp, SocketAddr)> {
     let app = LocalApp::start(env!("CARGO_BIN_EXE_kubegrace-demo-app"), "metrics-0", &[]).await?;
@@ -251,7 +266,6 @@ fn collect_queries(v: &serde_json::Value, out: &mut Vec<String>) {
     }
 }
 
-/// The family a sample name belongs to (`x_bucket` of histogram `x` is `x`).
 /// The metric names of `used` (a dashboard's, the alerts') that no family
 /// of `exported` provides.
 fn not_exported<'a>(
@@ -263,6 +277,28 @@ fn not_exported<'a>(
         .collect()
 }
 
+/// The metrics `file` (the dashboard, the alert rules) queries are at least `min` (fewer:
+/// the file was not read as meant) and each one is exported.
+fn ensure_only_exported(
+    file: &str,
+    queried: &BTreeSet<String>,
+    min: usize,
+    exported: &BTreeSet<(String, String)>,
+) -> Result<()> {
+    ensure!(
+        queried.len() >= min,
+        "{file} names only {queried:?}: is it the right file?"
+    );
+    let unknown = not_exported(queried, exported);
+    ensure!(
+        unknown.is_empty(),
+        "{file} queries metrics no binary exports: {unknown:?}\nexported: {:?}",
+        names(exported)
+    );
+    Ok(())
+}
+
+/// The family a sample name belongs to (`x_bucket` of histogram `x` is `x`).
 fn family_of(name: &str, exported: &BTreeSet<(String, String)>) -> Option<String> {
     if exported.iter().any(|(n, _)| n == name) {
         return Some(name.to_string());
@@ -301,14 +337,7 @@ async fn both_binaries_metrics_parse_exist_from_the_start_and_feed_the_dashboard
         used.contains("kubegrace_requests_total{route=\"api\",code_class=\"2xx\"} 1\n"),
         "the request is not counted on its route:\n{used}"
     );
-    let late: Vec<_> = names(&families(&used))
-        .difference(&names(&families(&fresh)))
-        .cloned()
-        .collect();
-    ensure!(
-        late.is_empty(),
-        "sidecar families that appeared only after their first event: {late:?}"
-    );
+    ensure_none_late("sidecar", &fresh, &used)?;
 
     // The operator, fresh, then after one of each event it counts.
     let metrics = Arc::new(kubegrace_operator::admin::Metrics::default());
@@ -330,14 +359,7 @@ async fn both_binaries_metrics_parse_exist_from_the_start_and_feed_the_dashboard
         ) && op_used.contains("kubegrace_operator_requests_cut_total{route=\"shop/web\"} 2\n"),
         "the pod drain is not counted:\n{op_used}"
     );
-    let late: Vec<_> = names(&families(&op_used))
-        .difference(&names(&families(&op_fresh)))
-        .cloned()
-        .collect();
-    ensure!(
-        late.is_empty(),
-        "operator families that appeared only after their first event: {late:?}"
-    );
+    ensure_none_late("operator", &op_fresh, &op_used)?;
     let _ = stop.send(());
 
     // The dashboard asks only for what the two binaries export.
@@ -345,29 +367,9 @@ async fn both_binaries_metrics_parse_exist_from_the_start_and_feed_the_dashboard
         .union(&families(&op_used))
         .cloned()
         .collect();
-    let queried = dashboard_metrics()?;
-    ensure!(
-        queried.len() >= 10,
-        "the dashboard names only {queried:?}: is {DASHBOARD} the dashboard?"
-    );
-    let unknown = not_exported(&queried, &exported);
-    ensure!(
-        unknown.is_empty(),
-        "the dashboard queries metrics no binary exports: {unknown:?}\nexported: {:?}",
-        names(&exported)
-    );
-
+    ensure_only_exported(DASHBOARD, &dashboard_metrics()?, 10, &exported)?;
     // The alerts, too.
-    let alerted = alert_metrics()?;
-    ensure!(
-        alerted.len() >= 5,
-        "the PrometheusRule names only {alerted:?}: is {RULES} the rule template?"
-    );
-    let unknown = not_exported(&alerted, &exported);
-    ensure!(
-        unknown.is_empty(),
-        "the PrometheusRule alerts on metrics no binary exports: {unknown:?}"
-    );
+    ensure_only_exported(RULES, &alert_metrics()?, 5, &exported)?;
 
     // The metric reference names every family the binaries export.
     let reference =

@@ -217,12 +217,8 @@ fn identity(pods: &[Pod]) -> BTreeMap<String, (String, Vec<(String, i32)>)> {
             let name = p.metadata.name.clone()?;
             let uid = p.metadata.uid.clone().unwrap_or_default();
             let status = p.status.clone().unwrap_or_default();
-            let restarts = status
-                .init_container_statuses
-                .unwrap_or_default()
-                .into_iter()
-                .chain(status.container_statuses.unwrap_or_default())
-                .map(|c| (c.name, c.restart_count))
+            let restarts = kubegrace_e2e::container_statuses(&status)
+                .map(|c| (c.name.clone(), c.restart_count))
                 .collect();
             Some((name, (uid, restarts)))
         })

@@ -24,12 +24,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use kubegrace_e2e::scenario::kit::{self, Session};
 use kubegrace_e2e::scenario::{
-    Action, Options, Patience, Progress, Scenario, graceroute_api, keep_from_env, with_install,
+    Action, Options, Patience, Progress, Scenario, events_for, graceroute_api, keep_from_env,
+    with_install,
 };
 use serde_json::json;
 
@@ -42,9 +43,7 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(120);
 async fn a_lossy_drain_pauses_the_rollout_only_with_pause_on_drain_loss() -> Result<()> {
     let test = "a_lossy_drain_pauses_the_rollout_only_with_pause_on_drain_loss";
     let client = kubegrace_e2e::cluster_or_skip!(test);
-    let mut opts = Options::new("kg-pause").with_load_from_env()?;
-    opts.replicas = 3;
-    opts.drain.timeout = "4s".into();
+    let opts = Options::lossy_drain("kg-pause")?;
     let p = Progress::default();
     let (paused, ran) = with_install(&client, &opts, &p, keep_from_env(), async |run| {
         let sc = run.scenario("pause-on").await?;
@@ -286,13 +285,9 @@ async fn old_pods_once_settled(
 
 /// RolloutPaused Warning Events about the route.
 async fn route_events(sc: &Scenario) -> Result<usize> {
-    let events: Api<Event> = Api::namespaced(sc.client.clone(), &sc.namespace);
-    Ok(events
-        .list(&ListParams::default())
+    Ok(events_for(&sc.client, &sc.namespace, "RolloutPaused")
         .await?
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("RolloutPaused"))
+        .iter()
         .filter(|e| e.involved_object.kind.as_deref() == Some("GraceRoute"))
         .count())
 }

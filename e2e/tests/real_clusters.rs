@@ -453,12 +453,7 @@ async fn ports_flow(sc: &Scenario, p: &Progress) -> Result<String> {
         .context("no pod")?;
     let name = pod.metadata.name.clone().unwrap_or_default();
     let status = pod.status.clone().unwrap_or_default();
-    let all_ready = status
-        .container_statuses
-        .iter()
-        .flatten()
-        .chain(status.init_container_statuses.iter().flatten())
-        .all(|c| c.ready);
+    let all_ready = kubegrace_e2e::container_statuses(&status).all(|c| c.ready);
     ensure!(
         all_ready,
         "not every container of {name} is ready: {status:?}"

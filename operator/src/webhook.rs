@@ -339,10 +339,9 @@ spec:
 
     #[test]
     fn native_sidecars_from_1_33() {
-        assert!(supports_native("1", "34"));
-        assert!(supports_native("1", "33+"));
-        assert!(!supports_native("1", "32"));
-        assert!(!supports_native("1", "29"));
+        for (minor, native) in [("34", true), ("33+", true), ("32", false), ("29", false)] {
+            assert_eq!(supports_native("1", minor), native, "1.{minor}");
+        }
     }
 
     #[test]

@@ -165,6 +165,16 @@ impl Options {
         Ok(self)
     }
 
+    /// A lossy drain on purpose, for the tests that need one: three replicas whose
+    /// `drain.timeout` (4s) a request of a minute outlasts, and the load from
+    /// [`Options::with_load_from_env`].
+    pub fn lossy_drain(release_prefix: &str) -> Result<Options> {
+        let mut opts = Options::new(release_prefix).with_load_from_env()?;
+        opts.replicas = 3;
+        opts.drain.timeout = "4s".into();
+        Ok(opts)
+    }
+
     /// The loadgen image: `KUBEGRACE_E2E_LOADGEN_IMAGE`, else the one `e2e/cluster/images`
     /// builds next to the chart's images.
     pub fn loadgen_image(&self) -> String {

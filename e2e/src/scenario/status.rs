@@ -1,8 +1,10 @@
 //! Reading the state of what a run created: pods ready, the sidecar injected, a
 //! Deployment rolled out.
 
-use k8s_openapi::api::core::v1::{Container, Pod};
-use kube::api::DynamicObject;
+use anyhow::Result;
+use k8s_openapi::api::core::v1::{Container, Event, Pod};
+use kube::api::{DynamicObject, ListParams};
+use kube::{Api, Client};
 use kubegrace_sidecar_api::pod;
 
 /// Every container of the pod, init containers (where a native sidecar
@@ -17,6 +19,18 @@ pub fn all_containers(p: &Pod) -> Vec<&Container> {
                 .chain(s.containers.iter())
         })
         .collect()
+}
+
+/// The Events of namespace `ns` given for `reason` (`DrainForceClosed`, `RolloutPaused`).
+pub async fn events_for(client: &Client, ns: &str, reason: &str) -> Result<Vec<Event>> {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    Ok(events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect())
 }
 
 /// Whether the pod has the injected sidecar container.

@@ -150,6 +150,14 @@ pub async fn webhook_config(client: &Client, ns: &str, port: u16, failure_policy
     create_webhook_config::<MutatingWebhookConfiguration>(client, ns, entry).await;
 }
 
+/// [`webhook_config`] calling a free port of this host; returns the port, where the
+/// operator must serve.
+pub async fn webhook_on_free_port(client: &Client, ns: &str, failure_policy: &str) -> u16 {
+    let port = free_port();
+    webhook_config(client, ns, port, failure_policy).await;
+    port
+}
+
 /// The GraceRoute validating webhook for this namespace only, calling the
 /// operator on this host; failurePolicy Fail, so a refusal can only come
 /// from the operator's answer.
@@ -367,17 +375,20 @@ pub fn deployment(name: &str) -> Deployment {
     .expect("deployment")
 }
 
+/// [`deployment`] `name` running `container` (JSON) instead of the pause one.
+pub fn deployment_with(name: &str, container: serde_json::Value) -> Deployment {
+    let mut d = deployment(name);
+    if let Some(spec) = d.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        spec.containers = vec![serde_json::from_value(container).expect("container")];
+    }
+    d
+}
+
 /// Creates Deployment `web` serving HTTP: the demo app on port `http`, so an injected pod's
 /// sidecar turns ready and a rollout completes (a pause container would leave the
 /// sidecar unready, the new pod never Ready, and the old one running for good).
 pub async fn create_serving_web_deployment(client: &Client, ns: &str) -> Api<Deployment> {
-    let mut d = deployment("web");
-    if let Some(spec) = d.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
-        spec.containers = vec![
-            serde_json::from_value(kubegrace_e2e::scenario::demo_container())
-                .expect("demo container"),
-        ];
-    }
+    let d = deployment_with("web", kubegrace_e2e::scenario::demo_container());
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     create(&deployments, &d, "create deployment").await;
     deployments

@@ -110,8 +110,7 @@ async fn a_lossy_drain_of_a_rolling_deployment_pauses_it_and_an_older_one_does_n
         "kg-pause",
         false,
         async |client, ns| {
-            let port = free_port();
-            webhook_config(client, &ns.name, port, "Ignore").await;
+            let port = webhook_on_free_port(client, &ns.name, "Ignore").await;
             let operator = start_operator(client, &ns.name, port);
             let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
             create(

@@ -295,8 +295,7 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
 #[tokio::test]
 async fn an_unknown_port_and_an_overlapping_route_are_conditions_a_person_can_act_on() {
     in_cluster("an_unknown_port_and_an_overlapping_route_are_conditions_a_person_can_act_on", "kg-cond", false, async |client, ns| {
-        let port = free_port();
-        webhook_config(client, &ns.name, port, "Ignore").await;
+        let port = webhook_on_free_port(client, &ns.name, "Ignore").await;
         let (stop, task) = start_operator(client, &ns.name, port);
         create_web_deployment(client, &ns.name).await;
         let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);

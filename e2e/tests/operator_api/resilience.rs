@@ -51,8 +51,7 @@ async fn an_operator_killed_mid_reconcile_converges_when_it_starts_again() {
         "kg-restart",
         false,
         async |client, ns| {
-            let port = free_port();
-            webhook_config(client, &ns.name, port, "Ignore").await;
+            let port = webhook_on_free_port(client, &ns.name, "Ignore").await;
             let deployments = create_web_deployment(client, &ns.name).await;
             let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
             let route = graceroute("web", "web");

@@ -26,8 +26,7 @@ async fn an_injected_pod_runs_serves_through_the_sidecar_and_drains_within_its_b
         kubegrace_e2e::require_images(client, &[kubegrace_e2e::sidecar_image(), demo_image()])
             .await
             .expect("the e2e images");
-        let port = free_port();
-        webhook_config(client, &ns.name, port, "Fail").await;
+        let port = webhook_on_free_port(client, &ns.name, "Fail").await;
         let (stop, task) = start_operator(client, &ns.name, port);
         wait_ca_bundle(client, &ns.name).await;
         let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
@@ -38,22 +37,14 @@ async fn an_injected_pod_runs_serves_through_the_sidecar_and_drains_within_its_b
         );
         create(&routes, &route, "create route").await;
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
-        let demo: Deployment = serde_json::from_value(json!({
-            "metadata": {"name": "demo"},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": "demo"}},
-                "template": {
-                    "metadata": {"labels": {"app": "demo"}},
-                    "spec": {"containers": [{
-                        "name": "app", "image": demo_image(), "imagePullPolicy": "Never",
-                        "ports": [{"name": "http", "containerPort": 8080}],
-                        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 1}
-                    }]}
-                }
-            }
-        }))
-        .expect("deployment");
+        let demo = deployment_with(
+            "demo",
+            json!({
+                "name": "app", "image": demo_image(), "imagePullPolicy": "Never",
+                "ports": [{"name": "http", "containerPort": 8080}],
+                "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 1}
+            }),
+        );
         create(&deployments, &demo, "create").await;
         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
         let pod = wait_for(120, "an injected demo pod Ready", || async {

@@ -38,6 +38,34 @@ pub(super) fn native_sidecar(out: &Pod) -> &Container {
         .expect("init")[0]
 }
 
+/// What the tests look up by name in a pod spec: env variables, volumes, mounts.
+pub(super) trait Named {
+    fn name(&self) -> &str;
+}
+
+impl Named for EnvVar {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Named for Volume {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Named for VolumeMount {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// The entry of an optional pod-spec list with this name.
+pub(super) fn named<'a, T: Named>(list: &'a Option<Vec<T>>, name: &str) -> Option<&'a T> {
+    list.iter().flatten().find(|item| item.name() == name)
+}
+
 pub(super) fn plan(native: bool) -> InjectPlan {
     InjectPlan {
         route: "web".into(),
@@ -89,11 +117,7 @@ fn native_injection_takes_over_the_port_name_and_keeps_the_app_port_number() {
     // The app's httpGet readiness probe moved into the sidecar's /ready,
     // with its named port resolved: one readiness probe per pod.
     assert!(app.readiness_probe.is_none(), "{:?}", app.readiness_probe);
-    let moved = sc
-        .env
-        .iter()
-        .flatten()
-        .find(|e| e.name == env::APP_READINESS)
+    let moved = named(&sc.env, env::APP_READINESS)
         .and_then(|e| e.value.as_deref())
         .expect("app readiness env");
     let moved: AppReadiness = serde_json::from_str(moved).expect("json");
@@ -315,13 +339,11 @@ fn the_sidecar_user_is_fixed_or_left_to_the_platform() {
 fn a_log_level_becomes_the_sidecars_log_variable() {
     let env_of = |plan: &InjectPlan| {
         let out = inject(&pod(POD), plan).expect("injected");
-        native_sidecar(&out)
-            .env
-            .clone()
-            .unwrap_or_default()
-            .into_iter()
-            .find(|e| e.name == kubegrace_sidecar_api::cli::env::LOG)
-            .and_then(|e| e.value)
+        named(
+            &native_sidecar(&out).env,
+            kubegrace_sidecar_api::cli::env::LOG,
+        )
+        .and_then(|e| e.value.clone())
     };
     assert_eq!(env_of(&plan(true)), None);
     let mut debug = plan(true);
@@ -336,23 +358,13 @@ fn a_log_level_becomes_the_sidecars_log_variable() {
 fn the_sidecar_gets_a_state_volume_the_autoscaler_may_drop() {
     let out = inject(&pod(POD), &plan(true)).expect("injected");
     let spec = out.spec.as_ref().expect("spec");
-    let volume = spec
-        .volumes
-        .iter()
-        .flatten()
-        .find(|v| v.name == pod::STATE_VOLUME)
-        .expect("state volume");
+    let volume = named(&spec.volumes, pod::STATE_VOLUME).expect("state volume");
     assert_eq!(
         volume.empty_dir.as_ref().and_then(|e| e.medium.as_deref()),
         Some("Memory")
     );
     let sc = native_sidecar(&out);
-    let mount = sc
-        .volume_mounts
-        .iter()
-        .flatten()
-        .find(|m| m.name == pod::STATE_VOLUME)
-        .expect("mount");
+    let mount = named(&sc.volume_mounts, pod::STATE_VOLUME).expect("mount");
     assert_eq!(mount.mount_path, pod::STATE_DIR);
     assert_ne!(mount.read_only, Some(true));
     assert!(sc.env.iter().flatten().any(|e| {

@@ -12,9 +12,8 @@ use super::{Finding, Snapshot, judge};
 use crate::install::{Install, from_deployment};
 
 fn install() -> Install {
-    from_deployment(
-        serde_norway::from_str(
-            r#"
+    from_deployment(yaml(
+        r#"
 metadata: {name: kubegrace-operator, namespace: kg}
 spec:
   selector: {matchLabels: {app.kubernetes.io/name: kubegrace}}
@@ -24,14 +23,25 @@ spec:
         - name: operator
           args: [run, --namespace=$(POD_NAMESPACE), --sidecar-image=reg/kubegrace/sidecar:1.2.0]
 "#,
-        )
-        .expect("deployment"),
-    )
+    ))
     .expect("install")
 }
 
-fn pod(yaml: &str) -> Pod {
-    serde_norway::from_str(yaml).expect("pod")
+/// The finding's message says `part` and its fix is exactly `fix`.
+#[track_caller]
+fn assert_says(finding: &Finding, part: &str, fix: &str) {
+    assert!(finding.message.contains(part), "{finding:?}");
+    assert_eq!(finding.fix.as_deref(), Some(fix), "{finding:?}");
+}
+
+/// An object of any type from inline YAML.
+#[track_caller]
+fn yaml<T: serde::de::DeserializeOwned>(text: &str) -> T {
+    serde_norway::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn pod(text: &str) -> Pod {
+    yaml(text)
 }
 
 /// [`APP_POD`] with these annotations (a YAML flow mapping's entries).
@@ -48,6 +58,14 @@ fn now() -> jiff::Timestamp {
 
 fn problems(f: &[Finding]) -> Vec<&Finding> {
     f.iter().filter(|f| !f.ok).collect()
+}
+
+/// The one problem among the findings; fails unless there is exactly one.
+#[track_caller]
+fn one_problem(f: &[Finding]) -> &Finding {
+    let p = problems(f);
+    assert_eq!(p.len(), 1, "{f:?}");
+    p[0]
 }
 
 const OPERATOR_POD: &str = r#"
@@ -72,10 +90,9 @@ fn the_operator_is_up_with_a_ready_pod_only() {
 }
 
 fn lease(holder: &str, renewed: &str) -> Lease {
-    serde_norway::from_str(&format!(
+    yaml(&format!(
         "metadata: {{name: kubegrace-operator}}\nspec: {{holderIdentity: {holder}, leaseDurationSeconds: 15, renewTime: \"{renewed}\"}}"
     ))
-    .expect("lease")
 }
 
 #[test]
@@ -272,25 +289,18 @@ fn a_pod_asking_for_the_sidecar_without_it_is_named_with_its_restart() {
     let ns = BTreeMap::new();
     let f = rules::injection(&[pod(APP_POD)], &ns);
     assert_eq!(problems(&f).len(), 1);
-    assert!(
-        f[0].message
-            .contains("pod shop/web-7d9f-x1 asks for the sidecar and has none")
-    );
-    assert_eq!(
-        f[0].fix.as_deref(),
-        Some("kubectl -n shop rollout restart deployment/web")
+    assert_says(
+        &f[0],
+        "pod shop/web-7d9f-x1 asks for the sidecar and has none",
+        "kubectl -n shop rollout restart deployment/web",
     );
     let skipped =
         annotated_app_pod("kubegrace.io/inject-skipped: \"no GraceRoute selects this pod\"");
     let f = rules::injection(&[skipped], &ns);
-    assert!(
-        f[0].message
-            .contains("(the webhook skipped it: no GraceRoute selects this pod)"),
-        "{f:?}"
-    );
-    assert_eq!(
-        f[0].fix.as_deref(),
-        Some("no GraceRoute selects this pod; then kubectl -n shop rollout restart deployment/web")
+    assert_says(
+        &f[0],
+        "(the webhook skipped it: no GraceRoute selects this pod)",
+        "no GraceRoute selects this pod; then kubectl -n shop rollout restart deployment/web",
     );
     let injected = annotated_app_pod("kubegrace.io/injected: \"true\"");
     assert!(problems(&rules::injection(&[injected], &ns)).is_empty());
@@ -321,10 +331,9 @@ fn a_pod_with_another_sidecar_version_is_stale() {
     };
     assert!(problems(&rules::versions(&[with("1.2.0")], "1.2.0")).is_empty());
     let f = rules::versions(&[with("1.1.0"), with("1.2.0")], "1.2.0");
-    let p = problems(&f);
-    assert_eq!(p.len(), 1);
+    let p = one_problem(&f);
     assert!(
-        p[0].message
+        p.message
             .contains("runs sidecar 1.1.0 but the operator injects 1.2.0"),
         "{p:?}"
     );
@@ -333,7 +342,7 @@ fn a_pod_with_another_sidecar_version_is_stale() {
 }
 
 fn route(yaml_status: &str) -> GraceRoute {
-    serde_norway::from_str(&format!(
+    yaml(&format!(
         r#"
 apiVersion: kubegrace.io/v1alpha1
 kind: GraceRoute
@@ -342,7 +351,6 @@ spec: {{targetRef: {{kind: Deployment, name: web}}, ports: [{{name: http}}]}}
 {yaml_status}
 "#
     ))
-    .expect("route")
 }
 
 const ACCEPTED: &str = r#"status: {conditions: [
@@ -351,7 +359,7 @@ const ACCEPTED: &str = r#"status: {conditions: [
 
 #[test]
 fn a_service_targeting_the_apps_number_bypasses_the_sidecar() {
-    let deployment: k8s_openapi::api::apps::v1::Deployment = serde_norway::from_str(
+    let deployment: k8s_openapi::api::apps::v1::Deployment = yaml(
         r#"
 metadata: {name: web, namespace: shop}
 spec:
@@ -360,13 +368,11 @@ spec:
     metadata: {labels: {app: web}}
     spec: {containers: [{name: app, image: app, ports: [{name: http, containerPort: 8080}]}]}
 "#,
-    )
-    .expect("deployment");
+    );
     let service = |target: &str| {
-        serde_norway::from_str(&format!(
+        yaml(&format!(
             "metadata: {{name: web, namespace: shop}}\nspec: {{selector: {{app: web}}, ports: [{{port: 80, targetPort: {target}}}]}}"
         ))
-        .expect("service")
     };
     let ns = |target: &str| {
         BTreeMap::from([(
@@ -381,15 +387,14 @@ spec:
     };
     assert!(problems(&rules::bypasses(&ns("http"))).is_empty());
     let f = rules::bypasses(&ns("8080"));
-    let p = problems(&f);
-    assert_eq!(p.len(), 1);
+    let p = one_problem(&f);
     assert!(
-        p[0].message
+        p.message
             .contains("Service web port 80 targets 8080 by number"),
         "{p:?}"
     );
     assert!(
-        p[0].fix
+        p.fix
             .as_deref()
             .unwrap_or("")
             .starts_with("set targetPort: http"),
@@ -404,14 +409,10 @@ fn routes_not_accepted_or_without_target_are_problems() {
         r#"status: {conditions: [{type: Accepted, status: "False", reason: UnknownPort, message: "port http is not declared", lastTransitionTime: "2026-12-03T09:00:00Z"}]}"#,
     );
     let f = rules::routes(&[rejected]);
-    assert!(
-        f[0].message
-            .contains("is not Accepted (UnknownPort): port http is not declared"),
-        "{f:?}"
-    );
-    assert_eq!(
-        f[0].fix.as_deref(),
-        Some("kubectl -n shop describe groute web")
+    assert_says(
+        &f[0],
+        "is not Accepted (UnknownPort): port http is not declared",
+        "kubectl -n shop describe groute web",
     );
     let missing = route(
         r#"status: {conditions: [
@@ -420,11 +421,11 @@ fn routes_not_accepted_or_without_target_are_problems() {
     );
     let f = rules::routes(&[missing]);
     assert_eq!(problems(&f).len(), 1);
-    assert!(
-        f[0].message
-            .contains("(TargetNotFound): Deployment/web does not exist")
+    assert_says(
+        &f[0],
+        "(TargetNotFound): Deployment/web does not exist",
+        "create it or fix spec.targetRef",
     );
-    assert_eq!(f[0].fix.as_deref(), Some("create it or fix spec.targetRef"));
     let unreconciled = rules::routes(&[route("")]);
     assert!(
         unreconciled[0]
@@ -476,10 +477,9 @@ spec:
   - {name: app, image: a, ports: [{name: kg-http, containerPort: 8080}]}
 "#);
     let policy = |port: &str| -> k8s_openapi::api::networking::v1::NetworkPolicy {
-        serde_norway::from_str(&format!(
+        yaml(&format!(
             "metadata: {{name: allow-web, namespace: shop}}\nspec: {{podSelector: {{}}, ingress: [{{ports: [{{port: {port}}}]}}]}}"
         ))
-        .expect("policy")
     };
     let by_number = rules::network_policies(std::slice::from_ref(&injected), Ok(&[policy("8080")]));
     let found = problems(&by_number);
@@ -520,9 +520,9 @@ fn a_route_the_operator_cannot_read_fails_the_check_by_name() {
         .filter(|f| !f.ok && f.check == "route")
         .collect();
     assert_eq!(bad.len(), 1, "{findings:?}");
-    assert!(bad[0].message.contains("GraceRoute shop/web: the operator cannot read this GraceRoute: spec.circuitBreaker.consecutiveFailures"), "{}", bad[0].message);
-    assert_eq!(
-        bad[0].fix.as_deref(),
-        Some("kubectl edit graceroute web -n shop")
+    assert_says(
+        bad[0],
+        "GraceRoute shop/web: the operator cannot read this GraceRoute: spec.circuitBreaker.consecutiveFailures",
+        "kubectl edit graceroute web -n shop",
     );
 }

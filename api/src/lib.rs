@@ -18,6 +18,8 @@ pub mod bypass;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod crd;
+#[cfg(any(test, feature = "testing"))]
+pub mod fixtures;
 pub mod image_ref;
 pub mod inject;
 pub mod lease;

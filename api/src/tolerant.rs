@@ -126,31 +126,9 @@ pub fn split(objects: impl IntoIterator<Item = DynamicObject>) -> Listed {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn object(name: &str, spec: Value) -> DynamicObject {
-        serde_json::from_value(json!({
-            "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
-            "metadata": {"name": name, "namespace": "shop", "uid": format!("u-{name}"),
-                         "resourceVersion": "1", "generation": 2},
-            "spec": spec,
-        }))
-        .expect("dynamic object")
-    }
-
-    fn good(name: &str) -> DynamicObject {
-        object(
-            name,
-            json!({"targetRef": {"kind": "Deployment", "name": name}, "ports": [{"name": "http"}]}),
-        )
-    }
-
-    fn bad(name: &str) -> DynamicObject {
-        object(
-            name,
-            json!({"targetRef": {"kind": "Deployment", "name": name}, "ports": [{"name": "http"}],
-                   "circuitBreaker": {"consecutiveFailures": 4_294_967_296_u64}}),
-        )
-    }
+    use crate::fixtures::{
+        decodable_route as good, route_object as object, undecodable_route as bad,
+    };
 
     #[test]
     fn one_undecodable_route_is_left_out_by_name_and_the_others_decode() {

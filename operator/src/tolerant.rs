@@ -200,36 +200,9 @@ pub fn conditions_patch(
 mod tests {
     use kube::runtime::reflector::store::Writer;
     use kube::runtime::watcher::Event;
+    use kubegrace_api::fixtures::{decodable_route as good, undecodable_route as bad};
 
     use super::*;
-
-    fn object(name: &str, spec: Value, status: Value) -> DynamicObject {
-        serde_json::from_value(json!({
-            "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
-            "metadata": {"name": name, "namespace": "shop", "uid": format!("u-{name}"),
-                         "resourceVersion": "1", "generation": 2},
-            "spec": spec,
-            "status": status,
-        }))
-        .expect("dynamic object")
-    }
-
-    fn good(name: &str) -> DynamicObject {
-        object(
-            name,
-            json!({"targetRef": {"kind": "Deployment", "name": name}, "ports": [{"name": "http"}]}),
-            json!({}),
-        )
-    }
-
-    fn bad(name: &str) -> DynamicObject {
-        object(
-            name,
-            json!({"targetRef": {"kind": "Deployment", "name": name}, "ports": [{"name": "http"}],
-                   "circuitBreaker": {"consecutiveFailures": 4_294_967_296_u64}}),
-            json!({}),
-        )
-    }
 
     #[test]
     fn the_invalid_status_keeps_other_conditions_and_is_written_once() {

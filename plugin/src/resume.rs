@@ -116,15 +116,13 @@ mod tests {
 
     use super::*;
 
-    const ROUTE: &str = r#"
-apiVersion: kubegrace.io/v1alpha1
-kind: GraceRoute
-metadata: {name: web, namespace: shop}
-spec:
-  targetRef: {kind: Deployment, name: web}
-  ports: [{name: http}]
-  rollout: {pauseOnDrainLoss: true}
-"#;
+    /// A route that opted in to pausing.
+    fn route_yaml() -> String {
+        format!(
+            "{}  rollout: {{pauseOnDrainLoss: true}}\n",
+            kubegrace_api::fixtures::ROUTE_YAML
+        )
+    }
 
     fn deployment(name: &str, paused: bool, manager: &str) -> Deployment {
         serde_json::from_value(json!({
@@ -142,7 +140,7 @@ spec:
     }
 
     fn route() -> GraceRoute {
-        serde_norway::from_str(ROUTE).expect("route fixture")
+        serde_norway::from_str(&route_yaml()).expect("route fixture")
     }
 
     #[test]

@@ -18,14 +18,7 @@ pub(super) fn sidecar_reads(yaml: &str) -> Config {
     config
 }
 
-pub(super) const BASE: &str = r#"
-apiVersion: kubegrace.io/v1alpha1
-kind: GraceRoute
-metadata: {name: web, namespace: shop}
-spec:
-  targetRef: {kind: Deployment, name: web}
-  ports: [{name: http}]
-"#;
+pub(super) use kubegrace_api::fixtures::ROUTE_YAML as BASE;
 
 pub(super) fn template(yaml: &str) -> PodTemplateSpec {
     serde_norway::from_str(yaml).expect("valid template")

@@ -132,7 +132,7 @@ impl Samples {
     }
 }
 
-/// Samples the process `pid` until `stop` is set.
+/// Samples the process `pid` every 500 ms until it is gone or the task is aborted.
 fn sample(pid: u32, t0: Instant, samples: Arc<Mutex<Samples>>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
@@ -197,7 +197,7 @@ fn probe_pod(injected: bool) -> anyhow::Result<Pod> {
 }
 
 /// Where the run stands: every injected pod Ready, every route Ready at its
-/// generation (None: not yet, with what is missing).
+/// generation (`Err`: not yet, saying what is missing).
 async fn all_current(
     client: &Client,
     run: &str,

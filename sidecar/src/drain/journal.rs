@@ -14,6 +14,15 @@
 //! [`super::resume`]). It is written at the trigger and at each of those
 //! changes, and removed when the drain resumes.
 //!
+//! Only drains that start provisionally (the preStop hook, `/drain`) are
+//! written: the kubelet ends a pod with preStop first. A SIGTERM that finds
+//! the sidecar serving, with no preStop before it, is written nowhere: in a
+//! pod that is the kubelet restarting every container in place
+//! (`RestartAllContainers`, KEP-5532: no preStop, two seconds of grace),
+//! after which the pod must serve again. A journal left by that kill would
+//! make the next process drain and exit until the deadline, while the app
+//! it fronts is back.
+//!
 //! At start, a journal whose deadline has not passed is a drain to carry
 //! on, from its original start: the phases are timed from then, so the
 //! endpoint removal the first process waited for is not waited for again,

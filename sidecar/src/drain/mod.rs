@@ -324,7 +324,15 @@ impl Drain {
             self.machine.app_gone.store(false, Ordering::Release);
             cycle.trigger = Some((reason.to_string(), Instant::now()));
             cycle.deadline = None;
-            if let Some(journal) = self.machine.journal.get() {
+            // Only a drain that began provisionally (the preStop hook,
+            // `/drain`) is journaled. The kubelet ends a pod with preStop
+            // first, so a pod's real end always starts that way; a SIGTERM
+            // that finds the sidecar serving is the kubelet killing every
+            // container in place with no preStop and no grace
+            // (`RestartAllContainers`, KEP-5532), or a stop outside
+            // Kubernetes. There the process that starts next must serve the
+            // same pod again, not carry a drain on and exit.
+            if !exit && let Some(journal) = self.machine.journal.get() {
                 let now = std::time::SystemTime::now();
                 journal.record(JournalEntry::new(reason, exit, now, &self.timers()));
             }

@@ -21,11 +21,13 @@ use crate::kit::sidecar::{Sidecar, SidecarSpec, drain_flags};
 /// is killed and the second one starts: 3 s of grace at the least.
 const DRAIN: &[&str] = &drain_flags("3s", "1s", "20s", "10s");
 
-/// Starts a sidecar, starts an exit drain (SIGTERM), kills the process
-/// mid-drain and starts a new one on the same command line: the new one.
+/// Starts a sidecar, ends its pod as the kubelet does (the preStop drain,
+/// then SIGTERM: an exit drain), kills the process mid-drain and starts a
+/// new one on the same command line: the new one.
 async fn killed_mid_drain_then_restarted(spec: SidecarSpec) -> Result<Sidecar> {
     let mut first = Sidecar::start(spec.clone()).await?;
     first.ensure_serving().await?;
+    first.start_drain().await?;
     first.signal("TERM")?;
     first
         .wait_ready_status(StatusCode::SERVICE_UNAVAILABLE)
@@ -50,7 +52,7 @@ async fn a_sidecar_killed_mid_drain_carries_the_drain_on_after_a_restart() -> Re
         )
         .await?;
     // The exit drain ends the process again, by itself, well within its
-    // deadline (20 s + 10 s + 5 s from the first SIGTERM).
+    // deadline (20 s + 10 s + 5 s from the preStop drain).
     second.exits_cleanly().await?;
     let logs = second.logs_text();
     ensure!(
@@ -105,4 +107,35 @@ async fn a_carried_on_provisional_drain_waits_for_sigterm() -> Result<()> {
     );
     second.signal("TERM")?;
     second.exits_cleanly().await
+}
+
+/// The kubelet's in-place restart of every container (`RestartAllContainers`,
+/// KEP-5532) sends SIGTERM with no preStop and kills two seconds later; the
+/// pod stays and its containers start again. A sidecar that carried that
+/// drain on would not serve and would exit again until the deadline. So a
+/// SIGTERM that finds the sidecar serving leaves no journal, and the next
+/// process serves at once (with the journal it was not ready and exited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_sigterm_without_prestop_and_a_kill_the_next_process_serves_at_once() -> Result<()>
+{
+    let app = TestApp::start("app").await?;
+    let state = scratch_dir("state")?;
+    let spec = SidecarSpec::to(&app)
+        .args(DRAIN)
+        .args(&["--state-dir", &state.display().to_string()]);
+    let mut first = Sidecar::start(spec.clone()).await?;
+    first.ensure_serving().await?;
+    first.signal("TERM")?;
+    first
+        .wait_ready_status(StatusCode::SERVICE_UNAVAILABLE)
+        .await?;
+    first.kill()?;
+    first.wait_exit(Duration::from_secs(10)).await?;
+    ensure!(
+        !state.join("drain.json").exists(),
+        "a SIGTERM with no preStop before it left a drain journal"
+    );
+    let second = Sidecar::start_unready(spec).await?;
+    second.wait_ready_status(StatusCode::OK).await?;
+    second.ensure_serving().await
 }

@@ -27,9 +27,9 @@ fn ns_meta(name: &str, labels: Value) -> PartialObjectMeta<Namespace> {
 fn synced(labels: Value, objects: Vec<DynamicObject>) -> WebhookCache {
     let cache = WebhookCache::new(&[None]);
     let (namespaces, routes) = cache.caches("shop").expect("every namespace");
-    namespaces.apply(Event::Init, namespace_labels);
-    namespaces.apply(Event::InitApply(ns_meta("shop", labels)), namespace_labels);
-    namespaces.apply(Event::InitDone, namespace_labels);
+    namespaces.apply(Event::Init, namespace_entry);
+    namespaces.apply(Event::InitApply(ns_meta("shop", labels)), namespace_entry);
+    namespaces.apply(Event::InitDone, namespace_entry);
     routes.apply(Event::Init, route_entry);
     for o in objects {
         routes.apply(Event::InitApply(o), route_entry);
@@ -112,14 +112,12 @@ fn the_cache_keeps_only_what_the_webhook_reads() {
     // Tolerant: an undecodable route is kept as why, not dropped or fatal.
     let u = route_entry(bad("b")).expect_err("undecodable");
     assert!(u.error.contains("consecutiveFailures"), "{}", u.error);
-    let labels = namespace_labels(ns_meta(
+    let entry = namespace_entry(ns_meta(
         "shop",
         json!({keys::INJECT: "enabled", "team": "a", "kubernetes.io/metadata.name": "shop"}),
     ));
-    assert_eq!(
-        labels,
-        [(keys::INJECT.to_string(), "enabled".to_string())].into()
-    );
+    assert_eq!(entry.as_deref(), Some("enabled"));
+    assert_eq!(namespace_entry(ns_meta("shop", json!({"team": "a"}))), None);
 }
 
 #[test]
@@ -381,7 +379,9 @@ async fn an_injected_pod_needs_no_lookup() {
     let Decision::Inject(injected, _) = crate::webhook::decide(
         &pod(true),
         &Labels::new(),
-        &[route_entry(good("web")).expect("decodes")],
+        &[GraceRoute::clone(
+            &route_entry(good("web")).expect("decodes"),
+        )],
         &settings(),
         "tok".into(),
     ) else {

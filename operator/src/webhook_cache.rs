@@ -348,7 +348,7 @@ fn spawn_watch<K, V>(
     tasks.spawn(async move {
         let make = || {
             let (api, config, cache, w) = (api.clone(), config.clone(), cache.clone(), w.clone());
-            async move { fill(api, config, &cache, convert, &w.what, w.stop).await }
+            async move { fill(api, config, &cache, convert, &w.what, BACKOFF, w.stop).await }
         };
         let stop = || {
             let mut rx = w.stop.clone();
@@ -361,21 +361,23 @@ fn spawn_watch<K, V>(
 }
 
 /// Fills `cache` from a watch until `stop` is set. A failed watch desyncs
-/// the cache and starts over with a list (kube's watcher would resume it
-/// from its last resourceVersion without a word, so the cache could not
-/// tell when it is current again).
+/// the cache and starts over with a list after a wait between `backoff.0`
+/// and `backoff.1` (kube's watcher would resume it from its last
+/// resourceVersion without a word, so the cache could not tell when it is
+/// current again).
 async fn fill<K, V>(
     api: Api<K>,
     config: watcher::Config,
     cache: &Cache<V>,
     convert: fn(K) -> V,
     what: &str,
+    backoff_range: (Duration, Duration),
     mut stop: watch::Receiver<bool>,
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     V: Clone,
 {
-    let mut backoff = BACKOFF.0;
+    let mut backoff = backoff_range.0;
     loop {
         let mut events = std::pin::pin!(watcher::watcher(api.clone(), config.clone()));
         loop {
@@ -386,7 +388,7 @@ async fn fill<K, V>(
             match next {
                 Some(Ok(event)) => {
                     if matches!(event, Event::InitDone) {
-                        backoff = BACKOFF.0;
+                        backoff = backoff_range.0;
                         tracing::debug!(what, "webhook cache synced");
                     }
                     cache.apply(event, convert);
@@ -406,7 +408,7 @@ async fn fill<K, V>(
             () = tokio::time::sleep(backoff) => {}
             _ = stop.wait_for(|v| *v) => return,
         }
-        backoff = (backoff * 2).min(BACKOFF.1);
+        backoff = backoff.saturating_mul(2).min(backoff_range.1);
     }
 }
 

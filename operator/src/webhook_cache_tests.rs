@@ -166,6 +166,89 @@ fn the_lookup_counters_exist_at_zero_and_count_by_source() {
     ));
 }
 
+/// The watch loop against a scripted API server: a list syncs the cache; a
+/// watch that fails desyncs it, and it is synced again only by a new list.
+#[tokio::test]
+async fn a_failed_watch_desyncs_the_cache_until_a_new_list_completes() {
+    let (client, mut api) = mock();
+    let cache: Arc<Cache<NamespaceEntry>> = Arc::default();
+    let (stop_tx, stop) = watch::channel(false);
+    let task = {
+        let cache = cache.clone();
+        let api = Api::<PartialObjectMeta<Namespace>>::all(client);
+        let config = watcher::Config::default().any_semantic();
+        let quick = (Duration::from_millis(1), Duration::from_millis(2));
+        tokio::spawn(async move {
+            fill(api, config, &cache, namespace_entry, "test", quick, stop).await;
+        })
+    };
+    let list = |rv: &str| {
+        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+               "metadata": {"resourceVersion": rv},
+               "items": [{"metadata": {"name": "shop", "resourceVersion": rv,
+                                       "labels": {keys::INJECT: "enabled"}}}]})
+    };
+    let script = async {
+        let seen = answer(&mut api, &list("10")).await;
+        assert_eq!(seen.call(), ("GET", "/api/v1/namespaces"));
+        assert!(!seen.query.contains("watch=true"), "{}", seen.query);
+        // The watch starts once the list is applied: synced now.
+        let (watch_req, send) = api.next_request().await.expect("the watch");
+        assert!(
+            watch_req
+                .uri()
+                .query()
+                .unwrap_or_default()
+                .contains("watch=true")
+        );
+        assert!(cache.is_synced());
+        assert_eq!(
+            cache.cluster_scoped("shop"),
+            Some(Some(Some("enabled".into())))
+        );
+        send.send_response(
+            http::Response::builder()
+                .status(500)
+                .body(kube::client::Body::from(
+                    serde_json::to_vec(&json!({"kind": "Status", "apiVersion": "v1",
+                        "status": "Failure", "message": "etcd is sad", "code": 500}))
+                    .expect("json"),
+                ))
+                .expect("response"),
+        );
+        // Next comes a new list, not a resumed watch; unsynced until it is done.
+        let (relist, send) = api.next_request().await.expect("a new list");
+        assert!(
+            !relist
+                .uri()
+                .query()
+                .unwrap_or_default()
+                .contains("watch=true")
+        );
+        assert!(
+            !cache.is_synced(),
+            "a failed watch leaves the cache unsynced"
+        );
+        send.send_response(
+            http::Response::builder()
+                .body(kube::client::Body::from(
+                    serde_json::to_vec(&list("11")).expect("json"),
+                ))
+                .expect("response"),
+        );
+        let _watch_again = api.next_request().await.expect("the second watch");
+        assert!(cache.is_synced());
+    };
+    tokio::time::timeout(Duration::from_secs(5), script)
+        .await
+        .expect("the watch loop made its calls");
+    let _ = stop_tx.send(true);
+    tokio::time::timeout(Duration::from_secs(1), task)
+        .await
+        .expect("stopped")
+        .expect("no panic");
+}
+
 // --- The rule, through `Webhook::review` ---------------------------------
 
 /// Pinned to route `web`; asks for the sidecar by its own label unless

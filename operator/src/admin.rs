@@ -120,6 +120,8 @@ pub struct Metrics {
     /// Stored GraceRoutes the operator cannot decode, as (namespace, name):
     /// one series per such route, gone when it is fixed or deleted.
     undecodable: Mutex<std::collections::BTreeSet<(String, String)>>,
+    /// Where the webhook's answers came from (see [`crate::webhook_cache`]).
+    pub lookups: crate::webhook_cache::LookupMetrics,
     /// The healing loop's evictions (see [`crate::heal`]).
     pub heal: Arc<crate::heal::HealMetrics>,
     /// The webhook's serving certificate, for its expiry.
@@ -148,6 +150,7 @@ impl Default for Metrics {
             pods_not_injected: Mutex::new(BTreeMap::new()),
             panics: zeros(&PANIC_TASKS),
             undecodable: Mutex::new(std::collections::BTreeSet::new()),
+            lookups: crate::webhook_cache::LookupMetrics::default(),
             heal: Arc::default(),
             certificate: std::sync::OnceLock::new(),
             leader: AtomicBool::new(false),
@@ -442,6 +445,7 @@ impl Metrics {
             );
         }
         self.render_drains(&mut out);
+        self.lookups.render(&mut out);
         self.heal.render(&mut out);
         Family::new(
             &mut out,

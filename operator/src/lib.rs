@@ -33,6 +33,7 @@ pub mod server;
 pub(crate) mod testing;
 pub mod tolerant;
 pub mod webhook;
+pub mod webhook_cache;
 pub mod webhook_check;
 pub mod workload;
 

@@ -20,6 +20,7 @@ use crate::certs::{self, CertResolver, SelfManaged};
 use crate::cli::{LogFormat, RunArgs};
 use crate::lease::LeaderElector;
 use crate::webhook::{self, SidecarSettings, Webhook};
+use crate::webhook_cache::WebhookCache;
 use crate::{Error, Result, controller, panics, scope, server, workload};
 
 /// The runtime of a subcommand (`command`, for the message), built by
@@ -209,10 +210,15 @@ pub async fn run(
             first_listen: args.sidecar_listen_port,
         },
     };
+    // Every replica serves the webhook, so every replica keeps its caches
+    // (the controllers' stores live on the leader only).
+    let cache = WebhookCache::new(&namespaces);
+    cache.spawn(&client, &metrics, &rx, &mut tasks);
     let hook = Arc::new(Webhook {
         client: client.clone(),
         metrics: metrics.clone(),
         settings: settings.clone(),
+        cache: Arc::new(cache),
     });
     let heal_metrics = metrics.heal.clone();
     let webhook_task = tokio::spawn(server::serve(

@@ -5,6 +5,10 @@
 //! decision is [`decide`] (pure), the pod edit is [`crate::inject`] (pure), the answer is a JSON patch
 //! from the difference.
 //!
+//! Most reviews are answered from watch caches without an API call; the
+//! cached answer is used only when it is to inject, anything else is asked
+//! of the API server ([`crate::webhook_cache`] says why).
+//!
 //! The webhook never fails a pod creation for its own reasons: a pod that
 //! cannot be injected is admitted bare with a warning and an annotation
 //! saying why, and the route reports it. That includes a pod the webhook
@@ -33,6 +37,7 @@ use crate::inject::{self, InjectPlan, Skip};
 use crate::route_match;
 use crate::rules::config_map_name;
 use crate::tolerant::{Listed, Undecodable};
+use crate::webhook_cache::{Fallback, WebhookCache};
 use crate::{Error, Result, keys};
 
 /// The object admitted unchanged, with `warnings` (each prefixed
@@ -199,9 +204,37 @@ pub struct Webhook {
     pub client: Client,
     pub metrics: Arc<Metrics>,
     pub settings: SidecarSettings,
+    /// The watch caches most reviews are answered from (the default has
+    /// none: every review asks the API server).
+    pub cache: Arc<WebhookCache>,
+}
+
+/// The decision for `pod` from the namespace's labels and routes.
+fn decide_listed(
+    pod: &Pod,
+    labels: &BTreeMap<String, String>,
+    listed: &Listed,
+    s: &SidecarSettings,
+) -> Decision {
+    match pinned_undecodable(pod, labels, &listed.undecodable) {
+        Some(skip) => skip,
+        None => decide(pod, labels, &listed.routes, s, token()),
+    }
 }
 
 impl Webhook {
+    /// The decision from the caches when it is to inject; otherwise why the
+    /// API server must be asked. Only an injection is taken from a cache: a
+    /// cache that lags behind a route or a namespace label created just
+    /// before the pod must not start it bare (see [`crate::webhook_cache`]).
+    fn cached_injection(&self, pod: &Pod, ns: &str) -> std::result::Result<Decision, Fallback> {
+        let (labels, listed) = self.cache.lookup(ns).ok_or(Fallback::Unsynced)?;
+        match decide_listed(pod, &labels, &listed, &self.settings) {
+            d @ Decision::Inject(..) => Ok(d),
+            Decision::Ignore | Decision::Skip(..) => Err(Fallback::NotInject),
+        }
+    }
+
     async fn lookup(&self, ns: &str) -> Result<(BTreeMap<String, String>, Listed)> {
         let labels = Api::<Namespace>::all(self.client.clone())
             .get_opt(ns)
@@ -245,18 +278,23 @@ impl Webhook {
             .clone()
             .or_else(|| pod.namespace())
             .unwrap_or_default();
-        let (labels, listed) = match self.lookup(&ns).await {
-            Ok(v) => v,
-            Err(e) => {
-                // Admit bare: the route reports the pod as not injected.
-                tracing::warn!(error = %e, "webhook lookup failed; admitting the pod unchanged");
-                let why = format!("sidecar not injected: {e}");
-                return (admitted_with(resp, vec![why]), "error");
+        let decision = match self.cached_injection(pod, &ns) {
+            Ok(inject) => {
+                self.metrics.lookups.cached();
+                inject
             }
-        };
-        let decision = match pinned_undecodable(pod, &labels, &listed.undecodable) {
-            Some(skip) => skip,
-            None => decide(pod, &labels, &listed.routes, &self.settings, token()),
+            Err(why) => {
+                self.metrics.lookups.live(why);
+                match self.lookup(&ns).await {
+                    Ok((labels, listed)) => decide_listed(pod, &labels, &listed, &self.settings),
+                    Err(e) => {
+                        // Admit bare: the route reports the pod as not injected.
+                        tracing::warn!(error = %e, "webhook lookup failed; admitting the pod unchanged");
+                        let why = format!("sidecar not injected: {e}");
+                        return (admitted_with(resp, vec![why]), "error");
+                    }
+                }
+            }
         };
         let (after, result, warnings) = match decision {
             Decision::Ignore => return (resp.into_review(), "ignored"),
@@ -527,6 +565,7 @@ status:
             client,
             metrics: Arc::new(Metrics::default()),
             settings: settings(),
+            cache: Arc::default(),
         };
         let req = crate::server::check_review(
             &serde_json::to_vec(review).expect("json"),

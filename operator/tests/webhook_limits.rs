@@ -62,6 +62,7 @@ async fn start(limits: Limits) -> Server {
             native: true,
             ports: kubegrace_operator::inject::Ports::default(),
         },
+        cache: Default::default(),
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");

@@ -315,8 +315,8 @@ def check_scope(docs, opts):
           f"watchNamespaces set, but the ClusterRole still grants {WORK_RESOURCES & cluster_resources} cluster-wide")
     ns_rules = [r for r in op_cr.get("rules") or [] if "namespaces" in (r.get("resources") or [])]
     check([sorted(r.get("resourceNames") or []) for r in ns_rules] == [sorted(watch)]
-          and all(r.get("verbs") == ["get"] for r in ns_rules),
-          f"namespaces rule must be get on {watch} only: {ns_rules}")
+          and all(r.get("verbs") == ["get", "list", "watch"] for r in ns_rules),
+          f"namespaces rule must be get/list/watch (the webhook's cache) on {watch} only: {ns_rules}")
     sa = dep["spec"]["template"]["spec"].get("serviceAccountName")
     for ns in watch:
         roles = [r for r in foreign_roles if r["metadata"]["namespace"] == ns]

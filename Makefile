@@ -5,7 +5,7 @@ CARGO ?= cargo
 CACHE ?= /var/cache/kubegrace
 NEWCOMER_ROUNDS ?= 1
 
-.PHONY: deps h2spec version-matrix plugin krew fuzz actionlint cargo-deny release-images-check dockerfile-check newcomer-test chart-upgrade-test skew-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo kind-test kind-demo bench bench-operator bench-scale cluster-up cluster-down images help
+.PHONY: deps h2spec version-matrix lifecycle-test plugin krew fuzz actionlint cargo-deny release-images-check dockerfile-check newcomer-test chart-upgrade-test skew-test chart-lint chart-test all build test test-unit test-cluster lint fmt fmt-check clippy crds crd-check demo kind-test kind-demo bench bench-operator bench-scale cluster-up cluster-down images help
 
 all: build
 
@@ -93,6 +93,9 @@ skew-test: ## the version skew of docs/skew.md on $$KUBECONFIG's cluster: chart 
 
 version-matrix: ## the core cluster suite on the oldest and newest supported Kubernetes (each built once, booted, torn down): e2e/matrix/results/
 	e2e/matrix/run
+
+lifecycle-test: ## the pod lifecycle events of Kubernetes 1.36+ (e2e/tests/lifecycle.rs: in-place restart of every container, in-place resize) on a local 1.37.2 cluster (built once, booted, torn down): e2e/lifecycle/results/
+	KG_MATRIX_VERSIONS=v1.37.2 KG_MATRIX_STEPS=lifecycle KG_MATRIX_RESULTS=$(CURDIR)/e2e/lifecycle/results e2e/matrix/run
 
 newcomer-test: ## the README's Install and Use blocks as written on $$KUBECONFIG's cluster (e2e images as the release ones), checked, Verify with the plugin from its release archive (as krew installs it), then Uninstall (NEWCOMER_ROUNDS=N: N fresh installs back to back)
 	NEWCOMER_ROUNDS=$(NEWCOMER_ROUNDS) e2e/newcomer/run

@@ -17,20 +17,21 @@
 //!
 //! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::cluster_client`.
 
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::PostParams;
 use kube::{Api, Client};
 use kubegrace_e2e::load::Summary;
 use kubegrace_e2e::scenario::kit::{self, PodAddr};
+use kubegrace_e2e::scenario::restart::{
+    kill_container, restart_under_load, restarts, sidecar_metric,
+};
 use kubegrace_e2e::scenario::{
     self, Options, Patience, Progress, Scenario, keep_from_env, pod_ready, with_install,
 };
-use kubegrace_sidecar_api::admin::path as admin_path;
 use kubegrace_sidecar_api::{keys, pod};
 
 const WITH: &str = "live-with";
@@ -63,29 +64,6 @@ async fn create(sc: &Scenario, name: &str, replicas: i32, kubegrace: bool) -> Re
     Ok(())
 }
 
-/// The restart count of container `container` of pod `pod` (app or init container).
-async fn restarts(pods: &Api<Pod>, pod: &str, container: &str) -> Result<i32> {
-    let p = pods.get(pod).await?;
-    let status = p.status.unwrap_or_default();
-    kubegrace_e2e::container_statuses(&status)
-        .find(|c| c.name == container)
-        .map(|c| c.restart_count)
-        .with_context(|| format!("pod {pod}: no status for container {container}"))
-}
-
-/// A metric's value from a sidecar's `/metrics`, read from this host on the pod IP.
-async fn sidecar_metric(admin: &str, name: &str) -> Result<f64> {
-    let (status, _, body) =
-        kit::http1(admin, "GET", admin_path::METRICS, Duration::from_secs(3)).await?;
-    ensure!(status == 200, "GET http://{admin}/metrics: {status}");
-    body.lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(' ')?;
-            (k == name).then(|| v.trim().parse::<f64>().ok()).flatten()
-        })
-        .with_context(|| format!("no {name} on {admin}"))
-}
-
 /// Restarts one pod's app through its liveness probe under load on the Service; returns
 /// the load's summary and the pod that restarted.
 async fn liveness_restart_under_load(
@@ -93,118 +71,31 @@ async fn liveness_restart_under_load(
     name: &str,
     p: &Progress,
 ) -> Result<(Summary, PodAddr)> {
-    let pods: Api<Pod> = Api::namespaced(sc.client.clone(), &sc.namespace);
-    let candidates = kit::ready_pods(&pods, name).await?;
-    ensure!(!candidates.is_empty(), "{name}: no ready pod");
-    let load = sc.start_load(name, p).await?;
-    let outcome = async {
-        // The victim is a pod the load is reaching now: a keep-alive pool reuses its most
-        // recent connections, so a pod picked blindly may carry none of them, and its
-        // restart would then prove nothing either way.
-        let victim = busiest_pod(&candidates, p).await?;
-        p.step(format!(
-            "{name}: POST /liveness?fail on pod {}'s app ({})",
-            victim.name,
-            victim.app()
-        ));
-        let (status, _, body) = kit::http1(
-            &victim.app(),
-            "POST",
-            "/liveness?fail",
-            Duration::from_secs(3),
-        )
-        .await?;
-        ensure!(status == 200, "/liveness?fail: {status} {body}");
-        p.wait(
-            &format!("{name}: kubelet restarted pod {}'s app", victim.name),
-            Patience::new(Duration::from_secs(60), Duration::from_millis(200)),
-            || async {
-                match restarts(&pods, &victim.name, "app").await {
-                    Ok(n) if n >= 1 => Ok(n),
-                    Ok(n) => Err(format!("restartCount {n}")),
-                    Err(e) => Err(format!("{e:#}")),
-                }
-            },
-        )
-        .await?;
-        let restarted = Instant::now();
-        p.wait(
-            &format!("{name}: pod {} Ready again", victim.name),
-            Patience::new(Duration::from_secs(60), Duration::from_millis(100)),
-            || async {
-                let pod = pods.get(&victim.name).await.map_err(|e| e.to_string())?;
-                if pod_ready(&pod) {
-                    Ok(())
-                } else {
-                    Err("not ready".to_owned())
-                }
-            },
-        )
-        .await?;
-        p.step(format!(
-            "{name}: pod {} Ready {:.1}s after its app container was restarted",
-            victim.name,
-            restarted.elapsed().as_secs_f64()
-        ));
-        // The pod takes its share again before the load stops.
-        tokio::time::sleep(Duration::from_secs(4)).await;
-        Ok::<_, anyhow::Error>(victim)
-    }
-    .await;
-    let summary = load.finish(p).await?;
-    let victim = outcome?;
-    Ok((summary, victim))
-}
-
-/// `/delay` requests each pod's app has seen so far (its `/stats`), in `pods` order.
-async fn delay_requests(pods: &[PodAddr]) -> Result<Vec<u64>> {
-    let mut seen = Vec::with_capacity(pods.len());
-    for pod in pods {
-        let (status, _, body) =
-            kit::http1(&pod.app(), "GET", "/stats", Duration::from_secs(3)).await?;
-        ensure!(status == 200, "GET {}/stats: {status}", pod.app());
-        let stats: serde_json::Value =
-            serde_json::from_str(&body).with_context(|| format!("{}/stats: {body}", pod.app()))?;
-        seen.push(
-            stats["endpoints"]["/delay"]["requests"]
-                .as_u64()
-                .unwrap_or(0),
-        );
-    }
-    Ok(seen)
-}
-
-/// The pod whose app served the most load requests over the last two seconds; an error
-/// when none served any (the load is not reaching the pods, so nothing could be shown).
-async fn busiest_pod(pods: &[PodAddr], p: &Progress) -> Result<PodAddr> {
-    let before = delay_requests(pods).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = delay_requests(pods).await?;
-    let served: Vec<u64> = after
-        .iter()
-        .zip(&before)
-        .map(|(a, b)| a.saturating_sub(*b))
-        .collect();
-    let (busiest, most) = served
-        .iter()
-        .enumerate()
-        .max_by_key(|(_, n)| **n)
-        .map(|(i, n)| (i, *n))
-        .context("no pods")?;
-    let shares: Vec<String> = pods
-        .iter()
-        .zip(&served)
-        .map(|(pod, n)| format!("{} {n}", pod.name))
-        .collect();
-    p.step(format!(
-        "load requests served in 2s per pod: {}",
-        shares.join(", ")
-    ));
-    ensure!(
-        most > 0,
-        "no pod's app served a load request in 2s: the load does not reach the pods"
-    );
-    Ok(pods[busiest].clone())
+    let r = restart_under_load(
+        sc,
+        name,
+        "app",
+        Duration::from_secs(60),
+        p,
+        async |victim| {
+            p.step(format!(
+                "{name}: POST /liveness?fail on pod {}'s app ({})",
+                victim.name,
+                victim.app()
+            ));
+            let (status, _, body) = kit::http1(
+                &victim.app(),
+                "POST",
+                "/liveness?fail",
+                Duration::from_secs(3),
+            )
+            .await?;
+            ensure!(status == 200, "/liveness?fail: {status} {body}");
+            Ok(())
+        },
+    )
+    .await?;
+    Ok((r.summary, r.victim))
 }
 
 #[tokio::test]
@@ -327,40 +218,6 @@ async fn liveness_restart_with_and_without(client: Client, mode: &str) -> Result
     Ok(())
 }
 
-fn crictl() -> PathBuf {
-    std::env::var_os("KUBEGRACE_TOOLS_BIN")
-        .map(|d| PathBuf::from(d).join("crictl"))
-        .filter(|p| p.exists())
-        .unwrap_or_else(|| PathBuf::from("crictl"))
-}
-
-async fn run_crictl(args: &[&str]) -> Result<String> {
-    let out = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::process::Command::new(crictl())
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .context("crictl took longer than 30s")?
-    .with_context(|| {
-        format!(
-            "running {} (on PATH after eval \"$(e2e/cluster/env)\")",
-            crictl().display()
-        )
-    })?;
-    if !out.status.success() {
-        bail!(
-            "crictl {} failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 #[tokio::test]
 async fn the_sidecars_own_restart_comes_back_ready_and_serves() -> Result<()> {
     let test = "the_sidecars_own_restart_comes_back_ready_and_serves";
@@ -396,29 +253,11 @@ async fn sidecar_kill_and_back(client: &Client, sc: &Scenario, p: &Progress) -> 
         .into_iter()
         .next()
         .context("no ready pod")?;
-    let ids = run_crictl(&[
-        "ps",
-        "-q",
-        "--name",
-        SIDECAR,
-        "--label",
-        &format!("io.kubernetes.pod.name={}", pod.name),
-        "--label",
-        &format!("io.kubernetes.pod.namespace={}", sc.namespace),
-    ])
-    .await?;
-    let id = ids
-        .lines()
-        .next()
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .with_context(|| format!("crictl finds no {SIDECAR} container in pod {}", pod.name))?
-        .to_owned();
     p.step(format!(
-        "pod {}: crictl stop --timeout 0 {id} (SIGKILL the sidecar container)",
+        "pod {}: crictl stop --timeout 0 on its {SIDECAR} container (SIGKILL)",
         pod.name
     ));
-    run_crictl(&["stop", "--timeout", "0", &id]).await?;
+    kill_container(&sc.namespace, &pod.name, SIDECAR).await?;
     p.wait(
         &format!("pod {}: kubelet restarted the sidecar", pod.name),
         Patience::new(Duration::from_secs(60), Duration::from_millis(200)),

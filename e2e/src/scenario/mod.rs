@@ -43,6 +43,7 @@ mod load_job;
 mod manifests;
 mod options;
 mod progress;
+pub mod restart;
 mod results;
 mod rollout;
 mod status;

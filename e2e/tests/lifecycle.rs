@@ -1,0 +1,486 @@
+//! End-to-end on the Kubernetes versions that bring new ways for a pod's containers to
+//! stop (issue #37): `make lifecycle-test` runs this on a local cluster of Kubernetes
+//! 1.37.2. It is not in the default cluster suite: each test needs the version named in
+//! it and FAILS (never skips) on an older API server.
+//!
+//! 1. An in-place restart of every container (`restartPolicyRules` with action
+//!    `RestartAllContainers`, KEP-5532, beta and on by default from 1.36): the app
+//!    container is killed with SIGKILL (`crictl stop --timeout 0`: exit code 137, as an OOM
+//!    kill) and its rule restarts the whole pod in place, with no preStop and two seconds
+//!    of grace for the others. Asserted with kubegrace, in both sidecar placements: the
+//!    restarted sidecar serves the pod again at once (it exits no second time: a sidecar
+//!    that carried the killed process's drain on would) and the pod is Ready again; and
+//!    what the load lost, with and without kubegrace, side by side. Without kubegrace some
+//!    requests fail (the baseline shows the loss).
+//! 2. An in-place resize that restarts the app (`resizePolicy: RestartContainer`,
+//!    KEP-1287, from 1.33): the kubelet runs the app's preStop and restarts it; the pod
+//!    comes back Ready and the load loses nothing with kubegrace, and some without.
+//! 3. A native sidecar killed (SIGKILL) in the middle of its pod's drain: whether or not
+//!    the kubelet restarts it during the termination (KEP-4438), the pod is never Ready
+//!    again after the kill and is gone within its grace period; a restarted sidecar says
+//!    it carried the drain on. What the kubelet did is printed.
+//!
+//! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::cluster_client`.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, LogParams, Patch, PatchParams, PostParams,
+};
+use kube::{Api, Client};
+use kubegrace_e2e::scenario::kit;
+use kubegrace_e2e::scenario::restart::{
+    Restarted, kill_container, restart_under_load, restarts, running_container_id, sidecar_metric,
+};
+use kubegrace_e2e::scenario::{
+    self, Options, Patience, Progress, Scenario, keep_from_env, pod_ready, with_install,
+};
+use kubegrace_sidecar_api::pod;
+use serde_json::{Value, json};
+
+const SIDECAR: &str = pod::CONTAINER;
+
+/// Fails unless the API server is at least 1.`minor` (what `feature` needs).
+async fn require_minor(client: &Client, minor: u32, feature: &str) -> Result<()> {
+    let info = client.apiserver_version().await?;
+    let digits: String = info
+        .minor
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    let have: u32 = digits
+        .parse()
+        .with_context(|| format!("API server minor version {:?}", info.minor))?;
+    ensure!(
+        info.major == "1" && have >= minor,
+        "{feature} needs Kubernetes 1.{minor} or later; this API server is {}: run this test \
+         with `make lifecycle-test` (Kubernetes 1.37.2)",
+        info.git_version
+    );
+    Ok(())
+}
+
+/// Creates Deployment `name` (and its Service) from the demo app's manifest with
+/// `edit` applied to its app container. Sent as JSON as written, so fields newer than the
+/// client's typed API reach the API server; an error when the server drops them.
+async fn create_edited(
+    sc: &Scenario,
+    name: &str,
+    replicas: i32,
+    kubegrace: bool,
+    field: &str,
+    edit: impl Fn(&mut Value),
+) -> Result<()> {
+    let mut d = serde_json::to_value(scenario::deployment(name, replicas, kubegrace)?)?;
+    edit(&mut d["spec"]["template"]["spec"]["containers"][0]);
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        sc.client.clone(),
+        &sc.namespace,
+        &ApiResource::erase::<Deployment>(&()),
+    );
+    let created = api
+        .create(&PostParams::default(), &serde_json::from_value(d)?)
+        .await
+        .with_context(|| format!("creating Deployment {name}"))?;
+    let kept = &created.data["spec"]["template"]["spec"]["containers"][0][field];
+    ensure!(
+        !kept.is_null(),
+        "the API server dropped the app container's {field}: its feature gate is off here"
+    );
+    let services: Api<Service> = Api::namespaced(sc.client.clone(), &sc.namespace);
+    services
+        .create(&PostParams::default(), &scenario::service(name)?)
+        .await
+        .with_context(|| format!("creating Service {name}"))?;
+    Ok(())
+}
+
+/// The options both tests share: three replicas, 200 ms requests at 100/s (about seven
+/// in flight on the victim), product drain timers.
+fn options(release: &str, mode: &str) -> Result<Options> {
+    let mut opts = Options::new(release).with_load_from_env()?;
+    opts.chart_values.push(("sidecar.mode".into(), mode.into()));
+    opts.replicas = 3;
+    opts.drain.min_delay = "3s".into();
+    opts.drain.max_delay = "8s".into();
+    opts.load.lead_in = Duration::from_secs(2);
+    opts.load.path = "/delay?ms=200".into();
+    opts.load.rate = 100.0;
+    opts.load.max_duration = Duration::from_secs(120);
+    Ok(opts)
+}
+
+fn report(what: &str, with: &Restarted, without: &Restarted) {
+    eprintln!(
+        "{what}: with kubegrace {} of {} failed, Ready again after {:.1}s; without {} of {} \
+         failed, Ready again after {:.1}s",
+        with.summary.failed,
+        with.summary.requests,
+        with.ready_after.as_secs_f64(),
+        without.summary.failed,
+        without.summary.requests,
+        without.ready_after.as_secs_f64(),
+    );
+    for (label, r) in [("with", with), ("without", without)] {
+        eprintln!("  {label}: failures by kind: {:?}", r.summary.by_detail);
+    }
+}
+
+const RESTART_WITH: &str = "inplace-with";
+const RESTART_WITHOUT: &str = "inplace-without";
+
+/// The app container's rule: exit code 137 (SIGKILL: an OOM kill, or `crictl stop`)
+/// restarts every container of the pod in place.
+fn restart_all_on_kill(app: &mut Value) {
+    app["restartPolicy"] = json!("Always");
+    app["restartPolicyRules"] = json!([{
+        "action": "RestartAllContainers",
+        "exitCodes": {"operator": "In", "values": [137]},
+    }]);
+}
+
+#[tokio::test]
+async fn an_in_place_restart_of_every_container_serves_again_at_once_native() -> Result<()> {
+    let test = "an_in_place_restart_of_every_container_serves_again_at_once_native";
+    let client = kubegrace_e2e::cluster_or_skip!(test);
+    restart_all_with_and_without(client, "native").await
+}
+
+#[tokio::test]
+async fn an_in_place_restart_of_every_container_serves_again_at_once_classic() -> Result<()> {
+    let test = "an_in_place_restart_of_every_container_serves_again_at_once_classic";
+    let client = kubegrace_e2e::cluster_or_skip!(test);
+    restart_all_with_and_without(client, "classic").await
+}
+
+async fn restart_all_with_and_without(client: Client, mode: &str) -> Result<()> {
+    require_minor(&client, 36, "RestartAllContainers (KEP-5532)").await?;
+    let opts = options(&format!("kg-inplace-{mode}"), mode)?;
+    let p = Progress::default();
+    let patience = Duration::from_secs(90);
+    let outcome = with_install(&client, &opts, &p, keep_from_env(), async |run| {
+        let sc = run.scenario("inplace").await?;
+        sc.create_route(RESTART_WITH, &p).await?;
+        for (name, kubegrace) in [(RESTART_WITH, true), (RESTART_WITHOUT, false)] {
+            create_edited(
+                &sc,
+                name,
+                3,
+                kubegrace,
+                "restartPolicyRules",
+                restart_all_on_kill,
+            )
+            .await?;
+            sc.settle(name, kubegrace, &p).await?;
+        }
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &sc.namespace);
+        let mut sidecar_before = None;
+        let with = restart_under_load(&sc, RESTART_WITH, "app", patience, &p, async |victim| {
+            sidecar_before = running_container_id(&pods.get(&victim.name).await?, SIDECAR);
+            p.step(format!(
+                "{RESTART_WITH}: SIGKILL pod {}'s app (exit 137: RestartAllContainers)",
+                victim.name
+            ));
+            kill_container(&sc.namespace, &victim.name, "app").await
+        })
+        .await?;
+        let sidecar_before = sidecar_before.context("the victim had no running sidecar")?;
+        let after = pods.get(&with.victim.name).await?;
+        ensure!(pod_ready(&after), "pod {} is not Ready", with.victim.name);
+        let sidecar_now = running_container_id(&after, SIDECAR)
+            .with_context(|| format!("pod {}: the sidecar is not running", with.victim.name))?;
+        ensure!(
+            sidecar_now != sidecar_before,
+            "the sidecar was not restarted with the app: this was not RestartAllContainers"
+        );
+        // A sidecar that carried the killed process's drain on would have exited again by
+        // itself: its last termination would then be a container other than the one the
+        // kubelet killed.
+        let status = after.status.clone().unwrap_or_default();
+        let exited_again = kubegrace_e2e::container_statuses(&status)
+            .find(|c| c.name == SIDECAR)
+            .and_then(|c| c.last_state.as_ref()?.terminated.as_ref())
+            .and_then(|t| t.container_id.clone())
+            .filter(|id| *id != sidecar_before);
+        ensure!(
+            exited_again.is_none(),
+            "the restarted sidecar {} exited again by itself (it carried a drain on)",
+            exited_again.unwrap_or_default()
+        );
+        let admin = with.victim.admin().context("no admin port")?;
+        let phase = sidecar_metric(&admin, "kubegrace_drain_phase").await?;
+        ensure!(
+            phase == 0.0,
+            "the restarted sidecar is in drain phase {phase}"
+        );
+        let without = restart_under_load(&sc, RESTART_WITHOUT, "app", patience, &p, async |v| {
+            p.step(format!("{RESTART_WITHOUT}: SIGKILL pod {}'s app", v.name));
+            kill_container(&sc.namespace, &v.name, "app").await
+        })
+        .await?;
+        Ok((with, without))
+    })
+    .await;
+    let (with, without) = outcome.with_context(|| format!("sidecar.mode={mode}"))?;
+    report(&format!("RestartAllContainers ({mode})"), &with, &without);
+    ensure!(
+        without.summary.failed > 0,
+        "without kubegrace the in-place restart failed nothing ({} sent): the baseline shows \
+         nothing",
+        without.summary.requests
+    );
+    ensure!(
+        with.summary.failed <= without.summary.failed,
+        "with kubegrace {} failed, more than the {} without",
+        with.summary.failed,
+        without.summary.failed
+    );
+    Ok(())
+}
+
+const RESIZE_WITH: &str = "resize-with";
+const RESIZE_WITHOUT: &str = "resize-without";
+
+/// The app container's memory, and the policy that restarts it when that changes.
+fn restart_on_memory_resize(app: &mut Value) {
+    app["resources"] = json!({
+        "requests": {"cpu": "20m", "memory": "32Mi"},
+        "limits": {"memory": "64Mi"},
+    });
+    app["resizePolicy"] = json!([
+        {"resourceName": "memory", "restartPolicy": "RestartContainer"},
+        {"resourceName": "cpu", "restartPolicy": "NotRequired"},
+    ]);
+}
+
+/// Resizes the app container's memory limit of `pod` through the `resize` subresource.
+async fn resize_memory(pods: &Api<Pod>, pod: &str, limit: &str) -> Result<()> {
+    let patch = json!({"spec": {"containers": [{
+        "name": "app",
+        "resources": {"requests": {"memory": "32Mi"}, "limits": {"memory": limit}},
+    }]}});
+    pods.patch_subresource(
+        "resize",
+        pod,
+        &PatchParams::default(),
+        &Patch::Strategic(patch),
+    )
+    .await
+    .with_context(|| format!("resizing pod {pod}'s app to {limit}"))?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_in_place_resize_that_restarts_the_app_loses_nothing_with_kubegrace() -> Result<()> {
+    let test = "an_in_place_resize_that_restarts_the_app_loses_nothing_with_kubegrace";
+    let client = kubegrace_e2e::cluster_or_skip!(test);
+    require_minor(&client, 33, "in-place resize (KEP-1287)").await?;
+    let opts = options("kg-resize", "native")?;
+    let p = Progress::default();
+    let patience = Duration::from_secs(90);
+    let outcome = with_install(&client, &opts, &p, keep_from_env(), async |run| {
+        let sc = run.scenario("resize").await?;
+        sc.create_route(RESIZE_WITH, &p).await?;
+        for (name, kubegrace) in [(RESIZE_WITH, true), (RESIZE_WITHOUT, false)] {
+            create_edited(
+                &sc,
+                name,
+                3,
+                kubegrace,
+                "resizePolicy",
+                restart_on_memory_resize,
+            )
+            .await?;
+            sc.settle(name, kubegrace, &p).await?;
+        }
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &sc.namespace);
+        let mut runs = Vec::new();
+        for name in [RESIZE_WITH, RESIZE_WITHOUT] {
+            let r = restart_under_load(&sc, name, "app", patience, &p, async |victim| {
+                p.step(format!(
+                    "{name}: resize pod {}'s app memory to 96Mi",
+                    victim.name
+                ));
+                resize_memory(&pods, &victim.name, "96Mi").await
+            })
+            .await?;
+            runs.push(r);
+        }
+        let (Some(without), Some(with)) = (runs.pop(), runs.pop()) else {
+            bail!("two runs expected");
+        };
+        let sidecar_restarts = restarts(&pods, &with.victim.name, SIDECAR).await?;
+        ensure!(
+            sidecar_restarts == 0,
+            "the sidecar restarted {sidecar_restarts} times"
+        );
+        let admin = with.victim.admin().context("no admin port")?;
+        let resumes = sidecar_metric(&admin, "kubegrace_drain_resumes_total").await?;
+        ensure!(
+            resumes == 1.0,
+            "kubegrace_drain_resumes_total {resumes}: the preStop drain did not resume"
+        );
+        Ok((with, without))
+    })
+    .await;
+    let (with, without) = outcome?;
+    report("in-place resize, RestartContainer", &with, &without);
+    ensure!(
+        with.summary.failed == 0,
+        "with kubegrace {} of {} requests failed across the resize: {:?}",
+        with.summary.failed,
+        with.summary.requests,
+        with.summary.by_detail
+    );
+    ensure!(
+        without.summary.failed > 0,
+        "without kubegrace the resize failed nothing ({} sent): the baseline shows nothing",
+        without.summary.requests
+    );
+    Ok(())
+}
+
+const KILLED: &str = "killed-mid-drain";
+
+#[tokio::test]
+async fn a_native_sidecar_killed_mid_drain_never_serves_again_and_the_pod_ends_in_its_budget()
+-> Result<()> {
+    let test =
+        "a_native_sidecar_killed_mid_drain_never_serves_again_and_the_pod_ends_in_its_budget";
+    let client = kubegrace_e2e::cluster_or_skip!(test);
+    require_minor(
+        &client,
+        37,
+        "restarting native sidecars during termination (KEP-4438)",
+    )
+    .await?;
+    let mut opts = options("kg-killed", "native")?;
+    opts.replicas = 2;
+    let p = Progress::default();
+    let outcome = with_install(&client, &opts, &p, keep_from_env(), async |run| {
+        let sc = run.scenario("killed").await?;
+        sc.create_route(KILLED, &p).await?;
+        sc.create_app(KILLED, true, &p).await?;
+        sc.settle(KILLED, true, &p).await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &sc.namespace);
+        let victim = kit::ready_pods(&pods, KILLED)
+            .await?
+            .into_iter()
+            .next()
+            .context("no ready pod")?;
+        let grace = pods
+            .get(&victim.name)
+            .await?
+            .spec
+            .and_then(|s| s.termination_grace_period_seconds)
+            .context("no terminationGracePeriodSeconds")?;
+        let grace = Duration::from_secs(u64::try_from(grace).unwrap_or(0));
+        let load = sc.start_load(KILLED, &p).await?;
+        let watched = async {
+            let deleted = Instant::now();
+            pods.delete(&victim.name, &DeleteParams::default()).await?;
+            let admin = victim.admin().context("no admin port")?;
+            p.wait(
+                &format!("pod {}: the sidecar drains", victim.name),
+                Patience::new(Duration::from_secs(10), Duration::from_millis(100)),
+                || async {
+                    match sidecar_metric(&admin, "kubegrace_drain_phase").await {
+                        Ok(phase) if phase >= 1.0 => Ok(()),
+                        Ok(phase) => Err(format!("phase {phase}")),
+                        Err(e) => Err(format!("{e:#}")),
+                    }
+                },
+            )
+            .await?;
+            p.step(format!(
+                "pod {}: SIGKILL its sidecar mid-drain",
+                victim.name
+            ));
+            kill_container(&sc.namespace, &victim.name, SIDECAR).await?;
+            let killed = Instant::now();
+            let mut restarted = 0;
+            let mut ready_after_kill = false;
+            let mut logs = String::new();
+            loop {
+                let Some(pod) = pods.get_opt(&victim.name).await? else {
+                    break;
+                };
+                ready_after_kill |= pod_ready(&pod);
+                let status = pod.status.clone().unwrap_or_default();
+                let count = kubegrace_e2e::container_statuses(&status)
+                    .find(|c| c.name == SIDECAR)
+                    .map_or(0, |c| c.restart_count);
+                if count > restarted {
+                    restarted = count;
+                }
+                if restarted > 0 && logs.is_empty() {
+                    let lp = LogParams {
+                        container: Some(SIDECAR.into()),
+                        ..LogParams::default()
+                    };
+                    logs = pods.logs(&victim.name, &lp).await.unwrap_or_default();
+                }
+                ensure!(
+                    deleted.elapsed() < grace + Duration::from_secs(30),
+                    "pod {} still exists {:.0}s after its deletion (grace period {}s)",
+                    victim.name,
+                    deleted.elapsed().as_secs_f64(),
+                    grace.as_secs()
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Ok::<_, anyhow::Error>((
+                deleted.elapsed(),
+                killed.elapsed(),
+                restarted,
+                ready_after_kill,
+                logs,
+            ))
+        }
+        .await;
+        let summary = load.finish(&p).await?;
+        let (gone_after, gone_after_kill, restarted, ready_after_kill, logs) = watched?;
+        Ok((
+            summary,
+            grace,
+            gone_after,
+            gone_after_kill,
+            restarted,
+            ready_after_kill,
+            logs,
+        ))
+    })
+    .await;
+    let (summary, grace, gone_after, gone_after_kill, restarted, ready_after_kill, logs) = outcome?;
+    eprintln!(
+        "native sidecar killed mid-drain: the kubelet restarted it {restarted} time(s) during \
+         the termination; pod gone {:.1}s after its deletion ({:.1}s after the kill, grace \
+         period {}s); load {} of {} failed {:?}",
+        gone_after.as_secs_f64(),
+        gone_after_kill.as_secs_f64(),
+        grace.as_secs(),
+        summary.failed,
+        summary.requests,
+        summary.by_detail
+    );
+    ensure!(
+        !ready_after_kill,
+        "the pod turned Ready after its sidecar was killed mid-drain"
+    );
+    ensure!(
+        gone_after <= grace + Duration::from_secs(5),
+        "the pod outlived its grace period ({}s) by more than 5s: {:.1}s",
+        grace.as_secs(),
+        gone_after.as_secs_f64()
+    );
+    if restarted > 0 && !logs.is_empty() {
+        ensure!(
+            logs.contains("carrying it on"),
+            "the restarted sidecar did not carry the drain on: {logs}"
+        );
+    }
+    Ok(())
+}

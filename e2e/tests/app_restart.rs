@@ -27,7 +27,7 @@ use kube::{Api, Client};
 use kubegrace_e2e::load::Summary;
 use kubegrace_e2e::scenario::kit::{self, PodAddr};
 use kubegrace_e2e::scenario::restart::{
-    kill_container, restart_under_load, restarts, sidecar_metric,
+    a_ready_pod, kill_container, restart_options, restart_under_load, restarts, sidecar_metric,
 };
 use kubegrace_e2e::scenario::{
     self, Options, Patience, Progress, Scenario, keep_from_env, pod_ready, with_install,
@@ -119,20 +119,7 @@ async fn with_a_classic_sidecar_an_app_liveness_restart_under_load_loses_nothing
 /// One pod's app restarted by its liveness probe under load, with kubegrace (sidecar in
 /// `mode`: `native` or `classic`) and without; asserts zero loss with, loss without.
 async fn liveness_restart_with_and_without(client: Client, mode: &str) -> Result<()> {
-    let mut opts = Options::new(&format!("kg-restart-{mode}")).with_load_from_env()?;
-    opts.chart_values.push(("sidecar.mode".into(), mode.into()));
-    opts.replicas = 3;
-    // minDelay covers the sidecar's readiness period (2 s) plus endpoint propagation:
-    // here the pod is not terminating, so only its readiness takes it out of the Service.
-    opts.drain.min_delay = "3s".into();
-    opts.drain.max_delay = "8s".into();
-    opts.load.lead_in = Duration::from_secs(2);
-    // Requests that stay in the app for 200 ms: at 100/s about seven are in flight on the
-    // victim when kubelet kills its app, so the baseline's loss does not hang on the
-    // chance that none was (at 50 ms about two were, and CI once saw none lost).
-    opts.load.path = "/delay?ms=200".into();
-    opts.load.rate = 100.0;
-    opts.load.max_duration = Duration::from_secs(90);
+    let opts = restart_options(&format!("kg-restart-{mode}"), mode)?;
     let p = Progress::default();
     let outcome = with_install(&client, &opts, &p, keep_from_env(), async |run| {
         let sc = run.scenario("restart").await?;
@@ -248,11 +235,7 @@ async fn sidecar_restart(client: &Client, mode: &str) -> Result<()> {
 
 async fn sidecar_kill_and_back(client: &Client, sc: &Scenario, p: &Progress) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &sc.namespace);
-    let pod = kit::ready_pods(&pods, WITH)
-        .await?
-        .into_iter()
-        .next()
-        .context("no ready pod")?;
+    let pod = a_ready_pod(&pods, WITH).await?;
     p.step(format!(
         "pod {}: crictl stop --timeout 0 on its {SIDECAR} container (SIGKILL)",
         pod.name

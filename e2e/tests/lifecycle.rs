@@ -31,12 +31,12 @@ use kube::api::{
     ApiResource, DeleteParams, DynamicObject, LogParams, Patch, PatchParams, PostParams,
 };
 use kube::{Api, Client};
-use kubegrace_e2e::scenario::kit;
 use kubegrace_e2e::scenario::restart::{
-    Restarted, kill_container, restart_under_load, restarts, running_container_id, sidecar_metric,
+    Restarted, a_ready_pod, kill_container, restart_options, restart_under_load, restarts,
+    running_container_id, sidecar_metric,
 };
 use kubegrace_e2e::scenario::{
-    self, Options, Patience, Progress, Scenario, keep_from_env, pod_ready, with_install,
+    self, Patience, Progress, Scenario, keep_from_env, pod_ready, with_install,
 };
 use kubegrace_sidecar_api::pod;
 use serde_json::{Value, json};
@@ -98,19 +98,21 @@ async fn create_edited(
     Ok(())
 }
 
-/// The options both tests share: three replicas, 200 ms requests at 100/s (about seven
-/// in flight on the victim), product drain timers.
-fn options(release: &str, mode: &str) -> Result<Options> {
-    let mut opts = Options::new(release).with_load_from_env()?;
-    opts.chart_values.push(("sidecar.mode".into(), mode.into()));
-    opts.replicas = 3;
-    opts.drain.min_delay = "3s".into();
-    opts.drain.max_delay = "8s".into();
-    opts.load.lead_in = Duration::from_secs(2);
-    opts.load.path = "/delay?ms=200".into();
-    opts.load.rate = 100.0;
-    opts.load.max_duration = Duration::from_secs(120);
-    Ok(opts)
+/// The route for `with`, then both Deployments (`with` injected, `without` bare, three
+/// replicas each) with `edit` applied, settled.
+async fn with_and_without(
+    sc: &Scenario,
+    [with, without]: [&str; 2],
+    field: &str,
+    edit: impl Fn(&mut Value),
+    p: &Progress,
+) -> Result<()> {
+    sc.create_route(with, p).await?;
+    for (name, kubegrace) in [(with, true), (without, false)] {
+        create_edited(sc, name, 3, kubegrace, field, &edit).await?;
+        sc.settle(name, kubegrace, p).await?;
+    }
+    Ok(())
 }
 
 fn report(what: &str, with: &Restarted, without: &Restarted) {
@@ -142,40 +144,27 @@ fn restart_all_on_kill(app: &mut Value) {
     }]);
 }
 
+/// Both placements: a native sidecar is an init container the kubelet starts before the
+/// app, a classic one a container beside it.
 #[tokio::test]
-async fn an_in_place_restart_of_every_container_serves_again_at_once_native() -> Result<()> {
-    let test = "an_in_place_restart_of_every_container_serves_again_at_once_native";
+async fn an_in_place_restart_of_every_container_serves_again_at_once() -> Result<()> {
+    let test = "an_in_place_restart_of_every_container_serves_again_at_once";
     let client = kubegrace_e2e::cluster_or_skip!(test);
-    restart_all_with_and_without(client, "native").await
-}
-
-#[tokio::test]
-async fn an_in_place_restart_of_every_container_serves_again_at_once_classic() -> Result<()> {
-    let test = "an_in_place_restart_of_every_container_serves_again_at_once_classic";
-    let client = kubegrace_e2e::cluster_or_skip!(test);
-    restart_all_with_and_without(client, "classic").await
-}
-
-async fn restart_all_with_and_without(client: Client, mode: &str) -> Result<()> {
     require_minor(&client, 36, "RestartAllContainers (KEP-5532)").await?;
-    let opts = options(&format!("kg-inplace-{mode}"), mode)?;
+    for mode in ["native", "classic"] {
+        restart_all_with_and_without(&client, mode).await?;
+    }
+    Ok(())
+}
+
+async fn restart_all_with_and_without(client: &Client, mode: &str) -> Result<()> {
+    let opts = restart_options(&format!("kg-inplace-{mode}"), mode)?;
     let p = Progress::default();
     let patience = Duration::from_secs(90);
-    let outcome = with_install(&client, &opts, &p, keep_from_env(), async |run| {
+    let outcome = with_install(client, &opts, &p, keep_from_env(), async |run| {
         let sc = run.scenario("inplace").await?;
-        sc.create_route(RESTART_WITH, &p).await?;
-        for (name, kubegrace) in [(RESTART_WITH, true), (RESTART_WITHOUT, false)] {
-            create_edited(
-                &sc,
-                name,
-                3,
-                kubegrace,
-                "restartPolicyRules",
-                restart_all_on_kill,
-            )
-            .await?;
-            sc.settle(name, kubegrace, &p).await?;
-        }
+        let pair = [RESTART_WITH, RESTART_WITHOUT];
+        with_and_without(&sc, pair, "restartPolicyRules", restart_all_on_kill, &p).await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), &sc.namespace);
         let mut sidecar_before = None;
         let with = restart_under_load(&sc, RESTART_WITH, "app", patience, &p, async |victim| {
@@ -278,24 +267,13 @@ async fn an_in_place_resize_that_restarts_the_app_loses_nothing_with_kubegrace()
     let test = "an_in_place_resize_that_restarts_the_app_loses_nothing_with_kubegrace";
     let client = kubegrace_e2e::cluster_or_skip!(test);
     require_minor(&client, 33, "in-place resize (KEP-1287)").await?;
-    let opts = options("kg-resize", "native")?;
+    let opts = restart_options("kg-resize", "native")?;
     let p = Progress::default();
     let patience = Duration::from_secs(90);
     let outcome = with_install(&client, &opts, &p, keep_from_env(), async |run| {
         let sc = run.scenario("resize").await?;
-        sc.create_route(RESIZE_WITH, &p).await?;
-        for (name, kubegrace) in [(RESIZE_WITH, true), (RESIZE_WITHOUT, false)] {
-            create_edited(
-                &sc,
-                name,
-                3,
-                kubegrace,
-                "resizePolicy",
-                restart_on_memory_resize,
-            )
-            .await?;
-            sc.settle(name, kubegrace, &p).await?;
-        }
+        let pair = [RESIZE_WITH, RESIZE_WITHOUT];
+        with_and_without(&sc, pair, "resizePolicy", restart_on_memory_resize, &p).await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), &sc.namespace);
         let mut runs = Vec::new();
         for name in [RESIZE_WITH, RESIZE_WITHOUT] {
@@ -346,10 +324,8 @@ async fn an_in_place_resize_that_restarts_the_app_loses_nothing_with_kubegrace()
 const KILLED: &str = "killed-mid-drain";
 
 #[tokio::test]
-async fn a_native_sidecar_killed_mid_drain_never_serves_again_and_the_pod_ends_in_its_budget()
--> Result<()> {
-    let test =
-        "a_native_sidecar_killed_mid_drain_never_serves_again_and_the_pod_ends_in_its_budget";
+async fn a_native_sidecar_killed_mid_drain_never_serves_again() -> Result<()> {
+    let test = "a_native_sidecar_killed_mid_drain_never_serves_again";
     let client = kubegrace_e2e::cluster_or_skip!(test);
     require_minor(
         &client,
@@ -357,7 +333,7 @@ async fn a_native_sidecar_killed_mid_drain_never_serves_again_and_the_pod_ends_i
         "restarting native sidecars during termination (KEP-4438)",
     )
     .await?;
-    let mut opts = options("kg-killed", "native")?;
+    let mut opts = restart_options("kg-killed", "native")?;
     opts.replicas = 2;
     let p = Progress::default();
     let outcome = with_install(&client, &opts, &p, keep_from_env(), async |run| {
@@ -366,11 +342,7 @@ async fn a_native_sidecar_killed_mid_drain_never_serves_again_and_the_pod_ends_i
         sc.create_app(KILLED, true, &p).await?;
         sc.settle(KILLED, true, &p).await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), &sc.namespace);
-        let victim = kit::ready_pods(&pods, KILLED)
-            .await?
-            .into_iter()
-            .next()
-            .context("no ready pod")?;
+        let victim = a_ready_pod(&pods, KILLED).await?;
         let grace = pods
             .get(&victim.name)
             .await?

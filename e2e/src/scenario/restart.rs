@@ -14,7 +14,7 @@ use kube::Api;
 use kubegrace_sidecar_api::admin::path as admin_path;
 
 use super::kit::{self, PodAddr};
-use super::{Patience, Progress, Scenario, pod_ready};
+use super::{Options, Patience, Progress, Scenario, pod_ready};
 use crate::load::Summary;
 
 /// The restart count of container `container` of pod `pod` (app or init container).
@@ -25,6 +25,15 @@ pub async fn restarts(pods: &Api<Pod>, pod: &str, container: &str) -> Result<i32
         .find(|c| c.name == container)
         .map(|c| c.restart_count)
         .with_context(|| format!("pod {pod}: no status for container {container}"))
+}
+
+/// One ready pod of `app` (the first listed); an error when there is none.
+pub async fn a_ready_pod(pods: &Api<Pod>, app: &str) -> Result<PodAddr> {
+    kit::ready_pods(pods, app)
+        .await?
+        .into_iter()
+        .next()
+        .with_context(|| format!("{app}: no ready pod"))
 }
 
 /// The ID of container `container` of `pod` while it runs; `None` while it does not.
@@ -150,6 +159,26 @@ pub async fn kill_container(namespace: &str, pod: &str, container: &str) -> Resu
         .to_owned();
     run_crictl(&["stop", "--timeout", "0", &id]).await?;
     Ok(())
+}
+
+/// The options of a restart under load: the chart's `sidecar.mode` = `mode`, three
+/// replicas, a constant load of 200 ms requests.
+pub fn restart_options(release: &str, mode: &str) -> Result<Options> {
+    let mut opts = Options::new(release).with_load_from_env()?;
+    opts.chart_values.push(("sidecar.mode".into(), mode.into()));
+    opts.replicas = 3;
+    // minDelay covers the sidecar's readiness period (2 s) plus endpoint propagation:
+    // here the pod is not terminating, so only its readiness takes it out of the Service.
+    opts.drain.min_delay = "3s".into();
+    opts.drain.max_delay = "8s".into();
+    opts.load.lead_in = Duration::from_secs(2);
+    // Requests that stay in the app for 200 ms: at 100/s about seven are in flight on the
+    // victim when kubelet kills its app, so the baseline's loss does not hang on the
+    // chance that none was (at 50 ms about two were, and CI once saw none lost).
+    opts.load.path = "/delay?ms=200".into();
+    opts.load.rate = 100.0;
+    opts.load.max_duration = Duration::from_secs(120);
+    Ok(opts)
 }
 
 /// What a restart under load showed.

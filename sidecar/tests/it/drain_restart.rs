@@ -21,13 +21,16 @@ use crate::kit::sidecar::{Sidecar, SidecarSpec, drain_flags};
 /// is killed and the second one starts: 3 s of grace at the least.
 const DRAIN: &[&str] = &drain_flags("3s", "1s", "20s", "10s");
 
-/// Starts a sidecar, ends its pod as the kubelet does (the preStop drain,
-/// then SIGTERM: an exit drain), kills the process mid-drain and starts a
-/// new one on the same command line: the new one.
-async fn killed_mid_drain_then_restarted(spec: SidecarSpec) -> Result<Sidecar> {
+/// Starts a sidecar, stops it as the kubelet does (with `prestop`: the preStop drain,
+/// then SIGTERM, the end of a pod; without: SIGTERM alone, an in-place restart of every
+/// container), kills the process mid-drain and starts a new one on the same command
+/// line: the new one.
+async fn killed_mid_drain_then_restarted(spec: SidecarSpec, prestop: bool) -> Result<Sidecar> {
     let mut first = Sidecar::start(spec.clone()).await?;
     first.ensure_serving().await?;
-    first.start_drain().await?;
+    if prestop {
+        first.start_drain().await?;
+    }
     first.signal("TERM")?;
     first
         .wait_ready_status(StatusCode::SERVICE_UNAVAILABLE)
@@ -44,7 +47,7 @@ async fn a_sidecar_killed_mid_drain_carries_the_drain_on_after_a_restart() -> Re
     let spec = SidecarSpec::to(&app)
         .args(DRAIN)
         .args(&["--state-dir", &state.display().to_string()]);
-    let mut second = killed_mid_drain_then_restarted(spec.clone()).await?;
+    let mut second = killed_mid_drain_then_restarted(spec.clone(), true).await?;
     second
         .expect_ready(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -74,7 +77,7 @@ async fn a_sidecar_killed_mid_drain_carries_the_drain_on_after_a_restart() -> Re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_state_directory_a_restarted_sidecar_serves_as_if_new() -> Result<()> {
     let app = TestApp::start("app").await?;
-    let second = killed_mid_drain_then_restarted(SidecarSpec::to(&app).args(DRAIN)).await?;
+    let second = killed_mid_drain_then_restarted(SidecarSpec::to(&app).args(DRAIN), true).await?;
     second.wait_ready_status(StatusCode::OK).await?;
     second.ensure_serving().await
 }
@@ -123,19 +126,11 @@ async fn after_a_sigterm_without_prestop_and_a_kill_the_next_process_serves_at_o
     let spec = SidecarSpec::to(&app)
         .args(DRAIN)
         .args(&["--state-dir", &state.display().to_string()]);
-    let mut first = Sidecar::start(spec.clone()).await?;
-    first.ensure_serving().await?;
-    first.signal("TERM")?;
-    first
-        .wait_ready_status(StatusCode::SERVICE_UNAVAILABLE)
-        .await?;
-    first.kill()?;
-    first.wait_exit(Duration::from_secs(10)).await?;
+    let second = killed_mid_drain_then_restarted(spec, false).await?;
     ensure!(
         !state.join("drain.json").exists(),
         "a SIGTERM with no preStop before it left a drain journal"
     );
-    let second = Sidecar::start_unready(spec).await?;
     second.wait_ready_status(StatusCode::OK).await?;
     second.ensure_serving().await
 }

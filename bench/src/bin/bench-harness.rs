@@ -16,16 +16,20 @@ use clap::Parser;
 use kubegrace_bench::parse::{self, LoadResult};
 use kubegrace_bench::peers::{DrainTimers, Env, Peer};
 use kubegrace_bench::proc::{
-    Proc, command_output, free_base_port, loadavg, run_bounded, wait_ready,
+    Proc, command_output, free_base_port, loadavg, pin, run_bounded, wait_ready,
 };
 use kubegrace_bench::report::{
     self, Cell, IdleConnections, KUBEGRACE_STATIC, Memory, Report, Sample, ScenarioResult, Settings,
 };
-use kubegrace_bench::scenario::{self, KEEPALIVE_256, Load, Scenario};
-use kubegrace_bench::{memtest, procfs};
+use kubegrace_bench::scenario::{self, Cores, KEEPALIVE_256, Load, Scenario};
+use kubegrace_bench::{grpc, memtest, procfs};
 
 #[path = "harness/drain.rs"]
 mod drain;
+#[path = "harness/h2mem.rs"]
+mod h2mem;
+#[path = "harness/probes.rs"]
+mod probes;
 
 #[derive(Parser, Debug)]
 #[command(about = "kubegrace-sidecar against nginx, HAProxy and Caddy, side by side")]
@@ -98,6 +102,24 @@ struct Args {
     /// goals are judged on it, since it is what users run.
     #[arg(long, env = "BENCH_SIDECAR_STATIC")]
     sidecar_static: Option<PathBuf>,
+    /// ghz, the gRPC load tool (bench/run builds it from the Go module
+    /// proxy); the gRPC scenarios are skipped when it does not run.
+    #[arg(long, env = "BENCH_GHZ", default_value = "ghz")]
+    ghz: PathBuf,
+    /// The .proto file ghz reads (the service bench-upstream answers).
+    #[arg(long, default_value = "bench/grpc/bench.proto")]
+    grpc_proto: PathBuf,
+    /// Idle h2c connections held for the per-connection HTTP/2 memory
+    /// figure (0 skips the HTTP/2 memory test).
+    #[arg(long, env = "BENCH_H2_MEMORY_CONNECTIONS", default_value_t = 2000)]
+    h2_memory_connections: u32,
+    /// HTTP/2 streams held open for the per-stream memory figure, spread
+    /// over `h2_memory_stream_connections` connections.
+    #[arg(long, env = "BENCH_H2_MEMORY_STREAMS", default_value_t = 1000)]
+    h2_memory_streams: u32,
+    /// At most 100 streams each: HAProxy's default concurrent-stream limit.
+    #[arg(long, default_value_t = 10)]
+    h2_memory_stream_connections: u32,
     /// Where bench-upstream, bench-client and kubegrace-sidecar are.
     #[arg(long, default_value = "target/release")]
     bin_dir: PathBuf,
@@ -154,6 +176,8 @@ impl Harness {
         let secs = self.args.seconds;
         let port = if scenario.is_h2() {
             self.env.h2_port(peer)
+        } else if scenario.is_grpc() {
+            self.env.grpc_port(peer)
         } else {
             self.env.port(peer)
         };
@@ -186,6 +210,27 @@ impl Harness {
                     .args(["--seconds", &self.args.latency_seconds.to_string()])
                     .args(["--warmup-seconds", "1"])
                     .args(["--connections", &connections.to_string()]);
+                c
+            }
+            Load::Ghz {
+                call,
+                connections,
+                concurrency,
+                rate,
+            } => {
+                let run = grpc::Run {
+                    call,
+                    connections,
+                    concurrency,
+                    rate: rate.then_some(self.args.rate),
+                    seconds: if rate {
+                        self.args.latency_seconds
+                    } else {
+                        secs
+                    },
+                };
+                let mut c = self.pinned_load(&self.args.ghz);
+                c.args(grpc::ghz_args(&run, &self.args.grpc_proto, port));
                 c
             }
         };
@@ -224,6 +269,9 @@ impl Harness {
                 r.p99_ms = ms(99.0).unwrap_or(f64::NAN);
                 r.p999_ms = ms(99.9);
                 r
+            }
+            Load::Ghz { .. } => {
+                parse::ghz(&out).with_context(|| format!("ghz said: {out}{err}"))?
             }
             Load::Rate { .. } => {
                 let v: serde_json::Value = serde_json::from_str(out.trim())
@@ -429,7 +477,6 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
     wait_ready(&mut upstream, h.env.upstream_port()).context("bench-upstream")?;
 
     let mut unavailable = BTreeMap::new();
-    let mut no_h2 = Vec::new();
     let mut memory = BTreeMap::new();
     let mut live: Vec<Peer> = vec![Peer::Direct];
     for &peer in peers.iter().filter(|p| p.is_proxy()) {
@@ -453,30 +500,20 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
             }
         }
     }
-    for &peer in &live {
-        let probe = h
-            .pinned_load("h2load")
-            .args(["-n20", "-c1", "-m1"])
-            .arg(format!("http://127.0.0.1:{}/", h.env.h2_port(peer)))
-            .output();
-        let ok = probe
-            .ok()
-            .and_then(|o| parse::h2load_summary(&String::from_utf8_lossy(&o.stdout)).ok())
-            .is_some_and(|r| r.requests == 20 && r.errors == 0);
-        if !ok {
-            h.progress(&format!(
-                "{}: h2c prior knowledge does not work; HTTP/2 scenario skipped",
-                peer.name()
-            ));
-            no_h2.push(peer);
-        }
-    }
+    let no_h2 = probes::no_h2(h, &live);
+    let no_grpc = if scenarios.iter().any(Scenario::is_grpc) {
+        probes::no_grpc(h, &live)
+    } else {
+        Vec::new()
+    };
     let mut versions = BTreeMap::new();
     versions.insert("nginx".into(), command_output("nginx", &["-v"]));
     versions.insert("haproxy".into(), command_output("haproxy", &["-v"]));
     versions.insert("caddy".into(), command_output("caddy", &["version"]));
     versions.insert("wrk".into(), command_output("wrk", &["-v"]));
     versions.insert("h2load".into(), command_output("h2load", &["--version"]));
+    let ghz = h.args.ghz.display().to_string();
+    versions.insert("ghz".into(), command_output(&ghz, &["--version"]));
     versions.insert(
         "kubegrace".into(),
         command_output(&h.env.sidecar_bin.display().to_string(), &["--version"]),
@@ -493,15 +530,31 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
     }
 
     let mut samples: BTreeMap<(usize, Peer), Vec<Sample>> = BTreeMap::new();
+    // Where the upstream runs now: it moves to the proxy's CPUs for the
+    // shared-core scenarios (every thread, `taskset -a`), and back.
+    let mut upstream_on = Cores::ProxyAlone;
+    let place_upstream = |cores: Cores| {
+        let cpus = match cores {
+            Cores::ProxyAlone => &h.args.load_cpus,
+            Cores::SharedWithApp => &h.args.proxy_cpus,
+        };
+        pin(upstream.pid(), cpus).context("moving bench-upstream to other CPUs")
+    };
     for round in 0..h.args.rounds {
         for (si, scenario) in scenarios.iter().enumerate() {
+            if scenario.cores != upstream_on {
+                place_upstream(scenario.cores)?;
+                upstream_on = scenario.cores;
+            }
             // Rotate the order each round so no peer always runs first
             // (or always right after the heaviest one).
             let mut order = live.clone();
             let shift = round as usize % order.len().max(1);
             order.rotate_left(shift);
             for peer in order {
-                if scenario.is_h2() && no_h2.contains(&peer) {
+                if (scenario.is_h2() && no_h2.contains(&peer))
+                    || (scenario.is_grpc() && no_grpc.contains(&peer))
+                {
                     continue;
                 }
                 match h.run_load(scenario, peer) {
@@ -530,6 +583,9 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
                 thread::sleep(Duration::from_millis(200));
             }
         }
+    }
+    if upstream_on != Cores::ProxyAlone {
+        place_upstream(Cores::ProxyAlone)?;
     }
     let mut peaks = BTreeMap::new();
     for (peer, proc) in &h.proxies {
@@ -577,6 +633,11 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
     if h.args.memory_connections > 0 {
         report::add_memory_test(&mut memory, h.memory_test(&live));
     }
+    let h2_memory = if h.args.h2_memory_connections > 0 || h.args.h2_memory_streams > 0 {
+        h2mem::run(h, &live)
+    } else {
+        BTreeMap::new()
+    };
 
     let drain = if h.args.no_drain {
         Vec::new()
@@ -620,6 +681,7 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
         scenarios: results,
         memory,
         drain,
+        h2_memory,
         verdicts: Vec::new(),
         wall_seconds: h.started.elapsed().as_secs_f64(),
     };

@@ -35,8 +35,8 @@ mod probes;
 #[command(about = "kubegrace-sidecar against nginx, HAProxy and Caddy, side by side")]
 struct Args {
     /// Length of one load round, whole seconds (wrk takes no fractions).
-    /// Four by default keeps a full run (6 peers x 5 scenarios x 3 rounds,
-    /// plus the drain tests) under ten minutes.
+    /// Four by default keeps a full run (7 peers x 10 scenarios x 3 rounds,
+    /// plus the memory and drain tests) near a quarter of an hour.
     #[arg(long, env = "BENCH_SECONDS", default_value_t = 4)]
     seconds: u32,
     /// Rounds per scenario; every figure is the median of these.

@@ -59,6 +59,16 @@ impl Plan {
         Ok(())
     }
 
+    /// The connections to open for the streams: none without streams (an
+    /// empty one would be one more idle connection, and count as one).
+    pub fn connections_for_streams(&self) -> u32 {
+        if self.streams == 0 {
+            0
+        } else {
+            self.stream_connections
+        }
+    }
+
     /// How many of the `streams` connection `i` carries: an even split,
     /// the first ones taking one more when it does not divide.
     pub fn streams_on(&self, i: u32) -> u32 {
@@ -85,7 +95,8 @@ pub async fn run(plan: Plan) -> anyhow::Result<()> {
     plan.check()?;
     let opening = async {
         let mut held = open_all(&plan, plan.connections, |_| 0).await?;
-        held.extend(open_all(&plan, plan.stream_connections, |i| plan.streams_on(i)).await?);
+        let carrying = plan.connections_for_streams();
+        held.extend(open_all(&plan, carrying, |i| plan.streams_on(i)).await?);
         anyhow::Ok(held)
     };
     let held = tokio::time::timeout(plan.open_timeout, opening)
@@ -204,5 +215,8 @@ mod tests {
         assert!(plan(10, 0).check().is_err(), "streams need a connection");
         assert!(plan(10, MAX_CONNECTIONS + 1).check().is_err());
         assert_eq!(plan(10, 0).streams_on(0), 0);
+        // Idle connections only: no connection opened for streams.
+        assert_eq!(plan(0, 10).connections_for_streams(), 0);
+        assert_eq!(plan(5, 10).connections_for_streams(), 10);
     }
 }

@@ -32,7 +32,7 @@ pub(crate) fn run(h: &Harness, live: &[Peer]) -> BTreeMap<String, H2Memory> {
         }
         let mut m = H2Memory::default();
         if connections > 0 {
-            m.idle_connections = part(h, peer, connections, 0, connections);
+            m.idle_connections = part(h, peer, connections, 0, 0);
         }
         if streams > 0 {
             m.open_streams = part(h, peer, 0, streams, stream_connections);
@@ -73,7 +73,7 @@ fn part(h: &Harness, peer: Peer, connections: u32, streams: u32, on: u32) -> Opt
         .args(["--timeout-seconds", "50", "--hold-seconds", "60"]);
     match memtest::idle_and_held(proc.pid(), client, &what) {
         Ok((idle, held)) => {
-            let x = Held::new(idle, held, connections.max(streams), on);
+            let x = Held::new(idle, held, connections + streams, connections + on);
             h.progress(&format!(
                 "h2 memory {:<10} idle {idle} KiB, {what} {held} KiB ({:.2} KiB each)",
                 peer.name(),

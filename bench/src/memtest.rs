@@ -11,14 +11,14 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
 use crate::peers::Env;
-use crate::proc::{Proc, run_bounded, wait_ready};
+use crate::proc::{Proc, run_bounded, spawn_piped, wait_ready};
 use crate::procfs;
 use crate::report::KUBEGRACE_STATIC;
 
@@ -143,12 +143,7 @@ fn spike(subject: &Subject, plan: &Plan) -> anyhow::Result<(u64, u64, Instant)> 
 pub fn idle_and_held(pid: u32, mut client: Command, what: &str) -> anyhow::Result<(u64, u64)> {
     thread::sleep(SETTLE);
     let idle = procfs::tree_rss_kib(pid);
-    let mut client = client
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting bench-client")?;
+    let mut client = spawn_piped(&mut client)?;
     // Bounded: a proxy that stops accepting (HAProxy past `maxconn`)
     // leaves the client's last connections waiting for ever.
     let (tx, rx) = std::sync::mpsc::channel();

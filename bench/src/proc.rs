@@ -161,6 +161,16 @@ pub fn wait_ready(proc: &mut Proc, port: u16) -> anyhow::Result<()> {
     bail!("not proxying after 10 s ({last}); log: {}", proc.log_tail())
 }
 
+/// Starts a client the harness talks to (bench-client's drain and hold
+/// modes): stdin and stdout piped, its errors on ours.
+pub fn spawn_piped(cmd: &mut Command) -> anyhow::Result<Child> {
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting {cmd:?}"))
+}
+
 /// Moves every thread of process `pid` onto `cpus` (a taskset CPU list);
 /// threads it starts later inherit that.
 pub fn pin(pid: u32, cpus: &str) -> anyhow::Result<()> {

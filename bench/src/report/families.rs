@@ -257,7 +257,7 @@ fn family_table(m: &mut String, title: &str, s: &super::ScenarioResult, peers: &
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{Sample, ScenarioResult, Settings};
+    use crate::report::{Sample, ScenarioResult};
     use crate::scenario::{GRPC_UNARY, SHARED_KEEPALIVE};
     use std::collections::BTreeMap;
 
@@ -285,33 +285,13 @@ mod tests {
             .iter()
             .map(|(p, rps, cpu)| (p.to_string(), cell(*rps, *cpu)))
             .collect();
-        Report {
-            generated_at: String::new(),
-            git_rev: String::new(),
-            machine: BTreeMap::new(),
-            settings: Settings {
-                seconds: 4,
-                rounds: 1,
-                rate: 1000,
-                proxy_cpus: "1".into(),
-                load_cpus: "0".into(),
-                drain_idle: 0,
-                drain_slow: 0,
-                drain_slow_ms: 0,
-            },
-            versions: BTreeMap::new(),
-            unavailable: BTreeMap::new(),
-            scenarios: vec![ScenarioResult {
-                id: id.to_string(),
-                title: title.to_string(),
-                peers,
-            }],
-            memory: BTreeMap::new(),
-            drain: Vec::new(),
-            h2_memory: BTreeMap::new(),
-            verdicts: Vec::new(),
-            wall_seconds: 0.0,
-        }
+        let mut r = crate::report::tests::report_with(BTreeMap::new());
+        r.scenarios = vec![ScenarioResult {
+            id: id.to_string(),
+            title: title.to_string(),
+            peers,
+        }];
+        r
     }
 
     #[test]

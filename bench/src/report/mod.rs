@@ -536,7 +536,8 @@ mod tests {
         }
     }
 
-    fn report_with(memory: BTreeMap<String, Memory>) -> Report {
+    /// A report of `memory` and nothing else, for the report's tests.
+    pub(super) fn report_with(memory: BTreeMap<String, Memory>) -> Report {
         Report {
             generated_at: String::new(),
             git_rev: String::new(),

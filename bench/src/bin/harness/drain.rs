@@ -3,11 +3,11 @@
 //! time from that command to the process exit.
 
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use kubegrace_bench::peers::{DrainTimers, Peer};
+use kubegrace_bench::proc::spawn_piped;
 use kubegrace_bench::report::DrainResult;
 use kubegrace_bench::stats::Spread;
 
@@ -123,12 +123,7 @@ impl Harness {
                 .args(["--slow", &self.args.drain_slow.to_string()])
                 .args(["--slow-ms", &self.args.drain_slow_ms.to_string()]);
         }
-        let mut client = client
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("starting bench-client drain")?;
+        let mut client = spawn_piped(&mut client)?;
         let mut lines = BufReader::new(client.stdout.take().context("stdout")?).lines();
         let ready = lines.next().transpose()?.unwrap_or_default();
         if ready.trim() != "ready" {

@@ -44,7 +44,9 @@ pub(crate) fn no_grpc(h: &Harness, live: &[Peer]) -> Vec<Peer> {
         probe.args(grpc::probe_args(&h.args.grpc_proto, port));
         let outcome = run_bounded(probe, Duration::from_secs(20), || {})
             .map_err(|e| format!("{e:#}"))
-            .and_then(|(out, err)| parse::ghz(&out).map_err(|e| format!("{e:#}: {out}{err}")));
+            .and_then(|(out, err)| {
+                parse::ghz(&out).map_err(|e| format!("{e:#}: {}", first_error(&out, &err)))
+            });
         match outcome {
             Ok(r) if r.requests == 20 && r.errors == 0 => {}
             Ok(r) => {
@@ -65,4 +67,19 @@ pub(crate) fn no_grpc(h: &Harness, live: &[Peer]) -> Vec<Peer> {
         }
     }
     failed
+}
+
+/// What ghz said went wrong, short: the first failure of its JSON report,
+/// else the start of what it printed.
+fn first_error(out: &str, err: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(out.trim())
+        .ok()
+        .and_then(|v| {
+            v.get("errorDistribution")?
+                .as_object()?
+                .keys()
+                .next()
+                .cloned()
+        })
+        .unwrap_or_else(|| format!("{out}{err}").chars().take(300).collect())
 }

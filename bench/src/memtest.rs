@@ -11,14 +11,14 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
 use crate::peers::Env;
-use crate::proc::{Proc, run_bounded, wait_ready};
+use crate::proc::{Proc, run_bounded, spawn_piped, wait_ready};
 use crate::procfs;
 use crate::report::KUBEGRACE_STATIC;
 
@@ -129,15 +129,21 @@ pub fn per_connection(idle_kib: u64, held_kib: u64, connections: u32) -> f64 {
 
 /// Idle RSS, RSS with the connections held, and when the spike ended.
 fn spike(subject: &Subject, plan: &Plan) -> anyhow::Result<(u64, u64, Instant)> {
-    let pid = subject.proc.pid();
+    let what = format!("{} connections", plan.connections);
+    let (idle, held) = idle_and_held(subject.proc.pid(), (plan.hold)(subject.port), &what)?;
+    run_bounded((plan.burst)(subject.port), Duration::from_secs(30), || {})
+        .context("the load burst")?;
+    Ok((idle, held, Instant::now()))
+}
+
+/// The RSS of process tree `pid` settled and idle, then with what `client`
+/// opens held (it prints `ready` once all is open); the client is killed
+/// after, and everything it held closes at once. `what` names what it
+/// holds, for the error when it does not get there.
+pub fn idle_and_held(pid: u32, mut client: Command, what: &str) -> anyhow::Result<(u64, u64)> {
     thread::sleep(SETTLE);
     let idle = procfs::tree_rss_kib(pid);
-    let mut client = (plan.hold)(subject.port)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting bench-client drain")?;
+    let mut client = spawn_piped(&mut client)?;
     // Bounded: a proxy that stops accepting (HAProxy past `maxconn`)
     // leaves the client's last connections waiting for ever.
     let (tx, rx) = std::sync::mpsc::channel();
@@ -151,19 +157,13 @@ fn spike(subject: &Subject, plan: &Plan) -> anyhow::Result<(u64, u64, Instant)> 
     if ready.trim() != "ready" {
         let _ = client.kill();
         let _ = client.wait();
-        bail!(
-            "the client did not hold {} connections (it said {ready:?})",
-            plan.connections
-        );
+        bail!("the client did not hold {what} (it said {ready:?})");
     }
     thread::sleep(SETTLE);
     let held = procfs::tree_rss_kib(pid);
-    // Every connection closes at once with the client.
     let _ = client.kill();
     let _ = client.wait();
-    run_bounded((plan.burst)(subject.port), Duration::from_secs(30), || {})
-        .context("the load burst")?;
-    Ok((idle, held, Instant::now()))
+    Ok((idle, held))
 }
 
 /// The soft limit of open files raised to the hard one for this process

@@ -118,6 +118,58 @@ pub fn h2load_log_latencies_us(log: &str) -> Vec<u64> {
         .collect()
 }
 
+/// Parses ghz's `-O json` report. Its percentiles are in nanoseconds. Every
+/// call that did not end `OK` is an error except those ghz cut off itself
+/// at the end of a `--duration` run: it closes its connections with calls
+/// in flight (about one per worker), and reports them `Unavailable` with
+/// "use of closed network connection" (or `Canceled`), whoever answers.
+pub fn ghz(json: &str) -> anyhow::Result<LoadResult> {
+    let v: serde_json::Value =
+        serde_json::from_str(json.trim()).context("ghz printed no JSON report")?;
+    let count = v
+        .get("count")
+        .and_then(serde_json::Value::as_u64)
+        .context("ghz: no count")?;
+    let rps = v
+        .get("rps")
+        .and_then(serde_json::Value::as_f64)
+        .context("ghz: no rps")?;
+    let ok = v
+        .pointer("/statusCodeDistribution/OK")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0);
+    let percentile_ms = |q: u64| {
+        v.get("latencyDistribution")?
+            .as_array()?
+            .iter()
+            .find(|p| p.get("percentage").and_then(serde_json::Value::as_u64) == Some(q))?
+            .get("latency")?
+            .as_u64()
+            .map(|ns| ns as f64 / 1e6)
+    };
+    let not_ok = count.saturating_sub(ok);
+    let errors = match v.get("errorDistribution").and_then(|d| d.as_object()) {
+        Some(by_message) => by_message
+            .iter()
+            .filter(|(message, _)| {
+                !message.contains("use of closed network connection")
+                    && !message.contains("code = Canceled")
+            })
+            .filter_map(|(_, n)| n.as_u64())
+            .sum::<u64>()
+            .min(not_ok),
+        None => not_ok,
+    };
+    Ok(LoadResult {
+        requests: count,
+        errors,
+        rps,
+        p50_ms: percentile_ms(50).context("ghz: no 50% latency (no call succeeded?)")?,
+        p99_ms: percentile_ms(99).context("ghz: no 99% latency")?,
+        p999_ms: None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,5 +219,30 @@ traffic: 30.81MB (32306042) total, 2.44MB (2562480) headers (space savings 93.33
         assert!((r.rps - 51_234.4).abs() < 1e-6);
         let log = "1700000000000000\t200\t512\n1700000000000100\t200\t1024\nbad line\n";
         assert_eq!(h2load_log_latencies_us(log), vec![512, 1024]);
+    }
+
+    #[test]
+    fn ghz_report_is_read_in_milliseconds() {
+        let json = r#"{"count": 1000, "total": 500000000, "rps": 2000.5,
+            "statusCodeDistribution": {"OK": 990, "Unavailable": 10},
+            "errorDistribution": {
+                "rpc error: code = Unavailable desc = error reading from server: read tcp 127.0.0.1:1->127.0.0.1:2: use of closed network connection": 6,
+                "rpc error: code = Unavailable desc = upstream connect error": 4},
+            "latencyDistribution": [{"percentage": 10, "latency": 100000},
+                {"percentage": 50, "latency": 250000}, {"percentage": 99, "latency": 1500000}]}"#;
+        let r = ghz(json).expect("parses");
+        assert_eq!(
+            (r.requests, r.errors),
+            (1000, 4),
+            "the calls ghz cut off itself are not the proxy's errors"
+        );
+        assert!((r.rps - 2000.5).abs() < 1e-9);
+        assert!((r.p50_ms - 0.25).abs() < 1e-12);
+        assert!((r.p99_ms - 1.5).abs() < 1e-12);
+        // Every call failed: ghz gives no distribution, and that is an error.
+        let failed = r#"{"count": 5, "rps": 1.0, "statusCodeDistribution": {"Unavailable": 5},
+            "latencyDistribution": null}"#;
+        assert!(ghz(failed).is_err());
+        assert!(ghz("Summary: ...").is_err());
     }
 }

@@ -89,7 +89,7 @@ pub struct Env {
 }
 
 /// Port offset of the static sidecar (memory test only; its admin port is
-/// the next one). `proc::free_base_port` checks offsets up to 61.
+/// the next one). `proc::free_base_port` checks offsets up to `proc::LAST_OFFSET`.
 const STATIC_SIDECAR_OFFSET: u16 = 60;
 
 /// How the sidecar's drain timers are set for a run.
@@ -118,6 +118,17 @@ impl Env {
     pub fn h2_port(&self, peer: Peer) -> u16 {
         match peer {
             Peer::Nginx | Peer::NginxDeferred => self.port(peer) + 1,
+            _ => self.port(peer),
+        }
+    }
+
+    /// The port gRPC clients use: nginx and HAProxy route gRPC through a
+    /// server or frontend of its own (nginx's `grpc_pass`, HAProxy's
+    /// `proto h2` backend); kubegrace and the upstream take it on their
+    /// one port.
+    pub fn grpc_port(&self, peer: Peer) -> u16 {
+        match peer {
+            Peer::Nginx | Peer::NginxDeferred | Peer::Haproxy => self.port(peer) + 2,
             _ => self.port(peer),
         }
     }
@@ -192,10 +203,12 @@ impl Env {
             Peer::Nginx | Peer::NginxDeferred => {
                 let conf = dir.join("nginx.conf");
                 let deferred = peer == Peer::NginxDeferred;
-                write(
-                    &conf,
-                    &nginx_conf(&dir, self.port(peer), self.h2_port(peer), up, deferred),
-                )?;
+                let ports = NginxPorts {
+                    http: self.port(peer),
+                    h2c: self.h2_port(peer),
+                    grpc: self.grpc_port(peer),
+                };
+                write(&conf, &nginx_conf(&dir, ports, up, deferred))?;
                 cmd.arg("nginx")
                     .arg("-p")
                     .arg(&dir)
@@ -207,7 +220,8 @@ impl Env {
             Peer::Haproxy => {
                 let conf = dir.join("haproxy.cfg");
                 let maxconn = haproxy_maxconn(crate::memtest::open_files_soft_limit());
-                write(&conf, &haproxy_cfg(self.port(peer), up, maxconn))?;
+                let ports = (self.port(peer), self.grpc_port(peer));
+                write(&conf, &haproxy_cfg(ports, up, maxconn))?;
                 // -db: foreground, no master process; SIGUSR1 is then the
                 // soft stop documented in the management guide.
                 cmd.args(["haproxy", "-db", "-f"]).arg(&conf);
@@ -268,11 +282,26 @@ pub fn sidecar_breaker_yaml() -> String {
         .to_string()
 }
 
+/// The listeners of one nginx: HTTP/1.1, h2c, and h2c for `grpc_pass`.
+#[derive(Debug, Clone, Copy)]
+pub struct NginxPorts {
+    pub http: u16,
+    pub h2c: u16,
+    pub grpc: u16,
+}
+
 /// nginx as its docs set up a keep-alive upstream ("upstream" module:
-/// `keepalive`, `proxy_http_version 1.1`, an empty Connection header);
-/// `deferred` adds the `listen` parameter of that name to both servers.
-pub fn nginx_conf(dir: &Path, port: u16, h2_port: u16, upstream: u16, deferred: bool) -> String {
+/// `keepalive`, `proxy_http_version 1.1`, an empty Connection header), and
+/// gRPC as the grpc module's docs do (`grpc_pass` to an upstream with
+/// `keepalive`); `deferred` adds the `listen` parameter of that name to
+/// every server.
+pub fn nginx_conf(dir: &Path, ports: NginxPorts, upstream: u16, deferred: bool) -> String {
     let d = dir.display();
+    let NginxPorts {
+        http: port,
+        h2c: h2_port,
+        grpc: grpc_port,
+    } = ports;
     let deferred = if deferred { " deferred" } else { "" };
     let mut c = String::new();
     let _ = write!(
@@ -318,6 +347,18 @@ http {{
             proxy_set_header Connection \"\";
         }}
     }}
+    # gRPC goes to the app over h2c, on connections kept as for HTTP.
+    upstream grpc_app {{
+        server 127.0.0.1:{upstream};
+        keepalive 256;
+    }}
+    server {{
+        listen 127.0.0.1:{grpc_port} http2 backlog=4096{deferred};
+        keepalive_requests 1000000;
+        location / {{
+            grpc_pass grpc://grpc_app;
+        }}
+    }}
 }}
 "
     );
@@ -338,7 +379,10 @@ pub fn haproxy_maxconn(open_files: u64) -> u64 {
 
 /// HAProxy in HTTP mode with its defaults for keep-alive on both sides
 /// (`http-reuse safe`); threads default to the CPUs in the affinity mask.
-pub fn haproxy_cfg(port: u16, upstream: u16, maxconn: u64) -> String {
+/// gRPC comes in on a frontend of its own (`ports.1`), whose backend speaks
+/// HTTP/2 to the app (`proto h2`), as HAProxy's gRPC guide sets it up.
+pub fn haproxy_cfg(ports: (u16, u16), upstream: u16, maxconn: u64) -> String {
+    let (port, grpc_port) = ports;
     format!(
         "# Written by bench-harness.
 global
@@ -359,6 +403,14 @@ frontend fe
 backend app
     http-reuse safe
     server app 127.0.0.1:{upstream}
+
+frontend fe_grpc
+    bind 127.0.0.1:{grpc_port} proto h2
+    default_backend grpc_app
+
+backend grpc_app
+    http-reuse safe
+    server app 127.0.0.1:{upstream} proto h2
 "
     )
 }
@@ -418,12 +470,20 @@ mod tests {
             if env.h2_port(p) != env.port(p) {
                 ports.push(env.h2_port(p));
             }
+            if env.grpc_port(p) != env.port(p) {
+                ports.push(env.grpc_port(p));
+            }
             if matches!(p, Peer::Kubegrace | Peer::KubegraceCb) {
                 ports.push(env.admin_port(p));
             }
         }
         let n = ports.len();
         ports.sort_unstable();
+        let highest = ports.last().copied().unwrap_or(0);
+        assert!(
+            highest - env.base_port <= crate::proc::LAST_OFFSET,
+            "free_base_port checks every listener's port"
+        );
         ports.dedup();
         assert_eq!(ports.len(), n, "every listener has its own port");
     }
@@ -435,7 +495,7 @@ mod tests {
         let maxconn = haproxy_maxconn(20_000);
         assert!(maxconn * 2 + 100 <= 20_000, "{maxconn}");
         assert_eq!(maxconn, 9950);
-        assert!(haproxy_cfg(1, 2, maxconn).contains("maxconn 9950\n"));
+        assert!(haproxy_cfg((1, 3), 2, maxconn).contains("maxconn 9950\n"));
         // A default limit of 1024 still starts it; a huge one is capped.
         assert_eq!(haproxy_maxconn(1024), 462);
         assert_eq!(haproxy_maxconn(1 << 20), 20_000);

@@ -121,6 +121,10 @@ pub fn port_free(port: u16) -> bool {
     std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
 
+/// The highest port offset from the base any listener of a run takes
+/// (nginx-deferred's gRPC port, `peers::Env::grpc_port`).
+pub const LAST_OFFSET: u16 = 72;
+
 /// The first base port, from `wanted` in steps of 100, whose every port
 /// (upstream, peers, admin and h2 ports) is free: other people's tests
 /// share this loopback.
@@ -129,11 +133,14 @@ pub fn free_base_port(wanted: u16) -> anyhow::Result<u16> {
         let Some(base) = wanted.checked_add(attempt * 100) else {
             break;
         };
-        if (0..=71).all(|offset| base.checked_add(offset).is_some_and(port_free)) {
+        if (0..=LAST_OFFSET).all(|offset| base.checked_add(offset).is_some_and(port_free)) {
             return Ok(base);
         }
     }
-    bail!("no free block of 72 ports from {wanted} upwards; set BENCH_PORT")
+    bail!(
+        "no free block of {} ports from {wanted} upwards; set BENCH_PORT",
+        LAST_OFFSET + 1
+    )
 }
 
 /// Waits up to 10 s until `proc` proxies bench-upstream on `port`; fails at once when it
@@ -152,6 +159,31 @@ pub fn wait_ready(proc: &mut Proc, port: u16) -> anyhow::Result<()> {
         thread::sleep(Duration::from_millis(50));
     }
     bail!("not proxying after 10 s ({last}); log: {}", proc.log_tail())
+}
+
+/// Starts a client the harness talks to (bench-client's drain and hold
+/// modes): stdin and stdout piped, its errors on ours.
+pub fn spawn_piped(cmd: &mut Command) -> anyhow::Result<Child> {
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting {cmd:?}"))
+}
+
+/// Moves every thread of process `pid` onto `cpus` (a taskset CPU list);
+/// threads it starts later inherit that.
+pub fn pin(pid: u32, cpus: &str) -> anyhow::Result<()> {
+    let status = Command::new("taskset")
+        .args(["-a", "-p", "-c", cpus])
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .status()
+        .context("running taskset")?;
+    if !status.success() {
+        bail!("taskset -a -p -c {cpus} {pid}: {status}");
+    }
+    Ok(())
 }
 
 /// Output of a bounded child process.

@@ -11,6 +11,8 @@
 //! - `close`: an exact number of requests, each on a connection of its own
 //!   (`Connection: close`), for `bench/profile`'s per-connection count
 //!   (wrk runs for a time, not a number of requests).
+//! - `h2-hold`: idle HTTP/2 connections and open HTTP/2 streams held while
+//!   the harness reads the proxy's memory (client/h2hold.rs).
 //!
 //! Each prints one JSON object on stdout for the harness.
 
@@ -30,6 +32,9 @@ use kubegrace_bench::stats::percentile_sorted;
 use serde::Serialize;
 use tokio::io::AsyncBufReadExt as _;
 use tokio::net::TcpStream;
+
+#[path = "client/h2hold.rs"]
+mod h2hold;
 
 #[derive(Parser, Debug)]
 #[command(about = "Constant-rate latency client and drain client for the kubegrace benchmark")]
@@ -86,6 +91,29 @@ enum Cmd {
         #[arg(long, default_value_t = 64)]
         connections: u32,
     },
+    /// Hold idle h2c connections and open HTTP/2 streams (h2hold.rs), print
+    /// `ready`, and keep them until stdin closes or the hold time passes.
+    H2Hold {
+        #[arg(long)]
+        target: SocketAddr,
+        /// Idle h2c connections: settings exchanged, one request answered.
+        #[arg(long, default_value_t = 0)]
+        connections: u32,
+        /// Requests to `/slow/<slow-ms>` left open.
+        #[arg(long, default_value_t = 0)]
+        streams: u32,
+        /// Connections the streams are spread over.
+        #[arg(long, default_value_t = 10)]
+        stream_connections: u32,
+        #[arg(long, default_value_t = 60_000)]
+        slow_ms: u64,
+        /// The longest opening everything may take.
+        #[arg(long, default_value_t = 60.0)]
+        timeout_seconds: f64,
+        /// The longest everything is held after `ready`.
+        #[arg(long, default_value_t = 60.0)]
+        hold_seconds: f64,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -116,6 +144,29 @@ fn main() -> anyhow::Result<()> {
             requests,
             connections,
         } => runtime.block_on(close_run(target, requests, connections)),
+        Cmd::H2Hold {
+            target,
+            connections,
+            streams,
+            stream_connections,
+            slow_ms,
+            timeout_seconds,
+            hold_seconds,
+        } => {
+            let seconds = |s: f64| Duration::try_from_secs_f64(s).context("a time in seconds");
+            let plan = h2hold::Plan {
+                target,
+                connections,
+                streams,
+                stream_connections,
+                slow_ms,
+                open_timeout: seconds(timeout_seconds)?,
+                hold: seconds(hold_seconds)?,
+            };
+            runtime.block_on(h2hold::run(plan))?;
+            // Whatever is still open closes with the process.
+            std::process::exit(0)
+        }
     }
 }
 

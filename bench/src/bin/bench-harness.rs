@@ -6,33 +6,37 @@
 //! `bench/run` installs the tools and builds the binaries first; run that.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use clap::Parser;
 use kubegrace_bench::parse::{self, LoadResult};
 use kubegrace_bench::peers::{DrainTimers, Env, Peer};
 use kubegrace_bench::proc::{
-    Proc, command_output, free_base_port, loadavg, run_bounded, wait_ready,
+    Proc, command_output, free_base_port, loadavg, pin, run_bounded, wait_ready,
 };
 use kubegrace_bench::report::{
-    self, Cell, DrainResult, IdleConnections, KUBEGRACE_STATIC, Memory, Report, Sample,
-    ScenarioResult, Settings,
+    self, Cell, IdleConnections, KUBEGRACE_STATIC, Memory, Report, Sample, ScenarioResult, Settings,
 };
-use kubegrace_bench::scenario::{self, KEEPALIVE_256, Load, Scenario};
-use kubegrace_bench::stats::Spread;
-use kubegrace_bench::{memtest, procfs};
+use kubegrace_bench::scenario::{self, Cores, KEEPALIVE_256, Load, Scenario};
+use kubegrace_bench::{grpc, memtest, procfs};
+
+#[path = "harness/drain.rs"]
+mod drain;
+#[path = "harness/h2mem.rs"]
+mod h2mem;
+#[path = "harness/probes.rs"]
+mod probes;
 
 #[derive(Parser, Debug)]
 #[command(about = "kubegrace-sidecar against nginx, HAProxy and Caddy, side by side")]
 struct Args {
     /// Length of one load round, whole seconds (wrk takes no fractions).
-    /// Four by default keeps a full run (6 peers x 5 scenarios x 3 rounds,
-    /// plus the drain tests) under ten minutes.
+    /// Four by default keeps a full run (7 peers x 10 scenarios x 3 rounds,
+    /// plus the memory and drain tests) near a quarter of an hour.
     #[arg(long, env = "BENCH_SECONDS", default_value_t = 4)]
     seconds: u32,
     /// Rounds per scenario; every figure is the median of these.
@@ -98,6 +102,24 @@ struct Args {
     /// goals are judged on it, since it is what users run.
     #[arg(long, env = "BENCH_SIDECAR_STATIC")]
     sidecar_static: Option<PathBuf>,
+    /// ghz, the gRPC load tool (bench/run builds it from the Go module
+    /// proxy); the gRPC scenarios are skipped when it does not run.
+    #[arg(long, env = "BENCH_GHZ", default_value = "ghz")]
+    ghz: PathBuf,
+    /// The .proto file ghz reads (the service bench-upstream answers).
+    #[arg(long, default_value = "bench/grpc/bench.proto")]
+    grpc_proto: PathBuf,
+    /// Idle h2c connections held for the per-connection HTTP/2 memory
+    /// figure (0 skips the HTTP/2 memory test).
+    #[arg(long, env = "BENCH_H2_MEMORY_CONNECTIONS", default_value_t = 2000)]
+    h2_memory_connections: u32,
+    /// HTTP/2 streams held open for the per-stream memory figure, spread
+    /// over `h2_memory_stream_connections` connections.
+    #[arg(long, env = "BENCH_H2_MEMORY_STREAMS", default_value_t = 1000)]
+    h2_memory_streams: u32,
+    /// At most 100 streams each: HAProxy's default concurrent-stream limit.
+    #[arg(long, default_value_t = 10)]
+    h2_memory_stream_connections: u32,
     /// Where bench-upstream, bench-client and kubegrace-sidecar are.
     #[arg(long, default_value = "target/release")]
     bin_dir: PathBuf,
@@ -154,6 +176,8 @@ impl Harness {
         let secs = self.args.seconds;
         let port = if scenario.is_h2() {
             self.env.h2_port(peer)
+        } else if scenario.is_grpc() {
+            self.env.grpc_port(peer)
         } else {
             self.env.port(peer)
         };
@@ -186,6 +210,27 @@ impl Harness {
                     .args(["--seconds", &self.args.latency_seconds.to_string()])
                     .args(["--warmup-seconds", "1"])
                     .args(["--connections", &connections.to_string()]);
+                c
+            }
+            Load::Ghz {
+                call,
+                connections,
+                concurrency,
+                rate,
+            } => {
+                let run = grpc::Run {
+                    call,
+                    connections,
+                    concurrency,
+                    rate: rate.then_some(self.args.rate),
+                    seconds: if rate {
+                        self.args.latency_seconds
+                    } else {
+                        secs
+                    },
+                };
+                let mut c = self.pinned_load(&self.args.ghz);
+                c.args(grpc::ghz_args(&run, &self.args.grpc_proto, port));
                 c
             }
         };
@@ -224,6 +269,9 @@ impl Harness {
                 r.p99_ms = ms(99.0).unwrap_or(f64::NAN);
                 r.p999_ms = ms(99.9);
                 r
+            }
+            Load::Ghz { .. } => {
+                parse::ghz(&out).with_context(|| format!("ghz said: {out}{err}"))?
             }
             Load::Rate { .. } => {
                 let v: serde_json::Value = serde_json::from_str(out.trim())
@@ -345,80 +393,6 @@ impl Harness {
             })
             .collect()
     }
-
-    /// One drain round: a fresh proxy, connections or slow requests held
-    /// open, the documented stop command, time to exit.
-    fn drain_round(
-        &self,
-        peer: Peer,
-        timers: DrainTimers,
-        label: &str,
-        idle: bool,
-    ) -> anyhow::Result<DrainRound> {
-        let mut proc = self.start_peer(peer, timers, label)?;
-        let port = self.env.port(peer);
-        let mut client = self.pinned_load(self.bin("bench-client"));
-        client
-            .args(["drain", "--target", &format!("127.0.0.1:{port}")])
-            .args([
-                "--timeout-seconds",
-                &self.args.drain_bound_seconds.to_string(),
-            ]);
-        if idle {
-            client.args(["--idle", &self.args.drain_idle.to_string()]);
-        } else {
-            client
-                .args(["--slow", &self.args.drain_slow.to_string()])
-                .args(["--slow-ms", &self.args.drain_slow_ms.to_string()]);
-        }
-        let mut client = client
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("starting bench-client drain")?;
-        let mut lines = BufReader::new(client.stdout.take().context("stdout")?).lines();
-        let ready = lines.next().transpose()?.unwrap_or_default();
-        if ready.trim() != "ready" {
-            let _ = client.kill();
-            let _ = client.wait();
-            bail!("drain client did not get ready: {ready:?}");
-        }
-        let mut stop = self.env.graceful_stop(peer, proc.pid());
-        let start = Instant::now();
-        let status = stop.status().context("running the stop command")?;
-        if let Some(stdin) = client.stdin.as_mut() {
-            let _ = writeln!(stdin, "go");
-        }
-        if !status.success() {
-            bail!("stop command {stop:?} failed: {status}");
-        }
-        let bound = Duration::from_secs(self.args.drain_bound_seconds);
-        let exit = proc
-            .wait_exit(bound.saturating_sub(start.elapsed()))
-            .map(|_| start.elapsed());
-        drop(proc);
-        let report = lines.next().transpose()?.unwrap_or_default();
-        let _ = client.wait();
-        let v: serde_json::Value = serde_json::from_str(report.trim())
-            .with_context(|| format!("drain client said {report:?}"))?;
-        let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0) as u32;
-        Ok(DrainRound {
-            exit_ms: exit.map(|d| d.as_secs_f64() * 1000.0),
-            closed_by_proxy: n("closed_by_proxy"),
-            ok: n("ok"),
-            failed: n("failed"),
-            connections: n("connections"),
-        })
-    }
-}
-
-struct DrainRound {
-    exit_ms: Option<f64>,
-    closed_by_proxy: u32,
-    ok: u32,
-    failed: u32,
-    connections: u32,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -503,7 +477,6 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
     wait_ready(&mut upstream, h.env.upstream_port()).context("bench-upstream")?;
 
     let mut unavailable = BTreeMap::new();
-    let mut no_h2 = Vec::new();
     let mut memory = BTreeMap::new();
     let mut live: Vec<Peer> = vec![Peer::Direct];
     for &peer in peers.iter().filter(|p| p.is_proxy()) {
@@ -527,30 +500,20 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
             }
         }
     }
-    for &peer in &live {
-        let probe = h
-            .pinned_load("h2load")
-            .args(["-n20", "-c1", "-m1"])
-            .arg(format!("http://127.0.0.1:{}/", h.env.h2_port(peer)))
-            .output();
-        let ok = probe
-            .ok()
-            .and_then(|o| parse::h2load_summary(&String::from_utf8_lossy(&o.stdout)).ok())
-            .is_some_and(|r| r.requests == 20 && r.errors == 0);
-        if !ok {
-            h.progress(&format!(
-                "{}: h2c prior knowledge does not work; HTTP/2 scenario skipped",
-                peer.name()
-            ));
-            no_h2.push(peer);
-        }
-    }
+    let no_h2 = probes::no_h2(h, &live);
+    let no_grpc = if scenarios.iter().any(Scenario::is_grpc) {
+        probes::no_grpc(h, &live)
+    } else {
+        Vec::new()
+    };
     let mut versions = BTreeMap::new();
     versions.insert("nginx".into(), command_output("nginx", &["-v"]));
     versions.insert("haproxy".into(), command_output("haproxy", &["-v"]));
     versions.insert("caddy".into(), command_output("caddy", &["version"]));
     versions.insert("wrk".into(), command_output("wrk", &["-v"]));
     versions.insert("h2load".into(), command_output("h2load", &["--version"]));
+    let ghz = h.args.ghz.display().to_string();
+    versions.insert("ghz".into(), command_output(&ghz, &["--version"]));
     versions.insert(
         "kubegrace".into(),
         command_output(&h.env.sidecar_bin.display().to_string(), &["--version"]),
@@ -567,15 +530,31 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
     }
 
     let mut samples: BTreeMap<(usize, Peer), Vec<Sample>> = BTreeMap::new();
+    // Where the upstream runs now: it moves to the proxy's CPUs for the
+    // shared-core scenarios (every thread, `taskset -a`), and back.
+    let mut upstream_on = Cores::ProxyAlone;
+    let place_upstream = |cores: Cores| {
+        let cpus = match cores {
+            Cores::ProxyAlone => &h.args.load_cpus,
+            Cores::SharedWithApp => &h.args.proxy_cpus,
+        };
+        pin(upstream.pid(), cpus).context("moving bench-upstream to other CPUs")
+    };
     for round in 0..h.args.rounds {
         for (si, scenario) in scenarios.iter().enumerate() {
+            if scenario.cores != upstream_on {
+                place_upstream(scenario.cores)?;
+                upstream_on = scenario.cores;
+            }
             // Rotate the order each round so no peer always runs first
             // (or always right after the heaviest one).
             let mut order = live.clone();
             let shift = round as usize % order.len().max(1);
             order.rotate_left(shift);
             for peer in order {
-                if scenario.is_h2() && no_h2.contains(&peer) {
+                if (scenario.is_h2() && no_h2.contains(&peer))
+                    || (scenario.is_grpc() && no_grpc.contains(&peer))
+                {
                     continue;
                 }
                 match h.run_load(scenario, peer) {
@@ -604,6 +583,9 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
                 thread::sleep(Duration::from_millis(200));
             }
         }
+    }
+    if upstream_on != Cores::ProxyAlone {
+        place_upstream(Cores::ProxyAlone)?;
     }
     let mut peaks = BTreeMap::new();
     for (peer, proc) in &h.proxies {
@@ -651,89 +633,17 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
     if h.args.memory_connections > 0 {
         report::add_memory_test(&mut memory, h.memory_test(&live));
     }
+    let h2_memory = if h.args.h2_memory_connections > 0 || h.args.h2_memory_streams > 0 {
+        h2mem::run(h, &live)
+    } else {
+        BTreeMap::new()
+    };
 
-    let mut drain = Vec::new();
-    if !h.args.no_drain {
-        let mut subjects: Vec<(Peer, DrainTimers, String)> = Vec::new();
-        for &peer in &live {
-            match peer {
-                Peer::Kubegrace => {
-                    subjects.push((
-                        peer,
-                        DrainTimers::Zero,
-                        "kubegrace (drain timers 0s)".into(),
-                    ));
-                    subjects.push((
-                        peer,
-                        DrainTimers::Defaults,
-                        "kubegrace (default drain timers)".into(),
-                    ));
-                }
-                Peer::Nginx | Peer::Haproxy | Peer::Caddy => {
-                    subjects.push((peer, DrainTimers::Defaults, peer.name().into()));
-                }
-                // The same nginx but for accepting: its drain is nginx's.
-                Peer::Direct | Peer::KubegraceCb | Peer::NginxDeferred => {}
-            }
-        }
-        for idle in [true, false] {
-            let test = if idle {
-                format!("{} idle keep-alive", h.args.drain_idle)
-            } else {
-                format!("{} slow in flight", h.args.drain_slow)
-            };
-            for (peer, timers, label) in &subjects {
-                let mut rounds = Vec::new();
-                for round in 0..h.args.rounds {
-                    match h.drain_round(*peer, *timers, label, idle) {
-                        Ok(r) => {
-                            h.progress(&format!(
-                                "drain {}/{} {test:<22} {label:<34} exit {}  closed {} ok {} failed {}",
-                                round + 1,
-                                h.args.rounds,
-                                r.exit_ms.map_or("did not exit".into(), |m| format!("{m:.0} ms")),
-                                r.closed_by_proxy,
-                                r.ok,
-                                r.failed
-                            ));
-                            rounds.push(r);
-                        }
-                        Err(e) => h.progress(&format!("drain {test} {label}: failed: {e:#}")),
-                    }
-                }
-                if rounds.is_empty() {
-                    continue;
-                }
-                let how = format!("{:?}", h.env.graceful_stop(*peer, 0))
-                    .replace('"', "")
-                    .replace(&h.env.dir.display().to_string(), "$TMP");
-                let how = match peer {
-                    Peer::Nginx => "nginx -s quit".to_string(),
-                    Peer::Haproxy => "kill -USR1 (soft stop)".to_string(),
-                    _ if how.contains("TERM") => "kill -TERM".to_string(),
-                    _ => how,
-                };
-                drain.push(DrainResult {
-                    test: test.clone(),
-                    peer: label.clone(),
-                    how,
-                    exit_ms: Spread::of(
-                        &rounds.iter().filter_map(|r| r.exit_ms).collect::<Vec<_>>(),
-                    ),
-                    timed_out: rounds.iter().filter(|r| r.exit_ms.is_none()).count() as u32,
-                    rounds: rounds.len() as u32,
-                    closed_by_proxy: kubegrace_bench::stats::median_u32(
-                        rounds.iter().map(|r| r.closed_by_proxy).collect(),
-                    ),
-                    ok: kubegrace_bench::stats::median_u32(rounds.iter().map(|r| r.ok).collect()),
-                    failed: kubegrace_bench::stats::median_u32(
-                        rounds.iter().map(|r| r.failed).collect(),
-                    ),
-                    connections: rounds.first().map_or(0, |r| r.connections),
-                });
-            }
-        }
-    }
+    let drain = if h.args.no_drain {
+        Vec::new()
+    } else {
+        drain::run(h, &live)
+    };
     drop(upstream);
 
     let mut machine = BTreeMap::new();
@@ -771,6 +681,7 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
         scenarios: results,
         memory,
         drain,
+        h2_memory,
         verdicts: Vec::new(),
         wall_seconds: h.started.elapsed().as_secs_f64(),
     };

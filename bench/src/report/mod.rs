@@ -2,6 +2,7 @@
 //! from it: the README tables and the SVG plot. Rendering is pure, so the
 //! report can be re-generated from a saved JSON without re-running load.
 
+mod families;
 mod plot;
 mod tables;
 
@@ -13,6 +14,7 @@ use crate::peers::Peer;
 use crate::scenario::{FIXED_RATE, KEEPALIVE_64, KEEPALIVE_256, NEW_CONNECTION};
 use crate::stats::Spread;
 
+pub use families::{H2Memory, Held};
 pub use plot::svg;
 pub use tables::{markdown, num, splice_readme};
 
@@ -243,6 +245,10 @@ pub struct Report {
     pub scenarios: Vec<ScenarioResult>,
     pub memory: BTreeMap<String, Memory>,
     pub drain: Vec<DrainResult>,
+    /// What HTTP/2 connections and streams cost each proxy (absent in runs
+    /// before it was measured).
+    #[serde(default)]
+    pub h2_memory: BTreeMap<String, H2Memory>,
     /// One line per target of the issue: met, or missed by how much.
     pub verdicts: Vec<String>,
     pub wall_seconds: f64,
@@ -408,6 +414,7 @@ impl Report {
             ));
         }
         verdicts.extend(r.judge_memory_goals());
+        verdicts.extend(families::judge(r));
         verdicts
     }
 
@@ -529,7 +536,8 @@ mod tests {
         }
     }
 
-    fn report_with(memory: BTreeMap<String, Memory>) -> Report {
+    /// A report of `memory` and nothing else, for the report's tests.
+    pub(super) fn report_with(memory: BTreeMap<String, Memory>) -> Report {
         Report {
             generated_at: String::new(),
             git_rev: String::new(),
@@ -549,6 +557,7 @@ mod tests {
             scenarios: Vec::new(),
             memory,
             drain: Vec::new(),
+            h2_memory: BTreeMap::new(),
             verdicts: Vec::new(),
             wall_seconds: 0.0,
         }

@@ -195,6 +195,7 @@ pub fn markdown(r: &Report) -> String {
         );
     }
     idle_connections_table(&mut m, r, &proxies);
+    super::families::tables(&mut m, r, &peers);
     if !r.drain.is_empty() {
         let _ = writeln!(
             m,

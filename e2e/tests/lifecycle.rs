@@ -9,9 +9,10 @@
 //!    kill) and its rule restarts the whole pod in place, with no preStop and two seconds
 //!    of grace for the others. Asserted with kubegrace, in both sidecar placements: the
 //!    restarted sidecar serves the pod again at once (it exits no second time: a sidecar
-//!    that carried the killed process's drain on would) and the pod is Ready again; and
-//!    what the load lost, with and without kubegrace, side by side. Without kubegrace some
-//!    requests fail (the baseline shows the loss).
+//!    that carried the killed process's drain on would) and the pod is Ready again; what
+//!    the load lost is only what the mechanism leaves (the app's own in-flight requests,
+//!    answered 502, and connections refused before a request was sent), never a request
+//!    cut mid-way or left unanswered. Without kubegrace some requests fail (the baseline).
 //! 2. An in-place resize that restarts the app (`resizePolicy: RestartContainer`,
 //!    KEP-1287, from 1.33): the kubelet runs the app's preStop and restarts it; the pod
 //!    comes back Ready and the load loses nothing with kubegrace, and some without.
@@ -221,11 +222,19 @@ async fn restart_all_with_and_without(client: &Client, mode: &str) -> Result<()>
          nothing",
         without.summary.requests
     );
+    // What the mechanism leaves to lose: the requests the app held when it died (502,
+    // counted by the sidecar) and new connections refused in the moment between the
+    // killed sidecar closing its listener and the next one binding (never sent, so any
+    // client may retry them). Nothing is cut mid-way and nothing waits for no answer.
+    let cut: Vec<(&String, &u64)> = with
+        .summary
+        .by_detail
+        .iter()
+        .filter(|(detail, _)| !detail.starts_with("http_5xx") && !detail.starts_with("refused"))
+        .collect();
     ensure!(
-        with.summary.failed <= without.summary.failed,
-        "with kubegrace {} failed, more than the {} without",
-        with.summary.failed,
-        without.summary.failed
+        cut.is_empty(),
+        "with kubegrace some requests were cut or left without an answer: {cut:?}"
     );
     Ok(())
 }
@@ -374,13 +383,18 @@ async fn a_native_sidecar_killed_mid_drain_never_serves_again() -> Result<()> {
             kill_container(&sc.namespace, &victim.name, SIDECAR).await?;
             let killed = Instant::now();
             let mut restarted = 0;
+            // The pod's Ready condition lags the kill: what must never happen
+            // is Ready again after the kubelet has seen it not ready.
+            let mut seen_not_ready = false;
             let mut ready_after_kill = false;
             let mut logs = String::new();
             loop {
                 let Some(pod) = pods.get_opt(&victim.name).await? else {
                     break;
                 };
-                ready_after_kill |= pod_ready(&pod);
+                let ready = pod_ready(&pod);
+                ready_after_kill |= seen_not_ready && ready;
+                seen_not_ready |= !ready;
                 let status = pod.status.clone().unwrap_or_default();
                 let count = kubegrace_e2e::container_statuses(&status)
                     .find(|c| c.name == SIDECAR)
@@ -440,7 +454,7 @@ async fn a_native_sidecar_killed_mid_drain_never_serves_again() -> Result<()> {
     );
     ensure!(
         !ready_after_kill,
-        "the pod turned Ready after its sidecar was killed mid-drain"
+        "the pod turned Ready again after its sidecar was killed mid-drain"
     );
     ensure!(
         gone_after <= grace + Duration::from_secs(5),

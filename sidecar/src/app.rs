@@ -145,6 +145,7 @@ impl AppWatch {
                 changed
             });
             if changed {
+                self.drain.app_reachable(reachable);
                 if reachable {
                     self.came_back(before.is_some());
                 } else {

@@ -20,6 +20,9 @@ impl Drain {
     /// The grace phase: returns once the evidence (or the ceiling) says the
     /// routers have moved on. Re-plans whenever timers are reloaded.
     pub(super) async fn grace(&self, t0: Instant) -> GraceEnd {
+        if self.machine.close_at_once.load(Ordering::Acquire) {
+            return GraceEnd::AppDown;
+        }
         let mut timers_rx = self.machine.timers_tx.subscribe();
         loop {
             // Armed before the flag is read, so a removal between the two
@@ -128,6 +131,41 @@ mod tests {
         assert_eq!(closing - t0, Duration::from_secs(1), "minDelay still holds");
         assert_eq!(drain.drained().await.grace_end, GraceEnd::EndpointRemoved);
         feeder.abort();
+    }
+
+    /// `RestartAllContainers`: SIGTERM while serving, the app already down.
+    /// Only that closes at once; a preStop drain, or an app that is up, keep
+    /// the whole grace phase.
+    #[tokio::test(start_paused = true)]
+    async fn an_exit_drain_that_finds_the_app_down_closes_at_once() {
+        let t = timers(2000, 1000, 15000, 30000);
+        let drain = super::super::testing::running(t);
+        let mut rx = drain.subscribe();
+        drain.app_reachable(false);
+        let t0 = tokio::time::Instant::now();
+        drain.trigger_exit("SIGTERM");
+        let closing = wait_phase(&mut rx, Phase::Closing).await;
+        assert_eq!(closing - t0, Duration::ZERO);
+        assert_eq!(drain.drained().await.grace_end, GraceEnd::AppDown);
+
+        // The app was down but came back before the SIGTERM.
+        let drain = super::super::testing::running(t);
+        let mut rx = drain.subscribe();
+        drain.app_reachable(false);
+        drain.app_reachable(true);
+        let t0 = tokio::time::Instant::now();
+        drain.trigger_exit("SIGTERM");
+        let closing = wait_phase(&mut rx, Phase::Closing).await;
+        assert_eq!(closing - t0, Duration::from_secs(2));
+        assert_eq!(drain.drained().await.grace_end, GraceEnd::Quiet);
+
+        // A preStop drain with the app down (a liveness restart under way),
+        // then SIGTERM: the pod's end, the grace phase as usual.
+        let (drain, mut rx, t0) = started(t);
+        drain.app_reachable(false);
+        drain.trigger_exit("SIGTERM");
+        let closing = wait_phase(&mut rx, Phase::Closing).await;
+        assert_eq!(closing - t0, Duration::from_secs(2));
     }
 
     #[tokio::test(start_paused = true)]

@@ -171,6 +171,11 @@ struct Machine {
     exit: AtomicBool,
     /// The app was seen unreachable during this cycle (resume evidence).
     app_gone: AtomicBool,
+    /// The app is unreachable now, whatever the phase (`app.rs`).
+    app_down: AtomicBool,
+    /// This cycle is an exit drain that began while the app was down and
+    /// the sidecar serving: its grace phase ends at once.
+    close_at_once: AtomicBool,
     resumes: AtomicU64,
     endpoint_removed: AtomicBool,
     endpoint_removed_notify: Notify,
@@ -237,6 +242,8 @@ impl Drain {
                 }),
                 exit: AtomicBool::new(false),
                 app_gone: AtomicBool::new(false),
+                app_down: AtomicBool::new(false),
+                close_at_once: AtomicBool::new(false),
                 resumes: AtomicU64::new(0),
                 endpoint_removed: AtomicBool::new(false),
                 endpoint_removed_notify: Notify::new(),
@@ -322,6 +329,15 @@ impl Drain {
             // Evidence counts from the trigger on (app.rs re-reports a
             // down app on every probe, so one that is down now still counts).
             self.machine.app_gone.store(false, Ordering::Release);
+            // A SIGTERM with no preStop before it, while the app is down: in
+            // a pod that is the kubelet restarting every container in place
+            // (`RestartAllContainers`), which kills this process two seconds
+            // later whatever it does. Holding the listener open would only
+            // answer 503 for the app and delay the restart; closing at once
+            // lets the next process bind sooner and hold requests for the
+            // app that comes back with it.
+            let at_once = exit && self.machine.app_down.load(Ordering::Acquire);
+            self.machine.close_at_once.store(at_once, Ordering::Release);
             cycle.trigger = Some((reason.to_string(), Instant::now()));
             cycle.deadline = None;
             // Only a drain that began provisionally (the preStop hook,
@@ -340,6 +356,12 @@ impl Drain {
             journal.update(|e| e.exit = true);
         }
         (started, was_exit)
+    }
+
+    /// Evidence from `app.rs`, on every change: whether a connect to the app
+    /// succeeds now. Read when an exit drain starts (see `close_at_once`).
+    pub fn app_reachable(&self, reachable: bool) {
+        self.machine.app_down.store(!reachable, Ordering::Release);
     }
 
     /// The process is about to exit after its drain: nothing is left for a

@@ -59,6 +59,9 @@ pub enum GraceEnd {
     EndpointRemoved,
     /// `maxDelay` passed without evidence.
     MaxDelay,
+    /// The exit drain began while the app was down and no drain was under
+    /// way (see [`super::Drain::app_reachable`]): nothing is left to serve.
+    AppDown,
 }
 
 impl DrainReport {
@@ -84,6 +87,7 @@ impl GraceEnd {
             GraceEnd::Quiet => "quiet",
             GraceEnd::EndpointRemoved => "endpoint-removed",
             GraceEnd::MaxDelay => "max-delay",
+            GraceEnd::AppDown => "app-down",
         }
     }
 }

@@ -95,7 +95,8 @@ version-matrix: ## the core cluster suite on the oldest and newest supported Kub
 	e2e/matrix/run
 
 lifecycle-test: ## the pod lifecycle events of Kubernetes 1.36+ (e2e/tests/lifecycle.rs: in-place restart of every container, in-place resize) on a local 1.37.2 cluster (built once, booted, torn down): e2e/lifecycle/results/
-	KG_MATRIX_VERSIONS=v1.37.2 KG_MATRIX_STEPS=lifecycle KG_MATRIX_RESULTS=$(CURDIR)/e2e/lifecycle/results e2e/matrix/run
+	KG_MATRIX_VERSIONS=v1.37.2 KG_MATRIX_STEPS=lifecycle KG_MATRIX_RESULTS=$(CURDIR)/e2e/lifecycle/results \
+	  KG_MATRIX_TITLE='Pod lifecycle events' KG_MATRIX_TARGET='make lifecycle-test' e2e/matrix/run
 
 newcomer-test: ## the README's Install and Use blocks as written on $$KUBECONFIG's cluster (e2e images as the release ones), checked, Verify with the plugin from its release archive (as krew installs it), then Uninstall (NEWCOMER_ROUNDS=N: N fresh installs back to back)
 	NEWCOMER_ROUNDS=$(NEWCOMER_ROUNDS) e2e/newcomer/run

@@ -118,7 +118,7 @@ async fn with_and_without(
 
 fn report(what: &str, with: &Restarted, without: &Restarted) {
     eprintln!(
-        "{what}: with kubegrace {} of {} failed, Ready again after {:.1}s; without {} of {} \
+        "measured: {what}: with kubegrace {} of {} failed, Ready again after {:.1}s; without {} of {} \
          failed, Ready again after {:.1}s",
         with.summary.failed,
         with.summary.requests,
@@ -128,7 +128,10 @@ fn report(what: &str, with: &Restarted, without: &Restarted) {
         without.ready_after.as_secs_f64(),
     );
     for (label, r) in [("with", with), ("without", without)] {
-        eprintln!("  {label}: failures by kind: {:?}", r.summary.by_detail);
+        eprintln!(
+            "measured:   {label}: failures by kind: {:?}",
+            r.summary.by_detail
+        );
     }
 }
 
@@ -442,7 +445,7 @@ async fn a_native_sidecar_killed_mid_drain_never_serves_again() -> Result<()> {
     .await;
     let (summary, grace, gone_after, gone_after_kill, restarted, ready_after_kill, logs) = outcome?;
     eprintln!(
-        "native sidecar killed mid-drain: the kubelet restarted it {restarted} time(s) during \
+        "measured: native sidecar killed mid-drain: the kubelet restarted it {restarted} time(s) during \
          the termination; pod gone {:.1}s after its deletion ({:.1}s after the kill, grace \
          period {}s); load {} of {} failed {:?}",
         gone_after.as_secs_f64(),

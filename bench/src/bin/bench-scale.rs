@@ -183,10 +183,25 @@ fn route(name: &str, quiet_ms: u64) -> anyhow::Result<GraceRoute> {
     }))?)
 }
 
-/// The same pod with and without the label that sends it to the webhook.
-fn probe_pod(injected: bool) -> anyhow::Result<Pod> {
-    let mut labels = json!({"app": "probe"});
-    if injected {
+/// The probe pods' label: `routed` ones are selected by the probe route (the
+/// webhook injects them: the path every real pod takes), the others are sent
+/// to the webhook with no route for them (it answers from the API server).
+const PROBE_ROUTED: &str = "probe";
+const PROBE_UNROUTED: &str = "probe-unrouted";
+
+/// The route that selects the routed probe pods, created before the storm.
+fn probe_route() -> anyhow::Result<GraceRoute> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
+        "metadata": {"name": PROBE_ROUTED},
+        "spec": {"selector": {"matchLabels": {"app": PROBE_ROUTED}}, "ports": [{"name": "http"}]}
+    }))?)
+}
+
+/// A probe pod `app`, with or without the label that sends it to the webhook.
+fn probe_pod(app: &str, to_webhook: bool) -> anyhow::Result<Pod> {
+    let mut labels = json!({"app": app});
+    if to_webhook {
         labels[keys::INJECT] = json!("enabled");
     }
     Ok(serde_json::from_value(json!({
@@ -292,32 +307,52 @@ async fn until_current(
     }
 }
 
-/// Dry-run pod creates, with and without the webhook, interleaved, until
-/// `stop` or `max` pairs.
+/// Admission latency of dry-run pod creates during the storm, interleaved.
+struct Probes {
+    /// No webhook.
+    bare: Series,
+    /// Through the webhook and injected (a route selects the pod).
+    injected: Series,
+    /// Through the webhook with no route for the pod: admitted bare after a
+    /// lookup at the API server.
+    unrouted: Series,
+}
+
+/// Dry-run pod creates, bare, injected and unrouted, interleaved, until
+/// `stop` or `max` rounds.
 async fn admission_probe(
     pods: Api<Pod>,
     stop: Arc<tokio::sync::Notify>,
     max: usize,
-) -> anyhow::Result<(Series, Series)> {
+) -> anyhow::Result<Probes> {
     let dry = PostParams {
         dry_run: true,
         ..Default::default()
     };
-    let (bare, asking) = (probe_pod(false)?, probe_pod(true)?);
-    let (mut with_hook, mut without_hook) = (Series::default(), Series::default());
+    let kinds = [
+        probe_pod(PROBE_ROUTED, false)?,
+        probe_pod(PROBE_ROUTED, true)?,
+        probe_pod(PROBE_UNROUTED, true)?,
+    ];
+    let mut series: [Series; 3] = Default::default();
     let stopped = stop.notified();
     tokio::pin!(stopped);
-    'pairs: for _ in 0..max {
-        for (p, series) in [(&bare, &mut without_hook), (&asking, &mut with_hook)] {
+    'rounds: for _ in 0..max {
+        for (p, series) in kinds.iter().zip(series.iter_mut()) {
             let t = Instant::now();
             tokio::select! {
                 r = pods.create(&dry, p) => { r.context("dry-run pod create")?; }
-                () = &mut stopped => break 'pairs,
+                () = &mut stopped => break 'rounds,
             }
             series.push(t.elapsed());
         }
     }
-    Ok((with_hook, without_hook))
+    let [bare, injected, unrouted] = series;
+    Ok(Probes {
+        bare,
+        injected,
+        unrouted,
+    })
 }
 
 fn added(with: &Series, without: &Series) -> Value {
@@ -518,6 +553,10 @@ async fn scale(
         nss.create(&PostParams::default(), &labelled(ns)?).await?;
     }
     let probe_ns = run.namespaces[0].clone();
+    Api::<GraceRoute>::namespaced_with(client.clone(), &probe_ns, &route_resource())
+        .create(&PostParams::default(), &probe_route()?)
+        .await
+        .context("creating the probe route")?;
     let start_s = t0.elapsed().as_secs_f64();
     eprintln!("[{start_s:6.1}s] setup done; phase 1: the storm");
 
@@ -560,7 +599,7 @@ async fn scale(
     )
     .await?;
     stop_probe.notify_one();
-    let (with_hook, without_hook) = probe.await??;
+    let probes = probe.await??;
     let after = metrics(admin_port).await?;
     let webhook_server =
         Histogram::parse(&after, "kubegrace_operator_webhook_duration_seconds").since(
@@ -646,7 +685,8 @@ async fn scale(
             "applied_seconds": secs(applied),
             "all_current_seconds": secs(storm),
             "operator": samples.window(start_s, storm_end_s),
-            "admission_during_storm": added(&with_hook, &without_hook),
+            "admission_during_storm": added(&probes.injected, &probes.bare),
+            "admission_during_storm_unrouted": added(&probes.unrouted, &probes.bare),
             "operator_webhook_histogram": webhook_server.json(),
         },
         "steady": {

@@ -4,6 +4,7 @@
 //! route before it rolls the pods), and for a pod being created by the
 //! injecting webhook ([`pick_route`]: its pin, its owner, or a selector).
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -63,9 +64,10 @@ pub fn owned_by(pod: &Pod, target: &crate::crd::TargetRef) -> bool {
 /// Picks the route for a pod: the one it is pinned to (annotation), else
 /// the oldest whose targetRef owns it or whose selector matches its labels
 /// (pure; the controller's overlap rule, [`precedence`]).
-pub fn pick_route<'a>(pod: &Pod, routes: &'a [GraceRoute]) -> Option<&'a GraceRoute> {
+pub fn pick_route<'a, R: Borrow<GraceRoute>>(pod: &Pod, routes: &'a [R]) -> Option<&'a GraceRoute> {
     let mut live = routes
         .iter()
+        .map(Borrow::borrow)
         .filter(|r| r.metadata.deletion_timestamp.is_none());
     if let Some(pinned) = pod.annotations().get(keys::ROUTE) {
         return live.find(|r| &r.name_any() == pinned);

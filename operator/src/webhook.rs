@@ -93,10 +93,10 @@ pub enum Decision {
 }
 
 /// Decides and edits (pure; the token comes from the caller).
-pub fn decide(
+pub fn decide<R: std::borrow::Borrow<GraceRoute>>(
     pod: &Pod,
     ns_labels: &BTreeMap<String, String>,
-    routes: &[GraceRoute],
+    routes: &[R],
     s: &SidecarSettings,
     token: String,
 ) -> Decision {
@@ -209,16 +209,17 @@ pub struct Webhook {
     pub cache: Arc<WebhookCache>,
 }
 
-/// The decision for `pod` from the namespace's labels and routes.
-fn decide_listed(
+/// The decision for `pod` from the namespace's labels, routes and the
+/// routes that do not decode.
+fn decide_listed<R: std::borrow::Borrow<GraceRoute>>(
     pod: &Pod,
     labels: &BTreeMap<String, String>,
-    listed: &Listed,
+    (routes, undecodable): (&[R], &[Undecodable]),
     s: &SidecarSettings,
 ) -> Decision {
-    match pinned_undecodable(pod, labels, &listed.undecodable) {
+    match pinned_undecodable(pod, labels, undecodable) {
         Some(skip) => skip,
-        None => decide(pod, labels, &listed.routes, s, token()),
+        None => decide(pod, labels, routes, s, token()),
     }
 }
 
@@ -229,7 +230,8 @@ impl Webhook {
     /// before the pod must not start it bare (see [`crate::webhook_cache`]).
     fn cached_injection(&self, pod: &Pod, ns: &str) -> std::result::Result<Decision, Fallback> {
         let (labels, listed) = self.cache.lookup(ns).ok_or(Fallback::Unsynced)?;
-        match decide_listed(pod, &labels, &listed, &self.settings) {
+        let listed = (listed.routes.as_slice(), listed.undecodable.as_slice());
+        match decide_listed(pod, &labels, listed, &self.settings) {
             d @ Decision::Inject(..) => Ok(d),
             Decision::Ignore | Decision::Skip(..) => Err(Fallback::NotInject),
         }
@@ -286,7 +288,10 @@ impl Webhook {
             Err(why) => {
                 self.metrics.lookups.live(why);
                 match self.lookup(&ns).await {
-                    Ok((labels, listed)) => decide_listed(pod, &labels, &listed, &self.settings),
+                    Ok((labels, listed)) => {
+                        let listed = (listed.routes.as_slice(), listed.undecodable.as_slice());
+                        decide_listed(pod, &labels, listed, &self.settings)
+                    }
                     Err(e) => {
                         // Admit bare: the route reports the pod as not injected.
                         tracing::warn!(error = %e, "webhook lookup failed; admitting the pod unchanged");
@@ -506,7 +511,7 @@ spec:
     fn without_a_route_the_pod_is_admitted_bare_and_marked() {
         let pod: Pod = serde_norway::from_str(POD).expect("pod");
         let Decision::Skip(after, why) =
-            decide(&pod, &BTreeMap::new(), &[], &settings(), "tok".into())
+            decide::<GraceRoute>(&pod, &BTreeMap::new(), &[], &settings(), "tok".into())
         else {
             panic!("expected skip");
         };

@@ -59,7 +59,7 @@ use tokio::sync::watch;
 use crate::admin::Metrics;
 use crate::crd::GraceRoute;
 use crate::keys;
-use crate::tolerant::{Listed, Undecodable, into_typed};
+use crate::tolerant::{Undecodable, into_typed};
 
 /// A namespace's labels, as the webhook reads them.
 pub type Labels = BTreeMap<String, String>;
@@ -68,6 +68,14 @@ pub type Labels = BTreeMap<String, String>;
 /// the cache's B-tree nodes hold a pointer, not the 1,168-byte route in
 /// each of their slots (measured: 3.1 KiB per route inline).
 pub type RouteEntry = std::result::Result<Arc<GraceRoute>, Undecodable>;
+
+/// A namespace's routes as the cache holds them: shared, not copied, per
+/// review (a route may carry kilobytes of fallback bodies).
+#[derive(Debug, Default)]
+pub struct CachedListing {
+    pub routes: Vec<Arc<GraceRoute>>,
+    pub undecodable: Vec<Undecodable>,
+}
 
 /// A cached namespace: the value of its inject label, if it has one.
 pub type NamespaceEntry = Option<String>;
@@ -262,15 +270,15 @@ impl WebhookCache {
     /// The namespace's labels and routes, as the live lookup would return
     /// them; `None` when a cache covering `namespace` is not synced (or
     /// none covers it).
-    pub fn lookup(&self, namespace: &str) -> Option<(Labels, Listed)> {
+    pub fn lookup(&self, namespace: &str) -> Option<(Labels, CachedListing)> {
         let scoped = self.scope(namespace)?;
         // A namespace missing from a synced cache has no labels, as a live
         // GET that finds nothing.
         let labels = labels_of(scoped.namespaces.cluster_scoped(namespace)?.flatten());
-        let mut listed = Listed::default();
+        let mut listed = CachedListing::default();
         for entry in scoped.routes.in_namespace(namespace)? {
             match entry {
-                Ok(r) => listed.routes.push(GraceRoute::clone(&r)),
+                Ok(r) => listed.routes.push(r),
                 Err(u) => listed.undecodable.push(u),
             }
         }

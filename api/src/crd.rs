@@ -167,7 +167,7 @@ fn name_message() -> String {
     printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].message","description":"the Ready condition's message"}"#,
     validation = Rule::new(name_rule()).message(Message::Message(name_message()))
 )]
-#[x_kube(validation = Rule::new("has(self.targetRef) != has(self.selector)").message("set exactly one of targetRef (a Deployment or StatefulSet) and selector (pod labels)"))]
+#[x_kube(validation = Rule::new("has(self.targetRef) != has(self.selector)").message("set exactly one of targetRef (a Deployment, StatefulSet or Argo Rollout) and selector (pod labels)"))]
 #[x_kube(validation = Rule::new(route_timeouts_rule()).message(Message::Message(route_timeouts_message())).field_path(".routes"))]
 #[x_kube(validation = Rule::new(bodies_rule()).message(Message::Message(bodies_message())).field_path(".routes"))]
 #[serde(rename_all = "camelCase")]

@@ -5,7 +5,7 @@
 //! What lives here reads objects already fetched and talks to no API
 //! server: the `GraceRoute` types with their bounds and CEL rules
 //! ([`crd`]), decoding routes stored by another release ([`tolerant`]),
-//! the workloads a route fronts ([`workloads`]), Services and
+//! the workloads a route fronts ([`workloads`], Argo Rollouts' [`argo`]), Services and
 //! NetworkPolicies that get around the sidecar ([`bypass`], [`netpol`]),
 //! what a pod says about the sidecar ([`inject`]), the pause-on-drain-loss
 //! names ([`pause`]), the leader Lease ([`lease`]), the grammar of
@@ -14,6 +14,7 @@
 //! path agree on (annotation keys, ports) are `kubegrace-sidecar-api`'s,
 //! re-exported as [`keys`].
 
+pub mod argo;
 pub mod bypass;
 #[cfg(feature = "cli")]
 pub mod cli;

@@ -13,6 +13,7 @@ use kube::core::SelectorExt;
 use kube::core::params::{Patch, PatchParams};
 use serde_json::{Value, json};
 
+use crate::argo::Rollout;
 use crate::crd::TargetKind;
 use crate::workloads::selector_of;
 
@@ -57,7 +58,8 @@ pub struct RolloutState {
     /// The workload's pod selector (immutable, so it also selects the pods
     /// of older revisions, whose template labels may differ).
     pub selector: LabelSelector,
-    /// `spec.paused` (Deployments; always false for a StatefulSet).
+    /// `spec.paused` (Deployments and Rollouts; always false for a
+    /// StatefulSet).
     pub paused: bool,
     /// ... and [`PAUSE_FIELD_MANAGER`] wrote it: this operator paused it
     /// (a pause whose status write failed is taken up again on the retry).
@@ -97,8 +99,8 @@ pub fn deployment_state(d: &Deployment) -> Option<RolloutState> {
     })
 }
 
-/// Whether [`PAUSE_FIELD_MANAGER`] owns the Deployment's `spec.paused`.
-fn paused_by_manager(d: &Deployment) -> bool {
+/// Whether [`PAUSE_FIELD_MANAGER`] owns the workload's `spec.paused`.
+fn paused_by_manager(d: &impl ResourceExt) -> bool {
     d.managed_fields().iter().any(|m| {
         m.manager.as_deref() == Some(PAUSE_FIELD_MANAGER)
             && m.fields_v1
@@ -125,15 +127,47 @@ pub fn statefulset_state(s: &StatefulSet) -> Option<RolloutState> {
     })
 }
 
+/// An Argo Rollout's rollout state; None without a selector. Argo's
+/// `spec.paused` is the user-level pause, the one this operator sets.
+pub fn rollout_state(r: &Rollout) -> Option<RolloutState> {
+    let spec = &r.spec;
+    let selector = spec.selector.clone()?;
+    let status = r.status.clone().unwrap_or_default();
+    let seen = status
+        .observed_generation
+        .as_deref()
+        .and_then(|g| g.parse::<i64>().ok())
+        .is_some_and(|g| Some(g) >= r.metadata.generation);
+    let updated = status.updated_replicas.unwrap_or(0);
+    // A canary or blue-green revision not yet promoted is a rollout under
+    // way even when every replica is updated (blue-green's preview set).
+    let unpromoted =
+        status.current_pod_hash.is_some() && status.current_pod_hash != status.stable_rs;
+    let progressing = !seen
+        || unpromoted
+        || updated < spec.replicas.unwrap_or(1)
+        || status.replicas.unwrap_or(0) > updated;
+    Some(RolloutState {
+        kind: TargetKind::Rollout,
+        name: r.name_any(),
+        selector,
+        paused: spec.paused.unwrap_or(false),
+        paused_here: paused_by_manager(r),
+        progressing,
+    })
+}
+
 /// The rollout states of the workloads, by [`RolloutState::id`].
 pub fn states(
     deployments: &[Deployment],
     statefulsets: &[StatefulSet],
+    rollouts: &[Rollout],
 ) -> BTreeMap<String, RolloutState> {
     deployments
         .iter()
         .filter_map(deployment_state)
         .chain(statefulsets.iter().filter_map(statefulset_state))
+        .chain(rollouts.iter().filter_map(rollout_state))
         .map(|s| (s.id(), s))
         .collect()
 }

@@ -1,5 +1,5 @@
-//! The workloads a GraceRoute fronts, read from Deployments and
-//! StatefulSets already fetched (pure): what the route controller, the
+//! The workloads a GraceRoute fronts, read from Deployments,
+//! StatefulSets and Argo Rollouts already fetched (pure): what the route controller, the
 //! admission webhook and the kubectl plugin all need to know of a target,
 //! which targets a route selects, and which route holds a target two
 //! routes select.
@@ -15,6 +15,7 @@ use kube::core::{Selector, SelectorExt};
 use kubegrace_sidecar_api::keys;
 use serde::{Deserialize, Serialize};
 
+use crate::argo::Rollout;
 use crate::crd::{GraceRoute, TargetKind};
 
 /// The target's rollout values before the first route touched them; written
@@ -38,7 +39,8 @@ pub struct Target {
     pub kind: TargetKind,
     pub name: String,
     pub template: PodTemplateSpec,
-    /// `RollingUpdate`, `Recreate` (Deployment) or `OnDelete` (StatefulSet).
+    /// `RollingUpdate`, `Recreate` (Deployment), `OnDelete` (StatefulSet),
+    /// [`CANARY`] or [`BLUE_GREEN`] (Rollout).
     pub strategy_type: Option<String>,
     pub current: Originals,
     /// The annotation [`keys::ORIGINAL`] if a route already wrote it.
@@ -117,7 +119,38 @@ pub fn statefulset_target(s: &StatefulSet) -> Option<(Target, Option<String>)> {
     ))
 }
 
-/// The rollout values both kinds have, as the workload runs with them now
+/// An Argo Rollouts Rollout; None without a pod template (a Rollout that
+/// takes it from a Deployment through `workloadRef`) or a selector.
+pub fn rollout_target(r: &Rollout) -> Option<(Target, Option<String>)> {
+    let spec = &r.spec;
+    let template = spec.template.as_ref()?;
+    let selector = spec.selector.as_ref()?;
+    let strategy = spec.strategy.as_ref();
+    let canary = strategy.and_then(|s| s.canary.as_ref());
+    let current = Originals {
+        max_surge: canary.and_then(|c| c.max_surge.clone()),
+        max_unavailable: canary.and_then(|c| c.max_unavailable.clone()),
+        ..originals(template, spec.min_ready_seconds)
+    };
+    // Argo Rollouts treats a Rollout without a blue-green block as a canary.
+    let blue_green = strategy.is_some_and(|s| s.blue_green.is_some());
+    let strategy_type = Some(if blue_green { BLUE_GREEN } else { CANARY }.to_string());
+    Some(target(
+        TargetKind::Rollout,
+        r,
+        template,
+        selector,
+        strategy_type,
+        current,
+    ))
+}
+
+/// [`Target::strategy_type`] of a Rollout: which of Argo's strategies.
+pub const CANARY: &str = "Canary";
+/// See [`CANARY`].
+pub const BLUE_GREEN: &str = "BlueGreen";
+
+/// The rollout values every kind has, as the workload runs with them now
 /// (a StatefulSet has no surge).
 fn originals(template: &PodTemplateSpec, min_ready_seconds: Option<i32>) -> Originals {
     Originals {
@@ -138,7 +171,7 @@ pub fn pod_grace_period(spec: Option<&PodSpec>) -> i64 {
         .unwrap_or(DEFAULT_GRACE_SECONDS)
 }
 
-/// What the two workload kinds have in common as a [`Target`]: the name,
+/// What the workload kinds have in common as a [`Target`]: the name,
 /// the annotations (with the originals a route recorded there), the pod
 /// template and the selector of its pods; the kind-specific parts are
 /// passed in.
@@ -169,11 +202,22 @@ pub struct Workloads(pub Vec<(Target, Option<String>)>);
 impl Workloads {
     /// From objects already read (pure; the admission tests use it).
     pub fn from_objects(deployments: &[Deployment], statefulsets: &[StatefulSet]) -> Self {
+        Self::from_all(deployments, statefulsets, &[])
+    }
+
+    /// [`Workloads::from_objects`] with the namespace's Argo Rollouts
+    /// (none where Argo Rollouts is not installed).
+    pub fn from_all(
+        deployments: &[Deployment],
+        statefulsets: &[StatefulSet],
+        rollouts: &[Rollout],
+    ) -> Self {
         Self(
             deployments
                 .iter()
                 .filter_map(deployment_target)
                 .chain(statefulsets.iter().filter_map(statefulset_target))
+                .chain(rollouts.iter().filter_map(rollout_target))
                 .collect(),
         )
     }

@@ -58,6 +58,12 @@ pub fn owned_by(pod: &Pod, target: &crate::crd::TargetRef) -> bool {
             o.kind == "ReplicaSet" && hash.is_some_and(|h| o.name == format!("{}-{h}", target.name))
         }
         TargetKind::StatefulSet => o.kind == "StatefulSet" && o.name == target.name,
+        // Argo Rollouts names its ReplicaSets like the Deployment
+        // controller, from its own hash label.
+        TargetKind::Rollout => {
+            let hash = pod.labels().get(kubegrace_api::argo::POD_TEMPLATE_HASH);
+            o.kind == "ReplicaSet" && hash.is_some_and(|h| o.name == format!("{}-{h}", target.name))
+        }
     })
 }
 

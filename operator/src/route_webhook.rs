@@ -109,7 +109,7 @@ pub fn judge(
                 t.kind, t.name
             ),
             None => format!(
-                "no Deployment or StatefulSet in namespace {ns} matches spec.selector yet: the route applies to those that will"
+                "no Deployment, StatefulSet or Rollout in namespace {ns} matches spec.selector yet: the route applies to those that will"
             ),
         });
     }

@@ -266,6 +266,7 @@ pub async fn run(
         // allows no cluster-wide watch), or one set for all namespaces.
         let mut all: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
             Vec::new();
+        let argo = crate::workload::argo_rollouts_served(&client).await;
         // Each under supervision: a panic restarts that controller alone.
         for ns in &namespaces {
             let (c, m, id, n, st) = (
@@ -289,6 +290,20 @@ pub async fn run(
                 let run = || workload::run::<StatefulSet>(c.clone(), m.clone(), n.clone(), st());
                 panics::supervise("statefulset inject controller", &m, run, &st).await;
             }));
+            if argo {
+                let (c, m, n, st) = (client.clone(), metrics.clone(), ns.clone(), stop.clone());
+                all.push(Box::pin(async move {
+                    let run = || {
+                        workload::run::<kubegrace_api::argo::Rollout>(
+                            c.clone(),
+                            m.clone(),
+                            n.clone(),
+                            st(),
+                        )
+                    };
+                    panics::supervise("rollout inject controller", &m, run, &st).await;
+                }));
+            }
         }
         if args.heal {
             let healer = crate::heal::Healer::new(

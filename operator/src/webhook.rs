@@ -508,6 +508,48 @@ spec:
     }
 
     #[test]
+    fn a_rollout_route_finds_its_pods_by_argos_replicaset_and_hash_label() {
+        let pod = |hash_label: &str, kind: &str| -> Pod {
+            serde_norway::from_str(&format!(
+                r#"
+metadata:
+  name: web-7c9b-abcde
+  namespace: shop
+  labels: {{app: web, {hash_label}: 7c9b}}
+  ownerReferences: [{{apiVersion: apps/v1, kind: {kind}, name: web-7c9b, uid: u1}}]
+spec:
+  containers:
+  - {{name: app, image: app, ports: [{{name: http, containerPort: 8080}}]}}
+"#
+            ))
+            .expect("pod")
+        };
+        let routes = vec![
+            route(
+                "metadata: {name: dep, namespace: shop}\nspec: {targetRef: {kind: Deployment, name: web}, ports: [{name: http}]}",
+            ),
+            route(
+                "metadata: {name: argo, namespace: shop}\nspec: {targetRef: {group: argoproj.io, kind: Rollout, name: web}, ports: [{name: http}]}",
+            ),
+        ];
+        let pick = |p: &Pod| route_match::pick_route(p, &routes).map(ResourceExt::name_any);
+        // Argo's pods carry rollouts-pod-template-hash; a Deployment's
+        // pod-template-hash: each goes to its own kind's route.
+        assert_eq!(
+            pick(&pod("rollouts-pod-template-hash", "ReplicaSet")).as_deref(),
+            Some("argo")
+        );
+        assert_eq!(
+            pick(&pod("pod-template-hash", "ReplicaSet")).as_deref(),
+            Some("dep")
+        );
+        assert_eq!(
+            pick(&pod("rollouts-pod-template-hash", "StatefulSet")),
+            None
+        );
+    }
+
+    #[test]
     fn without_a_route_the_pod_is_admitted_bare_and_marked() {
         let pod: Pod = serde_norway::from_str(POD).expect("pod");
         let Decision::Skip(after, why) =

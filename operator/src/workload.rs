@@ -39,6 +39,7 @@ use crate::admin::Metrics;
 use crate::crd::{GraceRoute, TargetKind};
 use crate::route_match;
 use crate::{Error, INJECT_FIELD_MANAGER, Result, keys};
+use kubegrace_api::argo::Rollout;
 
 /// A workload with a pod template.
 pub trait Workload:
@@ -78,6 +79,35 @@ macro_rules! workload {
 }
 
 workload!(Deployment, StatefulSet);
+
+impl Workload for Rollout {
+    const KIND: &'static str = "Rollout";
+    const TARGET: TargetKind = TargetKind::Rollout;
+    fn template_meta(&self) -> Option<&ObjectMeta> {
+        self.spec
+            .template
+            .as_ref()
+            .and_then(|t| t.metadata.as_ref())
+    }
+}
+
+/// Whether the API server serves Argo Rollouts' `rollouts` (asked once at
+/// start). Where it does not, no Rollout controller runs: a watch of a
+/// resource that is not served fails and retries forever. Installing Argo
+/// Rollouts later takes an operator restart for injection by annotation;
+/// routes that target a Rollout find it on their next reconcile anyway.
+pub async fn argo_rollouts_served(client: &Client) -> bool {
+    match client
+        .list_api_group_resources(TargetKind::Rollout.api_version())
+        .await
+    {
+        Ok(list) => list.resources.iter().any(|r| r.name == "rollouts"),
+        Err(e) => {
+            tracing::info!(error = %e, "Argo Rollouts is not served here: Rollouts are not watched");
+            false
+        }
+    }
+}
 
 /// Which of the template's inject label / annotation our manager owns
 /// (from managedFields).
@@ -148,7 +178,7 @@ pub fn desired<K: Workload>(w: &K) -> Option<Value> {
         tpl.insert("annotations".into(), json!({keys::INJECT: v}));
     }
     let mut body = json!({
-        "apiVersion": "apps/v1",
+        "apiVersion": K::TARGET.api_version(),
         "kind": K::KIND,
         "metadata": {"name": w.name_any()},
     });

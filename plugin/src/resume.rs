@@ -7,62 +7,73 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{ListParams, Patch};
-use kube::{Api, Client, ResourceExt};
-use kubegrace_api::crd::GraceRoute;
+use kube::{Api, Client};
+use kubegrace_api::argo::Rollout;
+use kubegrace_api::crd::{GraceRoute, TargetKind};
 use kubegrace_api::pause::{self, RESUMED_AT};
 use kubegrace_api::workloads::Workloads;
 use serde_json::json;
 
 use crate::{Error, Result};
 
-/// What resume does to the route's Deployments (pure).
+/// What resume does to the route's Deployments and Argo Rollouts (pure).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
     /// Paused by the operator: unpaused.
-    pub resume: Vec<String>,
+    pub resume: Vec<(TargetKind, String)>,
     /// Paused by someone else: left alone.
-    pub foreign: Vec<String>,
+    pub foreign: Vec<(TargetKind, String)>,
 }
 
-/// The route's Deployments that are paused, split by who paused them.
-pub fn plan(route: &GraceRoute, deployments: &[Deployment]) -> Plan {
-    let workloads = Workloads::from_objects(deployments, &[]);
-    let targets: Vec<&str> = workloads
+/// The route's Deployments and Rollouts that are paused, split by who
+/// paused them.
+pub fn plan(route: &GraceRoute, deployments: &[Deployment], rollouts: &[Rollout]) -> Plan {
+    let targets: Vec<String> = Workloads::from_all(deployments, &[], rollouts)
         .of(route)
         .into_iter()
-        .map(|(t, _)| t.name.as_str())
+        .map(|(t, _)| t.id())
         .collect();
     let mut plan = Plan::default();
-    for d in deployments.iter().filter(|d| {
-        let name = d.name_any();
-        targets.contains(&name.as_str())
-    }) {
-        let Some(state) = pause::deployment_state(d) else {
+    for (id, state) in pause::states(deployments, &[], rollouts) {
+        if !targets.contains(&id) {
             continue;
-        };
+        }
         match (state.paused, state.paused_here) {
-            (true, true) => plan.resume.push(state.name),
-            (true, false) => plan.foreign.push(state.name),
+            (true, true) => plan.resume.push((state.kind, state.name)),
+            (true, false) => plan.foreign.push((state.kind, state.name)),
             (false, _) => {}
         }
     }
     plan
 }
 
-/// What happened, one line per Deployment.
+/// `kubectl` resource name and the command that resumes a pause of someone
+/// else's.
+fn resource(kind: TargetKind, name: &str) -> (&'static str, String) {
+    match kind {
+        TargetKind::Rollout => ("rollout", format!("kubectl argo rollouts resume {name}")),
+        TargetKind::Deployment | TargetKind::StatefulSet => (
+            "deployment",
+            format!("kubectl rollout resume deploy/{name}"),
+        ),
+    }
+}
+
+/// What happened, one line per workload.
 pub fn describe(ns: &str, route: &str, plan: &Plan) -> String {
     let mut lines = Vec::new();
     if plan.resume.is_empty() {
         lines.push(format!(
-            "graceroute {ns}/{route}: no Deployment paused by kubegrace; resume time recorded"
+            "graceroute {ns}/{route}: no Deployment or Rollout paused by kubegrace; resume time recorded"
         ));
     }
-    for d in &plan.resume {
-        lines.push(format!("deployment {ns}/{d} resumed"));
+    for (kind, d) in &plan.resume {
+        lines.push(format!("{} {ns}/{d} resumed", resource(*kind, d).0));
     }
-    for d in &plan.foreign {
+    for (kind, d) in &plan.foreign {
+        let (res, command) = resource(*kind, d);
         lines.push(format!(
-            "deployment {ns}/{d} left paused: paused by someone else (kubectl rollout resume deploy/{d} if you mean it)"
+            "{res} {ns}/{d} left paused: paused by someone else ({command} if you mean it)"
         ));
     }
     lines.join("\n") + "\n"
@@ -77,9 +88,10 @@ pub async fn resume(client: &Client, ns: &str, name: &str) -> Result<Plan> {
         .list(&ListParams::default())
         .await
         .map_err(Error::kube(format!("listing Deployments in {ns}")))?;
-    let plan = plan(&route, &deployments.items);
-    // The time first: the operator reconciles on the Deployment's change and must
-    // already see it.
+    let rollouts = rollouts(client, ns, &route).await?;
+    let plan = plan(&route, &deployments.items, &rollouts);
+    // The time first: the operator reconciles on the workload's change and
+    // must already see it.
     let pp = pause::pause_params();
     let now = jiff::Timestamp::now().to_string();
     routes
@@ -90,13 +102,40 @@ pub async fn resume(client: &Client, ns: &str, name: &str) -> Result<Plan> {
         )
         .await
         .map_err(Error::kube(format!("annotating GraceRoute {ns}/{name}")))?;
-    for d in &plan.resume {
-        Api::<Deployment>::namespaced(client.clone(), ns)
-            .patch(d, &pp, &pause::paused_patch(false))
-            .await
-            .map_err(Error::kube(format!("resuming Deployment {ns}/{d}")))?;
+    for (kind, d) in &plan.resume {
+        let patch = pause::paused_patch(false);
+        let done = match kind {
+            TargetKind::Rollout => Api::<Rollout>::namespaced(client.clone(), ns)
+                .patch(d, &pp, &patch)
+                .await
+                .map(drop),
+            TargetKind::Deployment | TargetKind::StatefulSet => {
+                Api::<Deployment>::namespaced(client.clone(), ns)
+                    .patch(d, &pp, &patch)
+                    .await
+                    .map(drop)
+            }
+        };
+        done.map_err(Error::kube(format!("resuming {kind} {ns}/{d}")))?;
     }
     Ok(plan)
+}
+
+/// The namespace's Argo Rollouts, read only for a route that can target
+/// one; none where Argo Rollouts is not installed (404).
+async fn rollouts(client: &Client, ns: &str, route: &GraceRoute) -> Result<Vec<Rollout>> {
+    let by_ref = route.spec.target_ref.as_ref();
+    if by_ref.is_some_and(|t| t.kind != TargetKind::Rollout) {
+        return Ok(Vec::new());
+    }
+    match Api::<Rollout>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => Ok(list.items),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(Vec::new()),
+        Err(e) => Err(Error::kube(format!("listing Argo Rollouts in {ns}"))(e)),
+    }
 }
 
 /// The route's `RolloutPaused` condition in one line, for `status`.
@@ -150,20 +189,57 @@ mod tests {
         let running = deployment("web", false, PAUSE_FIELD_MANAGER);
         let other = deployment("api", true, PAUSE_FIELD_MANAGER);
         assert_eq!(
-            plan(&route(), &[ours, other.clone()]),
+            plan(&route(), &[ours, other.clone()], &[]),
             Plan {
-                resume: vec!["web".into()],
+                resume: vec![(TargetKind::Deployment, "web".into())],
                 foreign: vec![],
             }
         );
         assert_eq!(
-            plan(&route(), &[theirs, other.clone()]),
+            plan(&route(), &[theirs, other.clone()], &[]),
             Plan {
                 resume: vec![],
-                foreign: vec!["web".into()],
+                foreign: vec![(TargetKind::Deployment, "web".into())],
             }
         );
-        assert_eq!(plan(&route(), &[running, other]), Plan::default());
+        assert_eq!(plan(&route(), &[running, other], &[]), Plan::default());
+    }
+
+    #[test]
+    fn a_rollout_the_operator_paused_is_resumed_with_its_own_kind() {
+        let yaml = route_yaml().replace(
+            "targetRef: {kind: Deployment,",
+            "targetRef: {group: argoproj.io, kind: Rollout,",
+        );
+        assert!(yaml.contains("kind: Rollout"), "fixture changed: {yaml}");
+        let route: GraceRoute = serde_norway::from_str(&yaml).expect("route fixture");
+        let rollout = |manager: &str| -> Rollout {
+            serde_json::from_value(json!({
+                "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+                "metadata": {"name": "web", "namespace": "shop", "managedFields": [{
+                    "manager": manager, "operation": "Update", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:spec": {"f:paused": {}}}
+                }]},
+                "spec": {
+                    "paused": true,
+                    "selector": {"matchLabels": {"app": "web"}},
+                    "template": {"metadata": {"labels": {"app": "web"}}},
+                    "strategy": {"canary": {}}
+                }
+            }))
+            .expect("rollout fixture")
+        };
+        // A Deployment of the same name is not the route's target.
+        let deployment = deployment("web", true, PAUSE_FIELD_MANAGER);
+        let ours = plan(
+            &route,
+            std::slice::from_ref(&deployment),
+            &[rollout(PAUSE_FIELD_MANAGER)],
+        );
+        assert_eq!(ours.resume, vec![(TargetKind::Rollout, "web".into())]);
+        let theirs = plan(&route, &[deployment], &[rollout("argo-rollouts")]);
+        assert_eq!(theirs.foreign, vec![(TargetKind::Rollout, "web".into())]);
+        assert!(describe("shop", "web", &theirs).contains("kubectl argo rollouts resume web"));
     }
 
     #[test]
@@ -195,14 +271,16 @@ mod tests {
             "shop",
             "web",
             &Plan {
-                resume: vec!["web".into()],
-                foreign: vec!["api".into()],
+                resume: vec![(TargetKind::Deployment, "web".into())],
+                foreign: vec![(TargetKind::Deployment, "api".into())],
             },
         );
         assert_eq!(
             text,
             "deployment shop/web resumed\ndeployment shop/api left paused: paused by someone else (kubectl rollout resume deploy/api if you mean it)\n"
         );
-        assert!(describe("shop", "web", &Plan::default()).contains("no Deployment paused"));
+        assert!(
+            describe("shop", "web", &Plan::default()).contains("no Deployment or Rollout paused")
+        );
     }
 }

@@ -53,12 +53,14 @@ pub const DURATION_PATTERN: &str = "^([0-9]{1,5}(h|m|s|ms))+$";
 /// `metadata.name`: it becomes the value of the `kubegrace.io/route` label
 /// on the route's ConfigMap, and label values have at most 63 characters.
 pub const MAX_ROUTE_OBJECT_NAME: usize = 63;
-/// `targetRef.name`: a Deployment or StatefulSet name.
+/// `targetRef.name`: a Deployment, StatefulSet or Rollout name.
 pub const MAX_TARGET_NAME: usize = 253;
 /// `targetRef.group`: an API group is a DNS subdomain.
 pub const MAX_GROUP: usize = 253;
-/// The one `targetRef.group` v1alpha1 accepts: Deployment and StatefulSet.
+/// `targetRef.group` of a Deployment or StatefulSet (and its default).
 pub const SUPPORTED_GROUP: &str = "apps";
+/// `targetRef.group` of an Argo Rollouts `Rollout`.
+pub const ARGO_GROUP: &str = "argoproj.io";
 /// `ports[].name`: an IANA service name.
 pub const MAX_PORT_NAME: usize = 15;
 /// `ports`: the sidecar has one listener.

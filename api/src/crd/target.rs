@@ -8,35 +8,42 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::bounds::{
-    DNS_LABEL_PATTERN, MAX_GROUP, MAX_PORT_NAME, MAX_TARGET_NAME, SUPPORTED_GROUP,
+    ARGO_GROUP, DNS_LABEL_PATTERN, MAX_GROUP, MAX_PORT_NAME, MAX_TARGET_NAME, SUPPORTED_GROUP,
 };
 
 fn t_group() -> String {
     SUPPORTED_GROUP.into()
 }
 
-fn is_supported_group(g: &str) -> bool {
-    g == SUPPORTED_GROUP
+/// The rule on `targetRef` as a whole: each kind lives in one API group.
+/// On the struct, not the field, because the group a value must have
+/// depends on the kind (a missing group defaults to `apps` first).
+fn group_rule() -> String {
+    format!(
+        "self.kind == 'Rollout' ? self.group == '{ARGO_GROUP}' : self.group == '{SUPPORTED_GROUP}'"
+    )
 }
 
 fn group_message() -> String {
     format!(
-        "targetRef.group must be {SUPPORTED_GROUP} (or left out): the workloads kubegrace supports are Deployment and StatefulSet in the {SUPPORTED_GROUP} API group"
+        "targetRef.group must be {SUPPORTED_GROUP} (or left out) for a Deployment or StatefulSet, and {ARGO_GROUP} for an Argo Rollouts Rollout: kubegrace supports Deployment and StatefulSet in the {SUPPORTED_GROUP} API group and Rollout in {ARGO_GROUP}"
     )
 }
 
 /// The workload whose pods get the sidecar. Set this or `selector`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(group_rule()).message(Message::Message(group_message())).field_path(".group"))]
 pub struct TargetRef {
-    /// The workload's API group. Default: `apps`, the only value accepted
-    /// in v1alpha1 (Deployment and StatefulSet); any other is refused with
-    /// the list of supported kinds. At most 253 characters.
+    /// The workload's API group. Default: `apps`, the group of Deployment
+    /// and StatefulSet; an Argo Rollouts `Rollout` needs `argoproj.io`. Any
+    /// other pairing is refused with the list of supported kinds. At most
+    /// 253 characters.
     #[serde(default = "t_group")]
     #[schemars(length(max = MAX_GROUP))]
-    #[x_kube(validation = Rule::new(format!("self == '{SUPPORTED_GROUP}'")).message(Message::Message(group_message())))]
     pub group: String,
-    /// The workload's kind: `Deployment` or `StatefulSet`. No default.
+    /// The workload's kind: `Deployment`, `StatefulSet` or `Rollout` (Argo
+    /// Rollouts, group `argoproj.io`). No default.
     pub kind: TargetKind,
     /// The workload's name, in the route's namespace: 1 to 253
     /// characters. No default.
@@ -45,10 +52,10 @@ pub struct TargetRef {
 }
 
 impl TargetRef {
-    /// `Some(why)` when the group is not one the operator supports (an
-    /// object stored under an older, looser schema).
+    /// `Some(why)` when the group is not the kind's (an object stored under
+    /// an older, looser schema).
     pub fn unsupported_group(&self) -> Option<String> {
-        (!is_supported_group(&self.group)).then(group_message)
+        (self.group != self.kind.group()).then(group_message)
     }
 }
 
@@ -57,6 +64,27 @@ impl TargetRef {
 pub enum TargetKind {
     Deployment,
     StatefulSet,
+    /// Argo Rollouts' `Rollout` (`argoproj.io/v1alpha1`), canary or
+    /// blue-green; its pods are owned by ReplicaSets like a Deployment's.
+    Rollout,
+}
+
+impl TargetKind {
+    /// The API group the kind lives in.
+    pub fn group(self) -> &'static str {
+        match self {
+            Self::Deployment | Self::StatefulSet => SUPPORTED_GROUP,
+            Self::Rollout => ARGO_GROUP,
+        }
+    }
+
+    /// `apiVersion` of the kind's objects, for apply bodies.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Self::Deployment | Self::StatefulSet => "apps/v1",
+            Self::Rollout => "argoproj.io/v1alpha1",
+        }
+    }
 }
 
 impl fmt::Display for TargetKind {
@@ -64,6 +92,7 @@ impl fmt::Display for TargetKind {
         f.write_str(match self {
             Self::Deployment => "Deployment",
             Self::StatefulSet => "StatefulSet",
+            Self::Rollout => "Rollout",
         })
     }
 }

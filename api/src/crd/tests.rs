@@ -7,10 +7,10 @@ use kube::CustomResourceExt;
 use kubegrace_sidecar_api::config::HumanDuration;
 use serde_json::Value;
 
-use super::GraceRoute;
 use super::bounds::{
     DURATION_DIGITS, DURATION_MAX_LEN, DURATION_PATTERN, MAX_DURATION, MAX_DURATION_TEXT,
 };
+use super::{GraceRoute, TargetKind, TargetRef};
 
 fn spec_schema() -> Value {
     let crd = serde_json::to_value(GraceRoute::crd()).expect("crd json");
@@ -242,17 +242,44 @@ fn keyed_lists_are_maps_whose_keys_are_required() {
 }
 
 #[test]
-fn target_group_defaults_to_apps_and_refuses_others_by_rule() {
+fn target_group_defaults_to_apps_and_must_be_the_kinds_by_rule() {
     let s = spec_schema();
-    let group = &s["properties"]["spec"]["properties"]["targetRef"]["properties"]["group"];
-    assert_eq!(group["default"], "apps");
-    let rules = group["x-kubernetes-validations"].to_string();
-    assert!(rules.contains("self == 'apps'"), "{rules}");
+    let target = &s["properties"]["spec"]["properties"]["targetRef"];
+    assert_eq!(target["properties"]["group"]["default"], "apps");
+    let kinds = target["properties"]["kind"]["enum"].to_string();
+    assert!(kinds.contains("Rollout"), "{kinds}");
+    let rules = target["x-kubernetes-validations"].to_string();
+    assert!(
+        rules.contains(
+            "self.kind == 'Rollout' ? self.group == 'argoproj.io' : self.group == 'apps'"
+        ),
+        "{rules}"
+    );
     assert!(rules.contains("Deployment and StatefulSet"), "{rules}");
-    let required = &s["properties"]["spec"]["properties"]["targetRef"]["required"];
+    let required = &target["required"];
     assert!(
         !required.to_string().contains("group"),
         "manifests without group stay valid: {required}"
+    );
+}
+
+#[test]
+fn a_target_whose_group_is_not_its_kinds_is_unsupported() {
+    let t = |group: &str, kind| TargetRef {
+        group: group.into(),
+        kind,
+        name: "web".into(),
+    };
+    assert_eq!(t("apps", TargetKind::Deployment).unsupported_group(), None);
+    assert_eq!(
+        t("argoproj.io", TargetKind::Rollout).unsupported_group(),
+        None
+    );
+    assert!(t("apps", TargetKind::Rollout).unsupported_group().is_some());
+    assert!(
+        t("argoproj.io", TargetKind::StatefulSet)
+            .unsupported_group()
+            .is_some()
     );
 }
 

@@ -288,7 +288,7 @@ def check_route_validation(docs, opts, names):
 
 # --- watchNamespaces and the NetworkPolicy ------------------------------------
 
-WORK_RESOURCES = {"graceroutes", "configmaps", "deployments", "statefulsets", "pods"}
+WORK_RESOURCES = {"graceroutes", "configmaps", "deployments", "statefulsets", "rollouts", "pods"}
 
 
 def check_scope(docs, opts):

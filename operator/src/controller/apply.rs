@@ -9,6 +9,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, Client, ResourceExt};
+use kubegrace_api::argo::Rollout;
 use serde_json::json;
 
 use super::build::Desired;
@@ -116,7 +117,7 @@ async fn restore(client: &Client, ns: &str, t: &Target) -> Result<(), kube::Erro
         patch_workload(client, ns, t.kind, &t.name, &merge, &Patch::Merge(p)).await?;
     }
     let empty = json!({
-        "apiVersion": "apps/v1",
+        "apiVersion": t.kind.api_version(),
         "kind": t.kind.to_string(),
         "metadata": {"name": t.name},
     });
@@ -139,6 +140,10 @@ async fn patch_workload<P: serde::Serialize + std::fmt::Debug>(
             .await
             .map(drop),
         TargetKind::StatefulSet => Api::<StatefulSet>::namespaced(client.clone(), ns)
+            .patch(name, params, patch)
+            .await
+            .map(drop),
+        TargetKind::Rollout => Api::<Rollout>::namespaced(client.clone(), ns)
             .patch(name, params, patch)
             .await
             .map(drop),

@@ -1,5 +1,6 @@
 //! Step 1, dereference: everything the route refers to, read from the API
-//! server in one place: the workloads it targets (minus those an older
+//! server in one place: the workloads it targets (Deployments,
+//! StatefulSets, Argo Rollouts; minus those an older
 //! route holds), their pods, the namespace's labels, Services and
 //! NetworkPolicies, and the ConfigMap the route will write. Every later step is pure over
 //! [`Observed`] until apply.
@@ -11,6 +12,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
+
+use kubegrace_api::argo::Rollout;
 
 use super::pause::RolloutState;
 use crate::crd::GraceRoute;
@@ -196,9 +199,29 @@ impl ReadWorkloads for Workloads {
             .list(&lp)
             .await
             .map_err(Error::read(format!("listing StatefulSets in {ns}")))?;
+        let rollouts = rollouts(client, ns).await?;
         Ok((
-            Self::from_objects(&deployments.items, &statefulsets.items),
-            super::pause::states(&deployments.items, &statefulsets.items),
+            Self::from_all(&deployments.items, &statefulsets.items, &rollouts),
+            super::pause::states(&deployments.items, &statefulsets.items, &rollouts),
         ))
+    }
+}
+
+/// The namespace's Argo Rollouts. Where Argo Rollouts is not installed (the
+/// API answers 404) there are none, and a route targeting one says its
+/// Rollout does not exist; a chart of an earlier release grants no read
+/// (403): the same, said at debug. Neither stops the reconcile of routes
+/// that target Deployments.
+pub async fn rollouts(client: &Client, ns: &str) -> Result<Vec<Rollout>, Error> {
+    match Api::<Rollout>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => Ok(list.items),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 403 => {
+            tracing::debug!(namespace = %ns, code = e.code, "no Argo Rollouts to read (not installed, or not allowed)");
+            Ok(Vec::new())
+        }
+        Err(e) => Err(Error::read(format!("listing Argo Rollouts in {ns}"))(e)),
     }
 }

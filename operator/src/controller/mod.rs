@@ -43,6 +43,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
+use kubegrace_api::argo::Rollout;
 
 use crate::admin::Metrics;
 use crate::crd::{GraceRoute, TargetKind};
@@ -170,7 +171,8 @@ pub fn error_policy(obj: Arc<DynamicObject>, err: &Error, _ctx: Arc<Context>) ->
     Action::requeue(Duration::from_secs(10))
 }
 
-/// Maps a Deployment/StatefulSet to the routes that may target it.
+/// Maps a Deployment, StatefulSet or Rollout to the routes that may target
+/// it.
 fn routes_for_workload(
     store: &Routes,
     kind: TargetKind,
@@ -271,6 +273,21 @@ pub async fn run(
         routes: store,
         drains: inbox,
     });
+    // A route targeting an Argo Rollout follows its changes like a
+    // Deployment's, where Argo Rollouts is installed (a watch of a resource
+    // not served would fail forever).
+    let controller = if crate::workload::argo_rollouts_served(&client).await {
+        let s5 = s1.clone();
+        controller.watches(
+            crate::scope::api::<Rollout>(&client, ns),
+            watcher::Config::default(),
+            workload_mapper(s5, TargetKind::Rollout, |r: &Rollout| {
+                r.spec.template.as_ref()
+            }),
+        )
+    } else {
+        controller
+    };
     controller
         .owns(crate::scope::api::<ConfigMap>(&client, ns), managed)
         .watches(

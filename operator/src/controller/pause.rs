@@ -31,6 +31,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::runtime::events::EventType;
 use kube::{Api, Client, ResourceExt};
+use kubegrace_api::argo::Rollout;
 
 use super::context::{Note, Subject};
 use super::drains::PodDrain;
@@ -147,8 +148,8 @@ pub fn decide(
                 // Paused already by someone else: not ours to claim. Paused
                 // here and the drain is new: a retry of a pause whose
                 // status write failed (the patch is idempotent).
-                TargetKind::Deployment if r.paused && !r.paused_here => {}
-                TargetKind::Deployment => return Some(Verdict::Pause(loss)),
+                TargetKind::Deployment | TargetKind::Rollout if r.paused && !r.paused_here => {}
+                TargetKind::Deployment | TargetKind::Rollout => return Some(Verdict::Pause(loss)),
                 TargetKind::StatefulSet => return Some(Verdict::CannotPause(loss)),
             }
         }
@@ -187,7 +188,7 @@ pub fn condition(
     if prev.status == "True" {
         let still = rollouts
             .iter()
-            .any(|r| r.kind == TargetKind::Deployment && r.paused);
+            .any(|r| r.kind != TargetKind::StatefulSet && r.paused);
         if still {
             return Some(prev.clone());
         }
@@ -203,18 +204,29 @@ pub fn condition(
     enabled.then(|| prev.clone())
 }
 
-/// Sets a Deployment's `spec.paused` as [`PAUSE_FIELD_MANAGER`] (the
-/// plugin's resume too).
+/// Sets a Deployment's or Argo Rollout's `spec.paused` as
+/// [`PAUSE_FIELD_MANAGER`] (the plugin's resume too). A StatefulSet has no
+/// such field: asking for one is an error of the API server's.
 pub async fn set_paused(
     client: &Client,
     ns: &str,
+    kind: TargetKind,
     name: &str,
     paused: bool,
 ) -> std::result::Result<(), kube::Error> {
-    Api::<Deployment>::namespaced(client.clone(), ns)
-        .patch(name, &pause_params(), &paused_patch(paused))
-        .await
-        .map(drop)
+    let (params, patch) = (pause_params(), paused_patch(paused));
+    match kind {
+        TargetKind::Rollout => Api::<Rollout>::namespaced(client.clone(), ns)
+            .patch(name, &params, &patch)
+            .await
+            .map(drop),
+        TargetKind::Deployment | TargetKind::StatefulSet => {
+            Api::<Deployment>::namespaced(client.clone(), ns)
+                .patch(name, &params, &patch)
+                .await
+                .map(drop)
+        }
+    }
 }
 
 /// The Warning Events of a verdict (pure): on the route with the workload

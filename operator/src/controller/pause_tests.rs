@@ -261,9 +261,12 @@ async fn the_pause_is_a_merge_patch_of_spec_paused_by_its_own_field_manager() {
         assert_eq!(seen.content_type, "application/merge-patch+json");
         assert_eq!(seen.body, json!({"spec": {"paused": true}}));
     };
-    crate::testing::scripted(script, set_paused(&client, "shop", "web", true))
-        .await
-        .expect("pause succeeds");
+    crate::testing::scripted(
+        script,
+        set_paused(&client, "shop", TargetKind::Deployment, "web", true),
+    )
+    .await
+    .expect("pause succeeds");
 }
 
 #[test]

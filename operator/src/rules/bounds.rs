@@ -509,7 +509,7 @@ mod tests {
     }
 
     #[test]
-    fn a_target_group_other_than_apps_is_refused_and_apps_or_none_passes() {
+    fn a_target_group_other_than_the_kinds_is_refused_and_the_kinds_or_none_passes() {
         let m = refused(
             &BASE.replace(
                 "targetRef: {kind: Deployment,",
@@ -529,6 +529,22 @@ mod tests {
             Some("apps")
         );
         check_bounds(&r).expect("no group: apps");
+        check_bounds(&route(&BASE.replace(
+            "targetRef: {kind: Deployment,",
+            "targetRef: {group: argoproj.io, kind: Rollout,",
+        )))
+        .expect("an Argo Rollout in argoproj.io");
+        let m = refused(
+            &BASE.replace(
+                "targetRef: {kind: Deployment,",
+                "targetRef: {kind: Rollout,",
+            ),
+            "targetRef.group",
+        );
+        assert!(
+            m.contains("argoproj.io for an Argo Rollouts Rollout"),
+            "{m}"
+        );
     }
 
     #[test]

@@ -6,7 +6,17 @@ use serde_json::{Value, json};
 use crate::crd::{RolloutSpec, TargetKind};
 use crate::keys;
 
+use kubegrace_api::workloads::{BLUE_GREEN, CANARY};
 pub use kubegrace_api::workloads::{Originals, Target};
+
+/// Where a kind keeps maxSurge and maxUnavailable under `spec.strategy`:
+/// a Deployment's `rollingUpdate`, a canary Rollout's `canary`.
+fn surge_block(kind: TargetKind) -> &'static str {
+    match kind {
+        TargetKind::Rollout => "canary",
+        TargetKind::Deployment | TargetKind::StatefulSet => "rollingUpdate",
+    }
+}
 
 /// The server-side apply body for the target: only the rollout fields the
 /// route's explicit `rollout` block sets, nothing else (fields left out are
@@ -43,7 +53,13 @@ pub fn target_apply(
                     target.id()
                 ));
             }
-            (TargetKind::Deployment, _) => {
+            (TargetKind::Rollout, Some(BLUE_GREEN)) => {
+                notes.push(format!(
+                    "{} uses the blue-green strategy (a full preview set, then one switch): maxSurge and maxUnavailable not applied",
+                    target.id()
+                ));
+            }
+            (TargetKind::Deployment | TargetKind::Rollout, _) => {
                 let mut ru = serde_json::Map::new();
                 if let Some(v) = &r.max_surge {
                     ru.insert("maxSurge".into(), json!(v));
@@ -57,7 +73,7 @@ pub fn target_apply(
                         record.max_unavailable = target.current.max_unavailable.clone();
                     }
                 }
-                spec.insert("strategy".into(), json!({"rollingUpdate": ru}));
+                spec.insert("strategy".into(), json!({surge_block(target.kind): ru}));
             }
             (TargetKind::StatefulSet, _) => {
                 // StatefulSets roll one pod at a time; maxUnavailable there is
@@ -74,7 +90,7 @@ pub fn target_apply(
     }
     let original = serde_json::to_string(&record).unwrap_or_else(|_| "{}".into());
     let mut body = json!({
-        "apiVersion": "apps/v1",
+        "apiVersion": target.kind.api_version(),
         "kind": target.kind.to_string(),
         "metadata": {
             "name": target.name,
@@ -111,8 +127,12 @@ pub fn restore_patch(target: &Target) -> Option<Value> {
     if let Some(m) = original.min_ready_seconds {
         spec.insert("minReadySeconds".into(), json!(m));
     }
-    if target.kind == TargetKind::Deployment && target.strategy_type.as_deref() != Some("Recreate")
-    {
+    let surges = match target.kind {
+        TargetKind::Deployment => target.strategy_type.as_deref() != Some("Recreate"),
+        TargetKind::Rollout => target.strategy_type.as_deref() == Some(CANARY),
+        TargetKind::StatefulSet => false,
+    };
+    if surges {
         let mut ru = serde_json::Map::new();
         if let Some(v) = &original.max_surge {
             ru.insert("maxSurge".into(), json!(v));
@@ -121,7 +141,7 @@ pub fn restore_patch(target: &Target) -> Option<Value> {
             ru.insert("maxUnavailable".into(), json!(v));
         }
         if !ru.is_empty() {
-            spec.insert("strategy".into(), json!({"rollingUpdate": ru}));
+            spec.insert("strategy".into(), json!({surge_block(target.kind): ru}));
         }
     }
     Some(json!({"metadata": {"annotations": {keys::ORIGINAL: null}}, "spec": spec}))
@@ -214,6 +234,45 @@ mod tests {
                 .is_none()
         );
         assert_eq!(notes.len(), 1);
+    }
+
+    #[test]
+    fn a_canary_rollout_gets_the_surge_fields_under_canary_and_a_blue_green_one_a_note() {
+        let r = route(&format!(
+            "{BASE}  rollout: {{maxSurge: 1, maxUnavailable: 0, minReadySeconds: 3}}\n"
+        ));
+        let rollout = |strategy: &str| Target {
+            kind: TargetKind::Rollout,
+            ..target(Some(strategy), None)
+        };
+        let (body, notes) = target_apply(r.spec.rollout.as_ref(), &rollout(CANARY));
+        let body = body.expect("fields to write");
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(body["apiVersion"], "argoproj.io/v1alpha1");
+        assert_eq!(body["kind"], "Rollout");
+        assert_eq!(body["spec"]["strategy"]["canary"]["maxSurge"], 1);
+        assert_eq!(body["spec"]["strategy"]["canary"]["maxUnavailable"], 0);
+        assert!(
+            body["spec"]["strategy"].get("rollingUpdate").is_none(),
+            "{body}"
+        );
+        assert_eq!(body["spec"]["minReadySeconds"], 3);
+        let recorded = body["metadata"]["annotations"][keys::ORIGINAL]
+            .as_str()
+            .expect("string")
+            .to_string();
+        let restore = restore_patch(&Target {
+            recorded: Some(recorded),
+            ..rollout(CANARY)
+        })
+        .expect("recorded");
+        assert_eq!(restore["spec"]["strategy"]["canary"]["maxSurge"], "25%");
+
+        let (body, notes) = target_apply(r.spec.rollout.as_ref(), &rollout(BLUE_GREEN));
+        let body = body.expect("minReadySeconds");
+        assert!(body["spec"].get("strategy").is_none(), "{body}");
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].contains("blue-green"), "{notes:?}");
     }
 
     #[test]

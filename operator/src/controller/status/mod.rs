@@ -48,8 +48,9 @@ impl Report {
 /// What failed in the status step's write.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Pausing a Deployment whose drains lost requests.
-    #[error("pausing Deployment {namespace}/{name}: {source}")]
+    /// Pausing a Deployment or Rollout whose drains lost requests (`name`
+    /// is `Kind/name`).
+    #[error("pausing {name} in namespace {namespace}: {source}")]
     Pause {
         namespace: String,
         name: String,

@@ -14,6 +14,7 @@ use super::super::drains::{self, Folded, PodDrain};
 use super::super::pause::{self, Verdict};
 use super::Report;
 use super::conditions::{carry_transitions, same_status};
+use crate::crd::TargetKind;
 use crate::crd::{GraceRoute, GraceRouteStatus, LastDrains};
 use crate::reasons::{DRAIN_FORCE_CLOSED, ROLLOUT_PAUSED};
 
@@ -26,8 +27,9 @@ pub struct Plan {
     pub changed: bool,
     /// The Events, on the route and on its workloads.
     pub events: Vec<Note>,
-    /// The Deployment to pause before the status says so.
-    pub pause: Option<String>,
+    /// The workload (Deployment or Rollout) to pause before the status
+    /// says so.
+    pub pause: Option<(TargetKind, String)>,
     /// The drains counted now, and the totals that hold them.
     pub drains: Folded,
     /// The decisions, one line each, for the info log.
@@ -81,7 +83,7 @@ pub fn plan(
         events.extend(pause::notes(name, v));
     }
     let pause = match verdict {
-        Some(Verdict::Pause(loss)) => Some(loss.name),
+        Some(Verdict::Pause(loss)) => Some((loss.kind, loss.name)),
         _ => None,
     };
     carry_transitions(route.status.as_ref(), &mut status);

@@ -261,7 +261,10 @@ fn with_pause_on_drain_loss_a_lossy_drain_of_a_rolling_deployment_plans_its_paus
         true,
     )];
     let plan = plan_of(&r, &seen, None, vec![lossy_drain()]);
-    assert_eq!(plan.pause.as_deref(), Some("web"));
+    assert_eq!(
+        plan.pause,
+        Some((crate::crd::TargetKind::Deployment, "web".into()))
+    );
     let paused = plan
         .status
         .conditions

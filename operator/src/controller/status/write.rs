@@ -70,12 +70,12 @@ async fn send(
     plan: &Plan,
 ) -> Result<(), Error> {
     let (namespace, name) = (route.namespace().unwrap_or_default(), route.name_any());
-    if let Some(deployment) = &plan.pause {
-        pause::set_paused(&ctx.client, &namespace, deployment, true)
+    if let Some((kind, workload)) = &plan.pause {
+        pause::set_paused(&ctx.client, &namespace, *kind, workload, true)
             .await
             .map_err(|source| Error::Pause {
                 namespace: namespace.clone(),
-                name: deployment.clone(),
+                name: format!("{kind}/{workload}"),
                 source,
             })?;
     }

@@ -1,0 +1,198 @@
+//! Argo Rollouts' `Rollout` (`argoproj.io/v1alpha1`), as far as kubegrace
+//! reads it: the pod template, selector and rollout fields a route needs,
+//! and the status that says whether a rollout is under way.
+//!
+//! Only the fields below are decoded; everything else in the object is
+//! dropped on decode. So these types are for reading: every write to a
+//! Rollout is a patch naming only its own fields (server-side apply or a
+//! merge patch), never a replace of a decoded object.
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::CustomResource;
+use serde::{Deserialize, Serialize};
+
+/// The Rollout's spec (the part kubegrace reads).
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "argoproj.io",
+    version = "v1alpha1",
+    kind = "Rollout",
+    namespaced,
+    status = "ArgoRolloutStatus",
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ArgoRolloutSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+    /// Absent when the Rollout takes its template from a Deployment
+    /// (`workloadRef`), which kubegrace does not follow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<PodTemplateSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_ready_seconds: Option<i32>,
+    /// The user-level pause (`kubectl argo rollouts pause`), which the
+    /// pause-on-drain-loss decision also sets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<ArgoStrategy>,
+}
+
+/// `spec.strategy`: exactly one of the two is set.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ArgoStrategy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<ArgoCanary>,
+    /// Blue-green has no surge fields kubegrace writes; only its presence
+    /// matters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blue_green: Option<serde_json::Value>,
+}
+
+/// `spec.strategy.canary`: the surge fields, as in a Deployment's
+/// `rollingUpdate`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ArgoCanary {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_surge: Option<IntOrString>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<IntOrString>,
+}
+
+/// The Rollout's status (the part kubegrace reads).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ArgoRolloutStatus {
+    /// A string in Argo Rollouts (the generation the controller acted on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_replicas: Option<i32>,
+    /// The pod-template hash of the newest revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_pod_hash: Option<String>,
+    /// The pod-template hash of the revision that serves as stable; it
+    /// differs from `currentPodHash` until a canary or blue-green rollout
+    /// is promoted.
+    #[serde(default, rename = "stableRS", skip_serializing_if = "Option::is_none")]
+    pub stable_rs: Option<String>,
+    /// `Progressing`, `Paused`, `Healthy` or `Degraded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The label Argo Rollouts puts on a Rollout's pods and ReplicaSets (the
+/// Deployment controller's is `pod-template-hash`): the ReplicaSet owning
+/// a pod is `<rollout>-<hash>`.
+pub const POD_TEMPLATE_HASH: &str = "rollouts-pod-template-hash";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rollout_as_argo_writes_it_decodes() {
+        let r: Rollout = serde_json::from_value(serde_json::json!({
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Rollout",
+            "metadata": {"name": "web", "namespace": "shop", "generation": 3},
+            "spec": {
+                "replicas": 3,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "app", "image": "x"}]}},
+                "strategy": {"canary": {"maxSurge": "25%", "steps": [{"setWeight": 50}, {"pause": {}}]}},
+                "revisionHistoryLimit": 2
+            },
+            "status": {"observedGeneration": "3", "currentPodHash": "abc", "stableRS": "def", "phase": "Paused", "HPAReplicas": 3}
+        }))
+        .expect("decodes");
+        let canary = r.spec.strategy.clone().and_then(|s| s.canary).expect("canary");
+        assert_eq!(canary.max_surge, Some(IntOrString::String("25%".into())));
+        let status = r.status.clone().expect("status");
+        assert_eq!(status.stable_rs.as_deref(), Some("def"));
+        assert_eq!(status.observed_generation.as_deref(), Some("3"));
+        let (target, selector) = crate::workloads::rollout_target(&r).expect("target");
+        assert_eq!(target.id(), "Rollout/web");
+        assert_eq!(
+            target.strategy_type.as_deref(),
+            Some(crate::workloads::CANARY)
+        );
+        assert_eq!(
+            target.current.max_surge,
+            Some(IntOrString::String("25%".into()))
+        );
+        assert_eq!(selector.as_deref(), Some("app=web"));
+    }
+
+    fn rollout(status: serde_json::Value, strategy: serde_json::Value) -> Rollout {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "generation": 2},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}}},
+                "strategy": strategy
+            },
+            "status": status
+        }))
+        .expect("rollout")
+    }
+
+    #[test]
+    fn a_revision_not_yet_promoted_is_a_rollout_under_way() {
+        let done = serde_json::json!({"observedGeneration": "2", "replicas": 2, "updatedReplicas": 2, "currentPodHash": "b", "stableRS": "b"});
+        let canary = serde_json::json!({"canary": {}});
+        let state =
+            |status| crate::pause::rollout_state(&rollout(status, canary.clone())).expect("state");
+        assert!(!state(done.clone()).progressing);
+        let mut unpromoted = done.clone();
+        unpromoted["stableRS"] = "a".into();
+        assert!(
+            state(unpromoted).progressing,
+            "canary at a step or blue-green preview"
+        );
+        let mut unseen = done.clone();
+        unseen["observedGeneration"] = "1".into();
+        assert!(state(unseen).progressing, "spec not yet seen by Argo");
+        let mut garbage = done;
+        garbage["observedGeneration"] = "not a number".into();
+        assert!(
+            state(garbage).progressing,
+            "an unreadable generation is not 'seen'"
+        );
+        let bg = rollout(
+            serde_json::json!({}),
+            serde_json::json!({"blueGreen": {"activeService": "web"}}),
+        );
+        let (target, _) = crate::workloads::rollout_target(&bg).expect("target");
+        assert_eq!(
+            target.strategy_type.as_deref(),
+            Some(crate::workloads::BLUE_GREEN)
+        );
+    }
+
+    #[test]
+    fn a_rollout_that_takes_its_template_from_a_deployment_is_no_target() {
+        let r: Rollout = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}, "workloadRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}}
+        }))
+        .expect("rollout");
+        assert!(crate::workloads::rollout_target(&r).is_none());
+    }
+}

@@ -121,7 +121,12 @@ mod tests {
             "status": {"observedGeneration": "3", "currentPodHash": "abc", "stableRS": "def", "phase": "Paused", "HPAReplicas": 3}
         }))
         .expect("decodes");
-        let canary = r.spec.strategy.clone().and_then(|s| s.canary).expect("canary");
+        let canary = r
+            .spec
+            .strategy
+            .clone()
+            .and_then(|s| s.canary)
+            .expect("canary");
         assert_eq!(canary.max_surge, Some(IntOrString::String("25%".into())));
         let status = r.status.clone().expect("status");
         assert_eq!(status.stable_rs.as_deref(), Some("def"));

@@ -65,8 +65,9 @@ pub struct GraceRouteStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LastDrains {
-    /// The pod-template hash (`pod-template-hash` or
-    /// `controller-revision-hash`) of the drained pods.
+    /// The pod-template hash (`pod-template-hash`,
+    /// `controller-revision-hash` or Argo Rollouts'
+    /// `rollouts-pod-template-hash`) of the drained pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,
     /// Pods whose drain report was counted.

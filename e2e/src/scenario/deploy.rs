@@ -13,10 +13,9 @@ use kubegrace_api::workloads::pod_grace_period;
 use kubegrace_sidecar_api::admin;
 use serde_json::json;
 
-use super::status::rolled_out;
 use super::{
-    Options, Patience, Progress, RUN_LABEL, WITH, WITHOUT, deployment, graceroute, graceroute_api,
-    has_sidecar, pod_ready, route_condition, service, suffix,
+    Options, Patience, Progress, RUN_LABEL, WITH, WITHOUT, Workload, graceroute, graceroute_api,
+    has_sidecar, pod_ready, route_condition, suffix,
 };
 use crate::{E2E_LABEL, http_get};
 
@@ -26,6 +25,8 @@ pub struct Scenario {
     pub client: Client,
     pub namespace: String,
     pub opts: Options,
+    /// What rolls: a Deployment unless [`Scenario::with_workload`] says otherwise.
+    pub workload: Workload,
 }
 
 impl Scenario {
@@ -52,7 +53,14 @@ impl Scenario {
             client: client.clone(),
             namespace: name,
             opts: opts.clone(),
+            workload: Workload::Deployment,
         })
+    }
+
+    /// The same scenario rolling `workload` instead (before [`Scenario::deploy`]).
+    pub fn with_workload(mut self, workload: Workload) -> Scenario {
+        self.workload = workload;
+        self
     }
 
     pub(super) fn deployments(&self) -> Api<Deployment> {
@@ -74,10 +82,11 @@ impl Scenario {
         Ok(())
     }
 
-    /// Creates GraceRoute `name` targeting Deployment `name` (port `http`, `opts.drain`).
+    /// Creates GraceRoute `name` targeting workload `name` (port `http`, `opts.drain`).
     pub async fn create_route(&self, name: &str, p: &Progress) -> Result<()> {
         let d = &self.opts.drain;
-        self.post_route(&graceroute(name, d, json!({}))?).await?;
+        let target = json!({"targetRef": self.workload.target_ref(name)});
+        self.post_route(&graceroute(name, d, target)?).await?;
         p.step(format!(
             "GraceRoute {name}: drain minDelay {} quiet {} maxDelay {} timeout {}",
             d.min_delay, d.quiet, d.max_delay, d.timeout
@@ -95,21 +104,13 @@ impl Scenario {
         Ok(())
     }
 
-    /// Creates Deployment `name` (the demo app, `opts.replicas`; annotated
+    /// Creates workload `name` (the demo app, `opts.replicas`; annotated
     /// `kubegrace.io/inject=enabled` iff `kubegrace`) and a Service in front of it.
     pub async fn create_app(&self, name: &str, kubegrace: bool, p: &Progress) -> Result<()> {
-        let post = PostParams::default();
-        let services: Api<Service> = Api::namespaced(self.client.clone(), &self.namespace);
-        self.deployments()
-            .create(&post, &deployment(name, self.opts.replicas, kubegrace)?)
-            .await
-            .with_context(|| format!("creating Deployment {name}"))?;
-        services
-            .create(&post, &service(name)?)
-            .await
-            .with_context(|| format!("creating Service {name}"))?;
+        self.create_workload(name, kubegrace).await?;
         p.step(format!(
-            "Deployment {name} ({} replicas{}) and its Service",
+            "{} {name} ({} replicas{}) and its Service",
+            self.workload.describe(),
             self.opts.replicas,
             if kubegrace {
                 ", annotated kubegrace.io/inject=enabled"
@@ -198,7 +199,6 @@ impl Scenario {
     /// terminating, with the sidecar in every pod iff `kubegrace` (and the route Ready),
     /// and its Service answers from this host.
     pub async fn settle(&self, name: &str, kubegrace: bool, p: &Progress) -> Result<()> {
-        let deployments = self.deployments();
         let pods = self.pods();
         let routes = graceroute_api(&self.client, &self.namespace);
         let want = usize::try_from(self.opts.replicas).unwrap_or(0);
@@ -213,8 +213,7 @@ impl Scenario {
             ),
             Patience::new(self.opts.rollout_timeout, Duration::from_millis(500)),
             || async {
-                let d = deployments.get(name).await.map_err(|e| e.to_string())?;
-                rolled_out(&d)?;
+                self.workload_rolled_out(name).await?;
                 let list = pods
                     .list(&ListParams::default().labels(&format!("app={name}")))
                     .await

@@ -9,12 +9,12 @@ use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams};
 use kubegrace_sidecar_api::keys;
 use serde_json::json;
 
 use super::progress::unix_now;
-use super::status::{rolled_out, short};
+use super::status::short;
 use super::{Patience, Progress, RunResult, Scenario, pod_ready};
 
 /// What a run does to the Deployment while the load runs.
@@ -123,15 +123,9 @@ impl Scenario {
         // The lead-in is part of the measurement (steady state before the change), not a
         // wait for something to happen.
         tokio::time::sleep(self.opts.load.lead_in).await;
-        let deployments = self.deployments();
-        // The rollout counts only once the Deployment's generation moved past this: an
+        // The rollout counts only once the workload's generation moved past this: an
         // annotation changes no spec, so the generation moves when the operator acts.
-        let generation_before = deployments
-            .get(name)
-            .await?
-            .metadata
-            .generation
-            .unwrap_or(0);
+        let generation_before = self.workload_generation(name).await?;
         // Operator pods to kill, in order: the Lease holder first.
         let mut victims: Vec<String> = Vec::new();
         if action == Action::RestartKillingOperator {
@@ -176,10 +170,7 @@ impl Scenario {
                 json!({"metadata": {"annotations": { (keys::INJECT): null }}})
             }
         };
-        deployments
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .with_context(|| format!("patching Deployment {name}"))?;
+        self.patch_workload(name, &patch).await?;
 
         // What the probe saw so far (the probe runs one at a time; no borrow crosses an await).
         let events: RefCell<Vec<(f64, String)>> = RefCell::default();
@@ -226,9 +217,13 @@ impl Scenario {
                     killed.borrow_mut().push(victim);
                 }
                 if rollout_s.get().is_none() {
-                    let d = deployments.get(name).await.map_err(|e| e.to_string())?;
-                    let moved = d.metadata.generation.unwrap_or(0) > generation_before;
-                    if moved && rolled_out(&d).is_ok() {
+                    let generation = self
+                        .workload_generation(name)
+                        .await
+                        .map_err(|e| format!("{e:#}"))?;
+                    if generation > generation_before
+                        && self.workload_rolled_out(name).await.is_ok()
+                    {
                         rollout_s.set(Some(started.elapsed().as_secs_f64()));
                     }
                 }

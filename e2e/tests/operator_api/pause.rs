@@ -88,9 +88,15 @@ async fn resume(client: &Client, ns: &str, routes: &Api<GraceRoute>) -> jiff::Ti
         )
         .await
         .expect("annotate the route");
-    pause::set_paused(client, ns, "web", false)
-        .await
-        .expect("resume the Deployment");
+    pause::set_paused(
+        client,
+        ns,
+        kubegrace_operator::crd::TargetKind::Deployment,
+        "web",
+        false,
+    )
+    .await
+    .expect("resume the Deployment");
     now
 }
 

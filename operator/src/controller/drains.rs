@@ -32,8 +32,13 @@ const MAX_UIDS: usize = 512;
 /// UIDs the inbox remembers per route before it starts over (the status
 /// still holds the current rollout's).
 const MAX_REMEMBERED: usize = 4096;
-/// Labels the workload controllers put on a pod with its template revision.
-const REVISION_LABELS: [&str; 2] = ["pod-template-hash", "controller-revision-hash"];
+/// Labels the workload controllers put on a pod with its template revision
+/// (Deployment, StatefulSet, Argo Rollouts).
+const REVISION_LABELS: [&str; 3] = [
+    "pod-template-hash",
+    "controller-revision-hash",
+    kubegrace_api::argo::POD_TEMPLATE_HASH,
+];
 
 /// One pod's drain report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -318,6 +323,16 @@ mod tests {
             assert_eq!((d.outcome.force_closed, d.outcome.requests_cut), (1, 1));
             assert!(!d.clean());
         }
+    }
+
+    #[test]
+    fn an_argo_rollouts_pod_reports_its_revision_from_argos_hash_label() {
+        let mut p = pod("u1", "aaa", true, REPORT);
+        let labels = p.metadata.labels.get_or_insert_default();
+        labels.remove("pod-template-hash");
+        labels.insert("rollouts-pod-template-hash".into(), "7c9b".into());
+        let d = report_of(&p).expect("report");
+        assert_eq!(d.revision.as_deref(), Some("7c9b"));
     }
 
     #[test]

@@ -144,18 +144,18 @@ pub fn count_pods<'a>(
 
 pub(super) fn inject_hint(t: Option<&Target>, ns: &str) -> String {
     let how = match t {
-        Some(t) if t.kind == TargetKind::Deployment => {
+        Some(t) => {
+            let resource = match t.kind {
+                TargetKind::Deployment => "deployment",
+                TargetKind::StatefulSet => "statefulset",
+                TargetKind::Rollout => "rollout.argoproj.io",
+            };
             format!(
-                "kubectl annotate deployment {} {}=enabled",
+                "kubectl annotate {resource} {} {}=enabled",
                 t.name,
                 keys::INJECT
             )
         }
-        Some(t) => format!(
-            "kubectl annotate statefulset {} {}=enabled",
-            t.name,
-            keys::INJECT
-        ),
         None => format!("label the pods {}=enabled", keys::INJECT),
     };
     format!(

@@ -1,0 +1,283 @@
+//! The workload a scenario rolls: a Deployment (the default) or an Argo Rollouts `Rollout`
+//! (canary or blue-green), so the same deploy, settle and roll-under-load steps prove
+//! kubegrace on both. Each step asks the scenario's [`Workload`] for the three things that
+//! differ: how the object is created, how it is changed, and when it is rolled out.
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Service;
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kubegrace_api::argo::Rollout;
+use serde_json::{Value, json};
+
+use super::status::rolled_out;
+use super::{Scenario, deployment, service};
+
+/// How the scenario's app is rolled out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    Deployment,
+    /// An Argo Rollouts `Rollout` with this strategy (Argo Rollouts must be installed:
+    /// `e2e/argo/up`).
+    Rollout(ArgoStrategy),
+}
+
+/// The two strategies of Argo Rollouts, as a user with no traffic router writes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgoStrategy {
+    /// One canary pod (a third of the weight), a short pause, then the rest: old pods go
+    /// as the canary grows, the way a Deployment's surge replaces them.
+    Canary,
+    /// A full preview set, promoted at once (the active Service's selector moves to the
+    /// new pods), the old set scaled away a few seconds later.
+    BlueGreen,
+}
+
+/// Seconds a blue-green Rollout keeps its old set after the switch: Argo's default (30)
+/// would only lengthen the run; a few seconds still let kube-proxy move first, as in
+/// production.
+pub const SCALE_DOWN_DELAY_S: i64 = 5;
+
+impl Workload {
+    /// What a step prints: `Deployment` or `Rollout (canary)`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Workload::Deployment => "Deployment",
+            Workload::Rollout(ArgoStrategy::Canary) => "Rollout (canary)",
+            Workload::Rollout(ArgoStrategy::BlueGreen) => "Rollout (blue-green)",
+        }
+    }
+
+    /// The `targetRef` of a GraceRoute for workload `name`.
+    pub fn target_ref(self, name: &str) -> Value {
+        match self {
+            Workload::Deployment => json!({"kind": "Deployment", "name": name}),
+            Workload::Rollout(_) => {
+                json!({"group": "argoproj.io", "kind": "Rollout", "name": name})
+            }
+        }
+    }
+}
+
+/// The API of Argo Rollouts' `Rollout`, untyped: the manifest is created whole, and
+/// [`Rollout`] (the operator's reading) decodes only part of it.
+pub fn rollouts_api(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Rollout"),
+        "rollouts",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+/// Rollout `name`: the demo app's pod template and selector of [`deployment`], with
+/// `strategy`; its active (and, for blue-green, preview `<name>-preview`) Service is
+/// `name`'s. Annotated `kubegrace.io/inject=enabled` iff `kubegrace`.
+pub fn argo_rollout(
+    name: &str,
+    replicas: i32,
+    kubegrace: bool,
+    strategy: ArgoStrategy,
+) -> Result<DynamicObject> {
+    let d = serde_json::to_value(deployment(name, replicas, kubegrace)?)?;
+    let strategy = match strategy {
+        ArgoStrategy::Canary => json!({"canary": {
+            "steps": [{"setWeight": 34}, {"pause": {"duration": "2s"}}],
+        }}),
+        ArgoStrategy::BlueGreen => json!({"blueGreen": {
+            "activeService": name,
+            "previewService": preview_service(name),
+            "autoPromotionEnabled": true,
+            "scaleDownDelaySeconds": SCALE_DOWN_DELAY_S,
+        }}),
+    };
+    let mut spec = d["spec"].clone();
+    spec["strategy"] = strategy;
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Rollout",
+        "metadata": d["metadata"],
+        "spec": spec,
+    }))?)
+}
+
+/// The blue-green preview Service of Rollout `name`.
+pub fn preview_service(name: &str) -> String {
+    format!("{name}-preview")
+}
+
+/// Ok when Argo Rollouts has acted on the Rollout's spec, the newest revision is the
+/// stable one (promoted), every replica is updated and available, and the phase is
+/// `Healthy`; else what is missing.
+pub fn rollout_rolled_out(r: &Rollout) -> Result<(), String> {
+    let generation = r.metadata.generation.unwrap_or(0);
+    let want = r.spec.replicas.unwrap_or(1);
+    let s = r.status.clone().unwrap_or_default();
+    let seen = s
+        .observed_generation
+        .as_deref()
+        .and_then(|g| g.parse::<i64>().ok())
+        .is_some_and(|g| g >= generation);
+    if !seen {
+        return Err("Argo Rollouts has not seen the change yet".into());
+    }
+    let phase = s.phase.as_deref().unwrap_or("-");
+    let promoted = s.current_pod_hash.is_some() && s.current_pod_hash == s.stable_rs;
+    let updated = s.updated_replicas.unwrap_or(0);
+    let available = s.available_replicas.unwrap_or(0);
+    let total = s.replicas.unwrap_or(0);
+    if phase == "Healthy" && promoted && updated == want && available == want && total == want {
+        Ok(())
+    } else {
+        Err(format!(
+            "phase {phase} ({}), promoted {promoted}, {updated} updated, {available} available of {want} ({total} counted)",
+            s.message.as_deref().unwrap_or("")
+        ))
+    }
+}
+
+impl Scenario {
+    /// Creates workload `name` of this scenario's kind and its Service(s).
+    pub(super) async fn create_workload(&self, name: &str, kubegrace: bool) -> Result<()> {
+        let post = PostParams::default();
+        let services: Api<Service> = Api::namespaced(self.client.clone(), &self.namespace);
+        let replicas = self.opts.replicas;
+        match self.workload {
+            Workload::Deployment => {
+                self.deployments()
+                    .create(&post, &deployment(name, replicas, kubegrace)?)
+                    .await
+                    .with_context(|| format!("creating Deployment {name}"))?;
+            }
+            Workload::Rollout(strategy) => {
+                if strategy == ArgoStrategy::BlueGreen {
+                    let mut preview = service(name)?;
+                    preview.metadata.name = Some(preview_service(name));
+                    services
+                        .create(&post, &preview)
+                        .await
+                        .with_context(|| format!("creating Service {}", preview_service(name)))?;
+                }
+                rollouts_api(&self.client, &self.namespace)
+                    .create(&post, &argo_rollout(name, replicas, kubegrace, strategy)?)
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "creating Rollout {name}: is Argo Rollouts installed (e2e/argo/up)?"
+                        )
+                    })?;
+            }
+        }
+        services
+            .create(&post, &service(name)?)
+            .await
+            .with_context(|| format!("creating Service {name}"))?;
+        Ok(())
+    }
+
+    /// The workload's `metadata.generation`.
+    pub(super) async fn workload_generation(&self, name: &str) -> Result<i64> {
+        let generation = match self.workload {
+            Workload::Deployment => self.deployments().get(name).await?.metadata.generation,
+            Workload::Rollout(_) => self.rollouts().get(name).await?.metadata.generation,
+        };
+        Ok(generation.unwrap_or(0))
+    }
+
+    /// A merge patch of the workload (`kubectl patch --type merge`).
+    pub(super) async fn patch_workload(&self, name: &str, patch: &Value) -> Result<()> {
+        let pp = PatchParams::default();
+        let kind = self.workload.describe();
+        match self.workload {
+            Workload::Deployment => self
+                .deployments()
+                .patch(name, &pp, &Patch::Merge(patch))
+                .await
+                .map(drop),
+            Workload::Rollout(_) => rollouts_api(&self.client, &self.namespace)
+                .patch(name, &pp, &Patch::Merge(patch))
+                .await
+                .map(drop),
+        }
+        .with_context(|| format!("patching {kind} {name}"))
+    }
+
+    /// Ok when workload `name` is rolled out at its newest spec, else what is missing (for
+    /// a wait).
+    pub(super) async fn workload_rolled_out(&self, name: &str) -> Result<(), String> {
+        match self.workload {
+            Workload::Deployment => {
+                let d = self
+                    .deployments()
+                    .get(name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                rolled_out(&d)
+            }
+            Workload::Rollout(_) => {
+                let r = self.rollouts().get(name).await.map_err(|e| e.to_string())?;
+                rollout_rolled_out(&r)
+            }
+        }
+    }
+
+    fn rollouts(&self) -> Api<Rollout> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rollout(status: Value) -> Rollout {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "generation": 4},
+            "spec": {"replicas": 3, "strategy": {"canary": {}}},
+            "status": status,
+        }))
+        .expect("rollout")
+    }
+
+    #[test]
+    fn a_rollout_is_rolled_out_only_when_promoted_healthy_and_complete() {
+        let done = json!({"observedGeneration": "4", "phase": "Healthy", "currentPodHash": "b",
+                          "stableRS": "b", "replicas": 3, "updatedReplicas": 3, "availableReplicas": 3});
+        assert_eq!(rollout_rolled_out(&rollout(done.clone())), Ok(()));
+        for (field, value) in [
+            ("observedGeneration", json!("3")),
+            ("phase", json!("Paused")),
+            ("stableRS", json!("a")),
+            ("availableReplicas", json!(2)),
+            ("replicas", json!(4)),
+        ] {
+            let mut s = done.clone();
+            s[field] = value;
+            assert!(rollout_rolled_out(&rollout(s)).is_err(), "{field}");
+        }
+    }
+
+    #[test]
+    fn a_rollout_manifest_keeps_the_demo_template_and_names_its_services() {
+        let r = argo_rollout("demo-with", 3, true, ArgoStrategy::BlueGreen).expect("manifest");
+        assert_eq!(
+            r.data["spec"]["strategy"]["blueGreen"]["activeService"],
+            "demo-with"
+        );
+        assert_eq!(
+            r.data["spec"]["strategy"]["blueGreen"]["previewService"],
+            "demo-with-preview"
+        );
+        assert_eq!(
+            r.data["spec"]["selector"]["matchLabels"]["app"],
+            "demo-with"
+        );
+        assert_eq!(
+            r.data["spec"]["template"]["spec"]["containers"][0]["name"],
+            "app"
+        );
+        assert!(r.metadata.annotations.is_some(), "the inject annotation");
+        let c = argo_rollout("demo-without", 3, false, ArgoStrategy::Canary).expect("manifest");
+        assert!(c.data["spec"]["strategy"]["canary"]["steps"].is_array());
+        assert!(c.metadata.annotations.is_none());
+    }
+}

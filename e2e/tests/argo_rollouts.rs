@@ -1,0 +1,109 @@
+//! Argo Rollouts: a GraceRoute whose `targetRef` is a `Rollout` (`argoproj.io`) protects
+//! a canary and a blue-green rollout as it protects a Deployment's.
+//!
+//! On the real cluster with the real Argo Rollouts controller (v1.10.1, built from the Go
+//! module proxy by `e2e/argo/up`), under the same constant keep-alive load:
+//! - `demo-with`: a Rollout annotated `kubegrace.io/inject=enabled` (the operator copies
+//!   it into the Rollout's pod template; the webhook injects the pods Argo's ReplicaSets
+//!   create) with a GraceRoute on it; `demo-without`: the same Rollout, plain.
+//! - Each is rolled to a new pod template: the canary through one pod at a third of the
+//!   weight, a pause, then the rest; the blue-green through a full preview set, promoted,
+//!   the old set scaled away 5 s later.
+//! - With kubegrace no request fails; without it some do (the baseline that shows the loss),
+//!   for each strategy. The route reports the drains of the old pods (`status.lastDrains`,
+//!   revision from Argo's `rollouts-pod-template-hash`) and injects every pod.
+//!
+//! Not in `make test` (Argo Rollouts is a Go build of its own): `make argo-test`. Fails,
+//! never skips, in the cluster tier when Argo Rollouts is not installed.
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kubegrace_e2e::scenario::{
+    self, Action, ArgoStrategy, Options, Progress, RunResult, WITH, WITHOUT, Workload, kit,
+    with_install,
+};
+
+/// What one strategy's runs measured.
+struct Measured {
+    strategy: ArgoStrategy,
+    with: RunResult,
+    without: RunResult,
+    last_drains: serde_json::Value,
+}
+
+#[tokio::test]
+async fn argo_canary_and_blue_green_rollouts_lose_no_request_with_kubegrace_and_some_without()
+-> Result<()> {
+    let test =
+        "argo_canary_and_blue_green_rollouts_lose_no_request_with_kubegrace_and_some_without";
+    let client = kubegrace_e2e::cluster_or_skip!(test);
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.get("rollouts.argoproj.io").await.context(
+        "Argo Rollouts is not installed in this cluster: run e2e/argo/up (make argo-test does)",
+    )?;
+    let mut opts = Options::new("kg-argo").with_load_from_env()?;
+    opts.drain = scenario::Drain::product_defaults();
+    let p = Progress::default();
+    let measured = with_install(&client, &opts, &p, scenario::keep_from_env(), async |run| {
+        let mut measured = Vec::new();
+        for strategy in [ArgoStrategy::Canary, ArgoStrategy::BlueGreen] {
+            let what = match strategy {
+                ArgoStrategy::Canary => "argo-canary",
+                ArgoStrategy::BlueGreen => "argo-bluegreen",
+            };
+            let sc = run
+                .scenario(what)
+                .await?
+                .with_workload(Workload::Rollout(strategy));
+            sc.deploy(&p).await?;
+            let with = sc.roll_under_load(WITH, Action::Restart, &p).await?;
+            let replicas = i64::from(opts.replicas);
+            let route = kit::wait_last_drains(&sc, WITH, replicas, &p).await?;
+            let without = sc.roll_under_load(WITHOUT, Action::Restart, &p).await?;
+            measured.push(Measured {
+                strategy,
+                with,
+                without,
+                last_drains: route.data["status"]["lastDrains"].clone(),
+            });
+        }
+        Ok(measured)
+    })
+    .await?;
+
+    for m in &measured {
+        eprintln!(
+            "measured: Argo Rollouts {:?}: with kubegrace {}; without {}; lastDrains {}",
+            m.strategy,
+            m.with.describe(),
+            m.without.describe(),
+            m.last_drains
+        );
+    }
+    for m in &measured {
+        ensure!(
+            m.with.summary.failed == 0,
+            "{:?} with kubegrace: {} of {} requests failed: {:?}",
+            m.strategy,
+            m.with.summary.failed,
+            m.with.summary.requests,
+            m.with.summary.by_detail
+        );
+        ensure!(
+            m.without.summary.failed > 0,
+            "{:?} without kubegrace: no request failed ({} sent): the baseline shows nothing, \
+             so the comparison proves nothing",
+            m.strategy,
+            m.without.summary.requests
+        );
+        let d = &m.last_drains;
+        ensure!(
+            d["forceClosed"].as_i64() == Some(0)
+                && d["revision"].as_str().is_some_and(|r| !r.is_empty()),
+            "{:?}: the route's lastDrains should hold the old revision's clean drains: {d}",
+            m.strategy
+        );
+    }
+    Ok(())
+}

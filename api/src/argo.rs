@@ -101,9 +101,66 @@ pub struct ArgoRolloutStatus {
 /// a pod is `<rollout>-<hash>`.
 pub const POD_TEMPLATE_HASH: &str = "rollouts-pod-template-hash";
 
+/// Ok when Argo Rollouts has acted on the Rollout's spec, the newest revision is the
+/// stable one (promoted), every replica is updated and available, and the phase is
+/// `Healthy`; else what is missing.
+pub fn rolled_out(r: &Rollout) -> Result<(), String> {
+    let generation = r.metadata.generation.unwrap_or(0);
+    let want = r.spec.replicas.unwrap_or(1);
+    let s = r.status.clone().unwrap_or_default();
+    let seen = s
+        .observed_generation
+        .as_deref()
+        .and_then(|g| g.parse::<i64>().ok())
+        .is_some_and(|g| g >= generation);
+    if !seen {
+        return Err("Argo Rollouts has not seen the change yet".into());
+    }
+    let phase = s.phase.as_deref().unwrap_or("-");
+    let promoted = s.current_pod_hash.is_some() && s.current_pod_hash == s.stable_rs;
+    let updated = s.updated_replicas.unwrap_or(0);
+    let available = s.available_replicas.unwrap_or(0);
+    let total = s.replicas.unwrap_or(0);
+    if phase == "Healthy" && promoted && updated == want && available == want && total == want {
+        Ok(())
+    } else {
+        Err(format!(
+            "phase {phase} ({}), promoted {promoted}, {updated} updated, {available} available of {want} ({total} counted)",
+            s.message.as_deref().unwrap_or("")
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rollout_at_generation_4(status: serde_json::Value) -> Rollout {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "generation": 4},
+            "spec": {"replicas": 3, "strategy": {"canary": {}}},
+            "status": status,
+        }))
+        .expect("rollout")
+    }
+
+    #[test]
+    fn a_rollout_is_rolled_out_only_when_promoted_healthy_and_complete() {
+        let done = serde_json::json!({"observedGeneration": "4", "phase": "Healthy", "currentPodHash": "b",
+                          "stableRS": "b", "replicas": 3, "updatedReplicas": 3, "availableReplicas": 3});
+        assert_eq!(rolled_out(&rollout_at_generation_4(done.clone())), Ok(()));
+        for (field, value) in [
+            ("observedGeneration", serde_json::json!("3")),
+            ("phase", serde_json::json!("Paused")),
+            ("stableRS", serde_json::json!("a")),
+            ("availableReplicas", serde_json::json!(2)),
+            ("replicas", serde_json::json!(4)),
+        ] {
+            let mut s = done.clone();
+            s[field] = value;
+            assert!(rolled_out(&rollout_at_generation_4(s)).is_err(), "{field}");
+        }
+    }
 
     #[test]
     fn a_rollout_as_argo_writes_it_decodes() {

@@ -159,7 +159,7 @@ async fn run(cli: Cli) -> kubectl_kubegrace::Result<bool> {
             let ns = cli.namespace.unwrap_or(context_ns);
             let name = match status::Subject::parse(&route)? {
                 status::Subject::Route(name) => name,
-                status::Subject::Deployment(_) => {
+                status::Subject::Deployment(_) | status::Subject::Rollout(_) => {
                     return Err(kubectl_kubegrace::Error::Invalid(format!(
                         "{route:?}: resume takes ROUTE or groute/ROUTE"
                     )));
@@ -182,11 +182,12 @@ async fn run(cli: Cli) -> kubectl_kubegrace::Result<bool> {
             keep_job,
             out,
         } => {
-            let deployment = match status::Subject::parse(&target)? {
-                status::Subject::Deployment(d) => d,
+            let workload = match status::Subject::parse(&target)? {
+                status::Subject::Deployment(d) => verify::Workload::Deployment(d),
+                status::Subject::Rollout(r) => verify::Workload::Rollout(r),
                 status::Subject::Route(_) => {
                     return Err(kubectl_kubegrace::Error::Invalid(format!(
-                        "{target:?}: verify takes deploy/NAME"
+                        "{target:?}: verify takes deploy/NAME or rollout/NAME"
                     )));
                 }
             };
@@ -196,7 +197,7 @@ async fn run(cli: Cli) -> kubectl_kubegrace::Result<bool> {
                 ));
             }
             let opts = verify::Options {
-                deployment,
+                workload,
                 namespace: cli.namespace.unwrap_or(context_ns),
                 rate,
                 duration,

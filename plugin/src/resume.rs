@@ -122,8 +122,12 @@ pub async fn resume(client: &Client, ns: &str, name: &str) -> Result<Plan> {
 }
 
 /// The namespace's Argo Rollouts, read only for a route that can target
-/// one; none where Argo Rollouts is not installed (404).
-async fn rollouts(client: &Client, ns: &str, route: &GraceRoute) -> Result<Vec<Rollout>> {
+/// one; none where Argo Rollouts is not installed (404). `status` shares it.
+pub(crate) async fn rollouts(
+    client: &Client,
+    ns: &str,
+    route: &GraceRoute,
+) -> Result<Vec<Rollout>> {
     let by_ref = route.spec.target_ref.as_ref();
     if by_ref.is_some_and(|t| t.kind != TargetKind::Rollout) {
         return Ok(Vec::new());

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::core::Selector;
 use kube::{Api, Client, ResourceExt};
+use kubegrace_api::argo::Rollout;
 use kubegrace_api::crd::GraceRoute;
 use kubegrace_api::inject::admin_port_of;
 use kubegrace_api::workloads::Workloads;
@@ -24,6 +25,8 @@ use crate::{Error, Result};
 pub enum Subject {
     Route(String),
     Deployment(String),
+    /// An Argo Rollouts `Rollout`.
+    Rollout(String),
 }
 
 impl Subject {
@@ -40,8 +43,11 @@ impl Subject {
             Some(("groute" | "graceroute" | "graceroutes", n)) if !n.is_empty() => {
                 Ok(Subject::Route(n.to_owned()))
             }
+            Some(("ro" | "rollout" | "rollouts" | "rollout.argoproj.io", n)) if !n.is_empty() => {
+                Ok(Subject::Rollout(n.to_owned()))
+            }
             _ => Err(Error::Invalid(format!(
-                "{s:?}: expected ROUTE, groute/ROUTE or deploy/NAME"
+                "{s:?}: expected ROUTE, groute/ROUTE, deploy/NAME or rollout/NAME"
             ))),
         }
     }
@@ -204,6 +210,18 @@ async fn pods_of(client: &Client, ns: &str, subject: &Subject) -> Result<(String
                 .ok_or_else(|| Error::Invalid(format!("Deployment {ns}/{name} has no selector")))?;
             (format!("deployment {ns}/{name}"), vec![sel])
         }
+        Subject::Rollout(name) => {
+            let rollouts = Api::<Rollout>::namespaced(client.clone(), ns);
+            let r = crate::cluster::get(&rollouts, "Rollout", ns, name).await?;
+            let sel = r
+                .spec
+                .selector
+                .clone()
+                .and_then(|s| Selector::try_from(s).ok())
+                .map(|s| s.to_string())
+                .ok_or_else(|| Error::Invalid(format!("Rollout {ns}/{name} has no selector")))?;
+            (format!("rollout {ns}/{name}"), vec![sel])
+        }
         Subject::Route(name) => {
             // Read as a dynamic object: a route the operator's types refuse
             // is reported with the field that fails, not as a bare decode
@@ -220,7 +238,8 @@ async fn pods_of(client: &Client, ns: &str, subject: &Subject) -> Result<(String
                 .list(&lp)
                 .await
                 .map_err(Error::kube("listing StatefulSets"))?;
-            let workloads = Workloads::from_objects(&deployments.items, &statefulsets.items);
+            let rollouts = crate::resume::rollouts(client, ns, &route).await?;
+            let workloads = Workloads::from_all(&deployments.items, &statefulsets.items, &rollouts);
             let selectors = workloads
                 .of(&route)
                 .into_iter()
@@ -305,16 +324,20 @@ mod tests {
     fn subjects_parse_like_kubectl() {
         let route = Subject::Route("web".into());
         let deployment = Subject::Deployment("web".into());
+        let rollout = Subject::Rollout("web".into());
         for (arg, want) in [
             ("web", &route),
             ("groute/web", &route),
             ("deploy/web", &deployment),
             ("deployment/web", &deployment),
+            ("rollout/web", &rollout),
+            ("rollout.argoproj.io/web", &rollout),
         ] {
             assert_eq!(Subject::parse(arg).ok().as_ref(), Some(want), "{arg}");
         }
         assert!(Subject::parse("svc/web").is_err());
         assert!(Subject::parse("deploy/").is_err());
+        assert!(Subject::parse("rollout/").is_err());
     }
 
     #[test]

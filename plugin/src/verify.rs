@@ -1,20 +1,24 @@
-//! `kubectl kubegrace verify deploy/NAME`: proves a rollout of the workload loses nothing.
+//! `kubectl kubegrace verify deploy/NAME` (or `rollout/NAME`, an Argo Rollouts `Rollout`):
+//! proves a rollout of the workload loses nothing.
 //! A loadgen Job (`kubegrace_load::job`, the Job of the e2e tests and `make demo`) sends
-//! a constant open-loop load to the Deployment's Service; after a lead-in the Deployment
-//! is restarted (`kubectl rollout restart`); once it is rolled out and every old pod is
+//! a constant open-loop load to the workload's Service; after a lead-in the workload
+//! is restarted (a new pod template, as `kubectl rollout restart` writes it; a Rollout
+//! rolls it by its own canary or blue-green strategy); once it is rolled out and every old pod is
 //! gone the load stops, and the table of `make demo` is printed
 //! (`kubegrace_load::report::columns`): requests, failed by reason and by pod, p50/p99,
 //! rollout duration. Any failed request fails the command (exit 1): a CI gate.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::Selector;
 use kube::{Api, Client, ResourceExt};
+use kubegrace_api::argo::Rollout;
 use kubegrace_load::report::{DemoRun, Event};
 use kubegrace_load::{Config, Protocol, job, rollout};
 
@@ -50,10 +54,149 @@ impl Traffic {
     }
 }
 
+/// The workload `verify` rolls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Workload {
+    Deployment(String),
+    /// An Argo Rollouts `Rollout`.
+    Rollout(String),
+}
+
+impl Workload {
+    pub fn name(&self) -> &str {
+        match self {
+            Workload::Deployment(n) | Workload::Rollout(n) => n,
+        }
+    }
+
+    /// `deployment` or `rollout`, as kubectl names the resource.
+    pub fn resource(&self) -> &'static str {
+        match self {
+            Workload::Deployment(_) => "deployment",
+            Workload::Rollout(_) => "rollout",
+        }
+    }
+
+    /// `Deployment` or `Rollout`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Workload::Deployment(_) => "Deployment",
+            Workload::Rollout(_) => "Rollout",
+        }
+    }
+
+    /// The pod selector and the pod template's labels.
+    async fn read(
+        &self,
+        client: &Client,
+        ns: &str,
+    ) -> Result<(LabelSelector, BTreeMap<String, String>)> {
+        let (kind, name) = (self.kind(), self.name());
+        let (selector, template) = match self {
+            Workload::Deployment(_) => {
+                let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+                let d = crate::cluster::get(&api, kind, ns, name).await?;
+                let spec = d
+                    .spec
+                    .ok_or_else(|| Error::Invalid(format!("{kind} {ns}/{name} has no spec")))?;
+                (Some(spec.selector), spec.template.metadata)
+            }
+            Workload::Rollout(_) => {
+                let api: Api<Rollout> = Api::namespaced(client.clone(), ns);
+                let r = crate::cluster::get(&api, kind, ns, name).await?;
+                (r.spec.selector, r.spec.template.and_then(|t| t.metadata))
+            }
+        };
+        let selector = selector.ok_or_else(|| {
+            Error::Invalid(format!("{kind} {ns}/{name} has no selector (a Rollout with workloadRef: verify its Deployment)"))
+        })?;
+        Ok((
+            selector,
+            template.and_then(|m| m.labels).unwrap_or_default(),
+        ))
+    }
+
+    async fn generation(&self, client: &Client, ns: &str) -> std::result::Result<i64, kube::Error> {
+        let generation = match self {
+            Workload::Deployment(n) => {
+                Api::<Deployment>::namespaced(client.clone(), ns)
+                    .get(n)
+                    .await?
+                    .metadata
+                    .generation
+            }
+            Workload::Rollout(n) => {
+                Api::<Rollout>::namespaced(client.clone(), ns)
+                    .get(n)
+                    .await?
+                    .metadata
+                    .generation
+            }
+        };
+        Ok(generation.unwrap_or(0))
+    }
+
+    async fn restart(
+        &self,
+        client: &Client,
+        ns: &str,
+        at: f64,
+    ) -> std::result::Result<(), kube::Error> {
+        let (pp, patch) = (
+            PatchParams::default(),
+            Patch::Merge(rollout::restart_patch(at)),
+        );
+        match self {
+            Workload::Deployment(n) => Api::<Deployment>::namespaced(client.clone(), ns)
+                .patch(n, &pp, &patch)
+                .await
+                .map(drop),
+            Workload::Rollout(n) => Api::<Rollout>::namespaced(client.clone(), ns)
+                .patch(n, &pp, &patch)
+                .await
+                .map(drop),
+        }
+    }
+
+    /// Ok when rolled out at a generation past `before`, else what is missing.
+    async fn rolled_out(
+        &self,
+        client: &Client,
+        ns: &str,
+        before: i64,
+    ) -> std::result::Result<(), String> {
+        let moved = |g: Option<i64>| {
+            if g.unwrap_or(0) <= before {
+                Err("the restart is not in the spec yet".to_owned())
+            } else {
+                Ok(())
+            }
+        };
+        match self {
+            Workload::Deployment(n) => {
+                let d = Api::<Deployment>::namespaced(client.clone(), ns)
+                    .get(n)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                moved(d.metadata.generation)?;
+                rollout::rolled_out(&d)
+            }
+            Workload::Rollout(n) => {
+                let r = Api::<Rollout>::namespaced(client.clone(), ns)
+                    .get(n)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                moved(r.metadata.generation)?;
+                kubegrace_api::argo::rolled_out(&r)
+            }
+        }
+    }
+}
+
 /// What `verify` is told.
 #[derive(Debug, Clone)]
 pub struct Options {
-    pub deployment: String,
+    pub workload: Workload,
     pub namespace: String,
     /// Requests per second (open loop).
     pub rate: f64,
@@ -140,29 +283,19 @@ pub fn job_name(deployment: &str) -> String {
 
 /// Runs it; `say` gets each step.
 pub async fn verify(client: &Client, opts: &Options, say: &dyn Fn(&str)) -> Result<Verdict> {
-    let (ns, name) = (&opts.namespace, &opts.deployment);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let d = crate::cluster::get(&deployments, "Deployment", ns, name).await?;
-    let spec = d
-        .spec
-        .as_ref()
-        .ok_or_else(|| Error::Invalid(format!("Deployment {ns}/{name} has no spec")))?;
-    let selector = Selector::try_from(spec.selector.clone())
-        .map_err(|e| Error::Invalid(format!("Deployment {ns}/{name} selector: {e}")))?
+    let (ns, name, kind) = (&opts.namespace, opts.workload.name(), opts.workload.kind());
+    let (selector, labels) = opts.workload.read(client, ns).await?;
+    let selector = Selector::try_from(selector)
+        .map_err(|e| Error::Invalid(format!("{kind} {ns}/{name} selector: {e}")))?
         .to_string();
-    let labels = spec
-        .template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.labels.clone())
-        .unwrap_or_default();
     let services = Api::<Service>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await
         .map_err(Error::kube(format!("listing Services in {ns}")))?;
     let (svc, ip, port) = service_for(&services.items, &labels).ok_or_else(|| {
         Error::NotFound(format!(
-            "no Service with a ClusterIP selects the pods of Deployment {ns}/{name}; fix: kubectl -n {ns} expose deployment {name} --port 80 --target-port <port name>"
+            "no Service with a ClusterIP selects the pods of {kind} {ns}/{name}; fix: kubectl -n {ns} expose {} {name} --port 80 --target-port <port name>",
+            opts.workload.resource()
         ))
     })?;
     let cfg = load_config(opts, format!("http://{ip}:{port}"));
@@ -186,12 +319,15 @@ pub async fn verify(client: &Client, opts: &Options, say: &dyn Fn(&str)) -> Resu
         let _ = jobs.delete(&job_name, &DeleteParams::background()).await;
     }
     let run = measured?;
-    let label = format!("deploy/{name}");
+    let label = match opts.workload {
+        Workload::Deployment(_) => format!("deploy/{name}"),
+        Workload::Rollout(_) => format!("rollout/{name}"),
+    };
     let table = kubegrace_load::report::columns(&[(label.as_str(), &run)]);
     Ok(Verdict { run, table })
 }
 
-/// Waits for the load, restarts the Deployment, waits for the rollout and the old pods,
+/// Waits for the load, restarts the workload, waits for the rollout and the old pods,
 /// stops the load and reads its summary.
 async fn measure(
     client: &Client,
@@ -202,7 +338,7 @@ async fn measure(
     say: &dyn Fn(&str),
 ) -> Result<DemoRun> {
     let ns = &opts.namespace;
-    let name = &opts.deployment;
+    let (name, resource) = (opts.workload.name(), opts.workload.resource());
     let begun = Instant::now();
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let job_pods = ListParams::default().labels(&job::pod_selector(job_name));
@@ -222,33 +358,26 @@ async fn measure(
     let before: BTreeSet<String> = pods
         .list(&app_pods)
         .await
-        .map_err(Error::kube("listing the Deployment's pods"))?
+        .map_err(Error::kube("listing the workload's pods"))?
         .items
         .iter()
         .map(|p| p.name_any())
         .collect();
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let generation_before = deployments
-        .get(name)
+    let generation_before = opts
+        .workload
+        .generation(client, ns)
         .await
-        .map_err(Error::kube(format!("reading Deployment {ns}/{name}")))?
-        .metadata
-        .generation
-        .unwrap_or(0);
+        .map_err(Error::kube(format!("reading {resource} {ns}/{name}")))?;
     let at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
-    deployments
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(rollout::restart_patch(at)),
-        )
+    opts.workload
+        .restart(client, ns, at)
         .await
-        .map_err(Error::kube(format!("restarting Deployment {ns}/{name}")))?;
+        .map_err(Error::kube(format!("restarting {resource} {ns}/{name}")))?;
     let started = Instant::now();
     say(&format!(
-        "rollout restart deployment/{name} ({} pods to replace)",
+        "rollout restart {resource}/{name} ({} pods to replace)",
         before.len()
     ));
 
@@ -263,18 +392,16 @@ async fn measure(
     // timeline marks them, so a failure can be read against the pod that was draining.
     let terminating: std::cell::RefCell<Vec<(f64, String)>> = std::cell::RefCell::default();
     let rolled = wait(
-        &format!("deployment/{name} rolled out and its old pods gone"),
+        &format!("{resource}/{name} rolled out and its old pods gone"),
         left,
         Duration::from_millis(500),
         || async {
             // Pods first: old pods start terminating long before the rollout is done.
             let now = pods.list(&app_pods).await.map_err(|e| e.to_string())?;
             note_terminating(&before, &now.items, &mut terminating.borrow_mut());
-            let d = deployments.get(name).await.map_err(|e| e.to_string())?;
-            if d.metadata.generation.unwrap_or(0) <= generation_before {
-                return Err("the restart is not in the spec yet".to_owned());
-            }
-            rollout::rolled_out(&d)?;
+            opts.workload
+                .rolled_out(client, ns, generation_before)
+                .await?;
             if rolled_at.get().is_none() {
                 rolled_at.set(Some(started.elapsed().as_secs_f64()));
             }
@@ -413,7 +540,7 @@ mod tests {
     #[test]
     fn the_load_is_bounded_by_rate_and_duration() {
         let opts = Options {
-            deployment: "web".into(),
+            workload: Workload::Deployment("web".into()),
             namespace: "ns".into(),
             rate: 20.0,
             duration: Duration::from_secs(90),

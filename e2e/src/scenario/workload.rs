@@ -105,36 +105,6 @@ pub fn preview_service(name: &str) -> String {
     format!("{name}-preview")
 }
 
-/// Ok when Argo Rollouts has acted on the Rollout's spec, the newest revision is the
-/// stable one (promoted), every replica is updated and available, and the phase is
-/// `Healthy`; else what is missing.
-pub fn rollout_rolled_out(r: &Rollout) -> Result<(), String> {
-    let generation = r.metadata.generation.unwrap_or(0);
-    let want = r.spec.replicas.unwrap_or(1);
-    let s = r.status.clone().unwrap_or_default();
-    let seen = s
-        .observed_generation
-        .as_deref()
-        .and_then(|g| g.parse::<i64>().ok())
-        .is_some_and(|g| g >= generation);
-    if !seen {
-        return Err("Argo Rollouts has not seen the change yet".into());
-    }
-    let phase = s.phase.as_deref().unwrap_or("-");
-    let promoted = s.current_pod_hash.is_some() && s.current_pod_hash == s.stable_rs;
-    let updated = s.updated_replicas.unwrap_or(0);
-    let available = s.available_replicas.unwrap_or(0);
-    let total = s.replicas.unwrap_or(0);
-    if phase == "Healthy" && promoted && updated == want && available == want && total == want {
-        Ok(())
-    } else {
-        Err(format!(
-            "phase {phase} ({}), promoted {promoted}, {updated} updated, {available} available of {want} ({total} counted)",
-            s.message.as_deref().unwrap_or("")
-        ))
-    }
-}
-
 impl Scenario {
     /// Creates workload `name` of this scenario's kind and its Service(s).
     pub(super) async fn create_workload(&self, name: &str, kubegrace: bool) -> Result<()> {
@@ -215,7 +185,7 @@ impl Scenario {
             }
             Workload::Rollout(_) => {
                 let r = self.rollouts().get(name).await.map_err(|e| e.to_string())?;
-                rollout_rolled_out(&r)
+                kubegrace_api::argo::rolled_out(&r)
             }
         }
     }
@@ -228,33 +198,6 @@ impl Scenario {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rollout(status: Value) -> Rollout {
-        serde_json::from_value(json!({
-            "metadata": {"name": "web", "generation": 4},
-            "spec": {"replicas": 3, "strategy": {"canary": {}}},
-            "status": status,
-        }))
-        .expect("rollout")
-    }
-
-    #[test]
-    fn a_rollout_is_rolled_out_only_when_promoted_healthy_and_complete() {
-        let done = json!({"observedGeneration": "4", "phase": "Healthy", "currentPodHash": "b",
-                          "stableRS": "b", "replicas": 3, "updatedReplicas": 3, "availableReplicas": 3});
-        assert_eq!(rollout_rolled_out(&rollout(done.clone())), Ok(()));
-        for (field, value) in [
-            ("observedGeneration", json!("3")),
-            ("phase", json!("Paused")),
-            ("stableRS", json!("a")),
-            ("availableReplicas", json!(2)),
-            ("replicas", json!(4)),
-        ] {
-            let mut s = done.clone();
-            s[field] = value;
-            assert!(rollout_rolled_out(&rollout(s)).is_err(), "{field}");
-        }
-    }
 
     #[test]
     fn a_rollout_manifest_keeps_the_demo_template_and_names_its_services() {

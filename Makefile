@@ -107,6 +107,13 @@ cluster-up: ## boot the local single-node cluster (prints the kubeconfig)
 cluster-down: ## remove everything the local cluster created
 	e2e/cluster/down
 
+.PHONY: argo-up argo-down
+argo-up: ## Argo Rollouts (v1.10.1, built from the Go module proxy once and cached) in the local cluster: CRDs and controller, waited for
+	e2e/argo/up
+
+argo-down: ## remove Argo Rollouts from the local cluster, CRDs too
+	e2e/argo/down
+
 images: ## build static images and import them into the cluster
 	e2e/cluster/images
 

@@ -13,12 +13,10 @@
 //!   for each strategy. The route reports the drains of the old pods (`status.lastDrains`,
 //!   revision from Argo's `rollouts-pod-template-hash`) and injects every pod.
 //!
-//! Not in `make test` (Argo Rollouts is a Go build of its own): `make argo-test`. Fails,
-//! never skips, in the cluster tier when Argo Rollouts is not installed.
+//! Not in `make test` (Argo Rollouts is a Go build of its own): `make argo-test`. In the cluster
+//! tier it installs Argo Rollouts (`e2e/argo/up`) and fails, never skips, when that fails.
 
-use anyhow::{Context, Result, ensure};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::Api;
+use anyhow::{Result, ensure};
 use kubegrace_e2e::scenario::{
     self, Action, ArgoStrategy, Options, Progress, RunResult, WITH, WITHOUT, Workload, kit,
     with_install,
@@ -38,10 +36,8 @@ async fn argo_canary_and_blue_green_rollouts_lose_no_request_with_kubegrace_and_
     let test =
         "argo_canary_and_blue_green_rollouts_lose_no_request_with_kubegrace_and_some_without";
     let client = kubegrace_e2e::cluster_or_skip!(test);
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.get("rollouts.argoproj.io").await.context(
-        "Argo Rollouts is not installed in this cluster: run e2e/argo/up (make argo-test does)",
-    )?;
+    // Builds (once, cached) and runs the Argo Rollouts controller; fails saying why.
+    scenario::argo::ensure_argo_rollouts().await?;
     let mut opts = Options::new("kg-argo").with_load_from_env()?;
     opts.drain = scenario::Drain::product_defaults();
     let p = Progress::default();

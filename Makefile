@@ -107,12 +107,15 @@ cluster-up: ## boot the local single-node cluster (prints the kubeconfig)
 cluster-down: ## remove everything the local cluster created
 	e2e/cluster/down
 
-.PHONY: argo-up argo-down
+.PHONY: argo-up argo-down argo-test
 argo-up: ## Argo Rollouts (v1.10.1, built from the Go module proxy once and cached) in the local cluster: CRDs and controller, waited for
 	e2e/argo/up
 
 argo-down: ## remove Argo Rollouts from the local cluster, CRDs too
 	e2e/argo/down
+
+argo-test: ## the Argo Rollouts tests alone (in `make test` too): a canary and a blue-green Rollout under load with and without kubegrace, and Argo's own smoke test; on $$KUBECONFIG's cluster or the local one (booted and torn down here)
+	KUBEGRACE_E2E_CLUSTER=1 e2e/cluster/with-cluster $(CARGO) test -p kubegrace-e2e --test argo_rollouts --test argo_rollouts_smoke -- --test-threads=1
 
 images: ## build static images and import them into the cluster
 	e2e/cluster/images

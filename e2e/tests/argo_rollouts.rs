@@ -13,7 +13,7 @@
 //!   for each strategy. The route reports the drains of the old pods (`status.lastDrains`,
 //!   revision from Argo's `rollouts-pod-template-hash`) and injects every pod.
 //!
-//! Not in `make test` (Argo Rollouts is a Go build of its own): `make argo-test`. In the cluster
+//! In `make test` (the cluster tier) and `make argo-test`. In the cluster
 //! tier it installs Argo Rollouts (`e2e/argo/up`) and fails, never skips, when that fails.
 
 use anyhow::{Result, ensure};

@@ -65,7 +65,7 @@ pub use progress::{Patience, Progress};
 pub use results::{Outcome, RunResult};
 pub use rollout::Action;
 pub use status::{all_containers, events_for, has_sidecar, pod_ready, route_condition};
-pub use workload::{ArgoStrategy, SCALE_DOWN_DELAY_S, Workload, argo_rollout, rollouts_api};
+pub use workload::{ArgoStrategy, SCALE_DOWN_DELAY_S, Workload, argo_rollout};
 
 /// Install, deploy, roll `demo-with` then `demo-without` under the same load, optionally
 /// scale `demo-with` to `scale_to` under load; then clean up (unless `keep`), also when a

@@ -6,12 +6,13 @@
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Service;
 use kube::Api;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kubegrace_api::argo::Rollout;
 use serde_json::{Value, json};
 
 use super::status::rolled_out;
-use super::{Scenario, deployment, service};
+use super::{Scenario, argo, deployment, service};
+use kubegrace_sidecar_api::keys;
 
 /// How the scenario's app is rolled out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,8 +26,8 @@ pub enum Workload {
 /// The two strategies of Argo Rollouts, as a user with no traffic router writes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArgoStrategy {
-    /// One canary pod (a third of the weight), a short pause, then the rest: old pods go
-    /// as the canary grows, the way a Deployment's surge replaces them.
+    /// Half the pods at the new revision, a short pause, then the rest: old pods go as the
+    /// canary grows, the way a Deployment's surge replaces them.
     Canary,
     /// A full preview set, promoted at once (the active Service's selector moves to the
     /// new pods), the old set scaled away a few seconds later.
@@ -59,45 +60,37 @@ impl Workload {
     }
 }
 
-/// The API of Argo Rollouts' `Rollout`, untyped: the manifest is created whole, and
-/// [`Rollout`] (the operator's reading) decodes only part of it.
-pub fn rollouts_api(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Rollout"),
-        "rollouts",
-    );
-    Api::namespaced_with(client.clone(), ns, &ar)
-}
-
-/// Rollout `name`: the demo app's pod template and selector of [`deployment`], with
-/// `strategy`; its active (and, for blue-green, preview `<name>-preview`) Service is
-/// `name`'s. Annotated `kubegrace.io/inject=enabled` iff `kubegrace`.
+/// Rollout `name` in `ns`: the demo app's pod template ([`argo::demo_pod_template`]),
+/// `strategy` as [`argo::Strategy`] writes it; its active (and, for blue-green, preview
+/// `<name>-preview`) Service is `name`'s. Annotated `kubegrace.io/inject=enabled` iff
+/// `kubegrace`.
 pub fn argo_rollout(
+    ns: &str,
     name: &str,
     replicas: i32,
     kubegrace: bool,
     strategy: ArgoStrategy,
 ) -> Result<DynamicObject> {
-    let d = serde_json::to_value(deployment(name, replicas, kubegrace)?)?;
-    let strategy = match strategy {
-        ArgoStrategy::Canary => json!({"canary": {
-            "steps": [{"setWeight": 34}, {"pause": {"duration": "2s"}}],
-        }}),
-        ArgoStrategy::BlueGreen => json!({"blueGreen": {
-            "activeService": name,
-            "previewService": preview_service(name),
-            "autoPromotionEnabled": true,
-            "scaleDownDelaySeconds": SCALE_DOWN_DELAY_S,
-        }}),
+    let spec = match strategy {
+        ArgoStrategy::Canary => argo::Strategy::Canary {
+            stable_service: None,
+            canary_service: None,
+        },
+        ArgoStrategy::BlueGreen => argo::Strategy::BlueGreen {
+            active_service: name.into(),
+            preview_service: preview_service(name),
+        },
     };
-    let mut spec = d["spec"].clone();
-    spec["strategy"] = strategy;
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "argoproj.io/v1alpha1",
-        "kind": "Rollout",
-        "metadata": d["metadata"],
-        "spec": spec,
-    }))?)
+    let mut r = argo::rollout(ns, name, replicas, argo::demo_pod_template(name), &spec)?;
+    if strategy == ArgoStrategy::BlueGreen {
+        r.data["spec"]["strategy"]["blueGreen"]["scaleDownDelaySeconds"] =
+            json!(SCALE_DOWN_DELAY_S);
+    }
+    if kubegrace {
+        // What a user types: `kubectl annotate rollout demo-with kubegrace.io/inject=enabled`.
+        r.metadata.annotations = Some([(keys::INJECT.to_string(), "enabled".to_string())].into());
+    }
+    Ok(r)
 }
 
 /// The blue-green preview Service of Rollout `name`.
@@ -106,10 +99,16 @@ pub fn preview_service(name: &str) -> String {
 }
 
 impl Scenario {
-    /// Creates workload `name` of this scenario's kind and its Service(s).
+    /// Creates workload `name` of this scenario's kind and its Service(s), the Services
+    /// first: a blue-green Rollout whose Services do not exist yet is `Degraded`
+    /// (InvalidSpec) until they do.
     pub(super) async fn create_workload(&self, name: &str, kubegrace: bool) -> Result<()> {
         let post = PostParams::default();
         let services: Api<Service> = Api::namespaced(self.client.clone(), &self.namespace);
+        services
+            .create(&post, &service(name)?)
+            .await
+            .with_context(|| format!("creating Service {name}"))?;
         let replicas = self.opts.replicas;
         match self.workload {
             Workload::Deployment => {
@@ -127,8 +126,11 @@ impl Scenario {
                         .await
                         .with_context(|| format!("creating Service {}", preview_service(name)))?;
                 }
-                rollouts_api(&self.client, &self.namespace)
-                    .create(&post, &argo_rollout(name, replicas, kubegrace, strategy)?)
+                argo::rollout_api(&self.client, &self.namespace)
+                    .create(
+                        &post,
+                        &argo_rollout(&self.namespace, name, replicas, kubegrace, strategy)?,
+                    )
                     .await
                     .with_context(|| {
                         format!(
@@ -137,10 +139,6 @@ impl Scenario {
                     })?;
             }
         }
-        services
-            .create(&post, &service(name)?)
-            .await
-            .with_context(|| format!("creating Service {name}"))?;
         Ok(())
     }
 
@@ -163,7 +161,7 @@ impl Scenario {
                 .patch(name, &pp, &Patch::Merge(patch))
                 .await
                 .map(drop),
-            Workload::Rollout(_) => rollouts_api(&self.client, &self.namespace)
+            Workload::Rollout(_) => argo::rollout_api(&self.client, &self.namespace)
                 .patch(name, &pp, &Patch::Merge(patch))
                 .await
                 .map(drop),
@@ -201,7 +199,8 @@ mod tests {
 
     #[test]
     fn a_rollout_manifest_keeps_the_demo_template_and_names_its_services() {
-        let r = argo_rollout("demo-with", 3, true, ArgoStrategy::BlueGreen).expect("manifest");
+        let r =
+            argo_rollout("ns", "demo-with", 3, true, ArgoStrategy::BlueGreen).expect("manifest");
         assert_eq!(
             r.data["spec"]["strategy"]["blueGreen"]["activeService"],
             "demo-with"
@@ -219,7 +218,12 @@ mod tests {
             "app"
         );
         assert!(r.metadata.annotations.is_some(), "the inject annotation");
-        let c = argo_rollout("demo-without", 3, false, ArgoStrategy::Canary).expect("manifest");
+        assert_eq!(
+            r.data["spec"]["strategy"]["blueGreen"]["scaleDownDelaySeconds"],
+            SCALE_DOWN_DELAY_S
+        );
+        let c =
+            argo_rollout("ns", "demo-without", 3, false, ArgoStrategy::Canary).expect("manifest");
         assert!(c.data["spec"]["strategy"]["canary"]["steps"].is_array());
         assert!(c.metadata.annotations.is_none());
     }

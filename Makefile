@@ -115,6 +115,7 @@ argo-down: ## remove Argo Rollouts from the local cluster, CRDs too
 	e2e/argo/down
 
 argo-test: ## the Argo Rollouts tests alone (in `make test` too): a canary and a blue-green Rollout under load with and without kubegrace, and Argo's own smoke test; on $$KUBECONFIG's cluster or the local one (booted and torn down here)
+	$(CARGO) build -p kubectl-kubegrace --bin kubectl-kubegrace
 	KUBEGRACE_E2E_CLUSTER=1 e2e/cluster/with-cluster $(CARGO) test -p kubegrace-e2e --test argo_rollouts --test argo_rollouts_smoke -- --test-threads=1
 
 images: ## build static images and import them into the cluster

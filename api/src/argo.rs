@@ -2,10 +2,11 @@
 //! reads it: the pod template, selector and rollout fields a route needs,
 //! and the status that says whether a rollout is under way.
 //!
-//! Only the fields below are decoded; everything else in the object is
-//! dropped on decode. So these types are for reading: every write to a
-//! Rollout is a patch naming only its own fields (server-side apply or a
-//! merge patch), never a replace of a decoded object.
+//! Only the fields below are decoded (each optional: a missing one is
+//! `None`); everything else in the object is dropped on decode. So these
+//! types are for reading: every write to a Rollout is a patch naming only
+//! its own fields (server-side apply or a merge patch), never a replace of
+//! a decoded object, whose `None`s would serialize as nulls.
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -23,76 +24,58 @@ use serde::{Deserialize, Serialize};
     status = "ArgoRolloutStatus",
     schema = "disabled"
 )]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct ArgoRolloutSpec {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
     /// Absent when the Rollout takes its template from a Deployment
     /// (`workloadRef`), which kubegrace does not follow.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<PodTemplateSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_ready_seconds: Option<i32>,
     /// The user-level pause (`kubectl argo rollouts pause`), which the
     /// pause-on-drain-loss decision also sets.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strategy: Option<ArgoStrategy>,
 }
 
 /// `spec.strategy`: exactly one of the two is set.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct ArgoStrategy {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<ArgoCanary>,
     /// Blue-green has no surge fields kubegrace writes; only its presence
     /// matters.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blue_green: Option<serde_json::Value>,
 }
 
 /// `spec.strategy.canary`: the surge fields, as in a Deployment's
 /// `rollingUpdate`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct ArgoCanary {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_surge: Option<IntOrString>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_unavailable: Option<IntOrString>,
 }
 
 /// The Rollout's status (the part kubegrace reads).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct ArgoRolloutStatus {
     /// A string in Argo Rollouts (the generation the controller acted on).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated_replicas: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_replicas: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub available_replicas: Option<i32>,
     /// The pod-template hash of the newest revision.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_pod_hash: Option<String>,
     /// The pod-template hash of the revision that serves as stable; it
     /// differs from `currentPodHash` until a canary or blue-green rollout
     /// is promoted.
-    #[serde(default, rename = "stableRS", skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "stableRS")]
     pub stable_rs: Option<String>,
     /// `Progressing`, `Paused`, `Healthy` or `Degraded`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }
 

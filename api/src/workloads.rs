@@ -125,18 +125,20 @@ pub fn rollout_target(r: &Rollout) -> Option<(Target, Option<String>)> {
     let spec = &r.spec;
     let template = spec.template.as_ref()?;
     let selector = spec.selector.as_ref()?;
-    let strategy = spec.strategy.as_ref();
-    let canary = strategy.and_then(|s| s.canary.as_ref());
-    let current = Originals {
-        max_surge: canary.and_then(|c| c.max_surge.clone()),
-        max_unavailable: canary.and_then(|c| c.max_unavailable.clone()),
-        ..originals(template, spec.min_ready_seconds)
-    };
+    let strategy = spec.strategy.clone().unwrap_or_default();
+    // A canary keeps the surge fields where a Deployment's rollingUpdate does.
+    let canary = strategy.canary.unwrap_or_default();
+    let mut current = originals(template, spec.min_ready_seconds);
+    (current.max_surge, current.max_unavailable) = (canary.max_surge, canary.max_unavailable);
     // Argo Rollouts treats a Rollout without a blue-green block as a canary.
-    let blue_green = strategy.is_some_and(|s| s.blue_green.is_some());
-    let strategy_type = Some(if blue_green { BLUE_GREEN } else { CANARY }.to_string());
+    let kind = if strategy.blue_green.is_some() {
+        BLUE_GREEN
+    } else {
+        CANARY
+    };
+    let (target_kind, strategy_type) = (TargetKind::Rollout, Some(kind.to_string()));
     Some(target(
-        TargetKind::Rollout,
+        target_kind,
         r,
         template,
         selector,

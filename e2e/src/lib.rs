@@ -16,6 +16,7 @@
 /// `kubectl kubegrace verify`; `kubegrace_e2e::load` keeps their old path.
 pub use kubegrace_load as load;
 pub mod local_app;
+pub mod plugin_cli;
 pub mod scenario;
 
 use std::future::Future;

@@ -12,11 +12,16 @@
 //! - With kubegrace no request fails; without it some do (the baseline that shows the loss),
 //!   for each strategy. The route reports the drains of the old pods (`status.lastDrains`,
 //!   revision from Argo's `rollouts-pod-template-hash`) and injects every pod.
+//! - `kubectl kubegrace status rollout/demo-with` lists the pods, and `kubectl kubegrace
+//!   verify rollout/demo-with` rolls it once more under its own load and passes.
 //!
 //! In `make test` (the cluster tier) and `make argo-test`. In the cluster
 //! tier it installs Argo Rollouts (`e2e/argo/up`) and fails, never skips, when that fails.
 
+use std::time::Duration;
+
 use anyhow::{Result, ensure};
+use kubegrace_e2e::plugin_cli::run as plugin;
 use kubegrace_e2e::scenario::{
     self, Action, ArgoStrategy, Options, Progress, RunResult, WITH, WITHOUT, Workload, kit,
     with_install,
@@ -31,10 +36,8 @@ struct Measured {
 }
 
 #[tokio::test]
-async fn argo_canary_and_blue_green_rollouts_lose_no_request_with_kubegrace_and_some_without()
--> Result<()> {
-    let test =
-        "argo_canary_and_blue_green_rollouts_lose_no_request_with_kubegrace_and_some_without";
+async fn argo_rollouts_lose_no_request_with_kubegrace_and_some_without() -> Result<()> {
+    let test = "argo_rollouts_lose_no_request_with_kubegrace_and_some_without";
     let client = kubegrace_e2e::cluster_or_skip!(test);
     // Builds (once, cached) and runs the Argo Rollouts controller; fails saying why.
     scenario::argo::ensure_argo_rollouts().await?;
@@ -57,6 +60,38 @@ async fn argo_canary_and_blue_green_rollouts_lose_no_request_with_kubegrace_and_
             let replicas = i64::from(opts.replicas);
             let route = kit::wait_last_drains(&sc, WITH, replicas, &p).await?;
             let without = sc.roll_under_load(WITHOUT, Action::Restart, &p).await?;
+            // What a user runs after a deploy: the plugin on the Rollout itself.
+            let (status_code, status_out, status_err) = plugin(
+                &["status", &format!("rollout/{WITH}"), "-n", &sc.namespace],
+                Duration::from_secs(60),
+            )
+            .await?;
+            p.step(format!("status rollout/{WITH} (exit {status_code}):\n{status_out}"));
+            ensure!(
+                status_code == 0 && status_out.matches(WITH).count() >= 3,
+                "status rollout/{WITH}: exit {status_code}, expected a row per pod\n{status_out}{status_err}"
+            );
+            let (code, out, err) = plugin(
+                &[
+                    "verify",
+                    &format!("rollout/{WITH}"),
+                    "-n",
+                    &sc.namespace,
+                    "--rate",
+                    "50",
+                    "--duration",
+                    "120s",
+                    "--loadgen-image",
+                    &opts.loadgen_image(),
+                ],
+                Duration::from_secs(200),
+            )
+            .await?;
+            p.step(format!("verify rollout/{WITH} (exit {code}):\n{out}"));
+            ensure!(
+                code == 0,
+                "verify rollout/{WITH}: exit {code}, expected 0 (no request failed)\n{out}{err}"
+            );
             measured.push(Measured {
                 strategy,
                 with,

@@ -15,13 +15,13 @@
 //!
 //! Skipped (with a message) outside the cluster tier; see `kubegrace_e2e::cluster_client`.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
+use kubegrace_e2e::plugin_cli::run as plugin;
 use kubegrace_e2e::scenario::{
     APP_PORT, Drain, Options, Patience, Progress, graceroute, keep_from_env, kit, suffix,
     with_install,
@@ -30,46 +30,6 @@ use kubegrace_sidecar_api::keys;
 use serde_json::json;
 
 const APP: &str = "web";
-
-/// The plugin binary: `KUBEGRACE_PLUGIN_BIN`, else `kubectl-kubegrace` in the target
-/// directory this test was built into.
-fn plugin_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("KUBEGRACE_PLUGIN_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .context("the test binary has no target directory")?;
-    let bin = dir.join("kubectl-kubegrace");
-    ensure!(
-        bin.exists(),
-        "{} is missing: cargo build -p kubectl-kubegrace (e2e/run-cluster-tests does)",
-        bin.display()
-    );
-    Ok(bin)
-}
-
-/// Runs the plugin with `args` (bounded by `timeout`): exit status, stdout, stderr.
-async fn plugin(args: &[&str], timeout: Duration) -> Result<(i32, String, String)> {
-    let kubeconfig = kubegrace_e2e::kubeconfig_path().context("no kubeconfig")?;
-    let out = tokio::time::timeout(
-        timeout,
-        tokio::process::Command::new(plugin_bin()?)
-            .args(args)
-            .env("KUBECONFIG", kubeconfig)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .with_context(|| format!("kubectl-kubegrace {args:?} ran past {timeout:?}"))??;
-    Ok((
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    ))
-}
 
 /// `check -o json` scoped to the test's namespace and this run's operator.
 async fn check(ns: &str, operator_ns: &str) -> Result<(i32, serde_json::Value)> {

@@ -98,7 +98,7 @@ impl Workload for Rollout {
 /// routes that target a Rollout find it on their next reconcile anyway.
 pub async fn argo_rollouts_served(client: &Client) -> bool {
     match client
-        .list_api_group_resources(TargetKind::Rollout.api_version())
+        .list_api_group_resources(&TargetKind::Rollout.api_version())
         .await
     {
         Ok(list) => list.resources.iter().any(|r| r.name == "rollouts"),

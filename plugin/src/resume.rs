@@ -6,7 +6,7 @@
 //! A Deployment someone else paused is left alone and named: its pause is not kubegrace's.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{ListParams, Patch};
+use kube::api::{DynamicObject, ListParams, Patch};
 use kube::{Api, Client};
 use kubegrace_api::argo::Rollout;
 use kubegrace_api::crd::{GraceRoute, TargetKind};
@@ -103,20 +103,10 @@ pub async fn resume(client: &Client, ns: &str, name: &str) -> Result<Plan> {
         .await
         .map_err(Error::kube(format!("annotating GraceRoute {ns}/{name}")))?;
     for (kind, d) in &plan.resume {
-        let patch = pause::paused_patch(false);
-        let done = match kind {
-            TargetKind::Rollout => Api::<Rollout>::namespaced(client.clone(), ns)
-                .patch(d, &pp, &patch)
-                .await
-                .map(drop),
-            TargetKind::Deployment | TargetKind::StatefulSet => {
-                Api::<Deployment>::namespaced(client.clone(), ns)
-                    .patch(d, &pp, &patch)
-                    .await
-                    .map(drop)
-            }
-        };
-        done.map_err(Error::kube(format!("resuming {kind} {ns}/{d}")))?;
+        Api::<DynamicObject>::namespaced_with(client.clone(), ns, &kind.api_resource())
+            .patch(d, &pp, &pause::paused_patch(false))
+            .await
+            .map_err(Error::kube(format!("resuming {kind} {ns}/{d}")))?;
     }
     Ok(plan)
 }

@@ -15,10 +15,11 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::Selector;
 use kube::{Api, Client, ResourceExt};
 use kubegrace_api::argo::Rollout;
+use kubegrace_api::crd::TargetKind;
 use kubegrace_load::report::{DemoRun, Event};
 use kubegrace_load::{Config, Protocol, job, rollout};
 
@@ -104,7 +105,17 @@ impl Workload {
             Workload::Rollout(_) => {
                 let api: Api<Rollout> = Api::namespaced(client.clone(), ns);
                 let r = crate::cluster::get(&api, kind, ns, name).await?;
-                (r.spec.selector, r.spec.template.and_then(|t| t.metadata))
+                let mut meta = r.spec.template.and_then(|t| t.metadata);
+                // Argo narrows a blue-green Rollout's Services to one revision by its hash
+                // label, which the pods carry but the template does not: the stable
+                // revision's hash makes the active Service match.
+                if let (Some(m), Some(stable)) = (meta.as_mut(), r.status.and_then(|s| s.stable_rs))
+                {
+                    m.labels
+                        .get_or_insert_default()
+                        .insert(kubegrace_api::argo::POD_TEMPLATE_HASH.into(), stable);
+                }
+                (r.spec.selector, meta)
             }
         };
         let selector = selector.ok_or_else(|| {
@@ -116,24 +127,19 @@ impl Workload {
         ))
     }
 
-    async fn generation(&self, client: &Client, ns: &str) -> std::result::Result<i64, kube::Error> {
-        let generation = match self {
-            Workload::Deployment(n) => {
-                Api::<Deployment>::namespaced(client.clone(), ns)
-                    .get(n)
-                    .await?
-                    .metadata
-                    .generation
-            }
-            Workload::Rollout(n) => {
-                Api::<Rollout>::namespaced(client.clone(), ns)
-                    .get(n)
-                    .await?
-                    .metadata
-                    .generation
-            }
+    /// The workload's API, untyped: reading its generation and patching its template
+    /// are the same for both kinds.
+    fn api(&self, client: &Client, ns: &str) -> Api<DynamicObject> {
+        let kind = match self {
+            Workload::Deployment(_) => TargetKind::Deployment,
+            Workload::Rollout(_) => TargetKind::Rollout,
         };
-        Ok(generation.unwrap_or(0))
+        Api::namespaced_with(client.clone(), ns, &kind.api_resource())
+    }
+
+    async fn generation(&self, client: &Client, ns: &str) -> std::result::Result<i64, kube::Error> {
+        let w = self.api(client, ns).get(self.name()).await?;
+        Ok(w.metadata.generation.unwrap_or(0))
     }
 
     async fn restart(
@@ -142,20 +148,11 @@ impl Workload {
         ns: &str,
         at: f64,
     ) -> std::result::Result<(), kube::Error> {
-        let (pp, patch) = (
-            PatchParams::default(),
-            Patch::Merge(rollout::restart_patch(at)),
-        );
-        match self {
-            Workload::Deployment(n) => Api::<Deployment>::namespaced(client.clone(), ns)
-                .patch(n, &pp, &patch)
-                .await
-                .map(drop),
-            Workload::Rollout(n) => Api::<Rollout>::namespaced(client.clone(), ns)
-                .patch(n, &pp, &patch)
-                .await
-                .map(drop),
-        }
+        let patch = Patch::Merge(rollout::restart_patch(at));
+        self.api(client, ns)
+            .patch(self.name(), &PatchParams::default(), &patch)
+            .await
+            .map(drop)
     }
 
     /// Ok when rolled out at a generation past `before`, else what is missing.

@@ -4,6 +4,7 @@
 use std::fmt;
 
 use kube::KubeSchema;
+use kube::core::{ApiResource, GroupVersionKind};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -70,20 +71,33 @@ pub enum TargetKind {
 }
 
 impl TargetKind {
-    /// The API group the kind lives in.
-    pub fn group(self) -> &'static str {
+    /// The kind's API group, version and resource (plural).
+    fn gvr(self) -> (&'static str, &'static str, &'static str) {
         match self {
-            Self::Deployment | Self::StatefulSet => SUPPORTED_GROUP,
-            Self::Rollout => ARGO_GROUP,
+            Self::Deployment => (SUPPORTED_GROUP, "v1", "deployments"),
+            Self::StatefulSet => (SUPPORTED_GROUP, "v1", "statefulsets"),
+            Self::Rollout => (ARGO_GROUP, "v1alpha1", "rollouts"),
         }
     }
 
+    /// The API group the kind lives in.
+    pub fn group(self) -> &'static str {
+        self.gvr().0
+    }
+
     /// `apiVersion` of the kind's objects, for apply bodies.
-    pub fn api_version(self) -> &'static str {
-        match self {
-            Self::Deployment | Self::StatefulSet => "apps/v1",
-            Self::Rollout => "argoproj.io/v1alpha1",
-        }
+    pub fn api_version(self) -> String {
+        let (group, version, _) = self.gvr();
+        format!("{group}/{version}")
+    }
+
+    /// The kind's API resource, for the writes that are the same for every
+    /// kind (a merge patch of `spec.paused` or of the pod template) through
+    /// an untyped `Api<DynamicObject>`.
+    pub fn api_resource(self) -> ApiResource {
+        let (group, version, plural) = self.gvr();
+        let gvk = GroupVersionKind::gvk(group, version, &self.to_string());
+        ApiResource::from_gvk_with_plural(&gvk, plural)
     }
 }
 

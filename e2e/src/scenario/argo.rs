@@ -388,39 +388,26 @@ mod tests {
 
     #[test]
     fn healthy_needs_the_newest_generation_promoted() {
-        assert!(
-            state("Healthy", 3, "3", "b", "b")
-                .healthy_at_newest(2, false)
-                .is_ok()
-        );
-        // The controller has not seen the new template yet: its phase is the old one's.
-        assert!(
-            state("Healthy", 3, "2", "b", "b")
-                .healthy_at_newest(2, false)
-                .is_err()
-        );
-        // Seen but the new ReplicaSet is not the stable one yet.
-        assert!(
-            state("Healthy", 3, "3", "c", "b")
-                .healthy_at_newest(2, false)
-                .is_err()
-        );
-        assert!(
-            state("Paused", 3, "3", "b", "b")
-                .healthy_at_newest(2, false)
-                .is_err()
-        );
-        assert!(
-            state("Healthy", 3, "3", "", "")
-                .healthy_at_newest(0, false)
-                .is_err()
-        );
-        // An older revision than asked for.
-        assert!(
-            state("Healthy", 3, "3", "b", "b")
-                .healthy_at_newest(3, false)
-                .is_err()
-        );
+        // (phase, observed generation, current hash, stable hash, min revision, healthy)
+        let cases = [
+            ("Healthy", "3", "b", "b", 2, true),
+            // The controller has not seen the new template yet: its phase is the old one's.
+            ("Healthy", "2", "b", "b", 2, false),
+            // Seen but the new ReplicaSet is not the stable one yet.
+            ("Healthy", "3", "c", "b", 2, false),
+            ("Paused", "3", "b", "b", 2, false),
+            ("Healthy", "3", "", "", 0, false),
+            // An older revision than asked for.
+            ("Healthy", "3", "b", "b", 3, false),
+        ];
+        for (phase, seen, current, stable, min_revision, healthy) in cases {
+            let got = state(phase, 3, seen, current, stable).healthy_at_newest(min_revision, false);
+            assert_eq!(
+                got.is_ok(),
+                healthy,
+                "{phase} {seen} {current} {stable} {min_revision}: {got:?}"
+            );
+        }
     }
 
     #[test]

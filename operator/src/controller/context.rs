@@ -98,7 +98,7 @@ impl Subject {
         match self {
             Subject::Route => route.object_ref(&()),
             Subject::Workload { kind, name } => ObjectReference {
-                api_version: Some(kind.api_version().into()),
+                api_version: Some(kind.api_version()),
                 kind: Some(kind.to_string()),
                 name: Some(name.clone()),
                 namespace: route.namespace(),

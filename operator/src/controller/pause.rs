@@ -27,11 +27,10 @@
 //! resumes the rollout on its next sync, which the condition then records
 //! as `Resumed`.
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::DynamicObject;
 use kube::runtime::events::EventType;
 use kube::{Api, Client, ResourceExt};
-use kubegrace_api::argo::Rollout;
 
 use super::context::{Note, Subject};
 use super::drains::PodDrain;
@@ -214,19 +213,10 @@ pub async fn set_paused(
     name: &str,
     paused: bool,
 ) -> std::result::Result<(), kube::Error> {
-    let (params, patch) = (pause_params(), paused_patch(paused));
-    match kind {
-        TargetKind::Rollout => Api::<Rollout>::namespaced(client.clone(), ns)
-            .patch(name, &params, &patch)
-            .await
-            .map(drop),
-        TargetKind::Deployment | TargetKind::StatefulSet => {
-            Api::<Deployment>::namespaced(client.clone(), ns)
-                .patch(name, &params, &patch)
-                .await
-                .map(drop)
-        }
-    }
+    Api::<DynamicObject>::namespaced_with(client.clone(), ns, &kind.api_resource())
+        .patch(name, &pause_params(), &paused_patch(paused))
+        .await
+        .map(drop)
 }
 
 /// The Warning Events of a verdict (pure): on the route with the workload

@@ -89,6 +89,19 @@ fn a_statefulset_is_reported_not_paused() {
 }
 
 #[test]
+fn an_argo_rollout_is_paused_like_a_deployment_unless_someone_else_paused_it() {
+    let rollout = vec![state(TargetKind::Rollout, "web", false, true)];
+    let v = decide(true, &[drain("web-a", 1, 1, Some(1))], &rollout, None);
+    assert!(
+        matches!(&v, Some(Verdict::Pause(l)) if l.kind == TargetKind::Rollout),
+        "{v:?}"
+    );
+    // Paused by `kubectl argo rollouts pause`: not ours to claim.
+    let theirs = vec![state(TargetKind::Rollout, "web", true, true)];
+    assert_eq!(one_loss(&theirs), None);
+}
+
+#[test]
 fn a_pod_of_another_workload_does_not_pause_this_one() {
     let other = vec![state(TargetKind::Deployment, "api", false, true)];
     assert_eq!(one_loss(&other), None);
@@ -248,25 +261,30 @@ fn the_resume_annotation_or_the_condition_whichever_is_later_bounds_old_drains()
 
 #[tokio::test]
 async fn the_pause_is_a_merge_patch_of_spec_paused_by_its_own_field_manager() {
-    let (client, mut api) = crate::testing::mock();
-    let script = async move {
-        let answer = serde_json::to_value(deployment(ROLLING)).expect("json");
-        let seen = crate::testing::answer(&mut api, &answer).await;
-        assert_eq!(
-            seen.call(),
-            ("PATCH", "/apis/apps/v1/namespaces/shop/deployments/web")
-        );
-        let manager = format!("fieldManager={PAUSE_FIELD_MANAGER}");
-        assert!(seen.query.contains(&manager), "{}", seen.query);
-        assert_eq!(seen.content_type, "application/merge-patch+json");
-        assert_eq!(seen.body, json!({"spec": {"paused": true}}));
-    };
-    crate::testing::scripted(
-        script,
-        set_paused(&client, "shop", TargetKind::Deployment, "web", true),
-    )
-    .await
-    .expect("pause succeeds");
+    for (kind, path) in [
+        (
+            TargetKind::Deployment,
+            "/apis/apps/v1/namespaces/shop/deployments/web",
+        ),
+        (
+            TargetKind::Rollout,
+            "/apis/argoproj.io/v1alpha1/namespaces/shop/rollouts/web",
+        ),
+    ] {
+        let (client, mut api) = crate::testing::mock();
+        let script = async move {
+            let answer = serde_json::to_value(deployment(ROLLING)).expect("json");
+            let seen = crate::testing::answer(&mut api, &answer).await;
+            assert_eq!(seen.call(), ("PATCH", path));
+            let manager = format!("fieldManager={PAUSE_FIELD_MANAGER}");
+            assert!(seen.query.contains(&manager), "{}", seen.query);
+            assert_eq!(seen.content_type, "application/merge-patch+json");
+            assert_eq!(seen.body, json!({"spec": {"paused": true}}));
+        };
+        crate::testing::scripted(script, set_paused(&client, "shop", kind, "web", true))
+            .await
+            .expect("pause succeeds");
+    }
 }
 
 #[test]

@@ -90,7 +90,7 @@ pub async fn dereference(
     others: &[&GraceRoute],
 ) -> Result<Observed, Error> {
     let ns = route.namespace().unwrap_or_default();
-    let (workloads, states) = Workloads::read(client, &ns).await?;
+    let (workloads, states) = Workloads::read_for(client, &ns, route).await?;
     let (targets, overlaps) = claim_targets(route, &workloads, others);
     let targets: Vec<(Target, Option<String>)> = targets.into_iter().cloned().collect();
     let rollouts = targets
@@ -179,6 +179,14 @@ pub trait ReadWorkloads: Sized {
         client: &Client,
         ns: &str,
     ) -> impl Future<Output = Result<(Self, BTreeMap<String, RolloutState>), Error>> + Send;
+
+    /// [`ReadWorkloads::read`] of the kinds `route` can target: its reconcile
+    /// costs no Rollout list when it names a Deployment or StatefulSet.
+    fn read_for(
+        client: &Client,
+        ns: &str,
+        route: &GraceRoute,
+    ) -> impl Future<Output = Result<(Self, BTreeMap<String, RolloutState>), Error>> + Send;
 }
 
 impl ReadWorkloads for Workloads {
@@ -190,21 +198,45 @@ impl ReadWorkloads for Workloads {
         client: &Client,
         ns: &str,
     ) -> Result<(Self, BTreeMap<String, RolloutState>), Error> {
-        let lp = ListParams::default();
-        let deployments = Api::<Deployment>::namespaced(client.clone(), ns)
-            .list(&lp)
-            .await
-            .map_err(Error::read(format!("listing Deployments in {ns}")))?;
-        let statefulsets = Api::<StatefulSet>::namespaced(client.clone(), ns)
-            .list(&lp)
-            .await
-            .map_err(Error::read(format!("listing StatefulSets in {ns}")))?;
-        let rollouts = rollouts(client, ns).await?;
-        Ok((
-            Self::from_all(&deployments.items, &statefulsets.items, &rollouts),
-            super::pause::states(&deployments.items, &statefulsets.items, &rollouts),
-        ))
+        read_kinds(client, ns, true).await
     }
+
+    async fn read_for(
+        client: &Client,
+        ns: &str,
+        route: &GraceRoute,
+    ) -> Result<(Self, BTreeMap<String, RolloutState>), Error> {
+        let by_ref = route.spec.target_ref.as_ref();
+        let rollouts = by_ref.is_none_or(|t| t.kind == crate::crd::TargetKind::Rollout);
+        read_kinds(client, ns, rollouts).await
+    }
+}
+
+/// The namespace's Deployments and StatefulSets, and its Rollouts if
+/// `rollouts`, with their rollout states.
+async fn read_kinds(
+    client: &Client,
+    ns: &str,
+    rollouts: bool,
+) -> Result<(Workloads, BTreeMap<String, RolloutState>), Error> {
+    let lp = ListParams::default();
+    let deployments = Api::<Deployment>::namespaced(client.clone(), ns)
+        .list(&lp)
+        .await
+        .map_err(Error::read(format!("listing Deployments in {ns}")))?;
+    let statefulsets = Api::<StatefulSet>::namespaced(client.clone(), ns)
+        .list(&lp)
+        .await
+        .map_err(Error::read(format!("listing StatefulSets in {ns}")))?;
+    let rollouts = if rollouts {
+        self::rollouts(client, ns).await?
+    } else {
+        Vec::new()
+    };
+    Ok((
+        Workloads::from_all(&deployments.items, &statefulsets.items, &rollouts),
+        super::pause::states(&deployments.items, &statefulsets.items, &rollouts),
+    ))
 }
 
 /// The namespace's Argo Rollouts. Where Argo Rollouts is not installed (the

@@ -36,6 +36,7 @@
 //! under load and the wait for it), `results` (what a run measured), `kit` (clients for the
 //! demo app's long exchanges and the cluster helpers the in-flight and breaker tests share).
 
+pub mod balancer;
 mod deploy;
 mod install;
 pub mod kit;

@@ -11,22 +11,24 @@
 //!   `cloud.google.com/backend-config` (or its `beta.` twin), its
 //!   `spec.connectionDraining.drainingTimeoutSec`.
 //!
-//! Only Services that select at least one of the route's pods count. The longest setting
-//! wins (a longer grace phase is only slower; a shorter one loses requests), and it never
-//! lowers the route's own maxDelay: a balancer's drain time says how long it may keep
-//! sending, not that kube-proxy is faster. The result is bounded so that it plus the drain's
-//! effective timeout stays within the CRD's bound ([`MAX_DRAIN`]), as a written maxDelay
-//! must.
+//! Only a route whose maxDelay is the CRD's default follows a balancer
+//! ([`follows_balancer`]): the API server writes the schema's defaults into the stored
+//! object, so a maxDelay left out and one written as the default look the same, and both
+//! are raised (only slower, never lossy); any other value is the route's own. Only Services
+//! that select at least one of the route's pods count. The longest setting wins (a longer
+//! grace phase is only slower; a shorter one loses requests), and it never lowers the
+//! route's maxDelay: a balancer's drain time says how long it may keep sending, not that
+//! kube-proxy is faster. The result is bounded so that it plus the drain's effective
+//! timeout stays within the CRD's bound ([`MAX_DRAIN`]), as a written maxDelay must.
 //!
-//! Not hooked into the controller yet: the hook needs to know whether the stored route
-//! wrote `drain.maxDelay` (the decoded spec has the default filled in), and the webhook's
-//! per-pod budget must see the same value. See [`route_sets_max_delay`].
+//! The controller applies it (`controller/balancer.rs`) between dereference and validate.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Service};
 
+use crate::crd::DrainSpec;
 use crate::crd::bounds::MAX_DRAIN;
 
 /// The aws-load-balancer-controller's Service annotation of target group attributes
@@ -61,12 +63,10 @@ pub struct Found {
     pub unreadable: Vec<String>,
 }
 
-/// Whether the stored route (as the API server returned it, before defaults) writes
-/// `spec.drain.maxDelay`: only a route that does not is given a balancer's delay.
-pub fn route_sets_max_delay(route: &serde_json::Value) -> bool {
-    route
-        .pointer("/spec/drain/maxDelay")
-        .is_some_and(|v| !v.is_null())
+/// Whether a route with this `drain.maxDelay` follows the balancers in front of its pods:
+/// only at the CRD's default (written or left out; the API server fills it in either way).
+pub fn follows_balancer(max_delay: Duration) -> bool {
+    max_delay == DrainSpec::default().max_delay.get()
 }
 
 /// Whether Service `svc` sends to `pod`: a non-empty selector whose every pair is among the

@@ -36,17 +36,11 @@ fn backend_config(draining: serde_json::Value) -> serde_json::Value {
 }
 
 #[test]
-fn only_a_route_that_writes_max_delay_keeps_it() {
-    assert!(route_sets_max_delay(
-        &json!({"spec": {"drain": {"maxDelay": "20s"}}})
-    ));
-    assert!(!route_sets_max_delay(
-        &json!({"spec": {"drain": {"quiet": "1s"}}})
-    ));
-    assert!(!route_sets_max_delay(&json!({"spec": {}})));
-    assert!(!route_sets_max_delay(
-        &json!({"spec": {"drain": {"maxDelay": null}}})
-    ));
+fn only_a_route_at_the_default_max_delay_follows_a_balancer() {
+    assert!(follows_balancer(SECS(15)));
+    for own in [SECS(14), SECS(16), SECS(0), SECS(3600)] {
+        assert!(!follows_balancer(own), "{own:?}");
+    }
 }
 
 #[test]

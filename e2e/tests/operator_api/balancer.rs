@@ -1,18 +1,20 @@
 //! A route at the default `drain.maxDelay`, behind a cloud load balancer
 //! (`operator/src/controller/balancer.rs`): the AWS target group's deregistration delay on a
 //! Service selecting the route's pods raises the route's maxDelay (the sidecars' config, the
-//! budget), the `Accepted` message says where it came from, and a maxDelay of the route's
-//! own (any other value) wins again.
+//! budget, and through the injection webhook the grace period of a pod injected after it),
+//! the `Accepted` message says where it came from, and a maxDelay of the route's own (any
+//! other value) wins again.
 
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::Api;
-use kube::api::ListParams;
+use kube::api::{ListParams, Patch, PatchParams};
 use kubegrace_operator::crd::GraceRoute;
 use kubegrace_operator::rules::balancer::{AWS_DEREGISTRATION_DELAY, AWS_TARGET_GROUP_ATTRIBUTES};
 use kubegrace_sidecar_api::config::Config;
-use kubegrace_sidecar_api::pod;
+use kubegrace_sidecar_api::{keys, pod};
 use serde_json::json;
 
 use crate::harness::*;
@@ -89,6 +91,26 @@ async fn a_load_balancers_drain_time_raises_a_routes_default_max_delay() {
         })
         .await;
         assert_eq!(in_config, Duration::from_secs(45));
+
+        // A pod injected now gets the raised budget as its grace period: the webhook takes
+        // the status's budget when it is longer than the spec's (40s).
+        Api::<Deployment>::namespaced(client.clone(), &ns.name)
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": { (keys::INJECT): "enabled" }}})),
+            )
+            .await
+            .expect("annotate");
+        let grace = wait_for(90, "an injected pod of web", || async {
+            let list = pods.list(&ListParams::default().labels("app=web")).await.ok()?;
+            list.items
+                .iter()
+                .find(|p| has_sidecar(p))
+                .and_then(|p| p.spec.as_ref()?.termination_grace_period_seconds)
+        })
+        .await;
+        assert_eq!(grace, 70, "the injected pod's grace period");
 
         // A maxDelay the route writes is the route's, even below the balancer's.
         patch_route_spec(&routes, "web", json!({"drain": {"maxDelay": "10s"}}))

@@ -12,7 +12,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use kubegrace_operator::crd::GraceRoute;
-use kubegrace_operator::rules::balancer::{AWS_DEREGISTRATION_DELAY, AWS_TARGET_GROUP_ATTRIBUTES};
+use kubegrace_operator::rules::balancer::{
+    AWS_DEREGISTRATION_DELAY, AWS_TARGET_GROUP_ATTRIBUTES, GKE_BACKEND_CONFIG,
+};
 use kubegrace_sidecar_api::config::Config;
 use kubegrace_sidecar_api::{keys, pod};
 use serde_json::json;
@@ -58,6 +60,16 @@ async fn a_load_balancers_drain_time_raises_a_routes_default_max_delay() {
         }))
         .expect("service");
         create(&Api::namespaced(client.clone(), &ns.name), &nlb, "create service").await;
+        // A GKE one whose BackendConfig is not there (no such CRD on this cluster: the API
+        // server answers 404 for the whole type): not followed, and no failed reconcile.
+        let neg: Service = serde_json::from_value(json!({
+            "metadata": {"name": "web-neg", "annotations": {
+                GKE_BACKEND_CONFIG: r#"{"default": "missing"}"#,
+            }},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": "http"}]},
+        }))
+        .expect("service");
+        create(&Api::namespaced(client.clone(), &ns.name), &neg, "create service").await;
 
         // No maxDelay written (the API server fills in the default 15s): raised to the
         // balancer's 45s, and the budget follows (45s + 20s + 5s).

@@ -147,11 +147,13 @@ pub fn decide<R: std::borrow::Borrow<GraceRoute>>(
         },
         token,
         // From the spec (pure), so a pod created before the route's first
-        // status write still gets the grace period its drain needs.
+        // status write still gets the grace period its drain needs; the
+        // status's when longer (a load balancer raised the route's maxDelay,
+        // controller/balancer.rs).
         budget_seconds: crate::rules::budget(&route.spec)
             .ok()
             .map(|b| b.seconds)
-            .or_else(|| route.status.as_ref().and_then(|st| st.budget_seconds)),
+            .max(route.status.as_ref().and_then(|st| st.budget_seconds)),
     };
     match inject::inject(pod, &plan) {
         Ok(p) => Decision::Inject(
@@ -546,6 +548,27 @@ spec:
         assert_eq!(
             pick(&pod("rollouts-pod-template-hash", "StatefulSet")),
             None
+        );
+    }
+
+    #[test]
+    fn a_status_budget_longer_than_the_specs_wins() {
+        // The controller raised maxDelay for a load balancer (controller/balancer.rs): the
+        // status carries the longer budget, and the pod must get it.
+        let pod: Pod = serde_norway::from_str(POD).expect("pod");
+        let status = |b: i64| {
+            vec![route(&format!(
+                "metadata: {{name: web, namespace: shop}}\nspec: {{targetRef: {{kind: Deployment, name: web}}, ports: [{{name: http}}]}}\nstatus: {{budgetSeconds: {b}}}"
+            ))]
+        };
+        assert_eq!(
+            grace_period(&injected(&pod, &status(155), "t".into())),
+            Some(155)
+        );
+        // A shorter (stale) status does not lower the spec's 50s.
+        assert_eq!(
+            grace_period(&injected(&pod, &status(20), "t".into())),
+            Some(50)
         );
     }
 

@@ -34,9 +34,11 @@
 //! creates), `status` (reading their state), `deploy` ([`Scenario`]: deploy and settle the
 //! demo app), `load_job` (the load, from this host or a loadgen Job), `rollout` (the change
 //! under load and the wait for it), `results` (what a run measured), `kit` (clients for the
-//! demo app's long exchanges and the cluster helpers the in-flight and breaker tests share).
+//! demo app's long exchanges and the cluster helpers the in-flight and breaker tests share),
+//! `balancer` (HAProxy and CoreDNS on this host in front of the demo app, `tests/balancer.rs`).
 
 pub mod argo;
+pub mod balancer;
 mod deploy;
 mod install;
 pub mod kit;

@@ -113,7 +113,7 @@ impl Scenario {
         Ok(())
     }
 
-    async fn act_and_wait(
+    pub(super) async fn act_and_wait(
         &self,
         name: &str,
         action: Action,
@@ -257,9 +257,9 @@ impl Scenario {
 }
 
 /// What [`Scenario::act_and_wait`] saw.
-struct Acted {
-    rollout_s: f64,
-    at_unix_s: f64,
-    events: Vec<(f64, String)>,
-    killed: Vec<String>,
+pub(super) struct Acted {
+    pub(super) rollout_s: f64,
+    pub(super) at_unix_s: f64,
+    pub(super) events: Vec<(f64, String)>,
+    pub(super) killed: Vec<String>,
 }

@@ -11,6 +11,7 @@
 //! watches all namespaces.
 
 mod admission;
+mod balancer;
 mod harness;
 mod ownership;
 mod pause;

@@ -51,6 +51,7 @@ use crate::tolerant::{self, Routes};
 use crate::{Error, FIELD_MANAGER, Result, keys};
 
 pub mod apply;
+pub mod balancer;
 pub mod build;
 pub mod context;
 pub mod decisions;
@@ -84,6 +85,9 @@ async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {
     let others: Vec<&GraceRoute> = known.iter().map(AsRef::as_ref).collect();
 
     let observed = dereference::dereference(&ctx.client, route, &others).await?;
+    // A route without its own maxDelay follows the balancers in front of its pods.
+    let balanced = balancer::effective(ctx, route, &observed).await?;
+    let route = balanced.as_ref().map_or(route, |b| &b.route);
     let valid = match validate::check(route, &observed) {
         Ok(valid) => valid,
         Err(invalid) => {
@@ -102,7 +106,8 @@ async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {
     };
     let desired = build::desired(route, &valid, &observed)?;
     finalizer::apply_guarded(&ctx.client, &api, route, &observed, &desired).await?;
-    let report = status::accepted(route, &observed, &valid, &desired);
+    let mut report = status::accepted(route, &observed, &valid, &desired);
+    balancer::note(&mut report, balanced.as_ref());
     let ready = report.ready();
     status::update(ctx, &api, route, &observed, report).await?;
     // Pods and workloads are watched; the periodic pass only catches drift

@@ -12,6 +12,7 @@
 //! app around the sidecar). [`check_bounds`] comes first: it re-checks the
 //! CRD's bounds, which everything after it relies on.
 
+pub mod balancer;
 mod bounds;
 mod budget;
 #[cfg(test)]

@@ -21,20 +21,24 @@ use serde::{Deserialize, Serialize};
     version = "v1alpha1",
     kind = "Rollout",
     namespaced,
-    status = "ArgoRolloutStatus",
+    status = "serde_json::Value",
     schema = "disabled"
 )]
 #[serde(rename_all = "camelCase", default)]
 pub struct ArgoRolloutSpec {
+    /// Pods wanted (Argo's default: 1).
     pub replicas: Option<i32>,
+    /// Selects every revision's pods; Argo adds its hash label per revision.
     pub selector: Option<LabelSelector>,
     /// Absent when the Rollout takes its template from a Deployment
     /// (`workloadRef`), which kubegrace does not follow.
     pub template: Option<PodTemplateSpec>,
+    /// As a Deployment's; `rollout.minReadySeconds` writes it.
     pub min_ready_seconds: Option<i32>,
     /// The user-level pause (`kubectl argo rollouts pause`), which the
-    /// pause-on-drain-loss decision also sets.
-    pub paused: Option<bool>,
+    /// pause-on-drain-loss decision also sets; absent is false.
+    pub paused: bool,
+    /// Canary (also when absent) or blue-green.
     pub strategy: Option<ArgoStrategy>,
 }
 
@@ -53,30 +57,46 @@ pub struct ArgoStrategy {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ArgoCanary {
+    /// Extra pods during a step (Argo's default: 25%).
     pub max_surge: Option<IntOrString>,
+    /// Pods that may be missing during a step (Argo's default: 25%).
     pub max_unavailable: Option<IntOrString>,
 }
 
-/// The Rollout's status (the part kubegrace reads).
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase", default)]
-pub struct ArgoRolloutStatus {
-    /// A string in Argo Rollouts (the generation the controller acted on).
-    pub observed_generation: Option<String>,
-    pub replicas: Option<i32>,
-    pub updated_replicas: Option<i32>,
-    pub ready_replicas: Option<i32>,
-    pub available_replicas: Option<i32>,
-    /// The pod-template hash of the newest revision.
-    pub current_pod_hash: Option<String>,
-    /// The pod-template hash of the revision that serves as stable; it
-    /// differs from `currentPodHash` until a canary or blue-green rollout
-    /// is promoted.
-    #[serde(rename = "stableRS")]
-    pub stable_rs: Option<String>,
-    /// `Progressing`, `Paused`, `Healthy` or `Degraded`.
-    pub phase: Option<String>,
-    pub message: Option<String>,
+/// What kubegrace reads of a Rollout's status, which is kept as Argo wrote
+/// it (a JSON object): a few fields, read where they are needed.
+impl Rollout {
+    fn status_field(&self, key: &str) -> Option<&serde_json::Value> {
+        self.status.as_ref()?.get(key)
+    }
+
+    /// A string field of the status (`phase`, `message`, `currentPodHash`:
+    /// the newest revision's pod-template hash, `stableRS`: the stable one's).
+    pub fn status_str(&self, key: &str) -> Option<&str> {
+        self.status_field(key)?.as_str()
+    }
+
+    /// A replica count of the status (`replicas`, `updatedReplicas`,
+    /// `availableReplicas`); 0 when absent or out of range.
+    pub fn status_count(&self, key: &str) -> i32 {
+        let n = self.status_field(key).and_then(serde_json::Value::as_i64);
+        n.and_then(|n| i32::try_from(n).ok()).unwrap_or(0)
+    }
+
+    /// Argo Rollouts has acted on the newest spec: `status.observedGeneration`
+    /// (a string in Argo) has reached `metadata.generation`.
+    pub fn seen(&self) -> bool {
+        let observed = self.status_str("observedGeneration");
+        let observed = observed.and_then(|g| g.parse::<i64>().ok());
+        observed.is_some_and(|g| g >= self.metadata.generation.unwrap_or(0))
+    }
+
+    /// The newest revision is the stable one: no canary step or blue-green
+    /// preview is waiting for promotion.
+    pub fn promoted(&self) -> bool {
+        let current = self.status_str("currentPodHash");
+        current.is_some() && current == self.status_str("stableRS")
+    }
 }
 
 /// The label Argo Rollouts puts on a Rollout's pods and ReplicaSets (the
@@ -88,28 +108,21 @@ pub const POD_TEMPLATE_HASH: &str = "rollouts-pod-template-hash";
 /// stable one (promoted), every replica is updated and available, and the phase is
 /// `Healthy`; else what is missing.
 pub fn rolled_out(r: &Rollout) -> Result<(), String> {
-    let generation = r.metadata.generation.unwrap_or(0);
-    let want = r.spec.replicas.unwrap_or(1);
-    let s = r.status.clone().unwrap_or_default();
-    let seen = s
-        .observed_generation
-        .as_deref()
-        .and_then(|g| g.parse::<i64>().ok())
-        .is_some_and(|g| g >= generation);
-    if !seen {
+    if !r.seen() {
         return Err("Argo Rollouts has not seen the change yet".into());
     }
-    let phase = s.phase.as_deref().unwrap_or("-");
-    let promoted = s.current_pod_hash.is_some() && s.current_pod_hash == s.stable_rs;
-    let updated = s.updated_replicas.unwrap_or(0);
-    let available = s.available_replicas.unwrap_or(0);
-    let total = s.replicas.unwrap_or(0);
+    let want = r.spec.replicas.unwrap_or(1);
+    let phase = r.status_str("phase").unwrap_or("-");
+    let promoted = r.promoted();
+    let updated = r.status_count("updatedReplicas");
+    let available = r.status_count("availableReplicas");
+    let total = r.status_count("replicas");
     if phase == "Healthy" && promoted && updated == want && available == want && total == want {
         Ok(())
     } else {
         Err(format!(
             "phase {phase} ({}), promoted {promoted}, {updated} updated, {available} available of {want} ({total} counted)",
-            s.message.as_deref().unwrap_or("")
+            r.status_str("message").unwrap_or("")
         ))
     }
 }
@@ -168,9 +181,10 @@ mod tests {
             .and_then(|s| s.canary)
             .expect("canary");
         assert_eq!(canary.max_surge, Some(IntOrString::String("25%".into())));
-        let status = r.status.clone().expect("status");
-        assert_eq!(status.stable_rs.as_deref(), Some("def"));
-        assert_eq!(status.observed_generation.as_deref(), Some("3"));
+        assert_eq!(r.status_str("stableRS"), Some("def"));
+        assert!(r.seen(), "observedGeneration \"3\" at generation 3");
+        assert!(!r.promoted(), "abc is not the stable def");
+        assert_eq!(r.status_count("HPAReplicas"), 3);
         let (target, selector) = crate::workloads::rollout_target(&r).expect("target");
         assert_eq!(target.id(), "Rollout/web");
         assert_eq!(

@@ -132,26 +132,19 @@ pub fn statefulset_state(s: &StatefulSet) -> Option<RolloutState> {
 pub fn rollout_state(r: &Rollout) -> Option<RolloutState> {
     let spec = &r.spec;
     let selector = spec.selector.clone()?;
-    let status = r.status.clone().unwrap_or_default();
-    let seen = status
-        .observed_generation
-        .as_deref()
-        .and_then(|g| g.parse::<i64>().ok())
-        .is_some_and(|g| Some(g) >= r.metadata.generation);
-    let updated = status.updated_replicas.unwrap_or(0);
+    let updated = r.status_count("updatedReplicas");
     // A canary or blue-green revision not yet promoted is a rollout under
     // way even when every replica is updated (blue-green's preview set).
-    let unpromoted =
-        status.current_pod_hash.is_some() && status.current_pod_hash != status.stable_rs;
-    let progressing = !seen
+    let unpromoted = r.status_str("currentPodHash").is_some() && !r.promoted();
+    let progressing = !r.seen()
         || unpromoted
         || updated < spec.replicas.unwrap_or(1)
-        || status.replicas.unwrap_or(0) > updated;
+        || r.status_count("replicas") > updated;
     Some(RolloutState {
         kind: TargetKind::Rollout,
         name: r.name_any(),
         selector,
-        paused: spec.paused.unwrap_or(false),
+        paused: spec.paused,
         paused_here: paused_by_manager(r),
         progressing,
     })

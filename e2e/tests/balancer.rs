@@ -38,9 +38,8 @@ fn describe(name: &str, r: &BalancedRun) -> String {
 }
 
 #[tokio::test]
-async fn a_rollout_behind_haproxy_with_dns_discovery_loses_no_request_with_kubegrace_and_some_without()
--> Result<()> {
-    let test = "a_rollout_behind_haproxy_with_dns_discovery_loses_no_request_with_kubegrace_and_some_without";
+async fn behind_haproxy_a_rollout_loses_no_request_with_kubegrace_only() -> Result<()> {
+    let test = "behind_haproxy_a_rollout_loses_no_request_with_kubegrace_only";
     let client = kubegrace_e2e::cluster_or_skip!(test);
     let mut opts = Options::new("kg-e2e-lb");
     // HAProxy listens on this host's loopback: the load runs here.

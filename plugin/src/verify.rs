@@ -105,12 +105,12 @@ impl Workload {
             Workload::Rollout(_) => {
                 let api: Api<Rollout> = Api::namespaced(client.clone(), ns);
                 let r = crate::cluster::get(&api, kind, ns, name).await?;
+                let stable = r.status_str("stableRS").map(String::from);
                 let mut meta = r.spec.template.and_then(|t| t.metadata);
                 // Argo narrows a blue-green Rollout's Services to one revision by its hash
                 // label, which the pods carry but the template does not: the stable
                 // revision's hash makes the active Service match.
-                if let (Some(m), Some(stable)) = (meta.as_mut(), r.status.and_then(|s| s.stable_rs))
-                {
+                if let (Some(m), Some(stable)) = (meta.as_mut(), stable) {
                     m.labels
                         .get_or_insert_default()
                         .insert(kubegrace_api::argo::POD_TEMPLATE_HASH.into(), stable);
@@ -169,22 +169,20 @@ impl Workload {
                 Ok(())
             }
         };
+        let obj = self
+            .api(client, ns)
+            .get(self.name())
+            .await
+            .map_err(|e| e.to_string())?;
+        moved(obj.metadata.generation)?;
+        let value = serde_json::to_value(&obj).map_err(|e| e.to_string())?;
+        let decode = |e: serde_json::Error| format!("{} {}: {e}", self.kind(), self.name());
         match self {
-            Workload::Deployment(n) => {
-                let d = Api::<Deployment>::namespaced(client.clone(), ns)
-                    .get(n)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                moved(d.metadata.generation)?;
-                rollout::rolled_out(&d)
+            Workload::Deployment(_) => {
+                rollout::rolled_out(&serde_json::from_value(value).map_err(decode)?)
             }
-            Workload::Rollout(n) => {
-                let r = Api::<Rollout>::namespaced(client.clone(), ns)
-                    .get(n)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                moved(r.metadata.generation)?;
-                kubegrace_api::argo::rolled_out(&r)
+            Workload::Rollout(_) => {
+                kubegrace_api::argo::rolled_out(&serde_json::from_value(value).map_err(decode)?)
             }
         }
     }

@@ -280,25 +280,8 @@ impl Scenario {
     ) -> Result<BalancedRun> {
         let before = self.pod_names(name).await?;
         let addr = balancer.frontend(name)?;
-        let lo = &self.opts.load;
-        let cfg = load::Config {
-            target: format!("http://{addr}"),
-            protocol: lo.protocol,
-            rate: lo.rate,
-            duration: lo.max_duration,
-            max_requests: (lo.rate * lo.max_duration.as_secs_f64()).ceil() as u64,
-            connections: lo.connections,
-            path: lo.path.clone(),
-            timeout: lo.timeout,
-            ..load::Config::default()
-        };
-        p.step(format!(
-            "{name}: load {}/s {} keep-alive ({} connections, GET {}) on HAProxy {addr}",
-            lo.rate,
-            lo.protocol.as_str(),
-            lo.connections,
-            lo.path
-        ));
+        let cfg = self.load_config(format!("http://{addr}"));
+        p.step(self.load_line(name, &format!("HAProxy {addr}")));
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             load::run_outcomes_until(&cfg, async {
@@ -470,14 +453,15 @@ mod tests {
 
     #[test]
     fn templates_render_with_every_placeholder_filled() -> Result<()> {
-        let core = render(
-            "Corefile.in",
-            &[
-                ("DNS_PORT", "1053".into()),
-                ("READY_PORT", "1054".into()),
-                ("KUBECONFIG", "/k".into()),
-            ],
-        )?;
+        let owned = |pairs: &[(&'static str, &str)]| -> Vec<(&'static str, String)> {
+            pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+        };
+        let core_values = owned(&[
+            ("DNS_PORT", "1053"),
+            ("READY_PORT", "1054"),
+            ("KUBECONFIG", "/k"),
+        ]);
+        let core = render("Corefile.in", &core_values)?;
         assert!(core.contains("cluster.local:1053 {"), "{core}");
         assert!(core.contains("bind 127.0.0.1"), "{core}");
         let cfg = render(

@@ -89,14 +89,7 @@ impl Scenario {
             LoadMode::Host => {
                 let addr = self.service_addr(name).await?;
                 let cfg = self.load_config(format!("http://{addr}"));
-                p.step(format!(
-                    "{name}: load {}/s {} keep-alive ({} connections, GET {}) on {addr} from {}",
-                    lo.rate,
-                    lo.protocol.as_str(),
-                    lo.connections,
-                    lo.path,
-                    lo.mode.describe()
-                ));
+                p.step(self.load_line(name, &format!("{addr} from {}", lo.mode.describe())));
                 let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
                 let task = tokio::spawn(async move {
                     load::run_outcomes_until(&cfg, async {
@@ -114,7 +107,19 @@ impl Scenario {
         }
     }
 
-    fn load_config(&self, target: String) -> load::Config {
+    /// The step that says what load runs on `name`'s `target`.
+    pub(super) fn load_line(&self, name: &str, target: &str) -> String {
+        let lo = &self.opts.load;
+        format!(
+            "{name}: load {}/s {} keep-alive ({} connections, GET {}) on {target}",
+            lo.rate,
+            lo.protocol.as_str(),
+            lo.connections,
+            lo.path
+        )
+    }
+
+    pub(super) fn load_config(&self, target: String) -> load::Config {
         let lo = &self.opts.load;
         load::Config {
             target,
@@ -147,13 +152,7 @@ impl Scenario {
         jobs.create(&PostParams::default(), &job)
             .await
             .with_context(|| format!("creating the loadgen Job {job_name}"))?;
-        p.step(format!(
-            "{name}: load {}/s {} keep-alive ({} connections, GET {}) on {cluster_ip}:80 from Job {job_name}",
-            cfg.rate,
-            cfg.protocol.as_str(),
-            cfg.connections,
-            cfg.path
-        ));
+        p.step(self.load_line(name, &format!("{cluster_ip}:80 from Job {job_name}")));
         let pods = self.pods();
         let selector = load::job::pod_selector(&job_name);
         let pod = p

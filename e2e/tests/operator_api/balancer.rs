@@ -7,16 +7,15 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::ListParams;
 use kubegrace_operator::crd::GraceRoute;
 use kubegrace_operator::rules::balancer::{
     AWS_DEREGISTRATION_DELAY, AWS_TARGET_GROUP_ATTRIBUTES, GKE_BACKEND_CONFIG,
 };
 use kubegrace_sidecar_api::config::Config;
-use kubegrace_sidecar_api::{keys, pod};
+use kubegrace_sidecar_api::pod;
 use serde_json::json;
 
 use crate::harness::*;
@@ -74,13 +73,14 @@ async fn a_load_balancers_drain_time_raises_a_routes_default_max_delay() {
         // No maxDelay written (the API server fills in the default 15s): raised to the
         // balancer's 45s, and the budget follows (45s + 20s + 5s).
         let routes: Api<GraceRoute> = Api::namespaced(client.clone(), &ns.name);
+        let spec = json!({
+            "targetRef": {"kind": "Deployment", "name": "web"},
+            "ports": [{"name": "http"}],
+            "drain": {"timeout": "20s"},
+        });
         let route = graceroute_spec(
             "web",
-            json!({
-                "targetRef": {"kind": "Deployment", "name": "web"},
-                "ports": [{"name": "http"}],
-                "drain": {"timeout": "20s"},
-            }),
+            spec,
         );
         create(&routes, &route, "create route").await;
         let r = wait_for(60, "budget 70s from the balancer's 45s", || async {
@@ -106,14 +106,7 @@ async fn a_load_balancers_drain_time_raises_a_routes_default_max_delay() {
 
         // A pod injected now gets the raised budget as its grace period: the webhook takes
         // the status's budget when it is longer than the spec's (40s).
-        Api::<Deployment>::namespaced(client.clone(), &ns.name)
-            .patch(
-                "web",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"annotations": { (keys::INJECT): "enabled" }}})),
-            )
-            .await
-            .expect("annotate");
+        annotate_inject(&Api::namespaced(client.clone(), &ns.name), "web").await;
         let grace = wait_for(90, "an injected pod of web", || async {
             let list = pods.list(&ListParams::default().labels("app=web")).await.ok()?;
             list.items

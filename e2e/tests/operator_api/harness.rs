@@ -487,3 +487,15 @@ pub fn graceroute_spec(name: &str, spec: serde_json::Value) -> GraceRoute {
     }))
     .expect("route")
 }
+
+/// `kubectl annotate deployment NAME kubegrace.io/inject=enabled`, as a merge patch.
+pub async fn annotate_inject(deployments: &Api<Deployment>, name: &str) {
+    deployments
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": { (keys::INJECT): "enabled" }}})),
+        )
+        .await
+        .expect("annotate");
+}

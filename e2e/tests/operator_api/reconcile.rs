@@ -97,14 +97,7 @@ async fn a_route_is_reconciled_injected_idempotent_and_restored_on_delete() {
 
         // Opt in: the operator copies the annotation into the template; the
         // rolled pods come back with the sidecar and the route turns Ready.
-        deployments
-            .patch(
-                "web",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"annotations": { (keys::INJECT): "enabled" }}})),
-            )
-            .await
-            .expect("annotate");
+        annotate_inject(&deployments, "web").await;
         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
         wait_for(90, "an injected pod of web", || async {
             let list = pods

@@ -162,42 +162,45 @@ fn the_longest_balancer_setting_of_a_selecting_service_raises_max_delay() {
     let found = balancer_max_delay(&services[..1], &pods, &configs, SECS(15), SECS(30));
     let got = found.max_delay.expect("a delay");
     assert_eq!(got.delay, SECS(120));
-    assert!(
-        got.source.starts_with("Service web-nlb: "),
-        "{}",
-        got.source
-    );
+    let source = &got.source;
+    assert!(source.starts_with("Service web-nlb: "), "{source}");
+}
+
+/// What one Service of the web pods with this AWS attribute list raises a
+/// route (maxDelay 15s, timeout `timeout_s`) to.
+fn aws_alone(attrs: &str, timeout_s: u64) -> Found {
+    let services = [aws("web", attrs)];
+    balancer_max_delay(
+        &services,
+        &[web_pod()],
+        &BTreeMap::new(),
+        SECS(15),
+        SECS(timeout_s),
+    )
 }
 
 #[test]
 fn a_balancer_setting_never_lowers_the_routes_max_delay() {
-    let pods = [web_pod()];
-    let services = [aws("web", "deregistration_delay.timeout_seconds=10")];
-    let none = BTreeMap::new();
-    let found = balancer_max_delay(&services, &pods, &none, SECS(15), SECS(30));
+    let found = aws_alone("deregistration_delay.timeout_seconds=10", 30);
     assert_eq!(found, Found::default());
     // Equal is not longer either.
-    let services = [aws("web", "deregistration_delay.timeout_seconds=15")];
-    let found = balancer_max_delay(&services, &pods, &none, SECS(15), SECS(30));
+    let found = aws_alone("deregistration_delay.timeout_seconds=15", 30);
     assert_eq!(found.max_delay, None);
 }
 
 #[test]
 fn the_delay_is_capped_so_that_the_drain_fits_the_crds_bound() {
-    let pods = [web_pod()];
-    let services = [aws("web", "deregistration_delay.timeout_seconds=3600")];
-    let none = BTreeMap::new();
+    let hour = "deregistration_delay.timeout_seconds=3600";
     // 3600s + a 30s timeout is past 1h: capped at 3570s.
-    let found = balancer_max_delay(&services, &pods, &none, SECS(15), SECS(30));
-    let got = found.max_delay.expect("a delay");
+    let got = aws_alone(hour, 30).max_delay.expect("a delay");
     assert_eq!(got.delay, MAX_DRAIN - SECS(30));
     assert!(got.source.contains("capped at 3570s"), "{}", got.source);
     // A timeout that leaves no more than the route's own maxDelay: nothing to raise.
-    let found = balancer_max_delay(&services, &pods, &none, SECS(15), MAX_DRAIN - SECS(15));
-    assert_eq!(found.max_delay, None);
+    let leaves_15s = (MAX_DRAIN - SECS(15)).as_secs();
+    assert_eq!(aws_alone(hour, leaves_15s).max_delay, None);
     // A timeout past the bound (rejected elsewhere) does not underflow.
-    let found = balancer_max_delay(&services, &pods, &none, SECS(15), MAX_DRAIN + SECS(1));
-    assert_eq!(found.max_delay, None);
+    let past = (MAX_DRAIN + SECS(1)).as_secs();
+    assert_eq!(aws_alone(hour, past).max_delay, None);
 }
 
 #[test]

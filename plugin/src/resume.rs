@@ -112,7 +112,9 @@ pub async fn resume(client: &Client, ns: &str, name: &str) -> Result<Plan> {
 }
 
 /// The namespace's Argo Rollouts, read only for a route that can target
-/// one; none where Argo Rollouts is not installed (404). `status` shares it.
+/// one; none where Argo Rollouts is not installed (404) or the user may
+/// not read Rollouts (403) and the route selects by labels (a route on a
+/// Rollout says the 403). `status` shares it.
 pub(crate) async fn rollouts(
     client: &Client,
     ns: &str,
@@ -127,7 +129,9 @@ pub(crate) async fn rollouts(
         .await
     {
         Ok(list) => Ok(list.items),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(Vec::new()),
+        Err(kube::Error::Api(e)) if e.code == 404 || (e.code == 403 && by_ref.is_none()) => {
+            Ok(Vec::new())
+        }
         Err(e) => Err(Error::kube(format!("listing Argo Rollouts in {ns}"))(e)),
     }
 }

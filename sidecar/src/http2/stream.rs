@@ -391,9 +391,10 @@ mod tests {
         std::mem::size_of::<F>()
     }
 
-    /// Every stream is a task, and a task's future is copied when it is
-    /// spawned and when it ends: the request's own future (several KiB) is
-    /// boxed so that those copies stay small. 2 KiB has room for the body
+    /// Every stream's future is moved into its box when it is accepted
+    /// (it runs inside its connection's task, http2/conn.rs), and its
+    /// states are written as it goes: the request's own future (several
+    /// KiB) is boxed so that those copies stay small. 2 KiB has room for the body
     /// pump and the response head (1.4 KiB); with the request future inline
     /// the task was 4.4 KiB (13 KiB before that future was trimmed), in a
     /// debug build as here.

@@ -117,7 +117,21 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// Connection-specific headers are malformed in HTTP/2 (RFC 9113 §8.2.2);
 /// the proxy strips hop-by-hop headers already, this is the last guard.
+/// One walk over the names first (standard names compare as enum tags):
+/// they are almost never there, and five hashed removals on every answer
+/// cost about 550 instructions (callgrind, `PROFILE_LOAD=h2c`).
 fn strip_connection_headers(headers: &mut HeaderMap) {
+    let suspect = headers.keys().any(|name| {
+        name == header::CONNECTION
+            || name == header::TRANSFER_ENCODING
+            || name == header::UPGRADE
+            || name == header::TE
+            || name == KEEP_ALIVE
+            || name == PROXY_CONNECTION
+    });
+    if !suspect {
+        return;
+    }
     headers.remove(header::CONNECTION);
     headers.remove(&KEEP_ALIVE);
     headers.remove(&PROXY_CONNECTION);

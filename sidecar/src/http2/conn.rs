@@ -284,7 +284,7 @@ where
                 }
             }
         }
-        // Check again then (the stream tasks and the PONG wake this task
+        // Check again then (the streams and the PONG wake this task
         // earlier).
         hold.tick.as_mut().reset(wake_at);
         let _ = hold.tick.as_mut().poll(cx);

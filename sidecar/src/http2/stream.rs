@@ -415,6 +415,6 @@ mod tests {
     #[test]
     fn a_stream_task_is_small() {
         let size = future_size(|(c, o, r, s)| serve_stream(c, o, r, s));
-        assert!(size <= 2048, "the stream task's future is {size} bytes");
+        assert!(size <= 2048, "the stream's future is {size} bytes");
     }
 }

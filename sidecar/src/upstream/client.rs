@@ -317,8 +317,9 @@ impl Upstream {
 
     // The hot path (an open connection, the request sent once) is the only
     // one inlined here: connecting, the second try and HTTP/1.1 to the app
-    // are boxed, because this future is part of every stream task, which
-    // is moved at each spawn (its size was once most of a request's cost).
+    // are boxed, because this future is part of every HTTP/2 stream's
+    // future, which is moved into its box when the stream is accepted (its
+    // size was once most of a request's cost).
     async fn send_h2_inner(
         &self,
         slot: &H2Slot,

@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use h2::server::{Connection, Handshake, SendResponse};
 use h2::{Reason, RecvStream};
 use http::Request;
@@ -91,8 +92,20 @@ struct Holding {
     tick: Pin<Box<tokio::time::Sleep>>,
 }
 
+/// One accepted stream's future ([`serve_stream`]), boxed: it is pushed
+/// once and never moved again.
+type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// One downstream HTTP/2 connection: a future that ends when the
 /// connection does, and [`H2Conn::shutdown`] to start its end.
+///
+/// Its streams run inside it, not as tasks of their own (as HAProxy and
+/// nginx serve a connection's streams in its one event handler): a spawn
+/// per stream cost a task's allocation, its scheduling and a cross-task
+/// wake-up for every frame h2 hands between the connection and the stream.
+/// [`FuturesUnordered`] polls only the streams that were woken, so a stream
+/// waiting on the app or on its client's window holds up no other; the
+/// streams of one connection share its thread, as they share its socket.
 pub(crate) struct H2Conn<T> {
     state: State<T>,
     ctx: Arc<ConnCtx>,
@@ -104,6 +117,8 @@ pub(crate) struct H2Conn<T> {
     /// Streams opened after the shutdown began: never dispatched, kept
     /// (unanswered) until the final GOAWAY, which names a lower id.
     held: Vec<(Request<RecvStream>, SendResponse<Bytes>)>,
+    /// The accepted streams being served.
+    streams: FuturesUnordered<StreamFuture>,
 }
 
 impl<T> H2Conn<T>
@@ -135,6 +150,7 @@ where
             shutdown: Shutdown::None,
             last_accepted: 0,
             held: Vec::new(),
+            streams: FuturesUnordered::new(),
         }
     }
 
@@ -196,7 +212,12 @@ where
         self.last_accepted = self.last_accepted.max(id);
         self.wire.open_streams.fetch_add(1, Ordering::AcqRel);
         let open = OpenStream(Some(self.wire.clone()));
-        tokio::spawn(serve_stream(self.ctx.clone(), open, request, respond));
+        self.streams.push(Box::pin(serve_stream(
+            self.ctx.clone(),
+            open,
+            request,
+            respond,
+        )));
     }
 
     /// Holding: is it time for the final GOAWAY? Registers the wake-ups
@@ -263,7 +284,7 @@ where
                 }
             }
         }
-        // Check again then (the stream tasks and the PONG wake this task
+        // Check again then (the streams and the PONG wake this task
         // earlier).
         hold.tick.as_mut().reset(wake_at);
         let _ = hold.tick.as_mut().poll(cx);
@@ -286,6 +307,29 @@ where
                 Poll::Pending => return Poll::Pending,
             }
         }
+        // The connection first (it reads frames, wakes streams and accepts
+        // new ones), then the woken streams, then the connection again so
+        // that what they queued is written in this turn, not the next.
+        if let Poll::Ready(done) = this.poll_conn(cx) {
+            return Poll::Ready(done);
+        }
+        if this.streams.is_empty() {
+            return Poll::Pending;
+        }
+        while let Poll::Ready(Some(())) = this.streams.poll_next_unpin(cx) {}
+        this.poll_conn(cx)
+    }
+}
+
+impl<T> H2Conn<T>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    /// The connection's own work: accepting streams (or holding them) and
+    /// its end. Ready when the connection is over; the streams still
+    /// running then are dropped with it (h2 can carry nothing of theirs).
+    fn poll_conn(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), h2::Error>> {
+        let this = self;
         loop {
             this.start_shutdown();
             let State::Serving(conn) = &mut this.state else {

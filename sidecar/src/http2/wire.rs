@@ -1,4 +1,4 @@
-//! What one connection, its stream tasks and its socket share.
+//! What one connection, its streams and its socket share.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
@@ -9,7 +9,7 @@ use futures_util::task::AtomicWaker;
 
 use super::client::ClientKind;
 
-/// State shared by the connection, its stream tasks and its
+/// State shared by the connection, its streams and its
 /// [`FrameIo`](super::frame_io::FrameIo).
 #[derive(Default)]
 pub(super) struct Wire {
@@ -23,7 +23,7 @@ pub(super) struct Wire {
     /// The last-stream-id the final GOAWAY must carry, once set.
     pub(super) final_id: AtomicU32,
     pub(super) final_set: AtomicBool,
-    /// Wakes the connection when a stream task ends.
+    /// Wakes the connection when a stream ends.
     pub(super) waker: AtomicWaker,
     /// This connection's own app connection (upstream/h2.rs), used once it
     /// was seen withholding its window: one client cannot stall another's

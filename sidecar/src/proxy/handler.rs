@@ -206,7 +206,7 @@ struct Attempt<'a> {
 impl Attempt<'_> {
     /// Sends within the route's timeout, which covers every attempt. Not
     /// an `async fn` with one `.await` per arm: that lays out the retry
-    /// future twice, and this future is part of every HTTP/2 stream task.
+    /// future twice, and this future is part of every HTTP/2 stream's.
     fn send(
         &self,
         req: Request<UpstreamBody>,

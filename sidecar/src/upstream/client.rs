@@ -13,7 +13,7 @@ use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::{TrySendError, http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpStream, UnixStream};
 
 use super::downgrade::{is_grpc, to_http1};
@@ -317,8 +317,9 @@ impl Upstream {
 
     // The hot path (an open connection, the request sent once) is the only
     // one inlined here: connecting, the second try and HTTP/1.1 to the app
-    // are boxed, because this future is part of every stream task, which
-    // is moved at each spawn (its size was once most of a request's cost).
+    // are boxed, because this future is part of every HTTP/2 stream's
+    // future, which is moved into its box when the stream is accepted (its
+    // size was once most of a request's cost).
     async fn send_h2_inner(
         &self,
         slot: &H2Slot,
@@ -396,18 +397,20 @@ impl Upstream {
         // Fixed windows, not hyper's adaptive one (which keeps the stream
         // window equal to the connection's): see super::h2.
         let (stream_window, conn_window) = slot.windows();
-        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+        // Every future of this connection in one task (exec.rs).
+        let exec = super::exec::ConnExec::default();
+        let (sender, conn) = http2::Builder::new(exec.clone())
             .timer(TokioTimer::new())
             .initial_stream_window_size(stream_window)
             .initial_connection_window_size(conn_window)
             .handshake(TokioIo::new(stream))
             .await
             .map_err(Error::Upstream)?;
-        tokio::spawn(async move {
+        exec.run(Box::pin(async move {
             if let Err(err) = conn.await {
                 tracing::debug!(error = %err, "upstream HTTP/2 connection ended with an error");
             }
-        });
+        }));
         // hyper's connection task writes the preface at once; the app's
         // first bytes say whether it is an HTTP/2 server. A closed channel
         // is a connection that ended before any answer.

@@ -221,8 +221,8 @@ tokio::task_local! {
 
 /// Runs `fut` (one downstream stream's request) with its placement, which
 /// the upstream call reads. Not an `async fn`: that would hold `fut` twice
-/// (as its argument and inside the scope), and this future is moved at
-/// every stream task's spawn.
+/// (as its argument and inside the scope), and this future is moved into
+/// every stream's box when the stream is accepted.
 pub fn with_affinity<F: std::future::Future>(
     affinity: Arc<Affinity>,
     fut: F,

@@ -16,7 +16,8 @@
 //!   connections, with windows that keep unread answers from stalling the
 //!   others, and a connection of its own for a downstream connection seen
 //!   withholding its window ([`h2`]); each replaced when it closes or
-//!   refuses new streams (the app's GOAWAY).
+//!   refuses new streams (the app's GOAWAY). All the futures of one such
+//!   connection, hyper's per-request ones too, run in one task ([`exec`]).
 //!   An app that answers the HTTP/2 preface as HTTP/1.1 gets HTTP/2
 //!   requests as HTTP/1.1 ([`downgrade`]); gRPC gets a clear error.
 //!
@@ -27,6 +28,7 @@
 mod body;
 mod client;
 mod downgrade;
+mod exec;
 mod h2;
 pub(crate) mod idle;
 mod replay;

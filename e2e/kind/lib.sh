@@ -19,7 +19,7 @@ KIND_DOCKER=${KIND_DOCKER:-/usr/bin/docker}
 # Address pool of docker's bridges (the default bridge and kind's "kind" network).
 KIND_DOCKER_BIP=172.29.0.1/24
 KIND_DOCKER_POOL=172.29.0.0/16
-# kind's pod range, not its default 10.244.0.0/16: the host routes it to the node (tests
+# kind's pod range, not its default 10.244.0.0/16: the host routes it to the nodes (tests
 # connect to pod IPs), and the local cluster (e2e/cluster) uses 10.244.0.0/24 on this host.
 KIND_POD_SUBNET=10.245.0.0/16
 KIND_SERVICE_SUBNET=10.96.0.0/16

@@ -124,11 +124,14 @@ images: ## build static images and import them into the cluster
 demo: deps ## roll a Deployment under load with and without kubegrace; print the table
 	e2e/demo
 
+# Nodes of the kind cluster: one control plane and KIND_NODES-1 workers (make kind-test KIND_NODES=3).
+KIND_NODES ?= 1
+
 kind-test: deps ## the kind path end to end: Docker (started here), kind, the offline node image, the e2e suite; then cleanup
-	e2e/kind/test
+	KIND_NODES=$(KIND_NODES) e2e/kind/test
 
 kind-demo: deps ## make demo on the kind path (Docker started here and stopped afterwards)
-	e2e/kind/test demo
+	KIND_NODES=$(KIND_NODES) e2e/kind/test demo
 
 plugin: ## kubectl-kubegrace (debug), ready to copy onto PATH
 	$(CARGO) build -p kubectl-kubegrace --bin kubectl-kubegrace

@@ -19,10 +19,12 @@ KIND_DOCKER=${KIND_DOCKER:-/usr/bin/docker}
 # Address pool of docker's bridges (the default bridge and kind's "kind" network).
 KIND_DOCKER_BIP=172.29.0.1/24
 KIND_DOCKER_POOL=172.29.0.0/16
-# kind's pod range, not its default 10.244.0.0/16: the host routes it to the node (tests
+# kind's pod range, not its default 10.244.0.0/16: the host routes it to the nodes (tests
 # connect to pod IPs), and the local cluster (e2e/cluster) uses 10.244.0.0/24 on this host.
 KIND_POD_SUBNET=10.245.0.0/16
 KIND_SERVICE_SUBNET=10.96.0.0/16
+# Nodes of a kind cluster: one control plane, the rest workers (`make kind-test KIND_NODES=3`).
+KIND_NODES=${KIND_NODES:-1}
 
 # What kind v0.30.0's own node image carries for Kubernetes v1.34 (kubeadm's defaults:
 # `kubeadm config images list`), rebuilt here from source at the same versions.
@@ -41,3 +43,6 @@ KIND_NODE_DIR=$KIND_CACHE/node-$KG_K8S_VERSION   # rootfs, image archives, the s
 
 kind_log() { printf '[kubegrace-kind %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 kind_die() { kind_log "ERROR: $*"; exit 1; }
+
+# Bounded where it enters: each node is a container with its own kubelet on these 2 cores.
+[[ $KIND_NODES =~ ^[1-9]$ ]] || kind_die "KIND_NODES must be 1 to 9, not '$KIND_NODES'"

@@ -14,8 +14,8 @@ use kubegrace_sidecar_api::admin;
 use serde_json::json;
 
 use super::{
-    Options, Patience, Progress, RUN_LABEL, WITH, WITHOUT, Workload, graceroute, graceroute_api,
-    has_sidecar, pod_ready, route_condition, suffix,
+    LoadMode, Options, Patience, Placement, Progress, RUN_LABEL, WITH, WITHOUT, Workload,
+    graceroute, graceroute_api, has_sidecar, pod_ready, route_condition, suffix,
 };
 use crate::{E2E_LABEL, http_get};
 
@@ -61,6 +61,15 @@ impl Scenario {
     pub fn with_workload(mut self, workload: Workload) -> Scenario {
         self.workload = workload;
         self
+    }
+
+    /// Where the load and the app's pods go ([`Placement`]): `None` on a cluster with one
+    /// node that takes pods, and for a load from this host (no loadgen pod to keep apart).
+    pub async fn placement(&self) -> Result<Option<Placement>> {
+        match self.opts.load.mode {
+            LoadMode::Host => Ok(None),
+            LoadMode::Job => Placement::of(&self.client).await,
+        }
     }
 
     pub(super) fn deployments(&self) -> Api<Deployment> {

@@ -147,12 +147,26 @@ impl Scenario {
             .with_context(|| format!("Service {name} has no ClusterIP"))?;
         let cfg = self.load_config(format!("http://{cluster_ip}:80"));
         let job_name = format!("loadgen-{name}-{}", suffix());
-        let job = load::job::manifest(&job_name, name, &self.opts.loadgen_image(), &cfg)?;
+        let mut job = load::job::manifest(&job_name, name, &self.opts.loadgen_image(), &cfg)?;
+        // On a node of its own when the cluster has several: the app's pods keep off it.
+        let placement = self.placement().await?;
+        let on_node = match &placement {
+            Some(pl) => {
+                if let Some(pod) = job.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+                    pod.affinity = Some(pl.load_affinity());
+                }
+                format!(" on node {} ({})", pl.load_node, pl.describe())
+            }
+            None => String::new(),
+        };
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.namespace);
         jobs.create(&PostParams::default(), &job)
             .await
             .with_context(|| format!("creating the loadgen Job {job_name}"))?;
-        p.step(self.load_line(name, &format!("{cluster_ip}:80 from Job {job_name}")));
+        p.step(self.load_line(
+            name,
+            &format!("{cluster_ip}:80 from Job {job_name}{on_node}"),
+        ));
         let pods = self.pods();
         let selector = load::job::pod_selector(&job_name);
         let pod = p
@@ -169,7 +183,14 @@ impl Scenario {
             )
             .await?;
         Ok(RunningLoad {
-            from: format!("{} ({job_name})", LoadMode::Job.describe()),
+            from: match &placement {
+                Some(pl) => format!(
+                    "{} ({job_name}, node {})",
+                    LoadMode::Job.describe(),
+                    pl.load_node
+                ),
+                None => format!("{} ({job_name})", LoadMode::Job.describe()),
+            },
             inner: Running::Job {
                 client: self.client.clone(),
                 namespace: self.namespace.clone(),

@@ -35,7 +35,8 @@
 //! demo app), `load_job` (the load, from this host or a loadgen Job), `rollout` (the change
 //! under load and the wait for it), `results` (what a run measured), `kit` (clients for the
 //! demo app's long exchanges and the cluster helpers the in-flight and breaker tests share),
-//! `balancer` (HAProxy and CoreDNS on this host in front of the demo app, `tests/balancer.rs`).
+//! `balancer` (HAProxy and CoreDNS on this host in front of the demo app, `tests/balancer.rs`),
+//! `placement` (the loadgen and the app's pods on different nodes when the cluster has several).
 
 pub mod argo;
 pub mod balancer;
@@ -45,6 +46,7 @@ pub mod kit;
 mod load_job;
 mod manifests;
 mod options;
+mod placement;
 mod progress;
 pub mod restart;
 mod results;
@@ -63,6 +65,7 @@ pub use manifests::{
     service,
 };
 pub use options::{Drain, LoadMode, LoadOptions, Options, suffix};
+pub use placement::Placement;
 pub use progress::{Patience, Progress};
 pub use results::{Outcome, RunResult};
 pub use rollout::Action;

@@ -110,10 +110,16 @@ impl Scenario {
             .await
             .with_context(|| format!("creating Service {name}"))?;
         let replicas = self.opts.replicas;
+        // Off the load's node when the cluster has several (a no-op on one node).
+        let affinity = self.placement().await?.map(|pl| pl.app_affinity());
         match self.workload {
             Workload::Deployment => {
+                let mut d = deployment(name, replicas, kubegrace)?;
+                if let Some(pod) = d.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+                    pod.affinity.clone_from(&affinity);
+                }
                 self.deployments()
-                    .create(&post, &deployment(name, replicas, kubegrace)?)
+                    .create(&post, &d)
                     .await
                     .with_context(|| format!("creating Deployment {name}"))?;
             }
@@ -126,11 +132,12 @@ impl Scenario {
                         .await
                         .with_context(|| format!("creating Service {}", preview_service(name)))?;
                 }
+                let mut r = argo_rollout(&self.namespace, name, replicas, kubegrace, strategy)?;
+                if let Some(a) = &affinity {
+                    r.data["spec"]["template"]["spec"]["affinity"] = serde_json::to_value(a)?;
+                }
                 argo::rollout_api(&self.client, &self.namespace)
-                    .create(
-                        &post,
-                        &argo_rollout(&self.namespace, name, replicas, kubegrace, strategy)?,
-                    )
+                    .create(&post, &r)
                     .await
                     .with_context(|| {
                         format!(

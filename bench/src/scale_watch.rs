@@ -61,7 +61,10 @@ fn deployment_done(d: &Deployment) -> bool {
 
 impl Tracker {
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
-        f(&mut self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+        f(&mut self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
     fn route_seen(&self, r: &GraceRoute, now: Instant) {
@@ -71,7 +74,11 @@ impl Tracker {
         self.with(|s| {
             let k = key(r);
             if let (Some(g), true) = (generation, observed == generation) {
-                s.current_at.entry(k.clone()).or_default().entry(g).or_insert(now);
+                s.current_at
+                    .entry(k.clone())
+                    .or_default()
+                    .entry(g)
+                    .or_insert(now);
             }
             s.routes.insert(k, (generation, ready));
         });
@@ -230,7 +237,9 @@ pub async fn pods_injected(
     if live == want && good == want {
         Ok(())
     } else {
-        Err(format!("{good} injected and Ready of {live} pods ({want} wanted)"))
+        Err(format!(
+            "{good} injected and Ready of {live} pods ({want} wanted)"
+        ))
     }
 }
 
@@ -275,7 +284,10 @@ pub fn per_reconcile(before: &str, after: &str) -> Value {
     let mut other = serde_json::Map::new();
     let mut total = 0.0;
     for ((client, verb), n) in &b {
-        let d = n - a.get(&(client.clone(), verb.clone())).copied().unwrap_or(0.0);
+        let d = n - a
+            .get(&(client.clone(), verb.clone()))
+            .copied()
+            .unwrap_or(0.0);
         if d == 0.0 {
             continue;
         }

@@ -17,9 +17,9 @@
 //! values the operator's own code chooses, never anything a user controls
 //! (an unknown shape is counted as `other`, so the series stay bounded).
 
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use kube::client::ClientBuilder;
@@ -260,29 +260,67 @@ mod tests {
     #[test]
     fn verbs_and_resources_are_read_as_the_audit_log_names_them() {
         let cases = [
-            ("GET", "/api/v1/namespaces/shop/pods?labelSelector=app%3Dweb", "list", "pods"),
-            ("GET", "/api/v1/pods?watch=true&resourceVersion=5", "watch", "pods"),
+            (
+                "GET",
+                "/api/v1/namespaces/shop/pods?labelSelector=app%3Dweb",
+                "list",
+                "pods",
+            ),
+            (
+                "GET",
+                "/api/v1/pods?watch=true&resourceVersion=5",
+                "watch",
+                "pods",
+            ),
             ("GET", "/api/v1/namespaces/shop", "get", "namespaces"),
             ("GET", "/api/v1/namespaces", "list", "namespaces"),
-            ("GET", "/apis/apps/v1/namespaces/shop/deployments", "list", "deployments"),
-            ("GET", "/api/v1/namespaces/shop/configmaps/web-kubegrace", "get", "configmaps"),
+            (
+                "GET",
+                "/apis/apps/v1/namespaces/shop/deployments",
+                "list",
+                "deployments",
+            ),
+            (
+                "GET",
+                "/api/v1/namespaces/shop/configmaps/web-kubegrace",
+                "get",
+                "configmaps",
+            ),
             (
                 "PATCH",
                 "/apis/kubegrace.io/v1alpha1/namespaces/shop/graceroutes/web/status",
                 "patch",
                 "graceroutes",
             ),
-            ("POST", "/apis/events.k8s.io/v1/namespaces/shop/events", "create", "events"),
-            ("PUT", "/apis/coordination.k8s.io/v1/namespaces/kg/leases/kg", "update", "leases"),
+            (
+                "POST",
+                "/apis/events.k8s.io/v1/namespaces/shop/events",
+                "create",
+                "events",
+            ),
+            (
+                "PUT",
+                "/apis/coordination.k8s.io/v1/namespaces/kg/leases/kg",
+                "update",
+                "leases",
+            ),
             ("GET", "/version", "get", "version"),
             ("GET", "/apis/argoproj.io/v1alpha1", "list", "discovery"),
-            ("GET", "/apis/example.com/v1/namespaces/x/widgets", "list", "other"),
+            (
+                "GET",
+                "/apis/example.com/v1/namespaces/x/widgets",
+                "list",
+                "other",
+            ),
         ];
         let counts = ApiRequests::default();
         for (method, uri, verb, resource) in cases {
             let r = req(method, uri);
             assert_eq!(
-                (verb_of(r.method(), r.uri().path(), r.uri().query()), resource_of(r.uri().path())),
+                (
+                    verb_of(r.method(), r.uri().path(), r.uri().query()),
+                    resource_of(r.uri().path())
+                ),
                 (verb, resource),
                 "{method} {uri}"
             );

@@ -56,9 +56,9 @@ pub struct Clients {
 impl Clients {
     /// Two counted clients from a kubeconfig or the pod's service account.
     pub async fn infer() -> Result<Self> {
-        let config = kube::Config::infer()
-            .await
-            .map_err(|e| Error::Config(format!("no usable kubeconfig or in-cluster config: {e}")))?;
+        let config = kube::Config::infer().await.map_err(|e| {
+            Error::Config(format!("no usable kubeconfig or in-cluster config: {e}"))
+        })?;
         let requests = Arc::new(ApiRequests::default());
         Ok(Self {
             controllers: counted_client(config.clone(), &requests, "routes")?,

@@ -74,7 +74,9 @@ where
 {
     let writer = Writer::<K>::new(dyntype);
     let reader = writer.as_reader();
-    let events = watcher(api, config).modify(slim).inspect_ok(move |e| each(e));
+    let events = watcher(api, config)
+        .modify(slim)
+        .inspect_ok(move |e| each(e));
     let trigger = reflector::reflector(writer, events).applied_objects();
     (trigger, reader)
 }
@@ -115,7 +117,10 @@ mod tests {
         assert!(d.status.is_none());
         let spec = d.spec.as_ref().expect("spec");
         assert!(spec.template.spec.is_none());
-        assert_eq!(d.template_labels().get(keys::INJECT).map(String::as_str), Some("enabled"));
+        assert_eq!(
+            d.template_labels().get(keys::INJECT).map(String::as_str),
+            Some("enabled")
+        );
         let annotations = d.metadata.annotations.as_ref().expect("annotations");
         assert_eq!(annotations.keys().collect::<Vec<_>>(), [keys::INJECT]);
         let managers: Vec<_> = d

@@ -223,7 +223,11 @@ mod tests {
         }
         routes.apply(&Event::InitDone);
         let names = |ns: &str| -> Vec<String> {
-            routes.in_namespace(ns).iter().map(|r| r.name_any()).collect()
+            routes
+                .in_namespace(ns)
+                .iter()
+                .map(|r| r.name_any())
+                .collect()
         };
         assert_eq!(names("shop"), ["a"]);
         assert_eq!(names("elsewhere"), ["c"]);

@@ -448,12 +448,7 @@ async fn a_failed_watch_sends_reviews_to_the_api_server_until_it_lists_again() {
 /// reason, never the cache's word.
 #[tokio::test]
 async fn the_api_servers_skip_stands_when_the_cache_has_no_route() {
-    let (out, result, _) = review(
-        synced(json!({}), vec![]),
-        &pod(true),
-        live(None, vec![]),
-    )
-    .await;
+    let (out, result, _) = review(synced(json!({}), vec![]), &pod(true), live(None, vec![])).await;
     assert_eq!(result, "skipped");
     let warnings = out.response.expect("response").warnings.unwrap_or_default();
     assert!(
@@ -494,8 +489,7 @@ async fn a_pod_that_opts_out_itself_needs_no_lookup() {
         .labels
         .get_or_insert_default()
         .insert(keys::INJECT.into(), "disabled".into());
-    let (out, result, metrics) =
-        review(WebhookCache::default(), &opted_out, no_api_call).await;
+    let (out, result, metrics) = review(WebhookCache::default(), &opted_out, no_api_call).await;
     assert_eq!(result, "ignored");
     assert!(out.response.expect("response").patch.is_none());
     assert!(

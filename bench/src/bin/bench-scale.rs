@@ -559,7 +559,10 @@ async fn scale(
                     .with_context(|| format!("creating route {ns}/{r}"))?;
                 let at = Instant::now();
                 Api::<Deployment>::namespaced(client, &ns)
-                    .create(&PostParams::default(), &deployment(&r, args.pods_per_route, &name)?)
+                    .create(
+                        &PostParams::default(),
+                        &deployment(&r, args.pods_per_route, &name)?,
+                    )
                     .await
                     .with_context(|| format!("creating Deployment {ns}/{r}"))?;
                 anyhow::Ok(((ns, r), at))
@@ -740,11 +743,15 @@ async fn rolling_restart(
     }
     // The watch has seen every Deployment's new generation (before that it
     // could still call the old one rolled out).
-    wait_for(args.phase_timeout, "the restarts seen by the watch", || async {
-        let now = tracker.deployment_generations();
-        let newer = old.iter().all(|(k, g)| now.get(k).is_some_and(|n| n > g));
-        newer.then_some(())
-    })
+    wait_for(
+        args.phase_timeout,
+        "the restarts seen by the watch",
+        || async {
+            let now = tracker.deployment_generations();
+            let newer = old.iter().all(|(k, g)| now.get(k).is_some_and(|n| n > g));
+            newer.then_some(())
+        },
+    )
     .await?;
     let rolled = until_current(
         client,

@@ -407,7 +407,10 @@ fn the_sidecar_takes_the_token_mount_the_service_account_plugin_gave_the_pod() {
         "    readinessProbe: {httpGet: {path: /healthz, port: http}}\n    volumeMounts: [{name: kube-api-access-x7k2p, readOnly: true, mountPath: /var/run/secrets/kubernetes.io/serviceaccount}]\n  volumes: [{name: data, emptyDir: {}}, {name: kube-api-access-x7k2p, projected: {sources: []}}]\n",
     );
     let out = inject(&pod(&with_token), &plan(true)).expect("injected");
-    let mounts = native_sidecar(&out).volume_mounts.clone().unwrap_or_default();
+    let mounts = native_sidecar(&out)
+        .volume_mounts
+        .clone()
+        .unwrap_or_default();
     let token = mounts
         .iter()
         .find(|m| m.name == "kube-api-access-x7k2p")
@@ -416,7 +419,10 @@ fn the_sidecar_takes_the_token_mount_the_service_account_plugin_gave_the_pod() {
     assert_eq!(token.read_only, Some(true));
 
     let bare = inject(&pod(POD), &plan(true)).expect("injected");
-    let mounts = native_sidecar(&bare).volume_mounts.clone().unwrap_or_default();
+    let mounts = native_sidecar(&bare)
+        .volume_mounts
+        .clone()
+        .unwrap_or_default();
     assert!(
         mounts.iter().all(|m| m.mount_path != TOKEN_MOUNT_PATH),
         "{mounts:?}"
@@ -428,6 +434,9 @@ fn the_sidecar_takes_the_token_mount_the_service_account_plugin_gave_the_pod() {
         "    readinessProbe: {httpGet: {path: /healthz, port: http}}\n  volumes: [{name: kube-api-access-mine, emptyDir: {}}]\n",
     );
     let out = inject(&pod(&stray), &plan(true)).expect("injected");
-    let mounts = native_sidecar(&out).volume_mounts.clone().unwrap_or_default();
+    let mounts = native_sidecar(&out)
+        .volume_mounts
+        .clone()
+        .unwrap_or_default();
     assert!(mounts.iter().all(|m| m.name != "kube-api-access-mine"));
 }

@@ -175,13 +175,13 @@ impl ApiRequests {
                 n,
             );
         }
-        let mut family = Family::new(
+        Family::new(
             out,
             "kubegrace_operator_route_reconciles_total",
             "counter",
             "Passes of the route controller's reconcile (kubegrace_operator_reconcile_total also counts the inject controllers').",
-        );
-        family.part("", None, self.route_reconciles.load(Ordering::Relaxed));
+        )
+        .value(self.route_reconciles.load(Ordering::Relaxed));
     }
 }
 

@@ -61,6 +61,17 @@ pub fn is_injected(pod: &Pod) -> bool {
 /// The label is what the webhook configuration's objectSelector sees; the
 /// operator copies a workload's annotation into both.
 pub fn wants_injection(pod: &Pod, namespace_labels: &BTreeMap<String, String>) -> bool {
+    own_choice(pod).unwrap_or_else(|| {
+        namespace_labels
+            .get(keys::INJECT)
+            .is_some_and(|v| v == "enabled")
+    })
+}
+
+/// What the pod's own inject label or annotation says, if either decides
+/// (`disabled` wins over `enabled`); `None` leaves it to the namespace, so
+/// the webhook reads the namespace only then.
+pub fn own_choice(pod: &Pod) -> Option<bool> {
     let label = pod
         .metadata
         .labels
@@ -71,14 +82,12 @@ pub fn wants_injection(pod: &Pod, namespace_labels: &BTreeMap<String, String>) -
         .and_then(|a| a.get(keys::INJECT))
         .map(String::as_str);
     if label == Some("disabled") || annotation == Some("disabled") {
-        return false;
+        return Some(false);
     }
     if label == Some("enabled") || annotation == Some("enabled") {
-        return true;
+        return Some(true);
     }
-    namespace_labels
-        .get(keys::INJECT)
-        .is_some_and(|v| v == "enabled")
+    None
 }
 
 /// Whether a native sidecar works for kubegrace on this API server: 1.33 and

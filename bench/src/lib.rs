@@ -14,5 +14,7 @@ pub mod peers;
 pub mod proc;
 pub mod procfs;
 pub mod report;
+#[cfg(feature = "operator")]
+pub mod scale_watch;
 pub mod scenario;
 pub mod stats;

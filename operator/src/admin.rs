@@ -124,6 +124,8 @@ pub struct Metrics {
     pub lookups: crate::webhook_cache::LookupMetrics,
     /// The healing loop's evictions (see [`crate::heal`]).
     pub heal: Arc<crate::heal::HealMetrics>,
+    /// Requests sent to the API server (see [`crate::api_requests`]).
+    pub api_requests: Arc<crate::api_requests::ApiRequests>,
     /// The webhook's serving certificate, for its expiry.
     certificate: std::sync::OnceLock<Arc<crate::certs::CertResolver>>,
     pub leader: AtomicBool,
@@ -152,6 +154,7 @@ impl Default for Metrics {
             undecodable: Mutex::new(std::collections::BTreeSet::new()),
             lookups: crate::webhook_cache::LookupMetrics::default(),
             heal: Arc::default(),
+            api_requests: Arc::default(),
             certificate: std::sync::OnceLock::new(),
             leader: AtomicBool::new(false),
             ready: AtomicBool::new(false),
@@ -177,6 +180,15 @@ fn bump(map: &Mutex<BTreeMap<&'static str, u64>>, key: &'static str) {
 }
 
 impl Metrics {
+    /// Metrics whose API request counts are `requests`, the counter the
+    /// clients' layers write to ([`crate::api_requests::counted_client`]).
+    pub fn counting(requests: Arc<crate::api_requests::ApiRequests>) -> Self {
+        Self {
+            api_requests: requests,
+            ..Self::default()
+        }
+    }
+
     pub fn reconciled(&self, took: Duration, error: Option<&'static str>) {
         self.reconcile_duration.observe(took);
         bump(
@@ -447,6 +459,7 @@ impl Metrics {
         self.render_drains(&mut out);
         self.lookups.render(&mut out);
         self.heal.render(&mut out);
+        self.api_requests.render(&mut out);
         Family::new(
             &mut out,
             "kubegrace_operator_pods_not_injected",

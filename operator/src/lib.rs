@@ -10,6 +10,7 @@
 //! tested from inline YAML without an API server.
 
 pub mod admin;
+pub mod api_requests;
 pub mod certs;
 pub mod cli;
 pub mod controller;
@@ -29,6 +30,7 @@ pub mod rules;
 pub mod run;
 pub mod scope;
 pub mod server;
+pub mod slim;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod tolerant;

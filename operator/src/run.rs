@@ -16,6 +16,7 @@ use kube::Client;
 use tokio::sync::watch;
 
 use crate::admin::{self, Metrics};
+use crate::api_requests::{ApiRequests, counted_client};
 use crate::certs::{self, CertResolver, SelfManaged};
 use crate::cli::{LogFormat, RunArgs};
 use crate::lease::LeaderElector;
@@ -42,6 +43,42 @@ pub async fn client() -> Result<Client> {
         .map_err(|e| Error::Config(format!("no usable kubeconfig or in-cluster config: {e}")))
 }
 
+/// The API clients of a run: the route controller's own, and the one
+/// everything else uses (inject controllers, webhook lookups and caches,
+/// Lease, certificates), each counted in `requests`
+/// ([`crate::api_requests`]).
+pub struct Clients {
+    pub controllers: Client,
+    pub other: Client,
+    pub requests: Arc<ApiRequests>,
+}
+
+impl Clients {
+    /// Two counted clients from a kubeconfig or the pod's service account.
+    pub async fn infer() -> Result<Self> {
+        let config = kube::Config::infer().await.map_err(|e| {
+            Error::Config(format!("no usable kubeconfig or in-cluster config: {e}"))
+        })?;
+        let requests = Arc::new(ApiRequests::default());
+        Ok(Self {
+            controllers: counted_client(config.clone(), &requests, "routes")?,
+            other: counted_client(config, &requests, "other")?,
+            requests,
+        })
+    }
+}
+
+/// One client for everything, uncounted (the in-process tests' harness).
+impl From<Client> for Clients {
+    fn from(client: Client) -> Self {
+        Self {
+            controllers: client.clone(),
+            other: client,
+            requests: Arc::default(),
+        }
+    }
+}
+
 pub fn main(args: RunArgs) -> std::process::ExitCode {
     init_tracing(args.log_format);
     let builder = tokio::runtime::Builder::new_multi_thread();
@@ -49,7 +86,7 @@ pub fn main(args: RunArgs) -> std::process::ExitCode {
         Ok(r) => r,
         Err(code) => return code,
     };
-    let outcome = runtime.block_on(async { run(client().await?, args, signal()).await });
+    let outcome = runtime.block_on(async { run(Clients::infer().await?, args, signal()).await });
     match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -107,16 +144,21 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
 
 /// Runs everything until `shutdown` resolves (tests call this in-process).
 pub async fn run(
-    client: Client,
+    clients: impl Into<Clients>,
     args: RunArgs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    let Clients {
+        controllers,
+        other: client,
+        requests,
+    } = clients.into();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let limits = server::Limits::from_args(&args)?;
     let heal_interval = crate::heal::checked_interval(args.heal_interval.get())?;
     let namespaces = scope::namespaces(&args.watch_namespaces);
     tracing::info!(?namespaces, "watching (None: every namespace)");
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::counting(requests));
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -270,7 +312,7 @@ pub async fn run(
         // Each under supervision: a panic restarts that controller alone.
         for ns in &namespaces {
             let (c, m, id, n, st) = (
-                client.clone(),
+                controllers.clone(),
                 metrics.clone(),
                 elector.identity().to_string(),
                 ns.clone(),

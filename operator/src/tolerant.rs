@@ -14,14 +14,14 @@
 //! ([`Undecodable`]); the route controller writes it into the route's
 //! status ([`invalid_status`]) with a patch that needs no typed object.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::ListParams;
 use kube::core::DynamicObject;
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, Client, ResourceExt};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher::Event;
+use kube::{Api, Client};
 use serde_json::{Value, json};
 
 pub use kubegrace_api::tolerant::{
@@ -29,6 +29,7 @@ pub use kubegrace_api::tolerant::{
 };
 
 use crate::crd::GraceRoute;
+use crate::webhook_cache::{Cache, RouteEntry, route_entry};
 use crate::{Error, Result};
 
 /// Condition reason: the stored object does not decode.
@@ -65,61 +66,40 @@ pub async fn list(client: &Client, ns: &str) -> Result<Listed> {
     Ok(listed)
 }
 
-/// Decoded routes by uid, with the resourceVersion they were decoded at.
-type Decoded = HashMap<String, (String, Arc<GraceRoute>)>;
-
-/// The route controller's store, read as typed routes. Each object is
-/// decoded once per resourceVersion (the mappers read every route on every
-/// pod event); undecodable ones are left out: their own reconcile reports
-/// them.
-#[derive(Clone)]
+/// The route controller's routes, decoded once per watch event and kept by
+/// (namespace, name), so what a mapper or a reconcile asks of a namespace
+/// costs the routes of that namespace, not the cluster's: the pod watch
+/// asks on every event of every pod, and before this index each ask
+/// decoded-or-looked-up every route of the cluster (2,000 routes times
+/// some 100,000 pod events in a storm of 20,000 pods). Fed from the
+/// controller's own watch events ([`Routes::apply`], see
+/// [`crate::controller::run`]); an undecodable route is held as its
+/// [`Undecodable`] (its own reconcile reports it) and left out of what
+/// readers get. During a re-list the last complete list stays readable,
+/// as in kube-rs's reflector store.
+#[derive(Clone, Default)]
 pub struct Routes {
-    store: Store<DynamicObject>,
-    decoded: Arc<Mutex<Decoded>>,
+    index: Arc<Cache<RouteEntry>>,
 }
 
 impl Routes {
-    pub fn new(store: Store<DynamicObject>) -> Self {
-        Self {
-            store,
-            decoded: Arc::default(),
-        }
+    /// One watch event of the route controller's watch.
+    pub fn apply(&self, event: &Event<DynamicObject>) {
+        self.index.apply(event.clone(), route_entry);
     }
 
-    /// Every stored route that decodes.
-    pub fn state(&self) -> Vec<Arc<GraceRoute>> {
-        let objects = self.store.state();
-        let mut cache = self.decoded.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut seen = HashSet::with_capacity(objects.len());
-        let mut out = Vec::with_capacity(objects.len());
-        for obj in objects {
-            let key = obj.uid().unwrap_or_else(|| {
-                format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
-            });
-            let version = obj.resource_version().unwrap_or_default();
-            seen.insert(key.clone());
-            if let Some((v, r)) = cache.get(&key)
-                && *v == version
-            {
-                out.push(r.clone());
-                continue;
-            }
-            cache.remove(&key);
-            if let Ok(r) = decode(&obj) {
-                let r = Arc::new(r);
-                cache.insert(key, (version, r.clone()));
-                out.push(r);
-            }
-        }
-        cache.retain(|k, _| seen.contains(k));
-        out
+    /// The routes of `namespace` that decode.
+    pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<GraceRoute>> {
+        self.index
+            .held_in_namespace(namespace)
+            .into_iter()
+            .filter_map(std::result::Result::ok)
+            .collect()
     }
 
     /// Whether `namespace/name` is stored (decodable or not).
     pub fn contains(&self, namespace: &str, name: &str) -> bool {
-        let mut key = ObjectRef::new_with(name, api_resource());
-        key.namespace = Some(namespace.to_string());
-        self.store.get(&key).is_some()
+        self.index.holds(namespace, name)
     }
 }
 
@@ -198,8 +178,7 @@ pub fn conditions_patch(
 
 #[cfg(test)]
 mod tests {
-    use kube::runtime::reflector::store::Writer;
-    use kube::runtime::watcher::Event;
+    use kube::ResourceExt;
     use kubegrace_api::fixtures::{decodable_route as good, undecodable_route as bad};
 
     use super::*;
@@ -232,21 +211,39 @@ mod tests {
     }
 
     #[test]
-    fn the_store_reads_the_routes_that_decode_and_knows_the_others() {
-        let mut writer = Writer::<DynamicObject>::new(api_resource());
-        for obj in [good("a"), bad("b")] {
-            writer.apply_watcher_event(&Event::Apply(obj));
+    fn the_index_reads_the_routes_that_decode_and_knows_the_others() {
+        let routes = Routes::default();
+        let other_ns = |mut r: DynamicObject| {
+            r.metadata.namespace = Some("elsewhere".into());
+            r
+        };
+        routes.apply(&Event::Init);
+        for obj in [good("a"), bad("b"), other_ns(good("c"))] {
+            routes.apply(&Event::InitApply(obj));
         }
-        let routes = Routes::new(writer.as_reader());
-        let names: Vec<String> = routes.state().iter().map(|r| r.name_any()).collect();
-        assert_eq!(names, ["a"]);
+        routes.apply(&Event::InitDone);
+        let names = |ns: &str| -> Vec<String> {
+            routes
+                .in_namespace(ns)
+                .iter()
+                .map(|r| r.name_any())
+                .collect()
+        };
+        assert_eq!(names("shop"), ["a"]);
+        assert_eq!(names("elsewhere"), ["c"]);
         assert!(routes.contains("shop", "b") && !routes.contains("shop", "c"));
         // Fixed in a new version: read.
         let mut fixed = good("b");
         fixed.metadata.resource_version = Some("2".into());
-        writer.apply_watcher_event(&Event::Apply(fixed));
-        let mut names: Vec<String> = routes.state().iter().map(|r| r.name_any()).collect();
-        names.sort();
-        assert_eq!(names, ["a", "b"]);
+        routes.apply(&Event::Apply(fixed));
+        assert_eq!(names("shop"), ["a", "b"]);
+        // A re-list in progress: the last complete list stays readable.
+        routes.apply(&Event::Init);
+        routes.apply(&Event::InitApply(good("a")));
+        assert_eq!(names("shop"), ["a", "b"]);
+        routes.apply(&Event::InitDone);
+        assert_eq!(names("shop"), ["a"]);
+        routes.apply(&Event::Delete(good("a")));
+        assert!(names("shop").is_empty() && !routes.contains("shop", "a"));
     }
 }

@@ -239,16 +239,30 @@ impl Webhook {
         }
     }
 
-    async fn lookup(&self, ns: &str) -> Result<(BTreeMap<String, String>, Listed)> {
-        let labels = Api::<Namespace>::all(self.client.clone())
-            .get_opt(ns)
-            .await
-            .map_err(Error::kube(format!("reading namespace {ns}")))?
-            .map(|n| n.labels().clone())
-            .unwrap_or_default();
+    /// The namespace's labels and routes from the API server. The
+    /// namespace is read only when the pod leaves the answer to it (no
+    /// inject label or annotation of its own), and then beside the route
+    /// list, not after it: during a pod storm each API call is the
+    /// webhook's largest cost, and the probe pods of `make bench-scale`
+    /// that no route selects took twice the added latency of injected ones
+    /// (p50 52 ms against 26) when the two calls ran in turn.
+    async fn lookup(&self, pod: &Pod, ns: &str) -> Result<(BTreeMap<String, String>, Listed)> {
+        let labels = async {
+            if inject::own_choice(pod).is_some() {
+                return Ok(BTreeMap::new());
+            }
+            Ok::<_, Error>(
+                Api::<Namespace>::all(self.client.clone())
+                    .get_opt(ns)
+                    .await
+                    .map_err(Error::kube(format!("reading namespace {ns}")))?
+                    .map(|n| n.labels().clone())
+                    .unwrap_or_default(),
+            )
+        };
         // One route that does not decode must not stop injection for the
         // namespace: it is left out (and named if a pod is pinned to it).
-        let routes = crate::tolerant::list(&self.client, ns).await?;
+        let (labels, routes) = tokio::try_join!(labels, crate::tolerant::list(&self.client, ns))?;
         Ok((labels, routes))
     }
 
@@ -273,8 +287,9 @@ impl Webhook {
             }
         };
         let pod = &pod;
-        // Cheap checks first: most pods never need the API lookups.
-        if inject::is_injected(pod) {
+        // Cheap checks first: most pods never need the API lookups. A pod
+        // that opts out itself is not injected whatever the API server says.
+        if inject::is_injected(pod) || inject::own_choice(pod) == Some(false) {
             return (resp.into_review(), "ignored");
         }
         let ns = req
@@ -289,7 +304,7 @@ impl Webhook {
             }
             Err(why) => {
                 self.metrics.lookups.live(why);
-                match self.lookup(&ns).await {
+                match self.lookup(pod, &ns).await {
                     Ok((labels, listed)) => {
                         let listed = (listed.routes.as_slice(), listed.undecodable.as_slice());
                         decide_listed(pod, &labels, listed, &self.settings)

@@ -177,6 +177,26 @@ impl<V: Clone> Cache<V> {
         })
     }
 
+    /// The objects of `namespace` held now, synced or not: during a
+    /// re-list, those of the last complete list and the changes since
+    /// (the route controller's reading, like kube-rs's store).
+    pub fn held_in_namespace(&self, namespace: &str) -> Vec<V> {
+        let s = self.state.read().unwrap_or_else(PoisonError::into_inner);
+        let from = (namespace.to_string(), String::new());
+        s.objects
+            .range(from..)
+            .take_while(|((ns, _), _)| ns == namespace)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// Whether `namespace/name` is held now, synced or not.
+    pub fn holds(&self, namespace: &str, name: &str) -> bool {
+        let s = self.state.read().unwrap_or_else(PoisonError::into_inner);
+        s.objects
+            .contains_key(&(namespace.to_string(), name.to_string()))
+    }
+
     /// The cluster-scoped object `name` (`Some(None)`: synced, not there);
     /// `None` while not synced.
     fn cluster_scoped(&self, name: &str) -> Option<Option<V>> {

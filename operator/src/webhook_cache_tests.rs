@@ -318,15 +318,18 @@ where
     (out, result, hook.metrics.render())
 }
 
-/// The API server of today's live lookup: namespace `shop` with `labels`,
+/// The API server of today's live lookup: namespace `shop` with `labels`
+/// (`None`: the namespace must not be read, the pod's own label decides),
 /// then its GraceRoutes `routes`; nothing else.
-fn live(labels: Value, routes: Vec<DynamicObject>) -> impl FnOnce(Handle) -> BoxedScript {
+fn live(labels: Option<Value>, routes: Vec<DynamicObject>) -> impl FnOnce(Handle) -> BoxedScript {
     move |mut api| {
         Box::pin(async move {
-            let ns = json!({"apiVersion": "v1", "kind": "Namespace",
-                            "metadata": {"name": "shop", "labels": labels}});
-            let seen = answer(&mut api, &ns).await;
-            assert_eq!(seen.call(), ("GET", "/api/v1/namespaces/shop"));
+            if let Some(labels) = labels {
+                let ns = json!({"apiVersion": "v1", "kind": "Namespace",
+                                "metadata": {"name": "shop", "labels": labels}});
+                let seen = answer(&mut api, &ns).await;
+                assert_eq!(seen.call(), ("GET", "/api/v1/namespaces/shop"));
+            }
             let list = json!({"apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRouteList",
                               "metadata": {"resourceVersion": "5"}, "items": routes});
             let seen = answer(&mut api, &list).await;
@@ -422,7 +425,10 @@ async fn every_other_cached_answer_asks_the_api_server_and_its_answer_stands() {
         ("no caches", WebhookCache::default(), pod(true), "unsynced"),
     ];
     for (case, cache, pod, reason) in cases {
-        let (out, result, metrics) = review(cache, &pod, live(opted_in(), vec![good("web")])).await;
+        // The namespace is read only for a pod that leaves it the choice.
+        let own = crate::inject::own_choice(&pod).is_some();
+        let ns = (!own).then(opted_in);
+        let (out, result, metrics) = review(cache, &pod, live(ns, vec![good("web")])).await;
         assert_eq!(result, "injected", "{case}");
         assert!(out.response.expect("response").patch.is_some(), "{case}");
         assert!(counted(&metrics, "live", reason), "{case}: {metrics}");
@@ -433,7 +439,7 @@ async fn every_other_cached_answer_asks_the_api_server_and_its_answer_stands() {
 async fn a_failed_watch_sends_reviews_to_the_api_server_until_it_lists_again() {
     let cache = synced(json!({}), vec![good("web")]);
     cache.caches("shop").expect("covered").1.desync();
-    let (_, result, metrics) = review(cache, &pod(true), live(json!({}), vec![good("web")])).await;
+    let (_, result, metrics) = review(cache, &pod(true), live(None, vec![good("web")])).await;
     assert_eq!(result, "injected");
     assert!(counted(&metrics, "live", "unsynced"), "{metrics}");
 }
@@ -442,12 +448,7 @@ async fn a_failed_watch_sends_reviews_to_the_api_server_until_it_lists_again() {
 /// reason, never the cache's word.
 #[tokio::test]
 async fn the_api_servers_skip_stands_when_the_cache_has_no_route() {
-    let (out, result, _) = review(
-        synced(json!({}), vec![]),
-        &pod(true),
-        live(json!({}), vec![]),
-    )
-    .await;
+    let (out, result, _) = review(synced(json!({}), vec![]), &pod(true), live(None, vec![])).await;
     assert_eq!(result, "skipped");
     let warnings = out.response.expect("response").warnings.unwrap_or_default();
     assert!(
@@ -472,6 +473,25 @@ async fn an_injected_pod_needs_no_lookup() {
     };
     let (_, result, metrics) = review(WebhookCache::default(), &injected, no_api_call).await;
     assert_eq!(result, "ignored");
+    assert!(
+        metrics.contains("lookups_total{source=\"live\",reason=\"unsynced\"} 0"),
+        "{metrics}"
+    );
+}
+
+/// A pod that opts out by its own label is answered at once: no lookup,
+/// cached or live, whatever the namespace says.
+#[tokio::test]
+async fn a_pod_that_opts_out_itself_needs_no_lookup() {
+    let mut opted_out = pod(true);
+    opted_out
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert(keys::INJECT.into(), "disabled".into());
+    let (out, result, metrics) = review(WebhookCache::default(), &opted_out, no_api_call).await;
+    assert_eq!(result, "ignored");
+    assert!(out.response.expect("response").patch.is_none());
     assert!(
         metrics.contains("lookups_total{source=\"live\",reason=\"unsynced\"} 0"),
         "{metrics}"

@@ -55,6 +55,9 @@ pub trait Workload:
     const KIND: &'static str;
     const TARGET: TargetKind;
     fn template_meta(&self) -> Option<&ObjectMeta>;
+    /// Drops the pod template's spec and the status, which the inject
+    /// controller never reads ([`crate::slim::workload`]).
+    fn slim_template(&mut self);
     fn template_labels(&self) -> std::collections::BTreeMap<String, String> {
         self.template_meta()
             .and_then(|m| m.labels.clone())
@@ -74,6 +77,12 @@ macro_rules! workload {
                     .as_ref()
                     .and_then(|s| s.template.metadata.as_ref())
             }
+            fn slim_template(&mut self) {
+                self.status = None;
+                if let Some(s) = self.spec.as_mut() {
+                    s.template.spec = None;
+                }
+            }
         }
     )+};
 }
@@ -88,6 +97,12 @@ impl Workload for Rollout {
             .template
             .as_ref()
             .and_then(|t| t.metadata.as_ref())
+    }
+    fn slim_template(&mut self) {
+        self.status = None;
+        if let Some(t) = self.spec.template.as_mut() {
+            t.spec = None;
+        }
     }
 }
 
@@ -314,11 +329,16 @@ pub async fn run<K: Workload>(
             },
         ),
     });
-    let controller = Controller::new(
+    // The store keeps what this controller reads of each workload, not
+    // the whole object (crate::slim).
+    let (trigger, workloads) = crate::slim::reflect(
         crate::scope::api::<K>(&client, namespace.as_deref()),
         watcher::Config::default(),
+        (),
+        crate::slim::workload::<K>,
+        |_| {},
     );
-    let workloads = controller.store();
+    let controller = Controller::for_stream(trigger, workloads.clone());
     controller
         // A route that appears or is accepted releases the workloads it covers.
         // Watched as dynamic objects: a typed watch fails as a whole on

@@ -32,21 +32,24 @@
 //!   e2e/cluster/with-cluster cargo run -p kubegrace-bench --features operator --bin bench-scale
 //! (`make bench-scale`; see `bench/scale`).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
+use futures_util::StreamExt as _;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt as _};
 use kubegrace_bench::operator_rig::{
-    GraceRoute, Histogram, Operator, Series, client, condition, create_mutating_webhook,
+    GraceRoute, Histogram, Operator, Series, client, create_mutating_webhook,
     create_validating_webhook, install_crd, metrics, operator_bin, rand_suffix, route_resource,
     wait_ca_bundle, wait_for, write_report,
 };
 use kubegrace_bench::procfs;
+use kubegrace_bench::scale_watch::{Tracker, per_reconcile, pods_injected};
 use kubegrace_sidecar_api::keys;
 use serde_json::{Value, json};
 
@@ -98,6 +101,18 @@ struct Args {
 /// kwok manages the nodes that have it, the webhooks serve the namespaces
 /// that have it.
 const RUN_LABEL: &str = "kubegrace.io/bench-scale";
+/// Routes (with their Deployments) being created at once in the storm.
+const CREATE_CONCURRENCY: usize = 8;
+
+/// A watch task of the run, aborted with the run.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// kwok's own taint: only pods that tolerate it land on fake nodes.
 const KWOK_TAINT: &str = "kwok.x-k8s.io/node";
 
@@ -160,11 +175,11 @@ fn node(name: &str, run: &str) -> anyhow::Result<Node> {
 
 fn deployment(name: &str, replicas: u32, run: &str) -> anyhow::Result<Deployment> {
     Ok(serde_json::from_value(json!({
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": {RUN_LABEL: run}},
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
                  "strategy": {"rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}},
                  "template": {
-                    "metadata": {"labels": {"app": name, (keys::INJECT): "enabled"}},
+                    "metadata": {"labels": {"app": name, (keys::INJECT): "enabled", RUN_LABEL: run}},
                     "spec": {
                         "nodeSelector": {"type": "kwok", RUN_LABEL: run},
                         "tolerations": [{"key": KWOK_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
@@ -211,73 +226,13 @@ fn probe_pod(app: &str, to_webhook: bool) -> anyhow::Result<Pod> {
     }))?)
 }
 
-/// Where the run stands: every injected pod Ready, every route Ready at its
-/// generation (`Err`: not yet, saying what is missing).
-async fn all_current(
-    client: &Client,
-    run: &str,
-    routes_wanted: usize,
-    pods_wanted: usize,
-) -> Result<(), String> {
-    let lp = ListParams::default().labels(&format!("{}=enabled", keys::INJECT));
-    let pods = Api::<Pod>::all(client.clone())
-        .list(&lp)
-        .await
-        .map_err(|e| e.to_string())?;
-    let in_run: Vec<&Pod> = pods
-        .items
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| {
-            p.spec
-                .as_ref()
-                .and_then(|s| s.node_selector.as_ref())
-                .is_some_and(|s| s.get(RUN_LABEL).map(String::as_str) == Some(run))
-        })
-        .collect();
-    let ready = in_run
-        .iter()
-        .filter(|p| p.annotations().contains_key(keys::INJECTED) && kube_ready(p))
-        .count();
-    if in_run.len() != pods_wanted || ready != pods_wanted {
-        return Err(format!(
-            "{ready} injected and Ready of {} pods ({pods_wanted} wanted)",
-            in_run.len()
-        ));
-    }
-    let routes = Api::<GraceRoute>::all_with(client.clone(), &route_resource())
-        .list(&ListParams::default().labels(&format!("{RUN_LABEL}={run}")))
-        .await
-        .map_err(|e| e.to_string())?;
-    let current = routes
-        .items
-        .iter()
-        .filter(|r| {
-            let generation = r.metadata.generation;
-            r.data["status"]["observedGeneration"].as_i64() == generation
-                && condition(r, "Ready")
-                    .is_some_and(|(status, g)| status == "True" && g == generation)
-        })
-        .count();
-    if routes.items.len() != routes_wanted || current != routes_wanted {
-        return Err(format!(
-            "{current} routes Ready at their generation of {} ({routes_wanted} wanted)",
-            routes.items.len()
-        ));
-    }
-    Ok(())
-}
-
-fn kube_ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-/// Polls [`all_current`] every second until it holds; the time it took.
+/// Waits until the watches say every route is Ready at its generation and
+/// every Deployment rolled out, then checks (one paginated LIST) that every
+/// pod is injected and Ready; the time it took. Polled every second, the
+/// pod LIST at most every 10 s.
 async fn until_current(
     client: &Client,
+    tracker: &Tracker,
     run: &str,
     routes: usize,
     pods: usize,
@@ -287,8 +242,18 @@ async fn until_current(
     let t = Instant::now();
     let deadline = t + Duration::from_secs(timeout);
     let mut last = String::new();
+    let mut listed: Option<Instant> = None;
+    let selector = format!("{RUN_LABEL}={run}");
     loop {
-        match all_current(client, run, routes, pods).await {
+        let state = match tracker.all_current(routes, routes) {
+            Ok(()) if listed.is_none_or(|l| l.elapsed() >= Duration::from_secs(10)) => {
+                listed = Some(Instant::now());
+                pods_injected(client, &selector, keys::INJECTED, pods).await
+            }
+            Ok(()) => Err(last.clone()),
+            Err(why) => Err(why),
+        };
+        match state {
             Ok(()) => {
                 eprintln!("  {what}: done after {:.1}s", t.elapsed().as_secs_f64());
                 return Ok(t.elapsed());
@@ -557,6 +522,13 @@ async fn scale(
         .create(&PostParams::default(), &probe_route()?)
         .await
         .context("creating the probe route")?;
+    let tracker = Tracker::default();
+    // Aborted when this function returns, however it returns.
+    let _watches: Vec<AbortOnDrop> = tracker
+        .spawn(client, &format!("{RUN_LABEL}={name}"))
+        .into_iter()
+        .map(AbortOnDrop)
+        .collect();
     let start_s = t0.elapsed().as_secs_f64();
     eprintln!("[{start_s:6.1}s] setup done; phase 1: the storm");
 
@@ -570,27 +542,42 @@ async fn scale(
     ));
     let storm_t = Instant::now();
     let per_ns = args.routes.div_ceil(args.namespaces);
-    for i in 0..args.routes {
-        let ns = &run.namespaces[usize::try_from(i / per_ns)?];
-        let r = format!("web-{i:05}");
-        let mut gr = route(&r, 1000)?;
-        gr.labels_mut().insert(RUN_LABEL.into(), name.clone());
-        Api::<GraceRoute>::namespaced_with(client.clone(), ns, &route_resource())
-            .create(&PostParams::default(), &gr)
-            .await
-            .with_context(|| format!("creating route {ns}/{r}"))?;
-        Api::<Deployment>::namespaced(client.clone(), ns)
-            .create(
-                &PostParams::default(),
-                &deployment(&r, args.pods_per_route, &name)?,
-            )
-            .await
-            .with_context(|| format!("creating Deployment {ns}/{r}"))?;
-    }
+    // CREATE_CONCURRENCY routes (each with its Deployment) in flight: as fast
+    // as the API server takes them, where one at a time measured the
+    // client's round trips (200 routes took 40 s).
+    let created: HashMap<(String, String), Instant> = futures_util::stream::iter(0..args.routes)
+        .map(|i| {
+            let (client, name) = (client.clone(), name.clone());
+            let ns = run.namespaces[usize::try_from(i / per_ns).unwrap_or(0)].clone();
+            async move {
+                let r = format!("web-{i:05}");
+                let mut gr = route(&r, 1000)?;
+                gr.labels_mut().insert(RUN_LABEL.into(), name.clone());
+                Api::<GraceRoute>::namespaced_with(client.clone(), &ns, &route_resource())
+                    .create(&PostParams::default(), &gr)
+                    .await
+                    .with_context(|| format!("creating route {ns}/{r}"))?;
+                let at = Instant::now();
+                Api::<Deployment>::namespaced(client, &ns)
+                    .create(
+                        &PostParams::default(),
+                        &deployment(&r, args.pods_per_route, &name)?,
+                    )
+                    .await
+                    .with_context(|| format!("creating Deployment {ns}/{r}"))?;
+                anyhow::Ok(((ns, r), at))
+            }
+        })
+        .buffer_unordered(CREATE_CONCURRENCY)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<_>>()?;
     let applied = storm_t.elapsed();
     eprintln!("  applied in {:.1}s", applied.as_secs_f64());
     let storm = until_current(
         client,
+        &tracker,
         &name,
         routes_wanted,
         pods_wanted,
@@ -601,6 +588,8 @@ async fn scale(
     stop_probe.notify_one();
     let probes = probe.await??;
     let after = metrics(admin_port).await?;
+    let storm_requests = per_reconcile(&before, &after);
+    let storm_waits = tracker.waits(storm_t, &created, &HashMap::new());
     let webhook_server =
         Histogram::parse(&after, "kubegrace_operator_webhook_duration_seconds").since(
             &Histogram::parse(&before, "kubegrace_operator_webhook_duration_seconds"),
@@ -623,6 +612,7 @@ async fn scale(
         op.stop().await?;
     }
     sampler.abort();
+    let generations = tracker.generations();
     for i in 0..args.routes {
         let ns = &run.namespaces[usize::try_from(i / per_ns)?];
         Api::<GraceRoute>::namespaced_with(client.clone(), ns, &route_resource())
@@ -635,6 +625,7 @@ async fn scale(
             .context("editing a route while the operator is down")?;
     }
     let restart_s = t0.elapsed().as_secs_f64();
+    let restart_t = Instant::now();
     let operator = Operator::start(&bin, &name, webhook_port, admin_port, &[], "-2")?;
     sampler = sample(
         operator.pid().context("the operator has no pid")?,
@@ -644,6 +635,7 @@ async fn scale(
     *operator_slot = Some(operator);
     let cold = until_current(
         client,
+        &tracker,
         &name,
         routes_wanted,
         pods_wanted,
@@ -652,13 +644,16 @@ async fn scale(
     )
     .await?;
     let cold_end_s = t0.elapsed().as_secs_f64();
+    let cold_waits = tracker.waits(restart_t, &HashMap::new(), &generations);
+    // The new process counted from 0: its requests so far are the cold start's.
+    let cold_requests = per_reconcile("", &metrics(admin_port).await?);
     tokio::time::sleep(Duration::from_secs(30)).await;
     let cold_steady_s = t0.elapsed().as_secs_f64();
 
     // ---- 4. Rolling restart of every Deployment at once.
     let roll = if args.rolling_restart {
         eprintln!("[{cold_steady_s:6.1}s] phase 4: rolling restart of every Deployment");
-        Some(rolling_restart(args, client, &run.namespaces, &name, admin_port).await?)
+        Some(rolling_restart(args, client, &tracker, &run.namespaces, &name, admin_port).await?)
     } else {
         None
     };
@@ -688,6 +683,8 @@ async fn scale(
             "admission_during_storm": added(&probes.injected, &probes.bare),
             "admission_during_storm_unrouted": added(&probes.unrouted, &probes.bare),
             "operator_webhook_histogram": webhook_server.json(),
+            "route_wait": storm_waits,
+            "api_requests": storm_requests,
         },
         "steady": {
             "operator": samples.window(storm_end_s + 10.0, steady_end_s),
@@ -698,12 +695,15 @@ async fn scale(
             "all_current_seconds": secs(cold),
             "operator_catching_up": samples.window(restart_s, cold_end_s),
             "operator_steady_after": samples.window(cold_end_s + 10.0, cold_steady_s),
+            "route_wait": cold_waits,
+            "api_requests": cold_requests,
         },
-        "rolling_restart": roll.map_or(json!(null), |(took, webhook)| json!({
+        "rolling_restart": roll.map_or(json!(null), |(took, webhook, requests)| json!({
             "how": "every Deployment's template annotated at once (kubectl rollout restart); until every Deployment is rolled out and every route current",
             "all_current_seconds": secs(took),
             "operator": samples.window(cold_steady_s, end_s),
             "operator_webhook_histogram": webhook.json(),
+            "api_requests": requests,
         })),
         "reconcile_histogram_since_cold_start": reconcile_all.json(),
         "total_seconds": secs(t0.elapsed()),
@@ -716,15 +716,17 @@ async fn scale(
 async fn rolling_restart(
     args: &Args,
     client: &Client,
+    tracker: &Tracker,
     namespaces: &[String],
     name: &str,
     admin_port: u16,
-) -> anyhow::Result<(Duration, Histogram)> {
+) -> anyhow::Result<(Duration, Histogram, Value)> {
     let per_ns = args.routes.div_ceil(args.namespaces);
     let routes_wanted = usize::try_from(args.routes)?;
     let pods_wanted = usize::try_from(args.routes * args.pods_per_route)?;
     let t0 = Instant::now();
     let before = metrics(admin_port).await?;
+    let old = tracker.deployment_generations();
     let roll_t = Instant::now();
     let stamp = format!("{}", t0.elapsed().as_millis());
     for i in 0..args.routes {
@@ -739,36 +741,21 @@ async fn rolling_restart(
             .await
             .context("restarting a Deployment")?;
     }
-    let deployments: Api<Deployment> = Api::all(client.clone());
+    // The watch has seen every Deployment's new generation (before that it
+    // could still call the old one rolled out).
     wait_for(
         args.phase_timeout,
-        "every Deployment rolled out",
+        "the restarts seen by the watch",
         || async {
-            let list = deployments.list(&ListParams::default()).await.ok()?;
-            let ours: Vec<_> = list
-                .items
-                .iter()
-                .filter(|d| {
-                    d.metadata
-                        .namespace
-                        .as_deref()
-                        .is_some_and(|n| n.starts_with(&format!("{name}-")))
-                })
-                .collect();
-            let rolled = ours.iter().all(|d| {
-                let s = d.status.clone().unwrap_or_default();
-                let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-                s.observed_generation == d.metadata.generation
-                    && s.updated_replicas == Some(want)
-                    && s.ready_replicas == Some(want)
-                    && s.replicas == Some(want)
-            });
-            (ours.len() == routes_wanted && rolled).then_some(())
+            let now = tracker.deployment_generations();
+            let newer = old.iter().all(|(k, g)| now.get(k).is_some_and(|n| n > g));
+            newer.then_some(())
         },
     )
     .await?;
     let rolled = until_current(
         client,
+        tracker,
         name,
         routes_wanted,
         pods_wanted,
@@ -781,5 +768,5 @@ async fn rolling_restart(
     let webhook = Histogram::parse(&after, "kubegrace_operator_webhook_duration_seconds").since(
         &Histogram::parse(&before, "kubegrace_operator_webhook_duration_seconds"),
     );
-    Ok((rolled, webhook))
+    Ok((rolled, webhook, per_reconcile(&before, &after)))
 }

@@ -76,7 +76,7 @@ pub async fn cleanup(route: &GraceRoute, ctx: &Context) -> Result<Action, Error>
     let ns = route.namespace().unwrap_or_default();
     let name = route.name_any();
     let (workloads, _) = Workloads::read_for(client, &ns, route).await?;
-    let known = ctx.routes.state();
+    let known = ctx.routes.in_namespace(&ns);
     let others: Vec<&GraceRoute> = known.iter().map(AsRef::as_ref).collect();
     let (held, _) = claim_targets(route, &workloads, &others);
     for (t, _) in held {

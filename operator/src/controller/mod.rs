@@ -81,7 +81,8 @@ pub use crate::reasons::{
 async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {
     let ns = route.namespace().unwrap_or_default();
     let api: Api<GraceRoute> = Api::namespaced(ctx.client.clone(), &ns);
-    let known = ctx.routes.state();
+    // Targets and overlaps are per namespace: the routes of this one.
+    let known = ctx.routes.in_namespace(&ns);
     let others: Vec<&GraceRoute> = known.iter().map(AsRef::as_ref).collect();
 
     let observed = dereference::dereference(&ctx.client, route, &others).await?;
@@ -134,6 +135,7 @@ pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Act
     let result = invalid::guarded(&ctx, &obj, reconcile_object(&obj, &ctx)).await;
     ctx.metrics
         .reconciled(start.elapsed(), result.as_ref().err().map(Error::kind));
+    ctx.metrics.api_requests.route_reconciled();
     result
 }
 
@@ -186,7 +188,7 @@ fn routes_for_workload(
     labels: &BTreeMap<String, String>,
 ) -> Vec<ObjectRef<GraceRoute>> {
     store
-        .state()
+        .in_namespace(ns)
         .iter()
         .filter(|r| crate::route_match::covers_workload(r, kind, ns, name, labels))
         .map(|r| ObjectRef::from_obj(r.as_ref()))
@@ -222,9 +224,8 @@ fn routes_for_pod(store: &Routes, pod: &Pod) -> Vec<ObjectRef<GraceRoute>> {
     }
     let labels = pod.labels();
     store
-        .state()
+        .in_namespace(&ns)
         .iter()
-        .filter(|r| r.namespace().as_deref() == Some(ns.as_str()))
         .filter(|r| {
             r.spec
                 .selector
@@ -253,13 +254,20 @@ pub async fn run(
 ) {
     // One namespace (watch-namespaces mode, namespaced RBAC) or all.
     let ns = namespace.as_deref();
-    let controller = Controller::new_with(
+    // The reflector keeps each route without what nothing reads
+    // (crate::slim); every event also feeds the per-namespace index the
+    // mappers and reconciles read (tolerant::Routes).
+    let store = Routes::default();
+    let index = store.clone();
+    let (trigger, reader) = crate::slim::reflect(
         tolerant::api(&client, ns),
         watcher::Config::default().any_semantic(),
         tolerant::api_resource(),
-    )
-    .with_config(controller::Config::default().concurrency(RECONCILE_CONCURRENCY));
-    let store = Routes::new(controller.store());
+        crate::slim::route,
+        move |e| index.apply(e),
+    );
+    let controller = Controller::for_stream_with(trigger, reader, tolerant::api_resource())
+        .with_config(controller::Config::default().concurrency(RECONCILE_CONCURRENCY));
     let (s1, s2, s3, s4) = (store.clone(), store.clone(), store.clone(), store.clone());
     let inbox = Arc::new(drains::Inbox::default());
     let pod_inbox = inbox.clone();
@@ -326,10 +334,9 @@ pub async fn run(
             Api::<Service>::all(client.clone()),
             watcher::Config::default(),
             move |svc| {
-                let ns = svc.namespace();
-                s4.state()
+                let ns = svc.namespace().unwrap_or_default();
+                s4.in_namespace(&ns)
                     .iter()
-                    .filter(|r| r.namespace() == ns)
                     .map(|r| tolerant::erase(&ObjectRef::from_obj(r.as_ref())))
                     .collect::<Vec<_>>()
             },
@@ -397,9 +404,7 @@ spec:
             ),
             client,
             metrics: Arc::new(Metrics::default()),
-            routes: Routes::new(
-                kube::runtime::reflector::store::Writer::new(tolerant::api_resource()).as_reader(),
-            ),
+            routes: Routes::default(),
             drains: Arc::new(drains::Inbox::default()),
         }
     }

@@ -37,7 +37,9 @@ pub mod overrides;
 pub use app_readiness::{APP_READINESS_IN_SIDECAR, APP_READINESS_ON_APP};
 use app_readiness::{keeps_own_readiness, take_http_readiness};
 /// What a pod says about the sidecar, read by the plugin too.
-pub use kubegrace_api::inject::{admin_port_of, app_port_name, is_injected, wants_injection};
+pub use kubegrace_api::inject::{
+    admin_port_of, app_port_name, is_injected, own_choice, wants_injection,
+};
 
 /// The sidecar image's user (distroless nonroot); set explicitly so
 /// `runAsNonRoot` holds whatever the image says, unless the platform
@@ -378,6 +380,42 @@ fn sidecar(
     }
 }
 
+/// Where the API server's ServiceAccount admission plugin mounts the token.
+const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The token mount the ServiceAccount admission plugin gave the pod's
+/// containers before the webhook ran, if it did: its volume
+/// (`kube-api-access-*`, the first such, as the plugin picks it) mounted
+/// read-only at [`TOKEN_MOUNT_PATH`] by a container.
+///
+/// The sidecar gets the same mount from us. The plugin would add it anyway:
+/// a webhook's change makes the API server run the in-tree plugins again,
+/// the plugin mounts the token into the new container, and because the pod
+/// changed after our webhook (`reinvocationPolicy: IfNeeded`) the API
+/// server calls the webhook a second time, for every injected pod
+/// (`make bench-scale` counted two reviews per injected pod). With the
+/// mount already there the plugin changes nothing and the second call and
+/// its round of admission go away; the pod comes out the same.
+fn service_account_mount(spec: &PodSpec) -> Option<VolumeMount> {
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name.starts_with("kube-api-access-"))?;
+    let mounted = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .flat_map(|c| c.volume_mounts.iter().flatten())
+        .any(|m| m.name == volume.name && m.mount_path == TOKEN_MOUNT_PATH);
+    mounted.then(|| VolumeMount {
+        name: volume.name.clone(),
+        mount_path: TOKEN_MOUNT_PATH.into(),
+        read_only: Some(true),
+        ..Default::default()
+    })
+}
+
 /// Injects the sidecar into a pod. Idempotent: an injected pod comes back
 /// unchanged.
 pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
@@ -444,7 +482,10 @@ pub fn inject(pod: &Pod, plan: &InjectPlan) -> Result<Pod, Skip> {
         lifecycle.pre_stop = drain_hook(&plan.token, admin).pre_stop;
     }
 
-    let container = sidecar(plan, listen, admin, upstream, app_readiness.as_ref());
+    let mut container = sidecar(plan, listen, admin, upstream, app_readiness.as_ref());
+    if let Some(m) = service_account_mount(spec) {
+        container.volume_mounts.get_or_insert_with(Vec::new).push(m);
+    }
     if plan.sidecar.native {
         // First, so it is up before any other init container or the app.
         spec.init_containers

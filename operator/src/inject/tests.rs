@@ -396,3 +396,47 @@ fn pre_stop_get(c: &Container) -> &HTTPGetAction {
         .and_then(|p| p.http_get.as_ref())
         .expect("a preStop httpGet")
 }
+
+/// The sidecar gets the token mount the ServiceAccount plugin gave the app
+/// (so the plugin, run again after the webhook, changes nothing and the
+/// webhook is not called a second time); a pod without one gets none.
+#[test]
+fn the_sidecar_takes_the_token_mount_the_service_account_plugin_gave_the_pod() {
+    let with_token = POD.replace(
+        "    readinessProbe: {httpGet: {path: /healthz, port: http}}\n",
+        "    readinessProbe: {httpGet: {path: /healthz, port: http}}\n    volumeMounts: [{name: kube-api-access-x7k2p, readOnly: true, mountPath: /var/run/secrets/kubernetes.io/serviceaccount}]\n  volumes: [{name: data, emptyDir: {}}, {name: kube-api-access-x7k2p, projected: {sources: []}}]\n",
+    );
+    let out = inject(&pod(&with_token), &plan(true)).expect("injected");
+    let mounts = native_sidecar(&out)
+        .volume_mounts
+        .clone()
+        .unwrap_or_default();
+    let token = mounts
+        .iter()
+        .find(|m| m.name == "kube-api-access-x7k2p")
+        .expect("token mount");
+    assert_eq!(token.mount_path, TOKEN_MOUNT_PATH);
+    assert_eq!(token.read_only, Some(true));
+
+    let bare = inject(&pod(POD), &plan(true)).expect("injected");
+    let mounts = native_sidecar(&bare)
+        .volume_mounts
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        mounts.iter().all(|m| m.mount_path != TOKEN_MOUNT_PATH),
+        "{mounts:?}"
+    );
+    // A volume by that name that no container mounts at the token path is
+    // not the plugin's: left alone.
+    let stray = POD.replace(
+        "    readinessProbe: {httpGet: {path: /healthz, port: http}}\n",
+        "    readinessProbe: {httpGet: {path: /healthz, port: http}}\n  volumes: [{name: kube-api-access-mine, emptyDir: {}}]\n",
+    );
+    let out = inject(&pod(&stray), &plan(true)).expect("injected");
+    let mounts = native_sidecar(&out)
+        .volume_mounts
+        .clone()
+        .unwrap_or_default();
+    assert!(mounts.iter().all(|m| m.name != "kube-api-access-mine"));
+}

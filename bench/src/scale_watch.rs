@@ -179,23 +179,21 @@ impl Tracker {
 
     /// Each Deployment's generation as the watch last saw it.
     pub fn deployment_generations(&self) -> HashMap<Key, i64> {
-        self.with(|s| {
-            s.deployments
-                .iter()
-                .filter_map(|(k, (g, _))| Some((k.clone(), (*g)?)))
-                .collect()
-        })
+        self.with(|s| generations_of(&s.deployments))
     }
 
     /// Each route's generation now (to time the next change from).
     pub fn generations(&self) -> HashMap<Key, i64> {
-        self.with(|s| {
-            s.routes
-                .iter()
-                .filter_map(|(k, (g, _))| Some((k.clone(), (*g)?)))
-                .collect()
-        })
+        self.with(|s| generations_of(&s.routes))
     }
+}
+
+/// The generation of each object that has one.
+fn generations_of(objects: &HashMap<Key, (Option<i64>, bool)>) -> HashMap<Key, i64> {
+    objects
+        .iter()
+        .filter_map(|(k, (g, _))| Some((k.clone(), (*g)?)))
+        .collect()
 }
 
 /// `Err` (how many) unless every pod labelled `selector` that is not being

@@ -104,6 +104,16 @@ impl<V> Default for Objects<V> {
     }
 }
 
+/// The objects of `namespace` in `objects` (keys sort by namespace first).
+fn namespace_objects<V: Clone>(objects: &BTreeMap<Key, V>, namespace: &str) -> Vec<V> {
+    let from = (namespace.to_string(), String::new());
+    objects
+        .range(from..)
+        .take_while(|((ns, _), _)| ns == namespace)
+        .map(|(_, v)| v.clone())
+        .collect()
+}
+
 /// One watch's objects, converted by the watch's `convert` (pure data:
 /// tested by feeding it watch events).
 #[derive(Debug)]
@@ -167,14 +177,7 @@ impl<V: Clone> Cache<V> {
     /// The objects of `namespace`; `None` while not synced.
     fn in_namespace(&self, namespace: &str) -> Option<Vec<V>> {
         let s = self.state.read().unwrap_or_else(PoisonError::into_inner);
-        s.synced.then(|| {
-            let from = (namespace.to_string(), String::new());
-            s.objects
-                .range(from..)
-                .take_while(|((ns, _), _)| ns == namespace)
-                .map(|(_, v)| v.clone())
-                .collect()
-        })
+        s.synced.then(|| namespace_objects(&s.objects, namespace))
     }
 
     /// The objects of `namespace` held now, synced or not: during a
@@ -182,12 +185,7 @@ impl<V: Clone> Cache<V> {
     /// (the route controller's reading, like kube-rs's store).
     pub fn held_in_namespace(&self, namespace: &str) -> Vec<V> {
         let s = self.state.read().unwrap_or_else(PoisonError::into_inner);
-        let from = (namespace.to_string(), String::new());
-        s.objects
-            .range(from..)
-            .take_while(|((ns, _), _)| ns == namespace)
-            .map(|(_, v)| v.clone())
-            .collect()
+        namespace_objects(&s.objects, namespace)
     }
 
     /// Whether `namespace/name` is held now, synced or not.

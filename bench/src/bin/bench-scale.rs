@@ -234,11 +234,12 @@ async fn until_current(
     client: &Client,
     tracker: &Tracker,
     run: &str,
-    routes: usize,
-    pods: usize,
-    timeout: u64,
+    args: &Args,
     what: &str,
 ) -> anyhow::Result<Duration> {
+    let routes = usize::try_from(args.routes)?;
+    let pods = usize::try_from(args.routes * args.pods_per_route)?;
+    let timeout = args.phase_timeout;
     let t = Instant::now();
     let deadline = t + Duration::from_secs(timeout);
     let mut last = String::new();
@@ -481,7 +482,6 @@ async fn scale(
     let t0 = Instant::now();
     let name = run.name.clone();
     let pods_wanted = usize::try_from(args.routes * args.pods_per_route)?;
-    let routes_wanted = usize::try_from(args.routes)?;
     install_crd(client, &args.crd).await?;
     let nss: Api<Namespace> = Api::all(client.clone());
     let labelled = |ns: &str| -> anyhow::Result<Namespace> {
@@ -575,16 +575,7 @@ async fn scale(
         .collect::<anyhow::Result<_>>()?;
     let applied = storm_t.elapsed();
     eprintln!("  applied in {:.1}s", applied.as_secs_f64());
-    let storm = until_current(
-        client,
-        &tracker,
-        &name,
-        routes_wanted,
-        pods_wanted,
-        args.phase_timeout,
-        "storm",
-    )
-    .await?;
+    let storm = until_current(client, &tracker, &name, args, "storm").await?;
     stop_probe.notify_one();
     let probes = probe.await??;
     let after = metrics(admin_port).await?;
@@ -633,16 +624,7 @@ async fn scale(
         samples.clone(),
     );
     *operator_slot = Some(operator);
-    let cold = until_current(
-        client,
-        &tracker,
-        &name,
-        routes_wanted,
-        pods_wanted,
-        args.phase_timeout,
-        "cold start",
-    )
-    .await?;
+    let cold = until_current(client, &tracker, &name, args, "cold start").await?;
     let cold_end_s = t0.elapsed().as_secs_f64();
     let cold_waits = tracker.waits(restart_t, &HashMap::new(), &generations);
     // The new process counted from 0: its requests so far are the cold start's.
@@ -722,8 +704,6 @@ async fn rolling_restart(
     admin_port: u16,
 ) -> anyhow::Result<(Duration, Histogram, Value)> {
     let per_ns = args.routes.div_ceil(args.namespaces);
-    let routes_wanted = usize::try_from(args.routes)?;
-    let pods_wanted = usize::try_from(args.routes * args.pods_per_route)?;
     let t0 = Instant::now();
     let before = metrics(admin_port).await?;
     let old = tracker.deployment_generations();
@@ -753,17 +733,9 @@ async fn rolling_restart(
         },
     )
     .await?;
-    let rolled = until_current(
-        client,
-        tracker,
-        name,
-        routes_wanted,
-        pods_wanted,
-        args.phase_timeout,
-        "rolling restart",
-    )
-    .await
-    .map(|_| roll_t.elapsed())?;
+    let rolled = until_current(client, tracker, name, args, "rolling restart")
+        .await
+        .map(|_| roll_t.elapsed())?;
     let after = metrics(admin_port).await?;
     let webhook = Histogram::parse(&after, "kubegrace_operator_webhook_duration_seconds").since(
         &Histogram::parse(&before, "kubegrace_operator_webhook_duration_seconds"),

@@ -406,11 +406,7 @@ fn the_sidecar_takes_the_token_mount_the_service_account_plugin_gave_the_pod() {
         "    readinessProbe: {httpGet: {path: /healthz, port: http}}\n",
         "    readinessProbe: {httpGet: {path: /healthz, port: http}}\n    volumeMounts: [{name: kube-api-access-x7k2p, readOnly: true, mountPath: /var/run/secrets/kubernetes.io/serviceaccount}]\n  volumes: [{name: data, emptyDir: {}}, {name: kube-api-access-x7k2p, projected: {sources: []}}]\n",
     );
-    let out = inject(&pod(&with_token), &plan(true)).expect("injected");
-    let mounts = native_sidecar(&out)
-        .volume_mounts
-        .clone()
-        .unwrap_or_default();
+    let mounts = sidecar_mounts(&with_token);
     let token = mounts
         .iter()
         .find(|m| m.name == "kube-api-access-x7k2p")
@@ -418,11 +414,7 @@ fn the_sidecar_takes_the_token_mount_the_service_account_plugin_gave_the_pod() {
     assert_eq!(token.mount_path, TOKEN_MOUNT_PATH);
     assert_eq!(token.read_only, Some(true));
 
-    let bare = inject(&pod(POD), &plan(true)).expect("injected");
-    let mounts = native_sidecar(&bare)
-        .volume_mounts
-        .clone()
-        .unwrap_or_default();
+    let mounts = sidecar_mounts(POD);
     assert!(
         mounts.iter().all(|m| m.mount_path != TOKEN_MOUNT_PATH),
         "{mounts:?}"
@@ -433,10 +425,15 @@ fn the_sidecar_takes_the_token_mount_the_service_account_plugin_gave_the_pod() {
         "    readinessProbe: {httpGet: {path: /healthz, port: http}}\n",
         "    readinessProbe: {httpGet: {path: /healthz, port: http}}\n  volumes: [{name: kube-api-access-mine, emptyDir: {}}]\n",
     );
-    let out = inject(&pod(&stray), &plan(true)).expect("injected");
-    let mounts = native_sidecar(&out)
+    let mounts = sidecar_mounts(&stray);
+    assert!(mounts.iter().all(|m| m.name != "kube-api-access-mine"));
+}
+
+/// The volume mounts of the sidecar injected into the pod `yaml` describes.
+fn sidecar_mounts(yaml: &str) -> Vec<VolumeMount> {
+    let out = inject(&pod(yaml), &plan(true)).expect("injected");
+    native_sidecar(&out)
         .volume_mounts
         .clone()
-        .unwrap_or_default();
-    assert!(mounts.iter().all(|m| m.name != "kube-api-access-mine"));
+        .unwrap_or_default()
 }

@@ -90,7 +90,28 @@ pub async fn dereference(
     others: &[&GraceRoute],
 ) -> Result<Observed, Error> {
     let ns = route.namespace().unwrap_or_default();
-    let (workloads, states) = Workloads::read_for(client, &ns, route).await?;
+    let cm_name = crate::rules::config_map_name(&route.name_any());
+    // The reads that need nothing from each other go out together: a
+    // reconcile waited for seven round trips one after the other, and on an
+    // API server a storm keeps busy that, not the operator's CPU, set how
+    // fast a cold start caught up with every route (`make bench-scale`).
+    let ((workloads, states), ns_labels, services, config_map) = tokio::try_join!(
+        Workloads::read_for(client, &ns, route),
+        namespace_labels(client, &ns),
+        async {
+            Api::<Service>::namespaced(client.clone(), &ns)
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .map_err(Error::read(format!("listing Services in {ns}")))
+        },
+        async {
+            Api::<ConfigMap>::namespaced(client.clone(), &ns)
+                .get_opt(&cm_name)
+                .await
+                .map_err(Error::read(format!("reading ConfigMap {ns}/{cm_name}")))
+        },
+    )?;
     let (targets, overlaps) = claim_targets(route, &workloads, others);
     let targets: Vec<(Target, Option<String>)> = targets.into_iter().cloned().collect();
     let rollouts = targets
@@ -98,35 +119,32 @@ pub async fn dereference(
         .filter_map(|(t, _)| states.get(&t.id()).cloned())
         .collect();
 
-    let ns_labels = Api::<Namespace>::all(client.clone())
-        .get_opt(&ns)
-        .await
-        .map_err(Error::read(format!("reading namespace {ns}")))?
-        .map(|n| n.labels().clone())
-        .unwrap_or_default();
     let pods_api = Api::<Pod>::namespaced(client.clone(), &ns);
     let mut selectors: BTreeSet<String> = targets.iter().filter_map(|t| t.1.clone()).collect();
     if let Some(s) = pod_selector(route.spec.selector.as_ref()) {
         selectors.insert(s);
     }
+    let lists = futures_util::future::try_join_all(selectors.iter().map(|s| {
+        let pods_api = &pods_api;
+        let ns = &ns;
+        async move {
+            pods_api
+                .list(&ListParams::default().labels(s))
+                .await
+                .map(|list| (s.clone(), list.items))
+                .map_err(Error::read(format!("listing pods {s} in {ns}")))
+        }
+    }))
+    .await?;
     let mut pods = BTreeMap::new();
     let mut pods_by_selector: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for s in &selectors {
-        let list = pods_api
-            .list(&ListParams::default().labels(s))
-            .await
-            .map_err(Error::read(format!("listing pods {s} in {ns}")))?;
-        let names = pods_by_selector.entry(s.clone()).or_default();
+    for (s, list) in lists {
+        let names = pods_by_selector.entry(s).or_default();
         for p in list {
             names.insert(p.name_any());
             pods.insert(p.name_any(), p);
         }
     }
-    let services = Api::<Service>::namespaced(client.clone(), &ns)
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::read(format!("listing Services in {ns}")))?
-        .items;
     // Only injected pods have a port takeover a policy can break: a route
     // whose pods are bare costs no list.
     let network_policies = if pods.values().any(crate::inject::is_injected) {
@@ -134,11 +152,6 @@ pub async fn dereference(
     } else {
         Vec::new()
     };
-    let cm_name = crate::rules::config_map_name(&route.name_any());
-    let config_map = Api::<ConfigMap>::namespaced(client.clone(), &ns)
-        .get_opt(&cm_name)
-        .await
-        .map_err(Error::read(format!("reading ConfigMap {ns}/{cm_name}")))?;
     Ok(Observed {
         targets,
         overlaps,
@@ -150,6 +163,16 @@ pub async fn dereference(
         rollouts,
         network_policies,
     })
+}
+
+/// The namespace's labels (none when it is gone).
+async fn namespace_labels(client: &Client, ns: &str) -> Result<BTreeMap<String, String>, Error> {
+    Ok(Api::<Namespace>::all(client.clone())
+        .get_opt(ns)
+        .await
+        .map_err(Error::read(format!("reading namespace {ns}")))?
+        .map(|n| n.labels().clone())
+        .unwrap_or_default())
 }
 
 /// The namespace's NetworkPolicies. A chart of an earlier release grants no
@@ -220,19 +243,27 @@ async fn read_kinds(
     rollouts: bool,
 ) -> Result<(Workloads, BTreeMap<String, RolloutState>), Error> {
     let lp = ListParams::default();
-    let deployments = Api::<Deployment>::namespaced(client.clone(), ns)
-        .list(&lp)
-        .await
-        .map_err(Error::read(format!("listing Deployments in {ns}")))?;
-    let statefulsets = Api::<StatefulSet>::namespaced(client.clone(), ns)
-        .list(&lp)
-        .await
-        .map_err(Error::read(format!("listing StatefulSets in {ns}")))?;
-    let rollouts = if rollouts {
-        self::rollouts(client, ns).await?
-    } else {
-        Vec::new()
-    };
+    let (deployments, statefulsets, rollouts) = tokio::try_join!(
+        async {
+            Api::<Deployment>::namespaced(client.clone(), ns)
+                .list(&lp)
+                .await
+                .map_err(Error::read(format!("listing Deployments in {ns}")))
+        },
+        async {
+            Api::<StatefulSet>::namespaced(client.clone(), ns)
+                .list(&lp)
+                .await
+                .map_err(Error::read(format!("listing StatefulSets in {ns}")))
+        },
+        async {
+            if rollouts {
+                self::rollouts(client, ns).await
+            } else {
+                Ok(Vec::new())
+            }
+        },
+    )?;
     Ok((
         Workloads::from_all(&deployments.items, &statefulsets.items, &rollouts),
         super::pause::states(&deployments.items, &statefulsets.items, &rollouts),

@@ -337,7 +337,7 @@ impl Upstream {
             Ok(response) => return Ok(response.map(AppBody::Http2)),
             Err(SendError::Unsent { req, err }) => {
                 tracing::debug!(error = %err, "upstream HTTP/2 connection refused the stream; sending on a new one");
-                req
+                *req
             }
             Err(SendError::Failed(err)) => return Err(Error::UpstreamH2(err)),
         };

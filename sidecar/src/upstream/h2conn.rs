@@ -75,9 +75,10 @@ impl Drop for Handle {
 /// A request the connection did not take.
 pub(crate) enum SendError {
     /// Refused before any of it was written (the connection closed or
-    /// is going away): it may go on another connection.
+    /// is going away): it may go on another connection. Boxed: the rare
+    /// case, and it keeps every request's result small.
     Unsent {
-        req: Request<UpstreamBody>,
+        req: Box<Request<UpstreamBody>>,
         err: h2::Error,
     },
     /// The stream failed (reset, refused, connection lost): whether it may
@@ -141,7 +142,10 @@ impl H2Sender {
         let mut send = self.0.send.clone();
         if let Err(err) = poll_fn(|cx| send.poll_ready(cx)).await {
             self.0.state.closed.store(true, Ordering::Release);
-            return Err(SendError::Unsent { req, err });
+            return Err(SendError::Unsent {
+                req: Box::new(req),
+                err,
+            });
         }
         let (parts, body) = req.into_parts();
         let mut head = Request::from_parts(parts, ());
@@ -259,3 +263,39 @@ const _: fn() = || {
     unpin::<ResponseFuture>();
     unpin::<UpstreamBody>();
 };
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// h2 closes a client connection nobody holds only when it is polled
+    /// again: the last handle's drop wakes it. Without that wake the app
+    /// connection of a retired slot would stay open until the app closed it.
+    #[tokio::test]
+    async fn the_connection_closes_when_the_last_handle_goes() {
+        let (ours, app) = tokio::io::duplex(64 * 1024);
+        let server = tokio::spawn(async move {
+            let mut conn = h2::server::handshake(app).await.expect("server handshake");
+            while let Some(stream) = conn.accept().await {
+                drop(stream);
+            }
+        });
+        let sender = H2Sender::handshake(ours, 65_535, 65_535)
+            .await
+            .expect("client handshake");
+        let other = sender.clone();
+        // Let the connections exchange their SETTINGS.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!sender.is_closed());
+        drop(sender);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!other.is_closed(), "a clone still holds it");
+        drop(other);
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("the app connection stayed open with nobody holding it")
+            .expect("server task");
+    }
+}

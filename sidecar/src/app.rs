@@ -388,14 +388,16 @@ pub fn is_lost_in_flight(err: &crate::Error) -> bool {
     false
 }
 
+/// The kinds of a connection that died under a request.
+const DIED: [io::ErrorKind; 4] = [
+    io::ErrorKind::ConnectionReset,
+    io::ErrorKind::BrokenPipe,
+    io::ErrorKind::UnexpectedEof,
+    io::ErrorKind::ConnectionAborted,
+];
+
 fn connection_died(io: &io::Error) -> bool {
-    matches!(
-        io.kind(),
-        io::ErrorKind::ConnectionReset
-            | io::ErrorKind::BrokenPipe
-            | io::ErrorKind::UnexpectedEof
-            | io::ErrorKind::ConnectionAborted
-    )
+    DIED.contains(&io.kind())
 }
 
 /// Seconds a client should wait before retrying after a hold ran out.

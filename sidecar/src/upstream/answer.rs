@@ -17,31 +17,36 @@ pub enum AppBody {
     Http2(H2Body),
 }
 
+/// The same call on whichever body it is.
+macro_rules! either {
+    ($body:expr, $b:ident => $call:expr) => {
+        match $body {
+            AppBody::Http1($b) => $call,
+            AppBody::Http2($b) => $call,
+        }
+    };
+}
+
 impl Body for AppBody {
     type Data = Bytes;
     type Error = Error;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
-        match self.get_mut() {
-            AppBody::Http1(body) => Pin::new(body).poll_frame(cx).map_err(Error::Upstream),
-            AppBody::Http2(body) => Pin::new(body).poll_frame(cx).map_err(Error::UpstreamH2),
-        }
-    }
-
     fn is_end_stream(&self) -> bool {
-        match self {
-            AppBody::Http1(body) => body.is_end_stream(),
-            AppBody::Http2(body) => body.is_end_stream(),
-        }
+        either!(self, b => b.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self {
-            AppBody::Http1(body) => body.size_hint(),
-            AppBody::Http2(body) => body.size_hint(),
+        either!(self, b => b.size_hint())
+    }
+
+    /// Each connection's error kept as it is, in the crate's error.
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            AppBody::Http1(b) => Pin::new(b).poll_frame(cx).map_err(Error::Upstream),
+            AppBody::Http2(b) => Pin::new(b).poll_frame(cx).map_err(Error::UpstreamH2),
         }
     }
 }

@@ -16,7 +16,8 @@
 //! request body sent as the app's window allows (one byte reserved, then
 //! the whole chunk, as its `PipeToSendStream`), a failed request body
 //! resetting the stream with `INTERNAL_ERROR`, and a connection closed
-//! when nobody holds it any more (h2 does not notice by itself). A stream
+//! when nobody holds it any more (h2 0.4 wakes its connection when the
+//! last handle goes; hyper 1's channel for that predates it). A stream
 //! the caller gives up on (its client reset, its timeout) is reset with
 //! `CANCEL` when the response future and the body are dropped.
 
@@ -27,7 +28,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
-use futures_util::task::AtomicWaker;
 use h2::client::{ResponseFuture, SendRequest};
 use h2::{Reason, SendStream};
 use http::{HeaderValue, Method, Request, Response, header};
@@ -53,23 +53,9 @@ pub(crate) struct H2Sender(Arc<Handle>);
 struct Handle {
     send: SendRequest<Bytes>,
     exec: ConnExec,
-    state: Arc<ConnState>,
-}
-
-/// Shared between the handles and the connection's future.
-#[derive(Default)]
-struct ConnState {
-    /// The connection ended, or refused a stream (GOAWAY, error).
-    closed: AtomicBool,
-    /// The connection's future: woken when the last handle goes, so that
-    /// h2 sees it has no references left and closes.
-    waker: AtomicWaker,
-}
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        self.state.waker.wake();
-    }
+    /// The connection ended, or refused a stream (GOAWAY, error); shared
+    /// with the connection's future.
+    closed: Arc<AtomicBool>,
 }
 
 /// A request the connection did not take.
@@ -97,7 +83,7 @@ impl H2Sender {
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let (send, mut conn) = h2::client::Builder::new()
+        let (send, conn) = h2::client::Builder::new()
             .initial_max_send_streams(MAX_SEND_STREAMS)
             .initial_window_size(stream_window)
             .initial_connection_window_size(conn_window)
@@ -108,26 +94,22 @@ impl H2Sender {
             .enable_push(false)
             .handshake::<_, Bytes>(io)
             .await?;
-        let state = Arc::new(ConnState::default());
-        let watch = state.clone();
+        let closed = Arc::new(AtomicBool::new(false));
+        let ended_flag = closed.clone();
         let exec = ConnExec::default();
         exec.run(Box::pin(async move {
-            let ended = poll_fn(|cx| {
-                watch.waker.register(cx.waker());
-                Pin::new(&mut conn).poll(cx)
-            })
-            .await;
-            watch.closed.store(true, Ordering::Release);
+            let ended = conn.await;
+            ended_flag.store(true, Ordering::Release);
             if let Err(err) = ended {
                 tracing::debug!(error = %err, "upstream HTTP/2 connection ended with an error");
             }
         }));
-        Ok(H2Sender(Arc::new(Handle { send, exec, state })))
+        Ok(H2Sender(Arc::new(Handle { send, exec, closed })))
     }
 
     /// The connection ended or refused a stream: new requests go elsewhere.
     pub(crate) fn is_closed(&self) -> bool {
-        self.0.state.closed.load(Ordering::Acquire)
+        self.0.closed.load(Ordering::Acquire)
     }
 
     /// Sends `req` (absolute URI) and waits for the response head. The
@@ -141,7 +123,7 @@ impl H2Sender {
         // for the app's concurrency limit, and queues the rest inside.
         let mut send = self.0.send.clone();
         if let Err(err) = poll_fn(|cx| send.poll_ready(cx)).await {
-            self.0.state.closed.store(true, Ordering::Release);
+            self.0.closed.store(true, Ordering::Release);
             return Err(SendError::Unsent {
                 req: Box::new(req),
                 err,
@@ -270,9 +252,9 @@ mod tests {
 
     use super::*;
 
-    /// h2 closes a client connection nobody holds only when it is polled
-    /// again: the last handle's drop wakes it. Without that wake the app
-    /// connection of a retired slot would stay open until the app closed it.
+    /// A retired slot's app connection closes once nobody holds it (and
+    /// its streams are done), not when the app closes it: a handle kept
+    /// anywhere (the connection's own task, a clone) fails this.
     #[tokio::test]
     async fn the_connection_closes_when_the_last_handle_goes() {
         let (ours, app) = tokio::io::duplex(64 * 1024);

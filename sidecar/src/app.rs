@@ -367,24 +367,37 @@ pub fn is_gone(err: &io::Error) -> bool {
 
 /// Whether a failed exchange means the connection died under a request the
 /// app had received (as opposed to a protocol error or a body limit).
-pub fn is_lost_in_flight(err: &hyper::Error) -> bool {
-    if err.is_incomplete_message() || err.is_closed() {
-        return true;
-    }
-    let mut source = std::error::Error::source(err);
+pub fn is_lost_in_flight(err: &crate::Error) -> bool {
+    let mut source = match err {
+        crate::Error::Upstream(err) => {
+            if err.is_incomplete_message() || err.is_closed() {
+                return true;
+            }
+            std::error::Error::source(err)
+        }
+        // h2's error keeps its i/o cause out of `source()`.
+        crate::Error::UpstreamH2(err) => return err.get_io().is_some_and(connection_died),
+        _ => return false,
+    };
     while let Some(e) = source {
         if let Some(io) = e.downcast_ref::<io::Error>() {
-            return matches!(
-                io.kind(),
-                io::ErrorKind::ConnectionReset
-                    | io::ErrorKind::BrokenPipe
-                    | io::ErrorKind::UnexpectedEof
-                    | io::ErrorKind::ConnectionAborted
-            );
+            return connection_died(io);
         }
         source = e.source();
     }
     false
+}
+
+/// The kinds of a connection that died under a request.
+const DIED: [io::ErrorKind; 4] = [
+    io::ErrorKind::ConnectionReset,
+    io::ErrorKind::BrokenPipe,
+    io::ErrorKind::UnexpectedEof,
+    io::ErrorKind::ConnectionAborted,
+];
+
+fn connection_died(io: &io::Error) -> bool {
+    DIED.contains(&io.kind())
 }
 
 /// Seconds a client should wait before retrying after a hold ran out.

@@ -48,6 +48,10 @@ pub enum Error {
     /// error, or the request body failed, e.g. over its length limit).
     #[error("upstream: {0}")]
     Upstream(#[source] hyper::Error),
+    /// The same on an HTTP/2 app connection (upstream/h2conn.rs speaks h2
+    /// directly): the stream or the connection failed.
+    #[error("upstream: {0}")]
+    UpstreamH2(#[source] h2::Error),
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
 }

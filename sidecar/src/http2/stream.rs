@@ -42,8 +42,9 @@ impl Drop for OpenStream {
     }
 }
 
-/// The request body of an HTTP/2 stream. Flow-control capacity goes back
-/// to the client as each chunk is taken, as hyper does.
+/// An HTTP/2 body as it comes in: a client's request, or the app's answer
+/// (upstream/h2conn.rs). Flow-control capacity goes back to the sender as
+/// each chunk is taken, as hyper does (upstream/h2.rs counts on it).
 pub struct H2Body {
     recv: RecvStream,
     /// Content-Length still to come, for an exact size hint (the app's
@@ -53,7 +54,7 @@ pub struct H2Body {
 }
 
 impl H2Body {
-    fn new(recv: RecvStream, headers: &HeaderMap) -> Self {
+    pub(crate) fn new(recv: RecvStream, headers: &HeaderMap) -> Self {
         let remaining = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
@@ -120,7 +121,7 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 /// One walk over the names first (standard names compare as enum tags):
 /// they are almost never there, and five hashed removals on every answer
 /// cost about 550 instructions (callgrind, `PROFILE_LOAD=h2c`).
-fn strip_connection_headers(headers: &mut HeaderMap) {
+pub(crate) fn strip_connection_headers(headers: &mut HeaderMap) {
     let suspect = headers.keys().any(|name| {
         name == header::CONNECTION
             || name == header::TRANSFER_ENCODING

@@ -9,12 +9,11 @@ use std::time::Instant;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
-use hyper::body::Incoming;
 
 use super::conn::activity::ConnCtx;
 use super::grpc_health::HealthBody;
 use crate::circuit::Permit;
-use crate::upstream::PoolReturn;
+use crate::upstream::{AppBody, PoolReturn};
 
 /// A request's accounting (the sidecar's and its connection's), from its
 /// start until its response body ends (or is dropped).
@@ -53,7 +52,7 @@ impl Finish {
 }
 
 enum Inner {
-    Upstream(Incoming),
+    Upstream(AppBody),
     Local(Full<Bytes>),
     /// A gRPC health answer while draining (grpc_health.rs).
     Health(Box<HealthBody>),
@@ -91,7 +90,7 @@ impl ProxyBody {
     }
 
     pub(super) fn upstream(
-        body: Incoming,
+        body: AppBody,
         finish: Finish,
         pool_return: Option<PoolReturn>,
     ) -> ProxyBody {
@@ -120,12 +119,12 @@ impl ProxyBody {
 
 impl Body for ProxyBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = crate::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, crate::Error>>> {
         let this = self.get_mut();
         let res = match &mut this.inner {
             Inner::Upstream(body) => match Pin::new(body).poll_frame(cx) {

@@ -29,12 +29,12 @@ use bytes::{Buf, Bytes};
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame};
-use hyper::body::Incoming;
 use tokio::sync::watch;
 
 use crate::drain::{DrainState, Phase};
 use crate::metrics::HealthRpc;
 use crate::state::Shared;
+use crate::upstream::AppBody;
 
 pub(super) const CHECK_PATH: &str = "/grpc.health.v1.Health/Check";
 pub(super) const WATCH_PATH: &str = "/grpc.health.v1.Health/Watch";
@@ -92,7 +92,7 @@ pub(super) fn not_serving_response(rpc: HealthRpc, shared: Arc<Shared>) -> Respo
 }
 
 /// The app's `Watch` stream, taken over once a drain starts.
-pub(super) fn watching(upstream: Incoming, shared: Arc<Shared>) -> HealthBody {
+pub(super) fn watching(upstream: AppBody, shared: Arc<Shared>) -> HealthBody {
     let drain = shared.drain.subscribe();
     HealthBody {
         upstream: Some(upstream),
@@ -151,7 +151,7 @@ enum Stage {
 /// A health response body: the sidecar's own answer, or the app's Watch
 /// stream with NOT_SERVING pushed into it.
 pub struct HealthBody {
-    upstream: Option<Incoming>,
+    upstream: Option<AppBody>,
     stage: Stage,
     boundary: MessageBoundary,
     drain: watch::Receiver<DrainState>,
@@ -160,14 +160,14 @@ pub struct HealthBody {
 }
 
 impl HealthBody {
-    fn not_serving(&mut self, then: Stage) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn not_serving(&mut self, then: Stage) -> Poll<Option<Result<Frame<Bytes>, crate::Error>>> {
         self.stage = then;
         Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
             NOT_SERVING_MESSAGE,
         )))))
     }
 
-    fn end_watch(&mut self) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn end_watch(&mut self) -> Poll<Option<Result<Frame<Bytes>, crate::Error>>> {
         self.stage = Stage::Done;
         // The app's stream, if any, is reset by dropping it: its answer is
         // no longer wanted.
@@ -190,7 +190,7 @@ impl HealthBody {
     pub(super) fn poll_frame(
         &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, crate::Error>>> {
         let this = self;
         loop {
             match &mut this.stage {

@@ -12,14 +12,15 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
-use hyper::client::conn::{TrySendError, http1, http2};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper::client::conn::{TrySendError, http1};
+use hyper_util::rt::TokioIo;
 use tokio::net::{TcpStream, UnixStream};
 
 use super::downgrade::{is_grpc, to_http1};
-use super::h2::{AppProtocol, H2Sender, H2Slot, Route, SNIFF_TIMEOUT, Sniff, affinity};
+use super::h2::{AppProtocol, H2Slot, Route, SNIFF_TIMEOUT, Sniff, affinity};
+use super::h2conn::{H2Sender, SendError};
 use super::idle::{IdleConn, IdleStack};
-use super::{UpstreamBody, UpstreamStream};
+use super::{AppBody, UpstreamBody, UpstreamStream};
 use crate::app::AppWatch;
 use crate::config::{Endpoint, UpstreamPoolConfig};
 use crate::error::{Error, Result};
@@ -76,7 +77,7 @@ static NEXT_UPSTREAM_ID: AtomicU64 = AtomicU64::new(0);
 /// A response from the app, plus the way its connection goes back to the
 /// pool (HTTP/1 only).
 pub struct UpstreamResponse {
-    pub response: Response<Incoming>,
+    pub response: Response<AppBody>,
     pub pool_return: Option<PoolReturn>,
 }
 
@@ -243,7 +244,7 @@ impl Upstream {
     /// A request the app had received whose connection died is the app's
     /// loss (it died with it in flight): counted, and the probe woken.
     fn note_lost(&self, err: Option<&Error>) {
-        if let (Some(app), Some(Error::Upstream(err))) = (self.app.as_ref(), err)
+        if let (Some(app), Some(err)) = (self.app.as_ref(), err)
             && crate::app::is_lost_in_flight(err)
         {
             app.lost_in_flight();
@@ -282,7 +283,7 @@ impl Upstream {
                 sender: Some(sender),
             });
         UpstreamResponse {
-            response,
+            response: response.map(AppBody::Http1),
             pool_return,
         }
     }
@@ -304,7 +305,7 @@ impl Upstream {
     /// Sends an HTTP/2 request (absolute URI): on the app connection of
     /// the downstream connection it came on, or as HTTP/1.1 to an app that
     /// does not speak HTTP/2.
-    pub async fn send_h2(&self, req: Request<UpstreamBody>) -> Result<Response<Incoming>> {
+    pub async fn send_h2(&self, req: Request<UpstreamBody>) -> Result<Response<AppBody>> {
         let affinity = affinity();
         let slot = match affinity.as_deref() {
             Some(affinity) => affinity.slot(&self.h2),
@@ -324,20 +325,21 @@ impl Upstream {
         &self,
         slot: &H2Slot,
         req: Request<UpstreamBody>,
-    ) -> Result<Response<Incoming>> {
-        let (id, mut sender) = match slot.current(self.id) {
+    ) -> Result<Response<AppBody>> {
+        let (id, sender) = match slot.current(self.id) {
             Some(current) => current,
             None => match Box::pin(self.h2_sender(slot)).await? {
                 Some(current) => current,
                 None => return Box::pin(self.send_as_http1(req)).await,
             },
         };
-        let req = match sender.ready().await {
-            Ok(()) => match sender.try_send_request(req).await {
-                Ok(response) => return Ok(response),
-                Err(err) => retry_or_fail(err)?,
-            },
-            Err(_) => req,
+        let req = match sender.send(req).await {
+            Ok(response) => return Ok(response.map(AppBody::Http2)),
+            Err(SendError::Unsent { req, err }) => {
+                tracing::debug!(error = %err, "upstream HTTP/2 connection refused the stream; sending on a new one");
+                *req
+            }
+            Err(SendError::Failed(err)) => return Err(Error::UpstreamH2(err)),
         };
         // The connection closed or refused the stream before it was sent
         // (the app's GOAWAY): retire it and send once more on a new one.
@@ -349,22 +351,20 @@ impl Upstream {
         &self,
         slot: &H2Slot,
         req: Request<UpstreamBody>,
-    ) -> Result<Response<Incoming>> {
-        let Some((_, mut sender)) = self.h2_sender(slot).await? else {
+    ) -> Result<Response<AppBody>> {
+        let Some((_, sender)) = self.h2_sender(slot).await? else {
             return self.send_as_http1(req).await;
         };
-        sender.ready().await.map_err(Error::Upstream)?;
-        match sender.try_send_request(req).await {
-            Ok(response) => Ok(response),
-            Err(mut err) => {
-                let _ = err.take_message();
-                Err(Error::Upstream(err.into_error()))
+        match sender.send(req).await {
+            Ok(response) => Ok(response.map(AppBody::Http2)),
+            Err(SendError::Unsent { err, .. } | SendError::Failed(err)) => {
+                Err(Error::UpstreamH2(err))
             }
         }
     }
 
     /// An HTTP/2 request to an app that answered the preface as HTTP/1.1.
-    async fn send_as_http1(&self, req: Request<UpstreamBody>) -> Result<Response<Incoming>> {
+    async fn send_as_http1(&self, req: Request<UpstreamBody>) -> Result<Response<AppBody>> {
         if is_grpc(req.headers()) {
             return Err(Error::UpstreamProtocol {
                 endpoint: self.endpoint.to_string(),
@@ -394,24 +394,13 @@ impl Upstream {
         }
         let stream = self.connect().await?;
         let (stream, heard) = Sniff::new(stream);
-        // Fixed windows, not hyper's adaptive one (which keeps the stream
+        // Fixed windows, not an adaptive one (which keeps the stream
         // window equal to the connection's): see super::h2.
         let (stream_window, conn_window) = slot.windows();
-        // Every future of this connection in one task (exec.rs).
-        let exec = super::exec::ConnExec::default();
-        let (sender, conn) = http2::Builder::new(exec.clone())
-            .timer(TokioTimer::new())
-            .initial_stream_window_size(stream_window)
-            .initial_connection_window_size(conn_window)
-            .handshake(TokioIo::new(stream))
+        let sender = H2Sender::handshake(stream, stream_window, conn_window)
             .await
-            .map_err(Error::Upstream)?;
-        exec.run(Box::pin(async move {
-            if let Err(err) = conn.await {
-                tracing::debug!(error = %err, "upstream HTTP/2 connection ended with an error");
-            }
-        }));
-        // hyper's connection task writes the preface at once; the app's
+            .map_err(Error::UpstreamH2)?;
+        // The connection's task writes the preface at once; the app's
         // first bytes say whether it is an HTTP/2 server. A closed channel
         // is a connection that ended before any answer.
         let heard = match tokio::time::timeout(SNIFF_TIMEOUT, heard).await {

@@ -1,14 +1,10 @@
-//! One tokio task per HTTP/2 app connection: hyper's dispatcher, the h2
-//! connection it drives, and the futures hyper hands its executor for every
-//! request (the one that waits for the response, and the one that pipes a
-//! request body) all run inside it.
+//! One tokio task per HTTP/2 app connection: the h2 connection, and the
+//! request bodies still being sent when their answer came (h2conn.rs), all
+//! run inside it.
 //!
-//! With tokio's executor each request cost a task of its own (an aligned
-//! allocation, a scheduling, and the future moved into the task), and every
-//! response crossed three tasks: the h2 connection read it and woke the
-//! request's task, which handed it on through a oneshot. Here a wake-up
-//! between them is an entry in [`FuturesUnordered`]'s ready queue, polled in
-//! the same turn. A future waiting (on the app, or on a body the client is
+//! A task each would cost an aligned allocation, a scheduling and the
+//! future moved into the task. Here a wake-up between them is an entry in
+//! [`FuturesUnordered`]'s ready queue, polled in the same turn. A future waiting (on the app, or on a body the client is
 //! slow to send) is simply not polled, so it holds up none of the others,
 //! as with separate tasks; all of them share the connection's thread, as
 //! they share its socket.
@@ -23,7 +19,7 @@ use futures_util::task::AtomicWaker;
 
 type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// The executor given to hyper's HTTP/2 client for one app connection.
+/// The futures of one app connection.
 #[derive(Clone, Default)]
 pub(crate) struct ConnExec(Arc<Shared>);
 
@@ -58,15 +54,6 @@ impl ConnExec {
         } else {
             self.0.waker.wake();
         }
-    }
-}
-
-impl<F> hyper::rt::Executor<F> for ConnExec
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    fn execute(&self, fut: F) {
-        self.run(Box::pin(fut));
     }
 }
 
@@ -123,8 +110,7 @@ impl Future for Driver {
             match this.running.poll_next_unpin(cx) {
                 Poll::Ready(Some(())) => continue,
                 Poll::Ready(None) | Poll::Pending => {
-                    // The futures just polled may have queued others
-                    // (hyper's dispatcher queues each request's).
+                    // The futures just polled may have queued others.
                     if this.take_new() {
                         continue;
                     }

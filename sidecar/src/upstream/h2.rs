@@ -2,8 +2,8 @@
 //! which connection a stream goes on, and what the app speaks
 //! (docs/http2.md).
 //!
-//! Isolation. hyper gives flow control back to the app only as a response
-//! body is read, for the stream and the connection together. A client that
+//! Isolation. Flow control goes back to the app only as a response body
+//! is read (http2::H2Body), for the stream and the connection together. A client that
 //! reads nothing of a large answer therefore keeps a stream window's worth
 //! of the app connection's window; enough such streams stop every other
 //! answer on that connection. One app connection per downstream connection
@@ -43,7 +43,7 @@
 //! What the app speaks. The preface of a new app connection is answered by
 //! an HTTP/2 server with its SETTINGS frame; an HTTP/1.1-only server
 //! answers with an HTTP/1.x error or closes. [`Sniff`] reads that first
-//! answer as hyper's connection task reads it; the verdict ([`AppProtocol`])
+//! answer as the connection's task reads it; the verdict ([`AppProtocol`])
 //! is remembered per app endpoint and re-checked after [`RECHECK`], so an
 //! app that starts speaking HTTP/2 is noticed.
 
@@ -52,10 +52,9 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use hyper::client::conn::http2;
 use tokio::sync::oneshot;
 
-use super::UpstreamBody;
+use super::h2conn::H2Sender;
 use crate::passthrough::{ReadWatch, Watched};
 
 /// A downstream connection's own app connection's stream window: what one
@@ -88,8 +87,6 @@ pub(crate) const RECHECK: Duration = Duration::from_secs(10);
 /// HTTP/2 server sends its SETTINGS at once; an app silent this long is
 /// used as before (HTTP/2), with no verdict.
 pub(crate) const SNIFF_TIMEOUT: Duration = Duration::from_secs(1);
-
-pub(crate) type H2Sender = http2::SendRequest<UpstreamBody>;
 
 /// The app connection in use for a set of streams: the upstream's shared
 /// one, or one downstream connection's own.

@@ -16,8 +16,11 @@
 //!   connections, with windows that keep unread answers from stalling the
 //!   others, and a connection of its own for a downstream connection seen
 //!   withholding its window ([`h2`]); each replaced when it closes or
-//!   refuses new streams (the app's GOAWAY). All the futures of one such
-//!   connection, hyper's per-request ones too, run in one task ([`exec`]).
+//!   refuses new streams (the app's GOAWAY). The client is the h2 crate's
+//!   own, driven directly ([`h2conn`]): a request opens its stream and
+//!   waits for the answer in its own task; the connection, and request
+//!   bodies still going when their answer came, run in one task
+//!   ([`exec`]).
 //!   An app that answers the HTTP/2 preface as HTTP/1.1 gets HTTP/2
 //!   requests as HTTP/1.1 ([`downgrade`]); gRPC gets a clear error.
 //!
@@ -25,17 +28,20 @@
 //! remembers whose fault a failed body was; it is kept ([`replay`]) so
 //! that a request the app never saw can go again ([`retry`]). A connection to the app is a TCP or Unix socket ([`stream`]).
 
+mod answer;
 mod body;
 mod client;
 mod downgrade;
 mod exec;
 mod h2;
+mod h2conn;
 pub(crate) mod idle;
 mod replay;
 pub mod retry;
 pub mod slots;
 mod stream;
 
+pub use answer::AppBody;
 pub use body::{BodyError, BodyFault, BodyWatch, DownstreamBody, LimitedBody};
 pub use client::{PoolReturn, Upstream, UpstreamResponse};
 pub use downgrade::protocol_mismatch_response;

@@ -66,33 +66,48 @@ impl RetryDenied {
 
 /// Whether a failed attempt may go again, and why.
 pub fn retry_reason(err: &Error, method: &Method, idempotent_route: bool) -> Option<RetryReason> {
-    let Error::Upstream(err) = err else {
-        // Connect errors were held already; AppDown and the rest are final.
-        return None;
+    // Connect errors were held already; AppDown and the rest are final.
+    let user_error = match err {
+        Error::Upstream(err) => {
+            if let Some(reason) = hyper_h2_error(err).and_then(never_reached_app) {
+                return Some(reason);
+            }
+            err.is_user()
+        }
+        // The HTTP/2 client (h2conn.rs) reports h2's errors as they are.
+        Error::UpstreamH2(err) => {
+            if let Some(reason) = never_reached_app(err) {
+                return Some(reason);
+            }
+            false
+        }
+        _ => return None,
     };
-    if let Some(reason) = never_reached_app(err) {
-        return Some(reason);
-    }
-    (idempotent_route && is_idempotent(method) && !err.is_user()).then_some(RetryReason::Idempotent)
+    (idempotent_route && is_idempotent(method) && !user_error).then_some(RetryReason::Idempotent)
 }
 
-/// The app provably never processed the request (RFC 9113 §8.7).
-fn never_reached_app(err: &hyper::Error) -> Option<RetryReason> {
+/// The h2 error under a hyper error, if any.
+fn hyper_h2_error(err: &hyper::Error) -> Option<&h2::Error> {
     let mut source = std::error::Error::source(err);
     while let Some(cause) = source {
         if let Some(h2) = cause.downcast_ref::<h2::Error>() {
-            if h2.reason() == Some(h2::Reason::REFUSED_STREAM) {
-                return Some(RetryReason::RefusedStream);
-            }
-            // A graceful GOAWAY fails only the streams above its last
-            // stream id (an erroring GOAWAY fails every stream, processed
-            // or not, so it is not proof).
-            if h2.is_go_away() && h2.is_remote() && h2.reason() == Some(h2::Reason::NO_ERROR) {
-                return Some(RetryReason::GoAway);
-            }
-            return None;
+            return Some(h2);
         }
         source = cause.source();
+    }
+    None
+}
+
+/// The app provably never processed the request (RFC 9113 §8.7).
+fn never_reached_app(h2: &h2::Error) -> Option<RetryReason> {
+    if h2.reason() == Some(h2::Reason::REFUSED_STREAM) {
+        return Some(RetryReason::RefusedStream);
+    }
+    // A graceful GOAWAY fails only the streams above its last stream id
+    // (an erroring GOAWAY fails every stream, processed or not, so it is
+    // not proof).
+    if h2.is_go_away() && h2.is_remote() && h2.reason() == Some(h2::Reason::NO_ERROR) {
+        return Some(RetryReason::GoAway);
     }
     None
 }

@@ -14,6 +14,7 @@ pub mod peers;
 pub mod proc;
 pub mod procfs;
 pub mod report;
+pub mod scale_checks;
 #[cfg(feature = "operator")]
 pub mod scale_watch;
 pub mod scenario;

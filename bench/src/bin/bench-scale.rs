@@ -48,8 +48,8 @@ use kubegrace_bench::operator_rig::{
     create_validating_webhook, install_crd, metrics, operator_bin, rand_suffix, route_resource,
     wait_ca_bundle, wait_for, write_report,
 };
-use kubegrace_bench::procfs;
 use kubegrace_bench::scale_watch::{Tracker, per_reconcile, pods_injected};
+use kubegrace_bench::{procfs, scale_checks};
 use kubegrace_sidecar_api::keys;
 use serde_json::{Value, json};
 
@@ -469,7 +469,36 @@ async fn main() -> anyhow::Result<()> {
     }
     drop(kwok);
     run.delete_rest().await;
-    write_report(outcome, args.deadline, &args.out)
+    // What the operator was changed to do at scale is checked on every run
+    // (bench/src/scale_checks.rs): the report is written first, whatever
+    // they say, then a broken one fails the run.
+    let mut broken = Vec::new();
+    let outcome = outcome.map(|r| {
+        r.map(|mut report| {
+            let checks = scale_checks::checks(&report);
+            for c in &checks {
+                let value = c.value.map_or("missing".into(), |v| format!("{v:.3}"));
+                let verdict = if c.ok() { "ok" } else { "MISSED" };
+                eprintln!(
+                    "  check {}: {value} (at most {}) {verdict}",
+                    c.name, c.bound
+                );
+            }
+            broken = scale_checks::broken(&checks)
+                .iter()
+                .map(|c| c.name)
+                .collect();
+            report["checks"] = scale_checks::to_json(&checks);
+            report
+        })
+    });
+    write_report(outcome, args.deadline, &args.out)?;
+    anyhow::ensure!(
+        broken.is_empty(),
+        "kept checks broken: {}",
+        broken.join("; ")
+    );
+    Ok(())
 }
 
 #[allow(clippy::too_many_lines)] // one linear script: setup, four phases, report

@@ -1,0 +1,244 @@
+//! What `make bench-scale` holds the operator to, read off its own report
+//! (`bench/results/scale.json`), so that a claim made once about the
+//! operator at scale stays true after the next change.
+//!
+//! Two kinds. A *kept* check is something the operator was changed to do
+//! (one admission review per pod, no reconcile of a route by its own status
+//! write, a fixed number of API requests per reconcile): bench-scale fails
+//! when one breaks. A *goal* is issue #38's target, which a two-core shared
+//! machine may not reach: reported beside the kept ones, never failing.
+
+use serde_json::{Value, json};
+
+/// Admission reviews per pod admitted in the storm, at most. The API server
+/// reviews a pod twice when something changes it after the webhook
+/// (`reinvocationPolicy: IfNeeded`): the ServiceAccount token mount did,
+/// for every injected pod, until the webhook added it itself.
+pub const REVIEWS_PER_POD: f64 = 1.05;
+/// Route reconciles per route in the cold start, at most: one for the
+/// edit, with room for a few routes a pod event reaches again. A route's own
+/// status write reconciled every route a second time (2.09 at 200 routes).
+pub const COLD_RECONCILES_PER_ROUTE: f64 = 1.5;
+/// Reconciles in 30 s of steady state per route, at most (182 for 200
+/// routes, before the stores were slimmed and the status filter added).
+pub const STEADY_RECONCILES_PER_ROUTE: f64 = 0.1;
+/// API requests per route reconcile, at most: a fixed number per target,
+/// none cluster-wide, so it must not grow with the cluster.
+pub const REQUESTS_PER_RECONCILE: f64 = 12.0;
+/// Issue #38's goals.
+pub const GOAL_RSS_MIB: f64 = 256.0;
+pub const GOAL_COLD_START_SECONDS: f64 = 60.0;
+pub const GOAL_WEBHOOK_P99_MS: f64 = 20.0;
+
+/// One check: its value against its bound (`value <= bound` passes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Check {
+    pub name: &'static str,
+    pub kept: bool,
+    pub value: Option<f64>,
+    pub bound: f64,
+}
+
+impl Check {
+    /// A value the report lacks fails: a check that cannot read its number
+    /// must not pass.
+    pub fn ok(&self) -> bool {
+        self.value.is_some_and(|v| v <= self.bound)
+    }
+}
+
+fn at(report: &Value, path: &str) -> Option<f64> {
+    report.pointer(path)?.as_f64()
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+/// Every check of one report.
+pub fn checks(report: &Value) -> Vec<Check> {
+    let routes = at(report, "/routes");
+    let admitted = [
+        at(report, "/pods"),
+        at(report, "/storm/admission_during_storm/with_webhook/n"),
+        at(
+            report,
+            "/storm/admission_during_storm_unrouted/with_webhook/n",
+        ),
+    ]
+    .into_iter()
+    .sum::<Option<f64>>();
+    let peak_rss = [
+        "/storm/operator/rss_peak_mib",
+        "/steady/operator/rss_peak_mib",
+        "/cold_start/operator_catching_up/rss_peak_mib",
+        "/cold_start/operator_steady_after/rss_peak_mib",
+        "/rolling_restart/operator/rss_peak_mib",
+    ]
+    .iter()
+    .filter_map(|p| at(report, p))
+    .reduce(f64::max);
+    let per_reconcile = [
+        "/storm/api_requests/requests_per_reconcile",
+        "/cold_start/api_requests/requests_per_reconcile",
+        "/rolling_restart/api_requests/requests_per_reconcile",
+    ]
+    .iter()
+    .filter_map(|p| at(report, p))
+    .reduce(f64::max);
+    let check = |name, kept, value, bound| Check {
+        name,
+        kept,
+        value,
+        bound,
+    };
+    vec![
+        check(
+            "storm: admission reviews per admitted pod",
+            true,
+            ratio(
+                at(report, "/storm/operator_webhook_histogram/count"),
+                admitted,
+            ),
+            REVIEWS_PER_POD,
+        ),
+        check(
+            "cold start: route reconciles per route",
+            true,
+            ratio(
+                at(report, "/cold_start/api_requests/route_reconciles"),
+                routes,
+            ),
+            COLD_RECONCILES_PER_ROUTE,
+        ),
+        check(
+            "steady: reconciles in 30 s per route",
+            true,
+            ratio(at(report, "/steady/reconciles_in_30s"), routes),
+            STEADY_RECONCILES_PER_ROUTE,
+        ),
+        check(
+            "API requests per route reconcile (worst phase)",
+            true,
+            per_reconcile,
+            REQUESTS_PER_RECONCILE,
+        ),
+        check(
+            "goal: operator peak RSS, MiB",
+            false,
+            peak_rss,
+            GOAL_RSS_MIB,
+        ),
+        check(
+            "goal: cold start, every route current, s",
+            false,
+            at(report, "/cold_start/all_current_seconds"),
+            GOAL_COLD_START_SECONDS,
+        ),
+        check(
+            "goal: webhook added p99 in the storm, ms",
+            false,
+            at(report, "/storm/admission_during_storm/added_p99_ms"),
+            GOAL_WEBHOOK_P99_MS,
+        ),
+    ]
+}
+
+/// The checks as the report's `checks` entry.
+pub fn to_json(checks: &[Check]) -> Value {
+    Value::Array(
+        checks
+            .iter()
+            .map(|c| {
+                json!({
+                    "name": c.name, "kind": if c.kept { "kept" } else { "goal" },
+                    "value": c.value.map(|v| (v * 1000.0).round() / 1000.0),
+                    "at_most": c.bound, "ok": c.ok(),
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The kept checks that failed.
+pub fn broken(checks: &[Check]) -> Vec<&Check> {
+    checks.iter().filter(|c| c.kept && !c.ok()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(reviews: f64, cold_reconciles: f64, steady: f64, rss: f64) -> Value {
+        json!({
+            "routes": 200, "pods": 2000,
+            "storm": {
+                "operator": {"rss_peak_mib": rss},
+                "operator_webhook_histogram": {"count": reviews},
+                "admission_during_storm": {"with_webhook": {"n": 676}, "added_p99_ms": 101.7},
+                "admission_during_storm_unrouted": {"with_webhook": {"n": 675}},
+                "api_requests": {"requests_per_reconcile": 8.39},
+            },
+            "steady": {"reconciles_in_30s": steady},
+            "cold_start": {
+                "all_current_seconds": 11.6,
+                "api_requests": {"route_reconciles": cold_reconciles, "requests_per_reconcile": 9.05},
+            },
+            "rolling_restart": null,
+        })
+    }
+
+    fn find<'a>(c: &'a [Check], prefix: &str) -> &'a Check {
+        c.iter()
+            .find(|c| c.name.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no check {prefix}"))
+    }
+
+    #[test]
+    fn one_review_per_pod_passes_and_two_fail() {
+        // 2,000 pods + 1,351 probes through the webhook.
+        let c = checks(&report(3352.0, 200.0, 1.0, 44.0));
+        assert!(broken(&c).is_empty(), "{c:?}");
+        let c = checks(&report(2.0 * 2000.0 + 1351.0, 200.0, 1.0, 44.0));
+        let b = broken(&c);
+        assert_eq!(b.len(), 1, "{b:?}");
+        assert!(b[0].name.starts_with("storm: admission reviews"));
+    }
+
+    #[test]
+    fn a_second_reconcile_of_every_route_and_a_busy_steady_state_fail() {
+        let c = checks(&report(3352.0, 417.0, 182.0, 44.0));
+        let names: Vec<_> = broken(&c).iter().map(|c| c.name).collect();
+        assert_eq!(
+            names,
+            [
+                "cold start: route reconciles per route",
+                "steady: reconciles in 30 s per route"
+            ]
+        );
+    }
+
+    #[test]
+    fn goals_are_reported_and_never_fail_the_run() {
+        let c = checks(&report(3352.0, 200.0, 1.0, 300.0));
+        assert!(!find(&c, "goal: operator peak RSS").ok());
+        assert!(!find(&c, "goal: webhook added p99").ok());
+        assert!(find(&c, "goal: cold start").ok());
+        assert!(broken(&c).is_empty());
+    }
+
+    #[test]
+    fn a_missing_number_fails_its_check() {
+        let mut r = report(3352.0, 200.0, 1.0, 44.0);
+        r["steady"] = json!({});
+        let c = checks(&r);
+        assert_eq!(
+            broken(&c).iter().map(|c| c.name).collect::<Vec<_>>(),
+            ["steady: reconciles in 30 s per route"]
+        );
+        assert_eq!(to_json(&c)[2]["ok"], json!(false));
+    }
+}

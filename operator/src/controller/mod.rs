@@ -41,7 +41,7 @@ use kube::core::SelectorExt;
 use kube::runtime::controller::{self, Action};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, Predicate, PredicateConfig, WatchStreamExt, predicates, watcher};
+use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use kubegrace_api::argo::Rollout;
 
@@ -265,21 +265,6 @@ pub async fn run(
         tolerant::api_resource(),
         crate::slim::route,
         move |e| index.apply(e),
-    );
-    // A route's own status write is a watch event like any other; passed
-    // on, it reconciled every route a second time for nothing (a cold start
-    // of 200 routes: 417 reconciles of 9 API requests each, `make
-    // bench-scale`). Only what a person or a tool changes triggers: the
-    // spec (generation; the deletion mark bumps it too), labels,
-    // annotations (`kubectl kubegrace resume` writes one) and finalizers.
-    // Everything else that matters reaches the route through the watches
-    // of its pods, workloads, Services and ConfigMap below.
-    let trigger = trigger.predicate_filter(
-        predicates::generation
-            .combine(predicates::labels)
-            .combine(predicates::annotations)
-            .combine(predicates::finalizers),
-        PredicateConfig::default(),
     );
     let controller = Controller::for_stream_with(trigger, reader, tolerant::api_resource())
         .with_config(controller::Config::default().concurrency(RECONCILE_CONCURRENCY));

@@ -38,10 +38,26 @@ async fn h2_exchange(
 ) -> Result<H2Answer> {
     let exchange = async {
         let (resp, mut stream) = send.send_request(req, body.is_empty())?;
+        // A server may answer before the request's body is done (the gRPC
+        // error here needs none of it) and close the stream: the rest of the
+        // body then has nowhere to go ("inactive stream"), and the answer
+        // already there is what counts (RFC 9113, section 8.1).
+        let mut unsent = None;
         for (i, chunk) in body.iter().enumerate() {
-            stream.send_data(Bytes::from_static(chunk), i + 1 == body.len())?;
+            if let Err(e) = stream.send_data(Bytes::from_static(chunk), i + 1 == body.len()) {
+                unsent = Some(e);
+                break;
+            }
         }
-        let resp = resp.await?;
+        let resp = match (resp.await, unsent) {
+            (Ok(resp), _) => resp,
+            (Err(e), Some(unsent)) => {
+                return Err(
+                    anyhow::Error::new(e).context(format!("after the body failed: {unsent}"))
+                );
+            }
+            (Err(e), None) => return Err(e.into()),
+        };
         let (parts, recv) = resp.into_parts();
         let body = h2_read_body(recv).await?;
         Ok::<_, anyhow::Error>(H2Answer {

@@ -682,6 +682,8 @@ async fn scale(
         "what": "kubegrace-operator (release binary on this host) against the local cluster's API server, with kwok playing the kubelets of fake nodes; the real scheduler and controller-manager",
         "kubernetes": version.git_version,
         "machine_cpus": std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        // e2e/cluster/up's KG_CONTROL_PLANE_QPS of the cluster that ran (its default when absent).
+        "control_plane_client_qps": std::env::var("KG_CONTROL_PLANE_QPS_RUNNING").unwrap_or_else(|_| "unknown".into()),
         "nodes": args.nodes,
         "namespaces": args.namespaces,
         "routes": args.routes,

@@ -5,7 +5,7 @@
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Patch, PatchParams};
+use kube::api::{ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, Client, ResourceExt};
@@ -15,6 +15,7 @@ use serde_json::json;
 use super::build::Desired;
 use super::context::{Context, Note};
 use super::dereference::{ReadWorkloads as _, Workloads, claim_targets};
+use super::echoes::{self, Echoes};
 use crate::crd::{GraceRoute, TargetKind};
 use crate::rules::Target;
 use crate::{FIELD_MANAGER, RESTORE_FIELD_MANAGER};
@@ -48,23 +49,32 @@ impl Error {
 }
 
 /// Writes what [`super::build::desired`] built.
-pub async fn apply(client: &Client, ns: &str, desired: &Desired) -> Result<(), Error> {
+/// Each answer is remembered in `echoes`, so that its watch event does not
+/// queue the route again.
+pub async fn apply(
+    client: &Client,
+    ns: &str,
+    desired: &Desired,
+    echoes: &Echoes,
+) -> Result<(), Error> {
     let pp = PatchParams::apply(FIELD_MANAGER).force();
     let cm_name = desired.config_map.name_any();
-    Api::<ConfigMap>::namespaced(client.clone(), ns)
+    let written = Api::<ConfigMap>::namespaced(client.clone(), ns)
         .patch(&cm_name, &pp, &Patch::Apply(&desired.config_map))
         .await
         .map_err(|source| Error::Apply {
             what: format!("ConfigMap {ns}/{cm_name}"),
             source,
         })?;
+    echoes.wrote(echoes::Kind::ConfigMap, &written.metadata);
     for r in &desired.rollout {
-        patch_workload(client, ns, r.kind, &r.name, &pp, &Patch::Apply(&r.body))
+        let written = patch_workload(client, ns, r.kind, &r.name, &pp, &Patch::Apply(&r.body))
             .await
             .map_err(|source| Error::Apply {
                 what: format!("rollout fields to {}/{}", r.kind, r.name),
                 source,
             })?;
+        echoes.wrote(echoes::Kind::from(r.kind), &written);
     }
     Ok(())
 }
@@ -122,10 +132,13 @@ async fn restore(client: &Client, ns: &str, t: &Target) -> Result<(), kube::Erro
         "metadata": {"name": t.name},
     });
     let apply = PatchParams::apply(FIELD_MANAGER).force();
-    patch_workload(client, ns, t.kind, &t.name, &apply, &Patch::Apply(empty)).await
+    patch_workload(client, ns, t.kind, &t.name, &apply, &Patch::Apply(empty))
+        .await
+        .map(drop)
 }
 
-/// One patch of a target workload, whichever its kind.
+/// One patch of a target workload, whichever its kind; the metadata the
+/// API server answered with.
 async fn patch_workload<P: serde::Serialize + std::fmt::Debug>(
     client: &Client,
     ns: &str,
@@ -133,20 +146,20 @@ async fn patch_workload<P: serde::Serialize + std::fmt::Debug>(
     name: &str,
     params: &PatchParams,
     patch: &Patch<P>,
-) -> Result<(), kube::Error> {
+) -> Result<ObjectMeta, kube::Error> {
     match kind {
         TargetKind::Deployment => Api::<Deployment>::namespaced(client.clone(), ns)
             .patch(name, params, patch)
             .await
-            .map(drop),
+            .map(|w| w.metadata),
         TargetKind::StatefulSet => Api::<StatefulSet>::namespaced(client.clone(), ns)
             .patch(name, params, patch)
             .await
-            .map(drop),
+            .map(|w| w.metadata),
         TargetKind::Rollout => Api::<Rollout>::namespaced(client.clone(), ns)
             .patch(name, params, patch)
             .await
-            .map(drop),
+            .map(|w| w.metadata),
     }
 }
 
@@ -192,7 +205,7 @@ mod tests {
             // No further call: the Deployment is not touched.
             no_more(&mut api).await;
         };
-        scripted(script, apply(&client, "shop", &d))
+        scripted(script, apply(&client, "shop", &d, &Echoes::default()))
             .await
             .expect("apply succeeds");
     }
@@ -201,16 +214,29 @@ mod tests {
     async fn an_explicit_rollout_block_is_applied_to_the_target_after_the_config_map() {
         let (client, mut api) = mock();
         let d = desired_for(&format!("{ROUTE}  rollout: {{minReadySeconds: 3}}\n"));
-        let cm = serde_json::to_value(&d.config_map).expect("cm");
-        let deployment: serde_json::Value = serde_norway::from_str(DEPLOYMENT).expect("deployment");
+        let mut cm = serde_json::to_value(&d.config_map).expect("cm");
+        cm["metadata"]["resourceVersion"] = "41".into();
+        let mut deployment: serde_json::Value =
+            serde_norway::from_str(DEPLOYMENT).expect("deployment");
+        deployment["metadata"]["resourceVersion"] = "42".into();
         let script = async move {
             expect_apply(&mut api, CM_PATH, cm).await;
             let path = "/apis/apps/v1/namespaces/shop/deployments/web";
             let sent = expect_apply(&mut api, path, deployment).await;
             assert_eq!(sent["spec"]["minReadySeconds"], 3);
         };
-        scripted(script, apply(&client, "shop", &d))
+        let echoes = Echoes::default();
+        scripted(script, apply(&client, "shop", &d, &echoes))
             .await
             .expect("apply succeeds");
+        // Both answers are remembered, so their watch events queue nothing.
+        let at = |name: &str, version: &str| ObjectMeta {
+            namespace: Some("shop".into()),
+            name: Some(name.into()),
+            resource_version: Some(version.into()),
+            ..ObjectMeta::default()
+        };
+        assert!(echoes.is_echo(echoes::Kind::ConfigMap, &at("kubegrace-web", "41")));
+        assert!(echoes.is_echo(echoes::Kind::Deployment, &at("web", "42")));
     }
 }

@@ -23,6 +23,9 @@ pub struct Context {
     pub routes: Routes,
     /// Drain reports the pod watch saw, waiting for their route's reconcile.
     pub drains: Arc<drains::Inbox>,
+    /// The controller's own writes, so that their watch events queue
+    /// nothing.
+    pub echoes: Arc<super::echoes::Echoes>,
 }
 
 impl Context {

@@ -32,6 +32,7 @@ use serde_json::{Value, json};
 use super::apply;
 use super::build::Desired;
 use super::dereference::Observed;
+use super::echoes::Echoes;
 use crate::FINALIZER;
 use crate::crd::GraceRoute;
 
@@ -153,13 +154,14 @@ pub async fn apply_guarded(
     route: &GraceRoute,
     observed: &Observed,
     desired: &Desired,
+    echoes: &Echoes,
 ) -> crate::Result<()> {
     let ns = route.namespace().unwrap_or_default();
     let wanted = wanted(route, observed, Some(desired));
     if wanted {
         hold(api, route).await?;
     }
-    apply::apply(client, &ns, desired).await?;
+    apply::apply(client, &ns, desired, echoes).await?;
     if !wanted {
         release(api, route).await?;
     }

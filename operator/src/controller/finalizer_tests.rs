@@ -76,7 +76,7 @@ async fn run(
     };
     scripted(
         script(handle, answers),
-        apply_guarded(&client, &api, &r, &seen, &d),
+        apply_guarded(&client, &api, &r, &seen, &d, &Echoes::default()),
     )
     .await
     .expect("apply succeeds");

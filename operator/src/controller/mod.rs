@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodTemplateSpec, Service};
 use kube::core::DynamicObject;
@@ -57,6 +57,7 @@ pub mod context;
 pub mod decisions;
 pub mod dereference;
 pub mod drains;
+pub mod echoes;
 pub mod finalizer;
 pub mod invalid;
 pub mod pause;
@@ -106,7 +107,7 @@ async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {
         }
     };
     let desired = build::desired(route, &valid, &observed)?;
-    finalizer::apply_guarded(&ctx.client, &api, route, &observed, &desired).await?;
+    finalizer::apply_guarded(&ctx.client, &api, route, &observed, &desired, &ctx.echoes).await?;
     let mut report = status::accepted(route, &observed, &valid, &desired);
     balancer::note(&mut report, balanced.as_ref());
     let ready = report.ready();
@@ -200,10 +201,15 @@ fn routes_for_workload(
 /// template's labels).
 fn workload_mapper<K: ResourceExt>(
     store: Routes,
+    echoes: Arc<echoes::Echoes>,
     kind: TargetKind,
     template: fn(&K) -> Option<&PodTemplateSpec>,
 ) -> impl Fn(K) -> Vec<ObjectRef<DynamicObject>> {
     move |w| {
+        // Our own rollout fields coming back (controller::echoes).
+        if echoes.is_echo(kind.into(), w.meta()) {
+            return Vec::new();
+        }
         let labels = template(&w)
             .and_then(|t| t.metadata.as_ref())
             .and_then(|m| m.labels.clone())
@@ -214,6 +220,21 @@ fn workload_mapper<K: ResourceExt>(
             .map(tolerant::erase)
             .collect()
     }
+}
+
+/// The routes owning a ConfigMap (its owner references of our kind).
+fn owning_routes(cm: &ConfigMap) -> Vec<ObjectRef<DynamicObject>> {
+    let kind = tolerant::api_resource();
+    let ns = cm.namespace();
+    cm.owner_references()
+        .iter()
+        .filter(|o| o.kind == kind.kind && o.api_version == kind.api_version)
+        .map(|o| {
+            let mut r = ObjectRef::new_with(&o.name, kind.clone());
+            r.namespace.clone_from(&ns);
+            r
+        })
+        .collect()
 }
 
 /// Maps a pod to the route it is pinned to, or the routes selecting it.
@@ -259,6 +280,7 @@ pub async fn run(
     // mappers and reconciles read (tolerant::Routes).
     let store = Routes::default();
     let index = store.clone();
+    let echoes = Arc::new(echoes::Echoes::default());
     let (trigger, reader) = crate::slim::reflect(
         tolerant::api(&client, ns),
         watcher::Config::default().any_semantic(),
@@ -266,6 +288,11 @@ pub async fn run(
         crate::slim::route,
         move |e| index.apply(e),
     );
+    // A route's own status write coming back queues nothing (controller::echoes).
+    let route_echoes = echoes.clone();
+    let trigger = trigger.try_filter(move |route| {
+        std::future::ready(!route_echoes.is_echo(echoes::Kind::GraceRoute, route.meta()))
+    });
     let controller = Controller::for_stream_with(trigger, reader, tolerant::api_resource())
         .with_config(controller::Config::default().concurrency(RECONCILE_CONCURRENCY));
     let (s1, s2, s3, s4) = (store.clone(), store.clone(), store.clone(), store.clone());
@@ -285,6 +312,7 @@ pub async fn run(
         metrics,
         routes: store,
         drains: inbox,
+        echoes: echoes.clone(),
     });
     // A route targeting an Argo Rollout follows its changes like a
     // Deployment's, where Argo Rollouts is installed (a watch of a resource
@@ -294,26 +322,41 @@ pub async fn run(
         controller.watches(
             crate::scope::api::<Rollout>(&client, ns),
             watcher::Config::default(),
-            workload_mapper(s5, TargetKind::Rollout, |r: &Rollout| {
+            workload_mapper(s5, echoes.clone(), TargetKind::Rollout, |r: &Rollout| {
                 r.spec.template.as_ref()
             }),
         )
     } else {
         controller
     };
+    let cm_echoes = echoes.clone();
     controller
-        .owns(crate::scope::api::<ConfigMap>(&client, ns), managed)
+        // The routes' own ConfigMaps, to their owner: what `owns` does, but
+        // a write of ours coming back queues nothing.
+        .watches(
+            crate::scope::api::<ConfigMap>(&client, ns),
+            managed,
+            move |cm: ConfigMap| {
+                if cm_echoes.is_echo(echoes::Kind::ConfigMap, cm.meta()) {
+                    return Vec::new();
+                }
+                owning_routes(&cm)
+            },
+        )
         .watches(
             crate::scope::api::<Deployment>(&client, ns),
             watcher::Config::default(),
-            workload_mapper(s1, TargetKind::Deployment, |d: &Deployment| {
-                d.spec.as_ref().map(|s| &s.template)
-            }),
+            workload_mapper(
+                s1,
+                echoes.clone(),
+                TargetKind::Deployment,
+                |d: &Deployment| d.spec.as_ref().map(|s| &s.template),
+            ),
         )
         .watches(
             crate::scope::api::<StatefulSet>(&client, ns),
             watcher::Config::default(),
-            workload_mapper(s2, TargetKind::StatefulSet, |s: &StatefulSet| {
+            workload_mapper(s2, echoes, TargetKind::StatefulSet, |s: &StatefulSet| {
                 s.spec.as_ref().map(|s| &s.template)
             }),
         )
@@ -406,6 +449,7 @@ spec:
             metrics: Arc::new(Metrics::default()),
             routes: Routes::default(),
             drains: Arc::new(drains::Inbox::default()),
+            echoes: Arc::new(echoes::Echoes::default()),
         }
     }
 
@@ -524,5 +568,55 @@ spec:
             pods_by_selector,
             ..Observed::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod mapper_tests {
+    use super::*;
+
+    const OWNED_CM: &str = "metadata:
+  name: kubegrace-web
+  namespace: shop
+  resourceVersion: '9'
+  ownerReferences:
+  - {apiVersion: kubegrace.io/v1alpha1, kind: GraceRoute, name: web, uid: u1, controller: true}
+  - {apiVersion: apps/v1, kind: Deployment, name: web, uid: u2}
+";
+
+    #[test]
+    fn a_config_map_maps_to_its_owning_route_only() {
+        let cm: ConfigMap = serde_norway::from_str(OWNED_CM).expect("cm");
+        let refs = owning_routes(&cm);
+        assert_eq!(refs.len(), 1, "{refs:?}");
+        assert_eq!(refs[0].name, "web");
+        assert_eq!(refs[0].namespace.as_deref(), Some("shop"));
+        assert_eq!(refs[0].dyntype.kind, "GraceRoute");
+    }
+
+    #[test]
+    fn a_workload_event_that_is_our_own_write_queues_nothing() {
+        let store = Routes::default();
+        let route: DynamicObject = serde_norway::from_str(fixtures::ROUTE).expect("route");
+        store.apply(&watcher::Event::Init);
+        store.apply(&watcher::Event::InitApply(route));
+        store.apply(&watcher::Event::InitDone);
+        let echoes = Arc::new(echoes::Echoes::default());
+        let map = workload_mapper(
+            store,
+            echoes.clone(),
+            TargetKind::Deployment,
+            |d: &Deployment| d.spec.as_ref().map(|s| &s.template),
+        );
+        let mut d: Deployment = serde_norway::from_str(fixtures::DEPLOYMENT).expect("deployment");
+        d.metadata.resource_version = Some("12".into());
+        assert_eq!(
+            map(d.clone()).len(),
+            1,
+            "someone else's change queues the route"
+        );
+        echoes.wrote(echoes::Kind::Deployment, &d.metadata);
+        assert!(map(d.clone()).is_empty(), "our own write coming back");
+        assert_eq!(map(d).len(), 1, "the same version again is news once more");
     }
 }

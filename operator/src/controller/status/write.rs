@@ -90,7 +90,13 @@ async fn send(
         .patch_status(&name, &PatchParams::default(), &patch)
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(written) => {
+            ctx.echoes.wrote(
+                crate::controller::echoes::Kind::GraceRoute,
+                &written.metadata,
+            );
+            Ok(())
+        }
         Err(source) => Err(Error::Write {
             namespace,
             name,

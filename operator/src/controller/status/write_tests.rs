@@ -53,7 +53,8 @@ async fn rest(api: &mut Handle) -> Vec<String> {
 async fn the_pause_comes_before_the_status_and_the_events_after_it() {
     let yaml = format!("{ROUTE}  rollout: {{pauseOnDrainLoss: true}}\n");
     let (r, seen, report, ctx, mut api) = lossy_pass(&yaml);
-    let echo = serde_json::to_value(&r).expect("route json");
+    let mut echo = serde_json::to_value(&r).expect("route json");
+    echo["metadata"]["resourceVersion"] = "77".into();
     let deployment: Value = serde_norway::from_str(DEPLOYMENT).expect("deployment");
     let script = async move {
         let pause = answer_with(&mut api, 200, &deployment).await;
@@ -73,6 +74,14 @@ async fn the_pause_comes_before_the_status_and_the_events_after_it() {
         .await
         .expect("written");
     assert!(ctx.drains.take(&ObjectRef::from_obj(&r)).is_empty());
+    // The status write's answer is remembered, so its watch event queues
+    // nothing (controller::echoes).
+    let mut written = r.metadata.clone();
+    written.resource_version = Some("77".into());
+    assert!(
+        ctx.echoes
+            .is_echo(crate::controller::echoes::Kind::GraceRoute, &written)
+    );
 }
 
 #[tokio::test]

@@ -118,6 +118,51 @@ impl Histogram {
         h
     }
 
+    /// Every series of histogram `name` whose labels include each of
+    /// `labels` (`key="value"`), summed: the API server's labels its
+    /// histograms by webhook, operation and outcome.
+    pub fn parse_matching(text: &str, name: &str, labels: &[&str]) -> Self {
+        let mut h = Histogram::default();
+        let (bucket, sum, count) = (
+            format!("{name}_bucket"),
+            format!("{name}_sum"),
+            format!("{name}_count"),
+        );
+        for line in text.lines() {
+            let Some((key, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(v) = value.parse::<f64>() else {
+                continue;
+            };
+            let (metric, set) = key.split_once('{').unwrap_or((key, ""));
+            let set = set.trim_end_matches('}');
+            let pairs: Vec<&str> = set.split(',').collect();
+            if !labels.iter().all(|l| pairs.contains(l)) {
+                continue;
+            }
+            if metric == bucket {
+                let Some(le) = pairs.iter().find_map(|p| p.strip_prefix("le=")) else {
+                    continue;
+                };
+                let le = match le.trim_matches('"') {
+                    "+Inf" => f64::INFINITY,
+                    b => b.parse().unwrap_or(f64::INFINITY),
+                };
+                match h.buckets.iter_mut().find(|(l, _)| *l == le) {
+                    Some((_, c)) => *c += v,
+                    None => h.buckets.push((le, v)),
+                }
+            } else if metric == sum {
+                h.sum += v;
+            } else if metric == count {
+                h.count += v;
+            }
+        }
+        h.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        h
+    }
+
     /// What was observed between `before` and `self`.
     pub fn since(&self, before: &Histogram) -> Histogram {
         Histogram {
@@ -161,6 +206,24 @@ impl Histogram {
             "p99_at_most_ms": bound(0.99),
         })
     }
+}
+
+/// The name of the pod webhook in [`create_mutating_webhook`]'s configuration.
+pub const INJECT_WEBHOOK: &str = "pod.inject.kubegrace.io";
+
+/// Webhook `webhook`'s CREATE calls as the API server times them (its
+/// request out and the answer back), from the API server's own /metrics.
+pub async fn apiserver_webhook_calls(client: &Client, webhook: &str) -> anyhow::Result<Histogram> {
+    let req = hyper::Request::get("/metrics").body(Vec::new())?;
+    let text = client
+        .request_text(req)
+        .await
+        .context("reading the API server's /metrics")?;
+    Ok(Histogram::parse_matching(
+        &text,
+        "apiserver_admission_webhook_admission_duration_seconds",
+        &[&format!("name=\"{webhook}\""), "operation=\"CREATE\""],
+    ))
 }
 
 pub async fn client() -> anyhow::Result<Client> {
@@ -246,7 +309,7 @@ pub async fn create_mutating_webhook(
 ) -> anyhow::Result<()> {
     let mut config = webhook_configuration(
         name,
-        "pod.inject.kubegrace.io",
+        INJECT_WEBHOOK,
         (webhook_port, "/mutate"),
         json!({"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                "resources": ["pods"], "scope": "Namespaced"}),
@@ -425,4 +488,48 @@ pub fn counter(text: &str, name: &str) -> f64 {
         .filter(|l| l.starts_with(&format!("{name}{{")))
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Histogram;
+
+    const APISERVER: &str = r#"# HELP apiserver_admission_webhook_admission_duration_seconds x
+apiserver_admission_webhook_admission_duration_seconds_bucket{name="pod.inject.kubegrace.io",operation="CREATE",rejected="false",type="admit",le="0.005"} 2
+apiserver_admission_webhook_admission_duration_seconds_bucket{name="pod.inject.kubegrace.io",operation="CREATE",rejected="false",type="admit",le="0.025"} 8
+apiserver_admission_webhook_admission_duration_seconds_bucket{name="pod.inject.kubegrace.io",operation="CREATE",rejected="false",type="admit",le="+Inf"} 10
+apiserver_admission_webhook_admission_duration_seconds_sum{name="pod.inject.kubegrace.io",operation="CREATE",rejected="false",type="admit"} 0.2
+apiserver_admission_webhook_admission_duration_seconds_count{name="pod.inject.kubegrace.io",operation="CREATE",rejected="false",type="admit"} 10
+apiserver_admission_webhook_admission_duration_seconds_bucket{name="pod.inject.kubegrace.io",operation="CREATE",rejected="true",type="admit",le="0.005"} 0
+apiserver_admission_webhook_admission_duration_seconds_bucket{name="pod.inject.kubegrace.io",operation="CREATE",rejected="true",type="admit",le="0.025"} 0
+apiserver_admission_webhook_admission_duration_seconds_bucket{name="pod.inject.kubegrace.io",operation="CREATE",rejected="true",type="admit",le="+Inf"} 2
+apiserver_admission_webhook_admission_duration_seconds_sum{name="pod.inject.kubegrace.io",operation="CREATE",rejected="true",type="admit"} 1.0
+apiserver_admission_webhook_admission_duration_seconds_count{name="pod.inject.kubegrace.io",operation="CREATE",rejected="true",type="admit"} 2
+apiserver_admission_webhook_admission_duration_seconds_bucket{name="other.example.com",operation="CREATE",rejected="false",type="admit",le="0.005"} 99
+apiserver_admission_webhook_admission_duration_seconds_count{name="other.example.com",operation="CREATE",rejected="false",type="admit"} 99
+"#;
+    const NAME: &str = "apiserver_admission_webhook_admission_duration_seconds";
+
+    #[test]
+    fn matching_series_are_summed_and_others_left_out() {
+        let ours =
+            Histogram::parse_matching(APISERVER, NAME, &["name=\"pod.inject.kubegrace.io\""]);
+        assert_eq!(ours.count, 12.0);
+        assert!((ours.sum - 1.2).abs() < 1e-9);
+        assert_eq!(
+            ours.buckets,
+            vec![(0.005, 2.0), (0.025, 8.0), (f64::INFINITY, 12.0)]
+        );
+        assert_eq!(ours.quantile_bound_ms(0.5), Some(25.0));
+        let admitted = Histogram::parse_matching(
+            APISERVER,
+            NAME,
+            &["name=\"pod.inject.kubegrace.io\"", "rejected=\"false\""],
+        );
+        assert_eq!(admitted.count, 10.0);
+        assert_eq!(
+            Histogram::parse_matching(APISERVER, NAME, &["name=\"nobody\""]).count,
+            0.0
+        );
+    }
 }

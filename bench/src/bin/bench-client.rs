@@ -163,12 +163,12 @@ fn main() -> anyhow::Result<()> {
             let plan = h2hold::Plan {
                 target,
                 connections,
-                requests,
                 streams,
                 stream_connections,
                 slow_ms,
                 open_timeout: seconds(timeout_seconds)?,
                 hold: seconds(hold_seconds)?,
+                requests,
             };
             runtime.block_on(h2hold::run(plan))?;
             // Whatever is still open closes with the process.

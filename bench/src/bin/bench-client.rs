@@ -96,9 +96,14 @@ enum Cmd {
     H2Hold {
         #[arg(long)]
         target: SocketAddr,
-        /// Idle h2c connections: settings exchanged, one request answered.
+        /// Idle h2c connections: settings exchanged, `requests` requests
+        /// answered one after another.
         #[arg(long, default_value_t = 0)]
         connections: u32,
+        /// Requests each idle connection makes before it goes quiet (a
+        /// connection that carried traffic may keep more than a fresh one).
+        #[arg(long, default_value_t = 1)]
+        requests: u32,
         /// Requests to `/slow/<slow-ms>` left open.
         #[arg(long, default_value_t = 0)]
         streams: u32,
@@ -147,6 +152,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::H2Hold {
             target,
             connections,
+            requests,
             streams,
             stream_connections,
             slow_ms,
@@ -162,6 +168,7 @@ fn main() -> anyhow::Result<()> {
                 slow_ms,
                 open_timeout: seconds(timeout_seconds)?,
                 hold: seconds(hold_seconds)?,
+                requests,
             };
             runtime.block_on(h2hold::run(plan))?;
             // Whatever is still open closes with the process.

@@ -2,9 +2,10 @@
 //! streams cost a proxy (bench/README.md, "HTTP/2 memory").
 //!
 //! Opens `connections` h2c prior-knowledge connections, each with its
-//! SETTINGS exchange and one request answered, then idle; and `streams`
-//! requests to the upstream's `/slow/<ms>`, spread evenly over
-//! `stream_connections` more connections, left waiting for their answers.
+//! SETTINGS exchange and `requests` requests answered (one by default),
+//! then idle; and `streams` requests to the upstream's `/slow/<ms>`,
+//! spread evenly over `stream_connections` more connections, left waiting
+//! for their answers.
 //! Prints `ready` once the proxy has read every frame (a PING answered
 //! after them on each connection), then holds everything open until stdin
 //! closes or `hold_seconds` pass, and exits.
@@ -25,6 +26,8 @@ use tokio::task::JoinSet;
 /// can hold open under the machine's open-files limit.
 pub const MAX_CONNECTIONS: u32 = 20_000;
 pub const MAX_STREAMS: u32 = 100_000;
+/// Requests an idle connection makes before it goes quiet.
+pub const MAX_REQUESTS: u32 = 10_000;
 /// Connections are opened this many at a time: thousands of SYNs at once
 /// overflow small accept backlogs and turn into one-second SYN retries.
 const OPEN_BATCH: u32 = 50;
@@ -34,6 +37,8 @@ const OPEN_BATCH: u32 = 50;
 pub struct Plan {
     pub target: SocketAddr,
     pub connections: u32,
+    /// Requests each idle connection makes, one after another.
+    pub requests: u32,
     pub streams: u32,
     pub stream_connections: u32,
     pub slow_ms: u64,
@@ -49,6 +54,9 @@ impl Plan {
     pub fn check(&self) -> anyhow::Result<()> {
         if self.connections > MAX_CONNECTIONS || self.stream_connections > MAX_CONNECTIONS {
             bail!("at most {MAX_CONNECTIONS} connections");
+        }
+        if self.requests == 0 || self.requests > MAX_REQUESTS {
+            bail!("an idle connection makes 1 to {MAX_REQUESTS} requests");
         }
         if self.streams > MAX_STREAMS {
             bail!("at most {MAX_STREAMS} streams");
@@ -155,16 +163,19 @@ async fn open_one(plan: Plan, streams: u32) -> anyhow::Result<Held> {
     let mut send = send.ready().await?;
     let mut waiting = Vec::new();
     if streams == 0 {
-        // One whole exchange: settings both ways, a stream opened and closed.
-        let (response, _) = send.send_request(get(&plan, "/")?, true)?;
-        let response = response.await?;
-        if !response.status().is_success() {
-            bail!("answered {}", response.status());
-        }
-        let mut body = response.into_body();
-        while let Some(chunk) = body.data().await {
-            let chunk = chunk?;
-            let _ = body.flow_control().release_capacity(chunk.len());
+        // Whole exchanges: settings both ways, streams opened and closed.
+        for _ in 0..plan.requests {
+            send = send.ready().await?;
+            let (response, _) = send.send_request(get(&plan, "/")?, true)?;
+            let response = response.await?;
+            if !response.status().is_success() {
+                bail!("answered {}", response.status());
+            }
+            let mut body = response.into_body();
+            while let Some(chunk) = body.data().await {
+                let chunk = chunk?;
+                let _ = body.flow_control().release_capacity(chunk.len());
+            }
         }
     } else {
         let path = format!("/slow/{}", plan.slow_ms);
@@ -196,6 +207,7 @@ mod tests {
         Plan {
             target: SocketAddr::from(([127, 0, 0, 1], 1)),
             connections: 0,
+            requests: 1,
             streams,
             stream_connections,
             slow_ms: 1000,
@@ -214,6 +226,22 @@ mod tests {
         assert!(plan(MAX_STREAMS + 1, 10).check().is_err());
         assert!(plan(10, 0).check().is_err(), "streams need a connection");
         assert!(plan(10, MAX_CONNECTIONS + 1).check().is_err());
+        assert!(
+            Plan {
+                requests: 0,
+                ..plan(0, 0)
+            }
+            .check()
+            .is_err()
+        );
+        assert!(
+            Plan {
+                requests: MAX_REQUESTS + 1,
+                ..plan(0, 0)
+            }
+            .check()
+            .is_err()
+        );
         assert_eq!(plan(10, 0).streams_on(0), 0);
         // Idle connections only: no connection opened for streams.
         assert_eq!(plan(0, 10).connections_for_streams(), 0);

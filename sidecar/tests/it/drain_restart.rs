@@ -8,7 +8,8 @@
 //! directory, is the restarted sidecar reporting ready on a pod that is
 //! going away.
 
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use http::StatusCode;
@@ -25,7 +26,15 @@ const DRAIN: &[&str] = &drain_flags("3s", "1s", "20s", "10s");
 /// then SIGTERM, the end of a pod; without: SIGTERM alone, an in-place restart of every
 /// container), kills the process mid-drain and starts a new one on the same command
 /// line: the new one.
-async fn killed_mid_drain_then_restarted(spec: SidecarSpec, prestop: bool) -> Result<Sidecar> {
+/// With `journal` (the state directory), the kill waits until the journal holds the SIGTERM's
+/// exit drain: after a preStop drain the sidecar is unready already, so readiness says nothing
+/// about the signal, and under load a kill sent at once landed before it was handled (the next
+/// process then carried on the preStop's drain, which waits for a SIGTERM, and never exited).
+async fn killed_mid_drain_then_restarted(
+    spec: SidecarSpec,
+    prestop: bool,
+    journal: Option<&Path>,
+) -> Result<Sidecar> {
     let mut first = Sidecar::start(spec.clone()).await?;
     first.ensure_serving().await?;
     if prestop {
@@ -35,9 +44,32 @@ async fn killed_mid_drain_then_restarted(spec: SidecarSpec, prestop: bool) -> Re
     first
         .wait_ready_status(StatusCode::SERVICE_UNAVAILABLE)
         .await?;
+    if let (true, Some(dir)) = (prestop, journal) {
+        exit_drain_journaled(dir).await?;
+    }
     first.kill()?;
     first.wait_exit(Duration::from_secs(10)).await?;
     Sidecar::start_unready(spec).await
+}
+
+/// Waits (10 s at most) until the journal in `dir` records an exit drain.
+async fn exit_drain_journaled(dir: &Path) -> Result<()> {
+    let path = dir.join("drain.json");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let entry: Option<serde_json::Value> = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        if entry.is_some_and(|e| e["exit"] == true) {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the journal {} never recorded the SIGTERM's exit drain",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -47,7 +79,7 @@ async fn a_sidecar_killed_mid_drain_carries_the_drain_on_after_a_restart() -> Re
     let spec = SidecarSpec::to(&app)
         .args(DRAIN)
         .args(&["--state-dir", &state.display().to_string()]);
-    let mut second = killed_mid_drain_then_restarted(spec.clone(), true).await?;
+    let mut second = killed_mid_drain_then_restarted(spec.clone(), true, Some(&state)).await?;
     second
         .expect_ready(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -77,7 +109,8 @@ async fn a_sidecar_killed_mid_drain_carries_the_drain_on_after_a_restart() -> Re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_state_directory_a_restarted_sidecar_serves_as_if_new() -> Result<()> {
     let app = TestApp::start("app").await?;
-    let second = killed_mid_drain_then_restarted(SidecarSpec::to(&app).args(DRAIN), true).await?;
+    let second =
+        killed_mid_drain_then_restarted(SidecarSpec::to(&app).args(DRAIN), true, None).await?;
     second.wait_ready_status(StatusCode::OK).await?;
     second.ensure_serving().await
 }
@@ -126,7 +159,7 @@ async fn after_a_sigterm_without_prestop_and_a_kill_the_next_process_serves_at_o
     let spec = SidecarSpec::to(&app)
         .args(DRAIN)
         .args(&["--state-dir", &state.display().to_string()]);
-    let second = killed_mid_drain_then_restarted(spec, false).await?;
+    let second = killed_mid_drain_then_restarted(spec, false, Some(&state)).await?;
     ensure!(
         !state.join("drain.json").exists(),
         "a SIGTERM with no preStop before it left a drain journal"

@@ -30,6 +30,7 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use h2::client::{ResponseFuture, SendRequest};
 use h2::{Reason, SendStream};
+use http::header::HeaderName;
 use http::{HeaderValue, Method, Request, Response, header};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -44,6 +45,8 @@ const MAX_FRAME_SIZE: u32 = 16 * 1024;
 const MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
 const MAX_SEND_BUFFER: usize = 1024 * 1024;
 const MAX_LOCAL_ERROR_RESETS: usize = 1024;
+
+static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
 /// A handle on one app connection; clones share it. When the last one is
 /// dropped the connection closes once its streams are done.
@@ -132,6 +135,14 @@ impl H2Sender {
         let (parts, body) = req.into_parts();
         let mut head = Request::from_parts(parts, ());
         crate::http2::strip_connection_headers(head.headers_mut());
+        // A gRPC deadline differs on every call: indexed, each one would
+        // enter the connection's HPACK table and evict another, and h2's
+        // encoder walks every kept value of a name before inserting (about
+        // 70 grpc-timeout values once the table is full). Never indexed,
+        // as HAProxy and nginx send every header, it costs a literal.
+        if let Some(timeout) = head.headers_mut().get_mut(&GRPC_TIMEOUT) {
+            timeout.set_sensitive(true);
+        }
         if let Some(len) = body.size_hint().exact()
             && (len != 0 || has_payload_semantics(head.method()))
             && !head.headers().contains_key(header::CONTENT_LENGTH)

@@ -121,7 +121,7 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 /// One walk over the names first (standard names compare as enum tags):
 /// they are almost never there, and five hashed removals on every answer
 /// cost about 550 instructions (callgrind, `PROFILE_LOAD=h2c`).
-pub(crate) fn strip_connection_headers(headers: &mut HeaderMap) {
+fn strip_connection_headers(headers: &mut HeaderMap) {
     let suspect = headers.keys().any(|name| {
         name == header::CONNECTION
             || name == header::TRANSFER_ENCODING

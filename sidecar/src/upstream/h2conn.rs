@@ -145,7 +145,7 @@ impl H2Sender {
         // enter the connection's HPACK table and evict another, and h2's
         // encoder walks every kept value of a name before inserting (about
         // 70 grpc-timeout values once the table is full). Never indexed,
-        // as HAProxy and nginx send every header, it costs a literal.
+        // it costs a literal and leaves the table alone.
         if let Some(timeout) = head.headers_mut().get_mut(&GRPC_TIMEOUT) {
             timeout.set_sensitive(true);
         }

@@ -117,7 +117,13 @@ fn upstream_request(
         peer_ip,
         config.forwarded.trusted_hops != 0,
     );
-    ensure_host(&mut parts.headers, &parts.uri, upstream.host());
+    // HTTP/2 carries the host as :authority, which upstream_uri always
+    // sets; a Host beside it is one more field to encode and for the app
+    // to decode (and a string copied) on every request. The HTTP/1.1
+    // downgrade (upstream/downgrade.rs) sets Host from :authority itself.
+    if !h2 {
+        ensure_host(&mut parts.headers, &parts.uri, upstream.host());
+    }
     parts.uri = upstream_uri(&parts.uri, upstream, h2)?;
     parts.version = if h2 {
         Version::HTTP_2

@@ -122,7 +122,11 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
             })
             .unwrap_or(false);
         if trailers {
-            headers.insert(header::TE, HeaderValue::from_static("trailers"));
+            // gRPC's `te: trailers`, as every gRPC client sends it: already
+            // what goes on, so not inserted again.
+            if te.as_bytes() != b"trailers" {
+                headers.insert(header::TE, HeaderValue::from_static("trailers"));
+            }
         } else {
             headers.remove(header::TE);
         }

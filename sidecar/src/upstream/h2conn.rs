@@ -30,6 +30,7 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use h2::client::{ResponseFuture, SendRequest};
 use h2::{Reason, SendStream};
+use http::header::HeaderName;
 use http::{HeaderValue, Method, Request, Response, header};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -44,6 +45,8 @@ const MAX_FRAME_SIZE: u32 = 16 * 1024;
 const MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
 const MAX_SEND_BUFFER: usize = 1024 * 1024;
 const MAX_LOCAL_ERROR_RESETS: usize = 1024;
+
+static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
 /// A handle on one app connection; clones share it. When the last one is
 /// dropped the connection closes once its streams are done.
@@ -131,7 +134,21 @@ impl H2Sender {
         }
         let (parts, body) = req.into_parts();
         let mut head = Request::from_parts(parts, ());
-        crate::http2::strip_connection_headers(head.headers_mut());
+        // No connection-specific headers to strip: the one caller
+        // (proxy/handler.rs, `upstream_request`) took every hop-by-hop
+        // header out and left TE only as `trailers`; a second walk over the
+        // names cost about 800 instructions a request. Should one slip
+        // through, h2 refuses the request (MalformedHeaders) rather than
+        // sending a malformed one.
+        debug_assert!(!crate::http2::has_connection_headers(head.headers()));
+        // A gRPC deadline differs on every call: indexed, each one would
+        // enter the connection's HPACK table and evict another, and h2's
+        // encoder walks every kept value of a name before inserting (about
+        // 70 grpc-timeout values once the table is full). Never indexed,
+        // it costs a literal and leaves the table alone.
+        if let Some(timeout) = head.headers_mut().get_mut(&GRPC_TIMEOUT) {
+            timeout.set_sensitive(true);
+        }
         if let Some(len) = body.size_hint().exact()
             && (len != 0 || has_payload_semantics(head.method()))
             && !head.headers().contains_key(header::CONTENT_LENGTH)
@@ -142,7 +159,11 @@ impl H2Sender {
         let eos = body.is_end_stream();
         let (mut response, stream) = send.send_request(head, eos).map_err(SendError::Failed)?;
         drop(send);
-        let mut pipe = (!eos).then_some(Pipe { body, stream });
+        let mut pipe = (!eos).then_some(Pipe {
+            body,
+            stream,
+            first: true,
+        });
         let answer = poll_fn(|cx| {
             if let Some(p) = pipe.as_mut()
                 && Pin::new(p).poll(cx).is_ready()
@@ -177,6 +198,8 @@ fn has_payload_semantics(method: &Method) -> bool {
 struct Pipe {
     body: UpstreamBody,
     stream: SendStream<Bytes>,
+    /// No chunk sent yet: the first goes without waiting for the window.
+    first: bool,
 }
 
 impl Future for Pipe {
@@ -186,9 +209,18 @@ impl Future for Pipe {
         let this = self.get_mut();
         loop {
             // Some window first (one byte asks for it), then the next
-            // chunk whole: h2 queues what the window does not cover.
-            this.stream.reserve_capacity(1);
-            if this.stream.capacity() == 0 {
+            // chunk whole: h2 queues what the window does not cover. Not
+            // for the first chunk: the stream is still waiting to open
+            // then, so there is never a window yet, and waiting for one
+            // cost a wake-up and a poll of the whole request (a gRPC
+            // call's one message, callgrind `PROFILE_LOAD=grpc`). h2 holds
+            // that one chunk (at most a frame of the client's) until the
+            // window comes, and the next waits for the window as before.
+            let wait = !this.first && {
+                this.stream.reserve_capacity(1);
+                this.stream.capacity() == 0
+            };
+            if wait {
                 loop {
                     match ready!(this.stream.poll_capacity(cx)) {
                         Some(Ok(0)) => {}
@@ -211,6 +243,7 @@ impl Future for Pipe {
                         if data.is_empty() && !eos {
                             continue;
                         }
+                        this.first = false;
                         if this.stream.send_data(data, eos).is_err() || eos {
                             return Poll::Ready(());
                         }

@@ -38,4 +38,3 @@ mod wire;
 
 pub(crate) use conn::{Ending, H2Conn};
 pub use stream::H2Body;
-pub(crate) use stream::has_connection_headers;

@@ -140,7 +140,7 @@ impl H2Sender {
         // names cost about 800 instructions a request. Should one slip
         // through, h2 refuses the request (MalformedHeaders) rather than
         // sending a malformed one.
-        debug_assert!(!crate::http2::has_connection_headers(head.headers()));
+        debug_assert!(!has_connection_headers(head.headers()));
         // A gRPC deadline differs on every call: indexed, each one would
         // enter the connection's HPACK table and evict another, and h2's
         // encoder walks every kept value of a name before inserting (about
@@ -183,6 +183,26 @@ impl H2Sender {
         let body = H2Body::new(recv, &parts.headers);
         Ok(Response::from_parts(parts, body))
     }
+}
+
+/// What h2 refuses to send (RFC 9113 §8.2.2).
+#[cfg(debug_assertions)]
+fn has_connection_headers(headers: &http::HeaderMap) -> bool {
+    [
+        header::CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+    ]
+    .iter()
+    .any(|name| headers.contains_key(name))
+        || headers.get(header::TE).is_some_and(|te| te != "trailers")
+}
+
+#[cfg(not(debug_assertions))]
+fn has_connection_headers(_: &http::HeaderMap) -> bool {
+    false
 }
 
 /// As hyper: a method whose request body has a meaning gets a

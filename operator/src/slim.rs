@@ -38,6 +38,17 @@ pub fn route(obj: &mut DynamicObject) {
     }
 }
 
+/// An object the route controller's cache keeps for its reconciles
+/// ([`crate::controller::cache`]): whole, but for the managedFields and
+/// `kubectl apply`'s copy, which no reconcile reads.
+pub fn cached<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
+}
+
 /// A workload as the inject controller keeps it: its inject annotation,
 /// labels, its pod template's metadata, and our inject manager's
 /// managedFields entry ([`crate::workload::desired`] reads which fields it

@@ -1,5 +1,6 @@
 //! What every pass of the route controller shares: the client, the Event
-//! recorder, the metrics, the route cache and the drain inbox. The edges of
+//! recorder, the metrics, the route cache, the workload and Service stores
+//! and the drain inbox. The edges of
 //! the pipeline (dereference, apply, the status write) take it; the pure
 //! steps never do.
 
@@ -26,6 +27,9 @@ pub struct Context {
     /// The controller's own writes, so that their watch events queue
     /// nothing.
     pub echoes: Arc<super::echoes::Echoes>,
+    /// The workloads and Services the reconciles read, kept by the
+    /// controller's watches.
+    pub cache: super::cache::Cache,
 }
 
 impl Context {

@@ -1,8 +1,9 @@
-//! Step 1, dereference: everything the route refers to, read from the API
-//! server in one place: the workloads it targets (Deployments,
-//! StatefulSets, Argo Rollouts; minus those an older
-//! route holds), their pods, the namespace's labels, Services and
-//! NetworkPolicies, and the ConfigMap the route will write. Every later step is pure over
+//! Step 1, dereference: everything the route refers to, read in one place:
+//! the workloads it targets (Deployments, StatefulSets, Argo Rollouts;
+//! minus those an older route holds) and the namespace's Services from the
+//! controller's watch stores ([`super::cache`]); their pods, the
+//! namespace's labels and NetworkPolicies, and the ConfigMap the route
+//! will write from the API server. Every later step is pure over
 //! [`Observed`] until apply.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,6 +16,7 @@ use kube::{Api, Client, ResourceExt};
 
 use kubegrace_api::argo::Rollout;
 
+use super::cache::Cache;
 use super::pause::RolloutState;
 use crate::crd::GraceRoute;
 use crate::rules::Target;
@@ -34,6 +36,16 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error(
+        "the operator's copy of the cluster's {what} has not finished its first list after {}s; \
+         check that the operator may list and watch them (its ClusterRole or Roles) and that \
+         the API server answers",
+        waited.as_secs()
+    )]
+    NotSynced {
+        what: &'static str,
+        waited: std::time::Duration,
+    },
 }
 
 impl Error {
@@ -43,7 +55,10 @@ impl Error {
 
     /// The metric label.
     pub fn kind(&self) -> &'static str {
-        "kube"
+        match self {
+            Self::Read { .. } => "kube",
+            Self::NotSynced { .. } => "cache",
+        }
     }
 }
 
@@ -86,32 +101,16 @@ impl Observed {
 /// controller (for overlaps).
 pub async fn dereference(
     client: &Client,
+    cache: &Cache,
     route: &GraceRoute,
     others: &[&GraceRoute],
 ) -> Result<Observed, Error> {
     let ns = route.namespace().unwrap_or_default();
     let cm_name = crate::rules::config_map_name(&route.name_any());
-    // The reads that need nothing from each other go out together: a
-    // reconcile waited for seven round trips one after the other, and on an
-    // API server a storm keeps busy that, not the operator's CPU, set how
-    // fast a cold start caught up with every route (`make bench-scale`).
-    let ((workloads, states), ns_labels, services, config_map) = tokio::try_join!(
-        Workloads::read_for(client, &ns, route),
-        namespace_labels(client, &ns),
-        async {
-            Api::<Service>::namespaced(client.clone(), &ns)
-                .list(&ListParams::default())
-                .await
-                .map(|l| l.items)
-                .map_err(Error::read(format!("listing Services in {ns}")))
-        },
-        async {
-            Api::<ConfigMap>::namespaced(client.clone(), &ns)
-                .get_opt(&cm_name)
-                .await
-                .map_err(Error::read(format!("reading ConfigMap {ns}/{cm_name}")))
-        },
-    )?;
+    let rollouts = can_target_rollouts(route);
+    cache.synced(rollouts).await?;
+    let (workloads, states) = cache.workloads(&ns, rollouts);
+    let services = cache.services(&ns);
     let (targets, overlaps) = claim_targets(route, &workloads, others);
     let targets: Vec<(Target, Option<String>)> = targets.into_iter().cloned().collect();
     let rollouts = targets
@@ -124,18 +123,38 @@ pub async fn dereference(
     if let Some(s) = pod_selector(route.spec.selector.as_ref()) {
         selectors.insert(s);
     }
-    let lists = futures_util::future::try_join_all(selectors.iter().map(|s| {
-        let pods_api = &pods_api;
-        let ns = &ns;
-        async move {
-            pods_api
-                .list(&ListParams::default().labels(s))
+    // The reads left go out together, in one round trip: with the
+    // workloads in the cache, the pods' selectors are known before any
+    // read. NetworkPolicies are listed alongside and kept only when a pod
+    // is injected (a route of bare pods has no port takeover a policy can
+    // break): a round trip less for the routes that have sidecars.
+    let (lists, ns_labels, config_map, policies) = tokio::try_join!(
+        futures_util::future::try_join_all(selectors.iter().map(|s| {
+            let pods_api = &pods_api;
+            let ns = &ns;
+            async move {
+                pods_api
+                    .list(&ListParams::default().labels(s))
+                    .await
+                    .map(|list| (s.clone(), list.items))
+                    .map_err(Error::read(format!("listing pods {s} in {ns}")))
+            }
+        })),
+        namespace_labels(client, &ns),
+        async {
+            Api::<ConfigMap>::namespaced(client.clone(), &ns)
+                .get_opt(&cm_name)
                 .await
-                .map(|list| (s.clone(), list.items))
-                .map_err(Error::read(format!("listing pods {s} in {ns}")))
-        }
-    }))
-    .await?;
+                .map_err(Error::read(format!("reading ConfigMap {ns}/{cm_name}")))
+        },
+        async {
+            if selectors.is_empty() {
+                Ok(Vec::new())
+            } else {
+                network_policies(client, &ns).await
+            }
+        },
+    )?;
     let mut pods = BTreeMap::new();
     let mut pods_by_selector: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (s, list) in lists {
@@ -145,10 +164,8 @@ pub async fn dereference(
             pods.insert(p.name_any(), p);
         }
     }
-    // Only injected pods have a port takeover a policy can break: a route
-    // whose pods are bare costs no list.
     let network_policies = if pods.values().any(crate::inject::is_injected) {
-        network_policies(client, &ns).await?
+        policies
     } else {
         Vec::new()
     };
@@ -163,6 +180,16 @@ pub async fn dereference(
         rollouts,
         network_policies,
     })
+}
+
+/// Whether `route` can target an Argo Rollout (it names one, or selects
+/// workloads by label).
+fn can_target_rollouts(route: &GraceRoute) -> bool {
+    route
+        .spec
+        .target_ref
+        .as_ref()
+        .is_none_or(|t| t.kind == crate::crd::TargetKind::Rollout)
 }
 
 /// The namespace's labels (none when it is gone).
@@ -229,9 +256,7 @@ impl ReadWorkloads for Workloads {
         ns: &str,
         route: &GraceRoute,
     ) -> Result<(Self, BTreeMap<String, RolloutState>), Error> {
-        let by_ref = route.spec.target_ref.as_ref();
-        let rollouts = by_ref.is_none_or(|t| t.kind == crate::crd::TargetKind::Rollout);
-        read_kinds(client, ns, rollouts).await
+        read_kinds(client, ns, can_target_rollouts(route)).await
     }
 }
 

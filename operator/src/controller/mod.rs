@@ -53,6 +53,7 @@ use crate::{Error, FIELD_MANAGER, Result, keys};
 pub mod apply;
 pub mod balancer;
 pub mod build;
+pub mod cache;
 pub mod context;
 pub mod decisions;
 pub mod dereference;
@@ -86,7 +87,7 @@ async fn reconcile_route(route: &GraceRoute, ctx: &Context) -> Result<Action> {
     let known = ctx.routes.in_namespace(&ns);
     let others: Vec<&GraceRoute> = known.iter().map(AsRef::as_ref).collect();
 
-    let observed = dereference::dereference(&ctx.client, route, &others).await?;
+    let observed = dereference::dereference(&ctx.client, &ctx.cache, route, &others).await?;
     // A route without its own maxDelay follows the balancers in front of its pods.
     let balanced = balancer::effective(ctx, route, &observed).await?;
     let route = balanced.as_ref().map_or(route, |b| &b.route);
@@ -300,6 +301,26 @@ pub async fn run(
     let pod_inbox = inbox.clone();
     let managed =
         watcher::Config::default().labels(&format!("{}={}", keys::MANAGED_BY, FIELD_MANAGER));
+    // The workloads and Services a reconcile reads come from these watches'
+    // stores (controller::cache). A route targeting an Argo Rollout follows
+    // its changes like a Deployment's, where Argo Rollouts is installed (a
+    // watch of a resource not served would fail forever).
+    let (deployments, deployment_events) =
+        cache::reflect::<Deployment>(crate::scope::api(&client, ns));
+    let (statefulsets, statefulset_events) =
+        cache::reflect::<StatefulSet>(crate::scope::api(&client, ns));
+    let (services, service_events) = cache::reflect::<Service>(crate::scope::api(&client, ns));
+    let rollouts = if crate::workload::argo_rollouts_served(&client).await {
+        Some(cache::reflect::<Rollout>(crate::scope::api(&client, ns)))
+    } else {
+        None
+    };
+    let cache = cache::Cache {
+        deployments,
+        statefulsets,
+        rollouts: rollouts.as_ref().map(|r| r.0.clone()),
+        services,
+    };
     let ctx = Arc::new(Context {
         recorder: Recorder::new(
             client.clone(),
@@ -313,21 +334,19 @@ pub async fn run(
         routes: store,
         drains: inbox,
         echoes: echoes.clone(),
+        cache,
     });
-    // A route targeting an Argo Rollout follows its changes like a
-    // Deployment's, where Argo Rollouts is installed (a watch of a resource
-    // not served would fail forever).
-    let controller = if crate::workload::argo_rollouts_served(&client).await {
-        let s5 = s1.clone();
-        controller.watches(
-            crate::scope::api::<Rollout>(&client, ns),
-            watcher::Config::default(),
-            workload_mapper(s5, echoes.clone(), TargetKind::Rollout, |r: &Rollout| {
-                r.spec.template.as_ref()
-            }),
-        )
-    } else {
-        controller
+    let controller = match rollouts {
+        Some((_, events)) => controller.watches_stream(
+            events,
+            workload_mapper(
+                s1.clone(),
+                echoes.clone(),
+                TargetKind::Rollout,
+                |r: &Rollout| r.spec.template.as_ref(),
+            ),
+        ),
+        None => controller,
     };
     let cm_echoes = echoes.clone();
     controller
@@ -343,9 +362,8 @@ pub async fn run(
                 owning_routes(&cm)
             },
         )
-        .watches(
-            crate::scope::api::<Deployment>(&client, ns),
-            watcher::Config::default(),
+        .watches_stream(
+            deployment_events,
             workload_mapper(
                 s1,
                 echoes.clone(),
@@ -353,9 +371,8 @@ pub async fn run(
                 |d: &Deployment| d.spec.as_ref().map(|s| &s.template),
             ),
         )
-        .watches(
-            crate::scope::api::<StatefulSet>(&client, ns),
-            watcher::Config::default(),
+        .watches_stream(
+            statefulset_events,
             workload_mapper(s2, echoes, TargetKind::StatefulSet, |s: &StatefulSet| {
                 s.spec.as_ref().map(|s| &s.template)
             }),
@@ -373,17 +390,13 @@ pub async fn run(
         )
         // A Service created or changed after the route can bypass its
         // sidecars; every route of the namespace re-checks (cheap, pure).
-        .watches(
-            Api::<Service>::all(client.clone()),
-            watcher::Config::default(),
-            move |svc| {
-                let ns = svc.namespace().unwrap_or_default();
-                s4.in_namespace(&ns)
-                    .iter()
-                    .map(|r| tolerant::erase(&ObjectRef::from_obj(r.as_ref())))
-                    .collect::<Vec<_>>()
-            },
-        )
+        .watches_stream(service_events, move |svc: Service| {
+            let ns = svc.namespace().unwrap_or_default();
+            s4.in_namespace(&ns)
+                .iter()
+                .map(|r| tolerant::erase(&ObjectRef::from_obj(r.as_ref())))
+                .collect::<Vec<_>>()
+        })
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
@@ -450,6 +463,7 @@ spec:
             routes: Routes::default(),
             drains: Arc::new(drains::Inbox::default()),
             echoes: Arc::new(echoes::Echoes::default()),
+            cache: cache::Cache::listed(Vec::new(), Vec::new()),
         }
     }
 

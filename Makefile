@@ -29,8 +29,8 @@ deps: ## what the tests and the demo need on a fresh Debian machine (packages, p
 test-unit: deps ## unit and in-process integration tests (loopback only, no cluster)
 	@scratch=$$(mktemp -d "$${TMPDIR:-/tmp}/kubegrace-test.XXXXXX") && \
 	trap 'rm -rf "$$scratch"' EXIT && \
-	echo "$(CARGO) test --workspace --exclude kubegrace-e2e  (TMPDIR=$$scratch)" && \
-	TMPDIR="$$scratch" $(CARGO) test --workspace --exclude kubegrace-e2e && \
+	echo "$(CARGO) test --workspace --exclude kubegrace-e2e --all-features  (TMPDIR=$$scratch)" && \
+	TMPDIR="$$scratch" $(CARGO) test --workspace --exclude kubegrace-e2e --all-features && \
 	echo "$(CARGO) test -p kubegrace-e2e --lib --bins --test loadgen --test demo_app --test metrics_exposition" && \
 	TMPDIR="$$scratch" $(CARGO) test -p kubegrace-e2e --lib --bins --test loadgen --test demo_app --test metrics_exposition && \
 	echo "hack/h2spec" && TMPDIR="$$scratch" hack/h2spec
@@ -64,8 +64,10 @@ fmt: ## format the code
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
+# --all-features: the bench's cluster-side code (bench-scale, bench-operator,
+# bench-null-webhook) sits behind features no other crate turns on.
 clippy:
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 
 crds: ## regenerate crds/ from the Rust types (and the chart's copy)
 	$(CARGO) run -q -p kubegrace-operator -- crd > crds/graceroutes.kubegrace.io.yaml.tmp

@@ -7,6 +7,7 @@
 
 pub mod grpc;
 pub mod memtest;
+pub mod null_webhook;
 #[cfg(feature = "operator")]
 pub mod operator_rig;
 pub mod parse;
@@ -15,6 +16,8 @@ pub mod proc;
 pub mod procfs;
 pub mod report;
 pub mod scale_checks;
+#[cfg(feature = "operator")]
+pub mod scale_probe;
 #[cfg(feature = "operator")]
 pub mod scale_watch;
 pub mod scenario;

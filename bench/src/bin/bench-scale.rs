@@ -14,8 +14,10 @@
 //!    with `--pods-per-route` replicas and its GraceRoute, applied as fast as
 //!    the API server takes them. Timed: until every pod is injected and Ready
 //!    and every route `Ready` at its generation. Meanwhile the same pod is
-//!    sent through admission with and without the webhook (dryRun=All),
-//!    interleaved: the webhook's added latency while the storm lasts.
+//!    sent through admission (dryRun=All), interleaved: without a webhook,
+//!    through the operator's, and through one that admits it unchanged
+//!    (`bench-null-webhook`): the webhook's added latency while the storm
+//!    lasts, and how much of it any webhook costs on this machine.
 //! 2. **Steady**: the operator's RSS and CPU with nothing changing.
 //! 3. **Cold start**: the operator stopped, every route edited (a config
 //!    change that rolls nothing) while it is down, the operator started
@@ -39,14 +41,18 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use futures_util::StreamExt as _;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt as _};
 use kubegrace_bench::operator_rig::{
-    GraceRoute, Histogram, INJECT_WEBHOOK, Operator, Series, apiserver_webhook_calls, client,
+    GraceRoute, Histogram, INJECT_WEBHOOK, Operator, apiserver_webhook_calls, client,
     create_mutating_webhook, create_validating_webhook, install_crd, metrics, operator_bin,
     rand_suffix, route_resource, wait_ca_bundle, wait_for, write_report,
+};
+use kubegrace_bench::scale_probe::{
+    NULL_WEBHOOK, NullWebhook, added, admission_probe, probe_route,
 };
 use kubegrace_bench::scale_watch::{Tracker, per_reconcile, pods_injected};
 use kubegrace_bench::{procfs, scale_checks};
@@ -92,6 +98,10 @@ struct Args {
     /// e2e/cluster/with-cluster in $CARGO_TARGET_DIR.
     #[arg(long, env = "KUBEGRACE_OPERATOR_BIN")]
     operator_bin: Option<String>,
+    /// The baseline webhook that admits every pod unchanged (`bench/scale`
+    /// builds it in release).
+    #[arg(long, env = "KUBEGRACE_NULL_WEBHOOK_BIN")]
+    null_webhook_bin: String,
     /// The CRD to install (what `kubegrace-operator crd` prints).
     #[arg(long, default_value = "crds/graceroutes.kubegrace.io.yaml")]
     crd: String,
@@ -198,34 +208,6 @@ fn route(name: &str, quiet_ms: u64) -> anyhow::Result<GraceRoute> {
     }))?)
 }
 
-/// The probe pods' label: `routed` ones are selected by the probe route (the
-/// webhook injects them: the path every real pod takes), the others are sent
-/// to the webhook with no route for them (it answers from the API server).
-const PROBE_ROUTED: &str = "probe";
-const PROBE_UNROUTED: &str = "probe-unrouted";
-
-/// The route that selects the routed probe pods, created before the storm.
-fn probe_route() -> anyhow::Result<GraceRoute> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "kubegrace.io/v1alpha1", "kind": "GraceRoute",
-        "metadata": {"name": PROBE_ROUTED},
-        "spec": {"selector": {"matchLabels": {"app": PROBE_ROUTED}}, "ports": [{"name": "http"}]}
-    }))?)
-}
-
-/// A probe pod `app`, with or without the label that sends it to the webhook.
-fn probe_pod(app: &str, to_webhook: bool) -> anyhow::Result<Pod> {
-    let mut labels = json!({"app": app});
-    if to_webhook {
-        labels[keys::INJECT] = json!("enabled");
-    }
-    Ok(serde_json::from_value(json!({
-        "metadata": {"generateName": "probe-", "labels": labels},
-        "spec": {"containers": [{"name": "app", "image": "localhost/kubegrace/pause:e2e",
-                                 "ports": [{"name": "http", "containerPort": 8080}]}]}
-    }))?)
-}
-
 /// Waits until the watches say every route is Ready at its generation and
 /// every Deployment rolled out, then checks (one paginated LIST) that every
 /// pod is injected and Ready; the time it took. Polled every second, the
@@ -273,62 +255,9 @@ async fn until_current(
     }
 }
 
-/// Admission latency of dry-run pod creates during the storm, interleaved.
-struct Probes {
-    /// No webhook.
-    bare: Series,
-    /// Through the webhook and injected (a route selects the pod).
-    injected: Series,
-    /// Through the webhook with no route for the pod: admitted bare after a
-    /// lookup at the API server.
-    unrouted: Series,
-}
-
-/// Dry-run pod creates, bare, injected and unrouted, interleaved, until
-/// `stop` or `max` rounds.
-async fn admission_probe(
-    pods: Api<Pod>,
-    stop: Arc<tokio::sync::Notify>,
-    max: usize,
-) -> anyhow::Result<Probes> {
-    let dry = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    let kinds = [
-        probe_pod(PROBE_ROUTED, false)?,
-        probe_pod(PROBE_ROUTED, true)?,
-        probe_pod(PROBE_UNROUTED, true)?,
-    ];
-    let mut series: [Series; 3] = Default::default();
-    let stopped = stop.notified();
-    tokio::pin!(stopped);
-    'rounds: for _ in 0..max {
-        for (p, series) in kinds.iter().zip(series.iter_mut()) {
-            let t = Instant::now();
-            tokio::select! {
-                r = pods.create(&dry, p) => { r.context("dry-run pod create")?; }
-                () = &mut stopped => break 'rounds,
-            }
-            series.push(t.elapsed());
-        }
-    }
-    let [bare, injected, unrouted] = series;
-    Ok(Probes {
-        bare,
-        injected,
-        unrouted,
-    })
-}
-
-fn added(with: &Series, without: &Series) -> Value {
-    let r = |x: f64| (x * 1000.0).round() / 1000.0;
-    json!({
-        "with_webhook": with.json(),
-        "without_webhook": without.json(),
-        "added_p50_ms": r(with.pct(0.5) - without.pct(0.5)),
-        "added_p99_ms": r(with.pct(0.99) - without.pct(0.99)),
-    })
+/// The null webhook's configuration of run `name`.
+fn null_webhook_name(name: &str) -> String {
+    format!("{name}-null")
 }
 
 /// `-c FILE` for each Stage file in `dir`.
@@ -414,6 +343,11 @@ impl Run {
 
     async fn delete_rest(&self) {
         let dp = DeleteParams::default();
+        // A run stopped before the storm's end leaves the null webhook's
+        // configuration (cluster-scoped) behind otherwise.
+        let _ = Api::<MutatingWebhookConfiguration>::all(self.client.clone())
+            .delete(&null_webhook_name(&self.name), &dp)
+            .await;
         for n in &self.nodes {
             let _ = Api::<Node>::all(self.client.clone()).delete(n, &dp).await;
         }
@@ -535,6 +469,13 @@ async fn scale(
     let served = json!({"matchLabels": {RUN_LABEL: name}});
     create_mutating_webhook(client, &name, webhook_port, &served).await?;
     create_validating_webhook(client, &name, webhook_port, &served).await?;
+    let null_webhook = NullWebhook::start(
+        client,
+        &args.null_webhook_bin,
+        &null_webhook_name(&name),
+        &served,
+    )
+    .await?;
 
     let bin = operator_bin(args.operator_bin.as_deref());
     let operator = Operator::start(&bin, &name, webhook_port, admin_port, &[], "")?;
@@ -567,6 +508,7 @@ async fn scale(
     // ---- 1. Storm.
     let before = metrics(admin_port).await?;
     let apiserver_before = apiserver_webhook_calls(client, INJECT_WEBHOOK).await?;
+    let apiserver_null_before = apiserver_webhook_calls(client, NULL_WEBHOOK).await?;
     let stop_probe = Arc::new(tokio::sync::Notify::new());
     let probe = tokio::spawn(admission_probe(
         Api::namespaced(client.clone(), &probe_ns),
@@ -611,6 +553,10 @@ async fn scale(
     let storm = until_current(client, &tracker, &name, args, "storm").await?;
     stop_probe.notify_one();
     let probes = probe.await??;
+    let apiserver_null_call = apiserver_webhook_calls(client, NULL_WEBHOOK)
+        .await?
+        .since(&apiserver_null_before);
+    null_webhook.remove(client).await;
     let after = metrics(admin_port).await?;
     let apiserver_call = apiserver_webhook_calls(client, INJECT_WEBHOOK)
         .await?
@@ -702,6 +648,12 @@ async fn scale(
             "operator": samples.window(start_s, storm_end_s),
             "admission_during_storm": added(&probes.injected, &probes.bare),
             "admission_during_storm_unrouted": added(&probes.unrouted, &probes.bare),
+            // A webhook that admits every pod unchanged (bench-null-webhook,
+            // release build): what any webhook costs here, and what
+            // kubegrace's injection adds beyond that.
+            "admission_during_storm_null_webhook": added(&probes.null, &probes.bare),
+            "kubegrace_over_null_webhook": added(&probes.injected, &probes.null),
+            "apiserver_null_webhook_call_histogram": apiserver_null_call.json(),
             "operator_webhook_histogram": webhook_server.json(),
             // The same calls as the API server times them (its request out to
             // the webhook and the answer back): what the handler's own

@@ -99,21 +99,28 @@ pub fn checks(report: &Value) -> Vec<Check> {
             ),
             2.5,
         ),
-        // Reconciles in 30 s of steady state per route, at most (182 for 200
-        // routes, before the stores were slimmed).
+        // Reconciles in 30 s of steady state per route, at most. What it guards
+        // against was 0.91 (182 for 200 routes, before the stores were
+        // slimmed). A Ready route is also reconciled every 300 s on its own
+        // (controller/mod.rs), 0.1 per route in 30 s once the storm is older
+        // than that: at 20,000 pods the storm took 800 s and steady state
+        // measured 0.089 and 0.118, at 2,000 pods (a 125 s storm) 0.005.
         check(
             "steady: reconciles in 30 s per route",
             true,
             ratio(at(report, "/steady/reconciles_in_30s"), routes),
-            0.1,
+            0.2,
         ),
         // API requests per route reconcile, at most: a fixed number per target,
-        // none cluster-wide, so it must not grow with the cluster.
+        // none cluster-wide, so it must not grow with the cluster. 8.2 to 9.7
+        // while every reconcile listed its namespace's workloads and Services;
+        // 5.5 to 6.7 since it reads them from the watches' stores
+        // (operator/src/controller/cache.rs, 20,000 pods).
         check(
             "API requests per route reconcile (worst phase)",
             true,
             per_reconcile,
-            12.0,
+            8.0,
         ),
         // Issue #38's goals: reported, never failing.
         check("goal: operator peak RSS, MiB", false, peak_rss, 256.0),
@@ -177,13 +184,13 @@ mod tests {
                 "operator_webhook_histogram": {"count": reviews},
                 "admission_during_storm": {"with_webhook": {"n": 676}, "added_p99_ms": 101.7},
                 "admission_during_storm_unrouted": {"with_webhook": {"n": 675}},
-                "api_requests": {"requests_per_reconcile": 8.39},
+                "api_requests": {"requests_per_reconcile": 5.52},
             },
             "steady": {"reconciles_in_30s": steady},
             "cold_start": {
                 "all_current_seconds": 11.6,
                 "route_wait": {"max_ms": 9_800.0, "not_reached": 0},
-                "api_requests": {"route_reconciles": cold_reconciles, "requests_per_reconcile": 9.05},
+                "api_requests": {"route_reconciles": cold_reconciles, "requests_per_reconcile": 6.7},
             },
             "rolling_restart": null,
         })
@@ -216,6 +223,21 @@ mod tests {
                 "cold start: route reconciles per route",
                 "steady: reconciles in 30 s per route"
             ]
+        );
+    }
+
+    #[test]
+    fn the_periodic_pass_passes_and_listing_per_reconcile_again_fails() {
+        // 2,000 routes' 300 s passes in a 30 s window: 0.1 per route, plus events.
+        let c = checks(&report(3352.0, 417.0, 0.118 * 200.0, 44.0));
+        assert!(broken(&c).is_empty(), "{c:?}");
+        // A reconcile that lists its workloads and Services again (9.7 at 20,000 pods).
+        let mut r = report(3352.0, 417.0, 1.0, 44.0);
+        r["cold_start"]["api_requests"]["requests_per_reconcile"] = json!(9.7);
+        let c = checks(&r);
+        assert_eq!(
+            broken(&c).iter().map(|c| c.name).collect::<Vec<_>>(),
+            ["API requests per route reconcile (worst phase)"]
         );
     }
 

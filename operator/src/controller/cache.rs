@@ -121,7 +121,8 @@ where
     K: Resource<DynamicType = ()> + Clone,
 {
     let mut objects: Vec<K> = store
-        .state_filter(|o| o.namespace().as_deref() == Some(ns))
+        // Borrowed, not `namespace()`: every reconcile scans the whole store.
+        .state_filter(|o| o.meta().namespace.as_deref() == Some(ns))
         .iter()
         .map(|o| K::clone(o))
         .collect();

@@ -84,12 +84,11 @@ pub fn checks(report: &Value) -> Vec<Check> {
             ),
             1.05,
         ),
-        // Route reconciles per route in the cold start, at most: one for the edit
-        // and one for the writes it causes, measured 2.03 and 2.09 at 200 routes
-        // before the controller's own writes stopped queueing their route
-        // (operator/src/controller/echoes.rs: 1.25 at 2,000 routes since, not
-        // yet measured at this run's default size, so the bound stays); a third
-        // pass per route would be work that grows with nothing the user changed.
+        // Route reconciles per route in the cold start, at most: one for the edit,
+        // plus a few the pod watch's first list queues again while a route's
+        // reconcile runs. 2.03 and 2.09 at 200 routes while the controller's own
+        // writes queued their route again; 1.22 to 1.44 at 200 and 2,000 routes
+        // since they do not (operator/src/controller/echoes.rs).
         check(
             "cold start: route reconciles per route",
             true,
@@ -97,7 +96,7 @@ pub fn checks(report: &Value) -> Vec<Check> {
                 at(report, "/cold_start/api_requests/route_reconciles"),
                 routes,
             ),
-            2.5,
+            1.6,
         ),
         // Reconciles in 30 s of steady state per route, at most. What it guards
         // against was 0.91 (182 for 200 routes, before the stores were
@@ -205,7 +204,7 @@ mod tests {
     #[test]
     fn one_review_per_pod_passes_and_two_fail() {
         // 2,000 pods + 1,351 probes through the webhook.
-        let c = checks(&report(3352.0, 417.0, 1.0, 44.0));
+        let c = checks(&report(3352.0, 244.0, 1.0, 44.0));
         assert!(broken(&c).is_empty(), "{c:?}");
         let c = checks(&report(2.0 * 2000.0 + 1351.0, 200.0, 1.0, 44.0));
         let b = broken(&c);
@@ -214,8 +213,9 @@ mod tests {
     }
 
     #[test]
-    fn a_third_reconcile_of_every_route_and_a_busy_steady_state_fail() {
-        let c = checks(&report(3352.0, 600.0, 182.0, 44.0));
+    fn a_second_reconcile_of_every_route_and_a_busy_steady_state_fail() {
+        // 417: the status write's echo queueing every route again.
+        let c = checks(&report(3352.0, 417.0, 182.0, 44.0));
         let names: Vec<_> = broken(&c).iter().map(|c| c.name).collect();
         assert_eq!(
             names,
@@ -229,10 +229,10 @@ mod tests {
     #[test]
     fn the_periodic_pass_passes_and_listing_per_reconcile_again_fails() {
         // 2,000 routes' 300 s passes in a 30 s window: 0.1 per route, plus events.
-        let c = checks(&report(3352.0, 417.0, 0.118 * 200.0, 44.0));
+        let c = checks(&report(3352.0, 244.0, 0.118 * 200.0, 44.0));
         assert!(broken(&c).is_empty(), "{c:?}");
         // A reconcile that lists its workloads and Services again (9.7 at 20,000 pods).
-        let mut r = report(3352.0, 417.0, 1.0, 44.0);
+        let mut r = report(3352.0, 244.0, 1.0, 44.0);
         r["cold_start"]["api_requests"]["requests_per_reconcile"] = json!(9.7);
         let c = checks(&r);
         assert_eq!(

@@ -32,10 +32,7 @@ pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration
 /// `kubectl apply`'s copy (nothing in the operator reads either; its other
 /// annotations stay).
 pub fn route(obj: &mut DynamicObject) {
-    obj.metadata.managed_fields = None;
-    if let Some(a) = obj.metadata.annotations.as_mut() {
-        a.remove(LAST_APPLIED);
-    }
+    cached(obj);
 }
 
 /// An object the route controller's cache keeps for its reconciles

@@ -5,6 +5,7 @@
 //! (fixed-rate and drain loads) and `bench-harness` (runs everything and
 //! writes the report). The parts worth testing without load live here.
 
+pub mod cgroup;
 pub mod grpc;
 pub mod memtest;
 pub mod null_webhook;

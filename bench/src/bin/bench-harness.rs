@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser;
+use kubegrace_bench::cgroup::CpuLimit;
 use kubegrace_bench::parse::{self, LoadResult};
 use kubegrace_bench::peers::{DrainTimers, Env, Peer};
 use kubegrace_bench::proc::{
@@ -69,6 +70,13 @@ struct Args {
     proxy_cpus: String,
     #[arg(long, env = "BENCH_LOAD_CPUS", default_value = "0")]
     load_cpus: String,
+    /// The CPU limit of the proxy and the app together in the shared-core
+    /// scenarios, millicores (a pod's limit: a CFS quota on a cgroup of
+    /// their own, on top of the shared core); 0 leaves them the whole core.
+    /// 500 keeps the pair, not wrk on the other core, the bottleneck when
+    /// every request opens a connection (src/cgroup.rs says why).
+    #[arg(long, env = "BENCH_PAIR_CPU_LIMIT", default_value_t = 500)]
+    pair_cpu_limit: u32,
     /// Skip the drain tests.
     #[arg(long, env = "BENCH_NO_DRAIN", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
     no_drain: bool,
@@ -172,7 +180,7 @@ impl Harness {
     }
 
     /// One load run against one peer.
-    fn run_load(&self, scenario: &Scenario, peer: Peer) -> anyhow::Result<Sample> {
+    fn run_load(&self, scenario: &Scenario, peer: Peer, app_pid: u32) -> anyhow::Result<Sample> {
         let secs = self.args.seconds;
         let port = if scenario.is_h2() {
             self.env.h2_port(peer)
@@ -235,6 +243,21 @@ impl Harness {
             }
         };
         let proxy_pid = self.proxies.get(&peer).map(Proc::pid);
+        let shared = scenario.cores == Cores::SharedWithApp;
+        // The pair's CPU limit, for this round only: the proxy's every
+        // process and the app, back where they were after it.
+        let mut limit = match self.args.pair_cpu_limit {
+            m if shared && m > 0 => {
+                let mut limit = CpuLimit::new(m)?;
+                for pid in proxy_pid.map(procfs::process_tree).unwrap_or_default() {
+                    limit.add(pid)?;
+                }
+                limit.add(app_pid)?;
+                Some(limit)
+            }
+            _ => None,
+        };
+        let app_ticks_before = shared.then(|| procfs::tree_cpu_ticks(app_pid));
         let ticks_before = proxy_pid.map(procfs::tree_cpu_ticks);
         let start = Instant::now();
         let mut rss = None;
@@ -251,6 +274,13 @@ impl Harness {
             }
             _ => None,
         };
+        let app_cpu_s = app_ticks_before.map(|before| {
+            procfs::tree_cpu_ticks(app_pid).saturating_sub(before) as f64 / self.clk_tck
+        });
+        if let Some(limit) = limit.as_mut() {
+            limit.release_all()?;
+        }
+        drop(limit);
         let result: LoadResult = match scenario.load {
             Load::Wrk { .. } => {
                 parse::wrk(&out).with_context(|| format!("wrk said: {out}{err}"))?
@@ -306,6 +336,7 @@ impl Harness {
                 wall
             },
             rss_kib: rss,
+            app_cpu_s,
         })
     }
 
@@ -557,10 +588,10 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
                 {
                     continue;
                 }
-                match h.run_load(scenario, peer) {
+                match h.run_load(scenario, peer, upstream.pid()) {
                     Ok(s) => {
                         h.progress(&format!(
-                            "round {}/{} {:<18} {:<13} {:>9.0} req/s  p50 {:.3} ms  p99 {:.3} ms{}{}",
+                            "round {}/{} {:<18} {:<13} {:>9.0} req/s  p50 {:.3} ms  p99 {:.3} ms{}{}{}",
                             round + 1,
                             h.args.rounds,
                             scenario.id,
@@ -571,6 +602,10 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
                             s.cpu_s.map_or(String::new(), |c| format!(
                                 "  proxy cpu {:.0}%",
                                 c / s.wall_s * 100.0
+                            )),
+                            s.app_cpu_s.map_or(String::new(), |a| format!(
+                                "  app cpu {:.0}%",
+                                a / s.wall_s * 100.0
                             )),
                             if s.errors > 0 { format!("  {} errors", s.errors) } else { String::new() },
                         ));
@@ -675,6 +710,7 @@ fn run(h: &mut Harness, peers: &[Peer]) -> anyhow::Result<()> {
             drain_idle: h.args.drain_idle,
             drain_slow: h.args.drain_slow,
             drain_slow_ms: h.args.drain_slow_ms,
+            pair_cpu_millicores: h.args.pair_cpu_limit,
         },
         versions,
         unavailable,

@@ -58,6 +58,18 @@ fn times(x: Option<f64>) -> String {
     x.map_or("–".into(), |x| format!("{x:.2}x"))
 }
 
+/// The app's share of its core over a cell's rounds, median: with the
+/// proxy's, it shows whether the pair used all of its limit (it must, or
+/// the load generator was the bottleneck).
+fn app_share(c: &Cell) -> Option<f64> {
+    let shares: Vec<f64> = c
+        .samples
+        .iter()
+        .filter_map(|s| Some(s.app_cpu_s? / s.wall_s))
+        .collect();
+    crate::stats::Spread::of(&shares).map(|s| s.median)
+}
+
 /// The targets of these families, judged on the medians.
 pub fn judge(r: &Report) -> Vec<String> {
     let us = Peer::Kubegrace.name();
@@ -72,15 +84,22 @@ pub fn judge(r: &Report) -> Vec<String> {
             continue;
         };
         let (vs_nginx, vs_haproxy) = (ratio(ours, rps(nginx)), ratio(ours, rps(haproxy)));
-        let share = s.peers.get(us).and_then(|c| c.proxy_cpu).map(|u| u.median);
+        let cell = s.peers.get(us);
+        let share = cell.and_then(|c| c.proxy_cpu).map(|u| u.median);
+        let app_share = cell.and_then(app_share);
+        let limit = match r.settings.pair_cpu_millicores {
+            0 => "no limit but the core".to_string(),
+            m => format!("the pair limited to {m}m"),
+        };
         verdicts.push(format!(
-            "{}: the pair's throughput at least {SHARED_CORE_TARGET}x nginx, {}: kubegrace {} req/s, {} nginx, {} HAProxy (kubegrace's share of the core {})",
+            "{}: the pair's throughput at least {SHARED_CORE_TARGET}x nginx, {}: kubegrace {} req/s, {} nginx, {} HAProxy (kubegrace {} and the app {} of the core, {limit})",
             verdict(vs_nginx.is_some_and(|x| x >= SHARED_CORE_TARGET)),
             s.title,
             num(ours),
             times(vs_nginx),
             times(vs_haproxy),
             share.map_or("–".into(), |u| format!("{:.0}%", u * 100.0)),
+            app_share.map_or("–".into(), |u| format!("{:.0}%", u * 100.0)),
         ));
     }
     for d in SCENARIOS.iter().filter(|d| d.is_grpc()) {
@@ -148,10 +167,23 @@ pub fn tables(m: &mut String, r: &Report, peers: &[&str]) {
         let _ = writeln!(
             m,
             "\n### The proxy and the app on one core\n\n\
-             The proxy and bench-upstream both on CPU {} (a pod with one CPU), the load \
+             The proxy and bench-upstream both on CPU {} (a pod with one CPU){}, the load \
              generator alone on CPU {}; `direct` is the app alone on that core. The figure \
-             is the pair's throughput; the proxy's share of the core beside it.\n",
-            r.settings.proxy_cpus, r.settings.load_cpus
+             is the pair's throughput; the proxy's share of the core beside it.{}\n",
+            r.settings.proxy_cpus,
+            match r.settings.pair_cpu_millicores {
+                0 => String::new(),
+                m => format!(
+                    " and limited together to {m}m of it (a CFS quota, as a pod's CPU limit)"
+                ),
+            },
+            r.settings.load_cpus,
+            if r.settings.pair_cpu_millicores > 0 {
+                " The quota throttles every peer alike, so the p99 columns here show the 100 ms \
+                 period rather than the proxies."
+            } else {
+                ""
+            },
         );
         for s in shared {
             family_table(m, &s.title, s, peers);
@@ -258,7 +290,7 @@ fn family_table(m: &mut String, title: &str, s: &super::ScenarioResult, peers: &
 mod tests {
     use super::*;
     use crate::report::{Sample, ScenarioResult};
-    use crate::scenario::{GRPC_UNARY, SHARED_KEEPALIVE};
+    use crate::scenario::{GRPC_UNARY, SHARED_KEEPALIVE, SHARED_NEW_CONNECTION};
     use std::collections::BTreeMap;
 
     fn cell(rps: f64, cpu_s: f64) -> Cell {
@@ -272,6 +304,7 @@ mod tests {
             cpu_s: Some(cpu_s),
             wall_s: 4.0,
             rss_kib: None,
+            app_cpu_s: None,
         };
         Cell::from_samples(vec![sample]).expect("a cell")
     }
@@ -322,6 +355,33 @@ mod tests {
             judge(&below)[0].starts_with("MISSED"),
             "{:?}",
             judge(&below)
+        );
+    }
+
+    #[test]
+    fn the_shared_core_verdict_shows_whether_the_pair_used_its_limit() {
+        let mut r = report(
+            SHARED_NEW_CONNECTION,
+            &[("kubegrace", 28_000.0, 1.44), ("nginx", 21_000.0, 1.56)],
+        );
+        // Without a limit, and with no app CPU recorded (older runs).
+        assert!(
+            judge(&r)[0]
+                .ends_with("(kubegrace 36% and the app – of the core, no limit but the core)"),
+            "{:?}",
+            judge(&r)
+        );
+        r.settings.pair_cpu_millicores = 500;
+        let cell = r.scenarios[0]
+            .peers
+            .get_mut("kubegrace")
+            .expect("kubegrace");
+        cell.samples[0].app_cpu_s = Some(0.56);
+        assert!(
+            judge(&r)[0]
+                .ends_with("(kubegrace 36% and the app 14% of the core, the pair limited to 500m)"),
+            "{:?}",
+            judge(&r)
         );
     }
 

@@ -32,6 +32,10 @@ pub struct Sample {
     pub wall_s: f64,
     /// Proxy VmRSS sampled near the end of the round, while loaded.
     pub rss_kib: Option<u64>,
+    /// CPU seconds the app used during the round, in the scenarios where
+    /// it shares the proxy's core (absent elsewhere and in older runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app_cpu_s: Option<f64>,
 }
 
 /// How a peer compares with a reference peer (direct or nginx), medians.
@@ -231,6 +235,10 @@ pub struct Settings {
     pub drain_idle: u32,
     pub drain_slow: u32,
     pub drain_slow_ms: u64,
+    /// The CPU limit of the proxy and the app together in the shared-core
+    /// scenarios, millicores; 0 (and runs before it existed): the whole core.
+    #[serde(default)]
+    pub pair_cpu_millicores: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -496,6 +504,7 @@ mod tests {
             cpu_s: Some(cpu),
             wall_s: 5.0,
             rss_kib: Some(10_000),
+            app_cpu_s: None,
         }
     }
 
@@ -551,6 +560,7 @@ mod tests {
                 drain_idle: 1000,
                 drain_slow: 100,
                 drain_slow_ms: 1000,
+                pair_cpu_millicores: 0,
             },
             versions: BTreeMap::new(),
             unavailable: BTreeMap::new(),

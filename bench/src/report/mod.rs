@@ -29,13 +29,13 @@ pub struct Sample {
     pub errors: u64,
     /// CPU seconds the proxy used during the round (none for direct).
     pub cpu_s: Option<f64>,
+    /// And the app's, where it shares the proxy's core (none elsewhere,
+    /// and in runs before it was measured).
+    #[serde(default)]
+    pub app_cpu_s: Option<f64>,
     pub wall_s: f64,
     /// Proxy VmRSS sampled near the end of the round, while loaded.
     pub rss_kib: Option<u64>,
-    /// CPU seconds the app used during the round, in the scenarios where
-    /// it shares the proxy's core (absent elsewhere and in older runs).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub app_cpu_s: Option<f64>,
 }
 
 /// How a peer compares with a reference peer (direct or nginx), medians.

@@ -42,18 +42,51 @@ impl Drop for OpenStream {
 }
 
 /// An HTTP/2 body as it comes in: a client's request, or the app's answer
-/// (upstream/h2conn.rs). Flow-control capacity goes back to the sender as
-/// each chunk is taken, as hyper does (upstream/h2.rs counts on it).
+/// (upstream/h2conn.rs). Flow-control capacity goes back to the sender for
+/// the chunks taken, as hyper does (upstream/h2.rs counts on it): a
+/// request's chunk by chunk, an answer's once per run of chunks (see
+/// [`H2Body::answer`]).
 pub struct H2Body {
     recv: RecvStream,
     /// Content-Length still to come, for an exact size hint (the app's
     /// HTTP/1 request then carries a length instead of chunks).
     remaining: Option<u64>,
     data_done: bool,
+    /// Bytes taken whose capacity is not given back yet.
+    unreleased: usize,
+    /// Given back once `unreleased` reaches this (0: every chunk).
+    release_every: usize,
 }
 
+/// An answer's most taken and not yet given back: one frame of 16 KiB
+/// (the `max_frame_size` the proxy announces), so a large answer gives
+/// back per frame as before and a stream of small messages (gRPC) once per
+/// run of them. Releasing took h2's connection lock and did its window
+/// bookkeeping for every frame.
+const ANSWER_RELEASE_EVERY: usize = 16 * 1024;
+
 impl H2Body {
+    /// A client's request body: each chunk's capacity goes back as it is
+    /// taken. Not batched: the pipe to the app stops polling it at its last
+    /// chunk, and h2 gives back what was not released only when the whole
+    /// stream is done (its answer sent), so a batch held there would keep
+    /// part of the client's connection window for the app's whole answer.
     pub(crate) fn new(recv: RecvStream, headers: &HeaderMap) -> Self {
+        Self::with_release(recv, headers, 0)
+    }
+
+    /// The app's answer: capacity goes back when h2 has no more of it at
+    /// hand, when it ends, or past [`ANSWER_RELEASE_EVERY`] bytes. That is
+    /// never before the chunks were taken, so the app gets no further
+    /// ahead of the client than before; an answer that waits for more has
+    /// given everything back, so the app never waits for a window held
+    /// here; and one that ends unpolled (the pump stops at its last frame)
+    /// is dropped with its stream, when h2 gives back the rest.
+    pub(crate) fn answer(recv: RecvStream, headers: &HeaderMap) -> Self {
+        Self::with_release(recv, headers, ANSWER_RELEASE_EVERY)
+    }
+
+    fn with_release(recv: RecvStream, headers: &HeaderMap, release_every: usize) -> Self {
         let remaining = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
@@ -62,6 +95,16 @@ impl H2Body {
             recv,
             remaining,
             data_done: false,
+            unreleased: 0,
+            release_every,
+        }
+    }
+
+    /// Gives the capacity of the chunks taken back to the sender.
+    fn release(&mut self) {
+        if self.unreleased != 0 {
+            let _ = self.recv.flow_control().release_capacity(self.unreleased);
+            self.unreleased = 0;
         }
     }
 }
@@ -78,15 +121,26 @@ impl Body for H2Body {
         if !this.data_done {
             match this.recv.poll_data(cx) {
                 Poll::Ready(Some(Ok(data))) => {
-                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    this.unreleased += data.len();
+                    if this.unreleased >= this.release_every {
+                        this.release();
+                    }
                     if let Some(remaining) = this.remaining.as_mut() {
                         *remaining = remaining.saturating_sub(data.len() as u64);
                     }
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
                 Poll::Ready(Some(Err(err))) => return Poll::Ready(Some(Err(err))),
-                Poll::Ready(None) => this.data_done = true,
-                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => {
+                    this.data_done = true;
+                    this.release();
+                }
+                Poll::Pending => {
+                    // Nothing more at hand: the sender gets back the window
+                    // of all that was taken, or it might wait for it.
+                    this.release();
+                    return Poll::Pending;
+                }
             }
         }
         match this.recv.poll_trailers(cx) {

@@ -373,6 +373,15 @@ async fn withheld(
     capacity(send, rest).await
 }
 
+/// How many bytes of an answer go into h2 between two looks at the
+/// client's window: one frame of 16 KiB (the most the proxy's own
+/// frames carry). A look (`reserve_capacity` and `capacity`) takes h2's
+/// connection lock twice and its capacity bookkeeping; before every chunk
+/// of a stream of small messages (gRPC), most of what the relay itself
+/// cost per message. What h2 holds for a client that stops reading is
+/// still bounded: its window, at most this much more, and one chunk.
+const LOOK_AT_WINDOW_EVERY: usize = 16 * 1024;
+
 /// What polling a response body gives.
 type BodyFrame = Option<Result<Frame<Bytes>, crate::Error>>;
 
@@ -406,6 +415,9 @@ async fn pump(
     affinity: &Affinity,
 ) -> Pumped {
     let write_timeout = end.wire.write_timeout;
+    // Bytes queued since the client's window was last seen open; the
+    // window is looked at before the first chunk.
+    let mut unlooked = LOOK_AT_WINDOW_EVERY;
     loop {
         let Some(frame) = std::future::poll_fn(|cx| next_frame(body, send, cx)).await else {
             return Pumped::Done;
@@ -427,9 +439,16 @@ async fn pump(
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => {
                     // As hyper: wait for any send capacity, then queue the
-                    // whole chunk (h2 bounds what it buffers per stream).
-                    send.reserve_capacity(1);
-                    if send.capacity() == 0 {
+                    // whole chunk (h2 queues what the window does not
+                    // cover). But not before every chunk: only once
+                    // [`LOOK_AT_WINDOW_EVERY`] bytes went since the client's
+                    // window was last seen open.
+                    let look = unlooked >= LOOK_AT_WINDOW_EVERY;
+                    if look {
+                        unlooked = 0;
+                        send.reserve_capacity(1);
+                    }
+                    if look && send.capacity() == 0 {
                         match withheld(end, send, write_timeout, affinity).await {
                             Capacity::Some => {}
                             Capacity::TimedOut => {
@@ -444,6 +463,7 @@ async fn pump(
                             Capacity::Gone => return Pumped::Done,
                         }
                     }
+                    unlooked += data.len();
                     let last = body.is_end_stream();
                     if last {
                         end.ending();

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -382,6 +382,63 @@ async fn withheld(
 /// still bounded: its window, at most this much more, and one chunk.
 const LOOK_AT_WINDOW_EVERY: usize = 16 * 1024;
 
+/// A chunk of an answer below this is small: the small chunks the body
+/// has at hand together go to h2 as one (see [`gather`]).
+const SMALL_CHUNK: usize = 1024;
+/// The most one gathered chunk holds: one frame of 16 KiB.
+const GATHER_MAX: usize = 16 * 1024;
+/// The first buffer of a gathered chunk, when its parts need less: a
+/// burst of gRPC messages fits.
+const GATHER_FIRST: usize = 1024;
+
+/// What came after the data [`gather`] returns.
+enum After {
+    /// Not looked at (a large chunk goes as it is).
+    Unknown,
+    /// Nothing yet: the body waits for the app.
+    Pending,
+    /// The body ended: the data is its last.
+    Ended,
+    /// A frame that did not join the data (trailers, a large chunk, an
+    /// error): it goes next.
+    Next(BodyFrame),
+}
+
+/// Joins the small chunks the body has at hand after `first` into one,
+/// up to [`GATHER_MAX`] bytes: an app streaming small messages (gRPC, its
+/// bursts of replies) then costs one DATA frame per burst to the client,
+/// not one per message (h2's `send_data`, its queueing and its write of a
+/// frame were most of what relaying a message cost), as HAProxy's and
+/// nginx's buffers do. Only what is already there is joined, so no chunk
+/// waits for another; the messages in a gRPC stream are framed by their
+/// own length prefixes, never by HTTP/2's frames. Tells also whether the
+/// body ended right after, so the last DATA frame carries END_STREAM
+/// without asking h2 again.
+fn gather(first: Bytes, body: &mut ProxyBody, cx: &mut Context<'_>) -> (Bytes, After) {
+    let mut joined: Option<BytesMut> = None;
+    let after = loop {
+        let len = joined.as_ref().map_or(first.len(), BytesMut::len);
+        match Pin::new(&mut *body).poll_frame(cx) {
+            Poll::Pending => break After::Pending,
+            Poll::Ready(None) => break After::Ended,
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(more) if more.len() < SMALL_CHUNK && len + more.len() <= GATHER_MAX => {
+                    let buf = joined.get_or_insert_with(|| {
+                        let mut buf = BytesMut::with_capacity(GATHER_FIRST.max(len + more.len()));
+                        buf.extend_from_slice(&first);
+                        buf
+                    });
+                    buf.extend_from_slice(&more);
+                }
+                Ok(more) => break After::Next(Some(Ok(Frame::data(more)))),
+                Err(frame) => break After::Next(Some(Ok(frame))),
+            },
+            Poll::Ready(Some(Err(err))) => break After::Next(Some(Err(err))),
+        }
+    };
+    (joined.map_or(first, BytesMut::freeze), after)
+}
+
 /// What polling a response body gives.
 type BodyFrame = Option<Result<Frame<Bytes>, crate::Error>>;
 
@@ -418,9 +475,15 @@ async fn pump(
     // Bytes queued since the client's window was last seen open; the
     // window is looked at before the first chunk.
     let mut unlooked = LOOK_AT_WINDOW_EVERY;
+    // A frame [`gather`] took that goes next.
+    let mut taken: Option<BodyFrame> = None;
     loop {
-        let Some(frame) = std::future::poll_fn(|cx| next_frame(body, send, cx)).await else {
-            return Pumped::Done;
+        let frame = match taken.take() {
+            Some(frame) => frame,
+            None => match std::future::poll_fn(|cx| next_frame(body, send, cx)).await {
+                Some(frame) => frame,
+                None => return Pumped::Done,
+            },
         };
         match frame {
             None => {
@@ -438,6 +501,15 @@ async fn pump(
             }
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => {
+                    let (data, after) = if data.len() < SMALL_CHUNK {
+                        let mut first = Some(data);
+                        std::future::poll_fn(|cx| {
+                            Poll::Ready(gather(first.take().unwrap_or_default(), body, cx))
+                        })
+                        .await
+                    } else {
+                        (data, After::Unknown)
+                    };
                     // As hyper: wait for any send capacity, then queue the
                     // whole chunk (h2 queues what the window does not
                     // cover). But not before every chunk: only once
@@ -464,7 +536,15 @@ async fn pump(
                         }
                     }
                     unlooked += data.len();
-                    let last = body.is_end_stream();
+                    let last = match after {
+                        After::Ended => true,
+                        After::Unknown => body.is_end_stream(),
+                        After::Pending => false,
+                        After::Next(frame) => {
+                            taken = Some(frame);
+                            false
+                        }
+                    };
                     if last {
                         end.ending();
                     }

@@ -156,13 +156,16 @@ impl Body for H2Body {
     }
 
     fn size_hint(&self) -> SizeHint {
+        // A declared length first: it needs no look at h2's state (its
+        // connection lock). A stream that ends short of it is an error in
+        // h2 (a reset), not a shorter body.
+        if let Some(n) = self.remaining {
+            return SizeHint::with_exact(n);
+        }
         if self.recv.is_end_stream() {
             return SizeHint::with_exact(0);
         }
-        match self.remaining {
-            Some(n) => SizeHint::with_exact(n),
-            None => SizeHint::default(),
-        }
+        SizeHint::default()
     }
 }
 
@@ -379,7 +382,8 @@ async fn withheld(
 /// connection lock twice and its capacity bookkeeping; before every chunk
 /// of a stream of small messages (gRPC), most of what the relay itself
 /// cost per message. What h2 holds for a client that stops reading is
-/// still bounded: its window, at most this much more, and one chunk.
+/// still bounded: its window, at most this much more, and one chunk (at
+/// most 16 KiB, gathered or not).
 const LOOK_AT_WINDOW_EVERY: usize = 16 * 1024;
 
 /// A chunk of an answer below this is small: the small chunks the body
@@ -501,15 +505,6 @@ async fn pump(
             }
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => {
-                    let (data, after) = if data.len() < SMALL_CHUNK {
-                        let mut first = Some(data);
-                        std::future::poll_fn(|cx| {
-                            Poll::Ready(gather(first.take().unwrap_or_default(), body, cx))
-                        })
-                        .await
-                    } else {
-                        (data, After::Unknown)
-                    };
                     // As hyper: wait for any send capacity, then queue the
                     // whole chunk (h2 queues what the window does not
                     // cover). But not before every chunk: only once
@@ -535,6 +530,23 @@ async fn pump(
                             Capacity::Gone => return Pumped::Done,
                         }
                     }
+                    // Gathered after the wait, not before: nothing awaits
+                    // between the body's end (which ends the request's
+                    // accounting, proxy/body.rs) and its last frame going
+                    // to h2, and what came meanwhile joins.
+                    // Not for a body whose declared length is all here:
+                    // it has nothing more to join, and looking costs more
+                    // than asking whether it ended.
+                    let (data, after) =
+                        if data.len() < SMALL_CHUNK && body.size_hint().exact() != Some(0) {
+                            let mut first = Some(data);
+                            std::future::poll_fn(|cx| {
+                                Poll::Ready(gather(first.take().unwrap_or_default(), body, cx))
+                            })
+                            .await
+                        } else {
+                            (data, After::Unknown)
+                        };
                     unlooked += data.len();
                     let last = match after {
                         After::Ended => true,

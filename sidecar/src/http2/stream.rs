@@ -8,13 +8,12 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
 
 use super::wire::Wire;
 use crate::proxy::{ConnCtx, ProxyBody};
@@ -43,18 +42,51 @@ impl Drop for OpenStream {
 }
 
 /// An HTTP/2 body as it comes in: a client's request, or the app's answer
-/// (upstream/h2conn.rs). Flow-control capacity goes back to the sender as
-/// each chunk is taken, as hyper does (upstream/h2.rs counts on it).
+/// (upstream/h2conn.rs). Flow-control capacity goes back to the sender for
+/// the chunks taken, as hyper does (upstream/h2.rs counts on it): a
+/// request's chunk by chunk, an answer's once per run of chunks (see
+/// [`H2Body::answer`]).
 pub struct H2Body {
     recv: RecvStream,
     /// Content-Length still to come, for an exact size hint (the app's
     /// HTTP/1 request then carries a length instead of chunks).
     remaining: Option<u64>,
     data_done: bool,
+    /// Bytes taken whose capacity is not given back yet.
+    unreleased: usize,
+    /// Given back once `unreleased` reaches this (0: every chunk).
+    release_every: usize,
 }
 
+/// An answer's most taken and not yet given back: one frame of 16 KiB
+/// (the `max_frame_size` the proxy announces), so a large answer gives
+/// back per frame as before and a stream of small messages (gRPC) once per
+/// run of them. Releasing took h2's connection lock and did its window
+/// bookkeeping for every frame.
+const ANSWER_RELEASE_EVERY: usize = 16 * 1024;
+
 impl H2Body {
+    /// A client's request body: each chunk's capacity goes back as it is
+    /// taken. Not batched: the pipe to the app stops polling it at its last
+    /// chunk, and h2 gives back what was not released only when the whole
+    /// stream is done (its answer sent), so a batch held there would keep
+    /// part of the client's connection window for the app's whole answer.
     pub(crate) fn new(recv: RecvStream, headers: &HeaderMap) -> Self {
+        Self::with_release(recv, headers, 0)
+    }
+
+    /// The app's answer: capacity goes back when h2 has no more of it at
+    /// hand, when it ends, or past [`ANSWER_RELEASE_EVERY`] bytes. That is
+    /// never before the chunks were taken, so the app gets no further
+    /// ahead of the client than before; an answer that waits for more has
+    /// given everything back, so the app never waits for a window held
+    /// here; and one that ends unpolled (the pump stops at its last frame)
+    /// is dropped with its stream, when h2 gives back the rest.
+    pub(crate) fn answer(recv: RecvStream, headers: &HeaderMap) -> Self {
+        Self::with_release(recv, headers, ANSWER_RELEASE_EVERY)
+    }
+
+    fn with_release(recv: RecvStream, headers: &HeaderMap, release_every: usize) -> Self {
         let remaining = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
@@ -63,6 +95,16 @@ impl H2Body {
             recv,
             remaining,
             data_done: false,
+            unreleased: 0,
+            release_every,
+        }
+    }
+
+    /// Gives the capacity of the chunks taken back to the sender.
+    fn release(&mut self) {
+        if self.unreleased != 0 {
+            let _ = self.recv.flow_control().release_capacity(self.unreleased);
+            self.unreleased = 0;
         }
     }
 }
@@ -79,15 +121,26 @@ impl Body for H2Body {
         if !this.data_done {
             match this.recv.poll_data(cx) {
                 Poll::Ready(Some(Ok(data))) => {
-                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    this.unreleased += data.len();
+                    if this.unreleased >= this.release_every {
+                        this.release();
+                    }
                     if let Some(remaining) = this.remaining.as_mut() {
                         *remaining = remaining.saturating_sub(data.len() as u64);
                     }
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
                 Poll::Ready(Some(Err(err))) => return Poll::Ready(Some(Err(err))),
-                Poll::Ready(None) => this.data_done = true,
-                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => {
+                    this.data_done = true;
+                    this.release();
+                }
+                Poll::Pending => {
+                    // Nothing more at hand: the sender gets back the window
+                    // of all that was taken, or it might wait for it.
+                    this.release();
+                    return Poll::Pending;
+                }
             }
         }
         match this.recv.poll_trailers(cx) {
@@ -103,13 +156,16 @@ impl Body for H2Body {
     }
 
     fn size_hint(&self) -> SizeHint {
+        // A declared length first: it needs no look at h2's state (its
+        // connection lock). A stream that ends short of it is an error in
+        // h2 (a reset), not a shorter body.
+        if let Some(n) = self.remaining {
+            return SizeHint::with_exact(n);
+        }
         if self.recv.is_end_stream() {
             return SizeHint::with_exact(0);
         }
-        match self.remaining {
-            Some(n) => SizeHint::with_exact(n),
-            None => SizeHint::default(),
-        }
+        SizeHint::default()
     }
 }
 
@@ -320,6 +376,93 @@ async fn withheld(
     capacity(send, rest).await
 }
 
+/// How many bytes of an answer go into h2 between two looks at the
+/// client's window: one frame of 16 KiB (the most the proxy's own
+/// frames carry). A look (`reserve_capacity` and `capacity`) takes h2's
+/// connection lock twice and its capacity bookkeeping; before every chunk
+/// of a stream of small messages (gRPC), most of what the relay itself
+/// cost per message. What h2 holds for a client that stops reading is
+/// still bounded: its window, at most this much more, and one chunk (at
+/// most 16 KiB, gathered or not).
+const LOOK_AT_WINDOW_EVERY: usize = 16 * 1024;
+
+/// A chunk of an answer below this is small: the small chunks the body
+/// has at hand together go to h2 as one (see [`gather`]).
+const SMALL_CHUNK: usize = 1024;
+/// The most one gathered chunk holds: one frame of 16 KiB.
+const GATHER_MAX: usize = 16 * 1024;
+/// The first buffer of a gathered chunk, when its parts need less: a
+/// burst of gRPC messages fits.
+const GATHER_FIRST: usize = 1024;
+
+/// What came after the data [`gather`] returns.
+enum After {
+    /// Not looked at (a large chunk goes as it is).
+    Unknown,
+    /// Nothing yet: the body waits for the app.
+    Pending,
+    /// The body ended: the data is its last.
+    Ended,
+    /// A frame that did not join the data (trailers, a large chunk, an
+    /// error): it goes next.
+    Next(BodyFrame),
+}
+
+/// Joins the small chunks the body has at hand after `first` into one,
+/// up to [`GATHER_MAX`] bytes: an app streaming small messages (gRPC, its
+/// bursts of replies) then costs one DATA frame per burst to the client,
+/// not one per message (h2's `send_data`, its queueing and its write of a
+/// frame were most of what relaying a message cost), as HAProxy's and
+/// nginx's buffers do. Only what is already there is joined, so no chunk
+/// waits for another; the messages in a gRPC stream are framed by their
+/// own length prefixes, never by HTTP/2's frames. Tells also whether the
+/// body ended right after, so the last DATA frame carries END_STREAM
+/// without asking h2 again.
+fn gather(first: Bytes, body: &mut ProxyBody, cx: &mut Context<'_>) -> (Bytes, After) {
+    let mut joined: Option<BytesMut> = None;
+    let after = loop {
+        let len = joined.as_ref().map_or(first.len(), BytesMut::len);
+        match Pin::new(&mut *body).poll_frame(cx) {
+            Poll::Pending => break After::Pending,
+            Poll::Ready(None) => break After::Ended,
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(more) if more.len() < SMALL_CHUNK && len + more.len() <= GATHER_MAX => {
+                    let buf = joined.get_or_insert_with(|| {
+                        let mut buf = BytesMut::with_capacity(GATHER_FIRST.max(len + more.len()));
+                        buf.extend_from_slice(&first);
+                        buf
+                    });
+                    buf.extend_from_slice(&more);
+                }
+                Ok(more) => break After::Next(Some(Ok(Frame::data(more)))),
+                Err(frame) => break After::Next(Some(Ok(frame))),
+            },
+            Poll::Ready(Some(Err(err))) => break After::Next(Some(Err(err))),
+        }
+    };
+    (joined.map_or(first, BytesMut::freeze), after)
+}
+
+/// What polling a response body gives.
+type BodyFrame = Option<Result<Frame<Bytes>, crate::Error>>;
+
+/// The body's next frame, or `None` once the client reset the stream.
+/// The body first: a frame at hand goes out (and `send_data` fails on a
+/// reset stream), so the reset is looked at (and the wake-up for it
+/// registered) only while the body has nothing. Polling both on every
+/// frame, in `select!`'s random order, took h2's connection lock once more
+/// for about every other frame of a streamed answer.
+fn next_frame(
+    body: &mut ProxyBody,
+    send: &mut SendStream<Bytes>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<BodyFrame>> {
+    match Pin::new(body).poll_frame(cx) {
+        Poll::Ready(frame) => Poll::Ready(Some(frame)),
+        Poll::Pending => send.poll_reset(cx).map(|_| None),
+    }
+}
+
 /// Sends the body; on the client's reset it stops (dropping the body
 /// drops the app's response with it). A client that gives no window for
 /// `limits.writeTimeout` gets RST_STREAM(CANCEL): its unread answer would
@@ -333,10 +476,18 @@ async fn pump(
     affinity: &Affinity,
 ) -> Pumped {
     let write_timeout = end.wire.write_timeout;
+    // Bytes queued since the client's window was last seen open; the
+    // window is looked at before the first chunk.
+    let mut unlooked = LOOK_AT_WINDOW_EVERY;
+    // A frame [`gather`] took that goes next.
+    let mut taken: Option<BodyFrame> = None;
     loop {
-        let frame = tokio::select! {
-            frame = body.frame() => frame,
-            _ = std::future::poll_fn(|cx| send.poll_reset(cx)) => return Pumped::Done,
+        let frame = match taken.take() {
+            Some(frame) => frame,
+            None => match std::future::poll_fn(|cx| next_frame(body, send, cx)).await {
+                Some(frame) => frame,
+                None => return Pumped::Done,
+            },
         };
         match frame {
             None => {
@@ -355,9 +506,16 @@ async fn pump(
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => {
                     // As hyper: wait for any send capacity, then queue the
-                    // whole chunk (h2 bounds what it buffers per stream).
-                    send.reserve_capacity(1);
-                    if send.capacity() == 0 {
+                    // whole chunk (h2 queues what the window does not
+                    // cover). But not before every chunk: only once
+                    // [`LOOK_AT_WINDOW_EVERY`] bytes went since the client's
+                    // window was last seen open.
+                    let look = unlooked >= LOOK_AT_WINDOW_EVERY;
+                    if look {
+                        unlooked = 0;
+                        send.reserve_capacity(1);
+                    }
+                    if look && send.capacity() == 0 {
                         match withheld(end, send, write_timeout, affinity).await {
                             Capacity::Some => {}
                             Capacity::TimedOut => {
@@ -372,7 +530,33 @@ async fn pump(
                             Capacity::Gone => return Pumped::Done,
                         }
                     }
-                    let last = body.is_end_stream();
+                    // Gathered after the wait, not before: nothing awaits
+                    // between the body's end (which ends the request's
+                    // accounting, proxy/body.rs) and its last frame going
+                    // to h2, and what came meanwhile joins.
+                    // Not for a body whose declared length is all here:
+                    // it has nothing more to join, and looking costs more
+                    // than asking whether it ended.
+                    let (data, after) =
+                        if data.len() < SMALL_CHUNK && body.size_hint().exact() != Some(0) {
+                            let mut first = Some(data);
+                            std::future::poll_fn(|cx| {
+                                Poll::Ready(gather(first.take().unwrap_or_default(), body, cx))
+                            })
+                            .await
+                        } else {
+                            (data, After::Unknown)
+                        };
+                    unlooked += data.len();
+                    let last = match after {
+                        After::Ended => true,
+                        After::Unknown => body.is_end_stream(),
+                        After::Pending => false,
+                        After::Next(frame) => {
+                            taken = Some(frame);
+                            false
+                        }
+                    };
                     if last {
                         end.ending();
                     }

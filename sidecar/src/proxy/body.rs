@@ -108,7 +108,11 @@ impl ProxyBody {
     /// server stops polling as soon as `is_end_stream` says so, so this
     /// cannot wait for the final `None`.
     fn release_if_read(&mut self) {
-        if let Inner::Upstream(body) = &self.inner
+        // The pooled connection first: an HTTP/2 answer has none, and
+        // asking its body whether it ended takes h2's connection lock (on
+        // every frame of a streamed answer).
+        if self.pool_return.is_some()
+            && let Inner::Upstream(body) = &self.inner
             && body.is_end_stream()
             && let Some(pool_return) = self.pool_return.take()
         {

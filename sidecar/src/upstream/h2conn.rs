@@ -180,7 +180,7 @@ impl H2Sender {
             self.0.exec.run(Box::pin(pipe));
         }
         let (parts, recv) = answer.into_parts();
-        let body = H2Body::new(recv, &parts.headers);
+        let body = H2Body::answer(recv, &parts.headers);
         Ok(Response::from_parts(parts, body))
     }
 }

@@ -475,6 +475,38 @@ fn unpad(header: FrameHeader, payload: &[u8], fixed: usize) -> Result<(&[u8], &[
     Ok((fields, &content[..keep]))
 }
 
+/// Writes a header block as one HEADERS frame and as many CONTINUATIONs
+/// as the peer's SETTINGS_MAX_FRAME_SIZE requires, back to back: §6.10
+/// allows no other frame between them on the connection.
+pub(crate) fn write_header_block(
+    stream: u32,
+    end_stream: bool,
+    block: &[u8],
+    max_frame_size: u32,
+    out: &mut Vec<u8>,
+) {
+    let max = max_frame_size.clamp(DEFAULT_MAX_FRAME_SIZE, MAX_FRAME_SIZE_LIMIT) as usize;
+    let (first, mut rest) = block.split_at(block.len().min(max));
+    Frame::Headers {
+        stream,
+        end_stream,
+        end_headers: rest.is_empty(),
+        priority: None,
+        block: first,
+    }
+    .write(out);
+    while !rest.is_empty() {
+        let (chunk, tail) = rest.split_at(rest.len().min(max));
+        rest = tail;
+        Frame::Continuation {
+            stream,
+            end_headers: rest.is_empty(),
+            block: chunk,
+        }
+        .write(out);
+    }
+}
+
 impl Frame<'_> {
     /// Appends the frame, header included. DATA and HEADERS are written
     /// unpadded. The caller keeps payloads within the peer's

@@ -202,7 +202,8 @@ fn push_promise_is_refused() {
 #[test]
 fn padding_may_fill_the_payload_but_not_exceed_it() {
     // Pad length 3, 2 octets of data, 3 of padding.
-    let f = read(&frame(DATA, FLAG_PADDED, 1, &[3, b'h', b'i', 0, 0, 0])).expect("padded");
+    let wire = frame(DATA, FLAG_PADDED, 1, &[3, b'h', b'i', 0, 0, 0]);
+    let f = read(&wire).expect("padded");
     assert_eq!(
         f,
         Frame::Data {
@@ -213,7 +214,8 @@ fn padding_may_fill_the_payload_but_not_exceed_it() {
         }
     );
     // All padding: legal, empty data, the whole payload still counted.
-    let f = read(&frame(DATA, FLAG_PADDED, 1, &[3, 0, 0, 0])).expect("all padding");
+    let wire = frame(DATA, FLAG_PADDED, 1, &[3, 0, 0, 0]);
+    let f = read(&wire).expect("all padding");
     assert!(matches!(
         f,
         Frame::Data {
@@ -234,7 +236,8 @@ fn padding_may_fill_the_payload_but_not_exceed_it() {
     // HEADERS: padding and priority together; the padding may not eat
     // into the priority fields.
     let payload = [2, 0, 0, 0, 3, 15, 0x82, 0, 0];
-    let f = read(&frame(HEADERS, FLAG_PADDED | FLAG_PRIORITY, 1, &payload)).expect("headers");
+    let wire = frame(HEADERS, FLAG_PADDED | FLAG_PRIORITY, 1, &payload);
+    let f = read(&wire).expect("headers");
     let want_priority = Priority {
         exclusive: false,
         dependency: 3,
@@ -366,7 +369,8 @@ fn a_setting_named_twice_keeps_the_later_value() {
         p.extend_from_slice(&SETTINGS_MAX_CONCURRENT_STREAMS.to_be_bytes());
         p.extend_from_slice(&value.to_be_bytes());
     }
-    let f = read(&frame(SETTINGS, 0, 0, &p)).expect("settings");
+    let wire = frame(SETTINGS, 0, 0, &p);
+    let f = read(&wire).expect("settings");
     assert!(
         matches!(f, Frame::Settings { settings, .. } if settings.max_concurrent_streams == Some(7))
     );
@@ -374,13 +378,13 @@ fn a_setting_named_twice_keeps_the_later_value() {
 
 #[test]
 fn goaway_and_rst_keep_unknown_codes_and_drop_the_reserved_bit() {
-    let f = read(&frame(
+    let wire = frame(
         GOAWAY,
         0,
         0,
         &[0xff, 0xff, 0xff, 0xff, 0, 0, 0x12, 0x34, b'x'],
-    ))
-    .expect("goaway");
+    );
+    let f = read(&wire).expect("goaway");
     assert_eq!(
         f,
         Frame::GoAway {
@@ -389,7 +393,8 @@ fn goaway_and_rst_keep_unknown_codes_and_drop_the_reserved_bit() {
             debug: b"x",
         }
     );
-    let f = read(&frame(RST_STREAM, 0, 1, &[0, 0, 0, 0xff])).expect("rst");
+    let wire = frame(RST_STREAM, 0, 1, &[0, 0, 0, 0xff]);
+    let f = read(&wire).expect("rst");
     assert_eq!(
         f,
         Frame::RstStream {
@@ -397,4 +402,49 @@ fn goaway_and_rst_keep_unknown_codes_and_drop_the_reserved_bit() {
             code: ErrorCode(0xff),
         }
     );
+}
+
+#[test]
+fn a_large_header_block_is_split_into_continuations() {
+    let block: Vec<u8> = (0..40_000u32).map(|i| i as u8).collect();
+    let mut wire = Vec::new();
+    write_header_block(3, true, &block, DEFAULT_MAX_FRAME_SIZE, &mut wire);
+    let mut rest = &wire[..];
+    let mut joined = Vec::new();
+    let mut frames = Vec::new();
+    while !rest.is_empty() {
+        let head: &[u8; HEADER_LEN] = rest[..HEADER_LEN].try_into().expect("9 octets");
+        let header = FrameHeader::parse(head);
+        let end = HEADER_LEN + header.len as usize;
+        match parse(header, &rest[HEADER_LEN..end]).expect("valid") {
+            Frame::Headers {
+                stream: 3,
+                end_stream: true,
+                end_headers,
+                block,
+                ..
+            } => frames.push((HEADERS, end_headers, block.len())),
+            Frame::Continuation {
+                stream: 3,
+                end_headers,
+                block,
+            } => frames.push((CONTINUATION, end_headers, block.len())),
+            other => panic!("unexpected {other:?}"),
+        }
+        joined.extend_from_slice(&rest[HEADER_LEN..end]);
+        rest = &rest[end..];
+    }
+    assert_eq!(
+        frames,
+        [
+            (HEADERS, false, 16_384),
+            (CONTINUATION, false, 16_384),
+            (CONTINUATION, true, 7_232)
+        ]
+    );
+    assert_eq!(joined, block);
+    // An empty block is one HEADERS frame that ends the block.
+    wire.clear();
+    write_header_block(3, false, &[], DEFAULT_MAX_FRAME_SIZE, &mut wire);
+    assert_eq!(wire, [0, 0, 0, HEADERS, FLAG_END_HEADERS, 0, 0, 0, 3]);
 }

@@ -48,7 +48,7 @@
 //!    frame that needs it, so an idle connection holds a few hundred bytes.
 
 // Nothing outside this module calls it yet; the connection layer will.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 pub(crate) mod frame;
 pub(crate) mod hpack;

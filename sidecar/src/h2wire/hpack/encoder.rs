@@ -26,11 +26,22 @@ pub(crate) enum IndexPolicy {
     None,
 }
 
+/// When a string is Huffman-coded (§5.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StringCoding {
+    Raw,
+    /// Huffman only when strictly shorter: at equal length raw octets cost
+    /// the peer nothing to decode.
+    HuffmanIfShorter,
+    /// Huffman unless longer: the choice of RFC 7541 Appendix C's encoder
+    /// (C.6.2 codes "307" in 3 octets, as long as the raw string).
+    HuffmanUnlessLonger,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct EncoderOptions {
     pub(crate) policy: IndexPolicy,
-    /// Huffman-code a string when that is shorter.
-    pub(crate) huffman: bool,
+    pub(crate) strings: StringCoding,
     /// The most of the peer's SETTINGS_HEADER_TABLE_SIZE we use: the
     /// table is memory held per connection.
     pub(crate) max_table_size: usize,
@@ -40,7 +51,7 @@ impl Default for EncoderOptions {
     fn default() -> Self {
         Self {
             policy: IndexPolicy::Proxy,
-            huffman: true,
+            strings: StringCoding::HuffmanIfShorter,
             max_table_size: DEFAULT_TABLE_SIZE,
         }
     }
@@ -172,15 +183,21 @@ impl Encoder {
         }
     }
 
-    /// §5.2: Huffman when shorter (and allowed), else raw.
+    /// §5.2: raw or Huffman-coded, as the options say.
     fn string(&self, s: &[u8], out: &mut Vec<u8>) {
-        if self.options.huffman {
-            let len = huffman::encoded_len(s);
-            if len < s.len() {
-                encode_int(out, 0x80, 7, len);
-                huffman::encode(s, out);
-                return;
+        let huffman = match self.options.strings {
+            StringCoding::Raw => None,
+            StringCoding::HuffmanIfShorter => {
+                Some(huffman::encoded_len(s)).filter(|&n| n < s.len())
             }
+            StringCoding::HuffmanUnlessLonger => {
+                Some(huffman::encoded_len(s)).filter(|&n| n <= s.len())
+            }
+        };
+        if let Some(len) = huffman {
+            encode_int(out, 0x80, 7, len);
+            huffman::encode(s, out);
+            return;
         }
         encode_int(out, 0x00, 7, s.len());
         out.extend_from_slice(s);

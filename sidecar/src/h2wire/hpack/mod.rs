@@ -24,7 +24,7 @@ mod table;
 mod tests;
 
 pub(crate) use decoder::{Decoder, Limits};
-pub(crate) use encoder::{Encoder, EncoderOptions, IndexPolicy};
+pub(crate) use encoder::{Encoder, EncoderOptions, IndexPolicy, StringCoding};
 
 use super::ErrorCode;
 

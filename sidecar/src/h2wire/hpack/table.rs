@@ -135,16 +135,21 @@ pub(super) fn static_name_index(name: &[u8]) -> Option<u8> {
     Some(i)
 }
 
-/// The static index of `(name, value)` given `name`'s first index: the
-/// entries of one name are adjacent.
+/// The static index of `(name, value)` given the index of any entry with
+/// that name (a decoded field carries the one its peer used).
 pub(super) fn static_field_index(name_index: u8, value: &[u8]) -> Option<u8> {
-    let first = usize::from(name_index).checked_sub(1)?;
-    let name = STATIC.get(first)?.0;
+    let at = usize::from(name_index).checked_sub(1)?;
+    let name = STATIC.get(at)?.0;
+    // The entries of one name are adjacent: search from the first.
+    let first = STATIC[..at]
+        .iter()
+        .rposition(|(n, _)| *n != name)
+        .map_or(0, |i| i + 1);
     STATIC[first..]
         .iter()
         .take_while(|(n, _)| *n == name)
         .position(|(_, v)| !v.is_empty() && *v == value)
-        .map(|k| name_index + k as u8)
+        .and_then(|k| u8::try_from(first + k + 1).ok())
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -291,8 +296,10 @@ mod tests {
             let first = static_name_index(name).expect("every static name");
             assert_eq!(STATIC[usize::from(first) - 1].0, *name);
             assert!(first <= index);
-            if !value.is_empty() {
-                assert_eq!(static_field_index(first, value), Some(index));
+            for hint in 1..=61u8 {
+                if !value.is_empty() && STATIC[usize::from(hint) - 1].0 == *name {
+                    assert_eq!(static_field_index(hint, value), Some(index));
+                }
             }
         }
         assert_eq!(static_name_index(b"x-custom"), None);

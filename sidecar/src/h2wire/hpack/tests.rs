@@ -20,7 +20,10 @@ type Pairs = &'static [(&'static str, &'static str)];
 
 /// One header list of an Appendix C sequence.
 struct Step {
-    wire: &'static str,
+    /// The block without Huffman coding (C.2, C.3, C.5)...
+    plain: &'static str,
+    /// ...and with (C.4, C.6; the same as `plain` where C has only one).
+    huffman: &'static str,
     fields: Pairs,
     /// The dynamic table after it, newest first, and its size.
     table: Pairs,
@@ -107,13 +110,17 @@ fn run(table_size: usize, huffman: bool, steps: &[Step]) {
     let mut decoder = Decoder::new(table_size, Limits::default());
     let options = EncoderOptions {
         policy: IndexPolicy::All,
-        huffman,
+        strings: if huffman {
+            StringCoding::HuffmanUnlessLonger
+        } else {
+            StringCoding::Raw
+        },
         max_table_size: table_size,
     };
     let mut encoder = Encoder::new(table_size, options);
     let mut block = HeaderBlock::default();
     for (n, step) in steps.iter().enumerate() {
-        let wire = hex(step.wire);
+        let wire = hex(if huffman { step.huffman } else { step.plain });
         decoder.decode(&wire, &mut block).expect("decodes");
         let got: Vec<(&[u8], &[u8])> = block.iter().map(|f| (f.name, f.value)).collect();
         let want: Vec<(&[u8], &[u8])> = step
@@ -155,8 +162,10 @@ fn run(table_size: usize, huffman: bool, steps: &[Step]) {
 
 #[test]
 fn c2_1_literal_with_indexing() {
+    let wire = "400a 6375 7374 6f6d 2d6b 6579 0d63 7573 746f 6d2d 6865 6164 6572";
     let step = Step {
-        wire: "400a 6375 7374 6f6d 2d6b 6579 0d63 7573 746f 6d2d 6865 6164 6572",
+        plain: wire,
+        huffman: wire,
         fields: &[("custom-key", "custom-header")],
         table: &[("custom-key", "custom-header")],
         size: 55,
@@ -178,7 +187,7 @@ fn c2_2_literal_without_indexing() {
     assert_eq!((block.len(), decoder.table_len()), (1, 0));
     let options = EncoderOptions {
         policy: IndexPolicy::Proxy,
-        huffman: false,
+        strings: StringCoding::Raw,
         ..EncoderOptions::default()
     };
     let mut out = Vec::new();
@@ -201,7 +210,7 @@ fn c2_3_literal_never_indexed() {
     // Passed on as it came, even under the policy that indexes all.
     let options = EncoderOptions {
         policy: IndexPolicy::All,
-        huffman: false,
+        strings: StringCoding::Raw,
         ..EncoderOptions::default()
     };
     let mut encoder = Encoder::new(4096, options);
@@ -224,129 +233,102 @@ fn c2_4_indexed() {
     assert_eq!(out, [0x82]);
 }
 
+/// C.3 (plain) and C.4 (Huffman): three requests on one connection.
+const REQUESTS: [Step; 3] = [
+    Step {
+        plain: "8286 8441 0f77 7777 2e65 7861 6d70 6c65 2e63 6f6d",
+        huffman: "8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff",
+        fields: REQUEST_1,
+        table: TABLE_1,
+        size: 57,
+    },
+    Step {
+        plain: "8286 84be 5808 6e6f 2d63 6163 6865",
+        huffman: "8286 84be 5886 a8eb 1064 9cbf",
+        fields: REQUEST_2,
+        table: TABLE_2,
+        size: 110,
+    },
+    Step {
+        plain: "8287 85bf 400a 6375 7374 6f6d 2d6b 6579 0c63 7573 746f 6d2d 7661 6c75 65",
+        huffman: "8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf",
+        fields: REQUEST_3,
+        table: TABLE_3,
+        size: 164,
+    },
+];
+
+/// C.5 (plain) and C.6 (Huffman): three responses with a 256-octet table,
+/// so entries are evicted.
+const RESPONSES: [Step; 3] = [
+    Step {
+        plain: "4803 3330 3258 0770 7269 7661 7465 611d 4d6f 6e2c 2032 3120 4f63 7420 3230 3133
+                2032 303a 3133 3a32 3120 474d 546e 1768 7474 7073 3a2f 2f77 7777 2e65 7861 6d70
+                6c65 2e63 6f6d",
+        huffman: "4882 6402 5885 aec3 771a 4b61 96d0 7abe 9410 54d4 44a8 2005 9504 0b81 66e0 82a6
+                  2d1b ff6e 919d 29ad 1718 63c7 8f0b 97c8 e9ae 82ae 43d3",
+        fields: RESPONSE_1,
+        table: RTABLE_1,
+        size: 222,
+    },
+    Step {
+        plain: "4803 3330 37c1 c0bf",
+        huffman: "4883 640e ffc1 c0bf",
+        fields: RESPONSE_2,
+        table: RTABLE_2,
+        size: 222,
+    },
+    Step {
+        plain: "88c1 611d 4d6f 6e2c 2032 3120 4f63 7420 3230 3133 2032 303a 3133 3a32 3220 474d
+                54c0 5a04 677a 6970 7738 666f 6f3d 4153 444a 4b48 514b 425a 584f 5157 454f 5049
+                5541 5851 5745 4f49 553b 206d 6178 2d61 6765 3d33 3630 303b 2076 6572 7369 6f6e
+                3d31",
+        huffman: "88c1 6196 d07a be94 1054 d444 a820 0595 040b 8166 e084 a62d 1bff c05a 839b d9ab
+                  77ad 94e7 821d d7f2 e6c7 b335 dfdf cd5b 3960 d5af 2708 7f36 72c1 ab27 0fb5 291f
+                  9587 3160 65c0 03ed 4ee5 b106 3d50 07",
+        fields: RESPONSE_3,
+        table: RTABLE_3,
+        size: 215,
+    },
+];
+
 #[test]
 fn c3_requests_without_huffman() {
-    run(
-        4096,
-        false,
-        &[
-            Step {
-                wire: "8286 8441 0f77 7777 2e65 7861 6d70 6c65 2e63 6f6d",
-                fields: REQUEST_1,
-                table: TABLE_1,
-                size: 57,
-            },
-            Step {
-                wire: "8286 84be 5808 6e6f 2d63 6163 6865",
-                fields: REQUEST_2,
-                table: TABLE_2,
-                size: 110,
-            },
-            Step {
-                wire: "8287 85bf 400a 6375 7374 6f6d 2d6b 6579 0c63 7573 746f 6d2d 7661 6c75 65",
-                fields: REQUEST_3,
-                table: TABLE_3,
-                size: 164,
-            },
-        ],
-    );
+    run(4096, false, &REQUESTS);
 }
 
 #[test]
 fn c4_requests_with_huffman() {
-    run(
-        4096,
-        true,
-        &[
-            Step {
-                wire: "8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff",
-                fields: REQUEST_1,
-                table: TABLE_1,
-                size: 57,
-            },
-            Step {
-                wire: "8286 84be 5886 a8eb 1064 9cbf",
-                fields: REQUEST_2,
-                table: TABLE_2,
-                size: 110,
-            },
-            Step {
-                wire: "8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf",
-                fields: REQUEST_3,
-                table: TABLE_3,
-                size: 164,
-            },
-        ],
-    );
+    run(4096, true, &REQUESTS);
 }
 
 #[test]
 fn c5_responses_without_huffman_with_evictions() {
-    run(
-        256,
-        false,
-        &[
-            Step {
-                wire: "4803 3330 3258 0770 7269 7661 7465 611d 4d6f 6e2c 2032 3120 4f63 7420 3230 3133
-                       2032 303a 3133 3a32 3120 474d 546e 1768 7474 7073 3a2f 2f77 7777 2e65 7861 6d70
-                       6c65 2e63 6f6d",
-                fields: RESPONSE_1,
-                table: RTABLE_1,
-                size: 222,
-            },
-            Step {
-                wire: "4803 3330 37c1 c0bf",
-                fields: RESPONSE_2,
-                table: RTABLE_2,
-                size: 222,
-            },
-            Step {
-                wire: "88c1 611d 4d6f 6e2c 2032 3120 4f63 7420 3230 3133 2032 303a 3133 3a32 3220 474d
-                       54c0 5a04 677a 6970 7738 666f 6f3d 4153 444a 4b48 514b 425a 584f 5157 454f 5049
-                       5541 5851 5745 4f49 553b 206d 6178 2d61 6765 3d33 3630 303b 2076 6572 7369 6f6e
-                       3d31",
-                fields: RESPONSE_3,
-                table: RTABLE_3,
-                size: 215,
-            },
-        ],
-    );
+    run(256, false, &RESPONSES);
 }
 
 #[test]
 fn c6_responses_with_huffman_with_evictions() {
-    run(
-        256,
-        true,
-        &[
-            Step {
-                wire: "4882 6402 5885 aec3 771a 4b61 96d0 7abe 9410 54d4 44a8 2005 9504 0b81 66e0 82a6
-                       2d1b ff6e 919d 29ad 1718 63c7 8f0b 97c8 e9ae 82ae 43d3",
-                fields: RESPONSE_1,
-                table: RTABLE_1,
-                size: 222,
-            },
-            Step {
-                wire: "4883 640e ffc1 c0bf",
-                fields: RESPONSE_2,
-                table: RTABLE_2,
-                size: 222,
-            },
-            Step {
-                wire: "88c1 6196 d07a be94 1054 d444 a820 0595 040b 8166 e084 a62d 1bff c05a 839b d9ab
-                       77ad 94e7 821d d7f2 e6c7 b335 dfdf cd5b 3960 d5af 2708 7f36 72c1 ab27 0fb5 291f
-                       9587 3160 65c0 03ed 4ee5 b106 3d50 07",
-                fields: RESPONSE_3,
-                table: RTABLE_3,
-                size: 215,
-            },
-        ],
-    );
+    run(256, true, &RESPONSES);
 }
 
 fn decode_with(decoder: &mut Decoder, wire: &[u8]) -> Result<HeaderBlock, HpackError> {
     let mut block = HeaderBlock::default();
     decoder.decode(wire, &mut block).map(|()| block)
+}
+
+#[test]
+fn c1_integers_both_ways() {
+    for (value, prefix, wire) in [
+        (10, 5, &[0x0a][..]),
+        (1337, 5, &[0x1f, 0x9a, 0x0a]),
+        (42, 8, &[0x2a]),
+    ] {
+        let mut out = Vec::new();
+        encode_int(&mut out, 0, prefix, value);
+        assert_eq!(out, wire, "{value} on {prefix} bits");
+        assert_eq!(Cursor::new(wire).int(prefix), Ok(value as u32));
+    }
 }
 
 #[test]
@@ -381,10 +363,10 @@ fn strings_at_the_length_limit_and_one_past() {
         max_string_len: 10,
         max_list_size: 1 << 20,
     };
-    for huffman in [false, true] {
+    for strings in [StringCoding::Raw, StringCoding::HuffmanIfShorter] {
         let options = EncoderOptions {
             policy: IndexPolicy::None,
-            huffman,
+            strings,
             ..EncoderOptions::default()
         };
         for (len, ok) in [(10, true), (11, false)] {
@@ -392,7 +374,7 @@ fn strings_at_the_length_limit_and_one_past() {
             let mut wire = Vec::new();
             Encoder::new(4096, options).encode([FieldRef::new(b"x", &value)], &mut wire);
             let got = decode_with(&mut Decoder::new(4096, limits), &wire);
-            assert_eq!(got.is_ok(), ok, "len {len} huffman {huffman}");
+            assert_eq!(got.is_ok(), ok, "len {len} {strings:?}");
             if !ok {
                 assert_eq!(got.err(), Some(HpackError::StringTooLong));
             }
@@ -412,7 +394,7 @@ fn the_list_limit_fails_the_stream_and_keeps_the_table_in_step() {
     let fields = [FieldRef::new(b"a", b"1"), FieldRef::new(b"b", b"2")];
     let options = EncoderOptions {
         policy: IndexPolicy::All,
-        huffman: false,
+        strings: StringCoding::Raw,
         ..EncoderOptions::default()
     };
     for (max, ok) in [(68, true), (67, false)] {
@@ -637,10 +619,14 @@ proptest! {
             1..8,
         ),
         policy in prop_oneof![Just(IndexPolicy::Proxy), Just(IndexPolicy::All), Just(IndexPolicy::None)],
-        huffman in any::<bool>(),
+        strings in prop_oneof![
+            Just(StringCoding::Raw),
+            Just(StringCoding::HuffmanIfShorter),
+            Just(StringCoding::HuffmanUnlessLonger),
+        ],
         table in 0usize..600,
     ) {
-        let options = EncoderOptions { policy, huffman, max_table_size: 4096 };
+        let options = EncoderOptions { policy, strings, max_table_size: 4096 };
         let mut encoder = Encoder::new(table, options);
         let limits = Limits { max_string_len: 1 << 10, max_list_size: 1 << 16 };
         let mut decoder = Decoder::new(table, limits);

@@ -159,7 +159,9 @@ impl FrameHeader {
             SETTINGS if self.has(FLAG_ACK) && self.len != 0 => {
                 size_error("SETTINGS ack with a payload")
             }
-            SETTINGS if self.len % 6 != 0 => size_error("SETTINGS length not a multiple of 6"),
+            SETTINGS if !self.len.is_multiple_of(6) => {
+                size_error("SETTINGS length not a multiple of 6")
+            }
             PING if self.len != 8 => size_error("PING length is not 8"),
             GOAWAY if self.len < 8 => size_error("GOAWAY shorter than 8"),
             WINDOW_UPDATE if self.len != 4 => size_error("WINDOW_UPDATE length is not 4"),

@@ -69,17 +69,8 @@ impl Decoder {
         }
     }
 
-    pub(crate) fn table_size(&self) -> usize {
-        self.table.size()
-    }
-
-    pub(crate) fn table_len(&self) -> usize {
-        self.table.len()
-    }
-
-    /// Entry `i` of the dynamic table, 0 the newest.
-    pub(crate) fn table_entry(&self, i: usize) -> Option<(&[u8], &[u8])> {
-        self.table.get(i)
+    pub(crate) fn table(&self) -> &DynamicTable {
+        &self.table
     }
 
     /// Bytes the decoder holds, table included.

@@ -38,7 +38,7 @@ pub(crate) enum StringCoding {
     HuffmanUnlessLonger,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct EncoderOptions {
     pub(crate) policy: IndexPolicy,
     pub(crate) strings: StringCoding,
@@ -93,17 +93,8 @@ impl Encoder {
         self.pending = Some((low, size));
     }
 
-    pub(crate) fn table_size(&self) -> usize {
-        self.table.size()
-    }
-
-    pub(crate) fn table_len(&self) -> usize {
-        self.table.len()
-    }
-
-    /// Entry `i` of the dynamic table, 0 the newest.
-    pub(crate) fn table_entry(&self, i: usize) -> Option<(&[u8], &[u8])> {
-        self.table.get(i)
+    pub(crate) fn table(&self) -> &DynamicTable {
+        &self.table
     }
 
     /// Appends one header block holding `fields` to `out`.

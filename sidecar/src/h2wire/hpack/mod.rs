@@ -25,6 +25,7 @@ mod tests;
 
 pub(crate) use decoder::{Decoder, Limits};
 pub(crate) use encoder::{Encoder, EncoderOptions, IndexPolicy, StringCoding};
+pub(crate) use table::DynamicTable;
 
 use super::ErrorCode;
 

@@ -165,7 +165,7 @@ struct Entry {
 /// once it is as large as the live part, so the buffer stays within about
 /// twice the table's size and no entry is an allocation of its own.
 #[derive(Debug)]
-pub(super) struct DynamicTable {
+pub(crate) struct DynamicTable {
     bytes: Vec<u8>,
     head: usize,
     /// Oldest at the front; HPACK index 62 is the back (the newest).
@@ -186,20 +186,20 @@ impl DynamicTable {
         }
     }
 
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub(super) fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.size
     }
 
-    pub(super) fn max_size(&self) -> usize {
+    pub(crate) fn max_size(&self) -> usize {
         self.max_size
     }
 
     /// Entry `i`, 0 the newest (HPACK index 62).
-    pub(super) fn get(&self, i: usize) -> Option<(&[u8], &[u8])> {
+    pub(crate) fn get(&self, i: usize) -> Option<(&[u8], &[u8])> {
         let at = self.entries.len().checked_sub(i + 1)?;
         let e = self.entries.get(at)?;
         let mid = e.start + e.name_len;

@@ -55,6 +55,8 @@ pub(crate) mod hpack;
 
 #[cfg(test)]
 mod frame_tests;
+#[cfg(test)]
+mod interop_tests;
 
 /// An HTTP/2 error code (RFC 9113 §7). Codes this endpoint does not know
 /// are kept as they came: §7 says they must not trigger special behaviour,

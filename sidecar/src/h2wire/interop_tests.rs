@@ -35,8 +35,8 @@ async fn next_frame(io: &mut DuplexStream) -> Option<(FrameHeader, Vec<u8>)> {
 
 /// Our server: answers each request with a response of ours, the third
 /// one with a header as large as the request's; returns the requests as
-/// it decoded them.
-async fn serve(mut io: DuplexStream) -> Vec<Fields> {
+/// it decoded them, and how many came in more than one frame.
+async fn serve(mut io: DuplexStream) -> (Vec<Fields>, usize) {
     let mut preface = [0u8; 24];
     io.read_exact(&mut preface).await.expect("preface");
     assert_eq!(preface, PREFACE);
@@ -59,6 +59,7 @@ async fn serve(mut io: DuplexStream) -> Vec<Fields> {
     let mut encoder = Encoder::new(4096, EncoderOptions::default());
     let mut block = HeaderBlock::default();
     let mut requests = Vec::new();
+    let mut continued = 0;
     while let Some((header, payload)) = next_frame(&mut io).await {
         let (stream, mut joined, mut end_headers) =
             match frame::parse(header, &payload).expect("parses") {
@@ -88,6 +89,7 @@ async fn serve(mut io: DuplexStream) -> Vec<Fields> {
                 _ => continue,
             };
         // §6.10: CONTINUATIONs of the same stream, nothing in between.
+        continued += usize::from(!end_headers);
         while !end_headers {
             let (header, payload) = next_frame(&mut io).await.expect("continuation");
             match frame::parse(header, &payload).expect("parses") {
@@ -109,7 +111,8 @@ async fn serve(mut io: DuplexStream) -> Vec<Fields> {
             .iter()
             .map(|f| (text(f.name), text(f.value), f.sensitive))
             .collect();
-        let big = vec![b'b'; if requests.len() == 2 { BIG } else { 10 }];
+        // '~' has a 13-bit code: sent raw, so the block needs CONTINUATION.
+        let big = vec![b'~'; if requests.len() == 2 { BIG } else { 10 }];
         let response = [
             FieldRef::new(b":status", b"200"),
             FieldRef::new(b"content-type", b"text/plain"),
@@ -131,7 +134,7 @@ async fn serve(mut io: DuplexStream) -> Vec<Fields> {
         io.write_all(&out).await.expect("write");
         requests.push(fields);
     }
-    requests
+    (requests, continued)
 }
 
 fn text(b: &[u8]) -> String {
@@ -175,11 +178,11 @@ async fn h2_client_requests_decode_and_our_responses_reach_it() {
         assert_eq!(&data[..], format!("ok {n}").as_bytes());
     }
     drop(send);
-    let requests = tokio::time::timeout(Duration::from_secs(5), server)
+    let (requests, continued) = tokio::time::timeout(Duration::from_secs(5), server)
         .await
         .expect("the client closed")
         .expect("server task");
-    assert_eq!(requests.len(), 3);
+    assert_eq!((requests.len(), continued), (3, 1));
     for (n, fields) in requests.iter().enumerate() {
         let get = |name: &str| {
             fields

@@ -449,3 +449,33 @@ fn a_large_header_block_is_split_into_continuations() {
     write_header_block(3, false, &[], DEFAULT_MAX_FRAME_SIZE, &mut wire);
     assert_eq!(wire, [0, 0, 0, HEADERS, FLAG_END_HEADERS, 0, 0, 0, 3]);
 }
+
+proptest::proptest! {
+    #![proptest_config(crate::testing::fuzz_config(256))]
+
+    /// Any header and payload: refused or parsed, never a panic; and what
+    /// parses, written again, parses to the same frame (padding aside).
+    #[test]
+    fn arbitrary_frames_parse_or_are_refused_and_write_back(
+        kind in 0u8..12,
+        flags in proptest::prelude::any::<u8>(),
+        stream in proptest::prelude::any::<u32>(),
+        payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..48),
+    ) {
+        let wire = frame(kind, flags, stream, &payload);
+        if let Ok(parsed) = read(&wire) {
+            let want = match parsed {
+                Frame::Data { stream, end_stream, data, .. } => Frame::Data {
+                    stream,
+                    end_stream,
+                    data,
+                    flow_len: data.len() as u32,
+                },
+                other => other,
+            };
+            let mut again = Vec::new();
+            parsed.write(&mut again);
+            proptest::prop_assert_eq!(read(&again), Ok(want));
+        }
+    }
+}

@@ -18,12 +18,20 @@
 //!   list size, and enforces the table size we advertised. The encoder
 //!   indexes a small set of repeated fields (:authority, content-type,
 //!   grpc-status, gRPC method paths...), never indexes sensitive or
-//!   per-request values, and Huffman-codes a string only when shorter.
+//!   per-request values, and by default Huffman-codes a string only when
+//!   shorter.
 //! - [`frame`]: frame headers and every RFC 9113 §6 frame type, parsed from
 //!   a payload slice (borrowing, no copies) and written into a buffer, with
 //!   the length, stream-id, padding and per-setting checks of §4 and §6,
 //!   each violation named with the error code and whether it ends the
-//!   connection or one stream.
+//!   connection or one stream; [`frame::write_header_block`] splits a
+//!   block into HEADERS and CONTINUATIONs.
+//!
+//! The tests: RFC 7541 Appendix C both ways (decoder output and table, and
+//! the encoder's exact bytes), every bound at its limit and one past it,
+//! properties (HPACK round trips with the tables in step, arbitrary bytes
+//! never panic), and interop_tests.rs, where the h2 crate is the client
+//! and this code the server.
 //!
 //! What the connection layer needs next, in the order it would be built:
 //!

@@ -79,7 +79,10 @@ impl Decoder {
     }
 
     /// Decodes one complete header block (HEADERS and its CONTINUATIONs
-    /// joined) into `out`, which is cleared first.
+    /// joined) into `out`, which is cleared first. After an error `out`
+    /// holds whatever came before it (nothing for a list too large) and
+    /// is not to be used. `out` keeps its capacity for the next block;
+    /// the connection layer decides when a large one is given back.
     pub(crate) fn decode(&mut self, block: &[u8], out: &mut HeaderBlock) -> Result<(), HpackError> {
         out.clear();
         let mut cur = Cursor::new(block);
@@ -173,6 +176,18 @@ impl Decoder {
         out: &mut HeaderBlock,
         too_large: &mut bool,
     ) -> Result<(), HpackError> {
+        if *too_large && !indexing {
+            // The stream has failed and this field changes no table: its
+            // octets are passed over, not copied (a name from a large
+            // dynamic entry, named by two octets, would cost a copy each).
+            if let NameFrom::Dynamic(i) = name {
+                self.table.get(i).ok_or(HpackError::BadIndex)?;
+            }
+            if let NameFrom::Literal = name {
+                skip_string(cur)?;
+            }
+            return skip_string(cur);
+        }
         let start = out.bytes.len();
         let static_name = match name {
             NameFrom::Static(i) => {
@@ -224,6 +239,13 @@ impl Decoder {
             Ok(())
         }
     }
+}
+
+/// Passes over a string literal (§5.2): its length prefix and octets.
+fn skip_string(cur: &mut Cursor<'_>) -> Result<(), HpackError> {
+    // The H bit is outside the 7-bit prefix.
+    let len = cur.int(7)? as usize;
+    cur.take(len).map(|_| ())
 }
 
 fn push(

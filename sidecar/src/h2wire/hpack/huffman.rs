@@ -194,6 +194,8 @@ fn symbol(next: u32) -> (u16, u32) {
 /// Appends the decoding of `input` to `out`, refusing to append more than
 /// `cap` octets (a hostile string is stopped at the bound, not after).
 pub(crate) fn decode(input: &[u8], out: &mut Vec<u8>, cap: usize) -> Result<(), HpackError> {
+    // At most 8 symbols per 5 octets (the shortest code is 5 bits).
+    out.reserve((input.len() * 8 / 5).min(cap));
     let mut produced = 0usize;
     // Bits not yet decoded, right-aligned in `acc`; `bits` of them.
     let mut acc: u64 = 0;

@@ -415,6 +415,11 @@ fn indexes_into_a_large_entry_stop_at_the_list_limit() {
     encode_int(&mut wire, 0, 7, 4000);
     wire.extend(std::iter::repeat_n(b'v', 4000));
     wire.extend(std::iter::repeat_n(0x80 | 62, 1000));
+    // And 1000 literals without indexing that name the entry (index 62
+    // on 4 bits: 0x0f 0x2f) with an empty value: passed over.
+    for _ in 0..1000 {
+        wire.extend_from_slice(&[0x0f, 0x2f, 0x00]);
+    }
     let mut block = HeaderBlock::default();
     assert_eq!(
         decoder.decode(&wire, &mut block),
@@ -426,6 +431,12 @@ fn indexes_into_a_large_entry_stop_at_the_list_limit() {
         "{}",
         block.bytes.capacity()
     );
+    // Still in step: the entry is there; and past the limit a bad index
+    // (63 on 4 bits: 0x0f 0x30) still ends the connection.
+    let entry = decoder.table().get(0).map(|(n, v)| (n, v.len()));
+    assert_eq!(entry, Some((&b"x"[..], 4000)));
+    let past = [0xbe, 0xbe, 0xbe, 0xbe, 0xbe, 0x0f, 0x30, 0x00];
+    assert_eq!(decoder.decode(&past, &mut block), Err(HpackError::BadIndex));
 }
 
 #[test]

@@ -21,8 +21,10 @@ pub(crate) struct Limits {
 }
 
 impl Default for Limits {
-    /// hyper's and h2's defaults for a server: 16 KiB a list, and no
-    /// string longer than the list.
+    /// 16 KiB a list, what the sidecar advertises to its app today
+    /// (upstream/h2conn.rs), and no string longer than the list. The
+    /// downstream side will pass `limits.maxHeaderBytes` (64 KiB by
+    /// default) instead.
     fn default() -> Self {
         Self {
             max_string_len: 16 << 10,

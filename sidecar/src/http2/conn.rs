@@ -7,18 +7,15 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use h2::server::{Connection, Handshake, SendResponse};
-use h2::{Reason, RecvStream};
 use http::Request;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::client::ClientKind;
-use super::frame_io::FrameIo;
+use super::client::{ClientKind, classify};
 use super::stream::{OpenStream, serve_stream};
 use super::wire::Wire;
 use crate::config::{Http2GoAway, LimitsConfig};
+use crate::h2wire::server::{Connection, Error, RecvBody, Respond, ServerSettings};
 use crate::proxy::ConnCtx;
 
 /// The windows announced to clients for their request bodies. The stream
@@ -60,17 +57,12 @@ pub(crate) enum Ending {
     Idle,
 }
 
-enum State<T> {
-    Handshaking(Pin<Box<Handshake<FrameIo<T>, Bytes>>>),
-    Serving(Box<Connection<FrameIo<T>, Bytes>>),
-}
-
 /// How far the connection's shutdown has got.
 enum Shutdown {
     None,
-    /// Asked for; waits for the handshake or the client's SETTINGS.
+    /// Asked for; waits for the client's SETTINGS.
     Requested,
-    /// The two-phase GOAWAY is under way (h2's graceful shutdown).
+    /// The two-phase GOAWAY is under way.
     TwoPhase,
     /// New streams held; waiting for the accepted ones to finish.
     Holding(Holding),
@@ -84,8 +76,8 @@ struct Holding {
     /// (held streams, stream ends written) when last looked at.
     seen: (usize, u64),
     quiet_since: tokio::time::Instant,
-    /// The user PINGs (see [`FINAL_QUIET`]); None if h2 has none to give.
-    pings: Option<h2::PingPong>,
+    /// The user PINGs (see [`FINAL_QUIET`]); false once one could not go.
+    pings: bool,
     /// When the PING in flight went out.
     ping_sent: Option<tokio::time::Instant>,
     last_pong: Option<tokio::time::Instant>,
@@ -102,21 +94,22 @@ type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// Its streams run inside it, not as tasks of their own (as HAProxy and
 /// nginx serve a connection's streams in its one event handler): a spawn
 /// per stream cost a task's allocation, its scheduling and a cross-task
-/// wake-up for every frame h2 hands between the connection and the stream.
+/// wake-up for every frame handed between the connection and the stream.
 /// [`FuturesUnordered`] polls only the streams that were woken, so a stream
 /// waiting on the app or on its client's window holds up no other; the
 /// streams of one connection share its thread, as they share its socket.
 pub(crate) struct H2Conn<T> {
-    state: State<T>,
+    conn: Box<Connection<T>>,
     ctx: Arc<ConnCtx>,
     wire: Arc<Wire>,
     mode: Http2GoAway,
+    kind: ClientKind,
     shutdown: Shutdown,
     /// The highest stream id handed to the app.
     last_accepted: u32,
     /// Streams opened after the shutdown began: never dispatched, kept
     /// (unanswered) until the final GOAWAY, which names a lower id.
-    held: Vec<(Request<RecvStream>, SendResponse<Bytes>)>,
+    held: Vec<(Request<RecvBody>, Respond)>,
     /// The accepted streams being served.
     streams: FuturesUnordered<StreamFuture>,
 }
@@ -130,23 +123,23 @@ where
             write_timeout: limits.write_timeout.get(),
             ..Wire::default()
         });
-        let mut builder = h2::server::Builder::new();
-        builder
-            .initial_window_size(STREAM_WINDOW)
-            .initial_connection_window_size(CONN_WINDOW)
-            .max_frame_size(MAX_FRAME_SIZE)
-            .max_send_buffer_size(MAX_SEND_BUF)
-            .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
-            .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
-            // Announced in SETTINGS; h2 answers REFUSED_STREAM past it (a
-            // stream the app never saw, so the client may retry it).
-            .max_concurrent_streams(limits.max_concurrent_streams);
-        let handshake = builder.handshake(FrameIo::new(io, wire.clone()));
+        let settings = ServerSettings {
+            // Announced in SETTINGS; past it a stream is refused
+            // (REFUSED_STREAM: the app never saw it, the client may retry).
+            max_concurrent_streams: limits.max_concurrent_streams,
+            initial_window_size: STREAM_WINDOW,
+            connection_window_size: CONN_WINDOW,
+            max_frame_size: MAX_FRAME_SIZE,
+            max_header_list_size: u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX),
+            max_send_buffer: MAX_SEND_BUF,
+            max_local_error_resets: MAX_LOCAL_ERROR_RESETS,
+        };
         H2Conn {
-            state: State::Handshaking(Box::pin(handshake)),
+            conn: Box::new(Connection::new(io, settings)),
             ctx,
             wire,
             mode,
+            kind: ClientKind::Unknown,
             shutdown: Shutdown::None,
             last_accepted: 0,
             held: Vec::new(),
@@ -163,15 +156,22 @@ where
         }
     }
 
+    /// The client's kind, once its first SETTINGS frame was read.
+    fn kind(&mut self) -> ClientKind {
+        if self.kind == ClientKind::Unknown
+            && let Some(settings) = self.conn.client_settings()
+        {
+            self.kind = classify(settings);
+        }
+        self.kind
+    }
+
     /// Turns a requested shutdown into frames once the kind is known.
     fn start_shutdown(&mut self) {
-        let State::Serving(conn) = &mut self.state else {
-            return;
-        };
         if !matches!(self.shutdown, Shutdown::Requested) {
             return;
         }
-        let final_only = match (self.mode, self.wire.kind()) {
+        let final_only = match (self.mode, self.kind()) {
             (Http2GoAway::TwoPhase, _) => false,
             (Http2GoAway::FinalOnly, _) => true,
             (Http2GoAway::Auto, ClientKind::Strict) => true,
@@ -184,31 +184,27 @@ where
         self.ctx.shared.metrics.http2_goaway(final_only);
         if final_only {
             let now = tokio::time::Instant::now();
-            let pings = conn.ping_pong();
             self.shutdown = Shutdown::Holding(Holding {
                 done_since: None,
                 seen: self.activity(),
                 quiet_since: now,
-                pings,
+                pings: true,
                 ping_sent: None,
                 last_pong: None,
                 tick: Box::pin(tokio::time::sleep(FINAL_QUIET)),
             });
         } else {
-            conn.graceful_shutdown();
+            self.conn.graceful_shutdown();
             self.shutdown = Shutdown::TwoPhase;
         }
     }
 
     fn activity(&self) -> (usize, u64) {
-        (
-            self.held.len(),
-            self.wire.ends_written.load(Ordering::Relaxed),
-        )
+        (self.held.len(), self.conn.ends_written())
     }
 
-    fn accept(&mut self, request: Request<RecvStream>, respond: SendResponse<Bytes>) {
-        let id = respond.stream_id().as_u32();
+    fn accept(&mut self, request: Request<RecvBody>, respond: Respond) {
+        let id = respond.stream_id();
         self.last_accepted = self.last_accepted.max(id);
         self.wire.open_streams.fetch_add(1, Ordering::AcqRel);
         let open = OpenStream(Some(self.wire.clone()));
@@ -225,38 +221,30 @@ where
     fn poll_final_due(&mut self, cx: &mut Context<'_>) -> bool {
         self.wire.waker.register(cx.waker());
         let activity = self.activity();
+        let streams_done =
+            self.wire.open_streams.load(Ordering::Acquire) == 0 && self.conn.all_ends_written();
         let Shutdown::Holding(hold) = &mut self.shutdown else {
             return false;
         };
+        let conn = &mut self.conn;
         let now = tokio::time::Instant::now();
         if activity != hold.seen {
             hold.seen = activity;
             hold.quiet_since = now;
         }
-        if hold.ping_sent.is_some()
-            && let Some(pings) = hold.pings.as_mut()
-        {
-            match pings.poll_pong(cx) {
-                Poll::Ready(Ok(_)) => {
-                    hold.ping_sent = None;
-                    hold.last_pong = Some(now);
-                }
-                // No more PINGs; the quiet period alone decides.
-                Poll::Ready(Err(_)) => hold.pings = None,
-                Poll::Pending => {}
-            }
+        if hold.ping_sent.is_some() && conn.poll_pong(cx).is_ready() {
+            hold.ping_sent = None;
+            hold.last_pong = Some(now);
         }
-        let streams_done =
-            self.wire.open_streams.load(Ordering::Acquire) == 0 && self.wire.all_ends_written();
         let mut wake_at = (hold.quiet_since + FINAL_QUIET).max(now + Duration::from_millis(1));
         if !streams_done {
             hold.done_since = None;
         } else {
             let done_since = *hold.done_since.get_or_insert(now);
-            let round_trip_in_quiet = match (&hold.pings, hold.last_pong) {
-                (None, _) => true,
-                (Some(_), Some(pong)) => pong >= hold.quiet_since && hold.ping_sent.is_none(),
-                (Some(_), None) => false,
+            let round_trip_in_quiet = match (hold.pings, hold.last_pong) {
+                (false, _) => true,
+                (true, Some(pong)) => pong >= hold.quiet_since && hold.ping_sent.is_none(),
+                (true, None) => false,
             };
             if (now - hold.quiet_since >= FINAL_QUIET && round_trip_in_quiet)
                 || now - done_since >= FINAL_QUIET_CAP
@@ -264,20 +252,19 @@ where
                 return true;
             }
             wake_at = wake_at.min(done_since + FINAL_QUIET_CAP);
-            if hold.ping_sent.is_none()
-                && let Some(pings) = hold.pings.as_mut()
-            {
+            if hold.ping_sent.is_none() && hold.pings {
                 let due = hold.last_pong.map_or(now, |pong| pong + FINAL_PING_EVERY);
                 if due <= now {
-                    if pings.send_ping(h2::Ping::opaque()).is_ok() {
+                    if conn.send_ping() {
                         hold.ping_sent = Some(now);
                         // Registers this task for the PONG.
-                        if let Poll::Ready(Ok(_)) = pings.poll_pong(cx) {
+                        if conn.poll_pong(cx).is_ready() {
                             hold.ping_sent = None;
                             hold.last_pong = Some(now);
                         }
                     } else {
-                        hold.pings = None;
+                        // No more PINGs; the quiet period alone decides.
+                        hold.pings = false;
                     }
                 } else {
                     wake_at = wake_at.min(due);
@@ -296,17 +283,10 @@ impl<T> Future for H2Conn<T>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    type Output = Result<(), h2::Error>;
+    type Output = Result<(), Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        if let State::Handshaking(handshake) = &mut this.state {
-            match handshake.as_mut().poll(cx) {
-                Poll::Ready(Ok(conn)) => this.state = State::Serving(Box::new(conn)),
-                Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
         // The connection first (it reads frames, wakes streams and accepts
         // new ones), then the woken streams, then the connection again so
         // that what they queued is written in this turn, not the next.
@@ -327,17 +307,14 @@ where
 {
     /// The connection's own work: accepting streams (or holding them) and
     /// its end. Ready when the connection is over; the streams still
-    /// running then are dropped with it (h2 can carry nothing of theirs).
-    fn poll_conn(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), h2::Error>> {
+    /// running then are dropped with it (nothing of theirs can go out).
+    fn poll_conn(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         let this = self;
         loop {
             this.start_shutdown();
-            let State::Serving(conn) = &mut this.state else {
-                return Poll::Pending;
-            };
             match this.shutdown {
                 Shutdown::None | Shutdown::Requested | Shutdown::TwoPhase => {
-                    match conn.poll_accept(cx) {
+                    match this.conn.poll_accept(cx) {
                         Poll::Ready(Some(Ok((request, respond)))) => {
                             this.accept(request, respond);
                         }
@@ -347,7 +324,7 @@ where
                             // Reading the client's SETTINGS may have made
                             // a requested shutdown startable.
                             if matches!(this.shutdown, Shutdown::Requested)
-                                && this.wire.kind() != ClientKind::Unknown
+                                && this.kind() != ClientKind::Unknown
                             {
                                 continue;
                             }
@@ -356,8 +333,8 @@ where
                     }
                 }
                 Shutdown::Holding(_) => {
-                    // New streams are taken from h2 but never dispatched.
-                    match conn.poll_accept(cx) {
+                    // New streams are taken but never dispatched.
+                    match this.conn.poll_accept(cx) {
                         // httpcore retries a stream above the GOAWAY's
                         // last-stream-id only when that id is not 0, so a
                         // connection that never had a stream serves its
@@ -380,23 +357,17 @@ where
                     tracing::debug!(
                         last_stream = this.last_accepted,
                         held = this.held.len(),
-                        kind = ?this.wire.kind(),
+                        kind = ?this.kind,
                         "HTTP/2: accepted streams done; final GOAWAY"
                     );
                     this.ctx
                         .shared
                         .metrics
                         .http2_held_streams(this.held.len() as u64);
-                    this.wire
-                        .final_id
-                        .store(this.last_accepted, Ordering::Release);
-                    this.wire.final_set.store(true, Ordering::Release);
-                    if let State::Serving(conn) = &mut this.state {
-                        conn.abrupt_shutdown(Reason::NO_ERROR);
-                    }
+                    this.conn.final_goaway(this.last_accepted);
                     this.shutdown = Shutdown::Final;
                 }
-                Shutdown::Final => return conn.poll_closed(cx),
+                Shutdown::Final => return this.conn.poll_closed(cx),
             }
         }
     }

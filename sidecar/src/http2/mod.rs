@@ -1,4 +1,4 @@
-//! Downstream HTTP/2, served on the h2 crate's server so the drain can
+//! Downstream HTTP/2, served on the sidecar's own codec so the drain can
 //! choose its frames per connection (docs/http2-drain.md).
 //!
 //! hyper's server has one way to end an HTTP/2 connection: GOAWAY(2^31-1),
@@ -17,22 +17,17 @@
 //! Which client is which is read from its first SETTINGS frame (see
 //! [`classify`](client::classify)); `drain.http2GoAway` forces one behaviour for all.
 //!
-//! h2 cannot send a GOAWAY with a chosen last-stream-id, nor say when a
-//! stream's last frame reached the socket, so [`FrameIo`](frame_io::FrameIo) watches the
-//! frames h2 writes: it notes each stream's final frame, rewrites the
-//! last-stream-id of the final GOAWAY and drops anything h2 would write
-//! after it.
+//! The connection runs on the sidecar's own HTTP/2 codec
+//! ([`crate::h2wire::server`]), which writes each GOAWAY with the
+//! last-stream-id the drain chooses and says when every stream's last frame
+//! reached the socket.
 //!
-//! The parts: [`client`] tells the two kinds of client apart, [`frames`]
-//! reads frame headers out of a byte stream, [`frame_io`] is the socket as
-//! h2 sees it, [`wire`] is what the connection, its streams and the socket
-//! share, [`conn`] drives one connection and its end, and [`stream`] serves
-//! one stream.
+//! The parts: [`client`] tells the two kinds of client apart, [`wire`] is
+//! what the connection and its streams share, [`conn`] drives one
+//! connection and its end, and [`stream`] serves one stream.
 
 mod client;
 mod conn;
-mod frame_io;
-mod frames;
 mod stream;
 mod wire;
 

@@ -9,13 +9,14 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use h2::server::SendResponse;
-use h2::{Reason, RecvStream, SendStream};
+use h2::RecvStream;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 
 use super::wire::Wire;
+use crate::h2wire::ErrorCode;
+use crate::h2wire::server::{RecvBody, Respond, SendBody};
 use crate::proxy::{ConnCtx, ProxyBody};
 use crate::upstream::Affinity;
 
@@ -24,9 +25,9 @@ use crate::upstream::Affinity;
 pub(super) struct OpenStream(pub(super) Option<Arc<Wire>>);
 
 impl OpenStream {
-    /// Call after [`Wire::expect_end`] and before handing the last frame
-    /// to h2: the client may answer it with its next stream at once, and
-    /// that one must not look like more concurrency than it has.
+    /// Call before queueing the stream's last frame: the client may answer
+    /// it with its next stream at once, and that one must not look like
+    /// more concurrency than it has.
     fn finish(&mut self) {
         if let Some(wire) = self.0.take() {
             wire.open_streams.fetch_sub(1, Ordering::AcqRel);
@@ -41,11 +42,10 @@ impl Drop for OpenStream {
     }
 }
 
-/// An HTTP/2 body as it comes in: a client's request, or the app's answer
-/// (upstream/h2conn.rs). Flow-control capacity goes back to the sender for
-/// the chunks taken, as hyper does (upstream/h2.rs counts on it): a
-/// request's chunk by chunk, an answer's once per run of chunks (see
-/// [`H2Body::answer`]).
+/// The app's HTTP/2 answer as it comes in on the h2 crate's client
+/// (upstream/h2conn.rs). Flow-control capacity goes back to the app for the
+/// chunks taken, as hyper does (upstream/h2.rs counts on it), once per run
+/// of chunks (see [`H2Body::answer`]).
 pub struct H2Body {
     recv: RecvStream,
     /// Content-Length still to come, for an exact size hint (the app's
@@ -54,8 +54,6 @@ pub struct H2Body {
     data_done: bool,
     /// Bytes taken whose capacity is not given back yet.
     unreleased: usize,
-    /// Given back once `unreleased` reaches this (0: every chunk).
-    release_every: usize,
 }
 
 /// An answer's most taken and not yet given back: one frame of 16 KiB
@@ -66,15 +64,6 @@ pub struct H2Body {
 const ANSWER_RELEASE_EVERY: usize = 16 * 1024;
 
 impl H2Body {
-    /// A client's request body: each chunk's capacity goes back as it is
-    /// taken. Not batched: the pipe to the app stops polling it at its last
-    /// chunk, and h2 gives back what was not released only when the whole
-    /// stream is done (its answer sent), so a batch held there would keep
-    /// part of the client's connection window for the app's whole answer.
-    pub(crate) fn new(recv: RecvStream, headers: &HeaderMap) -> Self {
-        Self::with_release(recv, headers, 0)
-    }
-
     /// The app's answer: capacity goes back when h2 has no more of it at
     /// hand, when it ends, or past [`ANSWER_RELEASE_EVERY`] bytes. That is
     /// never before the chunks were taken, so the app gets no further
@@ -83,10 +72,6 @@ impl H2Body {
     /// here; and one that ends unpolled (the pump stops at its last frame)
     /// is dropped with its stream, when h2 gives back the rest.
     pub(crate) fn answer(recv: RecvStream, headers: &HeaderMap) -> Self {
-        Self::with_release(recv, headers, ANSWER_RELEASE_EVERY)
-    }
-
-    fn with_release(recv: RecvStream, headers: &HeaderMap, release_every: usize) -> Self {
         let remaining = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
@@ -96,7 +81,6 @@ impl H2Body {
             remaining,
             data_done: false,
             unreleased: 0,
-            release_every,
         }
     }
 
@@ -122,7 +106,7 @@ impl Body for H2Body {
             match this.recv.poll_data(cx) {
                 Poll::Ready(Some(Ok(data))) => {
                     this.unreleased += data.len();
-                    if this.unreleased >= this.release_every {
+                    if this.unreleased >= ANSWER_RELEASE_EVERY {
                         this.release();
                     }
                     if let Some(remaining) = this.remaining.as_mut() {
@@ -202,55 +186,30 @@ fn strip_connection_headers(headers: &mut HeaderMap) {
     }
 }
 
-/// A stream's bookkeeping for the final GOAWAY.
-struct StreamEnd {
-    open: OpenStream,
-    wire: Arc<Wire>,
-    id: u32,
-}
-
-impl StreamEnd {
-    /// Before handing the stream's last frame to h2.
-    fn ending(&mut self) {
-        self.wire.expect_end(self.id);
-        self.open.finish();
-    }
-
-    /// h2 refused the last frame (the stream is gone): nothing to await.
-    fn refused(&self) {
-        self.wire.forget_end(self.id);
-    }
-}
-
-/// One stream: the proxy's answer, then its body into h2 with flow control.
+/// One stream: the proxy's answer, then its body to the client with flow
+/// control.
 pub(super) async fn serve_stream(
     ctx: Arc<ConnCtx>,
-    open: OpenStream,
-    request: Request<RecvStream>,
-    mut respond: SendResponse<Bytes>,
+    mut open: OpenStream,
+    request: Request<RecvBody>,
+    mut respond: Respond,
 ) {
     let Some(wire) = open.0.clone() else {
         return;
     };
-    let mut end = StreamEnd {
-        open,
-        wire,
-        id: respond.stream_id().as_u32(),
-    };
-    let (parts, recv) = request.into_parts();
+    let (parts, body) = request.into_parts();
     // The answer to a HEAD has no body whatever the app sends (RFC 9110
     // 9.3.2): its head goes out as the stream's end. An app that sends DATA
     // anyway (hyper's HTTP/2 server does) would otherwise fail the stream
     // in the app client's content-length check and the client would get a
     // reset instead of its answer.
     let head_request = parts.method == http::Method::HEAD;
-    let body = H2Body::new(recv, &parts.headers);
     let request = Request::from_parts(parts, crate::upstream::DownstreamBody::Http2(body));
     // A client that resets the stream while the app works: the request
     // future is dropped, which cancels the upstream call. The shared app
     // connection's count holds until the answer is sent (upstream/h2.rs).
-    let on_shared = end.wire.share();
-    let affinity = Affinity::new(end.wire.upstream.clone(), on_shared.is_some());
+    let on_shared = wire.share();
+    let affinity = Affinity::new(wire.upstream.clone(), on_shared.is_some());
     let shared = ctx.shared.clone();
     // Inline, not boxed: this future is already in a box of its own
     // (http2/conn.rs), and the request's future (several KiB) and the
@@ -280,16 +239,17 @@ pub(super) async fn serve_stream(
     }
     let head = Response::from_parts(parts, ());
     if body.is_end_stream() || head_request {
-        end.ending();
-        if respond.send_response(head, true).is_err() {
-            end.refused();
-        }
+        // Counted done before the last frame is queued: the client may
+        // answer it with its next stream at once, and that one must not
+        // look like more concurrency than it has.
+        open.finish();
+        let _ = respond.send_response(head, true);
         return;
     }
     let Ok(mut send) = respond.send_response(head, false) else {
         return;
     };
-    if pump(&mut end, &mut send, &mut body, &affinity).await == Pumped::WriteTimeout {
+    if pump(&mut open, &wire, &mut send, &mut body, &affinity).await == Pumped::WriteTimeout {
         shared.metrics.http2_stream_write_timeout();
     }
 }
@@ -312,23 +272,13 @@ enum Capacity {
     TimedOut,
 }
 
-/// Waits for send capacity, at most `limit` (zero: no limit).
-async fn capacity(send: &mut SendStream<Bytes>, limit: Duration) -> Capacity {
+/// Waits until the client's windows took what the stream queued, at most
+/// `limit` (zero: no limit).
+async fn capacity(send: &mut SendBody, limit: Duration) -> Capacity {
     let wait = async {
-        loop {
-            // A reset ends the wait like a closed stream.
-            let cap = std::future::poll_fn(|cx| {
-                if send.poll_reset(cx).is_ready() {
-                    return Poll::Ready(None);
-                }
-                send.poll_capacity(cx)
-            })
-            .await;
-            match cap {
-                Some(Ok(0)) => continue,
-                Some(Ok(_)) => return Capacity::Some,
-                Some(Err(_)) | None => return Capacity::Gone,
-            }
+        match std::future::poll_fn(|cx| send.poll_writable(cx)).await {
+            Ok(()) => Capacity::Some,
+            Err(_) => Capacity::Gone,
         }
     };
     if limit.is_zero() {
@@ -348,8 +298,8 @@ const WITHHELD_AFTER: Duration = Duration::from_millis(100);
 /// the connection's next streams go on its own app connection, and the
 /// stream counts as holding the shared one (if it is on it) while it waits.
 async fn withheld(
-    end: &StreamEnd,
-    send: &mut SendStream<Bytes>,
+    wire: &Wire,
+    send: &mut SendBody,
     limit: Duration,
     affinity: &Affinity,
 ) -> Capacity {
@@ -371,23 +321,13 @@ async fn withheld(
             _ => return Capacity::TimedOut,
         }
     };
-    end.wire.window_withheld();
+    wire.window_withheld();
     let _stalled = affinity.stalled();
     capacity(send, rest).await
 }
 
-/// How many bytes of an answer go into h2 between two looks at the
-/// client's window: one frame of 16 KiB (the most the proxy's own
-/// frames carry). A look (`reserve_capacity` and `capacity`) takes h2's
-/// connection lock twice and its capacity bookkeeping; before every chunk
-/// of a stream of small messages (gRPC), most of what the relay itself
-/// cost per message. What h2 holds for a client that stops reading is
-/// still bounded: its window, at most this much more, and one chunk (at
-/// most 16 KiB, gathered or not).
-const LOOK_AT_WINDOW_EVERY: usize = 16 * 1024;
-
 /// A chunk of an answer below this is small: the small chunks the body
-/// has at hand together go to h2 as one (see [`gather`]).
+/// has at hand together go out as one DATA frame (see [`gather`]).
 const SMALL_CHUNK: usize = 1024;
 /// The most one gathered chunk holds: one frame of 16 KiB.
 const GATHER_MAX: usize = 16 * 1024;
@@ -407,7 +347,6 @@ enum After {
     /// error): it goes next.
     Next(BodyFrame),
 }
-
 /// Joins the small chunks the body has at hand after `first` into one,
 /// up to [`GATHER_MAX`] bytes: an app streaming small messages (gRPC, its
 /// bursts of replies) then costs one DATA frame per burst to the client,
@@ -449,12 +388,10 @@ type BodyFrame = Option<Result<Frame<Bytes>, crate::Error>>;
 /// The body's next frame, or `None` once the client reset the stream.
 /// The body first: a frame at hand goes out (and `send_data` fails on a
 /// reset stream), so the reset is looked at (and the wake-up for it
-/// registered) only while the body has nothing. Polling both on every
-/// frame, in `select!`'s random order, took h2's connection lock once more
-/// for about every other frame of a streamed answer.
+/// registered) only while the body has nothing.
 fn next_frame(
     body: &mut ProxyBody,
-    send: &mut SendStream<Bytes>,
+    send: &mut SendBody,
     cx: &mut Context<'_>,
 ) -> Poll<Option<BodyFrame>> {
     match Pin::new(body).poll_frame(cx) {
@@ -470,15 +407,13 @@ fn next_frame(
 /// forever (the connection's own write timeout never fires while the
 /// client answers PINGs).
 async fn pump(
-    end: &mut StreamEnd,
-    send: &mut SendStream<Bytes>,
+    open: &mut OpenStream,
+    wire: &Wire,
+    send: &mut SendBody,
     body: &mut ProxyBody,
     affinity: &Affinity,
 ) -> Pumped {
-    let write_timeout = end.wire.write_timeout;
-    // Bytes queued since the client's window was last seen open; the
-    // window is looked at before the first chunk.
-    let mut unlooked = LOOK_AT_WINDOW_EVERY;
+    let write_timeout = wire.write_timeout;
     // A frame [`gather`] took that goes next.
     let mut taken: Option<BodyFrame> = None;
     loop {
@@ -491,49 +426,44 @@ async fn pump(
         };
         match frame {
             None => {
-                end.ending();
-                if send.send_data(Bytes::new(), true).is_err() {
-                    end.refused();
-                }
+                open.finish();
+                let _ = send.send_data(Bytes::new(), true);
                 return Pumped::Done;
             }
             Some(Err(err)) => {
                 tracing::debug!(error = %err, "response body failed mid-stream; resetting the stream");
-                end.ending();
-                send.send_reset(Reason::INTERNAL_ERROR);
+                open.finish();
+                send.send_reset(ErrorCode::INTERNAL_ERROR);
                 return Pumped::Done;
             }
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => {
-                    // As hyper: wait for any send capacity, then queue the
-                    // whole chunk (h2 queues what the window does not
-                    // cover). But not before every chunk: only once
-                    // [`LOOK_AT_WINDOW_EVERY`] bytes went since the client's
-                    // window was last seen open.
-                    let look = unlooked >= LOOK_AT_WINDOW_EVERY;
-                    if look {
-                        unlooked = 0;
-                        send.reserve_capacity(1);
-                    }
-                    if look && send.capacity() == 0 {
-                        match withheld(end, send, write_timeout, affinity).await {
+                    // What was queued before must have gone to the client
+                    // (less than a frame left): the stream holds at most
+                    // that and one chunk for a client that stops reading.
+                    let writable =
+                        std::future::poll_fn(|cx| Poll::Ready(send.poll_writable(cx))).await;
+                    match writable {
+                        Poll::Ready(Ok(())) => {}
+                        Poll::Ready(Err(_)) => return Pumped::Done,
+                        Poll::Pending => match withheld(wire, send, write_timeout, affinity).await {
                             Capacity::Some => {}
                             Capacity::TimedOut => {
                                 tracing::debug!(
                                     ?write_timeout,
                                     "HTTP/2 client gave no window for limits.writeTimeout; resetting the stream"
                                 );
-                                end.ending();
-                                send.send_reset(Reason::CANCEL);
+                                open.finish();
+                                send.send_reset(ErrorCode::CANCEL);
                                 return Pumped::WriteTimeout;
                             }
                             Capacity::Gone => return Pumped::Done,
-                        }
+                        },
                     }
                     // Gathered after the wait, not before: nothing awaits
                     // between the body's end (which ends the request's
-                    // accounting, proxy/body.rs) and its last frame going
-                    // to h2, and what came meanwhile joins.
+                    // accounting, proxy/body.rs) and its last frame being
+                    // queued, and what came meanwhile joins.
                     // Not for a body whose declared length is all here:
                     // it has nothing more to join, and looking costs more
                     // than asking whether it ended.
@@ -547,7 +477,6 @@ async fn pump(
                         } else {
                             (data, After::Unknown)
                         };
-                    unlooked += data.len();
                     let last = match after {
                         After::Ended => true,
                         After::Unknown => body.is_end_stream(),
@@ -558,22 +487,16 @@ async fn pump(
                         }
                     };
                     if last {
-                        end.ending();
+                        open.finish();
                     }
-                    if send.send_data(data, last).is_err() {
-                        end.refused();
-                        return Pumped::Done;
-                    }
-                    if last {
+                    if send.send_data(data, last).is_err() || last {
                         return Pumped::Done;
                     }
                 }
                 Err(frame) => {
                     if let Ok(trailers) = frame.into_trailers() {
-                        end.ending();
-                        if send.send_trailers(trailers).is_err() {
-                            end.refused();
-                        }
+                        open.finish();
+                        let _ = send.send_trailers(trailers);
                         return Pumped::Done;
                     }
                 }

@@ -1,28 +1,16 @@
 //! What one connection, its streams and its socket share.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use futures_util::task::AtomicWaker;
 
-use super::client::ClientKind;
-
-/// State shared by the connection, its streams and its
-/// [`FrameIo`](super::frame_io::FrameIo).
+/// State shared by the connection and its streams.
 #[derive(Default)]
 pub(super) struct Wire {
-    pub(super) kind: AtomicU8,
-    /// Streams whose last frame was handed to h2 and not yet seen written.
-    pub(super) unwritten_ends: Mutex<HashSet<u32>>,
-    /// Stream ends written so far (the quiet check watches it move).
-    pub(super) ends_written: AtomicU64,
-    /// Accepted streams whose last frame has not been handed to h2 yet.
+    /// Accepted streams whose last frame has not been queued yet.
     pub(super) open_streams: AtomicU32,
-    /// The last-stream-id the final GOAWAY must carry, once set.
-    pub(super) final_id: AtomicU32,
-    pub(super) final_set: AtomicBool,
     /// Wakes the connection when a stream ends.
     pub(super) waker: AtomicWaker,
     /// This connection's own app connection (upstream/h2.rs), used once it
@@ -61,42 +49,6 @@ impl Wire {
                 "an HTTP/2 client withholds its window: its next streams go on an app connection of its own"
             );
         }
-    }
-
-    pub(super) fn kind(&self) -> ClientKind {
-        match self.kind.load(Ordering::Acquire) {
-            1 => ClientKind::Conforming,
-            2 => ClientKind::Strict,
-            _ => ClientKind::Unknown,
-        }
-    }
-
-    fn ends(&self) -> std::sync::MutexGuard<'_, HashSet<u32>> {
-        self.unwritten_ends
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Call before handing a stream's last frame to h2.
-    pub(super) fn expect_end(&self, id: u32) {
-        self.ends().insert(id);
-    }
-
-    /// h2 refused the last frame (the stream is gone): nothing to wait for.
-    pub(super) fn forget_end(&self, id: u32) {
-        self.ends().remove(&id);
-    }
-
-    pub(super) fn end_written(&self, id: u32) {
-        self.ends_written.fetch_add(1, Ordering::Relaxed);
-        let mut ends = self.ends();
-        if !ends.is_empty() {
-            ends.remove(&id);
-        }
-    }
-
-    pub(super) fn all_ends_written(&self) -> bool {
-        self.ends().is_empty()
     }
 }
 

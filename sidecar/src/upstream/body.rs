@@ -157,7 +157,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// crate's stream for HTTP/2 (see http2.rs).
 pub enum DownstreamBody {
     Http1(Incoming),
-    Http2(crate::http2::H2Body),
+    Http2(crate::h2wire::server::RecvBody),
 }
 
 /// A downstream body that failed, and whether the client simply went away.
@@ -188,7 +188,7 @@ impl http_body::Body for DownstreamBody {
                 // The client's RST_STREAM, a GOAWAY or a broken socket is
                 // a client gone; an error h2 found in the stream itself
                 // (a length that does not add up) is a bad body.
-                let gone = err.is_io() || err.is_go_away() || (err.is_reset() && err.is_remote());
+                let gone = err.is_client_gone();
                 DownstreamError {
                     gone,
                     source: Box::new(err),

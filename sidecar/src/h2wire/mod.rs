@@ -60,6 +60,7 @@
 
 pub(crate) mod frame;
 pub(crate) mod hpack;
+pub(crate) mod server;
 
 #[cfg(test)]
 mod frame_tests;

@@ -97,6 +97,11 @@ impl Encoder {
         &self.table
     }
 
+    /// Bytes the encoder holds, table included.
+    pub(crate) fn memory(&self) -> usize {
+        self.table.capacity()
+    }
+
     /// Appends one header block holding `fields` to `out`.
     pub(crate) fn encode<'a>(
         &mut self,

@@ -141,6 +141,11 @@ impl HeaderBlock {
         self.fields.is_empty()
     }
 
+    /// Heap bytes held (both buffers' capacities).
+    pub(crate) fn capacity(&self) -> usize {
+        self.bytes.capacity() + self.fields.capacity() * size_of::<Field>()
+    }
+
     /// The size SETTINGS_MAX_HEADER_LIST_SIZE is compared with.
     pub(crate) fn list_size(&self) -> usize {
         self.list_size

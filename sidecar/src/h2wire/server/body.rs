@@ -1,0 +1,154 @@
+//! The request body as an `http_body::Body`, readable from any task.
+//! Each chunk's flow-control window goes back as it is taken: a
+//! WINDOW_UPDATE for the stream once half its window is taken, for the
+//! connection once half of that is (state.rs), written by the
+//! connection's task, which is woken for it.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Frame as BodyFrame, SizeHint};
+
+use super::super::ErrorCode;
+use super::super::frame::{Frame, MAX_WINDOW};
+use super::Error;
+use super::state::{Sealed, SharedRef, lock};
+
+pub(crate) struct RecvBody {
+    pub(super) shared: SharedRef,
+    pub(super) id: u32,
+    /// END_STREAM came with the HEADERS: nothing to read, no lock to take.
+    pub(super) empty: bool,
+    pub(super) done: bool,
+}
+
+impl RecvBody {
+    pub fn stream_id(&self) -> u32 {
+        self.id
+    }
+}
+
+impl http_body::Body for RecvBody {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<BodyFrame<Bytes>, Error>>> {
+        if self.empty || self.done {
+            return Poll::Ready(None);
+        }
+        let id = self.id;
+        let shared = self.shared.clone();
+        let mut guard = lock(&shared);
+        let sh = &mut *guard;
+        let sealed = sh.sealed;
+        let stream_window = sh.stream_window;
+        let Some(s) = sh.streams.get_mut(&id) else {
+            return Poll::Ready(Some(Err(Error::Closed {
+                id,
+                reason: "stream closed before its body ended",
+            })));
+        };
+        if let Some((code, remote)) = s.reset {
+            // A reset after END_STREAM with NO_ERROR is the §8.1 early
+            // answer: the body itself was complete.
+            if !(s.recv_end && s.recv.is_empty() && code == ErrorCode::NO_ERROR) {
+                return Poll::Ready(Some(Err(Error::Stream {
+                    id,
+                    code,
+                    reason: "stream reset before its body ended",
+                    remote,
+                })));
+            }
+        }
+        if let Some(chunk) = s.recv.pop_front() {
+            let n = chunk.len() as u32;
+            s.recv_taken += u64::from(n);
+            s.recv_unreleased += n;
+            let mut update = 0;
+            if !s.recv_end && s.recv_unreleased >= stream_window / 2 {
+                update = s.recv_unreleased.min(MAX_WINDOW);
+                s.recv_window += i64::from(update);
+                s.recv_unreleased = 0;
+            }
+            if s.recv.is_empty() {
+                s.recv = Default::default();
+            }
+            if update > 0 && sealed == Sealed::Open {
+                Frame::WindowUpdate {
+                    stream: id,
+                    increment: update,
+                }
+                .write(&mut sh.out);
+                sh.wake_conn();
+            }
+            sh.release_conn(n);
+            return Poll::Ready(Some(Ok(BodyFrame::data(chunk))));
+        }
+        if s.recv_end {
+            self.done = true;
+            return Poll::Ready(s.recv_trailers.take().map(|t| Ok(BodyFrame::trailers(t))));
+        }
+        if let Sealed::Dead(code, reason) = sealed {
+            return Poll::Ready(Some(Err(match code {
+                Some(code) => Error::Connection {
+                    code,
+                    reason,
+                    remote: false,
+                },
+                None => Error::Closed { id, reason },
+            })));
+        }
+        s.body_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        if self.empty || self.done {
+            return true;
+        }
+        let sh = lock(&self.shared);
+        sh.streams
+            .get(&self.id)
+            .is_some_and(|s| s.recv_end && s.recv.is_empty() && s.recv_trailers.is_none())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.empty || self.done {
+            return SizeHint::with_exact(0);
+        }
+        let sh = lock(&self.shared);
+        match sh.streams.get(&self.id) {
+            Some(s) => match s.content_length {
+                Some(len) if len >= s.recv_taken => SizeHint::with_exact(len - s.recv_taken),
+                _ => SizeHint::default(),
+            },
+            None => SizeHint::default(),
+        }
+    }
+}
+
+impl Drop for RecvBody {
+    fn drop(&mut self) {
+        let mut sh = lock(&self.shared);
+        let Some(s) = sh.streams.get_mut(&self.id) else {
+            return;
+        };
+        s.handles = s.handles.saturating_sub(1);
+        s.body_dropped = true;
+        s.body_waker = None;
+        let early =
+            !s.recv_end && s.reset.is_none() && s.send_state == super::state::SendState::Done;
+        sh.release_body(self.id);
+        if early {
+            // §8.1: the answer is complete; the rest of the request is
+            // not wanted.
+            sh.reset_stream(self.id, ErrorCode::NO_ERROR, false);
+        }
+        sh.gc(self.id);
+    }
+}

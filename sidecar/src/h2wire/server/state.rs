@@ -1,0 +1,480 @@
+//! The state the connection's task shares with the streams' handles, under
+//! one mutex: the streams, the output buffer (so HEADERS are encoded in
+//! the order they reach the wire) and the send windows.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
+
+use bytes::{Buf, Bytes};
+use http::HeaderMap;
+
+use super::super::ErrorCode;
+use super::super::frame::{self, Frame, FrameHeader, MAX_WINDOW};
+use super::super::hpack::{Encoder, FieldRef};
+
+/// Output queued past this stops the reading of frames (a client that
+/// reads nothing cannot make us buffer its PING and SETTINGS answers) and
+/// the filling of DATA for this wake-up.
+pub(super) const OUT_HIGH: usize = 64 << 10;
+
+pub(super) type SharedRef = Arc<Mutex<Shared>>;
+
+/// Locks, ignoring poisoning: no code under this lock panics on input,
+/// and a handle in another task must never panic because one did.
+pub(super) fn lock(shared: &SharedRef) -> MutexGuard<'_, Shared> {
+    shared.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SendState {
+    /// No response yet.
+    Idle,
+    /// Headers sent; data may follow.
+    Open,
+    /// The end is queued (after the queued data and trailers).
+    Ending,
+    /// The last frame (END_STREAM or RST) is in the output.
+    Done,
+}
+
+pub(super) struct Stream {
+    // Receive side.
+    pub(super) recv: VecDeque<Bytes>,
+    /// END_STREAM came: the body ends once `recv` is drained.
+    pub(super) recv_end: bool,
+    pub(super) recv_trailers: Option<HeaderMap>,
+    /// What the client may still send on this stream.
+    pub(super) recv_window: i64,
+    /// Taken by the body, not yet given back with a WINDOW_UPDATE.
+    pub(super) recv_unreleased: u32,
+    pub(super) content_length: Option<u64>,
+    /// DATA bytes received (content-length check) and taken (size_hint).
+    pub(super) recv_total: u64,
+    pub(super) recv_taken: u64,
+    pub(super) body_waker: Option<Waker>,
+    pub(super) body_dropped: bool,
+    // Send side.
+    pub(super) send: VecDeque<Bytes>,
+    pub(super) send_queued: usize,
+    pub(super) send_state: SendState,
+    pub(super) send_trailers: Option<HeaderMap>,
+    pub(super) send_window: i64,
+    /// In `Shared::ready` already.
+    pub(super) scheduled: bool,
+    pub(super) writable_waker: Option<Waker>,
+    pub(super) reset_waker: Option<Waker>,
+    /// Reset (by whom, with what): the stream is over both ways.
+    pub(super) reset: Option<(ErrorCode, bool)>,
+    /// Counted in `Shared::open`.
+    pub(super) counted: bool,
+    /// Handles alive (Respond, SendBody, RecvBody).
+    pub(super) handles: u8,
+}
+
+impl Stream {
+    pub(super) fn new(recv_window: u32, send_window: u32) -> Self {
+        Self {
+            recv: VecDeque::new(),
+            recv_end: false,
+            recv_trailers: None,
+            recv_window: i64::from(recv_window),
+            recv_unreleased: 0,
+            content_length: None,
+            recv_total: 0,
+            recv_taken: 0,
+            body_waker: None,
+            body_dropped: false,
+            send: VecDeque::new(),
+            send_queued: 0,
+            send_state: SendState::Idle,
+            send_trailers: None,
+            send_window: i64::from(send_window),
+            scheduled: false,
+            writable_waker: None,
+            reset_waker: None,
+            reset: None,
+            counted: true,
+            handles: 0,
+        }
+    }
+
+    /// Closed as §5.1 sees it: no more frames either way.
+    pub(super) fn closed(&self) -> bool {
+        self.reset.is_some() || (self.recv_end && self.send_state == SendState::Done)
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.recv.capacity() * size_of::<Bytes>()
+            + self.send.capacity() * size_of::<Bytes>()
+            + self.recv.iter().map(Bytes::len).sum::<usize>()
+            + self.send_queued
+    }
+
+    pub(super) fn wake_all(&mut self) {
+        for w in [
+            self.body_waker.take(),
+            self.writable_waker.take(),
+            self.reset_waker.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            w.wake();
+        }
+    }
+}
+
+/// Why the connection no longer takes frames from handles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Sealed {
+    Open,
+    /// Our final GOAWAY is queued: nothing may follow it.
+    FinalGoaway,
+    /// The connection ended (error, EOF): handles get this reason.
+    Dead(Option<ErrorCode>, &'static str),
+}
+
+pub(super) struct Shared {
+    pub(super) streams: HashMap<u32, Stream>,
+    /// Streams not closed (what SETTINGS_MAX_CONCURRENT_STREAMS counts).
+    pub(super) open: usize,
+    /// Frames queued, not yet taken by the writer.
+    pub(super) out: Vec<u8>,
+    /// Streams' last frames in `out`.
+    pub(super) ends_in_out: u64,
+    /// Streams whose end was decided (queued by a handle, or a reset).
+    pub(super) ends_queued: u64,
+    /// Ends queued that will never be written (the client reset the stream
+    /// first, or a final GOAWAY dropped it).
+    pub(super) ends_dropped: u64,
+    /// Streams with something to send, round robin.
+    pub(super) ready: VecDeque<u32>,
+    pub(super) encoder: Encoder,
+    /// Scratch for one header block.
+    pub(super) block: Vec<u8>,
+    pub(super) peer_max_frame: u32,
+    pub(super) peer_initial_window: u32,
+    pub(super) conn_send_window: i64,
+    /// Connection receive window taken by bodies, not yet given back.
+    pub(super) conn_unreleased: u32,
+    pub(super) conn_window: u32,
+    /// What the client may still send on the connection.
+    pub(super) conn_recv_window: i64,
+    pub(super) stream_window: u32,
+    pub(super) max_send_buffer: usize,
+    pub(super) sealed: Sealed,
+    pub(super) conn_waker: Option<Waker>,
+    /// Streams we reset because of the client's errors.
+    pub(super) local_error_resets: usize,
+}
+
+impl Shared {
+    pub(super) fn wake_conn(&mut self) {
+        if let Some(w) = self.conn_waker.take() {
+            w.wake();
+        }
+    }
+
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.streams.capacity() * (size_of::<(u32, Stream)>() + 1)
+            + self.streams.values().map(Stream::heap_bytes).sum::<usize>()
+            + self.out.capacity()
+            + self.block.capacity()
+            + self.ready.capacity() * size_of::<u32>()
+            + self.encoder.memory()
+    }
+
+    /// Marks `id`'s end as decided (once per stream).
+    fn end_decided(&mut self) {
+        self.ends_queued += 1;
+    }
+
+    /// Appends RST_STREAM(code) for `id` and ends the stream both ways.
+    /// `local_error`: the reset answers the client's error (counted
+    /// against `max_local_error_resets`).
+    pub(super) fn reset_stream(&mut self, id: u32, code: ErrorCode, local_error: bool) {
+        if local_error {
+            self.local_error_resets += 1;
+        }
+        let writable = self.sealed == Sealed::Open;
+        let Some(s) = self.streams.get_mut(&id) else {
+            if writable {
+                Frame::RstStream { stream: id, code }.write(&mut self.out);
+            }
+            return;
+        };
+        if s.reset.is_some() {
+            return;
+        }
+        let first_end = s.send_state != SendState::Done;
+        let was_ending = s.send_state == SendState::Ending;
+        s.reset = Some((code, false));
+        s.send_state = SendState::Done;
+        s.send.clear();
+        s.send_queued = 0;
+        s.send_trailers = None;
+        s.wake_all();
+        if writable {
+            Frame::RstStream { stream: id, code }.write(&mut self.out);
+        }
+        if first_end {
+            if !was_ending {
+                self.end_decided();
+            }
+            if writable {
+                self.ends_in_out += 1;
+            } else {
+                self.ends_dropped += 1;
+            }
+        }
+        self.release_body(id);
+        self.gc(id);
+        self.wake_conn();
+    }
+
+    /// The client reset `id`: nothing more is sent on it.
+    pub(super) fn remote_reset(&mut self, id: u32, code: ErrorCode) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if s.reset.is_some() {
+            return;
+        }
+        if s.send_state == SendState::Ending {
+            self.ends_dropped += 1;
+        }
+        s.reset = Some((code, true));
+        s.send.clear();
+        s.send_queued = 0;
+        s.send_trailers = None;
+        s.wake_all();
+        self.release_body(id);
+        self.gc(id);
+    }
+
+    /// Gives back the connection window the stream's unread data holds:
+    /// nobody will read it (reset, or the body was dropped).
+    pub(super) fn release_body(&mut self, id: u32) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if !(s.body_dropped || s.reset.is_some()) {
+            return;
+        }
+        let unread: usize = s.recv.drain(..).map(|b| b.len()).sum();
+        s.recv = VecDeque::new();
+        let unread = u32::try_from(unread).unwrap_or(u32::MAX);
+        self.release_conn(unread);
+    }
+
+    /// `n` bytes of the connection window are free again; a WINDOW_UPDATE
+    /// goes out once half the window is.
+    pub(super) fn release_conn(&mut self, n: u32) {
+        self.conn_unreleased = self.conn_unreleased.saturating_add(n);
+        if self.conn_unreleased >= self.conn_window / 2 && self.sealed == Sealed::Open {
+            Frame::WindowUpdate {
+                stream: 0,
+                increment: self.conn_unreleased.min(MAX_WINDOW),
+            }
+            .write(&mut self.out);
+            self.conn_recv_window += i64::from(self.conn_unreleased.min(MAX_WINDOW));
+            self.conn_unreleased = 0;
+            self.wake_conn();
+        }
+    }
+
+    /// Drops the stream's state once it is closed and no handle is left.
+    pub(super) fn gc(&mut self, id: u32) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if s.counted && s.closed() {
+            s.counted = false;
+            self.open = self.open.saturating_sub(1);
+        }
+        if s.closed() && s.handles == 0 {
+            self.streams.remove(&id);
+            if self.streams.is_empty() {
+                // A burst of streams leaves a big table behind otherwise.
+                self.streams = HashMap::new();
+            }
+        }
+    }
+
+    /// Puts `id` in the round robin if it has something to write.
+    pub(super) fn schedule(&mut self, id: u32) {
+        if let Some(s) = self.streams.get_mut(&id)
+            && !s.scheduled
+            && s.reset.is_none()
+            && (s.send_state == SendState::Ending || (s.send_queued > 0 && s.send_window > 0))
+        {
+            s.scheduled = true;
+            self.ready.push_back(id);
+        }
+    }
+
+    /// The writer's turn: moves DATA (and trailers) of ready streams into
+    /// `out` as the windows allow, one frame per stream per round.
+    pub(super) fn fill(&mut self) {
+        if self.sealed != Sealed::Open {
+            return;
+        }
+        while self.out.len() < OUT_HIGH {
+            let Some(id) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(s) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            s.scheduled = false;
+            if s.reset.is_some() || s.send_state == SendState::Done {
+                continue;
+            }
+            let room = s
+                .send_window
+                .min(self.conn_send_window)
+                .min(i64::from(self.peer_max_frame));
+            let room = usize::try_from(room).unwrap_or(0);
+            let n = room.min(s.send_queued);
+            let ending = s.send_state == SendState::Ending;
+            if n == 0 && !(s.send_queued == 0 && ending) {
+                // Blocked on a window: a WINDOW_UPDATE schedules it again.
+                continue;
+            }
+            let last = ending && n == s.send_queued;
+            let end_stream = last && s.send_trailers.is_none();
+            FrameHeader {
+                len: n as u32,
+                kind: frame::DATA,
+                flags: if end_stream {
+                    frame::FLAG_END_STREAM
+                } else {
+                    0
+                },
+                stream: id,
+            }
+            .write(&mut self.out);
+            let mut left = n;
+            while left > 0 {
+                let Some(front) = s.send.front_mut() else {
+                    break;
+                };
+                let take = left.min(front.len());
+                self.out.extend_from_slice(&front[..take]);
+                front.advance(take);
+                if front.is_empty() {
+                    s.send.pop_front();
+                }
+                left -= take;
+            }
+            s.send_queued -= n;
+            s.send_window -= n as i64;
+            self.conn_send_window -= n as i64;
+            if s.send_queued < self.peer_max_frame as usize
+                && let Some(w) = s.writable_waker.take()
+            {
+                w.wake();
+            }
+            if last {
+                if let Some(trailers) = s.send_trailers.take() {
+                    self.block.clear();
+                    self.encoder
+                        .encode(trailers.iter().map(|(k, v)| field(k, v)), &mut self.block);
+                    frame::write_header_block(
+                        id,
+                        true,
+                        &self.block,
+                        self.peer_max_frame,
+                        &mut self.out,
+                    );
+                }
+                self.finish_send(id);
+            } else {
+                self.schedule(id);
+            }
+        }
+    }
+
+    /// The stream's END_STREAM is in `out`.
+    pub(super) fn finish_send(&mut self, id: u32) {
+        self.ends_in_out += 1;
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        s.send_state = SendState::Done;
+        s.send = VecDeque::new();
+        if let Some(w) = s.writable_waker.take() {
+            w.wake();
+        }
+        // §8.1: the answer is complete and nobody reads the rest of the
+        // request: ask the client to stop sending it, without error.
+        if s.body_dropped && !s.recv_end {
+            s.reset = Some((ErrorCode::NO_ERROR, false));
+            Frame::RstStream {
+                stream: id,
+                code: ErrorCode::NO_ERROR,
+            }
+            .write(&mut self.out);
+        }
+        self.gc(id);
+    }
+
+    /// Applies a new SETTINGS_INITIAL_WINDOW_SIZE to every stream's send
+    /// window (§6.9.2); false if one would pass 2^31-1.
+    pub(super) fn set_peer_initial_window(&mut self, size: u32) -> bool {
+        let delta = i64::from(size) - i64::from(self.peer_initial_window);
+        self.peer_initial_window = size;
+        let mut ids = Vec::new();
+        for (id, s) in &mut self.streams {
+            s.send_window += delta;
+            if s.send_window > i64::from(MAX_WINDOW) {
+                return false;
+            }
+            if delta > 0 {
+                ids.push(*id);
+            }
+        }
+        for id in ids {
+            self.schedule(id);
+        }
+        true
+    }
+
+    /// After a connection WINDOW_UPDATE: every stream with data waits on
+    /// it possibly.
+    pub(super) fn schedule_all(&mut self) {
+        let ids: Vec<u32> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| s.send_queued > 0 && !s.scheduled)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.schedule(id);
+        }
+    }
+
+    /// The connection ended: every handle learns it.
+    pub(super) fn kill(&mut self, code: Option<ErrorCode>, reason: &'static str) {
+        if matches!(self.sealed, Sealed::Dead(..)) {
+            return;
+        }
+        self.sealed = Sealed::Dead(code, reason);
+        for s in self.streams.values_mut() {
+            if s.send_state == SendState::Ending {
+                self.ends_dropped += 1;
+            }
+            s.wake_all();
+        }
+    }
+}
+
+pub(super) fn field<'a>(name: &'a http::HeaderName, value: &'a http::HeaderValue) -> FieldRef<'a> {
+    let f = FieldRef::new(name.as_str().as_bytes(), value.as_bytes());
+    if value.is_sensitive() {
+        f.sensitive()
+    } else {
+        f
+    }
+}

@@ -1,0 +1,229 @@
+//! Against clients we did not write: the h2 crate and hyper's HTTP/2
+//! client drive [`Connection`] over an in-memory pipe; and an ignored
+//! test that serves on loopback for h2spec.
+
+use std::future::poll_fn;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use http_body_util::BodyExt;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::super::ErrorCode;
+use super::{Connection, Error, RecvBody, Respond, ServerSettings};
+
+const T: Duration = Duration::from_secs(20);
+
+/// Echoes the request's body (in 16 KiB sends, waiting for
+/// `poll_writable`) and trailers; `x-len` says how many bytes came.
+pub(super) async fn echo(req: Request<RecvBody>, mut respond: Respond) -> Result<(), Error> {
+    let (parts, body) = req.into_parts();
+    let collected = body.collect().await?;
+    let trailers = collected.trailers().cloned();
+    let data = collected.to_bytes();
+    let mut head = Response::new(());
+    head.headers_mut()
+        .insert("x-len", http::HeaderValue::from(data.len()));
+    if let Some(v) = parts.headers.get("x-status-only") {
+        head.headers_mut().insert("x-status-only", v.clone());
+        respond.send_response(head, true)?;
+        return Ok(());
+    }
+    let mut send = respond.send_response(head, false)?;
+    let mut rest = data;
+    while !rest.is_empty() {
+        poll_fn(|cx| send.poll_writable(cx)).await?;
+        let chunk = rest.split_to(rest.len().min(16 << 10));
+        send.send_data(chunk, false)?;
+    }
+    match trailers {
+        Some(t) => send.send_trailers(t)?,
+        None => send.send_data(Bytes::new(), true)?,
+    }
+    Ok(())
+}
+
+/// Serves `io` with `echo` per stream until the connection ends.
+pub(super) async fn serve<T>(io: T, settings: ServerSettings) -> Result<(), Error>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut conn = Connection::new(io, settings);
+    while let Some(next) = poll_fn(|cx| conn.poll_accept(cx)).await {
+        let (req, respond) = next?;
+        tokio::spawn(echo(req, respond));
+    }
+    Ok(())
+}
+
+fn payload(n: usize, seed: u8) -> Bytes {
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>().into()
+}
+
+/// Sends one request on an h2 client and reads the echoed answer.
+async fn h2_call(
+    mut client: h2::client::SendRequest<Bytes>,
+    body: Bytes,
+    trailers: Option<HeaderMap>,
+) -> (Bytes, Option<HeaderMap>) {
+    let req = Request::post("http://test.local/echo").body(()).expect("request");
+    let (response, mut stream) = client.send_request(req, false).expect("send_request");
+    let mut rest = body.clone();
+    while !rest.is_empty() {
+        stream.reserve_capacity(rest.len().min(64 << 10));
+        let cap = poll_fn(|cx| stream.poll_capacity(cx))
+            .await
+            .expect("capacity")
+            .expect("capacity ok");
+        let chunk = rest.split_to(cap.min(rest.len()));
+        stream.send_data(chunk, false).expect("send_data");
+    }
+    match trailers {
+        Some(t) => stream.send_trailers(t).expect("trailers"),
+        None => stream.send_data(Bytes::new(), true).expect("end"),
+    }
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), 200);
+    let len: usize = response.headers()["x-len"].to_str().expect("x-len").parse().expect("n");
+    assert_eq!(len, body.len());
+    let mut recv = response.into_body();
+    let mut got = Vec::new();
+    while let Some(chunk) = recv.data().await {
+        let chunk = chunk.expect("data");
+        recv.flow_control().release_capacity(chunk.len()).expect("release");
+        got.extend_from_slice(&chunk);
+    }
+    let trailers = recv.trailers().await.expect("trailers");
+    (got.into(), trailers)
+}
+
+#[tokio::test]
+async fn h2_client_many_streams_big_bodies_both_ways() {
+    let (client_io, server_io) = tokio::io::duplex(64 << 10);
+    let server = tokio::spawn(serve(server_io, ServerSettings::default()));
+    let (client, connection) = h2::client::Builder::new()
+        .initial_window_size(100_000)
+        .handshake::<_, Bytes>(client_io)
+        .await
+        .expect("handshake");
+    let connection = tokio::spawn(connection);
+    let mut calls = Vec::new();
+    for i in 0..40usize {
+        let body = payload(if i % 4 == 0 { 700_000 } else { i * 1000 }, i as u8);
+        let trailers = (i % 3 == 0).then(|| {
+            let mut t = HeaderMap::new();
+            t.insert("grpc-status", http::HeaderValue::from(i));
+            t
+        });
+        let client = client.clone();
+        calls.push(tokio::spawn(async move {
+            let (got, got_trailers) = h2_call(client, body.clone(), trailers.clone()).await;
+            assert!(got == body, "stream {i}: echoed body differs");
+            assert_eq!(got_trailers, trailers, "stream {i}");
+        }));
+    }
+    for c in calls {
+        tokio::time::timeout(T, c).await.expect("in time").expect("call");
+    }
+    drop(client);
+    tokio::time::timeout(T, connection).await.expect("closes").expect("join").expect("clean");
+    tokio::time::timeout(T, server).await.expect("ends").expect("join").expect("clean end");
+}
+
+#[tokio::test]
+async fn hyper_client_concurrent_requests() {
+    let (client_io, server_io) = tokio::io::duplex(64 << 10);
+    let server = tokio::spawn(serve(server_io, ServerSettings::default()));
+    let (sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(client_io),
+    )
+    .await
+    .expect("handshake");
+    let connection = tokio::spawn(connection);
+    let mut calls = Vec::new();
+    for i in 0..60usize {
+        let mut sender = sender.clone();
+        calls.push(tokio::spawn(async move {
+            let body = payload(i * 3000, i as u8);
+            let req = Request::post(format!("http://test.local/{i}"))
+                .body(http_body_util::Full::new(body.clone()))
+                .expect("request");
+            let resp = sender.send_request(req).await.expect("response");
+            assert_eq!(resp.status(), 200);
+            let got = resp.into_body().collect().await.expect("body").to_bytes();
+            assert!(got == body, "request {i}: echo differs");
+        }));
+    }
+    for c in calls {
+        tokio::time::timeout(T, c).await.expect("in time").expect("call");
+    }
+    drop(sender);
+    tokio::time::timeout(T, connection).await.expect("closes").expect("join").expect("clean");
+    tokio::time::timeout(T, server).await.expect("ends").expect("join").expect("clean end");
+}
+
+#[tokio::test]
+async fn client_reset_reaches_poll_reset() {
+    let (client_io, server_io) = tokio::io::duplex(64 << 10);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let server = tokio::spawn(async move {
+        let mut conn = Connection::new(server_io, ServerSettings::default());
+        let (_req, mut respond) = poll_fn(|cx| conn.poll_accept(cx))
+            .await
+            .expect("a stream")
+            .expect("ok");
+        let drive = async {
+            loop {
+                if poll_fn(|cx| conn.poll_accept(cx)).await.is_none() {
+                    break;
+                }
+            }
+        };
+        let code = tokio::select! {
+            code = poll_fn(|cx| respond.poll_reset(cx)) => code,
+            () = drive => ErrorCode::NO_ERROR,
+        };
+        let _ = tx.send(code);
+    });
+    let (mut client, connection) = h2::client::handshake(client_io).await.expect("handshake");
+    let connection = tokio::spawn(connection);
+    let req = Request::get("http://test.local/").body(()).expect("request");
+    let (_response, mut stream) = client.send_request(req, false).expect("send");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    stream.send_reset(h2::Reason::CANCEL);
+    let code = tokio::time::timeout(T, rx).await.expect("in time").expect("code");
+    assert_eq!(code, ErrorCode::CANCEL);
+    server.abort();
+    connection.abort();
+}
+
+/// Serves on 127.0.0.1:$H2SPEC_PORT for $H2SPEC_SECS seconds (default 60):
+/// `cargo test -p kubegrace-sidecar h2spec_server -- --ignored` then
+/// `h2spec -p $H2SPEC_PORT`.
+#[tokio::test]
+#[ignore = "serves for h2spec on loopback; run by hand"]
+async fn h2spec_server() {
+    let port: u16 = std::env::var("H2SPEC_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(18_443);
+    let secs: u64 = std::env::var("H2SPEC_SECS")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(60);
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("bind");
+    let settings = ServerSettings {
+        max_header_list_size: 16 << 10,
+        ..ServerSettings::default()
+    };
+    let until = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while let Ok(Ok((io, _))) = tokio::time::timeout_at(until, listener.accept()).await {
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(10), serve(io, settings)).await;
+        });
+    }
+}

@@ -38,7 +38,7 @@ pub mod cli;
 pub mod config_keys;
 pub mod drain;
 pub mod error;
-pub(crate) mod h2wire; // HTTP/2 codec of our own, not wired in yet (h2wire/mod.rs)
+pub(crate) mod h2wire; // the HTTP/2 codec of our own (h2wire/mod.rs)
 pub mod http2;
 pub mod inherit;
 pub mod listen;

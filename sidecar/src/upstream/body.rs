@@ -153,10 +153,12 @@ impl BodyDeadline {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The request body as the client sends it: hyper's for HTTP/1, the h2
-/// crate's stream for HTTP/2 (see http2.rs).
+/// The request body as the client sends it: hyper's for HTTP/1, the
+/// sidecar's own codec's for HTTP/2 (src/h2wire/server/).
 pub enum DownstreamBody {
     Http1(Incoming),
+    // The codec is the crate's own; outside it this variant is never built.
+    #[allow(private_interfaces)]
     Http2(crate::h2wire::server::RecvBody),
 }
 
@@ -186,9 +188,16 @@ impl http_body::Body for DownstreamBody {
             }),
             DownstreamBody::Http2(body) => Pin::new(body).poll_frame(cx).map_err(|err| {
                 // The client's RST_STREAM, a GOAWAY or a broken socket is
-                // a client gone; an error h2 found in the stream itself
+                // a client gone; an error found in the stream itself
                 // (a length that does not add up) is a bad body.
-                let gone = err.is_client_gone();
+                use crate::h2wire::server::Error as H2Error;
+                let gone = matches!(
+                    err,
+                    H2Error::Io(_)
+                        | H2Error::Closed { .. }
+                        | H2Error::Connection { remote: true, .. }
+                        | H2Error::Stream { remote: true, .. }
+                );
                 DownstreamError {
                     gone,
                     source: Box::new(err),

@@ -235,8 +235,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             sh.reset_stream(id, ErrorCode::STREAM_CLOSED, false);
             return Ok(());
         };
-        if s.reset.is_some() {
+        if let Some((_, remote)) = s.reset {
             sh.release_conn(flow_len);
+            if remote {
+                sh.closed_stream_frame(id);
+            }
             return Ok(());
         }
         if s.recv_end {
@@ -315,7 +318,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         let Some(s) = sh.streams.get_mut(&id) else {
             return Ok(());
         };
-        if s.reset.is_some() {
+        if let Some((_, remote)) = s.reset {
+            // Ours: the client may not have seen it yet (frames in flight).
+            if remote {
+                sh.closed_stream_frame(id);
+            }
             return Ok(());
         }
         if s.recv_end {

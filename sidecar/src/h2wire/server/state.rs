@@ -233,6 +233,19 @@ impl Shared {
         self.wake_conn();
     }
 
+    /// A frame on a stream the client itself reset (§5.1 closed): only
+    /// RST_STREAM(STREAM_CLOSED) is written, the stream is over already.
+    pub(super) fn closed_stream_frame(&mut self, id: u32) {
+        self.local_error_resets += 1;
+        if self.sealed == Sealed::Open {
+            Frame::RstStream {
+                stream: id,
+                code: ErrorCode::STREAM_CLOSED,
+            }
+            .write(&mut self.out);
+        }
+    }
+
     /// The client reset `id`: nothing more is sent on it.
     pub(super) fn remote_reset(&mut self, id: u32, code: ErrorCode) {
         let Some(s) = self.streams.get_mut(&id) else {

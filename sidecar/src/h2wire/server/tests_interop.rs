@@ -223,7 +223,27 @@ async fn h2spec_server() {
     let until = tokio::time::Instant::now() + Duration::from_secs(secs);
     while let Ok(Ok((io, _))) = tokio::time::timeout_at(until, listener.accept()).await {
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(10), serve(io, settings)).await;
+            let _ = tokio::time::timeout(Duration::from_secs(10), serve_fixed(io, settings)).await;
         });
     }
+}
+
+/// A fixed answer (a body, so a zero window keeps the stream open), the
+/// request's body read to its end first.
+async fn fixed(req: Request<RecvBody>, mut respond: Respond) -> Result<(), Error> {
+    req.into_body().collect().await?;
+    let mut send = respond.send_response(Response::new(()), false)?;
+    send.send_data(Bytes::from_static(b"hello from h2wire\n"), true)
+}
+
+async fn serve_fixed<T>(io: T, settings: ServerSettings) -> Result<(), Error>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut conn = Connection::new(io, settings);
+    while let Some(next) = poll_fn(|cx| conn.poll_accept(cx)).await {
+        let (req, respond) = next?;
+        tokio::spawn(fixed(req, respond));
+    }
+    Ok(())
 }

@@ -25,6 +25,10 @@ pub(super) async fn echo(req: Request<RecvBody>, mut respond: Respond) -> Result
     let mut head = Response::new(());
     head.headers_mut()
         .insert("x-len", http::HeaderValue::from(data.len()));
+    let line = format!("{} {} {:?}", parts.method, parts.uri, parts.version);
+    if let Ok(v) = http::HeaderValue::try_from(line) {
+        head.headers_mut().insert("x-request", v);
+    }
     if let Some(v) = parts.headers.get("x-status-only") {
         head.headers_mut().insert("x-status-only", v.clone());
         respond.send_response(head, true)?;
@@ -58,7 +62,10 @@ where
 }
 
 fn payload(n: usize, seed: u8) -> Bytes {
-    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>().into()
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect::<Vec<u8>>()
+        .into()
 }
 
 /// Sends one request on an h2 client and reads the echoed answer.
@@ -67,7 +74,9 @@ async fn h2_call(
     body: Bytes,
     trailers: Option<HeaderMap>,
 ) -> (Bytes, Option<HeaderMap>) {
-    let req = Request::post("http://test.local/echo").body(()).expect("request");
+    let req = Request::post("http://test.local/echo")
+        .body(())
+        .expect("request");
     let (response, mut stream) = client.send_request(req, false).expect("send_request");
     let mut rest = body.clone();
     while !rest.is_empty() {
@@ -85,13 +94,19 @@ async fn h2_call(
     }
     let response = response.await.expect("response");
     assert_eq!(response.status(), 200);
-    let len: usize = response.headers()["x-len"].to_str().expect("x-len").parse().expect("n");
+    let len: usize = response.headers()["x-len"]
+        .to_str()
+        .expect("x-len")
+        .parse()
+        .expect("n");
     assert_eq!(len, body.len());
     let mut recv = response.into_body();
     let mut got = Vec::new();
     while let Some(chunk) = recv.data().await {
         let chunk = chunk.expect("data");
-        recv.flow_control().release_capacity(chunk.len()).expect("release");
+        recv.flow_control()
+            .release_capacity(chunk.len())
+            .expect("release");
         got.extend_from_slice(&chunk);
     }
     let trailers = recv.trailers().await.expect("trailers");
@@ -124,11 +139,22 @@ async fn h2_client_many_streams_big_bodies_both_ways() {
         }));
     }
     for c in calls {
-        tokio::time::timeout(T, c).await.expect("in time").expect("call");
+        tokio::time::timeout(T, c)
+            .await
+            .expect("in time")
+            .expect("call");
     }
     drop(client);
-    tokio::time::timeout(T, connection).await.expect("closes").expect("join").expect("clean");
-    tokio::time::timeout(T, server).await.expect("ends").expect("join").expect("clean end");
+    tokio::time::timeout(T, connection)
+        .await
+        .expect("closes")
+        .expect("join")
+        .expect("clean");
+    tokio::time::timeout(T, server)
+        .await
+        .expect("ends")
+        .expect("join")
+        .expect("clean end");
 }
 
 #[tokio::test]
@@ -157,11 +183,22 @@ async fn hyper_client_concurrent_requests() {
         }));
     }
     for c in calls {
-        tokio::time::timeout(T, c).await.expect("in time").expect("call");
+        tokio::time::timeout(T, c)
+            .await
+            .expect("in time")
+            .expect("call");
     }
     drop(sender);
-    tokio::time::timeout(T, connection).await.expect("closes").expect("join").expect("clean");
-    tokio::time::timeout(T, server).await.expect("ends").expect("join").expect("clean end");
+    tokio::time::timeout(T, connection)
+        .await
+        .expect("closes")
+        .expect("join")
+        .expect("clean");
+    tokio::time::timeout(T, server)
+        .await
+        .expect("ends")
+        .expect("join")
+        .expect("clean end");
 }
 
 #[tokio::test]
@@ -189,11 +226,16 @@ async fn client_reset_reaches_poll_reset() {
     });
     let (mut client, connection) = h2::client::handshake(client_io).await.expect("handshake");
     let connection = tokio::spawn(connection);
-    let req = Request::get("http://test.local/").body(()).expect("request");
+    let req = Request::get("http://test.local/")
+        .body(())
+        .expect("request");
     let (_response, mut stream) = client.send_request(req, false).expect("send");
     tokio::time::sleep(Duration::from_millis(50)).await;
     stream.send_reset(h2::Reason::CANCEL);
-    let code = tokio::time::timeout(T, rx).await.expect("in time").expect("code");
+    let code = tokio::time::timeout(T, rx)
+        .await
+        .expect("in time")
+        .expect("code");
     assert_eq!(code, ErrorCode::CANCEL);
     server.abort();
     connection.abort();

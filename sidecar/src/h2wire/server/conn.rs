@@ -19,6 +19,9 @@ use super::{Error, RecvBody, Respond, ServerSettings};
 pub(super) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Bytes asked of the socket per read beyond what the current frame needs.
 const READ_CHUNK: usize = 16 << 10;
+/// Less room than this left in the read buffer: a new one is taken rather
+/// than reading a few bytes per call.
+const MIN_READ: usize = 1024;
 /// PING payloads of ours, told apart in the ACKs.
 pub(super) const GRACEFUL_PING: [u8; 8] = *b"kg-drain";
 pub(super) const USER_PING: [u8; 8] = *b"kg-ping!";
@@ -65,7 +68,10 @@ pub(crate) struct Connection<T> {
     pub(super) io: T,
     pub(super) shared: SharedRef,
     pub(super) settings: ServerSettings,
+    /// Zero-filled once when taken (its `len` is all initialized); the
+    /// first `filled` bytes are read data, frames from the front.
     pub(super) read_buf: BytesMut,
+    pub(super) filled: usize,
     pub(super) writing: Vec<u8>,
     pub(super) written: usize,
     pub(super) ends_in_writing: u64,
@@ -152,6 +158,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             shared: Arc::new(Mutex::new(shared)),
             settings,
             read_buf: BytesMut::new(),
+            filled: 0,
             writing: Vec::new(),
             written: 0,
             ends_in_writing: 0,
@@ -303,7 +310,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
 
     pub fn heap_bytes(&self) -> usize {
         let sh = lock(&self.shared);
-        size_of::<Mutex<Shared>>()
+        // The connection itself counts too: it lives in a spawned task's
+        // future, on the heap.
+        size_of::<Self>()
+            + size_of::<Mutex<Shared>>()
             + 2 * size_of::<usize>()
             + sh.heap_bytes()
             + self.read_buf.capacity()
@@ -313,6 +323,23 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             + self.assembling.as_ref().map_or(0, |a| a.buf.capacity())
             + self.client_settings.as_ref().map_or(0, |s| s.len())
             + self.accepted.capacity() * size_of::<Accepted>()
+    }
+
+    #[cfg(test)]
+    pub(super) fn heap_parts(&self) -> Vec<(&'static str, usize)> {
+        let sh = lock(&self.shared);
+        vec![
+            ("streams", sh.streams.capacity()),
+            ("out", sh.out.capacity()),
+            ("block", sh.block.capacity()),
+            ("ready", sh.ready.capacity()),
+            ("encoder", sh.encoder.memory()),
+            ("read_buf", self.read_buf.capacity()),
+            ("writing", self.writing.capacity()),
+            ("decoder", self.decoder.memory()),
+            ("hblock", self.block.capacity()),
+            ("accepted", self.accepted.capacity()),
+        ]
     }
 
     fn poll_drive(
@@ -383,6 +410,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             }
             match self.poll_read(cx) {
                 Poll::Pending => {
+                    self.release_idle();
                     if flushed && !lock(&self.shared).ready.is_empty() {
                         cx.waker().wake_by_ref();
                     }
@@ -398,6 +426,16 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                     return Poll::Ready(Some(Err(Error::Io(e))));
                 }
             }
+        }
+    }
+
+    /// Nothing buffered, no stream open: the read-side buffers go back
+    /// (the write side does the same once flushed, in poll_write).
+    fn release_idle(&mut self) {
+        if self.filled == 0 && self.accepted.is_empty() && lock(&self.shared).open == 0 {
+            self.read_buf = BytesMut::new();
+            self.block = HeaderBlock::default();
+            self.accepted = VecDeque::new();
         }
     }
 
@@ -473,25 +511,39 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             if sh.out.is_empty() {
                 sh.out = Vec::new();
             }
+            if sh.open == 0 {
+                sh.block = Vec::new();
+                if sh.ready.is_empty() {
+                    sh.ready = Default::default();
+                }
+            }
         }
         Ok(true)
     }
 
-    /// One read into the buffer, sized for the frame being read.
+    /// One read into the buffer, sized for the frame being read. A
+    /// buffer is taken only when the current one has too little room left
+    /// (the partial frame moves over), and given back when a read finds
+    /// nothing with nothing buffered and no stream open.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        let have = self.read_buf.len();
+        let have = self.filled;
         let need = if have < HEADER_LEN {
             HEADER_LEN - have
         } else {
-            let len = u32::from_be_bytes([0, self.read_buf[0], self.read_buf[1], self.read_buf[2]]);
+            let b = &self.read_buf;
+            let len = u32::from_be_bytes([0, b[0], b[1], b[2]]);
             (HEADER_LEN + len as usize).saturating_sub(have)
         };
-        let chunk = need.max(READ_CHUNK);
-        self.read_buf.resize(have + chunk, 0);
+        let room = self.read_buf.len() - have;
+        if room < need || room < MIN_READ {
+            let mut fresh = BytesMut::zeroed((have + need).max(READ_CHUNK));
+            fresh[..have].copy_from_slice(&self.read_buf[..have]);
+            self.read_buf = fresh;
+        }
         let mut rb = ReadBuf::new(&mut self.read_buf[have..]);
         let res = Pin::new(&mut self.io).poll_read(cx, &mut rb);
         let n = rb.filled().len();
-        self.read_buf.truncate(have + n);
+        self.filled += n;
         match res {
             Poll::Ready(Ok(())) => Poll::Ready(Ok(n)),
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),

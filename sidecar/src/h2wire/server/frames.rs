@@ -43,7 +43,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// Handles every complete frame in the read buffer.
     pub(super) fn process(&mut self) -> Result<(), ConnError> {
         if self.phase == Phase::Preface {
-            let n = self.read_buf.len().min(PREFACE.len());
+            let n = self.filled.min(PREFACE.len());
             if self.read_buf[..n] != PREFACE[..n] {
                 return Err((ErrorCode::PROTOCOL_ERROR, "not the HTTP/2 preface"));
             }
@@ -51,9 +51,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 return Ok(());
             }
             let _ = self.read_buf.split_to(PREFACE.len());
+            self.filled -= PREFACE.len();
             self.phase = Phase::FirstSettings;
         }
-        while self.read_buf.len() >= HEADER_LEN {
+        while self.filled >= HEADER_LEN {
             let mut head = [0u8; HEADER_LEN];
             head.copy_from_slice(&self.read_buf[..HEADER_LEN]);
             let header = FrameHeader::parse(&head);
@@ -65,10 +66,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 return Err((e.code, e.reason));
             }
             let total = HEADER_LEN + header.len as usize;
-            if self.read_buf.len() < total {
+            if self.filled < total {
                 break;
             }
             let buf = self.read_buf.split_to(total);
+            self.filled -= total;
             self.on_frame(header, buf)?;
             let sh = lock(&self.shared);
             if sh.local_error_resets > self.settings.max_local_error_resets {
@@ -80,12 +82,6 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             if sh.sealed != Sealed::Open {
                 break;
             }
-        }
-        let open = lock(&self.shared).open;
-        if self.read_buf.is_empty() && open == 0 && self.accepted.is_empty() {
-            // Idle: the buffers go back.
-            self.read_buf = BytesMut::new();
-            self.block = Default::default();
         }
         Ok(())
     }

@@ -57,7 +57,10 @@ pub(super) fn spawn_server(
                     }
                 },
                 Some(cmd) = rx.recv() => match cmd {
-                    Cmd::Heap(r) => { let _ = r.send(conn.heap_bytes()); }
+                    Cmd::Heap(r) => {
+                        println!("heap parts: {:?}", conn.heap_parts());
+                        let _ = r.send(conn.heap_bytes());
+                    }
                     Cmd::Ends(r) => { let _ = r.send((conn.ends_written(), conn.all_ends_written())); }
                     Cmd::Graceful => conn.graceful_shutdown(),
                     Cmd::Final(last) => {
@@ -247,6 +250,30 @@ impl Client {
             .iter()
             .find(|f| f.name == name.as_bytes())
             .map(|f| String::from_utf8_lossy(f.value).into_owned())
+    }
+
+    /// Flushes, then nothing but SETTINGS/WINDOW_UPDATE for 200 ms (no
+    /// GOAWAY, no EOF): for a half-sent header block, where a PING would
+    /// itself be an error.
+    pub(super) async fn roundtrip_err(&mut self) {
+        self.flush().await;
+        loop {
+            let mut head = [0u8; HEADER_LEN];
+            let read =
+                tokio::time::timeout(Duration::from_millis(200), self.io.read_exact(&mut head))
+                    .await;
+            let Ok(read) = read else {
+                return;
+            };
+            read.expect("the connection is still open");
+            let header = FrameHeader::parse(&head);
+            let mut payload = vec![0; header.len as usize];
+            self.io.read_exact(&mut payload).await.expect("payload");
+            assert!(
+                matches!(header.kind, frame::SETTINGS | frame::WINDOW_UPDATE),
+                "unexpected frame {header:?}"
+            );
+        }
     }
 
     /// A PING answered: everything written before it was processed and

@@ -1,1 +1,386 @@
+//! Abuse bounds, each at the bound (served) and one past it (refused),
+//! and the drain's GOAWAY sequences, on raw frames.
 
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+
+use super::super::ErrorCode;
+use super::super::frame::{self, Frame};
+use super::ServerSettings;
+use super::frames::{EMPTY_DATA_LIMIT, MAX_BLOCK_FRAMES};
+use super::tests::{Client, Cmd, GET, ask};
+
+const T: Duration = Duration::from_secs(5);
+
+/// HEADERS plus `continuations` CONTINUATIONs, the block in the first.
+fn split_block(c: &mut Client, id: u32, continuations: u32) {
+    let block = c.encode(&GET);
+    c.push(Frame::Headers {
+        stream: id,
+        end_stream: true,
+        end_headers: continuations == 0,
+        priority: None,
+        block: &block,
+    });
+    for i in 1..=continuations {
+        c.push(Frame::Continuation {
+            stream: id,
+            end_headers: i == continuations,
+            block: b"",
+        });
+    }
+}
+
+#[tokio::test]
+async fn continuation_flood_is_cut_at_the_frame_bound() {
+    let (mut c, _cmds, _task) = Client::connect(ServerSettings::default()).await;
+    split_block(&mut c, 1, MAX_BLOCK_FRAMES - 1);
+    c.flush().await;
+    let h = c.until(frame::HEADERS, Some(1)).await;
+    assert_eq!(c.decode(&h), "200");
+    split_block(&mut c, 3, MAX_BLOCK_FRAMES);
+    c.flush().await;
+    assert_eq!(
+        c.until(frame::GOAWAY, None).await.code(),
+        Some(ErrorCode::ENHANCE_YOUR_CALM)
+    );
+}
+
+#[tokio::test]
+async fn header_block_bytes_are_bounded_before_hpack() {
+    let settings = ServerSettings {
+        max_header_list_size: 4096,
+        ..ServerSettings::default()
+    };
+    let (mut c, _cmds, _task) = Client::connect(settings).await;
+    // 4096 + 2048 + 4096 bytes accepted; this junk would be a
+    // COMPRESSION_ERROR if HPACK saw it.
+    let junk = vec![0xffu8; 6000];
+    c.push(Frame::Headers {
+        stream: 1,
+        end_stream: true,
+        end_headers: false,
+        priority: None,
+        block: &junk,
+    });
+    c.push(Frame::Continuation {
+        stream: 1,
+        end_headers: false,
+        block: &junk[..4240],
+    });
+    c.roundtrip_err().await;
+    c.push(Frame::Continuation {
+        stream: 1,
+        end_headers: true,
+        block: &junk[..1],
+    });
+    c.flush().await;
+    assert_eq!(
+        c.until(frame::GOAWAY, None).await.code(),
+        Some(ErrorCode::ENHANCE_YOUR_CALM)
+    );
+}
+
+#[tokio::test]
+async fn rapid_reset_is_cut_past_its_budget() {
+    let settings = ServerSettings {
+        max_concurrent_streams: 10,
+        ..ServerSettings::default()
+    };
+    let (mut c, _cmds, _task) = Client::connect(settings).await;
+    // max(100, 2 * 10) resets of unanswered streams a second.
+    let mut id = 1;
+    for _ in 0..100 {
+        c.get(id, false);
+        c.push(Frame::RstStream {
+            stream: id,
+            code: ErrorCode::CANCEL,
+        });
+        id += 2;
+    }
+    c.flush().await;
+    c.roundtrip().await;
+    c.get(id, false);
+    c.push(Frame::RstStream {
+        stream: id,
+        code: ErrorCode::CANCEL,
+    });
+    c.flush().await;
+    assert_eq!(
+        c.until(frame::GOAWAY, None).await.code(),
+        Some(ErrorCode::ENHANCE_YOUR_CALM)
+    );
+}
+
+#[tokio::test]
+async fn empty_data_flood_is_cut_past_its_bound() {
+    let (mut c, _cmds, _task) = Client::connect(ServerSettings::default()).await;
+    c.get(1, false);
+    for _ in 0..EMPTY_DATA_LIMIT {
+        c.push(Frame::Data {
+            stream: 1,
+            end_stream: false,
+            data: b"",
+            flow_len: 0,
+        });
+    }
+    c.flush().await;
+    c.roundtrip().await;
+    c.push(Frame::Data {
+        stream: 1,
+        end_stream: false,
+        data: b"",
+        flow_len: 0,
+    });
+    c.flush().await;
+    assert_eq!(
+        c.until(frame::GOAWAY, None).await.code(),
+        Some(ErrorCode::ENHANCE_YOUR_CALM)
+    );
+}
+
+#[tokio::test]
+async fn errors_that_make_us_reset_are_bounded() {
+    let settings = ServerSettings {
+        max_local_error_resets: 5,
+        ..ServerSettings::default()
+    };
+    let (mut c, _cmds, _task) = Client::connect(settings).await;
+    let bad = [&GET[..], &[("Upper", "x")]].concat();
+    let mut id = 1;
+    for _ in 0..5 {
+        c.headers(id, true, &bad);
+        id += 2;
+    }
+    c.flush().await;
+    c.roundtrip().await;
+    c.headers(id, true, &bad);
+    c.flush().await;
+    assert_eq!(
+        c.until(frame::GOAWAY, None).await.code(),
+        Some(ErrorCode::ENHANCE_YOUR_CALM)
+    );
+}
+
+/// A client that floods PINGs and SETTINGS and reads nothing: the server
+/// stops reading once its answers back up, so its memory stays bounded;
+/// a client that reads gets every answer.
+#[tokio::test]
+async fn ping_and_settings_floods_are_bounded_by_the_unread_output() {
+    let (mut c, cmds, _task) = Client::connect(ServerSettings::default()).await;
+    let mut one = Vec::new();
+    Frame::Ping {
+        ack: false,
+        data: *b"floodflo",
+    }
+    .write(&mut one);
+    Frame::Settings {
+        ack: false,
+        settings: Default::default(),
+    }
+    .write(&mut one);
+    let chunk = one.repeat(256);
+    let mut sent = 0usize;
+    let mut blocked = false;
+    for _ in 0..2000 {
+        match tokio::time::timeout(Duration::from_millis(200), c.io.write_all(&chunk)).await {
+            Ok(r) => r.expect("write"),
+            Err(_) => {
+                blocked = true;
+                break;
+            }
+        }
+        sent += chunk.len();
+    }
+    assert!(
+        blocked,
+        "the server kept reading {sent} bytes whose answers nobody read"
+    );
+    let heap = ask(&cmds, Cmd::Heap).await;
+    assert!(heap < 256 << 10, "heap {heap} bytes while flooded");
+    assert!(
+        sent < 4 << 20,
+        "{sent} bytes taken before the server stopped"
+    );
+
+    // At the bound: the same frames from a client that reads.
+    let (mut c, _cmds, _task) = Client::connect(ServerSettings::default()).await;
+    let (mut rd, mut wr) = tokio::io::split(std::mem::replace(&mut c.io, tokio::io::duplex(1).0));
+    let writer = tokio::spawn(async move {
+        for _ in 0..40 {
+            wr.write_all(&chunk).await.expect("write");
+        }
+    });
+    let mut acks = 0;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut total = 0usize;
+    // 40 * 256 PING ACKs (17 bytes) and SETTINGS ACKs (9 bytes).
+    let want = 40 * 256 * (17 + 9);
+    while total < want {
+        let n = tokio::time::timeout(T, tokio::io::AsyncReadExt::read(&mut rd, &mut buf))
+            .await
+            .expect("answers keep coming")
+            .expect("read");
+        assert!(n > 0, "EOF after {total} bytes");
+        total += n;
+        acks += 1;
+    }
+    assert!(acks > 0);
+    writer.await.expect("writer");
+}
+
+/// §6.8 two steps: GOAWAY(2^31-1) + PING; after the ACK, GOAWAY(last);
+/// open streams finish, later ones are refused, then the connection ends.
+#[tokio::test]
+async fn graceful_shutdown_two_steps() {
+    let (mut c, cmds, task) = Client::connect(ServerSettings::default()).await;
+    c.get(1, false);
+    c.flush().await;
+    c.roundtrip().await;
+    assert!(cmds.send(Cmd::Graceful).await.is_ok());
+    let g = c.until(frame::GOAWAY, None).await;
+    assert_eq!(
+        g.frame(),
+        Frame::GoAway {
+            last_stream: frame::MAX_WINDOW,
+            code: ErrorCode::NO_ERROR,
+            debug: b""
+        }
+    );
+    let p = c.until(frame::PING, None).await;
+    let Frame::Ping { ack: false, data } = p.frame() else {
+        panic!("PING")
+    };
+    // A stream opened before the ACK is still processed.
+    c.get(3, false);
+    c.push(Frame::Ping { ack: true, data });
+    c.flush().await;
+    let g = c.until(frame::GOAWAY, None).await;
+    assert_eq!(
+        g.frame(),
+        Frame::GoAway {
+            last_stream: 3,
+            code: ErrorCode::NO_ERROR,
+            debug: b""
+        }
+    );
+    c.get(5, true);
+    c.flush().await;
+    assert_eq!(
+        c.until(frame::RST_STREAM, Some(5)).await.code(),
+        Some(ErrorCode::REFUSED_STREAM)
+    );
+    for id in [1, 3] {
+        c.push(Frame::Data {
+            stream: id,
+            end_stream: true,
+            data: b"ab",
+            flow_len: 2,
+        });
+    }
+    c.flush().await;
+    let mut ended = 0;
+    while let Some(f) = c.next().await {
+        if let Frame::Data {
+            end_stream: true, ..
+        } = f.frame()
+        {
+            ended += 1;
+        }
+    }
+    assert_eq!(ended, 2, "both streams answered before the close");
+    let end = tokio::time::timeout(T, task)
+        .await
+        .expect("ends")
+        .expect("join");
+    assert!(end.is_ok(), "{end:?}");
+}
+
+/// One GOAWAY naming the last stream as the very last frame; streams
+/// above it dropped without RST_STREAM.
+#[tokio::test]
+async fn final_goaway_is_the_last_frame() {
+    let (mut c, cmds, task) = Client::connect(ServerSettings::default()).await;
+    c.get(1, true);
+    c.get(3, false);
+    c.get(5, false);
+    c.flush().await;
+    c.until(frame::DATA, Some(1)).await;
+    c.roundtrip().await;
+    assert!(cmds.send(Cmd::Final(3)).await.is_ok());
+    let mut last = None;
+    while let Some(f) = c.next().await {
+        assert_ne!(f.kind(), frame::RST_STREAM, "no RST for the dropped stream");
+        last = Some(f);
+    }
+    let last = last.expect("a frame");
+    assert_eq!(
+        last.frame(),
+        Frame::GoAway {
+            last_stream: 3,
+            code: ErrorCode::NO_ERROR,
+            debug: b""
+        }
+    );
+    let end = tokio::time::timeout(T, task)
+        .await
+        .expect("ends")
+        .expect("join");
+    assert!(end.is_ok(), "{end:?}");
+}
+
+#[tokio::test]
+async fn user_ping_and_pong() {
+    let (mut c, cmds, _task) = Client::connect(ServerSettings::default()).await;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    assert!(cmds.send(Cmd::Ping(tx)).await.is_ok());
+    let p = c.until(frame::PING, None).await;
+    let Frame::Ping { ack: false, data } = p.frame() else {
+        panic!("PING")
+    };
+    assert!(
+        !ask(&cmds, Cmd::Ping).await,
+        "a second PING while one is out"
+    );
+    c.push(Frame::Ping { ack: true, data });
+    c.flush().await;
+    assert!(
+        tokio::time::timeout(T, rx)
+            .await
+            .expect("pong in time")
+            .expect("answer")
+    );
+}
+
+#[tokio::test]
+async fn dropped_handles_reset_their_streams() {
+    let (mut c, cmds, _task) = Client::connect(ServerSettings::default()).await;
+    // The Respond dropped unanswered: CANCEL.
+    c.headers(1, true, &[&GET[..], &[("x-drop", "respond")]].concat());
+    c.flush().await;
+    assert_eq!(
+        c.until(frame::RST_STREAM, Some(1)).await.code(),
+        Some(ErrorCode::CANCEL)
+    );
+    // The body dropped, the answer complete: RST(NO_ERROR) after it
+    // (§8.1), and the body's unread bytes go back to the connection.
+    c.headers(3, false, &[&GET[..], &[("x-drop", "body")]].concat());
+    c.push(Frame::Data {
+        stream: 3,
+        end_stream: false,
+        data: &[1; 1000],
+        flow_len: 1000,
+    });
+    c.flush().await;
+    let h = c.until(frame::HEADERS, Some(3)).await;
+    assert_eq!(c.decode(&h), "200");
+    assert_eq!(
+        c.until(frame::RST_STREAM, Some(3)).await.code(),
+        Some(ErrorCode::NO_ERROR)
+    );
+    c.roundtrip().await;
+    let (written, all) = ask(&cmds, Cmd::Ends).await;
+    assert_eq!(written, 2);
+    assert!(all);
+}

@@ -17,8 +17,19 @@ const T: Duration = Duration::from_secs(20);
 
 /// Echoes the request's body (in 16 KiB sends, waiting for
 /// `poll_writable`) and trailers; `x-len` says how many bytes came.
+/// `x-drop: respond` drops the Respond unanswered; `x-drop: body`
+/// drops the body unread and answers at once.
 pub(super) async fn echo(req: Request<RecvBody>, mut respond: Respond) -> Result<(), Error> {
     let (parts, body) = req.into_parts();
+    match parts.headers.get("x-drop").map(|v| v.as_bytes()) {
+        Some(b"respond") => return Ok(()),
+        Some(b"body") => {
+            drop(body);
+            respond.send_response(Response::new(()), true)?;
+            return Ok(());
+        }
+        _ => {}
+    }
     let collected = body.collect().await?;
     let trailers = collected.trailers().cloned();
     let data = collected.to_bytes();
@@ -239,6 +250,29 @@ async fn client_reset_reaches_poll_reset() {
     assert_eq!(code, ErrorCode::CANCEL);
     server.abort();
     connection.abort();
+}
+
+/// An idle connection (handshake done, requests served, nothing open)
+/// holds well under 2 KiB of heap, HPACK tables included.
+#[tokio::test]
+async fn idle_connection_heap_is_small() {
+    let (client_io, server_io) = tokio::io::duplex(64 << 10);
+    let (cmds, _task) = super::tests::spawn_server(server_io, ServerSettings::default());
+    let (client, connection) = h2::client::handshake(client_io).await.expect("handshake");
+    let _connection = tokio::spawn(connection);
+    for i in 0..5usize {
+        let body = payload(i * 20_000, 3);
+        let (got, _) = h2_call(client.clone(), body.clone(), None).await;
+        assert!(got == body);
+    }
+    // Let the last answer's end reach the socket and the buffers go back.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let heap = super::tests::ask(&cmds, super::tests::Cmd::Heap).await;
+    println!("idle connection heap_bytes after 5 requests: {heap}");
+    assert!(heap < 2048, "idle connection holds {heap} bytes");
+    let (written, all) = super::tests::ask(&cmds, super::tests::Cmd::Ends).await;
+    assert_eq!(written, 5);
+    assert!(all);
 }
 
 /// Serves on 127.0.0.1:$H2SPEC_PORT for $H2SPEC_SECS seconds (default 60):

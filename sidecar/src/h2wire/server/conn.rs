@@ -27,6 +27,9 @@ pub(super) const GRACEFUL_PING: [u8; 8] = *b"kg-drain";
 pub(super) const USER_PING: [u8; 8] = *b"kg-ping!";
 /// Write rounds per wake-up before yielding to other tasks.
 const WRITE_ROUNDS: usize = 4;
+/// Reads per write round: a client that keeps the socket full still sees
+/// its answers (and WINDOW_UPDATEs) go out.
+const MAX_READS: usize = 8;
 
 pub(super) type Accepted = (http::Request<RecvBody>, Respond);
 
@@ -193,14 +196,14 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// Drives everything and yields new streams; Ready(None) once the
     /// connection ended cleanly, Ready(Some(Err)) once for an error.
     pub fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Accepted, Error>>> {
-        self.poll_drive(cx, true)
+        self.poll_drive(cx)
     }
 
     /// Drives the connection without accepting: streams that arrive are
     /// refused (REFUSED_STREAM). Ready once it closed.
     pub fn poll_closed(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         loop {
-            match self.poll_drive(cx, false) {
+            match self.poll_drive(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => return Poll::Ready(Ok(())),
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
@@ -342,11 +345,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         ]
     }
 
-    fn poll_drive(
-        &mut self,
-        cx: &mut Context<'_>,
-        accept: bool,
-    ) -> Poll<Option<Result<Accepted, Error>>> {
+    fn poll_drive(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Accepted, Error>>> {
         {
             let mut sh = lock(&self.shared);
             if !sh
@@ -357,25 +356,46 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 sh.conn_waker = Some(cx.waker().clone());
             }
         }
+        // Reads until the socket has nothing more (or the output backs
+        // up), handling frames as they come, then one write of all that
+        // was queued: one `write` per wake-up unless DATA is still ready.
+        let mut reads = 0;
         let mut rounds = 0;
         loop {
             if let Some(a) = self.accepted.pop_front() {
-                if accept {
-                    return Poll::Ready(Some(Ok(a)));
-                }
                 return Poll::Ready(Some(Ok(a)));
             }
             if self.finished {
                 return Poll::Ready(None);
             }
-            if self.closing.is_none()
-                && self.goaway != GoAway::Final
-                && let Err(e) = self.process()
-            {
-                self.fail(e);
+            if self.closing.is_none() && self.goaway != GoAway::Final {
+                if let Err(e) = self.process() {
+                    self.fail(e);
+                }
+                if !self.accepted.is_empty() {
+                    continue;
+                }
             }
-            if !self.accepted.is_empty() {
-                continue;
+            let ending = self.closing.is_some() || self.goaway == GoAway::Final;
+            if !ending && reads < MAX_READS && self.backlog() < OUT_HIGH {
+                match self.poll_read(cx) {
+                    Poll::Ready(Ok(0)) => {
+                        // Best effort: what is queued may still reach a
+                        // client that only closed its sending side.
+                        let _ = self.poll_write(cx);
+                        self.finish(None, "the client closed the connection");
+                        return Poll::Ready(None);
+                    }
+                    Poll::Ready(Ok(_)) => {
+                        reads += 1;
+                        continue;
+                    }
+                    Poll::Ready(Err(e)) => {
+                        self.finish(None, "I/O error");
+                        return Poll::Ready(Some(Err(Error::Io(e))));
+                    }
+                    Poll::Pending => {}
+                }
             }
             let flushed = match self.poll_write(cx) {
                 Ok(f) => f,
@@ -384,7 +404,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                     return Poll::Ready(Some(Err(Error::Io(e))));
                 }
             };
-            if self.closing.is_some() || self.goaway == GoAway::Final || self.should_close() {
+            rounds += 1;
+            if ending || self.should_close() {
                 if !flushed {
                     return Poll::Pending;
                 }
@@ -399,34 +420,25 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 self.finish(None, "connection closed");
                 return Poll::Ready(err.map(Err));
             }
-            let backlog = self.writing.len() - self.written + lock(&self.shared).out.len();
-            if flushed && rounds < WRITE_ROUNDS && !lock(&self.shared).ready.is_empty() {
-                rounds += 1;
-                continue;
-            }
-            if backlog >= OUT_HIGH {
-                // The client does not read: neither do we.
-                return Poll::Pending;
-            }
-            match self.poll_read(cx) {
-                Poll::Pending => {
-                    self.release_idle();
-                    if flushed && !lock(&self.shared).ready.is_empty() {
-                        cx.waker().wake_by_ref();
-                    }
-                    return Poll::Pending;
+            // More to do without waiting for the socket: DATA the round's
+            // output cap left in the queue, or reads cut by their budget.
+            let more = flushed && (reads >= MAX_READS || !lock(&self.shared).ready.is_empty());
+            if more {
+                if rounds < WRITE_ROUNDS {
+                    reads = 0;
+                    continue;
                 }
-                Poll::Ready(Ok(0)) => {
-                    self.finish(None, "the client closed the connection");
-                    return Poll::Ready(None);
-                }
-                Poll::Ready(Ok(_)) => {}
-                Poll::Ready(Err(e)) => {
-                    self.finish(None, "I/O error");
-                    return Poll::Ready(Some(Err(Error::Io(e))));
-                }
+                // Other tasks get their turn; this one comes back.
+                cx.waker().wake_by_ref();
             }
+            self.release_idle();
+            return Poll::Pending;
         }
+    }
+
+    /// Output not yet written to the socket.
+    fn backlog(&self) -> usize {
+        self.writing.len() - self.written + lock(&self.shared).out.len()
     }
 
     /// Nothing buffered, no stream open: the read-side buffers go back
@@ -474,34 +486,39 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
 
     /// Writes what is queued; Ok(true) once all of it reached the socket.
     fn poll_write(&mut self, cx: &mut Context<'_>) -> std::io::Result<bool> {
-        {
-            let mut guard = lock(&self.shared);
-            let sh = &mut *guard;
-            sh.fill();
+        loop {
             if self.written == self.writing.len() {
+                // Everything queued, DATA the windows allow included, goes
+                // in one buffer and one write. A partly written buffer is
+                // finished first while new frames wait in `out` (no copy,
+                // and the unread output of a client that does not read
+                // stays within two buffers).
+                let mut guard = lock(&self.shared);
+                let sh = &mut *guard;
+                sh.fill();
+                if sh.out.is_empty() {
+                    break;
+                }
                 self.writing.clear();
                 self.written = 0;
                 std::mem::swap(&mut self.writing, &mut sh.out);
-            } else if !sh.out.is_empty() {
-                self.writing.extend_from_slice(&sh.out);
-                sh.out.clear();
+                self.ends_in_writing += sh.ends_in_out;
+                sh.ends_in_out = 0;
             }
-            self.ends_in_writing += sh.ends_in_out;
-            sh.ends_in_out = 0;
-        }
-        while self.written < self.writing.len() {
-            match Pin::new(&mut self.io).poll_write(cx, &self.writing[self.written..]) {
-                Poll::Pending => return Ok(false),
-                Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
-                Poll::Ready(Ok(n)) => self.written += n,
-                Poll::Ready(Err(e)) => return Err(e),
+            while self.written < self.writing.len() {
+                match Pin::new(&mut self.io).poll_write(cx, &self.writing[self.written..]) {
+                    Poll::Pending => return Ok(false),
+                    Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+                    Poll::Ready(Ok(n)) => self.written += n,
+                    Poll::Ready(Err(e)) => return Err(e),
+                }
             }
+            self.ends_written += self.ends_in_writing;
+            self.ends_in_writing = 0;
         }
         if Pin::new(&mut self.io).poll_flush(cx).is_pending() {
             return Ok(false);
         }
-        self.ends_written += self.ends_in_writing;
-        self.ends_in_writing = 0;
         self.writing.clear();
         self.written = 0;
         let mut sh = lock(&self.shared);

@@ -438,33 +438,29 @@ impl Shared {
     pub(super) fn set_peer_initial_window(&mut self, size: u32) -> bool {
         let delta = i64::from(size) - i64::from(self.peer_initial_window);
         self.peer_initial_window = size;
-        let mut ids = Vec::new();
-        for (id, s) in &mut self.streams {
+        for s in self.streams.values_mut() {
             s.send_window += delta;
             if s.send_window > i64::from(MAX_WINDOW) {
                 return false;
             }
-            if delta > 0 {
-                ids.push(*id);
-            }
         }
-        for id in ids {
-            self.schedule(id);
+        if delta > 0 {
+            self.schedule_all();
         }
         true
     }
 
-    /// After a connection WINDOW_UPDATE: every stream with data waits on
-    /// it possibly.
+    /// After a window grew for all streams: every stream with data may
+    /// have waited on it.
     pub(super) fn schedule_all(&mut self) {
-        let ids: Vec<u32> = self
-            .streams
-            .iter()
-            .filter(|(_, s)| s.send_queued > 0 && !s.scheduled)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
-            self.schedule(id);
+        let Self { streams, ready, .. } = self;
+        for (id, s) in streams.iter_mut() {
+            let sendable =
+                s.send_state == SendState::Ending || (s.send_queued > 0 && s.send_window > 0);
+            if !s.scheduled && s.reset.is_none() && sendable {
+                s.scheduled = true;
+                ready.push_back(*id);
+            }
         }
     }
 

@@ -154,6 +154,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             sealed: Sealed::Open,
             conn_waker: None,
             local_error_resets: 0,
+            recent_resets: VecDeque::new(),
         };
         let list = settings.max_header_list_size as usize;
         Self {

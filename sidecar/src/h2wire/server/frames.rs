@@ -10,6 +10,7 @@ use super::super::ErrorCode;
 use super::super::frame::{
     self, Frame, FrameError, FrameHeader, HEADER_LEN, MAX_WINDOW, Scope, Settings,
 };
+use super::Error;
 use super::body::RecvBody;
 use super::conn::{
     Assembly, Connection, GRACEFUL_PING, GoAway, PREFACE, Phase, USER_PING, UserPing,
@@ -79,7 +80,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                     "too many streams reset for errors",
                 ));
             }
-            if sh.sealed != Sealed::Open {
+            if sh.sealed != Sealed::Open || self.closing.is_some() {
                 break;
             }
         }
@@ -182,7 +183,15 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             Frame::GoAway { code, .. } => {
                 self.remote_goaway = true;
                 if code != ErrorCode::NO_ERROR {
-                    return Err((ErrorCode::NO_ERROR, "the client sent GOAWAY with an error"));
+                    // The client gives up on the connection: nothing more
+                    // is sent, its streams end with the client's code.
+                    let reason = "the client sent GOAWAY with an error";
+                    lock(&self.shared).kill(Some(code), reason);
+                    self.closing = Some(Error::Connection {
+                        code,
+                        reason,
+                        remote: true,
+                    });
                 }
                 Ok(())
             }
@@ -226,9 +235,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             ));
         }
         let Some(s) = sh.streams.get_mut(&id) else {
-            // Closed (§5.1): the client may not know yet if we reset it.
+            // Closed (§5.1): ignored if we reset it (the client may not
+            // know yet), else a stream error.
             sh.release_conn(flow_len);
-            sh.reset_stream(id, ErrorCode::STREAM_CLOSED, false);
+            if !sh.reset_lately(id) {
+                sh.reset_stream(id, ErrorCode::STREAM_CLOSED, false);
+            }
             return Ok(());
         };
         if let Some((_, remote)) = s.reset {
@@ -290,8 +302,13 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// A complete header block: a request, trailers, or an error.
     fn on_block(&mut self, id: u32, end_stream: bool, block: &[u8]) -> Result<(), ConnError> {
         let new = id > self.last_peer_id;
-        let existing = !new && lock(&self.shared).streams.contains_key(&id);
-        if !new && !existing {
+        let (existing, reset_lately) = if new {
+            (false, false)
+        } else {
+            let sh = lock(&self.shared);
+            (sh.streams.contains_key(&id), sh.reset_lately(id))
+        };
+        if !new && !existing && !reset_lately {
             return Err((ErrorCode::STREAM_CLOSED, "HEADERS on a closed stream"));
         }
         // Decoded first whatever happens next: HPACK must stay in step.

@@ -167,7 +167,13 @@ pub(super) struct Shared {
     pub(super) conn_waker: Option<Waker>,
     /// Streams we reset because of the client's errors.
     pub(super) local_error_resets: usize,
+    /// The last streams we reset: frames the client sent before it saw
+    /// the RST_STREAM are ignored (§5.1 "closed"), not errors.
+    pub(super) recent_resets: VecDeque<u32>,
 }
+
+/// How many reset stream ids are remembered.
+const RECENT_RESETS: usize = 32;
 
 impl Shared {
     pub(super) fn wake_conn(&mut self) {
@@ -182,6 +188,7 @@ impl Shared {
             + self.out.capacity()
             + self.block.capacity()
             + self.ready.capacity() * size_of::<u32>()
+            + self.recent_resets.capacity() * size_of::<u32>()
             + self.encoder.memory()
     }
 
@@ -198,6 +205,10 @@ impl Shared {
             self.local_error_resets += 1;
         }
         let writable = self.sealed == Sealed::Open;
+        if self.recent_resets.len() == RECENT_RESETS {
+            self.recent_resets.pop_front();
+        }
+        self.recent_resets.push_back(id);
         let Some(s) = self.streams.get_mut(&id) else {
             if writable {
                 Frame::RstStream { stream: id, code }.write(&mut self.out);
@@ -231,6 +242,11 @@ impl Shared {
         self.release_body(id);
         self.gc(id);
         self.wake_conn();
+    }
+
+    /// Whether we reset `id` lately (its frames in flight are ignored).
+    pub(super) fn reset_lately(&self, id: u32) -> bool {
+        self.recent_resets.contains(&id)
     }
 
     /// A frame on a stream the client itself reset (§5.1 closed): only

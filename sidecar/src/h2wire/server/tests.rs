@@ -197,6 +197,22 @@ impl Client {
         block
     }
 
+    /// Flushes, reads until a frame of `kind` (on `stream`), its code.
+    pub(super) async fn code_of(&mut self, kind: u8, stream: Option<u32>) -> Option<ErrorCode> {
+        self.flush().await;
+        self.until(kind, stream).await.code()
+    }
+
+    pub(super) fn data(&mut self, id: u32, end_stream: bool, data: &[u8]) {
+        let flow_len = data.len() as u32;
+        self.push(Frame::Data {
+            stream: id,
+            end_stream,
+            data,
+            flow_len,
+        });
+    }
+
     pub(super) fn get(&mut self, id: u32, end_stream: bool) {
         self.headers(id, end_stream, &GET);
     }
@@ -301,6 +317,13 @@ impl Client {
     }
 }
 
+/// The default settings changed by `f`.
+pub(super) fn with(f: impl FnOnce(&mut ServerSettings)) -> ServerSettings {
+    let mut s = ServerSettings::default();
+    f(&mut s);
+    s
+}
+
 pub(super) const GET: [(&str, &str); 4] = [
     (":method", "GET"),
     (":scheme", "http"),
@@ -399,36 +422,19 @@ async fn malformed_requests_are_stream_errors() {
 async fn content_length_must_match_the_data() {
     let (mut c, _cmds, _task) = Client::connect(ServerSettings::default()).await;
     c.headers(1, false, &[&GET[..], &[("content-length", "4")]].concat());
-    c.push(Frame::Data {
-        stream: 1,
-        end_stream: true,
-        data: b"abc",
-        flow_len: 3,
-    });
-    c.flush().await;
+    c.data(1, true, b"abc");
     assert_eq!(
-        c.until(frame::RST_STREAM, Some(1)).await.code(),
+        c.code_of(frame::RST_STREAM, Some(1)).await,
         Some(ErrorCode::PROTOCOL_ERROR)
     );
     c.headers(3, false, &[&GET[..], &[("content-length", "2")]].concat());
-    c.push(Frame::Data {
-        stream: 3,
-        end_stream: false,
-        data: b"abc",
-        flow_len: 3,
-    });
-    c.flush().await;
+    c.data(3, false, b"abc");
     assert_eq!(
-        c.until(frame::RST_STREAM, Some(3)).await.code(),
+        c.code_of(frame::RST_STREAM, Some(3)).await,
         Some(ErrorCode::PROTOCOL_ERROR)
     );
     c.headers(5, false, &[&GET[..], &[("content-length", "3")]].concat());
-    c.push(Frame::Data {
-        stream: 5,
-        end_stream: true,
-        data: b"abc",
-        flow_len: 3,
-    });
+    c.data(5, true, b"abc");
     c.flush().await;
     let h = c.until(frame::HEADERS, Some(5)).await;
     assert_eq!(c.decode(&h), "200");
@@ -437,26 +443,17 @@ async fn content_length_must_match_the_data() {
 
 #[tokio::test]
 async fn concurrency_limit_refuses_the_stream_past_it() {
-    let settings = ServerSettings {
-        max_concurrent_streams: 2,
-        ..ServerSettings::default()
-    };
+    let settings = with(|s| s.max_concurrent_streams = 2);
     let (mut c, _cmds, _task) = Client::connect(settings).await;
     c.get(1, false);
     c.get(3, false);
     c.get(5, false);
-    c.flush().await;
     assert_eq!(
-        c.until(frame::RST_STREAM, Some(5)).await.code(),
+        c.code_of(frame::RST_STREAM, Some(5)).await,
         Some(ErrorCode::REFUSED_STREAM)
     );
     // Ending stream 1 (the echo answers) makes room again.
-    c.push(Frame::Data {
-        stream: 1,
-        end_stream: true,
-        data: b"",
-        flow_len: 0,
-    });
+    c.data(1, true, b"");
     c.flush().await;
     c.until(frame::DATA, Some(1)).await;
     c.get(7, true);
@@ -467,30 +464,16 @@ async fn concurrency_limit_refuses_the_stream_past_it() {
 
 #[tokio::test]
 async fn receive_window_is_enforced_at_its_bound() {
-    let settings = ServerSettings {
-        initial_window_size: 1000,
-        ..ServerSettings::default()
-    };
+    let settings = with(|s| s.initial_window_size = 1000);
     let (mut c, _cmds, _task) = Client::connect(settings).await;
     c.until(frame::SETTINGS, None).await; // our SETTINGS acknowledged both ways
     let body = [7u8; 1001];
     c.get(1, false);
-    c.push(Frame::Data {
-        stream: 1,
-        end_stream: true,
-        data: &body[..1000],
-        flow_len: 1000,
-    });
+    c.data(1, true, &body[..1000]);
     c.get(3, false);
-    c.push(Frame::Data {
-        stream: 3,
-        end_stream: true,
-        data: &body,
-        flow_len: 1001,
-    });
-    c.flush().await;
+    c.data(3, true, &body);
     assert_eq!(
-        c.until(frame::RST_STREAM, Some(3)).await.code(),
+        c.code_of(frame::RST_STREAM, Some(3)).await,
         Some(ErrorCode::FLOW_CONTROL_ERROR)
     );
     c.roundtrip().await;
@@ -508,12 +491,7 @@ async fn send_window_follows_settings_and_window_updates() {
     });
     c.headers(1, false, &GET);
     let body = [1u8; 100];
-    c.push(Frame::Data {
-        stream: 1,
-        end_stream: true,
-        data: &body,
-        flow_len: 100,
-    });
+    c.data(1, true, &body);
     c.flush().await;
     let h = c.until(frame::HEADERS, Some(1)).await;
     assert_eq!(c.decode(&h), "200");
@@ -548,18 +526,16 @@ async fn send_window_follows_settings_and_window_updates() {
         stream: 3,
         increment: frame::MAX_WINDOW,
     });
-    c.flush().await;
     assert_eq!(
-        c.until(frame::RST_STREAM, Some(3)).await.code(),
+        c.code_of(frame::RST_STREAM, Some(3)).await,
         Some(ErrorCode::FLOW_CONTROL_ERROR)
     );
     c.push(Frame::WindowUpdate {
         stream: 0,
         increment: frame::MAX_WINDOW,
     });
-    c.flush().await;
     assert_eq!(
-        c.until(frame::GOAWAY, None).await.code(),
+        c.code_of(frame::GOAWAY, None).await,
         Some(ErrorCode::FLOW_CONTROL_ERROR)
     );
 }
@@ -576,9 +552,8 @@ async fn push_promise_from_a_client_ends_the_connection() {
     }
     .write(&mut c.out);
     c.out.extend_from_slice(&2u32.to_be_bytes());
-    c.flush().await;
     assert_eq!(
-        c.until(frame::GOAWAY, None).await.code(),
+        c.code_of(frame::GOAWAY, None).await,
         Some(ErrorCode::PROTOCOL_ERROR)
     );
     assert!(c.next().await.is_none(), "closed after the GOAWAY");
@@ -597,16 +572,12 @@ async fn push_promise_from_a_client_ends_the_connection() {
 
 #[tokio::test]
 async fn oversized_header_list_resets_only_its_stream() {
-    let settings = ServerSettings {
-        max_header_list_size: 4096,
-        ..ServerSettings::default()
-    };
+    let settings = with(|s| s.max_header_list_size = 4096);
     let (mut c, _cmds, _task) = Client::connect(settings).await;
     let big = "v".repeat(4000);
     c.headers(1, true, &[&GET[..], &[("x-big", &big[..])]].concat());
-    c.flush().await;
     assert_eq!(
-        c.until(frame::RST_STREAM, Some(1)).await.code(),
+        c.code_of(frame::RST_STREAM, Some(1)).await,
         Some(ErrorCode::PROTOCOL_ERROR)
     );
     let fits = "v".repeat(3000);

@@ -9,7 +9,7 @@ use super::super::ErrorCode;
 use super::super::frame::{self, Frame};
 use super::ServerSettings;
 use super::frames::{EMPTY_DATA_LIMIT, MAX_BLOCK_FRAMES};
-use super::tests::{Client, Cmd, GET, ask};
+use super::tests::{Client, Cmd, GET, ask, with};
 
 const T: Duration = Duration::from_secs(5);
 
@@ -40,19 +40,15 @@ async fn continuation_flood_is_cut_at_the_frame_bound() {
     let h = c.until(frame::HEADERS, Some(1)).await;
     assert_eq!(c.decode(&h), "200");
     split_block(&mut c, 3, MAX_BLOCK_FRAMES);
-    c.flush().await;
     assert_eq!(
-        c.until(frame::GOAWAY, None).await.code(),
+        c.code_of(frame::GOAWAY, None).await,
         Some(ErrorCode::ENHANCE_YOUR_CALM)
     );
 }
 
 #[tokio::test]
 async fn header_block_bytes_are_bounded_before_hpack() {
-    let settings = ServerSettings {
-        max_header_list_size: 4096,
-        ..ServerSettings::default()
-    };
+    let settings = with(|s| s.max_header_list_size = 4096);
     let (mut c, _cmds, _task) = Client::connect(settings).await;
     // 4096 + 2048 + 4096 bytes accepted; this junk would be a
     // COMPRESSION_ERROR if HPACK saw it.
@@ -75,19 +71,15 @@ async fn header_block_bytes_are_bounded_before_hpack() {
         end_headers: true,
         block: &junk[..1],
     });
-    c.flush().await;
     assert_eq!(
-        c.until(frame::GOAWAY, None).await.code(),
+        c.code_of(frame::GOAWAY, None).await,
         Some(ErrorCode::ENHANCE_YOUR_CALM)
     );
 }
 
 #[tokio::test]
 async fn rapid_reset_is_cut_past_its_budget() {
-    let settings = ServerSettings {
-        max_concurrent_streams: 10,
-        ..ServerSettings::default()
-    };
+    let settings = with(|s| s.max_concurrent_streams = 10);
     let (mut c, _cmds, _task) = Client::connect(settings).await;
     // max(100, 2 * 10) resets of unanswered streams a second.
     let mut id = 1;
@@ -106,9 +98,8 @@ async fn rapid_reset_is_cut_past_its_budget() {
         stream: id,
         code: ErrorCode::CANCEL,
     });
-    c.flush().await;
     assert_eq!(
-        c.until(frame::GOAWAY, None).await.code(),
+        c.code_of(frame::GOAWAY, None).await,
         Some(ErrorCode::ENHANCE_YOUR_CALM)
     );
 }
@@ -118,34 +109,20 @@ async fn empty_data_flood_is_cut_past_its_bound() {
     let (mut c, _cmds, _task) = Client::connect(ServerSettings::default()).await;
     c.get(1, false);
     for _ in 0..EMPTY_DATA_LIMIT {
-        c.push(Frame::Data {
-            stream: 1,
-            end_stream: false,
-            data: b"",
-            flow_len: 0,
-        });
+        c.data(1, false, b"");
     }
     c.flush().await;
     c.roundtrip().await;
-    c.push(Frame::Data {
-        stream: 1,
-        end_stream: false,
-        data: b"",
-        flow_len: 0,
-    });
-    c.flush().await;
+    c.data(1, false, b"");
     assert_eq!(
-        c.until(frame::GOAWAY, None).await.code(),
+        c.code_of(frame::GOAWAY, None).await,
         Some(ErrorCode::ENHANCE_YOUR_CALM)
     );
 }
 
 #[tokio::test]
 async fn errors_that_make_us_reset_are_bounded() {
-    let settings = ServerSettings {
-        max_local_error_resets: 5,
-        ..ServerSettings::default()
-    };
+    let settings = with(|s| s.max_local_error_resets = 5);
     let (mut c, _cmds, _task) = Client::connect(settings).await;
     let bad = [&GET[..], &[("Upper", "x")]].concat();
     let mut id = 1;
@@ -156,9 +133,8 @@ async fn errors_that_make_us_reset_are_bounded() {
     c.flush().await;
     c.roundtrip().await;
     c.headers(id, true, &bad);
-    c.flush().await;
     assert_eq!(
-        c.until(frame::GOAWAY, None).await.code(),
+        c.code_of(frame::GOAWAY, None).await,
         Some(ErrorCode::ENHANCE_YOUR_CALM)
     );
 }
@@ -266,18 +242,12 @@ async fn graceful_shutdown_two_steps() {
         }
     );
     c.get(5, true);
-    c.flush().await;
     assert_eq!(
-        c.until(frame::RST_STREAM, Some(5)).await.code(),
+        c.code_of(frame::RST_STREAM, Some(5)).await,
         Some(ErrorCode::REFUSED_STREAM)
     );
     for id in [1, 3] {
-        c.push(Frame::Data {
-            stream: id,
-            end_stream: true,
-            data: b"ab",
-            flow_len: 2,
-        });
+        c.data(id, true, b"ab");
     }
     c.flush().await;
     let mut ended = 0;
@@ -358,20 +328,14 @@ async fn dropped_handles_reset_their_streams() {
     let (mut c, cmds, _task) = Client::connect(ServerSettings::default()).await;
     // The Respond dropped unanswered: CANCEL.
     c.headers(1, true, &[&GET[..], &[("x-drop", "respond")]].concat());
-    c.flush().await;
     assert_eq!(
-        c.until(frame::RST_STREAM, Some(1)).await.code(),
+        c.code_of(frame::RST_STREAM, Some(1)).await,
         Some(ErrorCode::CANCEL)
     );
     // The body dropped, the answer complete: RST(NO_ERROR) after it
     // (§8.1), and the body's unread bytes go back to the connection.
     c.headers(3, false, &[&GET[..], &[("x-drop", "body")]].concat());
-    c.push(Frame::Data {
-        stream: 3,
-        end_stream: false,
-        data: &[1; 1000],
-        flow_len: 1000,
-    });
+    c.data(3, false, &[1; 1000]);
     c.flush().await;
     let h = c.until(frame::HEADERS, Some(3)).await;
     assert_eq!(c.decode(&h), "200");
@@ -383,4 +347,63 @@ async fn dropped_handles_reset_their_streams() {
     let (written, all) = ask(&cmds, Cmd::Ends).await;
     assert_eq!(written, 2);
     assert!(all);
+}
+
+/// Frames the client sent before it saw our RST_STREAM are ignored, their
+/// header blocks still decoded (HPACK in step).
+#[tokio::test]
+async fn frames_in_flight_after_our_reset_are_ignored() {
+    let (mut c, _cmds, _task) = Client::connect(ServerSettings::default()).await;
+    c.headers(1, false, &[&GET[..], &[("Upper", "x")]].concat());
+    assert_eq!(
+        c.code_of(frame::RST_STREAM, Some(1)).await,
+        Some(ErrorCode::PROTOCOL_ERROR)
+    );
+    c.data(1, false, b"late");
+    c.headers(1, true, &[("x-trailer", "indexed-by-the-encoder")]);
+    c.flush().await;
+    c.roundtrip().await;
+    c.headers(
+        3,
+        true,
+        &[&GET[..], &[("x-trailer", "indexed-by-the-encoder")]].concat(),
+    );
+    c.flush().await;
+    let h = c.until(frame::HEADERS, Some(3)).await;
+    assert_eq!(c.decode(&h), "200");
+    // A stream that ended normally is another matter: §5.1 "closed".
+    c.until(frame::DATA, Some(3)).await;
+    c.roundtrip().await;
+    c.headers(3, true, &GET);
+    assert_eq!(
+        c.code_of(frame::GOAWAY, None).await,
+        Some(ErrorCode::STREAM_CLOSED)
+    );
+}
+
+#[tokio::test]
+async fn client_goaway_with_an_error_ends_the_connection() {
+    let (mut c, _cmds, task) = Client::connect(ServerSettings::default()).await;
+    c.get(1, false);
+    c.push(Frame::GoAway {
+        last_stream: 0,
+        code: ErrorCode::INTERNAL_ERROR,
+        debug: b"bye",
+    });
+    c.flush().await;
+    let end = tokio::time::timeout(T, task)
+        .await
+        .expect("ends")
+        .expect("join");
+    assert!(
+        matches!(
+            end,
+            Err(super::Error::Connection {
+                code: ErrorCode::INTERNAL_ERROR,
+                remote: true,
+                ..
+            })
+        ),
+        "{end:?}"
+    );
 }

@@ -72,6 +72,25 @@ where
     Ok(())
 }
 
+/// Waits for every call, then for both ends of the connection to end
+/// cleanly.
+async fn join_and_close<E: std::fmt::Debug>(
+    calls: Vec<tokio::task::JoinHandle<()>>,
+    connection: tokio::task::JoinHandle<Result<(), E>>,
+    server: tokio::task::JoinHandle<Result<(), Error>>,
+) {
+    for c in calls {
+        tokio::time::timeout(T, c)
+            .await
+            .expect("in time")
+            .expect("call");
+    }
+    let closed = tokio::time::timeout(T, connection).await.expect("closes");
+    closed.expect("join").expect("clean");
+    let ended = tokio::time::timeout(T, server).await.expect("ends");
+    ended.expect("join").expect("clean end");
+}
+
 fn payload(n: usize, seed: u8) -> Bytes {
     (0..n)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -149,23 +168,8 @@ async fn h2_client_many_streams_big_bodies_both_ways() {
             assert_eq!(got_trailers, trailers, "stream {i}");
         }));
     }
-    for c in calls {
-        tokio::time::timeout(T, c)
-            .await
-            .expect("in time")
-            .expect("call");
-    }
     drop(client);
-    tokio::time::timeout(T, connection)
-        .await
-        .expect("closes")
-        .expect("join")
-        .expect("clean");
-    tokio::time::timeout(T, server)
-        .await
-        .expect("ends")
-        .expect("join")
-        .expect("clean end");
+    join_and_close(calls, connection, server).await;
 }
 
 #[tokio::test]
@@ -193,23 +197,8 @@ async fn hyper_client_concurrent_requests() {
             assert!(got == body, "request {i}: echo differs");
         }));
     }
-    for c in calls {
-        tokio::time::timeout(T, c)
-            .await
-            .expect("in time")
-            .expect("call");
-    }
     drop(sender);
-    tokio::time::timeout(T, connection)
-        .await
-        .expect("closes")
-        .expect("join")
-        .expect("clean");
-    tokio::time::timeout(T, server)
-        .await
-        .expect("ends")
-        .expect("join")
-        .expect("clean end");
+    join_and_close(calls, connection, server).await;
 }
 
 #[tokio::test]
@@ -250,6 +239,81 @@ async fn client_reset_reaches_poll_reset() {
     assert_eq!(code, ErrorCode::CANCEL);
     server.abort();
     connection.abort();
+}
+
+/// The drain's graceful sequence against h2's client: the request in
+/// flight is answered, a new one is refused, the connection closes.
+#[tokio::test]
+async fn graceful_shutdown_with_h2_client() {
+    let (client_io, server_io) = tokio::io::duplex(64 << 10);
+    let (cmds, task) = super::tests::spawn_server(server_io, ServerSettings::default());
+    let (mut client, connection) = h2::client::handshake(client_io).await.expect("handshake");
+    let connection = tokio::spawn(connection);
+    let req = Request::post("http://test.local/")
+        .body(())
+        .expect("request");
+    let (response, mut stream) = client.send_request(req, false).expect("send");
+    stream
+        .send_data(Bytes::from_static(b"ab"), false)
+        .expect("data");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(cmds.send(super::tests::Cmd::Graceful).await.is_ok());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let late = Request::get("http://test.local/late")
+        .body(())
+        .expect("request");
+    let refused = match client.send_request(late, true) {
+        Err(_) => true,
+        Ok((r, _)) => tokio::time::timeout(T, r).await.expect("in time").is_err(),
+    };
+    assert!(refused, "a stream opened after the final GOAWAY is refused");
+    stream
+        .send_data(Bytes::from_static(b"c"), true)
+        .expect("end");
+    let response = tokio::time::timeout(T, response)
+        .await
+        .expect("in time")
+        .expect("answered");
+    assert_eq!(response.headers()["x-len"], "3");
+    let body = response.into_body();
+    drop(body);
+    drop(client);
+    tokio::time::timeout(T, task)
+        .await
+        .expect("ends")
+        .expect("join")
+        .expect("clean");
+    let _ = tokio::time::timeout(T, connection).await;
+}
+
+/// A Respond dropped unanswered reaches h2's client as RST(CANCEL).
+#[tokio::test]
+async fn dropped_respond_is_a_cancel_for_h2_client() {
+    let (client_io, server_io) = tokio::io::duplex(64 << 10);
+    let _server = tokio::spawn(serve(server_io, ServerSettings::default()));
+    let (mut client, connection) = h2::client::handshake(client_io).await.expect("handshake");
+    let _connection = tokio::spawn(connection);
+    let req = Request::get("http://test.local/")
+        .header("x-drop", "respond")
+        .body(())
+        .expect("request");
+    let (response, _) = client.send_request(req, true).expect("send");
+    let err = tokio::time::timeout(T, response)
+        .await
+        .expect("in time")
+        .expect_err("reset");
+    assert_eq!(err.reason(), Some(h2::Reason::CANCEL));
+}
+
+#[test]
+fn handles_cross_tasks() {
+    fn send<X: Send>() {}
+    fn sync<X: Sync>() {}
+    send::<Respond>();
+    send::<super::SendBody>();
+    send::<RecvBody>();
+    sync::<RecvBody>();
+    send::<Connection<tokio::net::TcpStream>>();
 }
 
 /// An idle connection (handshake done, requests served, nothing open)

@@ -175,25 +175,17 @@ impl Client {
 
     /// A header block with the given fields, as HEADERS (+CONTINUATION).
     pub(super) fn headers(&mut self, id: u32, end_stream: bool, fields: &[(&str, &str)]) {
-        let mut block = Vec::new();
-        self.enc.encode(
-            fields
-                .iter()
-                .map(|(n, v)| FieldRef::new(n.as_bytes(), v.as_bytes())),
-            &mut block,
-        );
+        let block = self.encode(fields);
         frame::write_header_block(id, end_stream, &block, 16 << 10, &mut self.out);
     }
 
     /// A block encoded alone (for hand-made frame sequences).
     pub(super) fn encode(&mut self, fields: &[(&str, &str)]) -> Vec<u8> {
         let mut block = Vec::new();
-        self.enc.encode(
-            fields
-                .iter()
-                .map(|(n, v)| FieldRef::new(n.as_bytes(), v.as_bytes())),
-            &mut block,
-        );
+        let fields = fields
+            .iter()
+            .map(|(n, v)| FieldRef::new(n.as_bytes(), v.as_bytes()));
+        self.enc.encode(fields, &mut block);
         block
     }
 
@@ -201,6 +193,19 @@ impl Client {
     pub(super) async fn code_of(&mut self, kind: u8, stream: Option<u32>) -> Option<ErrorCode> {
         self.flush().await;
         self.until(kind, stream).await.code()
+    }
+
+    /// Flushes, reads until GOAWAY, its code.
+    pub(super) async fn goaway(&mut self) -> Option<ErrorCode> {
+        self.code_of(frame::GOAWAY, None).await
+    }
+
+    pub(super) fn rst(&mut self, stream: u32, code: ErrorCode) {
+        self.push(Frame::RstStream { stream, code });
+    }
+
+    pub(super) fn window_update(&mut self, stream: u32, increment: u32) {
+        self.push(Frame::WindowUpdate { stream, increment });
     }
 
     pub(super) fn data(&mut self, id: u32, end_stream: bool, data: &[u8]) {
@@ -324,6 +329,22 @@ pub(super) fn with(f: impl FnOnce(&mut ServerSettings)) -> ServerSettings {
     s
 }
 
+/// GOAWAY(last, NO_ERROR) without debug data, as the drain sends it.
+pub(super) fn goaway_no_error(last_stream: u32) -> Frame<'static> {
+    Frame::GoAway {
+        last_stream,
+        code: ErrorCode::NO_ERROR,
+        debug: b"",
+    }
+}
+
+/// The server task ended without an error.
+pub(super) async fn ends_cleanly(task: JoinHandle<Result<(), Error>>) {
+    let end = tokio::time::timeout(T, task).await.expect("ends");
+    let end = end.expect("join");
+    assert!(end.is_ok(), "{end:?}");
+}
+
 pub(super) const GET: [(&str, &str); 4] = [
     (":method", "GET"),
     (":scheme", "http"),
@@ -377,7 +398,7 @@ async fn handshake_settings_ping_and_a_request() {
 /// the connection goes on.
 #[tokio::test]
 async fn malformed_requests_are_stream_errors() {
-    let (mut c, _cmds, _task) = Client::connect(ServerSettings::default()).await;
+    let (mut c, _cmds, _task) = Client::connect(Default::default()).await;
     let bad: Vec<Vec<(&str, &str)>> = vec![
         [&GET[..], &[("X-Upper", "1")]].concat(),
         [&GET[..], &[("connection", "close")]].concat(),
@@ -420,7 +441,7 @@ async fn malformed_requests_are_stream_errors() {
 
 #[tokio::test]
 async fn content_length_must_match_the_data() {
-    let (mut c, _cmds, _task) = Client::connect(ServerSettings::default()).await;
+    let (mut c, _cmds, _task) = Client::connect(Default::default()).await;
     c.headers(1, false, &[&GET[..], &[("content-length", "4")]].concat());
     c.data(1, true, b"abc");
     assert_eq!(
@@ -481,7 +502,7 @@ async fn receive_window_is_enforced_at_its_bound() {
 
 #[tokio::test]
 async fn send_window_follows_settings_and_window_updates() {
-    let (mut c, _cmds, _task) = Client::connect(ServerSettings::default()).await;
+    let (mut c, _cmds, _task) = Client::connect(Default::default()).await;
     c.push(Frame::Settings {
         ack: false,
         settings: Settings {
@@ -506,10 +527,7 @@ async fn send_window_follows_settings_and_window_updates() {
     c.flush().await;
     let d = c.until(frame::DATA, Some(1)).await;
     assert_eq!(d.payload.len(), 30);
-    c.push(Frame::WindowUpdate {
-        stream: 1,
-        increment: 70,
-    });
+    c.window_update(1, 70);
     c.flush().await;
     let d = c.until(frame::DATA, Some(1)).await;
     assert_eq!(d.payload.len(), 70);
@@ -522,27 +540,18 @@ async fn send_window_follows_settings_and_window_updates() {
     ));
     // Past 2^31-1: the stream's window, then the connection's.
     c.get(3, false);
-    c.push(Frame::WindowUpdate {
-        stream: 3,
-        increment: frame::MAX_WINDOW,
-    });
+    c.window_update(3, frame::MAX_WINDOW);
     assert_eq!(
         c.code_of(frame::RST_STREAM, Some(3)).await,
         Some(ErrorCode::FLOW_CONTROL_ERROR)
     );
-    c.push(Frame::WindowUpdate {
-        stream: 0,
-        increment: frame::MAX_WINDOW,
-    });
-    assert_eq!(
-        c.code_of(frame::GOAWAY, None).await,
-        Some(ErrorCode::FLOW_CONTROL_ERROR)
-    );
+    c.window_update(0, frame::MAX_WINDOW);
+    assert_eq!(c.goaway().await, Some(ErrorCode::FLOW_CONTROL_ERROR));
 }
 
 #[tokio::test]
 async fn push_promise_from_a_client_ends_the_connection() {
-    let (mut c, _cmds, task) = Client::connect(ServerSettings::default()).await;
+    let (mut c, _cmds, task) = Client::connect(Default::default()).await;
     c.get(1, false);
     FrameHeader {
         len: 4,
@@ -552,10 +561,7 @@ async fn push_promise_from_a_client_ends_the_connection() {
     }
     .write(&mut c.out);
     c.out.extend_from_slice(&2u32.to_be_bytes());
-    assert_eq!(
-        c.code_of(frame::GOAWAY, None).await,
-        Some(ErrorCode::PROTOCOL_ERROR)
-    );
+    assert_eq!(c.goaway().await, Some(ErrorCode::PROTOCOL_ERROR));
     assert!(c.next().await.is_none(), "closed after the GOAWAY");
     let end = tokio::time::timeout(T, task)
         .await

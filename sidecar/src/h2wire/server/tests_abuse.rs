@@ -9,7 +9,7 @@ use super::super::ErrorCode;
 use super::super::frame::{self, Frame};
 use super::ServerSettings;
 use super::frames::{EMPTY_DATA_LIMIT, MAX_BLOCK_FRAMES};
-use super::tests::{Client, Cmd, GET, ask, with};
+use super::tests::{Client, Cmd, GET, ask, ends_cleanly, goaway_no_error, with};
 
 const T: Duration = Duration::from_secs(5);
 
@@ -34,16 +34,13 @@ fn split_block(c: &mut Client, id: u32, continuations: u32) {
 
 #[tokio::test]
 async fn continuation_flood_is_cut_at_the_frame_bound() {
-    let (mut c, _cmds, _task) = Client::connect(ServerSettings::default()).await;
+    let (mut c, _cmds, _task) = Client::connect(Default::default()).await;
     split_block(&mut c, 1, MAX_BLOCK_FRAMES - 1);
     c.flush().await;
     let h = c.until(frame::HEADERS, Some(1)).await;
     assert_eq!(c.decode(&h), "200");
     split_block(&mut c, 3, MAX_BLOCK_FRAMES);
-    assert_eq!(
-        c.code_of(frame::GOAWAY, None).await,
-        Some(ErrorCode::ENHANCE_YOUR_CALM)
-    );
+    assert_eq!(c.goaway().await, Some(ErrorCode::ENHANCE_YOUR_CALM));
 }
 
 #[tokio::test]
@@ -71,10 +68,7 @@ async fn header_block_bytes_are_bounded_before_hpack() {
         end_headers: true,
         block: &junk[..1],
     });
-    assert_eq!(
-        c.code_of(frame::GOAWAY, None).await,
-        Some(ErrorCode::ENHANCE_YOUR_CALM)
-    );
+    assert_eq!(c.goaway().await, Some(ErrorCode::ENHANCE_YOUR_CALM));
 }
 
 #[tokio::test]
@@ -85,28 +79,19 @@ async fn rapid_reset_is_cut_past_its_budget() {
     let mut id = 1;
     for _ in 0..100 {
         c.get(id, false);
-        c.push(Frame::RstStream {
-            stream: id,
-            code: ErrorCode::CANCEL,
-        });
+        c.rst(id, ErrorCode::CANCEL);
         id += 2;
     }
     c.flush().await;
     c.roundtrip().await;
     c.get(id, false);
-    c.push(Frame::RstStream {
-        stream: id,
-        code: ErrorCode::CANCEL,
-    });
-    assert_eq!(
-        c.code_of(frame::GOAWAY, None).await,
-        Some(ErrorCode::ENHANCE_YOUR_CALM)
-    );
+    c.rst(id, ErrorCode::CANCEL);
+    assert_eq!(c.goaway().await, Some(ErrorCode::ENHANCE_YOUR_CALM));
 }
 
 #[tokio::test]
 async fn empty_data_flood_is_cut_past_its_bound() {
-    let (mut c, _cmds, _task) = Client::connect(ServerSettings::default()).await;
+    let (mut c, _cmds, _task) = Client::connect(Default::default()).await;
     c.get(1, false);
     for _ in 0..EMPTY_DATA_LIMIT {
         c.data(1, false, b"");
@@ -114,10 +99,7 @@ async fn empty_data_flood_is_cut_past_its_bound() {
     c.flush().await;
     c.roundtrip().await;
     c.data(1, false, b"");
-    assert_eq!(
-        c.code_of(frame::GOAWAY, None).await,
-        Some(ErrorCode::ENHANCE_YOUR_CALM)
-    );
+    assert_eq!(c.goaway().await, Some(ErrorCode::ENHANCE_YOUR_CALM));
 }
 
 #[tokio::test]
@@ -133,10 +115,7 @@ async fn errors_that_make_us_reset_are_bounded() {
     c.flush().await;
     c.roundtrip().await;
     c.headers(id, true, &bad);
-    assert_eq!(
-        c.code_of(frame::GOAWAY, None).await,
-        Some(ErrorCode::ENHANCE_YOUR_CALM)
-    );
+    assert_eq!(c.goaway().await, Some(ErrorCode::ENHANCE_YOUR_CALM));
 }
 
 /// A client that floods PINGs and SETTINGS and reads nothing: the server
@@ -144,7 +123,7 @@ async fn errors_that_make_us_reset_are_bounded() {
 /// a client that reads gets every answer.
 #[tokio::test]
 async fn ping_and_settings_floods_are_bounded_by_the_unread_output() {
-    let (mut c, cmds, _task) = Client::connect(ServerSettings::default()).await;
+    let (mut c, cmds, _task) = Client::connect(Default::default()).await;
     let mut one = Vec::new();
     Frame::Ping {
         ack: false,
@@ -181,7 +160,7 @@ async fn ping_and_settings_floods_are_bounded_by_the_unread_output() {
     );
 
     // At the bound: the same frames from a client that reads.
-    let (mut c, _cmds, _task) = Client::connect(ServerSettings::default()).await;
+    let (mut c, _cmds, _task) = Client::connect(Default::default()).await;
     let (mut rd, mut wr) = tokio::io::split(std::mem::replace(&mut c.io, tokio::io::duplex(1).0));
     let writer = tokio::spawn(async move {
         for _ in 0..40 {
@@ -210,20 +189,13 @@ async fn ping_and_settings_floods_are_bounded_by_the_unread_output() {
 /// open streams finish, later ones are refused, then the connection ends.
 #[tokio::test]
 async fn graceful_shutdown_two_steps() {
-    let (mut c, cmds, task) = Client::connect(ServerSettings::default()).await;
+    let (mut c, cmds, task) = Client::connect(Default::default()).await;
     c.get(1, false);
     c.flush().await;
     c.roundtrip().await;
     assert!(cmds.send(Cmd::Graceful).await.is_ok());
     let g = c.until(frame::GOAWAY, None).await;
-    assert_eq!(
-        g.frame(),
-        Frame::GoAway {
-            last_stream: frame::MAX_WINDOW,
-            code: ErrorCode::NO_ERROR,
-            debug: b""
-        }
-    );
+    assert_eq!(g.frame(), goaway_no_error(frame::MAX_WINDOW));
     let p = c.until(frame::PING, None).await;
     let Frame::Ping { ack: false, data } = p.frame() else {
         panic!("PING")
@@ -233,14 +205,7 @@ async fn graceful_shutdown_two_steps() {
     c.push(Frame::Ping { ack: true, data });
     c.flush().await;
     let g = c.until(frame::GOAWAY, None).await;
-    assert_eq!(
-        g.frame(),
-        Frame::GoAway {
-            last_stream: 3,
-            code: ErrorCode::NO_ERROR,
-            debug: b""
-        }
-    );
+    assert_eq!(g.frame(), goaway_no_error(3));
     c.get(5, true);
     assert_eq!(
         c.code_of(frame::RST_STREAM, Some(5)).await,
@@ -260,18 +225,14 @@ async fn graceful_shutdown_two_steps() {
         }
     }
     assert_eq!(ended, 2, "both streams answered before the close");
-    let end = tokio::time::timeout(T, task)
-        .await
-        .expect("ends")
-        .expect("join");
-    assert!(end.is_ok(), "{end:?}");
+    ends_cleanly(task).await;
 }
 
 /// One GOAWAY naming the last stream as the very last frame; streams
 /// above it dropped without RST_STREAM.
 #[tokio::test]
 async fn final_goaway_is_the_last_frame() {
-    let (mut c, cmds, task) = Client::connect(ServerSettings::default()).await;
+    let (mut c, cmds, task) = Client::connect(Default::default()).await;
     c.get(1, true);
     c.get(3, false);
     c.get(5, false);
@@ -285,24 +246,13 @@ async fn final_goaway_is_the_last_frame() {
         last = Some(f);
     }
     let last = last.expect("a frame");
-    assert_eq!(
-        last.frame(),
-        Frame::GoAway {
-            last_stream: 3,
-            code: ErrorCode::NO_ERROR,
-            debug: b""
-        }
-    );
-    let end = tokio::time::timeout(T, task)
-        .await
-        .expect("ends")
-        .expect("join");
-    assert!(end.is_ok(), "{end:?}");
+    assert_eq!(last.frame(), goaway_no_error(3));
+    ends_cleanly(task).await;
 }
 
 #[tokio::test]
 async fn user_ping_and_pong() {
-    let (mut c, cmds, _task) = Client::connect(ServerSettings::default()).await;
+    let (mut c, cmds, _task) = Client::connect(Default::default()).await;
     let (tx, rx) = tokio::sync::oneshot::channel();
     assert!(cmds.send(Cmd::Ping(tx)).await.is_ok());
     let p = c.until(frame::PING, None).await;
@@ -325,7 +275,7 @@ async fn user_ping_and_pong() {
 
 #[tokio::test]
 async fn dropped_handles_reset_their_streams() {
-    let (mut c, cmds, _task) = Client::connect(ServerSettings::default()).await;
+    let (mut c, cmds, _task) = Client::connect(Default::default()).await;
     // The Respond dropped unanswered: CANCEL.
     c.headers(1, true, &[&GET[..], &[("x-drop", "respond")]].concat());
     assert_eq!(
@@ -353,7 +303,7 @@ async fn dropped_handles_reset_their_streams() {
 /// header blocks still decoded (HPACK in step).
 #[tokio::test]
 async fn frames_in_flight_after_our_reset_are_ignored() {
-    let (mut c, _cmds, _task) = Client::connect(ServerSettings::default()).await;
+    let (mut c, _cmds, _task) = Client::connect(Default::default()).await;
     c.headers(1, false, &[&GET[..], &[("Upper", "x")]].concat());
     assert_eq!(
         c.code_of(frame::RST_STREAM, Some(1)).await,
@@ -375,15 +325,12 @@ async fn frames_in_flight_after_our_reset_are_ignored() {
     c.until(frame::DATA, Some(3)).await;
     c.roundtrip().await;
     c.headers(3, true, &GET);
-    assert_eq!(
-        c.code_of(frame::GOAWAY, None).await,
-        Some(ErrorCode::STREAM_CLOSED)
-    );
+    assert_eq!(c.goaway().await, Some(ErrorCode::STREAM_CLOSED));
 }
 
 #[tokio::test]
 async fn client_goaway_with_an_error_ends_the_connection() {
-    let (mut c, _cmds, task) = Client::connect(ServerSettings::default()).await;
+    let (mut c, _cmds, task) = Client::connect(Default::default()).await;
     c.get(1, false);
     c.push(Frame::GoAway {
         last_stream: 0,

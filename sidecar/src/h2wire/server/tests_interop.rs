@@ -2,7 +2,7 @@
 //! client drive [`Connection`] over an in-memory pipe; and an ignored
 //! test that serves on loopback for h2spec.
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -64,10 +64,20 @@ pub(super) async fn serve<T>(io: T, settings: ServerSettings) -> Result<(), Erro
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    serve_with(io, settings, echo).await
+}
+
+/// Serves `io` with `handler` per stream, each in a task of its own.
+async fn serve_with<T, H, F>(io: T, settings: ServerSettings, handler: H) -> Result<(), Error>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Fn(Request<RecvBody>, Respond) -> F,
+    F: Future<Output = Result<(), Error>> + Send + 'static,
+{
     let mut conn = Connection::new(io, settings);
     while let Some(next) = poll_fn(|cx| conn.poll_accept(cx)).await {
         let (req, respond) = next?;
-        tokio::spawn(echo(req, respond));
+        tokio::spawn(handler(req, respond));
     }
     Ok(())
 }
@@ -89,6 +99,17 @@ async fn join_and_close<E: std::fmt::Debug>(
     closed.expect("join").expect("clean");
     let ended = tokio::time::timeout(T, server).await.expect("ends");
     ended.expect("join").expect("clean end");
+}
+
+/// h2's client on `io`, its connection driven by a task.
+async fn h2_client(
+    io: tokio::io::DuplexStream,
+) -> (
+    h2::client::SendRequest<Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+) {
+    let (client, connection) = h2::client::handshake(io).await.expect("handshake");
+    (client, tokio::spawn(connection))
 }
 
 fn payload(n: usize, seed: u8) -> Bytes {
@@ -224,18 +245,15 @@ async fn client_reset_reaches_poll_reset() {
         };
         let _ = tx.send(code);
     });
-    let (mut client, connection) = h2::client::handshake(client_io).await.expect("handshake");
-    let connection = tokio::spawn(connection);
+    let (mut client, connection) = h2_client(client_io).await;
     let req = Request::get("http://test.local/")
         .body(())
         .expect("request");
     let (_response, mut stream) = client.send_request(req, false).expect("send");
     tokio::time::sleep(Duration::from_millis(50)).await;
     stream.send_reset(h2::Reason::CANCEL);
-    let code = tokio::time::timeout(T, rx)
-        .await
-        .expect("in time")
-        .expect("code");
+    let code = tokio::time::timeout(T, rx).await.expect("in time");
+    let code = code.expect("code");
     assert_eq!(code, ErrorCode::CANCEL);
     server.abort();
     connection.abort();
@@ -247,8 +265,7 @@ async fn client_reset_reaches_poll_reset() {
 async fn graceful_shutdown_with_h2_client() {
     let (client_io, server_io) = tokio::io::duplex(64 << 10);
     let (cmds, task) = super::tests::spawn_server(server_io, ServerSettings::default());
-    let (mut client, connection) = h2::client::handshake(client_io).await.expect("handshake");
-    let connection = tokio::spawn(connection);
+    let (mut client, connection) = h2_client(client_io).await;
     let req = Request::post("http://test.local/")
         .body(())
         .expect("request");
@@ -291,8 +308,7 @@ async fn graceful_shutdown_with_h2_client() {
 async fn dropped_respond_is_a_cancel_for_h2_client() {
     let (client_io, server_io) = tokio::io::duplex(64 << 10);
     let _server = tokio::spawn(serve(server_io, ServerSettings::default()));
-    let (mut client, connection) = h2::client::handshake(client_io).await.expect("handshake");
-    let _connection = tokio::spawn(connection);
+    let (mut client, _connection) = h2_client(client_io).await;
     let req = Request::get("http://test.local/")
         .header("x-drop", "respond")
         .body(())
@@ -322,8 +338,7 @@ fn handles_cross_tasks() {
 async fn idle_connection_heap_is_small() {
     let (client_io, server_io) = tokio::io::duplex(64 << 10);
     let (cmds, _task) = super::tests::spawn_server(server_io, ServerSettings::default());
-    let (client, connection) = h2::client::handshake(client_io).await.expect("handshake");
-    let _connection = tokio::spawn(connection);
+    let (client, _connection) = h2_client(client_io).await;
     for i in 0..5usize {
         let body = payload(i * 20_000, 3);
         let (got, _) = h2_call(client.clone(), body.clone(), None).await;
@@ -363,7 +378,8 @@ async fn h2spec_server() {
     let until = tokio::time::Instant::now() + Duration::from_secs(secs);
     while let Ok(Ok((io, _))) = tokio::time::timeout_at(until, listener.accept()).await {
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(10), serve_fixed(io, settings)).await;
+            let _ = tokio::time::timeout(Duration::from_secs(10), serve_with(io, settings, fixed))
+                .await;
         });
     }
 }
@@ -374,16 +390,4 @@ async fn fixed(req: Request<RecvBody>, mut respond: Respond) -> Result<(), Error
     req.into_body().collect().await?;
     let mut send = respond.send_response(Response::new(()), false)?;
     send.send_data(Bytes::from_static(b"hello from h2wire\n"), true)
-}
-
-async fn serve_fixed<T>(io: T, settings: ServerSettings) -> Result<(), Error>
-where
-    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let mut conn = Connection::new(io, settings);
-    while let Some(next) = poll_fn(|cx| conn.poll_accept(cx)).await {
-        let (req, respond) = next?;
-        tokio::spawn(fixed(req, respond));
-    }
-    Ok(())
 }

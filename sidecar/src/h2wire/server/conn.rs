@@ -69,39 +69,70 @@ pub(super) struct Assembly {
 /// A server-side HTTP/2 connection. See the module doc (mod.rs).
 pub(crate) struct Connection<T> {
     pub(super) io: T,
+    /// Streams, output and send windows, shared with the handles.
     pub(super) shared: SharedRef,
     pub(super) settings: ServerSettings,
+    pub(super) rd: ReadSide,
+    pub(super) wr: WriteSide,
+    /// What the client did to the connection as a whole.
+    pub(super) peer: Peer,
+    /// Requests decoded, not yet returned by `poll_accept`.
+    pub(super) accepted: VecDeque<Accepted>,
+    pub(super) drain: Drain,
+    pub(super) abuse: Abuse,
+    /// A connection error: GOAWAY queued, reported once flushed.
+    pub(super) closing: Option<Error>,
+    pub(super) shut_down: bool,
+    /// Over: `poll_accept` says Ready(None) from now on.
+    pub(super) finished: bool,
+}
+
+/// The read side: bytes, header blocks, HPACK.
+pub(super) struct ReadSide {
     /// Zero-filled once when taken (its `len` is all initialized); the
     /// first `filled` bytes are read data, frames from the front.
-    pub(super) read_buf: BytesMut,
+    pub(super) buf: BytesMut,
     pub(super) filled: usize,
-    pub(super) writing: Vec<u8>,
-    pub(super) written: usize,
-    pub(super) ends_in_writing: u64,
-    pub(super) ends_written: u64,
     pub(super) decoder: Decoder,
+    /// The decoded block of the request being built (reused).
     pub(super) block: HeaderBlock,
     pub(super) assembling: Option<Assembly>,
+}
+
+/// The buffer being written, and the streams' ends in it.
+pub(super) struct WriteSide {
+    pub(super) buf: Vec<u8>,
+    pub(super) written: usize,
+    /// Streams' last frames in `buf`: counted written once it is.
+    pub(super) ends_in_buf: u64,
+    pub(super) ends_written: u64,
+}
+
+pub(super) struct Peer {
     pub(super) phase: Phase,
-    pub(super) client_settings: Option<Box<[u8]>>,
-    pub(super) settings_acked: bool,
-    /// Highest stream id the client opened (§5.1.1).
-    pub(super) last_peer_id: u32,
-    pub(super) accepted: VecDeque<Accepted>,
+    /// The payload of its first SETTINGS frame.
+    pub(super) first_settings: Option<Box<[u8]>>,
+    /// It acknowledged our SETTINGS.
+    pub(super) acked_ours: bool,
+    /// Highest stream id it opened (§5.1.1).
+    pub(super) last_id: u32,
+    pub(super) goaway_seen: bool,
+}
+
+/// The drain's side: our GOAWAY steps and user PINGs.
+pub(super) struct Drain {
     pub(super) goaway: GoAway,
-    pub(super) remote_goaway: bool,
     pub(super) user_ping: UserPing,
     pub(super) pong_waker: Option<Waker>,
+}
+
+pub(super) struct Abuse {
     /// Rapid reset (CVE-2023-44487): client resets of unanswered streams
     /// in the current one-second window.
     pub(super) remote_resets: usize,
     pub(super) resets_since: Instant,
     /// Empty DATA frames without END_STREAM, less one per non-empty one.
     pub(super) empty_data: u32,
-    /// A connection error: GOAWAY queued, reported once flushed.
-    pub(super) closing: Option<Error>,
-    pub(super) shut_down: bool,
-    pub(super) finished: bool,
 }
 
 impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
@@ -161,33 +192,43 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             io,
             shared: Arc::new(Mutex::new(shared)),
             settings,
-            read_buf: BytesMut::new(),
-            filled: 0,
-            writing: Vec::new(),
-            written: 0,
-            ends_in_writing: 0,
-            ends_written: 0,
-            decoder: Decoder::new(
-                4096,
-                Limits {
-                    max_string_len: list,
-                    max_list_size: list,
-                },
-            ),
-            block: HeaderBlock::default(),
-            assembling: None,
-            phase: Phase::Preface,
-            client_settings: None,
-            settings_acked: false,
-            last_peer_id: 0,
+            rd: ReadSide {
+                buf: BytesMut::new(),
+                filled: 0,
+                decoder: Decoder::new(
+                    4096,
+                    Limits {
+                        max_string_len: list,
+                        max_list_size: list,
+                    },
+                ),
+                block: HeaderBlock::default(),
+                assembling: None,
+            },
+            wr: WriteSide {
+                buf: Vec::new(),
+                written: 0,
+                ends_in_buf: 0,
+                ends_written: 0,
+            },
+            peer: Peer {
+                phase: Phase::Preface,
+                first_settings: None,
+                acked_ours: false,
+                last_id: 0,
+                goaway_seen: false,
+            },
             accepted: VecDeque::new(),
-            goaway: GoAway::None,
-            remote_goaway: false,
-            user_ping: UserPing::None,
-            pong_waker: None,
-            remote_resets: 0,
-            resets_since: Instant::now(),
-            empty_data: 0,
+            drain: Drain {
+                goaway: GoAway::None,
+                user_ping: UserPing::None,
+                pong_waker: None,
+            },
+            abuse: Abuse {
+                remote_resets: 0,
+                resets_since: Instant::now(),
+                empty_data: 0,
+            },
             closing: None,
             shut_down: false,
             finished: false,
@@ -216,13 +257,13 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     }
 
     pub fn client_settings(&self) -> Option<&[u8]> {
-        self.client_settings.as_deref()
+        self.peer.first_settings.as_deref()
     }
 
     /// §6.8 two steps: GOAWAY(2^31-1, NO_ERROR) and a PING now; the
     /// GOAWAY naming the last stream processed once the PING's ACK comes.
     pub fn graceful_shutdown(&mut self) {
-        if self.goaway != GoAway::None || self.closing.is_some() {
+        if self.drain.goaway != GoAway::None || self.closing.is_some() {
             return;
         }
         let mut sh = lock(&self.shared);
@@ -240,12 +281,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             data: GRACEFUL_PING,
         }
         .write(&mut sh.out);
-        self.goaway = GoAway::PingSent;
+        self.drain.goaway = GoAway::PingSent;
         sh.wake_conn();
     }
 
     pub fn send_ping(&mut self) -> bool {
-        if self.user_ping == UserPing::Sent || self.closing.is_some() {
+        if self.drain.user_ping == UserPing::Sent || self.closing.is_some() {
             return false;
         }
         let mut sh = lock(&self.shared);
@@ -257,7 +298,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             data: USER_PING,
         }
         .write(&mut sh.out);
-        self.user_ping = UserPing::Sent;
+        self.drain.user_ping = UserPing::Sent;
         sh.wake_conn();
         true
     }
@@ -265,8 +306,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// Ready once the ACK of the last `send_ping` came (at once if no PING
     /// is outstanding). Needs the connection driven meanwhile.
     pub fn poll_pong(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.user_ping == UserPing::Sent && self.closing.is_none() && !self.finished {
-            self.pong_waker = Some(cx.waker().clone());
+        if self.drain.user_ping == UserPing::Sent && self.closing.is_none() && !self.finished {
+            self.drain.pong_waker = Some(cx.waker().clone());
             return Poll::Pending;
         }
         Poll::Ready(())
@@ -276,7 +317,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// above it are dropped without RST, nothing is written after it, and
     /// the connection closes once it is flushed (drive with poll_closed).
     pub fn final_goaway(&mut self, last_stream_id: u32) {
-        if self.goaway == GoAway::Final || self.closing.is_some() {
+        if self.drain.goaway == GoAway::Final || self.closing.is_some() {
             return;
         }
         let mut sh = lock(&self.shared);
@@ -299,17 +340,17 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             debug: b"",
         }
         .write(&mut sh.out);
-        self.goaway = GoAway::Final;
+        self.drain.goaway = GoAway::Final;
         sh.wake_conn();
     }
 
     pub fn ends_written(&self) -> u64 {
-        self.ends_written
+        self.wr.ends_written
     }
 
     pub fn all_ends_written(&self) -> bool {
         let sh = lock(&self.shared);
-        sh.ends_queued <= self.ends_written + sh.ends_dropped
+        sh.ends_queued <= self.wr.ends_written + sh.ends_dropped
     }
 
     pub fn heap_bytes(&self) -> usize {
@@ -320,12 +361,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             + size_of::<Mutex<Shared>>()
             + 2 * size_of::<usize>()
             + sh.heap_bytes()
-            + self.read_buf.capacity()
-            + self.writing.capacity()
-            + self.decoder.memory()
-            + self.block.capacity()
-            + self.assembling.as_ref().map_or(0, |a| a.buf.capacity())
-            + self.client_settings.as_ref().map_or(0, |s| s.len())
+            + self.rd.buf.capacity()
+            + self.wr.buf.capacity()
+            + self.rd.decoder.memory()
+            + self.rd.block.capacity()
+            + self.rd.assembling.as_ref().map_or(0, |a| a.buf.capacity())
+            + self.peer.first_settings.as_ref().map_or(0, |s| s.len())
             + self.accepted.capacity() * size_of::<Accepted>()
     }
 
@@ -338,10 +379,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             ("block", sh.block.capacity()),
             ("ready", sh.ready.capacity()),
             ("encoder", sh.encoder.memory()),
-            ("read_buf", self.read_buf.capacity()),
-            ("writing", self.writing.capacity()),
-            ("decoder", self.decoder.memory()),
-            ("hblock", self.block.capacity()),
+            ("read_buf", self.rd.buf.capacity()),
+            ("writing", self.wr.buf.capacity()),
+            ("decoder", self.rd.decoder.memory()),
+            ("hblock", self.rd.block.capacity()),
             ("accepted", self.accepted.capacity()),
         ]
     }
@@ -369,7 +410,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             if self.finished {
                 return Poll::Ready(None);
             }
-            if self.closing.is_none() && self.goaway != GoAway::Final {
+            if self.closing.is_none() && self.drain.goaway != GoAway::Final {
                 if let Err(e) = self.process() {
                     self.fail(e);
                 }
@@ -377,7 +418,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                     continue;
                 }
             }
-            let ending = self.closing.is_some() || self.goaway == GoAway::Final;
+            let ending = self.closing.is_some() || self.drain.goaway == GoAway::Final;
             if !ending && reads < MAX_READS && self.backlog() < OUT_HIGH {
                 match self.poll_read(cx) {
                     Poll::Ready(Ok(0)) => {
@@ -439,22 +480,22 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
 
     /// Output not yet written to the socket.
     fn backlog(&self) -> usize {
-        self.writing.len() - self.written + lock(&self.shared).out.len()
+        self.wr.buf.len() - self.wr.written + lock(&self.shared).out.len()
     }
 
     /// Nothing buffered, no stream open: the read-side buffers go back
     /// (the write side does the same once flushed, in poll_write).
     fn release_idle(&mut self) {
-        if self.filled == 0 && self.accepted.is_empty() && lock(&self.shared).open == 0 {
-            self.read_buf = BytesMut::new();
-            self.block = HeaderBlock::default();
+        if self.rd.filled == 0 && self.accepted.is_empty() && lock(&self.shared).open == 0 {
+            self.rd.buf = BytesMut::new();
+            self.rd.block = HeaderBlock::default();
             self.accepted = VecDeque::new();
         }
     }
 
     /// After a GOAWAY (ours or the client's) with nothing open.
     fn should_close(&self) -> bool {
-        let going = matches!(self.goaway, GoAway::Sent(_)) || self.remote_goaway;
+        let going = matches!(self.drain.goaway, GoAway::Sent(_)) || self.peer.goaway_seen;
         going && lock(&self.shared).open == 0 && self.accepted.is_empty()
     }
 
@@ -462,7 +503,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     pub(super) fn finish(&mut self, code: Option<ErrorCode>, reason: &'static str) {
         self.finished = true;
         lock(&self.shared).kill(code, reason);
-        if let Some(w) = self.pong_waker.take() {
+        if let Some(w) = self.drain.pong_waker.take() {
             w.wake();
         }
     }
@@ -471,7 +512,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     pub(super) fn fail(&mut self, (code, reason): (ErrorCode, &'static str)) {
         let mut sh = lock(&self.shared);
         Frame::GoAway {
-            last_stream: self.last_peer_id,
+            last_stream: self.peer.last_id,
             code,
             debug: reason.as_bytes(),
         }
@@ -488,7 +529,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// Writes what is queued; Ok(true) once all of it reached the socket.
     fn poll_write(&mut self, cx: &mut Context<'_>) -> std::io::Result<bool> {
         loop {
-            if self.written == self.writing.len() {
+            if self.wr.written == self.wr.buf.len() {
                 // Everything queued, DATA the windows allow included, goes
                 // in one buffer and one write. A partly written buffer is
                 // finished first while new frames wait in `out` (no copy,
@@ -500,32 +541,32 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 if sh.out.is_empty() {
                     break;
                 }
-                self.writing.clear();
-                self.written = 0;
-                std::mem::swap(&mut self.writing, &mut sh.out);
-                self.ends_in_writing += sh.ends_in_out;
+                self.wr.buf.clear();
+                self.wr.written = 0;
+                std::mem::swap(&mut self.wr.buf, &mut sh.out);
+                self.wr.ends_in_buf += sh.ends_in_out;
                 sh.ends_in_out = 0;
             }
-            while self.written < self.writing.len() {
-                match Pin::new(&mut self.io).poll_write(cx, &self.writing[self.written..]) {
+            while self.wr.written < self.wr.buf.len() {
+                match Pin::new(&mut self.io).poll_write(cx, &self.wr.buf[self.wr.written..]) {
                     Poll::Pending => return Ok(false),
                     Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
-                    Poll::Ready(Ok(n)) => self.written += n,
+                    Poll::Ready(Ok(n)) => self.wr.written += n,
                     Poll::Ready(Err(e)) => return Err(e),
                 }
             }
-            self.ends_written += self.ends_in_writing;
-            self.ends_in_writing = 0;
+            self.wr.ends_written += self.wr.ends_in_buf;
+            self.wr.ends_in_buf = 0;
         }
         if Pin::new(&mut self.io).poll_flush(cx).is_pending() {
             return Ok(false);
         }
-        self.writing.clear();
-        self.written = 0;
+        self.wr.buf.clear();
+        self.wr.written = 0;
         let mut sh = lock(&self.shared);
-        if sh.open == 0 || self.writing.capacity() > 2 * OUT_HIGH {
+        if sh.open == 0 || self.wr.buf.capacity() > 2 * OUT_HIGH {
             // Idle: the buffers go back; the next burst takes new ones.
-            self.writing = Vec::new();
+            self.wr.buf = Vec::new();
             if sh.out.is_empty() {
                 sh.out = Vec::new();
             }
@@ -544,24 +585,24 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// (the partial frame moves over), and given back when a read finds
     /// nothing with nothing buffered and no stream open.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        let have = self.filled;
+        let have = self.rd.filled;
         let need = if have < HEADER_LEN {
             HEADER_LEN - have
         } else {
-            let b = &self.read_buf;
+            let b = &self.rd.buf;
             let len = u32::from_be_bytes([0, b[0], b[1], b[2]]);
             (HEADER_LEN + len as usize).saturating_sub(have)
         };
-        let room = self.read_buf.len() - have;
+        let room = self.rd.buf.len() - have;
         if room < need || room < MIN_READ {
             let mut fresh = BytesMut::zeroed((have + need).max(READ_CHUNK));
-            fresh[..have].copy_from_slice(&self.read_buf[..have]);
-            self.read_buf = fresh;
+            fresh[..have].copy_from_slice(&self.rd.buf[..have]);
+            self.rd.buf = fresh;
         }
-        let mut rb = ReadBuf::new(&mut self.read_buf[have..]);
+        let mut rb = ReadBuf::new(&mut self.rd.buf[have..]);
         let res = Pin::new(&mut self.io).poll_read(cx, &mut rb);
         let n = rb.filled().len();
-        self.filled += n;
+        self.rd.filled += n;
         match res {
             Poll::Ready(Ok(())) => Poll::Ready(Ok(n)),
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),

@@ -43,21 +43,21 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
 
     /// Handles every complete frame in the read buffer.
     pub(super) fn process(&mut self) -> Result<(), ConnError> {
-        if self.phase == Phase::Preface {
-            let n = self.filled.min(PREFACE.len());
-            if self.read_buf[..n] != PREFACE[..n] {
+        if self.peer.phase == Phase::Preface {
+            let n = self.rd.filled.min(PREFACE.len());
+            if self.rd.buf[..n] != PREFACE[..n] {
                 return Err((ErrorCode::PROTOCOL_ERROR, "not the HTTP/2 preface"));
             }
             if n < PREFACE.len() {
                 return Ok(());
             }
-            let _ = self.read_buf.split_to(PREFACE.len());
-            self.filled -= PREFACE.len();
-            self.phase = Phase::FirstSettings;
+            let _ = self.rd.buf.split_to(PREFACE.len());
+            self.rd.filled -= PREFACE.len();
+            self.peer.phase = Phase::FirstSettings;
         }
-        while self.filled >= HEADER_LEN {
+        while self.rd.filled >= HEADER_LEN {
             let mut head = [0u8; HEADER_LEN];
-            head.copy_from_slice(&self.read_buf[..HEADER_LEN]);
+            head.copy_from_slice(&self.rd.buf[..HEADER_LEN]);
             let header = FrameHeader::parse(&head);
             // Stream-scoped shape errors are answered once the frame is
             // whole (on_frame), so its payload is skipped.
@@ -67,11 +67,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 return Err((e.code, e.reason));
             }
             let total = HEADER_LEN + header.len as usize;
-            if self.filled < total {
+            if self.rd.filled < total {
                 break;
             }
-            let buf = self.read_buf.split_to(total);
-            self.filled -= total;
+            let buf = self.rd.buf.split_to(total);
+            self.rd.filled -= total;
             self.on_frame(header, buf)?;
             let sh = lock(&self.shared);
             if sh.local_error_resets > self.settings.max_local_error_resets {
@@ -88,14 +88,14 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     }
 
     fn on_frame(&mut self, header: FrameHeader, buf: BytesMut) -> Result<(), ConnError> {
-        if self.phase == Phase::FirstSettings {
+        if self.peer.phase == Phase::FirstSettings {
             if header.kind != frame::SETTINGS || header.flags & frame::FLAG_ACK != 0 {
                 return Err((ErrorCode::PROTOCOL_ERROR, "first frame not SETTINGS"));
             }
-            self.client_settings = Some(buf[HEADER_LEN..].into());
-            self.phase = Phase::Running;
+            self.peer.first_settings = Some(buf[HEADER_LEN..].into());
+            self.peer.phase = Phase::Running;
         }
-        if let Some(a) = &self.assembling
+        if let Some(a) = &self.rd.assembling
             && (header.kind != frame::CONTINUATION || header.stream != a.stream)
         {
             return Err((ErrorCode::PROTOCOL_ERROR, "frame inside a header block"));
@@ -141,7 +141,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 if block.len() > self.max_block_bytes() {
                     return Err((ErrorCode::ENHANCE_YOUR_CALM, "header block too large"));
                 }
-                self.assembling = Some(Assembly {
+                self.rd.assembling = Some(Assembly {
                     stream,
                     end_stream,
                     buf: block.to_vec(),
@@ -153,7 +153,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 end_headers, block, ..
             } => {
                 let max = self.max_block_bytes();
-                let Some(a) = self.assembling.as_mut() else {
+                let Some(a) = self.rd.assembling.as_mut() else {
                     return Err((ErrorCode::PROTOCOL_ERROR, "CONTINUATION without HEADERS"));
                 };
                 a.frames += 1;
@@ -167,7 +167,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 if !end_headers {
                     return Ok(());
                 }
-                let Some(a) = self.assembling.take() else {
+                let Some(a) = self.rd.assembling.take() else {
                     return Ok(());
                 };
                 self.on_block(a.stream, a.end_stream, &a.buf)
@@ -181,7 +181,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 Ok(())
             }
             Frame::GoAway { code, .. } => {
-                self.remote_goaway = true;
+                self.peer.goaway_seen = true;
                 if code != ErrorCode::NO_ERROR {
                     // The client gives up on the connection: nothing more
                     // is sent, its streams end with the client's code.
@@ -201,7 +201,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
 
     /// §5.1: a frame other than HEADERS/PRIORITY on an idle stream.
     fn check_idle(&self, id: u32) -> Result<(), ConnError> {
-        if id > self.last_peer_id {
+        if id > self.peer.last_id {
             return Err((ErrorCode::PROTOCOL_ERROR, "frame on an idle stream"));
         }
         Ok(())
@@ -218,12 +218,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     ) -> Result<(), ConnError> {
         self.check_idle(id)?;
         if len == 0 && !end_stream {
-            self.empty_data += 1;
-            if self.empty_data > EMPTY_DATA_LIMIT {
+            self.abuse.empty_data += 1;
+            if self.abuse.empty_data > EMPTY_DATA_LIMIT {
                 return Err((ErrorCode::ENHANCE_YOUR_CALM, "too many empty DATA frames"));
             }
         } else if len > 0 {
-            self.empty_data = self.empty_data.saturating_sub(1);
+            self.abuse.empty_data = self.abuse.empty_data.saturating_sub(1);
         }
         let mut guard = lock(&self.shared);
         let sh = &mut *guard;
@@ -301,7 +301,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
 
     /// A complete header block: a request, trailers, or an error.
     fn on_block(&mut self, id: u32, end_stream: bool, block: &[u8]) -> Result<(), ConnError> {
-        let new = id > self.last_peer_id;
+        let new = id > self.peer.last_id;
         let (existing, reset_lately) = if new {
             (false, false)
         } else {
@@ -312,9 +312,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             return Err((ErrorCode::STREAM_CLOSED, "HEADERS on a closed stream"));
         }
         // Decoded first whatever happens next: HPACK must stay in step.
-        let decoded = self.decoder.decode(block, &mut self.block);
+        let decoded = self.rd.decoder.decode(block, &mut self.rd.block);
         if new {
-            self.last_peer_id = id;
+            self.peer.last_id = id;
         }
         if let Err(e) = decoded {
             if e.ends_connection() {
@@ -347,7 +347,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             return Ok(());
         }
         let cl_ok = s.content_length.is_none_or(|cl| cl == s.recv_total);
-        match validate::trailers(&self.block) {
+        match validate::trailers(&self.rd.block) {
             Ok(t) if cl_ok => {
                 s.recv_trailers = Some(t);
                 s.recv_end = true;
@@ -364,10 +364,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     fn on_request(&mut self, id: u32, end_stream: bool) {
         let mut guard = lock(&self.shared);
         let sh = &mut *guard;
-        let refuse = match self.goaway {
+        let refuse = match self.drain.goaway {
             GoAway::Sent(last) => id > last,
             GoAway::Final => true,
-            GoAway::None | GoAway::PingSent => self.remote_goaway,
+            GoAway::None | GoAway::PingSent => self.peer.goaway_seen,
         };
         if refuse {
             sh.reset_stream(id, ErrorCode::REFUSED_STREAM, false);
@@ -377,14 +377,14 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             sh.reset_stream(id, ErrorCode::REFUSED_STREAM, true);
             return;
         }
-        let head = match validate::request(&self.block) {
+        let head = match validate::request(&self.rd.block) {
             Ok(h) if !(end_stream && h.content_length.is_some_and(|cl| cl != 0)) => h,
             _ => {
                 sh.reset_stream(id, ErrorCode::PROTOCOL_ERROR, true);
                 return;
             }
         };
-        let recv_window = if self.settings_acked {
+        let recv_window = if self.peer.acked_ours {
             sh.stream_window
         } else {
             // Until our SETTINGS is acknowledged the client may use 65,535.
@@ -399,8 +399,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         let body = RecvBody {
             shared: self.shared.clone(),
             id,
-            empty: end_stream,
-            done: false,
+            ended: end_stream,
         };
         let respond = Respond {
             shared: self.shared.clone(),
@@ -421,12 +420,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         drop(sh);
         if unanswered {
             let now = Instant::now();
-            if now.duration_since(self.resets_since) > RESET_WINDOW {
-                self.resets_since = now;
-                self.remote_resets = 0;
+            if now.duration_since(self.abuse.resets_since) > RESET_WINDOW {
+                self.abuse.resets_since = now;
+                self.abuse.remote_resets = 0;
             }
-            self.remote_resets += 1;
-            if self.remote_resets > self.remote_reset_limit() {
+            self.abuse.remote_resets += 1;
+            if self.abuse.remote_resets > self.remote_reset_limit() {
                 return Err((
                     ErrorCode::ENHANCE_YOUR_CALM,
                     "too many streams reset by the client",
@@ -438,7 +437,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
 
     fn on_settings(&mut self, ack: bool, settings: Settings) -> Result<(), ConnError> {
         if ack {
-            self.settings_acked = true;
+            self.peer.acked_ours = true;
             return Ok(());
         }
         let mut sh = lock(&self.shared);
@@ -469,17 +468,17 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             Frame::Ping { ack: true, data }.write(&mut lock(&self.shared).out);
             return;
         }
-        if data == GRACEFUL_PING && self.goaway == GoAway::PingSent {
+        if data == GRACEFUL_PING && self.drain.goaway == GoAway::PingSent {
             Frame::GoAway {
-                last_stream: self.last_peer_id,
+                last_stream: self.peer.last_id,
                 code: ErrorCode::NO_ERROR,
                 debug: b"",
             }
             .write(&mut lock(&self.shared).out);
-            self.goaway = GoAway::Sent(self.last_peer_id);
-        } else if data == USER_PING && self.user_ping == UserPing::Sent {
-            self.user_ping = UserPing::Acked;
-            if let Some(w) = self.pong_waker.take() {
+            self.drain.goaway = GoAway::Sent(self.peer.last_id);
+        } else if data == USER_PING && self.drain.user_ping == UserPing::Sent {
+            self.drain.user_ping = UserPing::Acked;
+            if let Some(w) = self.drain.pong_waker.take() {
                 w.wake();
             }
         }

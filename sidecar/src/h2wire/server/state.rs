@@ -39,37 +39,37 @@ pub(super) enum SendState {
 }
 
 pub(super) struct Stream {
+    /// Reset (by whom, with what): the stream is over both ways.
+    pub(super) reset: Option<(ErrorCode, bool)>,
+    /// Handles alive (Respond, SendBody, RecvBody).
+    pub(super) handles: u8,
     // Receive side.
     pub(super) recv: VecDeque<Bytes>,
     /// END_STREAM came: the body ends once `recv` is drained.
     pub(super) recv_end: bool,
-    pub(super) recv_trailers: Option<HeaderMap>,
+    pub(super) body_dropped: bool,
+    pub(super) content_length: Option<u64>,
     /// What the client may still send on this stream.
     pub(super) recv_window: i64,
     /// Taken by the body, not yet given back with a WINDOW_UPDATE.
     pub(super) recv_unreleased: u32,
-    pub(super) content_length: Option<u64>,
     /// DATA bytes received (content-length check) and taken (size_hint).
     pub(super) recv_total: u64,
     pub(super) recv_taken: u64,
+    pub(super) recv_trailers: Option<HeaderMap>,
     pub(super) body_waker: Option<Waker>,
-    pub(super) body_dropped: bool,
+    pub(super) writable_waker: Option<Waker>,
+    pub(super) reset_waker: Option<Waker>,
     // Send side.
     pub(super) send: VecDeque<Bytes>,
-    pub(super) send_queued: usize,
-    pub(super) send_state: SendState,
     pub(super) send_trailers: Option<HeaderMap>,
+    pub(super) send_state: SendState,
+    pub(super) send_queued: usize,
     pub(super) send_window: i64,
     /// In `Shared::ready` already.
     pub(super) scheduled: bool,
-    pub(super) writable_waker: Option<Waker>,
-    pub(super) reset_waker: Option<Waker>,
-    /// Reset (by whom, with what): the stream is over both ways.
-    pub(super) reset: Option<(ErrorCode, bool)>,
     /// Counted in `Shared::open`.
     pub(super) counted: bool,
-    /// Handles alive (Respond, SendBody, RecvBody).
-    pub(super) handles: u8,
 }
 
 impl Stream {

@@ -195,6 +195,11 @@ impl Client {
         self.until(kind, stream).await.code()
     }
 
+    /// Flushes, reads until RST_STREAM on `id`, its code.
+    pub(super) async fn rst_of(&mut self, id: u32) -> Option<ErrorCode> {
+        self.code_of(frame::RST_STREAM, Some(id)).await
+    }
+
     /// Flushes, reads until GOAWAY, its code.
     pub(super) async fn goaway(&mut self) -> Option<ErrorCode> {
         self.code_of(frame::GOAWAY, None).await
@@ -444,16 +449,10 @@ async fn content_length_must_match_the_data() {
     let (mut c, _cmds, _task) = Client::connect(Default::default()).await;
     c.headers(1, false, &[&GET[..], &[("content-length", "4")]].concat());
     c.data(1, true, b"abc");
-    assert_eq!(
-        c.code_of(frame::RST_STREAM, Some(1)).await,
-        Some(ErrorCode::PROTOCOL_ERROR)
-    );
+    assert_eq!(c.rst_of(1).await, Some(ErrorCode::PROTOCOL_ERROR));
     c.headers(3, false, &[&GET[..], &[("content-length", "2")]].concat());
     c.data(3, false, b"abc");
-    assert_eq!(
-        c.code_of(frame::RST_STREAM, Some(3)).await,
-        Some(ErrorCode::PROTOCOL_ERROR)
-    );
+    assert_eq!(c.rst_of(3).await, Some(ErrorCode::PROTOCOL_ERROR));
     c.headers(5, false, &[&GET[..], &[("content-length", "3")]].concat());
     c.data(5, true, b"abc");
     c.flush().await;
@@ -469,10 +468,7 @@ async fn concurrency_limit_refuses_the_stream_past_it() {
     c.get(1, false);
     c.get(3, false);
     c.get(5, false);
-    assert_eq!(
-        c.code_of(frame::RST_STREAM, Some(5)).await,
-        Some(ErrorCode::REFUSED_STREAM)
-    );
+    assert_eq!(c.rst_of(5).await, Some(ErrorCode::REFUSED_STREAM));
     // Ending stream 1 (the echo answers) makes room again.
     c.data(1, true, b"");
     c.flush().await;
@@ -493,10 +489,7 @@ async fn receive_window_is_enforced_at_its_bound() {
     c.data(1, true, &body[..1000]);
     c.get(3, false);
     c.data(3, true, &body);
-    assert_eq!(
-        c.code_of(frame::RST_STREAM, Some(3)).await,
-        Some(ErrorCode::FLOW_CONTROL_ERROR)
-    );
+    assert_eq!(c.rst_of(3).await, Some(ErrorCode::FLOW_CONTROL_ERROR));
     c.roundtrip().await;
 }
 
@@ -541,10 +534,7 @@ async fn send_window_follows_settings_and_window_updates() {
     // Past 2^31-1: the stream's window, then the connection's.
     c.get(3, false);
     c.window_update(3, frame::MAX_WINDOW);
-    assert_eq!(
-        c.code_of(frame::RST_STREAM, Some(3)).await,
-        Some(ErrorCode::FLOW_CONTROL_ERROR)
-    );
+    assert_eq!(c.rst_of(3).await, Some(ErrorCode::FLOW_CONTROL_ERROR));
     c.window_update(0, frame::MAX_WINDOW);
     assert_eq!(c.goaway().await, Some(ErrorCode::FLOW_CONTROL_ERROR));
 }
@@ -582,10 +572,7 @@ async fn oversized_header_list_resets_only_its_stream() {
     let (mut c, _cmds, _task) = Client::connect(settings).await;
     let big = "v".repeat(4000);
     c.headers(1, true, &[&GET[..], &[("x-big", &big[..])]].concat());
-    assert_eq!(
-        c.code_of(frame::RST_STREAM, Some(1)).await,
-        Some(ErrorCode::PROTOCOL_ERROR)
-    );
+    assert_eq!(c.rst_of(1).await, Some(ErrorCode::PROTOCOL_ERROR));
     let fits = "v".repeat(3000);
     c.headers(3, true, &[&GET[..], &[("x-big", &fits[..])]].concat());
     c.flush().await;

@@ -207,10 +207,7 @@ async fn graceful_shutdown_two_steps() {
     let g = c.until(frame::GOAWAY, None).await;
     assert_eq!(g.frame(), goaway_no_error(3));
     c.get(5, true);
-    assert_eq!(
-        c.code_of(frame::RST_STREAM, Some(5)).await,
-        Some(ErrorCode::REFUSED_STREAM)
-    );
+    assert_eq!(c.rst_of(5).await, Some(ErrorCode::REFUSED_STREAM));
     for id in [1, 3] {
         c.data(id, true, b"ab");
     }
@@ -278,10 +275,7 @@ async fn dropped_handles_reset_their_streams() {
     let (mut c, cmds, _task) = Client::connect(Default::default()).await;
     // The Respond dropped unanswered: CANCEL.
     c.headers(1, true, &[&GET[..], &[("x-drop", "respond")]].concat());
-    assert_eq!(
-        c.code_of(frame::RST_STREAM, Some(1)).await,
-        Some(ErrorCode::CANCEL)
-    );
+    assert_eq!(c.rst_of(1).await, Some(ErrorCode::CANCEL));
     // The body dropped, the answer complete: RST(NO_ERROR) after it
     // (§8.1), and the body's unread bytes go back to the connection.
     c.headers(3, false, &[&GET[..], &[("x-drop", "body")]].concat());
@@ -289,10 +283,7 @@ async fn dropped_handles_reset_their_streams() {
     c.flush().await;
     let h = c.until(frame::HEADERS, Some(3)).await;
     assert_eq!(c.decode(&h), "200");
-    assert_eq!(
-        c.until(frame::RST_STREAM, Some(3)).await.code(),
-        Some(ErrorCode::NO_ERROR)
-    );
+    assert_eq!(c.rst_of(3).await, Some(ErrorCode::NO_ERROR));
     c.roundtrip().await;
     let (written, all) = ask(&cmds, Cmd::Ends).await;
     assert_eq!(written, 2);
@@ -305,10 +296,7 @@ async fn dropped_handles_reset_their_streams() {
 async fn frames_in_flight_after_our_reset_are_ignored() {
     let (mut c, _cmds, _task) = Client::connect(Default::default()).await;
     c.headers(1, false, &[&GET[..], &[("Upper", "x")]].concat());
-    assert_eq!(
-        c.code_of(frame::RST_STREAM, Some(1)).await,
-        Some(ErrorCode::PROTOCOL_ERROR)
-    );
+    assert_eq!(c.rst_of(1).await, Some(ErrorCode::PROTOCOL_ERROR));
     c.data(1, false, b"late");
     c.headers(1, true, &[("x-trailer", "indexed-by-the-encoder")]);
     c.flush().await;

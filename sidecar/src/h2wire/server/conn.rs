@@ -13,7 +13,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::super::ErrorCode;
 use super::super::frame::{self, Frame, HEADER_LEN, MAX_WINDOW, Settings};
 use super::super::hpack::{Decoder, Encoder, EncoderOptions, HeaderBlock, Limits};
-use super::state::{OUT_HIGH, Sealed, Shared, SharedRef, lock};
+use super::state::{
+    Abuse, Connection, Drain, Ends, GoAway, OUT_HIGH, Peer, Phase, ReadSide, Sealed, Shared,
+    SharedRef, UserPing, Windows, WriteSide, lock,
+};
 use super::{Error, RecvBody, Respond, ServerSettings};
 
 pub(super) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -33,106 +36,9 @@ const MAX_READS: usize = 8;
 
 pub(super) type Accepted = (http::Request<RecvBody>, Respond);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Phase {
-    Preface,
-    FirstSettings,
-    Running,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum GoAway {
-    None,
-    /// GOAWAY(2^31-1) and the PING sent; waiting for the PING's ACK.
-    PingSent,
-    /// The real GOAWAY sent with this last stream id.
-    Sent(u32),
-    /// `final_goaway`: nothing more is written.
-    Final,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum UserPing {
-    None,
-    Sent,
-    Acked,
-}
-
-/// A header block spread over HEADERS and CONTINUATIONs.
-pub(super) struct Assembly {
-    pub(super) stream: u32,
-    pub(super) end_stream: bool,
-    pub(super) buf: Vec<u8>,
-    pub(super) frames: u32,
-}
-
-/// A server-side HTTP/2 connection. See the module doc (mod.rs).
-pub(crate) struct Connection<T> {
-    pub(super) io: T,
-    /// Streams, output and send windows, shared with the handles.
-    pub(super) shared: SharedRef,
-    pub(super) settings: ServerSettings,
-    pub(super) rd: ReadSide,
-    pub(super) wr: WriteSide,
-    /// What the client did to the connection as a whole.
-    pub(super) peer: Peer,
-    /// Requests decoded, not yet returned by `poll_accept`.
-    pub(super) accepted: VecDeque<Accepted>,
-    pub(super) drain: Drain,
-    pub(super) abuse: Abuse,
-    /// A connection error: GOAWAY queued, reported once flushed.
-    pub(super) closing: Option<Error>,
-    pub(super) shut_down: bool,
-    /// Over: `poll_accept` says Ready(None) from now on.
-    pub(super) finished: bool,
-}
-
-/// The read side: bytes, header blocks, HPACK.
-pub(super) struct ReadSide {
-    /// Zero-filled once when taken (its `len` is all initialized); the
-    /// first `filled` bytes are read data, frames from the front.
-    pub(super) buf: BytesMut,
-    pub(super) filled: usize,
-    pub(super) decoder: Decoder,
-    /// The decoded block of the request being built (reused).
-    pub(super) block: HeaderBlock,
-    pub(super) assembling: Option<Assembly>,
-}
-
-/// The buffer being written, and the streams' ends in it.
-pub(super) struct WriteSide {
-    pub(super) buf: Vec<u8>,
-    pub(super) written: usize,
-    /// Streams' last frames in `buf`: counted written once it is.
-    pub(super) ends_in_buf: u64,
-    pub(super) ends_written: u64,
-}
-
-pub(super) struct Peer {
-    pub(super) phase: Phase,
-    /// The payload of its first SETTINGS frame.
-    pub(super) first_settings: Option<Box<[u8]>>,
-    /// It acknowledged our SETTINGS.
-    pub(super) acked_ours: bool,
-    /// Highest stream id it opened (§5.1.1).
-    pub(super) last_id: u32,
-    pub(super) goaway_seen: bool,
-}
-
-/// The drain's side: our GOAWAY steps and user PINGs.
-pub(super) struct Drain {
-    pub(super) goaway: GoAway,
-    pub(super) user_ping: UserPing,
-    pub(super) pong_waker: Option<Waker>,
-}
-
-pub(super) struct Abuse {
-    /// Rapid reset (CVE-2023-44487): client resets of unanswered streams
-    /// in the current one-second window.
-    pub(super) remote_resets: usize,
-    pub(super) resets_since: Instant,
-    /// Empty DATA frames without END_STREAM, less one per non-empty one.
-    pub(super) empty_data: u32,
+/// Queues a PING of ours.
+fn ping(out: &mut Vec<u8>, data: [u8; 8]) {
+    Frame::Ping { ack: false, data }.write(out);
 }
 
 impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
@@ -168,18 +74,18 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             streams: HashMap::new(),
             open: 0,
             out,
-            ends_in_out: 0,
-            ends_queued: 0,
-            ends_dropped: 0,
+            ends: Ends::default(),
             ready: VecDeque::new(),
             encoder: Encoder::new(4096, EncoderOptions::default()),
             block: Vec::new(),
-            peer_max_frame: frame::DEFAULT_MAX_FRAME_SIZE,
-            peer_initial_window: 65_535,
-            conn_send_window: 65_535,
-            conn_unreleased: 0,
+            win: Windows {
+                peer_initial: 65_535,
+                conn_send: 65_535,
+                conn_recv: i64::from(conn_window),
+                conn_unreleased: 0,
+            },
             conn_window,
-            conn_recv_window: i64::from(conn_window),
+            peer_max_frame: frame::DEFAULT_MAX_FRAME_SIZE,
             stream_window: settings.initial_window_size.min(MAX_WINDOW),
             max_send_buffer: settings.max_send_buffer,
             sealed: Sealed::Open,
@@ -276,11 +182,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             debug: b"",
         }
         .write(&mut sh.out);
-        Frame::Ping {
-            ack: false,
-            data: GRACEFUL_PING,
-        }
-        .write(&mut sh.out);
+        ping(&mut sh.out, GRACEFUL_PING);
         self.drain.goaway = GoAway::PingSent;
         sh.wake_conn();
     }
@@ -293,11 +195,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         if sh.sealed != Sealed::Open {
             return false;
         }
-        Frame::Ping {
-            ack: false,
-            data: USER_PING,
-        }
-        .write(&mut sh.out);
+        ping(&mut sh.out, USER_PING);
         self.drain.user_ping = UserPing::Sent;
         sh.wake_conn();
         true
@@ -350,7 +248,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
 
     pub fn all_ends_written(&self) -> bool {
         let sh = lock(&self.shared);
-        sh.ends_queued <= self.wr.ends_written + sh.ends_dropped
+        sh.ends.queued <= self.wr.ends_written + sh.ends.dropped
     }
 
     pub fn heap_bytes(&self) -> usize {
@@ -544,8 +442,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 self.wr.buf.clear();
                 self.wr.written = 0;
                 std::mem::swap(&mut self.wr.buf, &mut sh.out);
-                self.wr.ends_in_buf += sh.ends_in_out;
-                sh.ends_in_out = 0;
+                self.wr.ends_in_buf += sh.ends.in_out;
+                sh.ends.in_out = 0;
             }
             while self.wr.written < self.wr.buf.len() {
                 match Pin::new(&mut self.io).poll_write(cx, &self.wr.buf[self.wr.written..]) {

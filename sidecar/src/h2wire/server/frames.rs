@@ -12,10 +12,9 @@ use super::super::frame::{
 };
 use super::Error;
 use super::body::RecvBody;
-use super::conn::{
-    Assembly, Connection, GRACEFUL_PING, GoAway, PREFACE, Phase, USER_PING, UserPing,
-};
+use super::conn::{GRACEFUL_PING, PREFACE, USER_PING};
 use super::handles::Respond;
+use super::state::{Assembly, Connection, GoAway, Phase, UserPing};
 use super::state::{Sealed, Stream, lock};
 use super::validate;
 
@@ -227,8 +226,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         }
         let mut guard = lock(&self.shared);
         let sh = &mut *guard;
-        sh.conn_recv_window -= i64::from(flow_len);
-        if sh.conn_recv_window < 0 {
+        sh.win.conn_recv -= i64::from(flow_len);
+        if sh.win.conn_recv < 0 {
             return Err((
                 ErrorCode::FLOW_CONTROL_ERROR,
                 "DATA past the connection window",
@@ -390,7 +389,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             // Until our SETTINGS is acknowledged the client may use 65,535.
             sh.stream_window.max(65_535)
         };
-        let mut s = Stream::new(recv_window, sh.peer_initial_window);
+        let mut s = Stream::new(recv_window, sh.win.peer_initial);
         s.recv_end = end_stream;
         s.content_length = head.content_length;
         s.handles = 2;
@@ -487,8 +486,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     fn on_window_update(&mut self, id: u32, increment: u32) -> Result<(), ConnError> {
         let mut sh = lock(&self.shared);
         if id == 0 {
-            sh.conn_send_window += i64::from(increment);
-            if sh.conn_send_window > i64::from(MAX_WINDOW) {
+            sh.win.conn_send += i64::from(increment);
+            if sh.win.conn_send > i64::from(MAX_WINDOW) {
                 return Err((
                     ErrorCode::FLOW_CONTROL_ERROR,
                     "connection window over 2^31-1",

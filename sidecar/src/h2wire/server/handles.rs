@@ -158,7 +158,7 @@ impl Respond {
             sh.block = Vec::new();
         }
         if end_of_stream {
-            sh.ends_queued += 1;
+            sh.ends.queued += 1;
             sh.finish_send(self.id);
         }
         sh.wake_conn();
@@ -217,7 +217,7 @@ impl SendBody {
         }
         if end_of_stream {
             s.send_state = SendState::Ending;
-            sh.ends_queued += 1;
+            sh.ends.queued += 1;
         }
         sh.schedule(self.id);
         sh.wake_conn();
@@ -251,7 +251,7 @@ impl SendBody {
         let s = sendable(&mut sh, self.id, SendState::Open, "trailers after the end")?;
         s.send_trailers = Some(trailers);
         s.send_state = SendState::Ending;
-        sh.ends_queued += 1;
+        sh.ends.queued += 1;
         sh.schedule(self.id);
         sh.wake_conn();
         Ok(())

@@ -31,8 +31,8 @@ mod tests_abuse;
 mod tests_interop;
 
 pub(crate) use body::RecvBody;
-pub(crate) use conn::Connection;
 pub(crate) use handles::{Respond, SendBody};
+pub(crate) use state::Connection;
 
 use super::ErrorCode;
 

@@ -14,7 +14,7 @@ use super::Error;
 use super::body::RecvBody;
 use super::conn::{GRACEFUL_PING, PREFACE, USER_PING};
 use super::handles::Respond;
-use super::state::{Assembly, Connection, GoAway, Phase, UserPing};
+use super::state::{Assembly, Connection, GoAway, Phase, SendState, UserPing};
 use super::state::{Sealed, Stream, lock};
 use super::validate;
 
@@ -26,6 +26,8 @@ pub(super) const EMPTY_DATA_LIMIT: u32 = 100;
 /// Frames one header block may span (HEADERS included).
 pub(super) const MAX_BLOCK_FRAMES: u32 = 32;
 const RESET_WINDOW: Duration = Duration::from_secs(1);
+/// A client reset this soon after the stream opened counts as rapid.
+const RAPID_RESET_AGE: Duration = Duration::from_millis(100);
 
 impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// Client resets of unanswered streams allowed per second.
@@ -372,8 +374,16 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             sh.reset_stream(id, ErrorCode::REFUSED_STREAM, false);
             return;
         }
-        if sh.open >= self.settings.max_concurrent_streams as usize {
+        let max = self.settings.max_concurrent_streams as usize;
+        if sh.open >= max {
             sh.reset_stream(id, ErrorCode::REFUSED_STREAM, true);
+            return;
+        }
+        if sh.streams.len() >= 2 * max {
+            // The application still works on as many streams again that
+            // the client already reset (rapid reset's real cost): no new
+            // work until it lets go. Safe to retry, not the client's error.
+            sh.reset_stream(id, ErrorCode::REFUSED_STREAM, false);
             return;
         }
         let head = match validate::request(&self.rd.block) {
@@ -389,7 +399,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             // Until our SETTINGS is acknowledged the client may use 65,535.
             sh.stream_window.max(65_535)
         };
-        let mut s = Stream::new(recv_window, sh.win.peer_initial);
+        let mut s = Stream::new(recv_window, sh.win.peer_initial, Instant::now());
         s.recv_end = end_stream;
         s.content_length = head.content_length;
         s.handles = 2;
@@ -411,14 +421,17 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     fn on_rst(&mut self, id: u32, code: ErrorCode) -> Result<(), ConnError> {
         self.check_idle(id)?;
         let mut sh = lock(&self.shared);
-        let unanswered = sh
-            .streams
-            .get(&id)
-            .is_some_and(|s| s.reset.is_none() && s.send_state != super::state::SendState::Done);
+        let now = Instant::now();
+        // Rapid reset opens and resets at once; a client cancelling on a
+        // deadline does so long after, and is not counted.
+        let rapid = sh.streams.get(&id).is_some_and(|s| {
+            s.reset.is_none()
+                && s.send_state != SendState::Done
+                && now.duration_since(s.opened) < RAPID_RESET_AGE
+        });
         sh.remote_reset(id, code);
         drop(sh);
-        if unanswered {
-            let now = Instant::now();
+        if rapid {
             if now.duration_since(self.abuse.resets_since) > RESET_WINDOW {
                 self.abuse.resets_since = now;
                 self.abuse.remote_resets = 0;

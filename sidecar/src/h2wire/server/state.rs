@@ -46,6 +46,8 @@ pub(super) struct Stream {
     pub(super) reset: Option<(ErrorCode, bool)>,
     /// Handles alive (Respond, SendBody, RecvBody).
     pub(super) handles: u8,
+    /// When its HEADERS came (rapid-reset accounting).
+    pub(super) opened: Instant,
     // Receive side.
     pub(super) recv: VecDeque<Bytes>,
     /// END_STREAM came: the body ends once `recv` is drained.
@@ -76,8 +78,9 @@ pub(super) struct Stream {
 }
 
 impl Stream {
-    pub(super) fn new(recv_window: u32, send_window: u32) -> Self {
+    pub(super) fn new(recv_window: u32, send_window: u32, opened: Instant) -> Self {
         Self {
+            opened,
             recv: VecDeque::new(),
             recv_end: false,
             recv_trailers: None,

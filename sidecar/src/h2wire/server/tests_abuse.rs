@@ -71,22 +71,73 @@ async fn header_block_bytes_are_bounded_before_hpack() {
     assert_eq!(c.goaway().await, Some(ErrorCode::ENHANCE_YOUR_CALM));
 }
 
+/// Opens `n` streams from `id` on and resets each at once.
+fn open_and_reset(c: &mut Client, id: &mut u32, n: usize, fields: &[(&str, &str)]) {
+    for _ in 0..n {
+        c.headers(*id, false, fields);
+        c.rst(*id, ErrorCode::CANCEL);
+        *id += 2;
+    }
+}
+
 #[tokio::test]
 async fn rapid_reset_is_cut_past_its_budget() {
-    let settings = with(|s| s.max_concurrent_streams = 10);
+    let settings = with(|s| s.max_concurrent_streams = 50);
     let (mut c, _cmds, _task) = Client::connect(settings).await;
-    // max(100, 2 * 10) resets of unanswered streams a second.
+    // max(100, 2 * 50) resets of young unanswered streams a second; in
+    // two rounds so the application lets go of the first in between.
     let mut id = 1;
-    for _ in 0..100 {
-        c.get(id, false);
-        c.rst(id, ErrorCode::CANCEL);
-        id += 2;
+    for _ in 0..2 {
+        open_and_reset(&mut c, &mut id, 50, &GET);
+        c.flush().await;
+        c.roundtrip().await;
     }
+    open_and_reset(&mut c, &mut id, 1, &GET);
+    assert_eq!(c.goaway().await, Some(ErrorCode::ENHANCE_YOUR_CALM));
+}
+
+/// A client cancelling streams long after it opened them (deadlines) is
+/// not rapid reset, however many.
+#[tokio::test]
+async fn late_resets_are_not_counted() {
+    let settings = with(|s| s.max_concurrent_streams = 60);
+    let (mut c, _cmds, _task) = Client::connect(settings).await;
+    let mut id = 1;
+    for _ in 0..3 {
+        let first = id;
+        for _ in 0..60 {
+            c.get(id, false);
+            id += 2;
+        }
+        c.flush().await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        for stream in (first..id).step_by(2) {
+            c.rst(stream, ErrorCode::CANCEL);
+        }
+        c.flush().await;
+        c.roundtrip().await;
+    }
+}
+
+/// Streams the client reset while the application still holds them
+/// count against the concurrency twice over: past that, new streams are
+/// refused until the application lets go.
+#[tokio::test]
+async fn streams_held_after_a_client_reset_are_bounded() {
+    let settings = with(|s| s.max_concurrent_streams = 5);
+    let (mut c, _cmds, _task) = Client::connect(settings).await;
+    let held = [&GET[..], &[("x-drop", "hold")]].concat();
+    let mut id = 1;
+    open_and_reset(&mut c, &mut id, 10, &held);
     c.flush().await;
     c.roundtrip().await;
-    c.get(id, false);
-    c.rst(id, ErrorCode::CANCEL);
-    assert_eq!(c.goaway().await, Some(ErrorCode::ENHANCE_YOUR_CALM));
+    c.get(id, true);
+    assert_eq!(c.rst_of(id).await, Some(ErrorCode::REFUSED_STREAM));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    c.get(id + 2, true);
+    c.flush().await;
+    let h = c.until(frame::HEADERS, Some(id + 2)).await;
+    assert_eq!(c.decode(&h), "200");
 }
 
 #[tokio::test]

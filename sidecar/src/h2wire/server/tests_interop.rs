@@ -18,11 +18,18 @@ const T: Duration = Duration::from_secs(20);
 /// Echoes the request's body (in 16 KiB sends, waiting for
 /// `poll_writable`) and trailers; `x-len` says how many bytes came.
 /// `x-drop: respond` drops the Respond unanswered; `x-drop: body`
-/// drops the body unread and answers at once.
+/// drops the body unread and answers at once; `x-drop: hold` holds both
+/// for 300 ms, then drops them.
 pub(super) async fn echo(req: Request<RecvBody>, mut respond: Respond) -> Result<(), Error> {
     let (parts, body) = req.into_parts();
     match parts.headers.get("x-drop").map(|v| v.as_bytes()) {
         Some(b"respond") => return Ok(()),
+        Some(b"hold") => {
+            // Holds its handles without reading or answering.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            drop((body, respond));
+            return Ok(());
+        }
         Some(b"body") => {
             drop(body);
             respond.send_response(Response::new(()), true)?;

@@ -44,19 +44,22 @@ fn ping(out: &mut Vec<u8>, data: [u8; 8]) {
 impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// Our SETTINGS and the connection WINDOW_UPDATE are queued here and
     /// written at the first poll; the preface is read there too.
-    pub fn new(io: T, settings: ServerSettings) -> Self {
+    pub fn new(io: T, mut settings: ServerSettings) -> Self {
+        // What the protocol allows (§6.5.2): what we enforce is what we
+        // announce.
+        settings.initial_window_size = settings.initial_window_size.min(MAX_WINDOW);
+        settings.max_frame_size = settings
+            .max_frame_size
+            .clamp(frame::DEFAULT_MAX_FRAME_SIZE, frame::MAX_FRAME_SIZE_LIMIT);
+        settings.max_concurrent_streams = settings.max_concurrent_streams.max(1);
         let mut out = Vec::new();
         Frame::Settings {
             ack: false,
             settings: Settings {
                 enable_push: Some(false),
                 max_concurrent_streams: Some(settings.max_concurrent_streams),
-                initial_window_size: Some(settings.initial_window_size.min(MAX_WINDOW)),
-                max_frame_size: Some(
-                    settings
-                        .max_frame_size
-                        .clamp(frame::DEFAULT_MAX_FRAME_SIZE, frame::MAX_FRAME_SIZE_LIMIT),
-                ),
+                initial_window_size: Some(settings.initial_window_size),
+                max_frame_size: Some(settings.max_frame_size),
                 max_header_list_size: Some(settings.max_header_list_size),
                 ..Settings::default()
             },
@@ -86,7 +89,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             },
             conn_window,
             peer_max_frame: frame::DEFAULT_MAX_FRAME_SIZE,
-            stream_window: settings.initial_window_size.min(MAX_WINDOW),
+            stream_window: settings.initial_window_size,
             max_send_buffer: settings.max_send_buffer,
             sealed: Sealed::Open,
             conn_waker: None,

@@ -120,24 +120,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 ends_in_buf: 0,
                 ends_written: 0,
             },
-            peer: Peer {
-                phase: Phase::Preface,
-                first_settings: None,
-                acked_ours: false,
-                last_id: 0,
-                goaway_seen: false,
-            },
+            peer: Peer::new(),
             accepted: VecDeque::new(),
-            drain: Drain {
-                goaway: GoAway::None,
-                user_ping: UserPing::None,
-                pong_waker: None,
-            },
-            abuse: Abuse {
-                remote_resets: 0,
-                resets_since: Instant::now(),
-                empty_data: 0,
-            },
+            drain: Drain::new(),
+            abuse: Abuse::new(),
             closing: None,
             shut_down: false,
             finished: false,
@@ -250,8 +236,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     }
 
     pub fn all_ends_written(&self) -> bool {
-        let sh = lock(&self.shared);
-        sh.ends.queued <= self.wr.ends_written + sh.ends.dropped
+        lock(&self.shared).ends.all_written(self.wr.ends_written)
     }
 
     pub fn heap_bytes(&self) -> usize {

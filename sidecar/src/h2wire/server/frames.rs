@@ -25,7 +25,6 @@ pub(super) type ConnError = (ErrorCode, &'static str);
 pub(super) const EMPTY_DATA_LIMIT: u32 = 100;
 /// Frames one header block may span (HEADERS included).
 pub(super) const MAX_BLOCK_FRAMES: u32 = 32;
-const RESET_WINDOW: Duration = Duration::from_secs(1);
 /// A client reset this soon after the stream opened counts as rapid.
 const RAPID_RESET_AGE: Duration = Duration::from_millis(100);
 
@@ -431,18 +430,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         });
         sh.remote_reset(id, code);
         drop(sh);
-        if rapid {
-            if now.duration_since(self.abuse.resets_since) > RESET_WINDOW {
-                self.abuse.resets_since = now;
-                self.abuse.remote_resets = 0;
-            }
-            self.abuse.remote_resets += 1;
-            if self.abuse.remote_resets > self.remote_reset_limit() {
-                return Err((
-                    ErrorCode::ENHANCE_YOUR_CALM,
-                    "too many streams reset by the client",
-                ));
-            }
+        if rapid && !self.abuse.rapid_reset(now, self.remote_reset_limit()) {
+            return Err((
+                ErrorCode::ENHANCE_YOUR_CALM,
+                "too many streams reset by the client",
+            ));
         }
         Ok(())
     }

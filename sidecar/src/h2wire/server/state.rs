@@ -8,7 +8,7 @@ use std::task::Waker;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::HeaderMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::super::ErrorCode;
 use super::super::frame::{self, Frame, FrameHeader, MAX_WINDOW};
@@ -180,6 +180,14 @@ pub(super) struct Ends {
     pub(super) dropped: u64,
 }
 
+impl Ends {
+    /// Every end decided has reached the socket (`written` of them) or
+    /// never will.
+    pub(super) fn all_written(&self, written: u64) -> bool {
+        self.queued <= written + self.dropped
+    }
+}
+
 /// The connection's flow-control windows (§5.2, §6.9): the client's
 /// SETTINGS_INITIAL_WINDOW_SIZE; what we may still send and what the
 /// client may still send on the connection; what bodies took and we have
@@ -278,11 +286,33 @@ pub(super) struct Peer {
     pub(super) goaway_seen: bool,
 }
 
+impl Peer {
+    pub(super) fn new() -> Self {
+        Self {
+            phase: Phase::Preface,
+            first_settings: None,
+            acked_ours: false,
+            last_id: 0,
+            goaway_seen: false,
+        }
+    }
+}
+
 /// The drain's side: our GOAWAY steps and user PINGs.
 pub(super) struct Drain {
     pub(super) goaway: GoAway,
     pub(super) user_ping: UserPing,
     pub(super) pong_waker: Option<Waker>,
+}
+
+impl Drain {
+    pub(super) fn new() -> Self {
+        Self {
+            goaway: GoAway::None,
+            user_ping: UserPing::None,
+            pong_waker: None,
+        }
+    }
 }
 
 pub(super) struct Abuse {
@@ -293,6 +323,30 @@ pub(super) struct Abuse {
     /// Empty DATA frames without END_STREAM, less one per non-empty one.
     pub(super) empty_data: u32,
 }
+
+impl Abuse {
+    pub(super) fn new() -> Self {
+        Self {
+            remote_resets: 0,
+            resets_since: Instant::now(),
+            empty_data: 0,
+        }
+    }
+
+    /// Counts a rapid reset at `now`: false once more than `limit` came
+    /// within the current one-second window.
+    pub(super) fn rapid_reset(&mut self, now: Instant, limit: usize) -> bool {
+        if now.duration_since(self.resets_since) > RESET_WINDOW {
+            self.resets_since = now;
+            self.remote_resets = 0;
+        }
+        self.remote_resets += 1;
+        self.remote_resets <= limit
+    }
+}
+
+/// The window rapid resets are counted in.
+const RESET_WINDOW: Duration = Duration::from_secs(1);
 
 /// How many reset stream ids are remembered.
 const RECENT_RESETS: usize = 32;

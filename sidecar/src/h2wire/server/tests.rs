@@ -195,6 +195,13 @@ impl Client {
         self.until(kind, stream).await.code()
     }
 
+    /// Flushes, reads until the response HEADERS on `id`, its :status.
+    pub(super) async fn status_of(&mut self, id: u32) -> String {
+        self.flush().await;
+        let h = self.until(frame::HEADERS, Some(id)).await;
+        self.decode(&h)
+    }
+
     /// Flushes, reads until RST_STREAM on `id`, its code.
     pub(super) async fn rst_of(&mut self, id: u32) -> Option<ErrorCode> {
         self.code_of(frame::RST_STREAM, Some(id)).await
@@ -381,9 +388,7 @@ async fn handshake_settings_ping_and_a_request() {
     c.until(frame::SETTINGS, None).await; // the ACK of ours
     c.roundtrip().await;
     c.get(1, true);
-    c.flush().await;
-    let h = c.until(frame::HEADERS, Some(1)).await;
-    assert_eq!(c.decode(&h), "200");
+    assert_eq!(c.status_of(1).await, "200");
     assert_eq!(
         c.field("x-request").as_deref(),
         Some("GET http://test.local/x?y=1 HTTP/2.0")
@@ -431,17 +436,13 @@ async fn malformed_requests_are_stream_errors() {
     }
     // te: trailers and CONNECT with :authority only are fine.
     c.headers(id, true, &[&GET[..], &[("te", "trailers")]].concat());
-    c.flush().await;
-    let h = c.until(frame::HEADERS, Some(id)).await;
-    assert_eq!(c.decode(&h), "200");
+    assert_eq!(c.status_of(id).await, "200");
     c.headers(
         id + 2,
         true,
         &[(":method", "CONNECT"), (":authority", "example.com:443")],
     );
-    c.flush().await;
-    let h = c.until(frame::HEADERS, Some(id + 2)).await;
-    assert_eq!(c.decode(&h), "200");
+    assert_eq!(c.status_of(id + 2).await, "200");
 }
 
 #[tokio::test]
@@ -455,9 +456,7 @@ async fn content_length_must_match_the_data() {
     assert_eq!(c.rst_of(3).await, Some(ErrorCode::PROTOCOL_ERROR));
     c.headers(5, false, &[&GET[..], &[("content-length", "3")]].concat());
     c.data(5, true, b"abc");
-    c.flush().await;
-    let h = c.until(frame::HEADERS, Some(5)).await;
-    assert_eq!(c.decode(&h), "200");
+    assert_eq!(c.status_of(5).await, "200");
     assert_eq!(c.field("x-len").as_deref(), Some("3"));
 }
 
@@ -474,9 +473,7 @@ async fn concurrency_limit_refuses_the_stream_past_it() {
     c.flush().await;
     c.until(frame::DATA, Some(1)).await;
     c.get(7, true);
-    c.flush().await;
-    let h = c.until(frame::HEADERS, Some(7)).await;
-    assert_eq!(c.decode(&h), "200");
+    assert_eq!(c.status_of(7).await, "200");
 }
 
 #[tokio::test]
@@ -506,9 +503,7 @@ async fn send_window_follows_settings_and_window_updates() {
     c.headers(1, false, &GET);
     let body = [1u8; 100];
     c.data(1, true, &body);
-    c.flush().await;
-    let h = c.until(frame::HEADERS, Some(1)).await;
-    assert_eq!(c.decode(&h), "200");
+    assert_eq!(c.status_of(1).await, "200");
     c.roundtrip().await; // nothing on a zero window
     c.push(Frame::Settings {
         ack: false,
@@ -575,7 +570,5 @@ async fn oversized_header_list_resets_only_its_stream() {
     assert_eq!(c.rst_of(1).await, Some(ErrorCode::PROTOCOL_ERROR));
     let fits = "v".repeat(3000);
     c.headers(3, true, &[&GET[..], &[("x-big", &fits[..])]].concat());
-    c.flush().await;
-    let h = c.until(frame::HEADERS, Some(3)).await;
-    assert_eq!(c.decode(&h), "200");
+    assert_eq!(c.status_of(3).await, "200");
 }

@@ -398,3 +398,79 @@ async fn fixed(req: Request<RecvBody>, mut respond: Respond) -> Result<(), Error
     let mut send = respond.send_response(Response::new(()), false)?;
     send.send_data(Bytes::from_static(b"hello from h2wire\n"), true)
 }
+
+/// Load for an informal instruction count (not a benchmark: bench/ is
+/// where speed is measured): `H2WIRE_LOAD=ours|h2`, `H2WIRE_CALLS=n`;
+/// h2's client sends `n` small POSTs (64 at a time) to our server or to
+/// h2's, answered with a 100-byte body. Run under `perf stat -e
+/// instructions:u` once per server; the client's share is the same.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "load for perf stat, run by hand"]
+async fn load_for_instruction_count() {
+    let which = std::env::var("H2WIRE_LOAD").unwrap_or_else(|_| "ours".into());
+    let calls: usize = std::env::var("H2WIRE_CALLS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(20_000);
+    let (client_io, server_io) = tokio::io::duplex(64 << 10);
+    let server = if which == "h2" {
+        tokio::spawn(async move {
+            let mut conn = h2::server::handshake(server_io).await.expect("handshake");
+            while let Some(next) = conn.accept().await {
+                let (req, mut respond) = next.expect("stream");
+                tokio::spawn(async move {
+                    let mut body = req.into_body();
+                    while let Some(chunk) = body.data().await {
+                        let n = chunk.map(|c| c.len()).unwrap_or(0);
+                        let _ = body.flow_control().release_capacity(n);
+                    }
+                    let head = Response::new(());
+                    if let Ok(mut send) = respond.send_response(head, false) {
+                        let _ = send.send_data(Bytes::from_static(&[b'x'; 100]), true);
+                    }
+                });
+            }
+            Ok(())
+        })
+    } else {
+        tokio::spawn(serve_with(
+            server_io,
+            ServerSettings::default(),
+            |req, mut respond| async move {
+                req.into_body().collect().await?;
+                let mut send = respond.send_response(Response::new(()), false)?;
+                send.send_data(Bytes::from_static(&[b'x'; 100]), true)
+            },
+        ))
+    };
+    let (client, _connection) = h2_client(client_io).await;
+    let mut done = 0;
+    while done < calls {
+        let batch: Vec<_> = (0..64.min(calls - done))
+            .map(|_| {
+                let mut client = client.clone();
+                tokio::spawn(async move {
+                    let req = Request::post("http://test.local/svc/Method")
+                        .body(())
+                        .expect("request");
+                    let (resp, mut stream) = client.send_request(req, false).expect("send");
+                    stream
+                        .send_data(Bytes::from_static(&[b'y'; 50]), true)
+                        .expect("data");
+                    let mut body = resp.await.expect("response").into_body();
+                    while let Some(chunk) = body.data().await {
+                        let n = chunk.expect("chunk").len();
+                        let _ = body.flow_control().release_capacity(n);
+                    }
+                })
+            })
+            .collect();
+        done += batch.len();
+        for b in batch {
+            b.await.expect("call");
+        }
+    }
+    drop(client);
+    let _ = tokio::time::timeout(T, server).await;
+    println!("{which}: {calls} calls");
+}

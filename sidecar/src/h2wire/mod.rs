@@ -1,7 +1,8 @@
 //! The first part of the sidecar's own HTTP/2 codec, written from RFC 9113
 //! (HTTP/2) and RFC 7541 (HPACK). Not wired into the data path yet: the
 //! downstream and upstream HTTP/2 connections still run on the h2 crate
-//! (src/http2/, src/upstream/).
+//! (src/http2/, src/upstream/); the server side is ready to take over the
+//! downstream one.
 //!
 //! Why a codec of our own (issue #39): profiles of the h2 path put HPACK
 //! encode (13%) and decode (9%), memcpy (14%) and `http::HeaderMap`
@@ -20,6 +21,10 @@
 //!   grpc-status, gRPC method paths...), never indexes sensitive or
 //!   per-request values, and by default Huffman-codes a string only when
 //!   shorter.
+//! - [`server`]: the server connection layer on both: stream states,
+//!   header-block assembly with its bounds, flow control both ways, field
+//!   validation for an intermediary, the drain's GOAWAY sequences, abuse
+//!   limits, buffers sized by use (server/mod.rs lists the semantics).
 //! - [`frame`]: frame headers and every RFC 9113 §6 frame type, parsed from
 //!   a payload slice (borrowing, no copies) and written into a buffer, with
 //!   the length, stream-id, padding and per-setting checks of §4 and §6,
@@ -33,7 +38,9 @@
 //! never panic), and interop_tests.rs, where the h2 crate is the client
 //! and this code the server.
 //!
-//! What the connection layer needs next, in the order it would be built:
+//! The server layer covers items 1 to 7 below for the server side; the
+//! client side (src/upstream/) still runs on h2. The list, as written
+//! before the server layer:
 //!
 //! 1. Stream states (§5.1): idle/open/half-closed/closed per stream id,
 //!    the monotonic stream-id rule, MAX_CONCURRENT_STREAMS and REFUSED_STREAM.

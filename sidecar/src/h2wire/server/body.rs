@@ -16,12 +16,14 @@ use super::super::frame::{Frame, MAX_WINDOW};
 use super::Error;
 use super::state::{Sealed, SharedRef, lock};
 
+type BodyResult = Result<BodyFrame<Bytes>, Error>;
+
 pub(crate) struct RecvBody {
     pub(super) shared: SharedRef,
     pub(super) id: u32,
-    /// END_STREAM came with the HEADERS: nothing to read, no lock to take.
-    pub(super) empty: bool,
-    pub(super) done: bool,
+    /// Nothing more to read (END_STREAM came with the HEADERS, or the
+    /// end was taken): no lock to take.
+    pub(super) ended: bool,
 }
 
 impl RecvBody {
@@ -31,19 +33,16 @@ impl RecvBody {
 }
 
 impl http_body::Body for RecvBody {
-    type Data = Bytes;
     type Error = Error;
+    type Data = Bytes;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<BodyFrame<Bytes>, Error>>> {
-        if self.empty || self.done {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<BodyResult>> {
+        let this = self.get_mut();
+        if this.ended {
             return Poll::Ready(None);
         }
-        let id = self.id;
-        let shared = self.shared.clone();
-        let mut guard = lock(&shared);
+        let id = this.id;
+        let mut guard = lock(&this.shared);
         let sh = &mut *guard;
         let sealed = sh.sealed;
         let stream_window = sh.stream_window;
@@ -90,7 +89,7 @@ impl http_body::Body for RecvBody {
             return Poll::Ready(Some(Ok(BodyFrame::data(chunk))));
         }
         if s.recv_end {
-            self.done = true;
+            this.ended = true;
             return Poll::Ready(s.recv_trailers.take().map(|t| Ok(BodyFrame::trailers(t))));
         }
         if let Sealed::Dead(code, reason) = sealed {
@@ -108,7 +107,7 @@ impl http_body::Body for RecvBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        if self.empty || self.done {
+        if self.ended {
             return true;
         }
         let sh = lock(&self.shared);
@@ -118,7 +117,7 @@ impl http_body::Body for RecvBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.empty || self.done {
+        if self.ended {
             return SizeHint::with_exact(0);
         }
         let sh = lock(&self.shared);

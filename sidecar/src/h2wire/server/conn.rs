@@ -13,104 +13,53 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::super::ErrorCode;
 use super::super::frame::{self, Frame, HEADER_LEN, MAX_WINDOW, Settings};
 use super::super::hpack::{Decoder, Encoder, EncoderOptions, HeaderBlock, Limits};
-use super::state::{OUT_HIGH, Sealed, Shared, SharedRef, lock};
+use super::state::{
+    Abuse, Connection, Drain, Ends, GoAway, OUT_HIGH, Peer, Phase, ReadSide, Sealed, Shared,
+    SharedRef, UserPing, Windows, WriteSide, lock,
+};
 use super::{Error, RecvBody, Respond, ServerSettings};
 
 pub(super) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Bytes asked of the socket per read beyond what the current frame needs.
 const READ_CHUNK: usize = 16 << 10;
+/// Less room than this left in the read buffer: a new one is taken rather
+/// than reading a few bytes per call.
+const MIN_READ: usize = 1024;
 /// PING payloads of ours, told apart in the ACKs.
 pub(super) const GRACEFUL_PING: [u8; 8] = *b"kg-drain";
 pub(super) const USER_PING: [u8; 8] = *b"kg-ping!";
 /// Write rounds per wake-up before yielding to other tasks.
 const WRITE_ROUNDS: usize = 4;
+/// Reads per write round: a client that keeps the socket full still sees
+/// its answers (and WINDOW_UPDATEs) go out.
+const MAX_READS: usize = 8;
 
 pub(super) type Accepted = (http::Request<RecvBody>, Respond);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Phase {
-    Preface,
-    FirstSettings,
-    Running,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum GoAway {
-    None,
-    /// GOAWAY(2^31-1) and the PING sent; waiting for the PING's ACK.
-    PingSent,
-    /// The real GOAWAY sent with this last stream id.
-    Sent(u32),
-    /// `final_goaway`: nothing more is written.
-    Final,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum UserPing {
-    None,
-    Sent,
-    Acked,
-}
-
-/// A header block spread over HEADERS and CONTINUATIONs.
-pub(super) struct Assembly {
-    pub(super) stream: u32,
-    pub(super) end_stream: bool,
-    pub(super) buf: Vec<u8>,
-    pub(super) frames: u32,
-}
-
-/// A server-side HTTP/2 connection. See the module doc (mod.rs).
-pub(crate) struct Connection<T> {
-    pub(super) io: T,
-    pub(super) shared: SharedRef,
-    pub(super) settings: ServerSettings,
-    pub(super) read_buf: BytesMut,
-    pub(super) writing: Vec<u8>,
-    pub(super) written: usize,
-    pub(super) ends_in_writing: u64,
-    pub(super) ends_written: u64,
-    pub(super) decoder: Decoder,
-    pub(super) block: HeaderBlock,
-    pub(super) assembling: Option<Assembly>,
-    pub(super) phase: Phase,
-    pub(super) client_settings: Option<Box<[u8]>>,
-    pub(super) settings_acked: bool,
-    /// Highest stream id the client opened (§5.1.1).
-    pub(super) last_peer_id: u32,
-    pub(super) accepted: VecDeque<Accepted>,
-    pub(super) goaway: GoAway,
-    pub(super) remote_goaway: bool,
-    pub(super) user_ping: UserPing,
-    pub(super) pong_waker: Option<Waker>,
-    /// Rapid reset (CVE-2023-44487): client resets of unanswered streams
-    /// in the current one-second window.
-    pub(super) remote_resets: usize,
-    pub(super) resets_since: Instant,
-    /// Empty DATA frames without END_STREAM, less one per non-empty one.
-    pub(super) empty_data: u32,
-    /// A connection error: GOAWAY queued, reported once flushed.
-    pub(super) closing: Option<Error>,
-    pub(super) shut_down: bool,
-    pub(super) finished: bool,
+/// Queues a PING of ours.
+fn ping(out: &mut Vec<u8>, data: [u8; 8]) {
+    Frame::Ping { ack: false, data }.write(out);
 }
 
 impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// Our SETTINGS and the connection WINDOW_UPDATE are queued here and
     /// written at the first poll; the preface is read there too.
-    pub fn new(io: T, settings: ServerSettings) -> Self {
+    pub fn new(io: T, mut settings: ServerSettings) -> Self {
+        // What the protocol allows (§6.5.2): what we enforce is what we
+        // announce.
+        settings.initial_window_size = settings.initial_window_size.min(MAX_WINDOW);
+        settings.max_frame_size = settings
+            .max_frame_size
+            .clamp(frame::DEFAULT_MAX_FRAME_SIZE, frame::MAX_FRAME_SIZE_LIMIT);
+        settings.max_concurrent_streams = settings.max_concurrent_streams.max(1);
         let mut out = Vec::new();
         Frame::Settings {
             ack: false,
             settings: Settings {
                 enable_push: Some(false),
                 max_concurrent_streams: Some(settings.max_concurrent_streams),
-                initial_window_size: Some(settings.initial_window_size.min(MAX_WINDOW)),
-                max_frame_size: Some(
-                    settings
-                        .max_frame_size
-                        .clamp(frame::DEFAULT_MAX_FRAME_SIZE, frame::MAX_FRAME_SIZE_LIMIT),
-                ),
+                initial_window_size: Some(settings.initial_window_size),
+                max_frame_size: Some(settings.max_frame_size),
                 max_header_list_size: Some(settings.max_header_list_size),
                 ..Settings::default()
             },
@@ -128,55 +77,53 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             streams: HashMap::new(),
             open: 0,
             out,
-            ends_in_out: 0,
-            ends_queued: 0,
-            ends_dropped: 0,
+            ends: Ends::default(),
             ready: VecDeque::new(),
             encoder: Encoder::new(4096, EncoderOptions::default()),
             block: Vec::new(),
-            peer_max_frame: frame::DEFAULT_MAX_FRAME_SIZE,
-            peer_initial_window: 65_535,
-            conn_send_window: 65_535,
-            conn_unreleased: 0,
+            win: Windows {
+                peer_initial: 65_535,
+                conn_send: 65_535,
+                conn_recv: i64::from(conn_window),
+                conn_unreleased: 0,
+            },
             conn_window,
-            conn_recv_window: i64::from(conn_window),
-            stream_window: settings.initial_window_size.min(MAX_WINDOW),
+            peer_max_frame: frame::DEFAULT_MAX_FRAME_SIZE,
+            stream_window: settings.initial_window_size,
             max_send_buffer: settings.max_send_buffer,
             sealed: Sealed::Open,
             conn_waker: None,
             local_error_resets: 0,
+            recent_resets: VecDeque::new(),
         };
         let list = settings.max_header_list_size as usize;
         Self {
             io,
             shared: Arc::new(Mutex::new(shared)),
             settings,
-            read_buf: BytesMut::new(),
-            writing: Vec::new(),
-            written: 0,
-            ends_in_writing: 0,
-            ends_written: 0,
-            decoder: Decoder::new(
-                4096,
-                Limits {
-                    max_string_len: list,
-                    max_list_size: list,
-                },
-            ),
-            block: HeaderBlock::default(),
-            assembling: None,
-            phase: Phase::Preface,
-            client_settings: None,
-            settings_acked: false,
-            last_peer_id: 0,
+            rd: ReadSide {
+                buf: BytesMut::new(),
+                filled: 0,
+                decoder: Decoder::new(
+                    4096,
+                    Limits {
+                        max_string_len: list,
+                        max_list_size: list,
+                    },
+                ),
+                block: HeaderBlock::default(),
+                assembling: None,
+            },
+            wr: WriteSide {
+                buf: Vec::new(),
+                written: 0,
+                ends_in_buf: 0,
+                ends_written: 0,
+            },
+            peer: Peer::new(),
             accepted: VecDeque::new(),
-            goaway: GoAway::None,
-            remote_goaway: false,
-            user_ping: UserPing::None,
-            pong_waker: None,
-            remote_resets: 0,
-            resets_since: Instant::now(),
-            empty_data: 0,
+            drain: Drain::new(),
+            abuse: Abuse::new(),
             closing: None,
             shut_down: false,
             finished: false,
@@ -186,14 +133,14 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// Drives everything and yields new streams; Ready(None) once the
     /// connection ended cleanly, Ready(Some(Err)) once for an error.
     pub fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Accepted, Error>>> {
-        self.poll_drive(cx, true)
+        self.poll_drive(cx)
     }
 
     /// Drives the connection without accepting: streams that arrive are
     /// refused (REFUSED_STREAM). Ready once it closed.
     pub fn poll_closed(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         loop {
-            match self.poll_drive(cx, false) {
+            match self.poll_drive(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => return Poll::Ready(Ok(())),
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
@@ -205,13 +152,13 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     }
 
     pub fn client_settings(&self) -> Option<&[u8]> {
-        self.client_settings.as_deref()
+        self.peer.first_settings.as_deref()
     }
 
     /// §6.8 two steps: GOAWAY(2^31-1, NO_ERROR) and a PING now; the
     /// GOAWAY naming the last stream processed once the PING's ACK comes.
     pub fn graceful_shutdown(&mut self) {
-        if self.goaway != GoAway::None || self.closing.is_some() {
+        if self.drain.goaway != GoAway::None || self.closing.is_some() {
             return;
         }
         let mut sh = lock(&self.shared);
@@ -224,29 +171,21 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             debug: b"",
         }
         .write(&mut sh.out);
-        Frame::Ping {
-            ack: false,
-            data: GRACEFUL_PING,
-        }
-        .write(&mut sh.out);
-        self.goaway = GoAway::PingSent;
+        ping(&mut sh.out, GRACEFUL_PING);
+        self.drain.goaway = GoAway::PingSent;
         sh.wake_conn();
     }
 
     pub fn send_ping(&mut self) -> bool {
-        if self.user_ping == UserPing::Sent || self.closing.is_some() {
+        if self.drain.user_ping == UserPing::Sent || self.closing.is_some() {
             return false;
         }
         let mut sh = lock(&self.shared);
         if sh.sealed != Sealed::Open {
             return false;
         }
-        Frame::Ping {
-            ack: false,
-            data: USER_PING,
-        }
-        .write(&mut sh.out);
-        self.user_ping = UserPing::Sent;
+        ping(&mut sh.out, USER_PING);
+        self.drain.user_ping = UserPing::Sent;
         sh.wake_conn();
         true
     }
@@ -254,8 +193,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// Ready once the ACK of the last `send_ping` came (at once if no PING
     /// is outstanding). Needs the connection driven meanwhile.
     pub fn poll_pong(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.user_ping == UserPing::Sent && self.closing.is_none() && !self.finished {
-            self.pong_waker = Some(cx.waker().clone());
+        if self.drain.user_ping == UserPing::Sent && self.closing.is_none() && !self.finished {
+            self.drain.pong_waker = Some(cx.waker().clone());
             return Poll::Pending;
         }
         Poll::Ready(())
@@ -265,7 +204,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// above it are dropped without RST, nothing is written after it, and
     /// the connection closes once it is flushed (drive with poll_closed).
     pub fn final_goaway(&mut self, last_stream_id: u32) {
-        if self.goaway == GoAway::Final || self.closing.is_some() {
+        if self.drain.goaway == GoAway::Final || self.closing.is_some() {
             return;
         }
         let mut sh = lock(&self.shared);
@@ -288,38 +227,53 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             debug: b"",
         }
         .write(&mut sh.out);
-        self.goaway = GoAway::Final;
+        self.drain.goaway = GoAway::Final;
         sh.wake_conn();
     }
 
     pub fn ends_written(&self) -> u64 {
-        self.ends_written
+        self.wr.ends_written
     }
 
     pub fn all_ends_written(&self) -> bool {
-        let sh = lock(&self.shared);
-        sh.ends_queued <= self.ends_written + sh.ends_dropped
+        lock(&self.shared).ends.all_written(self.wr.ends_written)
     }
 
     pub fn heap_bytes(&self) -> usize {
         let sh = lock(&self.shared);
-        size_of::<Mutex<Shared>>()
+        // The connection itself counts too: it lives in a spawned task's
+        // future, on the heap.
+        size_of::<Self>()
+            + size_of::<Mutex<Shared>>()
             + 2 * size_of::<usize>()
             + sh.heap_bytes()
-            + self.read_buf.capacity()
-            + self.writing.capacity()
-            + self.decoder.memory()
-            + self.block.capacity()
-            + self.assembling.as_ref().map_or(0, |a| a.buf.capacity())
-            + self.client_settings.as_ref().map_or(0, |s| s.len())
+            + self.rd.buf.capacity()
+            + self.wr.buf.capacity()
+            + self.rd.decoder.memory()
+            + self.rd.block.capacity()
+            + self.rd.assembling.as_ref().map_or(0, |a| a.buf.capacity())
+            + self.peer.first_settings.as_ref().map_or(0, |s| s.len())
             + self.accepted.capacity() * size_of::<Accepted>()
     }
 
-    fn poll_drive(
-        &mut self,
-        cx: &mut Context<'_>,
-        accept: bool,
-    ) -> Poll<Option<Result<Accepted, Error>>> {
+    #[cfg(test)]
+    pub(super) fn heap_parts(&self) -> Vec<(&'static str, usize)> {
+        let sh = lock(&self.shared);
+        vec![
+            ("streams", sh.streams.capacity()),
+            ("out", sh.out.capacity()),
+            ("block", sh.block.capacity()),
+            ("ready", sh.ready.capacity()),
+            ("encoder", sh.encoder.memory()),
+            ("read_buf", self.rd.buf.capacity()),
+            ("writing", self.wr.buf.capacity()),
+            ("decoder", self.rd.decoder.memory()),
+            ("hblock", self.rd.block.capacity()),
+            ("accepted", self.accepted.capacity()),
+        ]
+    }
+
+    fn poll_drive(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Accepted, Error>>> {
         {
             let mut sh = lock(&self.shared);
             if !sh
@@ -330,25 +284,46 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 sh.conn_waker = Some(cx.waker().clone());
             }
         }
+        // Reads until the socket has nothing more (or the output backs
+        // up), handling frames as they come, then one write of all that
+        // was queued: one `write` per wake-up unless DATA is still ready.
+        let mut reads = 0;
         let mut rounds = 0;
         loop {
             if let Some(a) = self.accepted.pop_front() {
-                if accept {
-                    return Poll::Ready(Some(Ok(a)));
-                }
                 return Poll::Ready(Some(Ok(a)));
             }
             if self.finished {
                 return Poll::Ready(None);
             }
-            if self.closing.is_none()
-                && self.goaway != GoAway::Final
-                && let Err(e) = self.process()
-            {
-                self.fail(e);
+            if self.closing.is_none() && self.drain.goaway != GoAway::Final {
+                if let Err(e) = self.process() {
+                    self.fail(e);
+                }
+                if !self.accepted.is_empty() {
+                    continue;
+                }
             }
-            if !self.accepted.is_empty() {
-                continue;
+            let ending = self.closing.is_some() || self.drain.goaway == GoAway::Final;
+            if !ending && reads < MAX_READS && self.backlog() < OUT_HIGH {
+                match self.poll_read(cx) {
+                    Poll::Ready(Ok(0)) => {
+                        // Best effort: what is queued may still reach a
+                        // client that only closed its sending side.
+                        let _ = self.poll_write(cx);
+                        self.finish(None, "the client closed the connection");
+                        return Poll::Ready(None);
+                    }
+                    Poll::Ready(Ok(_)) => {
+                        reads += 1;
+                        continue;
+                    }
+                    Poll::Ready(Err(e)) => {
+                        self.finish(None, "I/O error");
+                        return Poll::Ready(Some(Err(Error::Io(e))));
+                    }
+                    Poll::Pending => {}
+                }
             }
             let flushed = match self.poll_write(cx) {
                 Ok(f) => f,
@@ -357,7 +332,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                     return Poll::Ready(Some(Err(Error::Io(e))));
                 }
             };
-            if self.closing.is_some() || self.goaway == GoAway::Final || self.should_close() {
+            rounds += 1;
+            if ending || self.should_close() {
                 if !flushed {
                     return Poll::Pending;
                 }
@@ -372,38 +348,40 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 self.finish(None, "connection closed");
                 return Poll::Ready(err.map(Err));
             }
-            let backlog = self.writing.len() - self.written + lock(&self.shared).out.len();
-            if flushed && rounds < WRITE_ROUNDS && !lock(&self.shared).ready.is_empty() {
-                rounds += 1;
-                continue;
-            }
-            if backlog >= OUT_HIGH {
-                // The client does not read: neither do we.
-                return Poll::Pending;
-            }
-            match self.poll_read(cx) {
-                Poll::Pending => {
-                    if flushed && !lock(&self.shared).ready.is_empty() {
-                        cx.waker().wake_by_ref();
-                    }
-                    return Poll::Pending;
+            // More to do without waiting for the socket: DATA the round's
+            // output cap left in the queue, or reads cut by their budget.
+            let more = flushed && (reads >= MAX_READS || !lock(&self.shared).ready.is_empty());
+            if more {
+                if rounds < WRITE_ROUNDS {
+                    reads = 0;
+                    continue;
                 }
-                Poll::Ready(Ok(0)) => {
-                    self.finish(None, "the client closed the connection");
-                    return Poll::Ready(None);
-                }
-                Poll::Ready(Ok(_)) => {}
-                Poll::Ready(Err(e)) => {
-                    self.finish(None, "I/O error");
-                    return Poll::Ready(Some(Err(Error::Io(e))));
-                }
+                // Other tasks get their turn; this one comes back.
+                cx.waker().wake_by_ref();
             }
+            self.release_idle();
+            return Poll::Pending;
+        }
+    }
+
+    /// Output not yet written to the socket.
+    fn backlog(&self) -> usize {
+        self.wr.buf.len() - self.wr.written + lock(&self.shared).out.len()
+    }
+
+    /// Nothing buffered, no stream open: the read-side buffers go back
+    /// (the write side does the same once flushed, in poll_write).
+    fn release_idle(&mut self) {
+        if self.rd.filled == 0 && self.accepted.is_empty() && lock(&self.shared).open == 0 {
+            self.rd.buf = BytesMut::new();
+            self.rd.block = HeaderBlock::default();
+            self.accepted = VecDeque::new();
         }
     }
 
     /// After a GOAWAY (ours or the client's) with nothing open.
     fn should_close(&self) -> bool {
-        let going = matches!(self.goaway, GoAway::Sent(_)) || self.remote_goaway;
+        let going = matches!(self.drain.goaway, GoAway::Sent(_)) || self.peer.goaway_seen;
         going && lock(&self.shared).open == 0 && self.accepted.is_empty()
     }
 
@@ -411,7 +389,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     pub(super) fn finish(&mut self, code: Option<ErrorCode>, reason: &'static str) {
         self.finished = true;
         lock(&self.shared).kill(code, reason);
-        if let Some(w) = self.pong_waker.take() {
+        if let Some(w) = self.drain.pong_waker.take() {
             w.wake();
         }
     }
@@ -420,7 +398,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     pub(super) fn fail(&mut self, (code, reason): (ErrorCode, &'static str)) {
         let mut sh = lock(&self.shared);
         Frame::GoAway {
-            last_stream: self.last_peer_id,
+            last_stream: self.peer.last_id,
             code,
             debug: reason.as_bytes(),
         }
@@ -436,62 +414,81 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
 
     /// Writes what is queued; Ok(true) once all of it reached the socket.
     fn poll_write(&mut self, cx: &mut Context<'_>) -> std::io::Result<bool> {
-        {
-            let mut guard = lock(&self.shared);
-            let sh = &mut *guard;
-            sh.fill();
-            if self.written == self.writing.len() {
-                self.writing.clear();
-                self.written = 0;
-                std::mem::swap(&mut self.writing, &mut sh.out);
-            } else if !sh.out.is_empty() {
-                self.writing.extend_from_slice(&sh.out);
-                sh.out.clear();
+        loop {
+            if self.wr.written == self.wr.buf.len() {
+                // Everything queued, DATA the windows allow included, goes
+                // in one buffer and one write. A partly written buffer is
+                // finished first while new frames wait in `out` (no copy,
+                // and the unread output of a client that does not read
+                // stays within two buffers).
+                let mut guard = lock(&self.shared);
+                let sh = &mut *guard;
+                sh.fill();
+                if sh.out.is_empty() {
+                    break;
+                }
+                self.wr.buf.clear();
+                self.wr.written = 0;
+                std::mem::swap(&mut self.wr.buf, &mut sh.out);
+                self.wr.ends_in_buf += sh.ends.in_out;
+                sh.ends.in_out = 0;
             }
-            self.ends_in_writing += sh.ends_in_out;
-            sh.ends_in_out = 0;
-        }
-        while self.written < self.writing.len() {
-            match Pin::new(&mut self.io).poll_write(cx, &self.writing[self.written..]) {
-                Poll::Pending => return Ok(false),
-                Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
-                Poll::Ready(Ok(n)) => self.written += n,
-                Poll::Ready(Err(e)) => return Err(e),
+            while self.wr.written < self.wr.buf.len() {
+                match Pin::new(&mut self.io).poll_write(cx, &self.wr.buf[self.wr.written..]) {
+                    Poll::Pending => return Ok(false),
+                    Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+                    Poll::Ready(Ok(n)) => self.wr.written += n,
+                    Poll::Ready(Err(e)) => return Err(e),
+                }
             }
+            self.wr.ends_written += self.wr.ends_in_buf;
+            self.wr.ends_in_buf = 0;
         }
         if Pin::new(&mut self.io).poll_flush(cx).is_pending() {
             return Ok(false);
         }
-        self.ends_written += self.ends_in_writing;
-        self.ends_in_writing = 0;
-        self.writing.clear();
-        self.written = 0;
+        self.wr.buf.clear();
+        self.wr.written = 0;
         let mut sh = lock(&self.shared);
-        if sh.open == 0 || self.writing.capacity() > 2 * OUT_HIGH {
+        if sh.open == 0 || self.wr.buf.capacity() > 2 * OUT_HIGH {
             // Idle: the buffers go back; the next burst takes new ones.
-            self.writing = Vec::new();
+            self.wr.buf = Vec::new();
             if sh.out.is_empty() {
                 sh.out = Vec::new();
+            }
+            if sh.open == 0 {
+                sh.block = Vec::new();
+                if sh.ready.is_empty() {
+                    sh.ready = Default::default();
+                }
             }
         }
         Ok(true)
     }
 
-    /// One read into the buffer, sized for the frame being read.
+    /// One read into the buffer, sized for the frame being read. A
+    /// buffer is taken only when the current one has too little room left
+    /// (the partial frame moves over), and given back when a read finds
+    /// nothing with nothing buffered and no stream open.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        let have = self.read_buf.len();
+        let have = self.rd.filled;
         let need = if have < HEADER_LEN {
             HEADER_LEN - have
         } else {
-            let len = u32::from_be_bytes([0, self.read_buf[0], self.read_buf[1], self.read_buf[2]]);
+            let b = &self.rd.buf;
+            let len = u32::from_be_bytes([0, b[0], b[1], b[2]]);
             (HEADER_LEN + len as usize).saturating_sub(have)
         };
-        let chunk = need.max(READ_CHUNK);
-        self.read_buf.resize(have + chunk, 0);
-        let mut rb = ReadBuf::new(&mut self.read_buf[have..]);
+        let room = self.rd.buf.len() - have;
+        if room < need || room < MIN_READ {
+            let mut fresh = BytesMut::zeroed((have + need).max(READ_CHUNK));
+            fresh[..have].copy_from_slice(&self.rd.buf[..have]);
+            self.rd.buf = fresh;
+        }
+        let mut rb = ReadBuf::new(&mut self.rd.buf[have..]);
         let res = Pin::new(&mut self.io).poll_read(cx, &mut rb);
         let n = rb.filled().len();
-        self.read_buf.truncate(have + n);
+        self.rd.filled += n;
         match res {
             Poll::Ready(Ok(())) => Poll::Ready(Ok(n)),
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),

@@ -10,11 +10,11 @@ use super::super::ErrorCode;
 use super::super::frame::{
     self, Frame, FrameError, FrameHeader, HEADER_LEN, MAX_WINDOW, Scope, Settings,
 };
+use super::Error;
 use super::body::RecvBody;
-use super::conn::{
-    Assembly, Connection, GRACEFUL_PING, GoAway, PREFACE, Phase, USER_PING, UserPing,
-};
+use super::conn::{GRACEFUL_PING, PREFACE, USER_PING};
 use super::handles::Respond;
+use super::state::{Assembly, Connection, GoAway, Phase, SendState, UserPing};
 use super::state::{Sealed, Stream, lock};
 use super::validate;
 
@@ -25,7 +25,8 @@ pub(super) type ConnError = (ErrorCode, &'static str);
 pub(super) const EMPTY_DATA_LIMIT: u32 = 100;
 /// Frames one header block may span (HEADERS included).
 pub(super) const MAX_BLOCK_FRAMES: u32 = 32;
-const RESET_WINDOW: Duration = Duration::from_secs(1);
+/// A client reset this soon after the stream opened counts as rapid.
+const RAPID_RESET_AGE: Duration = Duration::from_millis(100);
 
 impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// Client resets of unanswered streams allowed per second.
@@ -42,20 +43,21 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
 
     /// Handles every complete frame in the read buffer.
     pub(super) fn process(&mut self) -> Result<(), ConnError> {
-        if self.phase == Phase::Preface {
-            let n = self.read_buf.len().min(PREFACE.len());
-            if self.read_buf[..n] != PREFACE[..n] {
+        if self.peer.phase == Phase::Preface {
+            let n = self.rd.filled.min(PREFACE.len());
+            if self.rd.buf[..n] != PREFACE[..n] {
                 return Err((ErrorCode::PROTOCOL_ERROR, "not the HTTP/2 preface"));
             }
             if n < PREFACE.len() {
                 return Ok(());
             }
-            let _ = self.read_buf.split_to(PREFACE.len());
-            self.phase = Phase::FirstSettings;
+            let _ = self.rd.buf.split_to(PREFACE.len());
+            self.rd.filled -= PREFACE.len();
+            self.peer.phase = Phase::FirstSettings;
         }
-        while self.read_buf.len() >= HEADER_LEN {
+        while self.rd.filled >= HEADER_LEN {
             let mut head = [0u8; HEADER_LEN];
-            head.copy_from_slice(&self.read_buf[..HEADER_LEN]);
+            head.copy_from_slice(&self.rd.buf[..HEADER_LEN]);
             let header = FrameHeader::parse(&head);
             // Stream-scoped shape errors are answered once the frame is
             // whole (on_frame), so its payload is skipped.
@@ -65,10 +67,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 return Err((e.code, e.reason));
             }
             let total = HEADER_LEN + header.len as usize;
-            if self.read_buf.len() < total {
+            if self.rd.filled < total {
                 break;
             }
-            let buf = self.read_buf.split_to(total);
+            let buf = self.rd.buf.split_to(total);
+            self.rd.filled -= total;
             self.on_frame(header, buf)?;
             let sh = lock(&self.shared);
             if sh.local_error_resets > self.settings.max_local_error_resets {
@@ -77,28 +80,22 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                     "too many streams reset for errors",
                 ));
             }
-            if sh.sealed != Sealed::Open {
+            if sh.sealed != Sealed::Open || self.closing.is_some() {
                 break;
             }
-        }
-        let open = lock(&self.shared).open;
-        if self.read_buf.is_empty() && open == 0 && self.accepted.is_empty() {
-            // Idle: the buffers go back.
-            self.read_buf = BytesMut::new();
-            self.block = Default::default();
         }
         Ok(())
     }
 
     fn on_frame(&mut self, header: FrameHeader, buf: BytesMut) -> Result<(), ConnError> {
-        if self.phase == Phase::FirstSettings {
+        if self.peer.phase == Phase::FirstSettings {
             if header.kind != frame::SETTINGS || header.flags & frame::FLAG_ACK != 0 {
                 return Err((ErrorCode::PROTOCOL_ERROR, "first frame not SETTINGS"));
             }
-            self.client_settings = Some(buf[HEADER_LEN..].into());
-            self.phase = Phase::Running;
+            self.peer.first_settings = Some(buf[HEADER_LEN..].into());
+            self.peer.phase = Phase::Running;
         }
-        if let Some(a) = &self.assembling
+        if let Some(a) = &self.rd.assembling
             && (header.kind != frame::CONTINUATION || header.stream != a.stream)
         {
             return Err((ErrorCode::PROTOCOL_ERROR, "frame inside a header block"));
@@ -144,7 +141,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 if block.len() > self.max_block_bytes() {
                     return Err((ErrorCode::ENHANCE_YOUR_CALM, "header block too large"));
                 }
-                self.assembling = Some(Assembly {
+                self.rd.assembling = Some(Assembly {
                     stream,
                     end_stream,
                     buf: block.to_vec(),
@@ -156,7 +153,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 end_headers, block, ..
             } => {
                 let max = self.max_block_bytes();
-                let Some(a) = self.assembling.as_mut() else {
+                let Some(a) = self.rd.assembling.as_mut() else {
                     return Err((ErrorCode::PROTOCOL_ERROR, "CONTINUATION without HEADERS"));
                 };
                 a.frames += 1;
@@ -170,7 +167,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 if !end_headers {
                     return Ok(());
                 }
-                let Some(a) = self.assembling.take() else {
+                let Some(a) = self.rd.assembling.take() else {
                     return Ok(());
                 };
                 self.on_block(a.stream, a.end_stream, &a.buf)
@@ -184,9 +181,17 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 Ok(())
             }
             Frame::GoAway { code, .. } => {
-                self.remote_goaway = true;
+                self.peer.goaway_seen = true;
                 if code != ErrorCode::NO_ERROR {
-                    return Err((ErrorCode::NO_ERROR, "the client sent GOAWAY with an error"));
+                    // The client gives up on the connection: nothing more
+                    // is sent, its streams end with the client's code.
+                    let reason = "the client sent GOAWAY with an error";
+                    lock(&self.shared).kill(Some(code), reason);
+                    self.closing = Some(Error::Connection {
+                        code,
+                        reason,
+                        remote: true,
+                    });
                 }
                 Ok(())
             }
@@ -196,7 +201,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
 
     /// §5.1: a frame other than HEADERS/PRIORITY on an idle stream.
     fn check_idle(&self, id: u32) -> Result<(), ConnError> {
-        if id > self.last_peer_id {
+        if id > self.peer.last_id {
             return Err((ErrorCode::PROTOCOL_ERROR, "frame on an idle stream"));
         }
         Ok(())
@@ -213,30 +218,36 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     ) -> Result<(), ConnError> {
         self.check_idle(id)?;
         if len == 0 && !end_stream {
-            self.empty_data += 1;
-            if self.empty_data > EMPTY_DATA_LIMIT {
+            self.abuse.empty_data += 1;
+            if self.abuse.empty_data > EMPTY_DATA_LIMIT {
                 return Err((ErrorCode::ENHANCE_YOUR_CALM, "too many empty DATA frames"));
             }
         } else if len > 0 {
-            self.empty_data = self.empty_data.saturating_sub(1);
+            self.abuse.empty_data = self.abuse.empty_data.saturating_sub(1);
         }
         let mut guard = lock(&self.shared);
         let sh = &mut *guard;
-        sh.conn_recv_window -= i64::from(flow_len);
-        if sh.conn_recv_window < 0 {
+        sh.win.conn_recv -= i64::from(flow_len);
+        if sh.win.conn_recv < 0 {
             return Err((
                 ErrorCode::FLOW_CONTROL_ERROR,
                 "DATA past the connection window",
             ));
         }
         let Some(s) = sh.streams.get_mut(&id) else {
-            // Closed (§5.1): the client may not know yet if we reset it.
+            // Closed (§5.1): ignored if we reset it (the client may not
+            // know yet), else a stream error.
             sh.release_conn(flow_len);
-            sh.reset_stream(id, ErrorCode::STREAM_CLOSED, false);
+            if !sh.reset_lately(id) {
+                sh.reset_stream(id, ErrorCode::STREAM_CLOSED, false);
+            }
             return Ok(());
         };
-        if s.reset.is_some() {
+        if let Some((_, remote)) = s.reset {
             sh.release_conn(flow_len);
+            if remote {
+                sh.closed_stream_frame(id);
+            }
             return Ok(());
         }
         if s.recv_end {
@@ -290,15 +301,20 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
 
     /// A complete header block: a request, trailers, or an error.
     fn on_block(&mut self, id: u32, end_stream: bool, block: &[u8]) -> Result<(), ConnError> {
-        let new = id > self.last_peer_id;
-        let existing = !new && lock(&self.shared).streams.contains_key(&id);
-        if !new && !existing {
+        let new = id > self.peer.last_id;
+        let (existing, reset_lately) = if new {
+            (false, false)
+        } else {
+            let sh = lock(&self.shared);
+            (sh.streams.contains_key(&id), sh.reset_lately(id))
+        };
+        if !new && !existing && !reset_lately {
             return Err((ErrorCode::STREAM_CLOSED, "HEADERS on a closed stream"));
         }
         // Decoded first whatever happens next: HPACK must stay in step.
-        let decoded = self.decoder.decode(block, &mut self.block);
+        let decoded = self.rd.decoder.decode(block, &mut self.rd.block);
         if new {
-            self.last_peer_id = id;
+            self.peer.last_id = id;
         }
         if let Err(e) = decoded {
             if e.ends_connection() {
@@ -315,7 +331,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         let Some(s) = sh.streams.get_mut(&id) else {
             return Ok(());
         };
-        if s.reset.is_some() {
+        if let Some((_, remote)) = s.reset {
+            // Ours: the client may not have seen it yet (frames in flight).
+            if remote {
+                sh.closed_stream_frame(id);
+            }
             return Ok(());
         }
         if s.recv_end {
@@ -327,7 +347,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             return Ok(());
         }
         let cl_ok = s.content_length.is_none_or(|cl| cl == s.recv_total);
-        match validate::trailers(&self.block) {
+        match validate::trailers(&self.rd.block) {
             Ok(t) if cl_ok => {
                 s.recv_trailers = Some(t);
                 s.recv_end = true;
@@ -344,33 +364,41 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     fn on_request(&mut self, id: u32, end_stream: bool) {
         let mut guard = lock(&self.shared);
         let sh = &mut *guard;
-        let refuse = match self.goaway {
+        let refuse = match self.drain.goaway {
             GoAway::Sent(last) => id > last,
             GoAway::Final => true,
-            GoAway::None | GoAway::PingSent => self.remote_goaway,
+            GoAway::None | GoAway::PingSent => self.peer.goaway_seen,
         };
         if refuse {
             sh.reset_stream(id, ErrorCode::REFUSED_STREAM, false);
             return;
         }
-        if sh.open >= self.settings.max_concurrent_streams as usize {
+        let max = self.settings.max_concurrent_streams as usize;
+        if sh.open >= max {
             sh.reset_stream(id, ErrorCode::REFUSED_STREAM, true);
             return;
         }
-        let head = match validate::request(&self.block) {
+        if sh.streams.len() >= 2 * max {
+            // The application still works on as many streams again that
+            // the client already reset (rapid reset's real cost): no new
+            // work until it lets go. Safe to retry, not the client's error.
+            sh.reset_stream(id, ErrorCode::REFUSED_STREAM, false);
+            return;
+        }
+        let head = match validate::request(&self.rd.block) {
             Ok(h) if !(end_stream && h.content_length.is_some_and(|cl| cl != 0)) => h,
             _ => {
                 sh.reset_stream(id, ErrorCode::PROTOCOL_ERROR, true);
                 return;
             }
         };
-        let recv_window = if self.settings_acked {
+        let recv_window = if self.peer.acked_ours {
             sh.stream_window
         } else {
             // Until our SETTINGS is acknowledged the client may use 65,535.
             sh.stream_window.max(65_535)
         };
-        let mut s = Stream::new(recv_window, sh.peer_initial_window);
+        let mut s = Stream::new(recv_window, sh.win.peer_initial, Instant::now());
         s.recv_end = end_stream;
         s.content_length = head.content_length;
         s.handles = 2;
@@ -379,8 +407,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         let body = RecvBody {
             shared: self.shared.clone(),
             id,
-            empty: end_stream,
-            done: false,
+            ended: end_stream,
         };
         let respond = Respond {
             shared: self.shared.clone(),
@@ -393,32 +420,28 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     fn on_rst(&mut self, id: u32, code: ErrorCode) -> Result<(), ConnError> {
         self.check_idle(id)?;
         let mut sh = lock(&self.shared);
-        let unanswered = sh
-            .streams
-            .get(&id)
-            .is_some_and(|s| s.reset.is_none() && s.send_state != super::state::SendState::Done);
+        let now = Instant::now();
+        // Rapid reset opens and resets at once; a client cancelling on a
+        // deadline does so long after, and is not counted.
+        let rapid = sh.streams.get(&id).is_some_and(|s| {
+            s.reset.is_none()
+                && s.send_state != SendState::Done
+                && now.duration_since(s.opened) < RAPID_RESET_AGE
+        });
         sh.remote_reset(id, code);
         drop(sh);
-        if unanswered {
-            let now = Instant::now();
-            if now.duration_since(self.resets_since) > RESET_WINDOW {
-                self.resets_since = now;
-                self.remote_resets = 0;
-            }
-            self.remote_resets += 1;
-            if self.remote_resets > self.remote_reset_limit() {
-                return Err((
-                    ErrorCode::ENHANCE_YOUR_CALM,
-                    "too many streams reset by the client",
-                ));
-            }
+        if rapid && !self.abuse.rapid_reset(now, self.remote_reset_limit()) {
+            return Err((
+                ErrorCode::ENHANCE_YOUR_CALM,
+                "too many streams reset by the client",
+            ));
         }
         Ok(())
     }
 
     fn on_settings(&mut self, ack: bool, settings: Settings) -> Result<(), ConnError> {
         if ack {
-            self.settings_acked = true;
+            self.peer.acked_ours = true;
             return Ok(());
         }
         let mut sh = lock(&self.shared);
@@ -449,17 +472,17 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             Frame::Ping { ack: true, data }.write(&mut lock(&self.shared).out);
             return;
         }
-        if data == GRACEFUL_PING && self.goaway == GoAway::PingSent {
+        if data == GRACEFUL_PING && self.drain.goaway == GoAway::PingSent {
             Frame::GoAway {
-                last_stream: self.last_peer_id,
+                last_stream: self.peer.last_id,
                 code: ErrorCode::NO_ERROR,
                 debug: b"",
             }
             .write(&mut lock(&self.shared).out);
-            self.goaway = GoAway::Sent(self.last_peer_id);
-        } else if data == USER_PING && self.user_ping == UserPing::Sent {
-            self.user_ping = UserPing::Acked;
-            if let Some(w) = self.pong_waker.take() {
+            self.drain.goaway = GoAway::Sent(self.peer.last_id);
+        } else if data == USER_PING && self.drain.user_ping == UserPing::Sent {
+            self.drain.user_ping = UserPing::Acked;
+            if let Some(w) = self.drain.pong_waker.take() {
                 w.wake();
             }
         }
@@ -468,8 +491,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     fn on_window_update(&mut self, id: u32, increment: u32) -> Result<(), ConnError> {
         let mut sh = lock(&self.shared);
         if id == 0 {
-            sh.conn_send_window += i64::from(increment);
-            if sh.conn_send_window > i64::from(MAX_WINDOW) {
+            sh.win.conn_send += i64::from(increment);
+            if sh.win.conn_send > i64::from(MAX_WINDOW) {
                 return Err((
                     ErrorCode::FLOW_CONTROL_ERROR,
                     "connection window over 2^31-1",

@@ -12,7 +12,7 @@ use super::super::ErrorCode;
 use super::super::frame;
 use super::super::hpack::FieldRef;
 use super::Error;
-use super::state::{Sealed, SendState, Shared, SharedRef, field, lock};
+use super::state::{Sealed, SendState, Shared, SharedRef, Stream, field, lock};
 
 /// Response fields §8.2.2 forbids in HTTP/2: dropped rather than sent.
 fn connection_specific(name: &http::HeaderName) -> bool {
@@ -55,6 +55,28 @@ fn check_send(shared: &Shared, id: u32) -> Result<(), Error> {
             None => Ok(()),
         },
     }
+}
+
+/// The stream `id`, if it may still send and is in `state`.
+fn sendable<'a>(
+    shared: &'a mut Shared,
+    id: u32,
+    state: SendState,
+    wrong_state: &'static str,
+) -> Result<&'a mut Stream, Error> {
+    check_send(shared, id)?;
+    let gone = Error::Closed {
+        id,
+        reason: "stream closed",
+    };
+    let s = shared.streams.get_mut(&id).ok_or(gone)?;
+    if s.send_state != state {
+        return Err(Error::Closed {
+            id,
+            reason: wrong_state,
+        });
+    }
+    Ok(s)
 }
 
 fn poll_reset(shared: &SharedRef, id: u32, cx: &mut Context<'_>) -> Poll<ErrorCode> {
@@ -108,19 +130,7 @@ impl Respond {
     ) -> Result<SendBody, Error> {
         let mut guard = lock(&self.shared);
         let sh = &mut *guard;
-        check_send(sh, self.id)?;
-        let Some(s) = sh.streams.get_mut(&self.id) else {
-            return Err(Error::Closed {
-                id: self.id,
-                reason: "stream closed",
-            });
-        };
-        if s.send_state != SendState::Idle {
-            return Err(Error::Closed {
-                id: self.id,
-                reason: "response already sent",
-            });
-        }
+        let s = sendable(sh, self.id, SendState::Idle, "response already sent")?;
         s.send_state = if end_of_stream {
             SendState::Ending
         } else {
@@ -148,7 +158,7 @@ impl Respond {
             sh.block = Vec::new();
         }
         if end_of_stream {
-            sh.ends_queued += 1;
+            sh.ends.queued += 1;
             sh.finish_send(self.id);
         }
         sh.wake_conn();
@@ -193,20 +203,8 @@ impl SendBody {
     /// or already holds `max_send_buffer` unsent bytes.
     pub fn send_data(&mut self, data: Bytes, end_of_stream: bool) -> Result<(), Error> {
         let mut sh = lock(&self.shared);
-        check_send(&sh, self.id)?;
         let max = sh.max_send_buffer;
-        let Some(s) = sh.streams.get_mut(&self.id) else {
-            return Err(Error::Closed {
-                id: self.id,
-                reason: "stream closed",
-            });
-        };
-        if s.send_state != SendState::Open {
-            return Err(Error::Closed {
-                id: self.id,
-                reason: "body already ended",
-            });
-        }
+        let s = sendable(&mut sh, self.id, SendState::Open, "body already ended")?;
         if s.send_queued >= max {
             return Err(Error::Closed {
                 id: self.id,
@@ -219,7 +217,7 @@ impl SendBody {
         }
         if end_of_stream {
             s.send_state = SendState::Ending;
-            sh.ends_queued += 1;
+            sh.ends.queued += 1;
         }
         sh.schedule(self.id);
         sh.wake_conn();
@@ -250,22 +248,10 @@ impl SendBody {
     /// Queues the trailers, which end the stream after the queued data.
     pub fn send_trailers(&mut self, trailers: HeaderMap) -> Result<(), Error> {
         let mut sh = lock(&self.shared);
-        check_send(&sh, self.id)?;
-        let Some(s) = sh.streams.get_mut(&self.id) else {
-            return Err(Error::Closed {
-                id: self.id,
-                reason: "stream closed",
-            });
-        };
-        if s.send_state != SendState::Open {
-            return Err(Error::Closed {
-                id: self.id,
-                reason: "body already ended",
-            });
-        }
+        let s = sendable(&mut sh, self.id, SendState::Open, "trailers after the end")?;
         s.send_trailers = Some(trailers);
         s.send_state = SendState::Ending;
-        sh.ends_queued += 1;
+        sh.ends.queued += 1;
         sh.schedule(self.id);
         sh.wake_conn();
         Ok(())

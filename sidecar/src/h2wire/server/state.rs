@@ -6,12 +6,15 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, Bytes, BytesMut};
 use http::HeaderMap;
+use std::time::{Duration, Instant};
 
 use super::super::ErrorCode;
 use super::super::frame::{self, Frame, FrameHeader, MAX_WINDOW};
-use super::super::hpack::{Encoder, FieldRef};
+use super::super::hpack::{Decoder, Encoder, FieldRef, HeaderBlock};
+use super::conn::Accepted;
+use super::{Error, ServerSettings};
 
 /// Output queued past this stops the reading of frames (a client that
 /// reads nothing cannot make us buffer its PING and SETTINGS answers) and
@@ -39,42 +42,45 @@ pub(super) enum SendState {
 }
 
 pub(super) struct Stream {
+    /// Reset (by whom, with what): the stream is over both ways.
+    pub(super) reset: Option<(ErrorCode, bool)>,
+    /// Handles alive (Respond, SendBody, RecvBody).
+    pub(super) handles: u8,
+    /// When its HEADERS came (rapid-reset accounting).
+    pub(super) opened: Instant,
     // Receive side.
     pub(super) recv: VecDeque<Bytes>,
     /// END_STREAM came: the body ends once `recv` is drained.
     pub(super) recv_end: bool,
-    pub(super) recv_trailers: Option<HeaderMap>,
+    pub(super) body_dropped: bool,
+    pub(super) content_length: Option<u64>,
     /// What the client may still send on this stream.
     pub(super) recv_window: i64,
     /// Taken by the body, not yet given back with a WINDOW_UPDATE.
     pub(super) recv_unreleased: u32,
-    pub(super) content_length: Option<u64>,
     /// DATA bytes received (content-length check) and taken (size_hint).
     pub(super) recv_total: u64,
     pub(super) recv_taken: u64,
+    pub(super) recv_trailers: Option<HeaderMap>,
     pub(super) body_waker: Option<Waker>,
-    pub(super) body_dropped: bool,
     // Send side.
+    pub(super) send_state: SendState,
     pub(super) send: VecDeque<Bytes>,
     pub(super) send_queued: usize,
-    pub(super) send_state: SendState,
     pub(super) send_trailers: Option<HeaderMap>,
     pub(super) send_window: i64,
-    /// In `Shared::ready` already.
-    pub(super) scheduled: bool,
     pub(super) writable_waker: Option<Waker>,
     pub(super) reset_waker: Option<Waker>,
-    /// Reset (by whom, with what): the stream is over both ways.
-    pub(super) reset: Option<(ErrorCode, bool)>,
+    /// In `Shared::ready` already.
+    pub(super) scheduled: bool,
     /// Counted in `Shared::open`.
     pub(super) counted: bool,
-    /// Handles alive (Respond, SendBody, RecvBody).
-    pub(super) handles: u8,
 }
 
 impl Stream {
-    pub(super) fn new(recv_window: u32, send_window: u32) -> Self {
+    pub(super) fn new(recv_window: u32, send_window: u32, opened: Instant) -> Self {
         Self {
+            opened,
             recv: VecDeque::new(),
             recv_end: false,
             recv_trailers: None,
@@ -141,33 +147,209 @@ pub(super) struct Shared {
     pub(super) open: usize,
     /// Frames queued, not yet taken by the writer.
     pub(super) out: Vec<u8>,
-    /// Streams' last frames in `out`.
-    pub(super) ends_in_out: u64,
-    /// Streams whose end was decided (queued by a handle, or a reset).
-    pub(super) ends_queued: u64,
-    /// Ends queued that will never be written (the client reset the stream
-    /// first, or a final GOAWAY dropped it).
-    pub(super) ends_dropped: u64,
+    pub(super) ends: Ends,
     /// Streams with something to send, round robin.
     pub(super) ready: VecDeque<u32>,
     pub(super) encoder: Encoder,
     /// Scratch for one header block.
     pub(super) block: Vec<u8>,
+    pub(super) win: Windows,
     pub(super) peer_max_frame: u32,
-    pub(super) peer_initial_window: u32,
-    pub(super) conn_send_window: i64,
-    /// Connection receive window taken by bodies, not yet given back.
-    pub(super) conn_unreleased: u32,
-    pub(super) conn_window: u32,
-    /// What the client may still send on the connection.
-    pub(super) conn_recv_window: i64,
+    /// Our SETTINGS_INITIAL_WINDOW_SIZE and connection window.
     pub(super) stream_window: u32,
+    pub(super) conn_window: u32,
     pub(super) max_send_buffer: usize,
     pub(super) sealed: Sealed,
     pub(super) conn_waker: Option<Waker>,
     /// Streams we reset because of the client's errors.
     pub(super) local_error_resets: usize,
+    /// The last streams we reset: frames the client sent before it saw
+    /// the RST_STREAM are ignored (§5.1 "closed"), not errors.
+    pub(super) recent_resets: VecDeque<u32>,
 }
+
+/// Streams' last frames (END_STREAM or RST_STREAM), counted for the drain.
+#[derive(Default)]
+pub(super) struct Ends {
+    /// In `out`, not yet taken by the writer.
+    pub(super) in_out: u64,
+    /// Decided: queued by a handle, or a reset.
+    pub(super) queued: u64,
+    /// Decided but never to be written (the client reset the stream
+    /// first, the connection ended, or a final GOAWAY dropped it).
+    pub(super) dropped: u64,
+}
+
+impl Ends {
+    /// Every end decided has reached the socket (`written` of them) or
+    /// never will.
+    pub(super) fn all_written(&self, written: u64) -> bool {
+        self.queued <= written + self.dropped
+    }
+}
+
+/// The connection's flow-control windows (§5.2, §6.9): the client's
+/// SETTINGS_INITIAL_WINDOW_SIZE; what we may still send and what the
+/// client may still send on the connection; what bodies took and we have
+/// not given back yet (a WINDOW_UPDATE goes once it is half of
+/// `Shared::conn_window`).
+pub(super) struct Windows {
+    pub(super) peer_initial: u32,
+    pub(super) conn_send: i64,
+    pub(super) conn_recv: i64,
+    pub(super) conn_unreleased: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    Preface,
+    FirstSettings,
+    Running,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum GoAway {
+    None,
+    /// GOAWAY(2^31-1) and the PING sent; waiting for the PING's ACK.
+    PingSent,
+    /// The real GOAWAY sent with this last stream id.
+    Sent(u32),
+    /// `final_goaway`: nothing more is written.
+    Final,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum UserPing {
+    None,
+    Sent,
+    Acked,
+}
+
+/// A header block spread over HEADERS and CONTINUATIONs.
+pub(super) struct Assembly {
+    pub(super) stream: u32,
+    pub(super) end_stream: bool,
+    pub(super) buf: Vec<u8>,
+    pub(super) frames: u32,
+}
+
+/// A server-side HTTP/2 connection. See the module doc (mod.rs).
+pub(crate) struct Connection<T> {
+    pub(super) io: T,
+    /// Streams, output and send windows, shared with the handles.
+    pub(super) shared: SharedRef,
+    pub(super) settings: ServerSettings,
+    pub(super) rd: ReadSide,
+    pub(super) wr: WriteSide,
+    /// What the client did to the connection as a whole.
+    pub(super) peer: Peer,
+    /// Requests decoded, not yet returned by `poll_accept`.
+    pub(super) accepted: VecDeque<Accepted>,
+    pub(super) drain: Drain,
+    pub(super) abuse: Abuse,
+    /// A connection error: GOAWAY queued, reported once flushed.
+    pub(super) closing: Option<Error>,
+    pub(super) shut_down: bool,
+    /// Over: `poll_accept` says Ready(None) from now on.
+    pub(super) finished: bool,
+}
+
+/// The read side: bytes, header blocks, HPACK.
+pub(super) struct ReadSide {
+    /// Zero-filled once when taken (its `len` is all initialized); the
+    /// first `filled` bytes are read data, frames from the front.
+    pub(super) buf: BytesMut,
+    pub(super) filled: usize,
+    pub(super) decoder: Decoder,
+    /// The decoded block of the request being built (reused).
+    pub(super) block: HeaderBlock,
+    pub(super) assembling: Option<Assembly>,
+}
+
+/// The buffer being written, and the streams' ends in it.
+pub(super) struct WriteSide {
+    pub(super) buf: Vec<u8>,
+    pub(super) written: usize,
+    /// Streams' last frames in `buf`: counted written once it is.
+    pub(super) ends_in_buf: u64,
+    pub(super) ends_written: u64,
+}
+
+pub(super) struct Peer {
+    pub(super) phase: Phase,
+    /// The payload of its first SETTINGS frame.
+    pub(super) first_settings: Option<Box<[u8]>>,
+    /// It acknowledged our SETTINGS.
+    pub(super) acked_ours: bool,
+    /// Highest stream id it opened (§5.1.1).
+    pub(super) last_id: u32,
+    pub(super) goaway_seen: bool,
+}
+
+impl Peer {
+    pub(super) fn new() -> Self {
+        Self {
+            phase: Phase::Preface,
+            first_settings: None,
+            acked_ours: false,
+            last_id: 0,
+            goaway_seen: false,
+        }
+    }
+}
+
+/// The drain's side: our GOAWAY steps and user PINGs.
+pub(super) struct Drain {
+    pub(super) goaway: GoAway,
+    pub(super) user_ping: UserPing,
+    pub(super) pong_waker: Option<Waker>,
+}
+
+impl Drain {
+    pub(super) fn new() -> Self {
+        Self {
+            goaway: GoAway::None,
+            user_ping: UserPing::None,
+            pong_waker: None,
+        }
+    }
+}
+
+pub(super) struct Abuse {
+    /// Rapid reset (CVE-2023-44487): client resets of unanswered streams
+    /// in the current one-second window.
+    pub(super) remote_resets: usize,
+    pub(super) resets_since: Instant,
+    /// Empty DATA frames without END_STREAM, less one per non-empty one.
+    pub(super) empty_data: u32,
+}
+
+impl Abuse {
+    pub(super) fn new() -> Self {
+        Self {
+            remote_resets: 0,
+            resets_since: Instant::now(),
+            empty_data: 0,
+        }
+    }
+
+    /// Counts a rapid reset at `now`: false once more than `limit` came
+    /// within the current one-second window.
+    pub(super) fn rapid_reset(&mut self, now: Instant, limit: usize) -> bool {
+        if now.duration_since(self.resets_since) > RESET_WINDOW {
+            self.resets_since = now;
+            self.remote_resets = 0;
+        }
+        self.remote_resets += 1;
+        self.remote_resets <= limit
+    }
+}
+
+/// The window rapid resets are counted in.
+const RESET_WINDOW: Duration = Duration::from_secs(1);
+
+/// How many reset stream ids are remembered.
+const RECENT_RESETS: usize = 32;
 
 impl Shared {
     pub(super) fn wake_conn(&mut self) {
@@ -182,12 +364,13 @@ impl Shared {
             + self.out.capacity()
             + self.block.capacity()
             + self.ready.capacity() * size_of::<u32>()
+            + self.recent_resets.capacity() * size_of::<u32>()
             + self.encoder.memory()
     }
 
     /// Marks `id`'s end as decided (once per stream).
     fn end_decided(&mut self) {
-        self.ends_queued += 1;
+        self.ends.queued += 1;
     }
 
     /// Appends RST_STREAM(code) for `id` and ends the stream both ways.
@@ -198,6 +381,10 @@ impl Shared {
             self.local_error_resets += 1;
         }
         let writable = self.sealed == Sealed::Open;
+        if self.recent_resets.len() == RECENT_RESETS {
+            self.recent_resets.pop_front();
+        }
+        self.recent_resets.push_back(id);
         let Some(s) = self.streams.get_mut(&id) else {
             if writable {
                 Frame::RstStream { stream: id, code }.write(&mut self.out);
@@ -223,14 +410,32 @@ impl Shared {
                 self.end_decided();
             }
             if writable {
-                self.ends_in_out += 1;
+                self.ends.in_out += 1;
             } else {
-                self.ends_dropped += 1;
+                self.ends.dropped += 1;
             }
         }
         self.release_body(id);
         self.gc(id);
         self.wake_conn();
+    }
+
+    /// Whether we reset `id` lately (its frames in flight are ignored).
+    pub(super) fn reset_lately(&self, id: u32) -> bool {
+        self.recent_resets.contains(&id)
+    }
+
+    /// A frame on a stream the client itself reset (§5.1 closed): only
+    /// RST_STREAM(STREAM_CLOSED) is written, the stream is over already.
+    pub(super) fn closed_stream_frame(&mut self, id: u32) {
+        self.local_error_resets += 1;
+        if self.sealed == Sealed::Open {
+            Frame::RstStream {
+                stream: id,
+                code: ErrorCode::STREAM_CLOSED,
+            }
+            .write(&mut self.out);
+        }
     }
 
     /// The client reset `id`: nothing more is sent on it.
@@ -242,7 +447,7 @@ impl Shared {
             return;
         }
         if s.send_state == SendState::Ending {
-            self.ends_dropped += 1;
+            self.ends.dropped += 1;
         }
         s.reset = Some((code, true));
         s.send.clear();
@@ -271,15 +476,15 @@ impl Shared {
     /// `n` bytes of the connection window are free again; a WINDOW_UPDATE
     /// goes out once half the window is.
     pub(super) fn release_conn(&mut self, n: u32) {
-        self.conn_unreleased = self.conn_unreleased.saturating_add(n);
-        if self.conn_unreleased >= self.conn_window / 2 && self.sealed == Sealed::Open {
+        self.win.conn_unreleased = self.win.conn_unreleased.saturating_add(n);
+        if self.win.conn_unreleased >= self.conn_window / 2 && self.sealed == Sealed::Open {
             Frame::WindowUpdate {
                 stream: 0,
-                increment: self.conn_unreleased.min(MAX_WINDOW),
+                increment: self.win.conn_unreleased.min(MAX_WINDOW),
             }
             .write(&mut self.out);
-            self.conn_recv_window += i64::from(self.conn_unreleased.min(MAX_WINDOW));
-            self.conn_unreleased = 0;
+            self.win.conn_recv += i64::from(self.win.conn_unreleased.min(MAX_WINDOW));
+            self.win.conn_unreleased = 0;
             self.wake_conn();
         }
     }
@@ -333,7 +538,7 @@ impl Shared {
             }
             let room = s
                 .send_window
-                .min(self.conn_send_window)
+                .min(self.win.conn_send)
                 .min(i64::from(self.peer_max_frame));
             let room = usize::try_from(room).unwrap_or(0);
             let n = room.min(s.send_queued);
@@ -370,7 +575,7 @@ impl Shared {
             }
             s.send_queued -= n;
             s.send_window -= n as i64;
-            self.conn_send_window -= n as i64;
+            self.win.conn_send -= n as i64;
             if s.send_queued < self.peer_max_frame as usize
                 && let Some(w) = s.writable_waker.take()
             {
@@ -398,7 +603,7 @@ impl Shared {
 
     /// The stream's END_STREAM is in `out`.
     pub(super) fn finish_send(&mut self, id: u32) {
-        self.ends_in_out += 1;
+        self.ends.in_out += 1;
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
@@ -423,35 +628,31 @@ impl Shared {
     /// Applies a new SETTINGS_INITIAL_WINDOW_SIZE to every stream's send
     /// window (§6.9.2); false if one would pass 2^31-1.
     pub(super) fn set_peer_initial_window(&mut self, size: u32) -> bool {
-        let delta = i64::from(size) - i64::from(self.peer_initial_window);
-        self.peer_initial_window = size;
-        let mut ids = Vec::new();
-        for (id, s) in &mut self.streams {
+        let delta = i64::from(size) - i64::from(self.win.peer_initial);
+        self.win.peer_initial = size;
+        for s in self.streams.values_mut() {
             s.send_window += delta;
             if s.send_window > i64::from(MAX_WINDOW) {
                 return false;
             }
-            if delta > 0 {
-                ids.push(*id);
-            }
         }
-        for id in ids {
-            self.schedule(id);
+        if delta > 0 {
+            self.schedule_all();
         }
         true
     }
 
-    /// After a connection WINDOW_UPDATE: every stream with data waits on
-    /// it possibly.
+    /// After a window grew for all streams: every stream with data may
+    /// have waited on it.
     pub(super) fn schedule_all(&mut self) {
-        let ids: Vec<u32> = self
-            .streams
-            .iter()
-            .filter(|(_, s)| s.send_queued > 0 && !s.scheduled)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
-            self.schedule(id);
+        let Self { streams, ready, .. } = self;
+        for (id, s) in streams.iter_mut() {
+            let sendable =
+                s.send_state == SendState::Ending || (s.send_queued > 0 && s.send_window > 0);
+            if !s.scheduled && s.reset.is_none() && sendable {
+                s.scheduled = true;
+                ready.push_back(*id);
+            }
         }
     }
 
@@ -463,7 +664,7 @@ impl Shared {
         self.sealed = Sealed::Dead(code, reason);
         for s in self.streams.values_mut() {
             if s.send_state == SendState::Ending {
-                self.ends_dropped += 1;
+                self.ends.dropped += 1;
             }
             s.wake_all();
         }

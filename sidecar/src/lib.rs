@@ -49,6 +49,7 @@ mod passthrough;
 pub mod proxy;
 pub mod reload;
 pub mod server;
+mod spare;
 pub mod state;
 pub mod stop;
 pub mod tcp;

@@ -45,7 +45,7 @@ pub(crate) async fn give_back_after_spikes(shared: Arc<Shared>) {
         else {
             continue;
         };
-        // The fast path's spare buffers (proxy/h1/spare.rs) were kept for
+        // The fast path's spare buffers (spare.rs) were kept for
         // the spike's next connections; the stack of app read buffers in
         // particular only shrinks when a buffer comes back, which an idle
         // sidecar never does. Held, they pin the heap pages around them

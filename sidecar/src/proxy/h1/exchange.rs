@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use super::chunked::ChunkFramer;
 use super::head::{self, Framing, Parsed, Refusal, ResponseHead, Rewrite};
 use super::pool::AppConn;
-use super::spare::Class;
+use crate::spare::{self, Class};
 use super::{Client, Control, Next};
 use crate::circuit::{Permit, Route, UpstreamOutcome};
 use crate::config::LimitsConfig;
@@ -313,7 +313,7 @@ where
                 io: Box::pin(upstream.connect())
                     .await
                     .map_err(|err| Failure::Connect(err, done))?,
-                buf: super::spare::take_bytes(Class::AppRead),
+                buf: spare::take_bytes(Class::AppRead),
                 reused: false,
             },
         };
@@ -446,7 +446,7 @@ async fn read_response_head<T>(
         }
         if app.buf.capacity() == 0 {
             // Pooled connections keep no buffer.
-            app.buf = super::spare::take_bytes(Class::AppRead);
+            app.buf = spare::take_bytes(Class::AppRead);
         }
         app.buf.reserve(READ_CHUNK);
         match app.io.read_buf(&mut app.buf).await {

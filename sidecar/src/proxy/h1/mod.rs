@@ -18,7 +18,7 @@
 //!    its framing. A clean end puts the app connection back on the pool.
 //!
 //! Allocation: buffers come from and go back to per-thread spare stacks
-//! (`spare`), and the exchange's state lives in a heap slot reused from
+//! (`crate::spare`), and the exchange's state lives in a heap slot reused from
 //! request to request (`slot`), so an idle connection holds neither and a
 //! busy one does not go to malloc per request.
 //!
@@ -43,7 +43,6 @@ mod fuzz;
 pub(super) mod head;
 mod pool;
 mod slot;
-mod spare;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -56,7 +55,7 @@ use futures_util::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 pub(crate) use pool::RawPool;
-use spare::Class;
+use crate::spare::{self, Class, OutClass};
 
 use super::conn::activity::ConnCtx;
 use super::conn::served::{BoxError, Outcome, Served};
@@ -67,14 +66,12 @@ use crate::metrics::ClientTimeout;
 
 /// The read buffer of a connection with a request coming in; grows for
 /// bigger heads.
-pub(super) const READ_BUF: usize = 4096;
-/// The first write buffer of a request (the rewritten head); grows for
-/// bigger heads and the first body bytes.
-const WRITE_BUF: usize = 1024;
+pub(crate) const READ_BUF: usize = 4096;
 /// An app connection's read buffer while an exchange is on (pooled
 /// connections give it back): what a body relay reads at a time, so the
 /// relay's `reserve` finds it big enough.
 const APP_READ: usize = exchange::READ_CHUNK;
+const _: () = assert!(APP_READ == spare::APP_READ);
 /// What an idle connection reads into before it takes a read buffer: a
 /// keep-alive connection spends most of its life waiting for its next
 /// request, and 10,000 of them holding 5 KiB of empty buffers each is
@@ -204,7 +201,7 @@ impl<T: AsyncRead + Unpin> Client<T> {
         if self.buf.is_empty() {
             spare::give_bytes(Class::ClientRead, std::mem::take(&mut self.buf), open);
         }
-        spare::give_out(std::mem::take(&mut self.out), open);
+        spare::give_out(OutClass::Http1, std::mem::take(&mut self.out), open);
     }
 }
 
@@ -245,7 +242,7 @@ async fn read_more<T: AsyncRead + Unpin>(client: &mut Client<T>) -> std::io::Res
     if n > 0 {
         client.buf = spare::take_bytes(Class::ClientRead);
         client.buf.extend_from_slice(&first[..n]);
-        client.out = spare::take_out();
+        client.out = spare::take_out(OutClass::Http1);
     }
     Ok(n)
 }
@@ -264,21 +261,21 @@ where
     let out = if read.is_empty() {
         Vec::new()
     } else {
-        spare::take_out()
+        spare::take_out(OutClass::Http1)
     };
     let mut client = Client { io, buf: read, out };
     match exchanges(&mut client, &ctx, &limits, &ctl).await {
         Ok(Ended::Closed) => {
             let open = ctx.shared.drain.open_connections();
             spare::give_bytes(Class::ClientRead, client.buf, open);
-            spare::give_out(client.out, open);
+            spare::give_out(OutClass::Http1, client.out, open);
             Ok(Outcome::Done)
         }
         Ok(Ended::Fallback) => {
             // hyper serves the rest of the connection, the unconsumed
             // bytes replayed first: conn/serve.rs hands it over, and
             // passes on an ending already asked of this path.
-            spare::give_out(client.out, ctx.shared.drain.open_connections());
+            spare::give_out(OutClass::Http1, client.out, ctx.shared.drain.open_connections());
             Ok(Outcome::ToHyper(Rewind::new(
                 client.buf.freeze(),
                 client.io,

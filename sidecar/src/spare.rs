@@ -1,6 +1,7 @@
-//! Spare buffers: the fast path's read and write buffers go back to a
-//! small per-thread stack when a connection ends or goes idle, and the next
-//! connection takes them from there instead of from malloc.
+//! Spare buffers: the HTTP/1 fast path's and the HTTP/2 codec's read and
+//! write buffers go back to a small per-thread stack when a connection ends
+//! or goes idle, and the next connection takes them from there instead of
+//! from malloc.
 //!
 //! Why: a one-request connection used to allocate and free a 4 KiB read
 //! buffer, a 1 KiB write buffer and the app connection's 16 KiB read
@@ -32,18 +33,52 @@ const KEEP: usize = 64;
 
 /// The buffer classes of `BytesMut`s: capacities in bytes.
 #[derive(Clone, Copy)]
-pub(super) enum Class {
-    /// A client connection's read buffer ([`super::READ_BUF`]).
+pub(crate) enum Class {
+    /// An HTTP/1 client connection's read buffer
+    /// ([`crate::proxy::h1::READ_BUF`]).
     ClientRead,
-    /// An app connection's read buffer ([`super::APP_READ`]).
+    /// An HTTP/1 app connection's read buffer (16 KiB: what a body relay
+    /// reads at a time).
     AppRead,
+    /// An HTTP/2 client connection's read buffer while it reads (16 KiB:
+    /// one frame of the size the sidecar announces, and its header).
+    H2Read,
 }
+
+/// [`Class::AppRead`]'s size.
+pub(crate) const APP_READ: usize = 16 * 1024;
+/// [`Class::H2Read`]'s size.
+pub(crate) const H2_READ: usize = 16 * 1024;
 
 impl Class {
     const fn size(self) -> usize {
         match self {
-            Class::ClientRead => super::READ_BUF,
-            Class::AppRead => super::APP_READ,
+            Class::ClientRead => crate::proxy::h1::READ_BUF,
+            Class::AppRead => APP_READ,
+            Class::H2Read => H2_READ,
+        }
+    }
+}
+
+/// The write buffer classes (`Vec<u8>`).
+#[derive(Clone, Copy)]
+pub(crate) enum OutClass {
+    /// An HTTP/1 request's first write buffer (the rewritten head).
+    Http1,
+    /// An HTTP/2 client connection's frames being written.
+    Http2,
+}
+
+/// [`OutClass::Http1`]'s size.
+pub(crate) const H1_OUT: usize = 1024;
+/// [`OutClass::Http2`]'s size: a frame of 16 KiB and a few small ones.
+pub(crate) const H2_OUT: usize = 16 * 1024 + 256;
+
+impl OutClass {
+    const fn size(self) -> usize {
+        match self {
+            OutClass::Http1 => H1_OUT,
+            OutClass::Http2 => H2_OUT,
         }
     }
 }
@@ -52,8 +87,9 @@ impl Class {
 struct Spare {
     client_read: Vec<BytesMut>,
     app_read: Vec<BytesMut>,
-    /// Client write buffers ([`super::WRITE_BUF`]).
-    client_write: Vec<Vec<u8>>,
+    h2_read: Vec<BytesMut>,
+    h1_out: Vec<Vec<u8>>,
+    h2_out: Vec<Vec<u8>>,
 }
 
 impl Spare {
@@ -61,6 +97,14 @@ impl Spare {
         match class {
             Class::ClientRead => &mut self.client_read,
             Class::AppRead => &mut self.app_read,
+            Class::H2Read => &mut self.h2_read,
+        }
+    }
+
+    fn out(&mut self, class: OutClass) -> &mut Vec<Vec<u8>> {
+        match class {
+            OutClass::Http1 => &mut self.h1_out,
+            OutClass::Http2 => &mut self.h2_out,
         }
     }
 }
@@ -70,13 +114,15 @@ thread_local! {
         RefCell::new(Spare {
             client_read: Vec::new(),
             app_read: Vec::new(),
-            client_write: Vec::new(),
+            h2_read: Vec::new(),
+            h1_out: Vec::new(),
+            h2_out: Vec::new(),
         })
     };
 }
 
 /// An empty buffer of the class's capacity: a spare one if there is one.
-pub(super) fn take_bytes(class: Class) -> BytesMut {
+pub(crate) fn take_bytes(class: Class) -> BytesMut {
     SPARE
         .try_with(|spare| spare.borrow_mut().stack(class).pop())
         .ok()
@@ -87,7 +133,7 @@ pub(super) fn take_bytes(class: Class) -> BytesMut {
 /// Keeps `buf`'s allocation for the next [`take_bytes`] if it is of the
 /// class's size and there is room with `open` connections open; frees it
 /// otherwise.
-pub(super) fn give_bytes(class: Class, mut buf: BytesMut, open: usize) {
+pub(crate) fn give_bytes(class: Class, mut buf: BytesMut, open: usize) {
     if buf.capacity() == 0 {
         return;
     }
@@ -103,37 +149,40 @@ pub(super) fn give_bytes(class: Class, mut buf: BytesMut, open: usize) {
     let _ = SPARE.try_with(|spare| keep(spare.borrow_mut().stack(class), buf, open));
 }
 
-/// An empty client write buffer of [`super::WRITE_BUF`] bytes.
-pub(super) fn take_out() -> Vec<u8> {
+/// An empty write buffer of the class's capacity.
+pub(crate) fn take_out(class: OutClass) -> Vec<u8> {
     SPARE
-        .try_with(|spare| spare.borrow_mut().client_write.pop())
+        .try_with(|spare| spare.borrow_mut().out(class).pop())
         .ok()
         .flatten()
-        .unwrap_or_else(|| Vec::with_capacity(super::WRITE_BUF))
+        .unwrap_or_else(|| Vec::with_capacity(class.size()))
 }
 
-/// [`give_bytes`] for a client write buffer.
-pub(super) fn give_out(mut out: Vec<u8>, open: usize) {
-    if out.capacity() != super::WRITE_BUF {
+/// [`give_bytes`] for a write buffer.
+pub(crate) fn give_out(class: OutClass, mut out: Vec<u8>, open: usize) {
+    if out.capacity() != class.size() {
         return;
     }
     out.clear();
-    let _ = SPARE.try_with(|spare| keep(&mut spare.borrow_mut().client_write, out, open));
+    let _ = SPARE.try_with(|spare| keep(spare.borrow_mut().out(class), out, open));
 }
 
 /// Trims this thread's stacks to `open` buffers each (the connections
 /// open now): called after a spike, when no buffer may come back for a
 /// long time to trim them.
-pub(super) fn release(open: usize) {
+pub(crate) fn release(open: usize) {
     let room = KEEP.min(open);
     let _ = SPARE.try_with(|spare| {
-        let mut spare = spare.borrow_mut();
-        spare.client_read.truncate(room);
-        spare.app_read.truncate(room);
-        spare.client_write.truncate(room);
-        spare.client_read.shrink_to_fit();
-        spare.app_read.shrink_to_fit();
-        spare.client_write.shrink_to_fit();
+        let mut guard = spare.borrow_mut();
+        let spare = &mut *guard;
+        for stack in [&mut spare.client_read, &mut spare.app_read, &mut spare.h2_read] {
+            stack.truncate(room);
+            stack.shrink_to_fit();
+        }
+        for stack in [&mut spare.h1_out, &mut spare.h2_out] {
+            stack.truncate(room);
+            stack.shrink_to_fit();
+        }
     });
 }
 
@@ -159,7 +208,7 @@ mod tests {
     #[test]
     fn a_given_buffer_is_taken_again_and_the_stacks_are_bounded() {
         let mut a = take_bytes(Class::ClientRead);
-        assert_eq!(a.capacity(), super::super::READ_BUF);
+        assert_eq!(a.capacity(), crate::proxy::h1::READ_BUF);
         a.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
         // Consumed from the front, as the exchange does: still the whole
         // allocation when it comes back.
@@ -169,41 +218,41 @@ mod tests {
         let b = take_bytes(Class::ClientRead);
         assert_eq!(b.as_ptr() as usize, start, "the same allocation");
         assert!(b.is_empty());
-        assert_eq!(b.capacity(), super::super::READ_BUF);
+        assert_eq!(b.capacity(), crate::proxy::h1::READ_BUF);
 
         // A grown buffer goes back to malloc.
         let mut grown = take_bytes(Class::AppRead);
-        grown.reserve(super::super::APP_READ * 2);
+        grown.reserve(APP_READ * 2);
         give_bytes(Class::AppRead, grown, 10);
         assert_eq!(spares(Class::AppRead), 0);
-        let mut grown = take_out();
-        grown.reserve(super::super::WRITE_BUF * 4);
-        give_out(grown, 10);
-        SPARE.with(|s| assert!(s.borrow().client_write.is_empty()));
+        let mut grown = take_out(OutClass::Http1);
+        grown.reserve(H1_OUT * 4);
+        give_out(OutClass::Http1, grown, 10);
+        SPARE.with(|s| assert!(s.borrow().h1_out.is_empty()));
 
         for _ in 0..KEEP + 3 {
             give_bytes(
                 Class::AppRead,
-                BytesMut::with_capacity(super::super::APP_READ),
+                BytesMut::with_capacity(APP_READ),
                 1000,
             );
-            give_out(Vec::with_capacity(super::super::WRITE_BUF), 1000);
+            give_out(OutClass::Http1, Vec::with_capacity(H1_OUT), 1000);
         }
         assert_eq!(spares(Class::AppRead), KEEP);
-        SPARE.with(|s| assert_eq!(s.borrow().client_write.len(), KEEP));
+        SPARE.with(|s| assert_eq!(s.borrow().h1_out.len(), KEEP));
 
         // The connections close: the stacks shrink with them, down to one
         // buffer when the last one gives its own back.
         give_bytes(
             Class::AppRead,
-            BytesMut::with_capacity(super::super::APP_READ),
+            BytesMut::with_capacity(APP_READ),
             5,
         );
         assert_eq!(spares(Class::AppRead), 5);
-        give_out(Vec::with_capacity(super::super::WRITE_BUF), 1);
-        SPARE.with(|s| assert_eq!(s.borrow().client_write.len(), 1));
-        assert_eq!(take_out().capacity(), super::super::WRITE_BUF);
-        SPARE.with(|s| assert!(s.borrow().client_write.is_empty()));
+        give_out(OutClass::Http1, Vec::with_capacity(H1_OUT), 1);
+        SPARE.with(|s| assert_eq!(s.borrow().h1_out.len(), 1));
+        assert_eq!(take_out(OutClass::Http1).capacity(), H1_OUT);
+        SPARE.with(|s| assert!(s.borrow().h1_out.is_empty()));
     }
 
     #[test]
@@ -211,25 +260,25 @@ mod tests {
         for _ in 0..10 {
             give_bytes(
                 Class::AppRead,
-                BytesMut::with_capacity(super::super::APP_READ),
+                BytesMut::with_capacity(APP_READ),
                 1000,
             );
             give_bytes(
                 Class::ClientRead,
-                BytesMut::with_capacity(super::super::READ_BUF),
+                BytesMut::with_capacity(crate::proxy::h1::READ_BUF),
                 1000,
             );
-            give_out(Vec::with_capacity(super::super::WRITE_BUF), 1000);
+            give_out(OutClass::Http1, Vec::with_capacity(H1_OUT), 1000);
         }
         assert_eq!(spares(Class::AppRead), 10);
         release(2);
         assert_eq!(spares(Class::AppRead), 2);
         assert_eq!(spares(Class::ClientRead), 2);
-        SPARE.with(|s| assert_eq!(s.borrow().client_write.len(), 2));
+        SPARE.with(|s| assert_eq!(s.borrow().h1_out.len(), 2));
         release(0);
         assert_eq!(spares(Class::AppRead), 0);
         assert_eq!(spares(Class::ClientRead), 0);
-        SPARE.with(|s| assert!(s.borrow().client_write.is_empty()));
+        SPARE.with(|s| assert!(s.borrow().h1_out.is_empty()));
     }
 
     #[test]

@@ -72,6 +72,8 @@ mod tests;
 #[cfg(test)]
 mod tests_abuse;
 #[cfg(test)]
+mod tests_fuzz;
+#[cfg(test)]
 mod tests_interop;
 
 pub(crate) use body::RecvBody;

@@ -380,3 +380,88 @@ async fn client_goaway_with_an_error_ends_the_connection() {
         "{end:?}"
     );
 }
+
+/// The socket wrapper of `one_write_per_wake_up`: counts `poll_write`s.
+struct CountingIo {
+    inner: tokio::io::DuplexStream,
+    writes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl tokio::io::AsyncRead for CountingIo {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for CountingIo {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Everything one read brings is answered with one `write`: the
+/// handshake, SETTINGS ACK and 50 PING ACKs here.
+#[tokio::test]
+async fn one_write_per_wake_up() {
+    use tokio::io::AsyncReadExt;
+    let (mut client, server_io) = tokio::io::duplex(1 << 20);
+    let writes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let io = CountingIo {
+        inner: server_io,
+        writes: writes.clone(),
+    };
+    let _server = tokio::spawn(async move {
+        let mut conn = super::Connection::new(io, ServerSettings::default());
+        while std::future::poll_fn(|cx| conn.poll_accept(cx))
+            .await
+            .is_some()
+        {}
+    });
+    let mut out = super::conn::PREFACE.to_vec();
+    Frame::Settings {
+        ack: false,
+        settings: Default::default(),
+    }
+    .write(&mut out);
+    for i in 0..50u8 {
+        Frame::Ping {
+            ack: false,
+            data: [i; 8],
+        }
+        .write(&mut out);
+    }
+    client.write_all(&out).await.expect("write");
+    // SETTINGS 9 + 5 * 6, WINDOW_UPDATE 13, SETTINGS ACK 9, 50 * 17.
+    let want = 9 + 30 + 13 + 9 + 50 * 17;
+    let mut got = vec![0u8; want];
+    tokio::time::timeout(T, client.read_exact(&mut got))
+        .await
+        .expect("answers in time")
+        .expect("read");
+    let n = writes.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(n <= 2, "{n} writes for one read's answers");
+}

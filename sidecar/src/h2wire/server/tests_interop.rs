@@ -402,8 +402,9 @@ async fn fixed(req: Request<RecvBody>, mut respond: Respond) -> Result<(), Error
 /// Load for an informal instruction count (not a benchmark: bench/ is
 /// where speed is measured): `H2WIRE_LOAD=ours|h2`, `H2WIRE_CALLS=n`;
 /// h2's client sends `n` small POSTs (64 at a time) to our server or to
-/// h2's, answered with a 100-byte body. Run under `perf stat -e
-/// instructions:u` once per server; the client's share is the same.
+/// h2's, answered with a 100-byte body. Count instructions once per
+/// server at two values of `n` (this VM has no PMU for `perf stat`:
+/// `valgrind --tool=callgrind` does); the client's share is the same.
 #[tokio::test(flavor = "current_thread")]
 #[ignore = "load for perf stat, run by hand"]
 async fn load_for_instruction_count() {

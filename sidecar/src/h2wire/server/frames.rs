@@ -15,7 +15,7 @@ use super::body::RecvBody;
 use super::conn::{GRACEFUL_PING, PREFACE, USER_PING};
 use super::handles::Respond;
 use super::state::{Assembly, Connection, GoAway, Phase, SendState, UserPing};
-use super::state::{Sealed, Stream, lock};
+use super::state::{HeldAck, Sealed, Stream, lock};
 use super::validate;
 
 /// A connection error: the GOAWAY's code and debug text.
@@ -44,7 +44,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// Handles every complete frame in the read buffer.
     pub(super) fn process(&mut self) -> Result<(), ConnError> {
         if self.peer.phase == Phase::Preface {
-            let n = self.rd.filled.min(PREFACE.len());
+            let n = self.rd.buf.len().min(PREFACE.len());
             if self.rd.buf[..n] != PREFACE[..n] {
                 return Err((ErrorCode::PROTOCOL_ERROR, "not the HTTP/2 preface"));
             }
@@ -52,10 +52,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 return Ok(());
             }
             let _ = self.rd.buf.split_to(PREFACE.len());
-            self.rd.filled -= PREFACE.len();
             self.peer.phase = Phase::FirstSettings;
         }
-        while self.rd.filled >= HEADER_LEN {
+        while self.rd.buf.len() >= HEADER_LEN {
             let mut head = [0u8; HEADER_LEN];
             head.copy_from_slice(&self.rd.buf[..HEADER_LEN]);
             let header = FrameHeader::parse(&head);
@@ -67,11 +66,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 return Err((e.code, e.reason));
             }
             let total = HEADER_LEN + header.len as usize;
-            if self.rd.filled < total {
+            if self.rd.buf.len() < total {
                 break;
             }
             let buf = self.rd.buf.split_to(total);
-            self.rd.filled -= total;
             self.on_frame(header, buf)?;
             let sh = lock(&self.shared);
             if sh.local_error_resets > self.settings.max_local_error_resets {
@@ -315,6 +313,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         let decoded = self.rd.decoder.decode(block, &mut self.rd.block);
         if new {
             self.peer.last_id = id;
+            if let Some(held) = self.drain.held_ack.as_mut() {
+                held.stream_opened();
+            }
         }
         if let Err(e) = decoded {
             if e.ends_connection() {
@@ -473,13 +474,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             return;
         }
         if data == GRACEFUL_PING && self.drain.goaway == GoAway::PingSent {
-            Frame::GoAway {
-                last_stream: self.peer.last_id,
-                code: ErrorCode::NO_ERROR,
-                debug: b"",
+            // The second GOAWAY goes out once the hold is over
+            // (poll_held_ack).
+            if self.drain.held_ack.is_none() {
+                self.drain.held_ack = Some(HeldAck::new());
             }
-            .write(&mut lock(&self.shared).out);
-            self.drain.goaway = GoAway::Sent(self.peer.last_id);
         } else if data == USER_PING && self.drain.user_ping == UserPing::Sent {
             self.drain.user_ping = UserPing::Acked;
             if let Some(w) = self.drain.pong_waker.take() {

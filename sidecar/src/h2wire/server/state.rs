@@ -252,14 +252,14 @@ pub(crate) struct Connection<T> {
     pub(super) shut_down: bool,
     /// Over: `poll_accept` says Ready(None) from now on.
     pub(super) finished: bool,
+    pub(super) _counted: super::conn::Counted,
 }
 
 /// The read side: bytes, header blocks, HPACK.
 pub(super) struct ReadSide {
-    /// Zero-filled once when taken (its `len` is all initialized); the
-    /// first `filled` bytes are read data, frames from the front.
+    /// Read data, frames taken from the front; reads go into its spare
+    /// room.
     pub(super) buf: BytesMut,
-    pub(super) filled: usize,
     pub(super) decoder: Decoder,
     /// The decoded block of the request being built (reused).
     pub(super) block: HeaderBlock,
@@ -303,6 +303,11 @@ pub(super) struct Drain {
     pub(super) goaway: GoAway,
     pub(super) user_ping: UserPing,
     pub(super) pong_waker: Option<Waker>,
+    /// The graceful PING's ACK, not acted on yet (see [`HeldAck`]).
+    pub(super) held_ack: Option<HeldAck>,
+    /// After our close: how long the client's last bytes are still read
+    /// (see `Connection::poll_linger`).
+    pub(super) linger: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Drain {
@@ -311,6 +316,49 @@ impl Drain {
             goaway: GoAway::None,
             user_ping: UserPing::None,
             pong_waker: None,
+            held_ack: None,
+            linger: None,
+        }
+    }
+}
+
+/// The ACK of the graceful shutdown's PING fixes the last-stream-id of the
+/// second GOAWAY, so it is acted on [`HeldAck::DELAY`] after it arrives: a
+/// client (the h2 crate's) can write that ACK before the HEADERS of a
+/// stream it opened just before it read the first GOAWAY, and that stream
+/// would otherwise be refused. A PING ACK has no ordering tie to other
+/// frames. 20 ms lost a hyper request (1 of 1,813) on a machine whose both
+/// cores were busy: the client's request task ran that much later than its
+/// connection task (docs/http2-drain.md).
+pub(super) struct HeldAck {
+    arrived: tokio::time::Instant,
+    pub(super) release: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl HeldAck {
+    pub(super) const DELAY: std::time::Duration = std::time::Duration::from_millis(100);
+    /// A stream opened while the ACK is held is evidence that the client is
+    /// still writing what it queued before it read the first GOAWAY: the
+    /// ACK waits until this long after the latest one...
+    const QUIET: std::time::Duration = std::time::Duration::from_millis(50);
+    /// ...but never longer than this after it arrived (a client that keeps
+    /// opening streams regardless is not waited for).
+    const MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(1);
+
+    pub(super) fn new() -> Self {
+        HeldAck {
+            arrived: tokio::time::Instant::now(),
+            release: Box::pin(tokio::time::sleep(Self::DELAY)),
+        }
+    }
+
+    /// A stream opened while held: acted on no sooner than the quiet
+    /// period after it, within the longest hold.
+    pub(super) fn stream_opened(&mut self) {
+        let latest = self.arrived + Self::MAX_HOLD;
+        let quiet = (tokio::time::Instant::now() + Self::QUIET).min(latest);
+        if quiet > self.release.deadline() {
+            self.release.as_mut().reset(quiet);
         }
     }
 }

@@ -33,29 +33,29 @@ const KEEP: usize = 64;
 
 /// The buffer classes of `BytesMut`s: capacities in bytes.
 #[derive(Clone, Copy)]
-pub(crate) enum Class {
+pub(crate) enum ReadClass {
     /// An HTTP/1 client connection's read buffer
     /// ([`crate::proxy::h1::READ_BUF`]).
-    ClientRead,
+    Http1Client,
     /// An HTTP/1 app connection's read buffer (16 KiB: what a body relay
     /// reads at a time).
-    AppRead,
+    Http1App,
     /// An HTTP/2 client connection's read buffer while it reads (16 KiB:
     /// one frame of the size the sidecar announces, and its header).
-    H2Read,
+    Http2Client,
 }
 
-/// [`Class::AppRead`]'s size.
+/// [`ReadClass::Http1App`]'s size.
 pub(crate) const APP_READ: usize = 16 * 1024;
-/// [`Class::H2Read`]'s size.
+/// [`ReadClass::Http2Client`]'s size.
 pub(crate) const H2_READ: usize = 16 * 1024;
 
-impl Class {
+impl ReadClass {
     const fn size(self) -> usize {
         match self {
-            Class::ClientRead => crate::proxy::h1::READ_BUF,
-            Class::AppRead => APP_READ,
-            Class::H2Read => H2_READ,
+            ReadClass::Http1Client => crate::proxy::h1::READ_BUF,
+            ReadClass::Http1App => APP_READ,
+            ReadClass::Http2Client => H2_READ,
         }
     }
 }
@@ -93,11 +93,11 @@ struct Spare {
 }
 
 impl Spare {
-    fn stack(&mut self, class: Class) -> &mut Vec<BytesMut> {
+    fn stack(&mut self, class: ReadClass) -> &mut Vec<BytesMut> {
         match class {
-            Class::ClientRead => &mut self.client_read,
-            Class::AppRead => &mut self.app_read,
-            Class::H2Read => &mut self.h2_read,
+            ReadClass::Http1Client => &mut self.client_read,
+            ReadClass::Http1App => &mut self.app_read,
+            ReadClass::Http2Client => &mut self.h2_read,
         }
     }
 
@@ -122,7 +122,7 @@ thread_local! {
 }
 
 /// An empty buffer of the class's capacity: a spare one if there is one.
-pub(crate) fn take_bytes(class: Class) -> BytesMut {
+pub(crate) fn take_bytes(class: ReadClass) -> BytesMut {
     SPARE
         .try_with(|spare| spare.borrow_mut().stack(class).pop())
         .ok()
@@ -133,7 +133,7 @@ pub(crate) fn take_bytes(class: Class) -> BytesMut {
 /// Keeps `buf`'s allocation for the next [`take_bytes`] if it is of the
 /// class's size and there is room with `open` connections open; frees it
 /// otherwise.
-pub(crate) fn give_bytes(class: Class, mut buf: BytesMut, open: usize) {
+pub(crate) fn give_bytes(class: ReadClass, mut buf: BytesMut, open: usize) {
     if buf.capacity() == 0 {
         return;
     }
@@ -175,7 +175,11 @@ pub(crate) fn release(open: usize) {
     let _ = SPARE.try_with(|spare| {
         let mut guard = spare.borrow_mut();
         let spare = &mut *guard;
-        for stack in [&mut spare.client_read, &mut spare.app_read, &mut spare.h2_read] {
+        for stack in [
+            &mut spare.client_read,
+            &mut spare.app_read,
+            &mut spare.h2_read,
+        ] {
             stack.truncate(room);
             stack.shrink_to_fit();
         }
@@ -201,54 +205,46 @@ fn keep<B>(stack: &mut Vec<B>, buf: B, open: usize) {
 mod tests {
     use super::*;
 
-    fn spares(class: Class) -> usize {
+    fn spares(class: ReadClass) -> usize {
         SPARE.with(|s| s.borrow_mut().stack(class).len())
     }
 
     #[test]
     fn a_given_buffer_is_taken_again_and_the_stacks_are_bounded() {
-        let mut a = take_bytes(Class::ClientRead);
+        let mut a = take_bytes(ReadClass::Http1Client);
         assert_eq!(a.capacity(), crate::proxy::h1::READ_BUF);
         a.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
         // Consumed from the front, as the exchange does: still the whole
         // allocation when it comes back.
         bytes::Buf::advance(&mut a, 5);
         let start = a.as_ptr() as usize - 5;
-        give_bytes(Class::ClientRead, a, 1);
-        let b = take_bytes(Class::ClientRead);
+        give_bytes(ReadClass::Http1Client, a, 1);
+        let b = take_bytes(ReadClass::Http1Client);
         assert_eq!(b.as_ptr() as usize, start, "the same allocation");
         assert!(b.is_empty());
         assert_eq!(b.capacity(), crate::proxy::h1::READ_BUF);
 
         // A grown buffer goes back to malloc.
-        let mut grown = take_bytes(Class::AppRead);
+        let mut grown = take_bytes(ReadClass::Http1App);
         grown.reserve(APP_READ * 2);
-        give_bytes(Class::AppRead, grown, 10);
-        assert_eq!(spares(Class::AppRead), 0);
+        give_bytes(ReadClass::Http1App, grown, 10);
+        assert_eq!(spares(ReadClass::Http1App), 0);
         let mut grown = take_out(OutClass::Http1);
         grown.reserve(H1_OUT * 4);
         give_out(OutClass::Http1, grown, 10);
         SPARE.with(|s| assert!(s.borrow().h1_out.is_empty()));
 
         for _ in 0..KEEP + 3 {
-            give_bytes(
-                Class::AppRead,
-                BytesMut::with_capacity(APP_READ),
-                1000,
-            );
+            give_bytes(ReadClass::Http1App, BytesMut::with_capacity(APP_READ), 1000);
             give_out(OutClass::Http1, Vec::with_capacity(H1_OUT), 1000);
         }
-        assert_eq!(spares(Class::AppRead), KEEP);
+        assert_eq!(spares(ReadClass::Http1App), KEEP);
         SPARE.with(|s| assert_eq!(s.borrow().h1_out.len(), KEEP));
 
         // The connections close: the stacks shrink with them, down to one
         // buffer when the last one gives its own back.
-        give_bytes(
-            Class::AppRead,
-            BytesMut::with_capacity(APP_READ),
-            5,
-        );
-        assert_eq!(spares(Class::AppRead), 5);
+        give_bytes(ReadClass::Http1App, BytesMut::with_capacity(APP_READ), 5);
+        assert_eq!(spares(ReadClass::Http1App), 5);
         give_out(OutClass::Http1, Vec::with_capacity(H1_OUT), 1);
         SPARE.with(|s| assert_eq!(s.borrow().h1_out.len(), 1));
         assert_eq!(take_out(OutClass::Http1).capacity(), H1_OUT);
@@ -258,36 +254,32 @@ mod tests {
     #[test]
     fn a_release_after_a_spike_empties_the_stacks_down_to_the_open_connections() {
         for _ in 0..10 {
+            give_bytes(ReadClass::Http1App, BytesMut::with_capacity(APP_READ), 1000);
             give_bytes(
-                Class::AppRead,
-                BytesMut::with_capacity(APP_READ),
-                1000,
-            );
-            give_bytes(
-                Class::ClientRead,
+                ReadClass::Http1Client,
                 BytesMut::with_capacity(crate::proxy::h1::READ_BUF),
                 1000,
             );
             give_out(OutClass::Http1, Vec::with_capacity(H1_OUT), 1000);
         }
-        assert_eq!(spares(Class::AppRead), 10);
+        assert_eq!(spares(ReadClass::Http1App), 10);
         release(2);
-        assert_eq!(spares(Class::AppRead), 2);
-        assert_eq!(spares(Class::ClientRead), 2);
+        assert_eq!(spares(ReadClass::Http1App), 2);
+        assert_eq!(spares(ReadClass::Http1Client), 2);
         SPARE.with(|s| assert_eq!(s.borrow().h1_out.len(), 2));
         release(0);
-        assert_eq!(spares(Class::AppRead), 0);
-        assert_eq!(spares(Class::ClientRead), 0);
+        assert_eq!(spares(ReadClass::Http1App), 0);
+        assert_eq!(spares(ReadClass::Http1Client), 0);
         SPARE.with(|s| assert!(s.borrow().h1_out.is_empty()));
     }
 
     #[test]
     fn a_buffer_shared_with_bytes_is_never_handed_out_again() {
-        let mut buf = take_bytes(Class::ClientRead);
+        let mut buf = take_bytes(ReadClass::Http1Client);
         buf.extend_from_slice(b"abcdef");
         let shared = buf.split_to(3).freeze();
-        give_bytes(Class::ClientRead, buf, 1);
-        let mut next = take_bytes(Class::ClientRead);
+        give_bytes(ReadClass::Http1Client, buf, 1);
+        let mut next = take_bytes(ReadClass::Http1Client);
         next.extend_from_slice(b"xyz");
         assert_eq!(&shared[..], b"abc", "the frozen bytes are untouched");
         let range = shared.as_ptr() as usize..shared.as_ptr() as usize + 4096;

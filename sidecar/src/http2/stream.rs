@@ -446,19 +446,21 @@ async fn pump(
                     match writable {
                         Poll::Ready(Ok(())) => {}
                         Poll::Ready(Err(_)) => return Pumped::Done,
-                        Poll::Pending => match withheld(wire, send, write_timeout, affinity).await {
-                            Capacity::Some => {}
-                            Capacity::TimedOut => {
-                                tracing::debug!(
-                                    ?write_timeout,
-                                    "HTTP/2 client gave no window for limits.writeTimeout; resetting the stream"
-                                );
-                                open.finish();
-                                send.send_reset(ErrorCode::CANCEL);
-                                return Pumped::WriteTimeout;
+                        Poll::Pending => {
+                            match withheld(wire, send, write_timeout, affinity).await {
+                                Capacity::Some => {}
+                                Capacity::TimedOut => {
+                                    tracing::debug!(
+                                        ?write_timeout,
+                                        "HTTP/2 client gave no window for limits.writeTimeout; resetting the stream"
+                                    );
+                                    open.finish();
+                                    send.send_reset(ErrorCode::CANCEL);
+                                    return Pumped::WriteTimeout;
+                                }
+                                Capacity::Gone => return Pumped::Done,
                             }
-                            Capacity::Gone => return Pumped::Done,
-                        },
+                        }
                     }
                     // Gathered after the wait, not before: nothing awaits
                     // between the body's end (which ends the request's

@@ -12,15 +12,14 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::super::ErrorCode;
-use crate::spare::{self, Class, OutClass};
 use super::super::frame::{self, Frame, HEADER_LEN, MAX_WINDOW, Settings};
 use super::super::hpack::{Decoder, Encoder, EncoderOptions, HeaderBlock, Limits};
 use super::state::{
-    HeldAck,
-    Abuse, Connection, Drain, Ends, GoAway, OUT_HIGH, Peer, Phase, ReadSide, Sealed, Shared,
-    SharedRef, UserPing, Windows, WriteSide, lock,
+    Abuse, Connection, Drain, Ends, GoAway, HeldAck, OUT_HIGH, Peer, Phase, ReadSide, Sealed,
+    Shared, SharedRef, UserPing, Windows, WriteSide, lock,
 };
 use super::{Error, RecvBody, Respond, ServerSettings};
+use crate::spare::{self, OutClass, ReadClass};
 
 /// Connections open, on all threads: the spare stacks keep no more of
 /// these buffers than that (so the last connection to close leaves at most
@@ -462,7 +461,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// (the write side does the same once flushed, in poll_write).
     fn release_idle(&mut self) {
         if self.rd.buf.is_empty() && self.accepted.is_empty() && lock(&self.shared).open == 0 {
-            spare::give_bytes(Class::H2Read, std::mem::take(&mut self.rd.buf), spare_room());
+            spare::give_bytes(
+                ReadClass::Http2Client,
+                std::mem::take(&mut self.rd.buf),
+                spare_room(),
+            );
             self.rd.block = HeaderBlock::default();
             self.accepted = VecDeque::new();
         }
@@ -545,7 +548,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         if sh.open == 0 || self.wr.buf.capacity() > 2 * OUT_HIGH {
             // Idle: the buffers go back (to this thread's spare stack when
             // of its size); the next burst takes them again.
-            spare::give_out(OutClass::Http2, std::mem::take(&mut self.wr.buf), spare_room());
+            spare::give_out(
+                OutClass::Http2,
+                std::mem::take(&mut self.wr.buf),
+                spare_room(),
+            );
             if sh.out.is_empty() {
                 spare::give_out(OutClass::Http2, std::mem::take(&mut sh.out), spare_room());
             }
@@ -575,7 +582,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             (HEADER_LEN + len as usize).saturating_sub(have)
         };
         if self.rd.buf.capacity() == 0 {
-            self.rd.buf = spare::take_bytes(Class::H2Read);
+            self.rd.buf = spare::take_bytes(ReadClass::Http2Client);
         }
         let room = self.rd.buf.capacity() - have;
         if room < need || room < MIN_READ {

@@ -15,11 +15,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use super::chunked::ChunkFramer;
 use super::head::{self, Framing, Parsed, Refusal, ResponseHead, Rewrite};
 use super::pool::AppConn;
-use crate::spare::{self, Class};
 use super::{Client, Control, Next};
 use crate::circuit::{Permit, Route, UpstreamOutcome};
 use crate::config::LimitsConfig;
 use crate::drain::Phase;
+use crate::spare::{self, ReadClass};
 use crate::upstream::{BodyFault, Upstream};
 
 use super::super::conn::activity::{ConnActivity, ConnCtx};
@@ -313,7 +313,7 @@ where
                 io: Box::pin(upstream.connect())
                     .await
                     .map_err(|err| Failure::Connect(err, done))?,
-                buf: spare::take_bytes(Class::AppRead),
+                buf: spare::take_bytes(ReadClass::Http1App),
                 reused: false,
             },
         };
@@ -446,7 +446,7 @@ async fn read_response_head<T>(
         }
         if app.buf.capacity() == 0 {
             // Pooled connections keep no buffer.
-            app.buf = spare::take_bytes(Class::AppRead);
+            app.buf = spare::take_bytes(ReadClass::Http1App);
         }
         app.buf.reserve(READ_CHUNK);
         match app.io.read_buf(&mut app.buf).await {

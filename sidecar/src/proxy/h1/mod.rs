@@ -54,8 +54,8 @@ use bytes::{Buf, BytesMut};
 use futures_util::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::spare::{self, OutClass, ReadClass};
 pub(crate) use pool::RawPool;
-use crate::spare::{self, Class, OutClass};
 
 use super::conn::activity::ConnCtx;
 use super::conn::served::{BoxError, Outcome, Served};
@@ -199,7 +199,7 @@ impl<T: AsyncRead + Unpin> Client<T> {
     /// (pipelined).
     fn release_idle_buffers(&mut self, open: usize) {
         if self.buf.is_empty() {
-            spare::give_bytes(Class::ClientRead, std::mem::take(&mut self.buf), open);
+            spare::give_bytes(ReadClass::Http1Client, std::mem::take(&mut self.buf), open);
         }
         spare::give_out(OutClass::Http1, std::mem::take(&mut self.out), open);
     }
@@ -227,7 +227,7 @@ pub(super) fn consume(buf: &mut BytesMut, n: usize) {
 /// The read buffer for a new connection's first bytes (the protocol
 /// sniff's), which the fast path keeps as the connection's read buffer.
 pub(super) fn first_read_buffer() -> BytesMut {
-    spare::take_bytes(Class::ClientRead)
+    spare::take_bytes(ReadClass::Http1Client)
 }
 
 /// Reads from the client into its read buffer; a connection whose buffers
@@ -240,7 +240,7 @@ async fn read_more<T: AsyncRead + Unpin>(client: &mut Client<T>) -> std::io::Res
     let mut first = [0u8; FIRST_READ];
     let n = client.io.read(&mut first).await?;
     if n > 0 {
-        client.buf = spare::take_bytes(Class::ClientRead);
+        client.buf = spare::take_bytes(ReadClass::Http1Client);
         client.buf.extend_from_slice(&first[..n]);
         client.out = spare::take_out(OutClass::Http1);
     }
@@ -267,7 +267,7 @@ where
     match exchanges(&mut client, &ctx, &limits, &ctl).await {
         Ok(Ended::Closed) => {
             let open = ctx.shared.drain.open_connections();
-            spare::give_bytes(Class::ClientRead, client.buf, open);
+            spare::give_bytes(ReadClass::Http1Client, client.buf, open);
             spare::give_out(OutClass::Http1, client.out, open);
             Ok(Outcome::Done)
         }
@@ -275,7 +275,11 @@ where
             // hyper serves the rest of the connection, the unconsumed
             // bytes replayed first: conn/serve.rs hands it over, and
             // passes on an ending already asked of this path.
-            spare::give_out(OutClass::Http1, client.out, ctx.shared.drain.open_connections());
+            spare::give_out(
+                OutClass::Http1,
+                client.out,
+                ctx.shared.drain.open_connections(),
+            );
             Ok(Outcome::ToHyper(Rewind::new(
                 client.buf.freeze(),
                 client.io,

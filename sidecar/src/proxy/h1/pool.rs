@@ -50,7 +50,7 @@ impl RawPool {
             // idle timeout. The next exchange takes one again (a spare one,
             // most often: see spare.rs).
             let buf = std::mem::take(&mut conn.buf);
-            crate::spare::give_bytes(crate::spare::Class::AppRead, buf, open);
+            crate::spare::give_bytes(crate::spare::ReadClass::Http1App, buf, open);
             self.0.push(conn);
         }
     }

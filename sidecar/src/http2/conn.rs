@@ -382,14 +382,14 @@ mod tests {
         std::mem::size_of::<F>()
     }
 
-    /// What an idle HTTP/2 connection holds of the proxy's own beside h2's
-    /// state: its task (the connection loop of proxy/conn/serve.rs, the
-    /// same for every protocol) and this struct, in a box of its own. h2's
-    /// connection is boxed apart (1.5 KiB in a release build) and its
-    /// buffers (28 KiB allocated, about three pages touched) are most of
-    /// the rest (bench/h2heap). The bounds are over today's sizes in a
-    /// debug build, as here (984 and 184 bytes): a future that grows past
-    /// them is a cost every idle connection pays.
+    /// What an idle HTTP/2 connection holds of the proxy's own beside the
+    /// codec's state: its task (the connection loop of
+    /// proxy/conn/serve.rs, the same for every protocol) and this struct,
+    /// in a box of its own. The codec's connection is boxed apart and
+    /// holds no buffer while idle (h2wire/server: `heap_bytes`, tested
+    /// there; bench/h2heap gives 3.4 KiB of heap a connection in all). The
+    /// bounds are over today's sizes in a debug build, as here: a future
+    /// that grows past them is a cost every idle connection pays.
     #[test]
     fn a_connection_holds_little_of_its_own() {
         let task = future_size(|(s, st, p, g)| {

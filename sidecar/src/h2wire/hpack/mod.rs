@@ -159,6 +159,22 @@ impl HeaderBlock {
         self.fields.iter().map(|f| self.field(f))
     }
 
+    /// The one buffer every field's name and value lie in.
+    pub(crate) fn buffer(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Every field, with where its value lies in [`Self::buffer`]: a
+    /// caller that copies the buffer once can share slices of it.
+    pub(crate) fn iter_ranged(
+        &self,
+    ) -> impl Iterator<Item = (FieldRef<'_>, std::ops::Range<usize>)> + '_ {
+        self.fields.iter().map(|f| {
+            let mid = f.start as usize + f.name_len as usize;
+            (self.field(f), mid..mid + f.value_len as usize)
+        })
+    }
+
     fn field(&self, f: &Field) -> FieldRef<'_> {
         let start = f.start as usize;
         let mid = start + f.name_len as usize;

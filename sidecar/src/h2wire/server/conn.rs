@@ -1,7 +1,7 @@
 //! The connection: the socket, the read and write loops, and the public
 //! API the integration (src/http2/) calls. Frame handling is frames.rs.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,7 +16,7 @@ use super::super::frame::{self, Frame, HEADER_LEN, MAX_WINDOW, Settings};
 use super::super::hpack::{Decoder, Encoder, EncoderOptions, HeaderBlock, Limits};
 use super::state::{
     Abuse, Connection, Drain, Ends, GoAway, HeldAck, OUT_HIGH, Peer, Phase, ReadSide, Sealed,
-    Shared, SharedRef, UserPing, Windows, WriteSide, lock,
+    Shared, SharedRef, StreamMap, UserPing, Windows, WriteSide, lock,
 };
 use super::{Error, RecvBody, Respond, ServerSettings};
 use crate::spare::{self, OutClass, ReadClass};
@@ -108,7 +108,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             .write(&mut out);
         }
         let shared = Shared {
-            streams: HashMap::new(),
+            streams: StreamMap::default(),
             open: 0,
             out,
             ends: Ends::default(),
@@ -145,6 +145,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                     },
                 ),
                 block: HeaderBlock::default(),
+                names: Default::default(),
                 assembling: None,
             },
             wr: WriteSide {
@@ -285,6 +286,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             + self.wr.buf.capacity()
             + self.rd.decoder.memory()
             + self.rd.block.capacity()
+            + self.rd.names.heap_bytes()
             + self.rd.assembling.as_ref().map_or(0, |a| a.buf.capacity())
             + self.peer.first_settings.as_ref().map_or(0, |s| s.len())
             + self.accepted.capacity() * size_of::<Accepted>()

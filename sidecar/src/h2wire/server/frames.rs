@@ -348,7 +348,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             return Ok(());
         }
         let cl_ok = s.content_length.is_none_or(|cl| cl == s.recv_total);
-        match validate::trailers(&self.rd.block) {
+        match validate::trailers(&self.rd.block, &mut self.rd.names) {
             Ok(t) if cl_ok => {
                 s.recv_trailers = Some(t);
                 s.recv_end = true;
@@ -386,7 +386,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             sh.reset_stream(id, ErrorCode::REFUSED_STREAM, false);
             return;
         }
-        let head = match validate::request(&self.rd.block) {
+        let head = match validate::request(&self.rd.block, &mut self.rd.names) {
             Ok(h) if !(end_stream && h.content_length.is_some_and(|cl| cl != 0)) => h,
             _ => {
                 sh.reset_stream(id, ErrorCode::PROTOCOL_ERROR, true);

@@ -1,10 +1,12 @@
 //! RFC 9113 §8.2 and §8.3 checks of a decoded request for an intermediary,
 //! and the `http::Request` parts built in the same pass (one HeaderMap).
 
+use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, Method, Uri, Version};
 
-use super::super::hpack::HeaderBlock;
+use super::super::hpack::{FieldRef, HeaderBlock};
 
 /// A request head, checked.
 pub(super) struct Head {
@@ -15,20 +17,53 @@ pub(super) struct Head {
 type Invalid = &'static str;
 
 /// §8.2.1: a value must not carry NUL, CR or LF (HeaderValue checks
-/// controls) nor start or end with whitespace.
-fn value(v: &[u8]) -> Result<HeaderValue, Invalid> {
+/// controls) nor start or end with whitespace. `v` is a slice of the
+/// block's one copy: no allocation per value, and a clone of the request's
+/// headers (kept for a retry) shares it too.
+fn value(v: Bytes) -> Result<HeaderValue, Invalid> {
     if matches!(v.first(), Some(b' ' | b'\t')) || matches!(v.last(), Some(b' ' | b'\t')) {
         return Err("field value with leading or trailing whitespace");
     }
-    HeaderValue::from_bytes(v).map_err(|_| "invalid field value")
+    HeaderValue::from_maybe_shared(v).map_err(|_| "invalid field value")
+}
+
+/// Field names outside http's standard set a connection has seen, kept
+/// so that each is allocated once, not once per request (gRPC's `grpc-*`
+/// fields, most of all).
+#[derive(Default)]
+pub(super) struct Names(Vec<HeaderName>);
+
+impl Names {
+    /// Names kept, at most: a client that sends many distinct names gets
+    /// the allocation per name, never a larger cache.
+    const MAX: usize = 16;
+
+    /// `static_name`: the name came from HPACK's static table, whose
+    /// names are all http's standard ones (constants, never allocated):
+    /// not looked for nor kept.
+    fn get(&mut self, n: &[u8], static_name: bool) -> Result<HeaderName, Invalid> {
+        if !static_name && let Some(known) = self.0.iter().find(|k| k.as_str().as_bytes() == n) {
+            return Ok(known.clone());
+        }
+        let name = HeaderName::from_bytes(n).map_err(|_| "invalid field name")?;
+        if !static_name && self.0.len() < Self::MAX {
+            self.0.push(name.clone());
+        }
+        Ok(name)
+    }
+
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.0.capacity() * size_of::<HeaderName>()
+            + self.0.iter().map(|n| n.as_str().len()).sum::<usize>()
+    }
 }
 
 /// A regular field's name: lowercase token, not connection-specific.
-fn name(n: &[u8]) -> Result<HeaderName, Invalid> {
-    if n.iter().any(u8::is_ascii_uppercase) {
+fn name(f: &FieldRef<'_>, names: &mut Names) -> Result<HeaderName, Invalid> {
+    if f.name.iter().any(u8::is_ascii_uppercase) {
         return Err("uppercase field name");
     }
-    let name = HeaderName::from_bytes(n).map_err(|_| "invalid field name")?;
+    let name = names.get(f.name, f.static_name != 0)?;
     if matches!(
         name.as_str(),
         "connection" | "keep-alive" | "proxy-connection" | "transfer-encoding" | "upgrade"
@@ -38,11 +73,17 @@ fn name(n: &[u8]) -> Result<HeaderName, Invalid> {
     Ok(name)
 }
 
-fn fields(block: &HeaderBlock, trailers: bool) -> Result<(HeaderMap, Pseudo<'_>), Invalid> {
+fn fields(
+    block: &HeaderBlock,
+    trailers: bool,
+    names: &mut Names,
+) -> Result<(HeaderMap, Pseudo), Invalid> {
+    // One copy of the block; every value is a slice of it.
+    let raw = Bytes::copy_from_slice(block.buffer());
     let mut map = HeaderMap::with_capacity(block.len());
     let mut pseudo = Pseudo::default();
     let mut regular_seen = false;
-    for f in block.iter() {
+    for (f, at) in block.iter_ranged() {
         if let Some(p) = f.name.strip_prefix(b":") {
             if regular_seen {
                 return Err("pseudo-header after a regular field");
@@ -61,15 +102,15 @@ fn fields(block: &HeaderBlock, trailers: bool) -> Result<(HeaderMap, Pseudo<'_>)
             if slot.is_some() {
                 return Err("pseudo-header repeated");
             }
-            *slot = Some(f.value);
+            *slot = Some(raw.slice(at));
             continue;
         }
         regular_seen = true;
-        let n = name(f.name)?;
+        let n = name(&f, names)?;
         if n == http::header::TE && f.value != b"trailers" {
             return Err("te other than trailers");
         }
-        let mut v = value(f.value)?;
+        let mut v = value(raw.slice(at))?;
         v.set_sensitive(f.sensitive);
         map.append(n, v);
     }
@@ -77,45 +118,45 @@ fn fields(block: &HeaderBlock, trailers: bool) -> Result<(HeaderMap, Pseudo<'_>)
 }
 
 #[derive(Default)]
-struct Pseudo<'a> {
-    method: Option<&'a [u8]>,
-    scheme: Option<&'a [u8]>,
-    authority: Option<&'a [u8]>,
-    path: Option<&'a [u8]>,
+struct Pseudo {
+    method: Option<Bytes>,
+    scheme: Option<Bytes>,
+    authority: Option<Bytes>,
+    path: Option<Bytes>,
 }
 
 /// Checks a request's block and builds its head.
-pub(super) fn request(block: &HeaderBlock) -> Result<Head, Invalid> {
-    let (headers, p) = fields(block, false)?;
-    let method =
-        Method::from_bytes(p.method.ok_or(":method missing")?).map_err(|_| "invalid :method")?;
-    let uri = if method == Method::CONNECT {
+pub(super) fn request(block: &HeaderBlock, names: &mut Names) -> Result<Head, Invalid> {
+    let (headers, p) = fields(block, false, names)?;
+    let method = Method::from_bytes(p.method.as_deref().ok_or(":method missing")?)
+        .map_err(|_| "invalid :method")?;
+    let mut parts = http::uri::Parts::default();
+    if method == Method::CONNECT {
         // §8.5: :authority only.
         if p.scheme.is_some() || p.path.is_some() {
             return Err("CONNECT with :scheme or :path");
         }
         let authority = p.authority.ok_or("CONNECT without :authority")?;
-        Uri::builder()
-            .authority(authority)
-            .build()
-            .map_err(|_| "invalid :authority")?
+        parts.authority =
+            Some(Authority::from_maybe_shared(authority).map_err(|_| "invalid :authority")?);
     } else {
         let scheme = p.scheme.ok_or(":scheme missing")?;
         let path = p.path.ok_or(":path missing")?;
         if path.is_empty() {
             return Err("empty :path");
         }
-        if path != b"*" && !path.starts_with(b"/") && method != Method::OPTIONS {
+        if &path[..] != b"*" && !path.starts_with(b"/") && method != Method::OPTIONS {
             return Err(":path not origin-form");
         }
-        let mut b = Uri::builder().scheme(scheme);
+        parts.scheme = Some(Scheme::try_from(&scheme[..]).map_err(|_| "invalid :scheme")?);
         if let Some(a) = p.authority {
-            b = b.authority(a);
+            parts.authority =
+                Some(Authority::from_maybe_shared(a).map_err(|_| "invalid :authority")?);
         }
-        b.path_and_query(path)
-            .build()
-            .map_err(|_| "invalid :scheme, :authority or :path")?
-    };
+        parts.path_and_query =
+            Some(PathAndQuery::from_maybe_shared(path).map_err(|_| "invalid :path")?);
+    }
+    let uri = Uri::from_parts(parts).map_err(|_| "invalid :scheme, :authority or :path")?;
     let content_length = content_length(&headers)?;
     let mut req = http::Request::new(());
     *req.method_mut() = method;
@@ -147,6 +188,6 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Invalid> {
 }
 
 /// Checks a trailer block (no pseudo-headers) and builds its map.
-pub(super) fn trailers(block: &HeaderBlock) -> Result<HeaderMap, Invalid> {
-    fields(block, true).map(|(map, _)| map)
+pub(super) fn trailers(block: &HeaderBlock, names: &mut Names) -> Result<HeaderMap, Invalid> {
+    fields(block, true, names).map(|(map, _)| map)
 }

@@ -762,3 +762,22 @@ pub(super) fn field<'a>(name: &'a http::HeaderName, value: &'a http::HeaderValue
         f
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::hash::BuildHasher;
+
+    use super::*;
+
+    /// Client stream ids are odd and consecutive: their hashes must still
+    /// spread over hashbrown's bucket bits (low) and tag bits (high 7).
+    #[test]
+    fn stream_ids_spread_over_buckets_and_tags() {
+        let build = BuildHasherDefault::<IdHasher>::default();
+        let hashes: Vec<u64> = (0..512u32).map(|i| build.hash_one(2 * i + 1)).collect();
+        let buckets: std::collections::BTreeSet<u64> = hashes.iter().map(|h| h & 511).collect();
+        let tags: std::collections::BTreeSet<u64> = hashes.iter().map(|h| h >> 57).collect();
+        assert!(buckets.len() > 300, "{} of 512 buckets used", buckets.len());
+        assert!(tags.len() > 100, "{} of 128 tags used", tags.len());
+    }
+}

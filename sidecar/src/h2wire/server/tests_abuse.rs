@@ -268,6 +268,57 @@ async fn graceful_shutdown_two_steps() {
     ends_cleanly(task).await;
 }
 
+/// The graceful PING's ACK fixes the second GOAWAY's last-stream-id only
+/// 100 ms after it came (and 50 ms after a stream opened meanwhile): a
+/// client can write its ACK before the HEADERS of a stream it opened just
+/// before it read the first GOAWAY (the h2 crate's client does), and that
+/// stream must not be refused. Acted on at once, this test's stream 5
+/// would get REFUSED_STREAM and the GOAWAY would name 3.
+#[tokio::test]
+async fn a_stream_opened_right_after_the_graceful_ack_is_still_served() {
+    let (mut c, cmds, task) = Client::connect(Default::default()).await;
+    c.get(1, true);
+    c.flush().await;
+    c.roundtrip().await;
+    assert!(cmds.send(Cmd::Graceful).await.is_ok());
+    let p = c.until(frame::PING, None).await;
+    let Frame::Ping { ack: false, data } = p.frame() else {
+        panic!("PING")
+    };
+    c.get(3, true);
+    c.push(Frame::Ping { ack: true, data });
+    c.flush().await;
+    // After the ACK, as a client whose request task runs late writes it.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    c.get(5, true);
+    c.flush().await;
+    let mut last = None;
+    let mut answered = Vec::new();
+    while let Some(f) = c.next().await {
+        match f.frame() {
+            Frame::GoAway { last_stream, .. } if last_stream != frame::MAX_WINDOW => {
+                last = Some(last_stream);
+            }
+            Frame::RstStream { stream, code } => panic!("stream {stream} reset: {code:?}"),
+            Frame::Data {
+                stream,
+                end_stream: true,
+                ..
+            } => answered.push(stream),
+            _ => {}
+        }
+    }
+    assert_eq!(
+        last,
+        Some(5),
+        "the second GOAWAY names the stream sent after the ACK"
+    );
+    answered.sort_unstable();
+    // Stream 1 was answered before the shutdown (read by `roundtrip`).
+    assert_eq!(answered, [3, 5]);
+    ends_cleanly(task).await;
+}
+
 /// One GOAWAY naming the last stream as the very last frame; streams
 /// above it dropped without RST_STREAM.
 #[tokio::test]

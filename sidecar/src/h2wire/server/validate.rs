@@ -191,3 +191,31 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Invalid> {
 pub(super) fn trailers(block: &HeaderBlock, names: &mut Names) -> Result<HeaderMap, Invalid> {
     fields(block, true, names).map(|(map, _)| map)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cache of non-standard names is bounded: past it names are
+    /// still made, only no longer kept; names from HPACK's static table are
+    /// never kept.
+    #[test]
+    fn the_name_cache_keeps_at_most_its_bound() {
+        let mut names = Names::default();
+        for i in 0..Names::MAX + 4 {
+            let n = format!("x-custom-{i}");
+            let got = names.get(n.as_bytes(), false).expect("a valid name");
+            assert_eq!(got.as_str(), n);
+        }
+        assert_eq!(names.0.len(), Names::MAX);
+        // A kept one is found again, the same name.
+        let again = names.get(b"x-custom-3", false).expect("valid");
+        assert_eq!(again.as_str(), "x-custom-3");
+        assert_eq!(names.0.len(), Names::MAX);
+        let mut fresh = Names::default();
+        assert!(fresh.get(b"content-type", true).is_ok());
+        assert!(fresh.0.is_empty(), "static-table names are not kept");
+        assert!(fresh.get(b"bad name", false).is_err());
+        assert!(fresh.0.is_empty(), "an invalid name is not kept");
+    }
+}

@@ -228,12 +228,14 @@ async fn ping_and_settings_floods_are_bounded_by_the_unread_output() {
     writer.await.expect("writer");
 }
 
-/// §6.8 two steps: GOAWAY(2^31-1) + PING; after the ACK, GOAWAY(last);
-/// open streams finish, later ones are refused, then the connection ends.
-#[tokio::test]
-async fn graceful_shutdown_two_steps() {
+/// A connection with stream 1 open, the graceful shutdown's first step
+/// read (GOAWAY(2^31-1) and the PING), then stream 3 opened and the PING
+/// acknowledged (`end_stream`: both requests complete).
+async fn graceful_ack_after_streams_1_and_3(
+    end_stream: bool,
+) -> (Client, tokio::task::JoinHandle<Result<(), super::Error>>) {
     let (mut c, cmds, task) = Client::connect(Default::default()).await;
-    c.get(1, false);
+    c.get(1, end_stream);
     c.flush().await;
     c.roundtrip().await;
     assert!(cmds.send(Cmd::Graceful).await.is_ok());
@@ -243,10 +245,18 @@ async fn graceful_shutdown_two_steps() {
     let Frame::Ping { ack: false, data } = p.frame() else {
         panic!("PING")
     };
-    // A stream opened before the ACK is still processed.
-    c.get(3, false);
+    c.get(3, end_stream);
     c.push(Frame::Ping { ack: true, data });
     c.flush().await;
+    (c, task)
+}
+
+/// §6.8 two steps: GOAWAY(2^31-1) + PING; after the ACK, GOAWAY(last);
+/// open streams finish, later ones are refused, then the connection ends.
+#[tokio::test]
+async fn graceful_shutdown_two_steps() {
+    // A stream opened before the ACK is still processed.
+    let (mut c, task) = graceful_ack_after_streams_1_and_3(false).await;
     let g = c.until(frame::GOAWAY, None).await;
     assert_eq!(g.frame(), goaway_no_error(3));
     c.get(5, true);
@@ -276,18 +286,7 @@ async fn graceful_shutdown_two_steps() {
 /// would get REFUSED_STREAM and the GOAWAY would name 3.
 #[tokio::test]
 async fn a_stream_opened_right_after_the_graceful_ack_is_still_served() {
-    let (mut c, cmds, task) = Client::connect(Default::default()).await;
-    c.get(1, true);
-    c.flush().await;
-    c.roundtrip().await;
-    assert!(cmds.send(Cmd::Graceful).await.is_ok());
-    let p = c.until(frame::PING, None).await;
-    let Frame::Ping { ack: false, data } = p.frame() else {
-        panic!("PING")
-    };
-    c.get(3, true);
-    c.push(Frame::Ping { ack: true, data });
-    c.flush().await;
+    let (mut c, task) = graceful_ack_after_streams_1_and_3(true).await;
     // After the ACK, as a client whose request task runs late writes it.
     tokio::time::sleep(Duration::from_millis(30)).await;
     c.get(5, true);

@@ -1,8 +1,7 @@
-//! The first part of the sidecar's own HTTP/2 codec, written from RFC 9113
-//! (HTTP/2) and RFC 7541 (HPACK). Not wired into the data path yet: the
-//! downstream and upstream HTTP/2 connections still run on the h2 crate
-//! (src/http2/, src/upstream/); the server side is ready to take over the
-//! downstream one.
+//! The sidecar's own HTTP/2 codec, written from RFC 9113 (HTTP/2) and RFC
+//! 7541 (HPACK). Clients' connections run on its server side
+//! ([`server`], driven by src/http2/); the connections to the app still run
+//! on the h2 crate's client (src/upstream/), the next part to move.
 //!
 //! Why a codec of our own (issue #39): profiles of the h2 path put HPACK
 //! encode (13%) and decode (9%), memcpy (14%) and `http::HeaderMap`
@@ -39,7 +38,7 @@
 //! and this code the server.
 //!
 //! The server layer covers items 1 to 7 below for the server side; the
-//! client side (src/upstream/) still runs on h2. The list, as written
+//! client side (src/upstream/) needs the same. The list, as written
 //! before the server layer:
 //!
 //! 1. Stream states (§5.1): idle/open/half-closed/closed per stream id,
@@ -62,8 +61,10 @@
 //! 7. Buffers sized by use: read into a small buffer and grow only for a
 //!    frame that needs it, so an idle connection holds a few hundred bytes.
 
-// Nothing outside this module calls it yet; the connection layer will.
-#![allow(dead_code, unused_imports)]
+// Parts of the codec that only the tests and the client side to come use
+// (error codes the server never sends, encoder options, table and memory
+// accessors); imports are checked.
+#![allow(dead_code)]
 
 pub(crate) mod frame;
 pub(crate) mod hpack;

@@ -24,8 +24,7 @@ mod table;
 mod tests;
 
 pub(crate) use decoder::{Decoder, Limits};
-pub(crate) use encoder::{Encoder, EncoderOptions, IndexPolicy, StringCoding};
-pub(crate) use table::DynamicTable;
+pub(crate) use encoder::{Encoder, EncoderOptions};
 
 use super::ErrorCode;
 

@@ -3,6 +3,8 @@
 
 use proptest::prelude::*;
 
+use super::encoder::{IndexPolicy, StringCoding};
+use super::table::DynamicTable;
 use super::*;
 
 fn hex(s: &str) -> Vec<u8> {

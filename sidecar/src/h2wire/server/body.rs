@@ -8,7 +8,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::HeaderMap;
 use http_body::{Frame as BodyFrame, SizeHint};
 
 use super::super::ErrorCode;

@@ -5,8 +5,7 @@ use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::task::{Context, Poll};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -15,8 +14,8 @@ use super::super::ErrorCode;
 use super::super::frame::{self, Frame, HEADER_LEN, MAX_WINDOW, Settings};
 use super::super::hpack::{Decoder, Encoder, EncoderOptions, HeaderBlock, Limits};
 use super::state::{
-    Abuse, Connection, Drain, Ends, GoAway, HeldAck, OUT_HIGH, Peer, Phase, ReadSide, Sealed,
-    Shared, SharedRef, StreamMap, UserPing, Windows, WriteSide, lock,
+    Abuse, Connection, Drain, Ends, GoAway, OUT_HIGH, Peer, ReadSide, Sealed, Shared, StreamMap,
+    UserPing, Windows, WriteSide, lock,
 };
 use super::{Error, RecvBody, Respond, ServerSettings};
 use crate::spare::{self, OutClass, ReadClass};

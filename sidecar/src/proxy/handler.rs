@@ -29,72 +29,84 @@ use crate::drain::Phase;
 use crate::metrics::HealthRpc;
 use crate::upstream::retry::{RetryDenied, retry_reason};
 use crate::upstream::{
-    BodyFault, BodyWatch, DownstreamBody, LimitedBody, Upstream, UpstreamBody, UpstreamResponse,
+    BodyFault, BodyWatch, DownstreamBody, LimitedBody, SentRequest, Upstream, UpstreamBody,
+    UpstreamResponse, unbox,
 };
 
-pub(crate) async fn handle(
+/// Not an `async fn`, and the request boxed: an `async fn` would keep the
+/// request (264 bytes) twice in every waiting HTTP/2 stream's future, as
+/// its argument and as the local it is moved into, and by value the block
+/// below would still keep it for the stream's life after handing it on.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its argument twice (see above)"
+)]
+pub(crate) fn handle(
     ctx: Arc<ConnCtx>,
-    mut req: Request<DownstreamBody>,
-) -> Response<ProxyBody> {
-    let mut scope = RequestScope::start(ctx, req.version());
-    let shared = scope.ctx.shared.clone();
-    let live = shared.live.load_full();
-    if scope.version != Version::HTTP_2 {
-        scope.ctx.act.note_message_end(req.headers());
-    }
+    mut req: Box<Request<DownstreamBody>>,
+) -> impl Future<Output = Response<ProxyBody>> {
+    async move {
+        let mut scope = RequestScope::start(ctx, req.version());
+        let shared = scope.ctx.shared.clone();
+        let live = shared.live.load_full();
+        if scope.version != Version::HTTP_2 {
+            scope.ctx.act.note_message_end(req.headers());
+        }
 
-    // While draining the sidecar speaks for the app's gRPC health service.
-    let health =
-        health_rpc(&req).filter(|_| live.config.drain.grpc_health == DrainGrpcHealth::NotServing);
-    if let Some(rpc) = health
-        && shared.drain.phase() != Phase::Serving
-    {
-        return scope.health_not_serving(rpc);
-    }
+        // While draining the sidecar speaks for the app's gRPC health service.
+        let health = health_rpc(&req)
+            .filter(|_| live.config.drain.grpc_health == DrainGrpcHealth::NotServing);
+        if let Some(rpc) = health
+            && shared.drain.phase() != Phase::Serving
+        {
+            return scope.health_not_serving(rpc);
+        }
 
-    // Routed, and sent on, by its normalized path (proxy/path.rs), then
-    // admitted as decide.rs decides for both HTTP/1 paths.
-    match normalized_uri(req.uri()) {
-        Ok(Some(uri)) => *req.uri_mut() = uri,
-        Ok(None) => {}
-        Err(()) => return scope.bad_target(),
-    }
-    let route = decide::route_of(&live.routes, &req);
-    let declared = decide::declared_length(req.headers());
-    let max_body = live.config.limits.max_request_body_bytes;
-    match decide::admit(&route, declared, max_body, &shared.metrics).await {
-        Ok(permit) => scope.permit = Some(permit),
-        Err(refused) => return scope.refused(&route, &refused),
-    }
+        // Routed, and sent on, by its normalized path (proxy/path.rs), then
+        // admitted as decide.rs decides for both HTTP/1 paths.
+        match normalized_uri(req.uri()) {
+            Ok(Some(uri)) => *req.uri_mut() = uri,
+            Ok(None) => {}
+            Err(()) => return scope.bad_target(),
+        }
+        let route = decide::route_of(&live.routes, &req);
+        let declared = decide::declared_length(req.headers());
+        let max_body = live.config.limits.max_request_body_bytes;
+        match decide::admit(&route, declared, max_body, &shared.metrics).await {
+            Ok(permit) => scope.permit = Some(permit),
+            Err(refused) => return scope.refused(&route, &refused),
+        }
 
-    let wants_upgrade = scope.negotiate_upgrade(req.headers_mut(), &live.config.upgrade_protocols);
-    let downstream_upgrade = wants_upgrade.then(|| DownstreamUpgrade {
-        websocket: upgrade_is_websocket(req.headers()),
-        on: hyper::upgrade::on(&mut req),
-    });
-    let upstream = shared.upstreams.pick();
-    let Some((upstream_req, body_watch)) = upstream_request(
-        req,
-        scope.ctx.peer_ip.header(),
-        &live.config,
-        &upstream,
-        wants_upgrade,
-    ) else {
-        return scope.bad_target();
-    };
-    let h2 = scope.version == Version::HTTP_2;
-    let retry = &live.config.retry_budget;
-    let attempt = Attempt {
-        shared: &shared,
-        route: &route,
-        upstream: &upstream,
-        h2,
-        budget: retry,
-    };
-    match attempt.send(upstream_req, route.timeout()).await {
-        Ok(answer) if health == Some(HealthRpc::Watch) => scope.respond_watch(answer),
-        Ok(answer) => scope.respond_upstream(answer, downstream_upgrade),
-        Err(failure) => scope.upstream_failed(failure, &body_watch),
+        let wants_upgrade =
+            scope.negotiate_upgrade(req.headers_mut(), &live.config.upgrade_protocols);
+        let downstream_upgrade = wants_upgrade.then(|| DownstreamUpgrade {
+            websocket: upgrade_is_websocket(req.headers()),
+            on: hyper::upgrade::on(&mut *req),
+        });
+        let upstream = shared.upstreams.pick();
+        let Some((upstream_req, body_watch)) = upstream_request(
+            unbox(req),
+            scope.ctx.peer_ip.header(),
+            &live.config,
+            &upstream,
+            wants_upgrade,
+        ) else {
+            return scope.bad_target();
+        };
+        let h2 = scope.version == Version::HTTP_2;
+        let retry = &live.config.retry_budget;
+        let attempt = Attempt {
+            shared: &shared,
+            route: &route,
+            upstream: &upstream,
+            h2,
+            budget: retry,
+        };
+        match attempt.send(Box::new(upstream_req), route.timeout()).await {
+            Ok(answer) if health == Some(HealthRpc::Watch) => scope.respond_watch(answer),
+            Ok(answer) => scope.respond_upstream(answer, downstream_upgrade),
+            Err(failure) => scope.upstream_failed(failure, &body_watch),
+        }
     }
 }
 
@@ -215,7 +227,7 @@ impl Attempt<'_> {
     /// future twice, and this future is part of every HTTP/2 stream's.
     fn send(
         &self,
-        req: Request<UpstreamBody>,
+        req: SentRequest,
         timeout: Option<Duration>,
     ) -> impl Future<Output = Result<UpstreamResponse, SendFailure>> + '_ {
         use futures_util::future::{Either, FutureExt};
@@ -230,66 +242,76 @@ impl Attempt<'_> {
     }
 
     /// One `send_once` await point for the first attempt and the retries
-    /// (two would be laid out side by side).
-    async fn send_with_retries(
+    /// (two would be laid out side by side). Not an `async fn`: that keeps
+    /// its argument and the local it is moved into apart, two dead copies
+    /// of the request (344 bytes each) in every waiting stream's future.
+    fn send_with_retries(
         &self,
-        req: Request<UpstreamBody>,
-    ) -> Result<UpstreamResponse, crate::Error> {
+        mut req: SentRequest,
+    ) -> impl Future<Output = Result<UpstreamResponse, crate::Error>> + '_ {
+        // Boxed: kept beside every waiting stream's future and read only
+        // when the app failed it (248 bytes inline; one allocation beside
+        // the header map's clone).
         let again = req.body().retry_handle().map(|body| {
             self.shared.retry_budget.deposit();
             let (method, uri) = (req.method().clone(), req.uri().clone());
-            (body, method, uri, req.version(), req.headers().clone())
+            Box::new((body, method, uri, req.version(), req.headers().clone()))
         });
-        let mut req = req;
-        let mut attempt = 1;
-        loop {
-            let err = match self.send_once(req).await {
-                Ok(answer) => return Ok(answer),
-                Err(err) => err,
-            };
-            let Some((retry_body, method, uri, version, headers)) = again.as_ref() else {
-                return Err(err);
-            };
-            let Some(reason) = retry_reason(&err, method, self.route.retries_idempotent()) else {
-                return Err(err);
-            };
-            if attempt >= MAX_ATTEMPTS {
-                return Err(err);
+        async move {
+            let mut attempt = 1;
+            loop {
+                let err = match self.send_once(req).await {
+                    Ok(answer) => return Ok(answer),
+                    Err(err) => err,
+                };
+                let Some((retry_body, method, uri, version, headers)) = again.as_deref() else {
+                    return Err(err);
+                };
+                let Some(reason) = retry_reason(&err, method, self.route.retries_idempotent())
+                else {
+                    return Err(err);
+                };
+                if attempt >= MAX_ATTEMPTS {
+                    return Err(err);
+                }
+                let Some(body) = retry_body.next_attempt() else {
+                    self.route.count_retry_denied(RetryDenied::Body);
+                    return Err(err);
+                };
+                if !self.shared.retry_budget.withdraw(self.budget) {
+                    self.route.count_retry_denied(RetryDenied::Budget);
+                    return Err(err);
+                }
+                self.route.count_retry(reason);
+                tracing::debug!(error = %err, reason = reason.as_str(), attempt, "retrying a request the app did not process");
+                let mut next = Box::new(Request::new(body));
+                *next.method_mut() = method.clone();
+                *next.uri_mut() = uri.clone();
+                *next.version_mut() = *version;
+                *next.headers_mut() = headers.clone();
+                req = next;
+                attempt += 1;
             }
-            let Some(body) = retry_body.next_attempt() else {
-                self.route.count_retry_denied(RetryDenied::Body);
-                return Err(err);
-            };
-            if !self.shared.retry_budget.withdraw(self.budget) {
-                self.route.count_retry_denied(RetryDenied::Budget);
-                return Err(err);
-            }
-            self.route.count_retry(reason);
-            tracing::debug!(error = %err, reason = reason.as_str(), attempt, "retrying a request the app did not process");
-            let mut next = Request::new(body);
-            *next.method_mut() = method.clone();
-            *next.uri_mut() = uri.clone();
-            *next.version_mut() = *version;
-            *next.headers_mut() = headers.clone();
-            req = next;
-            attempt += 1;
         }
     }
 
-    async fn send_once(
+    /// Not an `async fn`: one would keep the request's bytes (344) in its
+    /// own state for the whole wait, after handing it on; this way the
+    /// request goes straight into the send's future.
+    fn send_once(
         &self,
-        req: Request<UpstreamBody>,
-    ) -> Result<UpstreamResponse, crate::Error> {
+        req: SentRequest,
+    ) -> impl Future<Output = Result<UpstreamResponse, crate::Error>> + '_ {
+        use futures_util::future::{Either, FutureExt};
         if self.h2 {
-            self.upstream
-                .send_h2(req)
-                .await
-                .map(|response| UpstreamResponse {
+            Either::Left(self.upstream.send_h2(req).map(|sent| {
+                sent.map(|response| UpstreamResponse {
                     response,
                     pool_return: None,
                 })
+            }))
         } else {
-            self.upstream.send_h1(req).await
+            Either::Right(self.upstream.send_h1(unbox(req)))
         }
     }
 }

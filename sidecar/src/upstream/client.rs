@@ -305,15 +305,18 @@ impl Upstream {
     /// Sends an HTTP/2 request (absolute URI): on the app connection of
     /// the downstream connection it came on, or as HTTP/1.1 to an app that
     /// does not speak HTTP/2.
-    pub async fn send_h2(&self, req: Request<UpstreamBody>) -> Result<Response<AppBody>> {
-        let affinity = affinity();
-        let slot = match affinity.as_deref() {
-            Some(affinity) => affinity.slot(&self.h2),
-            None => &self.h2,
-        };
-        let res = self.send_h2_inner(slot, req).await;
-        self.note_lost(res.as_ref().err());
-        res
+    ///
+    /// Not an `async fn`: one would keep the request (344 bytes) in its
+    /// state for the whole wait after handing it on.
+    pub fn send_h2(
+        &self,
+        req: super::SentRequest,
+    ) -> impl Future<Output = Result<Response<AppBody>>> + '_ {
+        use futures_util::FutureExt;
+        self.send_h2_inner(req).map(|res| {
+            self.note_lost(res.as_ref().err());
+            res
+        })
     }
 
     // The hot path (an open connection, the request sent once) is the only
@@ -321,19 +324,22 @@ impl Upstream {
     // are boxed, because this future is part of every HTTP/2 stream's
     // future, which is moved into its box when the stream is accepted (its
     // size was once most of a request's cost).
-    async fn send_h2_inner(
-        &self,
-        slot: &H2Slot,
-        req: Request<UpstreamBody>,
-    ) -> Result<Response<AppBody>> {
+    async fn send_h2_inner(&self, req: super::SentRequest) -> Result<Response<AppBody>> {
+        // Read when first polled: the stream's affinity is a task-local
+        // set around the request's future (http2/stream.rs).
+        let affinity = affinity();
+        let slot = match affinity.as_deref() {
+            Some(affinity) => affinity.slot(&self.h2),
+            None => &self.h2,
+        };
         let (id, sender) = match slot.current(self.id) {
             Some(current) => current,
             None => match Box::pin(self.h2_sender(slot)).await? {
                 Some(current) => current,
-                None => return Box::pin(self.send_as_http1(req)).await,
+                None => return Box::pin(self.send_as_http1(super::unbox(req))).await,
             },
         };
-        let req = match sender.send(req).await {
+        let req = match sender.send(super::unbox(req)).await {
             Ok(response) => return Ok(response.map(AppBody::Http2)),
             Err(SendError::Unsent { req, err }) => {
                 tracing::debug!(error = %err, "upstream HTTP/2 connection refused the stream; sending on a new one");

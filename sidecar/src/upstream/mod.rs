@@ -48,3 +48,16 @@ pub use downgrade::protocol_mismatch_response;
 pub use h2::{Affinity, H2Slot, SHARED_STREAMS_PER_CLIENT, Stalled, share_all, with_affinity};
 pub use replay::{RetryBody, UpstreamBody};
 pub use stream::UpstreamStream;
+
+/// A request on its way to the app, boxed: each level of the send
+/// (handler's attempt and retries, the app connection's choice) is a
+/// future nested in every waiting HTTP/2 stream's, and one holding the
+/// request by value keeps its 344 bytes there after handing it on.
+pub type SentRequest = Box<http::Request<UpstreamBody>>;
+
+/// A request out of its box, the box freed now: `*boxed` alone frees it
+/// only when the binding's scope ends, after the wait for the answer.
+#[allow(clippy::boxed_local, reason = "taking the box is the point")]
+pub(crate) fn unbox<T>(boxed: Box<T>) -> T {
+    *boxed
+}

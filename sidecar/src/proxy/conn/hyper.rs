@@ -127,7 +127,7 @@ where
     let builder = http1_builder(limits, &ctx);
     let service = service_fn(move |req: Request<Incoming>| {
         let ctx = ctx.clone();
-        async move { Ok::<_, Infallible>(handle(ctx, req.map(DownstreamBody::Http1)).await) }
+        async move { Ok::<_, Infallible>(handle(ctx, Box::new(req.map(DownstreamBody::Http1))).await) }
     });
     let conn = builder
         .serve_connection(TokioIo::new(io), service)

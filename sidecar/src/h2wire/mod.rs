@@ -66,9 +66,12 @@
 // accessors); imports are checked.
 #![allow(dead_code)]
 
+pub(crate) mod client;
 pub(crate) mod frame;
 pub(crate) mod hpack;
 pub(crate) mod server;
+mod shared;
+mod validate;
 
 #[cfg(test)]
 mod frame_tests;

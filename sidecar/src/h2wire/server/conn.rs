@@ -3,7 +3,6 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -20,34 +19,7 @@ use super::state::{
 use super::{Error, RecvBody, Respond, ServerSettings};
 use crate::spare::{self, OutClass, ReadClass};
 
-/// Connections open, on all threads: the spare stacks keep no more of
-/// these buffers than that (so the last connection to close leaves at most
-/// one behind), and at most [`H2_SPARE`] each.
-static OPEN: AtomicUsize = AtomicUsize::new(0);
-/// A spare stack's most HTTP/2 buffers (16 KiB each): a few busy
-/// connections turning idle and busy again reuse them; thousands of idle
-/// ones hold none.
-const H2_SPARE: usize = 16;
-
-fn spare_room() -> usize {
-    OPEN.load(Ordering::Relaxed).min(H2_SPARE)
-}
-
-/// Counts a connection in [`OPEN`] while it lives.
-pub(super) struct Counted(());
-
-impl Counted {
-    pub(super) fn new() -> Self {
-        OPEN.fetch_add(1, Ordering::Relaxed);
-        Counted(())
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        OPEN.fetch_sub(1, Ordering::Relaxed);
-    }
-}
+pub(super) use super::super::shared::{Counted, spare_room};
 
 pub(super) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Bytes asked of the socket per read beyond what the current frame needs.

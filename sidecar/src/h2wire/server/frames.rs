@@ -10,13 +10,13 @@ use super::super::ErrorCode;
 use super::super::frame::{
     self, Frame, FrameError, FrameHeader, HEADER_LEN, MAX_WINDOW, Scope, Settings,
 };
+use super::super::validate;
 use super::Error;
 use super::body::RecvBody;
 use super::conn::{GRACEFUL_PING, PREFACE, USER_PING};
 use super::handles::Respond;
 use super::state::{Assembly, Connection, GoAway, Phase, SendState, UserPing};
 use super::state::{HeldAck, Sealed, Stream, lock};
-use super::validate;
 
 /// A connection error: the GOAWAY's code and debug text.
 pub(super) type ConnError = (ErrorCode, &'static str);

@@ -2,39 +2,13 @@
 //! one mutex: the streams, the output buffer (so HEADERS are encoded in
 //! the order they reach the wire) and the send windows.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 
-/// The streams by id. Looked up for every frame and every handle call
-/// (about 27 hashes a gRPC call), where SipHash cost about 100 instructions
-/// each. The client picks the ids, but at most twice the concurrent-stream
-/// limit are in the map at once, so even ids chosen to collide cost a
-/// short scan, never more.
-pub(super) type StreamMap = HashMap<u32, Stream, BuildHasherDefault<IdHasher>>;
-
-/// One multiplication (Fibonacci hashing), its high half folded into the
-/// low one so that both hashbrown's bucket bits and its tag bits vary.
-#[derive(Default)]
-pub(super) struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u32(u32::from(b) ^ (self.0 as u32).rotate_left(8));
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        let h = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = h ^ (h >> 32);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
+/// The streams by id (the client picks the ids, but at most twice the
+/// concurrent-stream limit are in the map at once).
+pub(super) type StreamMap = super::super::shared::IdMap<Stream>;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::HeaderMap;
@@ -42,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::super::ErrorCode;
 use super::super::frame::{self, Frame, FrameHeader, MAX_WINDOW};
-use super::super::hpack::{Decoder, Encoder, FieldRef, HeaderBlock};
+use super::super::hpack::{Decoder, Encoder, HeaderBlock};
 use super::conn::Accepted;
 use super::{Error, ServerSettings};
 
@@ -294,7 +268,7 @@ pub(super) struct ReadSide {
     /// The decoded block of the request being built (reused).
     pub(super) block: HeaderBlock,
     /// Field names outside the standard set, allocated once a connection.
-    pub(super) names: super::validate::Names,
+    pub(super) names: super::super::validate::Names,
     pub(super) assembling: Option<Assembly>,
 }
 
@@ -754,20 +728,13 @@ impl Shared {
     }
 }
 
-pub(super) fn field<'a>(name: &'a http::HeaderName, value: &'a http::HeaderValue) -> FieldRef<'a> {
-    let f = FieldRef::new(name.as_str().as_bytes(), value.as_bytes());
-    if value.is_sensitive() {
-        f.sensitive()
-    } else {
-        f
-    }
-}
+pub(super) use super::super::shared::field;
 
 #[cfg(test)]
 mod tests {
-    use std::hash::BuildHasher;
+    use std::hash::{BuildHasher, BuildHasherDefault};
 
-    use super::*;
+    use super::super::super::shared::IdHasher;
 
     /// Client stream ids are odd and consecutive: their hashes must still
     /// spread over hashbrown's bucket bits (low) and tag bits (high 7).

@@ -1,0 +1,681 @@
+//! The connection's task: the socket, reading and handling the app's
+//! frames, and one write per wake-up.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::super::ErrorCode;
+use super::super::frame::{self, Frame, FrameHeader, HEADER_LEN, MAX_WINDOW, Scope, Settings};
+use super::super::hpack::{Decoder, Encoder, EncoderOptions, HeaderBlock, Limits};
+use super::super::shared::{Counted, IdMap, spare_room};
+use super::super::validate::{self, Names};
+use super::state::{Assembly, Connection, Head, OUT_HIGH, Shared, lock};
+use super::{ABOVE_GOAWAY, ClientSettings, Error, SendRequest};
+use crate::spare::{self, OutClass, ReadClass};
+
+pub(super) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(super) const USER_PING: [u8; 8] = *b"kg-cping";
+const READ_CHUNK: usize = 16 << 10;
+const MIN_READ: usize = 1024;
+/// Reads per wake-up before the write: an app that keeps the socket full
+/// still sees our WINDOW_UPDATEs and requests go out.
+const MAX_READS: usize = 8;
+/// A header block is cut at this many frames (CONTINUATION flood).
+const MAX_BLOCK_FRAMES: u32 = 32;
+
+type ConnError = (ErrorCode, &'static str);
+
+impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
+    /// The preface, our SETTINGS and the connection WINDOW_UPDATE are
+    /// queued; requests may be queued at once (§3.4 lets the client send
+    /// before the app's SETTINGS).
+    pub fn new(io: T, mut settings: ClientSettings) -> (Self, SendRequest) {
+        settings.initial_window_size = settings.initial_window_size.min(MAX_WINDOW);
+        settings.max_frame_size = settings
+            .max_frame_size
+            .clamp(frame::DEFAULT_MAX_FRAME_SIZE, frame::MAX_FRAME_SIZE_LIMIT);
+        settings.max_concurrent_streams = settings.max_concurrent_streams.max(1);
+        settings.connection_window_size = settings.connection_window_size.clamp(65_535, MAX_WINDOW);
+        let mut out = spare::take_out(OutClass::Http2);
+        out.extend_from_slice(PREFACE);
+        Frame::Settings {
+            ack: false,
+            settings: Settings {
+                enable_push: Some(false),
+                initial_window_size: Some(settings.initial_window_size),
+                max_frame_size: Some(settings.max_frame_size),
+                max_header_list_size: Some(settings.max_header_list_size),
+                ..Settings::default()
+            },
+        }
+        .write(&mut out);
+        if settings.connection_window_size > 65_535 {
+            Frame::WindowUpdate {
+                stream: 0,
+                increment: settings.connection_window_size - 65_535,
+            }
+            .write(&mut out);
+        }
+        let shared = Shared {
+            streams: IdMap::default(),
+            open: 0,
+            next_id: 1,
+            // §5.1.2: no limit until the app's SETTINGS say one; ours holds.
+            max_open: settings.max_concurrent_streams as usize,
+            out,
+            ready: VecDeque::new(),
+            encoder: Encoder::new(4096, EncoderOptions::default()),
+            block: Vec::new(),
+            peer_initial: 65_535,
+            peer_max_frame: frame::DEFAULT_MAX_FRAME_SIZE,
+            conn_send: 65_535,
+            conn_recv: i64::from(settings.connection_window_size),
+            conn_unreleased: 0,
+            settings,
+            goaway: None,
+            dead: None,
+            conn_waker: None,
+            slot_wakers: Vec::new(),
+            pong_waker: None,
+            ping_out: false,
+        };
+        let list = settings.max_header_list_size as usize;
+        let shared = Arc::new(Mutex::new(shared));
+        let conn = Self {
+            io,
+            shared: shared.clone(),
+            rbuf: BytesMut::new(),
+            decoder: Decoder::new(
+                4096,
+                Limits {
+                    max_string_len: list,
+                    max_list_size: list,
+                },
+            ),
+            block: HeaderBlock::default(),
+            names: Names::default(),
+            assembling: None,
+            wbuf: Vec::new(),
+            written: 0,
+            got_settings: false,
+            closing: None,
+            finished: false,
+            _counted: Counted::new(),
+        };
+        (conn, SendRequest { shared })
+    }
+
+    /// Drives the connection: Ready(Ok) once it ended cleanly (the app's
+    /// GOAWAY and no stream left, or the app closed the socket with no
+    /// stream open), Ready(Err) for a connection error (ours, flushed
+    /// first, or the app's GOAWAY with an error code) or an I/O error.
+    pub fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        if self.finished {
+            return Poll::Ready(Ok(()));
+        }
+        {
+            let mut sh = lock(&self.shared);
+            if !sh
+                .conn_waker
+                .as_ref()
+                .is_some_and(|w| w.will_wake(cx.waker()))
+            {
+                sh.conn_waker = Some(cx.waker().clone());
+            }
+        }
+        let mut reads = 0;
+        loop {
+            if self.closing.is_none() {
+                if let Err(e) = self.process() {
+                    self.fail(e);
+                }
+            }
+            if self.closing.is_none() && reads < MAX_READS && self.backlog() < OUT_HIGH {
+                match self.poll_read(cx) {
+                    Poll::Ready(Ok(0)) => {
+                        let open = lock(&self.shared).open;
+                        self.finish(None, "the app closed the connection");
+                        return Poll::Ready(if open == 0 {
+                            Ok(())
+                        } else {
+                            Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()))
+                        });
+                    }
+                    Poll::Ready(Ok(_)) => {
+                        reads += 1;
+                        continue;
+                    }
+                    Poll::Ready(Err(e)) => {
+                        self.finish(None, "I/O error");
+                        return Poll::Ready(Err(Error::Io(e)));
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            let flushed = match self.poll_write(cx) {
+                Ok(f) => f,
+                Err(e) => {
+                    self.finish(None, "I/O error");
+                    return Poll::Ready(Err(Error::Io(e)));
+                }
+            };
+            let done = self.closing.is_some() || {
+                let sh = lock(&self.shared);
+                sh.goaway.is_some() && sh.open == 0
+            };
+            if done {
+                if !flushed {
+                    return Poll::Pending;
+                }
+                if Pin::new(&mut self.io).poll_shutdown(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                let err = self.closing.take();
+                self.finish(None, "connection closed");
+                return Poll::Ready(err.map_or(Ok(()), Err));
+            }
+            if flushed && reads >= MAX_READS {
+                // The read budget ran out with bytes maybe left: come back.
+                cx.waker().wake_by_ref();
+            }
+            self.release_idle();
+            return Poll::Pending;
+        }
+    }
+
+    fn backlog(&self) -> usize {
+        self.wbuf.len() - self.written + lock(&self.shared).out.len()
+    }
+
+    fn release_idle(&mut self) {
+        if self.rbuf.is_empty() && lock(&self.shared).open == 0 {
+            spare::give_bytes(
+                ReadClass::Http2Client,
+                std::mem::take(&mut self.rbuf),
+                spare_room(),
+            );
+            self.block = HeaderBlock::default();
+        }
+    }
+
+    fn finish(&mut self, code: Option<ErrorCode>, reason: &'static str) {
+        self.finished = true;
+        lock(&self.shared).kill(code, false, reason);
+    }
+
+    /// A connection error of ours: GOAWAY(code) as the last frame.
+    fn fail(&mut self, (code, reason): ConnError) {
+        let mut sh = lock(&self.shared);
+        Frame::GoAway {
+            // We accept no pushed streams: the last one we processed is 0.
+            last_stream: 0,
+            code,
+            debug: reason.as_bytes(),
+        }
+        .write(&mut sh.out);
+        sh.kill(Some(code), false, reason);
+        drop(sh);
+        self.closing = Some(Error::Connection {
+            code,
+            reason,
+            remote: false,
+        });
+    }
+
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> std::io::Result<bool> {
+        loop {
+            if self.written == self.wbuf.len() {
+                let mut guard = lock(&self.shared);
+                let sh = &mut *guard;
+                sh.fill();
+                if sh.out.is_empty() {
+                    break;
+                }
+                self.wbuf.clear();
+                self.written = 0;
+                if self.wbuf.capacity() == 0 {
+                    self.wbuf = spare::take_out(OutClass::Http2);
+                }
+                std::mem::swap(&mut self.wbuf, &mut sh.out);
+            }
+            while self.written < self.wbuf.len() {
+                match Pin::new(&mut self.io).poll_write(cx, &self.wbuf[self.written..]) {
+                    Poll::Pending => return Ok(false),
+                    Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+                    Poll::Ready(Ok(n)) => self.written += n,
+                    Poll::Ready(Err(e)) => return Err(e),
+                }
+            }
+        }
+        if Pin::new(&mut self.io).poll_flush(cx).is_pending() {
+            return Ok(false);
+        }
+        self.wbuf.clear();
+        self.written = 0;
+        let mut sh = lock(&self.shared);
+        if sh.open == 0 {
+            spare::give_out(
+                OutClass::Http2,
+                std::mem::take(&mut self.wbuf),
+                spare_room(),
+            );
+            if sh.out.is_empty() {
+                spare::give_out(OutClass::Http2, std::mem::take(&mut sh.out), spare_room());
+            }
+            sh.block = Vec::new();
+        }
+        Ok(true)
+    }
+
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        let have = self.rbuf.len();
+        let need = if have < HEADER_LEN {
+            HEADER_LEN - have
+        } else {
+            let b = &self.rbuf;
+            let len = u32::from_be_bytes([0, b[0], b[1], b[2]]);
+            (HEADER_LEN + len as usize).saturating_sub(have)
+        };
+        if self.rbuf.capacity() == 0 {
+            self.rbuf = spare::take_bytes(ReadClass::Http2Client);
+        }
+        let room = self.rbuf.capacity() - have;
+        if room < need || room < MIN_READ {
+            self.rbuf
+                .reserve(need.max(MIN_READ).max(READ_CHUNK.saturating_sub(have)));
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf)
+    }
+
+    /// Handles every whole frame in the read buffer.
+    fn process(&mut self) -> Result<(), ConnError> {
+        let max_frame = lock(&self.shared).settings.max_frame_size;
+        loop {
+            if self.rbuf.len() < HEADER_LEN {
+                return Ok(());
+            }
+            let mut head = [0u8; HEADER_LEN];
+            head.copy_from_slice(&self.rbuf[..HEADER_LEN]);
+            let header = FrameHeader::parse(&head);
+            header.check(max_frame).map_err(|e| (e.code, e.reason))?;
+            let total = HEADER_LEN + header.len as usize;
+            if self.rbuf.len() < total {
+                return Ok(());
+            }
+            // DATA payloads are handed to bodies as slices of this one
+            // buffer: no copy.
+            let mut bytes = self.rbuf.split_to(total).freeze();
+            let payload = bytes.split_off(HEADER_LEN);
+            if !self.got_settings && header.kind != frame::SETTINGS {
+                return Err((ErrorCode::PROTOCOL_ERROR, "first frame is not SETTINGS"));
+            }
+            if let Some(a) = &self.assembling
+                && (header.kind != frame::CONTINUATION || header.stream != a.stream)
+            {
+                return Err((ErrorCode::PROTOCOL_ERROR, "frame inside a header block"));
+            }
+            match frame::parse(header, &payload) {
+                Ok(f) => self.handle(f, &payload)?,
+                Err(e) => match e.scope {
+                    Scope::Connection => return Err((e.code, e.reason)),
+                    Scope::Stream(id) => {
+                        lock(&self.shared).reset_stream(id, e.code, false, e.reason);
+                    }
+                },
+            }
+        }
+    }
+
+    fn handle(&mut self, f: Frame<'_>, payload: &Bytes) -> Result<(), ConnError> {
+        match f {
+            Frame::Settings { ack, settings } => self.on_settings(ack, settings),
+            Frame::Ping { ack, data } => {
+                let mut sh = lock(&self.shared);
+                if !ack {
+                    Frame::Ping { ack: true, data }.write(&mut sh.out);
+                } else if data == USER_PING && sh.ping_out {
+                    sh.ping_out = false;
+                    if let Some(w) = sh.pong_waker.take() {
+                        w.wake();
+                    }
+                }
+                Ok(())
+            }
+            Frame::Headers {
+                stream,
+                end_stream,
+                end_headers,
+                block,
+                ..
+            } => {
+                self.check_id(stream)?;
+                let a = Assembly {
+                    stream,
+                    end_stream,
+                    buf: Vec::new(),
+                    frames: 1,
+                };
+                if end_headers {
+                    self.on_block(a.stream, a.end_stream, block)
+                } else {
+                    let mut a = a;
+                    a.buf.extend_from_slice(block);
+                    self.assembling = Some(a);
+                    Ok(())
+                }
+            }
+            Frame::Continuation {
+                end_headers, block, ..
+            } => {
+                let Some(mut a) = self.assembling.take() else {
+                    return Err((ErrorCode::PROTOCOL_ERROR, "CONTINUATION without HEADERS"));
+                };
+                a.frames += 1;
+                a.buf.extend_from_slice(block);
+                let list = lock(&self.shared).settings.max_header_list_size as usize;
+                if a.frames > MAX_BLOCK_FRAMES || a.buf.len() > list + list / 2 + 4096 {
+                    return Err((ErrorCode::ENHANCE_YOUR_CALM, "header block too long"));
+                }
+                if end_headers {
+                    let buf = std::mem::take(&mut a.buf);
+                    self.on_block(a.stream, a.end_stream, &buf)
+                } else {
+                    self.assembling = Some(a);
+                    Ok(())
+                }
+            }
+            Frame::Data {
+                stream,
+                end_stream,
+                data,
+                flow_len,
+            } => self.on_data(stream, end_stream, payload.slice_ref(data), flow_len),
+            Frame::RstStream { stream, code } => {
+                self.check_id(stream)?;
+                let reason = if code == ErrorCode::REFUSED_STREAM {
+                    "refused by the app: never processed"
+                } else {
+                    "reset by the app"
+                };
+                lock(&self.shared).reset_stream(stream, code, true, reason);
+                Ok(())
+            }
+            Frame::WindowUpdate { stream, increment } => {
+                let mut sh = lock(&self.shared);
+                if stream == 0 {
+                    sh.conn_send += i64::from(increment);
+                    if sh.conn_send > i64::from(MAX_WINDOW) {
+                        return Err((ErrorCode::FLOW_CONTROL_ERROR, "connection window overflow"));
+                    }
+                    sh.schedule_all();
+                    return Ok(());
+                }
+                drop(sh);
+                self.check_id(stream)?;
+                let mut sh = lock(&self.shared);
+                let Some(s) = sh.streams.get_mut(&stream) else {
+                    return Ok(());
+                };
+                s.send_window += i64::from(increment);
+                if s.send_window > i64::from(MAX_WINDOW) {
+                    sh.reset_stream(
+                        stream,
+                        ErrorCode::FLOW_CONTROL_ERROR,
+                        false,
+                        "stream window overflow",
+                    );
+                } else {
+                    sh.schedule(stream);
+                }
+                Ok(())
+            }
+            Frame::GoAway {
+                last_stream, code, ..
+            } => {
+                let mut sh = lock(&self.shared);
+                let last = sh.goaway.map_or(last_stream, |l| l.min(last_stream));
+                sh.goaway = Some(last);
+                let above: Vec<u32> = sh.streams.keys().copied().filter(|id| *id > last).collect();
+                for id in above {
+                    sh.reset_stream(id, ErrorCode::REFUSED_STREAM, true, ABOVE_GOAWAY);
+                }
+                sh.wake_slots();
+                if code != ErrorCode::NO_ERROR {
+                    drop(sh);
+                    self.closing = Some(Error::Connection {
+                        code,
+                        reason: "GOAWAY from the app",
+                        remote: true,
+                    });
+                    lock(&self.shared).kill(Some(code), true, "GOAWAY from the app");
+                }
+                Ok(())
+            }
+            Frame::Priority { .. } | Frame::Unknown { .. } => Ok(()),
+        }
+    }
+
+    /// A stream id the app may name: odd, one we opened (§5.1.1);
+    /// PUSH_PROMISE is refused before this (we announce push off).
+    fn check_id(&self, id: u32) -> Result<(), ConnError> {
+        if id % 2 == 0 || id >= lock(&self.shared).next_id {
+            return Err((
+                ErrorCode::PROTOCOL_ERROR,
+                "frame on a stream we never opened",
+            ));
+        }
+        Ok(())
+    }
+
+    fn on_settings(&mut self, ack: bool, s: Settings) -> Result<(), ConnError> {
+        if ack {
+            return Ok(());
+        }
+        self.got_settings = true;
+        let mut sh = lock(&self.shared);
+        if s.enable_push == Some(true) {
+            return Err((
+                ErrorCode::PROTOCOL_ERROR,
+                "SETTINGS_ENABLE_PUSH=1 from a server",
+            ));
+        }
+        if let Some(n) = s.max_concurrent_streams {
+            let ours = sh.settings.max_concurrent_streams;
+            sh.max_open = n.min(ours) as usize;
+            sh.wake_slots();
+        }
+        if let Some(n) = s.initial_window_size
+            && !sh.set_peer_initial_window(n)
+        {
+            return Err((ErrorCode::FLOW_CONTROL_ERROR, "initial window overflow"));
+        }
+        if let Some(n) = s.max_frame_size {
+            sh.peer_max_frame = n;
+        }
+        if let Some(n) = s.header_table_size {
+            sh.encoder.set_peer_settings_size(n as usize);
+        }
+        Frame::Settings {
+            ack: true,
+            settings: Settings::default(),
+        }
+        .write(&mut sh.out);
+        Ok(())
+    }
+
+    fn on_data(
+        &mut self,
+        id: u32,
+        end_stream: bool,
+        data: Bytes,
+        flow_len: u32,
+    ) -> Result<(), ConnError> {
+        self.check_id(id)?;
+        let mut guard = lock(&self.shared);
+        let sh = &mut *guard;
+        sh.conn_recv -= i64::from(flow_len);
+        if sh.conn_recv < 0 {
+            return Err((ErrorCode::FLOW_CONTROL_ERROR, "connection window exceeded"));
+        }
+        // Padding is nobody's to read: its window goes back at once.
+        let pad = flow_len - data.len() as u32;
+        let Some(s) = sh.streams.get_mut(&id) else {
+            // A stream we reset: its window is given back.
+            sh.release_conn(flow_len);
+            return Ok(());
+        };
+        if s.reset.is_some() || s.recv_end || s.body_dropped {
+            sh.release_conn(flow_len);
+            return Ok(());
+        }
+        if !matches!(s.head, Head::Taken | Head::Ready(_)) {
+            sh.reset_stream(
+                id,
+                ErrorCode::PROTOCOL_ERROR,
+                false,
+                "DATA before the answer",
+            );
+            sh.release_conn(flow_len);
+            return Ok(());
+        }
+        s.recv_window -= i64::from(flow_len);
+        if s.recv_window < 0 {
+            sh.reset_stream(
+                id,
+                ErrorCode::FLOW_CONTROL_ERROR,
+                false,
+                "stream window exceeded",
+            );
+            sh.release_conn(flow_len);
+            return Ok(());
+        }
+        s.recv_total += data.len() as u64;
+        let over = s
+            .content_length
+            .is_some_and(|l| s.recv_total > l || (end_stream && s.recv_total != l));
+        if over {
+            sh.reset_stream(
+                id,
+                ErrorCode::PROTOCOL_ERROR,
+                false,
+                "body differs from content-length",
+            );
+            sh.release_conn(flow_len);
+            return Ok(());
+        }
+        if !data.is_empty() {
+            s.recv.push_back(data);
+        }
+        s.recv_end = end_stream;
+        if let Some(w) = s.body_waker.take() {
+            w.wake();
+        }
+        if end_stream {
+            sh.gc(id);
+        }
+        if pad > 0 {
+            sh.release_conn(pad);
+        }
+        Ok(())
+    }
+
+    /// A whole header block: the answer's head, or its trailers.
+    fn on_block(&mut self, id: u32, end_stream: bool, block: &[u8]) -> Result<(), ConnError> {
+        // Decoded whatever becomes of the stream: the table must stay in
+        // step with the app's.
+        let decoded = self.decoder.decode(block, &mut self.block);
+        let mut guard = lock(&self.shared);
+        let sh = &mut *guard;
+        if let Err(e) = decoded {
+            if e.ends_connection() {
+                return Err((e.code(), "HPACK block could not be decoded"));
+            }
+            sh.reset_stream(id, e.code(), false, "answer's header list too large");
+            return Ok(());
+        }
+        let Some(s) = sh.streams.get_mut(&id) else {
+            return Ok(());
+        };
+        if s.reset.is_some() {
+            return Ok(());
+        }
+        if s.recv_end {
+            sh.reset_stream(
+                id,
+                ErrorCode::STREAM_CLOSED,
+                false,
+                "HEADERS after END_STREAM",
+            );
+            return Ok(());
+        }
+        if matches!(s.head, Head::Waiting) {
+            let (status, headers, content_length) =
+                match validate::response(&self.block, &mut self.names) {
+                    Ok(h) => h,
+                    Err(reason) => {
+                        sh.reset_stream(id, ErrorCode::PROTOCOL_ERROR, false, reason);
+                        return Ok(());
+                    }
+                };
+            if status.is_informational() {
+                if end_stream || status == http::StatusCode::SWITCHING_PROTOCOLS {
+                    sh.reset_stream(id, ErrorCode::PROTOCOL_ERROR, false, "bad 1xx answer");
+                }
+                // 1xx heads are interim (§8.1): the final one follows.
+                return Ok(());
+            }
+            let mut head = http::Response::new(());
+            *head.status_mut() = status;
+            *head.version_mut() = http::Version::HTTP_2;
+            *head.headers_mut() = headers;
+            s.head = Head::Ready(head);
+            s.content_length = content_length;
+            if end_stream && content_length.is_some_and(|l| l != 0) {
+                sh.reset_stream(
+                    id,
+                    ErrorCode::PROTOCOL_ERROR,
+                    false,
+                    "body differs from content-length",
+                );
+                return Ok(());
+            }
+        } else {
+            if !end_stream {
+                sh.reset_stream(
+                    id,
+                    ErrorCode::PROTOCOL_ERROR,
+                    false,
+                    "trailers without END_STREAM",
+                );
+                return Ok(());
+            }
+            match validate::trailers(&self.block, &mut self.names) {
+                Ok(t) => s.recv_trailers = Some(t),
+                Err(reason) => {
+                    sh.reset_stream(id, ErrorCode::PROTOCOL_ERROR, false, reason);
+                    return Ok(());
+                }
+            }
+            if s.content_length.is_some_and(|l| l != s.recv_total) {
+                sh.reset_stream(
+                    id,
+                    ErrorCode::PROTOCOL_ERROR,
+                    false,
+                    "body differs from content-length",
+                );
+                return Ok(());
+            }
+        }
+        s.recv_end = end_stream;
+        s.wake_all();
+        if end_stream {
+            sh.gc(id);
+        }
+        Ok(())
+    }
+}

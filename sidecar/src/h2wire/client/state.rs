@@ -1,0 +1,429 @@
+//! The state the connection's task shares with the streams' handles under
+//! one mutex: the streams, the output buffer and the windows.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::HeaderMap;
+
+use super::super::ErrorCode;
+use super::super::frame::{self, Frame, FrameHeader, MAX_WINDOW};
+use super::super::hpack::{Decoder, Encoder, HeaderBlock};
+use super::super::shared::IdMap;
+use super::super::validate::Names;
+use super::{ClientSettings, Error};
+
+/// Output queued past this stops the filling of DATA for this round and
+/// the reading of frames (an app that reads nothing cannot make us buffer
+/// its PING answers).
+pub(super) const OUT_HIGH: usize = 64 << 10;
+
+pub(super) type SharedRef = Arc<Mutex<Shared>>;
+
+/// Locks, ignoring poisoning: no code under this lock panics on input.
+pub(super) fn lock(shared: &SharedRef) -> MutexGuard<'_, Shared> {
+    shared.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SendState {
+    /// Data may follow.
+    Open,
+    /// The end is queued (after the queued data and trailers).
+    Ending,
+    /// END_STREAM (or RST_STREAM) is in the output.
+    Done,
+}
+
+/// Where the answer's head is.
+pub(super) enum Head {
+    Waiting,
+    Ready(http::Response<()>),
+    Taken,
+}
+
+pub(super) struct Stream {
+    /// Reset (code, by the app?, why): over both ways.
+    pub(super) reset: Option<(ErrorCode, bool, &'static str)>,
+    /// Handles alive (ResponseFuture or RecvBody, SendBody).
+    pub(super) handles: u8,
+    pub(super) head: Head,
+    pub(super) head_waker: Option<Waker>,
+    pub(super) recv: VecDeque<Bytes>,
+    pub(super) recv_end: bool,
+    pub(super) body_dropped: bool,
+    pub(super) content_length: Option<u64>,
+    pub(super) recv_window: i64,
+    pub(super) recv_unreleased: u32,
+    pub(super) recv_total: u64,
+    pub(super) recv_trailers: Option<HeaderMap>,
+    pub(super) body_waker: Option<Waker>,
+    pub(super) send_state: SendState,
+    pub(super) send: VecDeque<Bytes>,
+    pub(super) send_queued: usize,
+    pub(super) send_trailers: Option<HeaderMap>,
+    pub(super) send_window: i64,
+    pub(super) writable_waker: Option<Waker>,
+    pub(super) scheduled: bool,
+    /// Counted in `Shared::open`.
+    pub(super) counted: bool,
+}
+
+impl Stream {
+    pub(super) fn new(recv_window: u32, send_window: u32, end_of_stream: bool) -> Self {
+        Self {
+            reset: None,
+            handles: 0,
+            head: Head::Waiting,
+            head_waker: None,
+            recv: VecDeque::new(),
+            recv_end: false,
+            body_dropped: false,
+            content_length: None,
+            recv_window: i64::from(recv_window),
+            recv_unreleased: 0,
+            recv_total: 0,
+            recv_trailers: None,
+            body_waker: None,
+            send_state: if end_of_stream {
+                SendState::Done
+            } else {
+                SendState::Open
+            },
+            send: VecDeque::new(),
+            send_queued: 0,
+            send_trailers: None,
+            send_window: i64::from(send_window),
+            writable_waker: None,
+            scheduled: false,
+            counted: true,
+        }
+    }
+
+    pub(super) fn closed(&self) -> bool {
+        self.reset.is_some() || (self.recv_end && self.send_state == SendState::Done)
+    }
+
+    pub(super) fn wake_all(&mut self) {
+        for w in [
+            self.head_waker.take(),
+            self.body_waker.take(),
+            self.writable_waker.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            w.wake();
+        }
+    }
+}
+
+pub(super) struct Shared {
+    pub(super) streams: IdMap<Stream>,
+    /// Streams not closed (what the app's MAX_CONCURRENT_STREAMS counts).
+    pub(super) open: usize,
+    pub(super) next_id: u32,
+    /// The app's SETTINGS_MAX_CONCURRENT_STREAMS within ours.
+    pub(super) max_open: usize,
+    pub(super) out: Vec<u8>,
+    pub(super) ready: VecDeque<u32>,
+    pub(super) encoder: Encoder,
+    pub(super) block: Vec<u8>,
+    pub(super) peer_initial: u32,
+    pub(super) peer_max_frame: u32,
+    pub(super) conn_send: i64,
+    pub(super) conn_recv: i64,
+    pub(super) conn_unreleased: u32,
+    pub(super) settings: ClientSettings,
+    /// The app's GOAWAY came (its last-stream-id): no new streams.
+    pub(super) goaway: Option<u32>,
+    /// The connection ended: handles get this.
+    pub(super) dead: Option<(Option<ErrorCode>, bool, &'static str)>,
+    pub(super) conn_waker: Option<Waker>,
+    /// `poll_ready` callers waiting for a slot.
+    pub(super) slot_wakers: Vec<Waker>,
+    pub(super) pong_waker: Option<Waker>,
+    pub(super) ping_out: bool,
+}
+
+/// A header block spread over HEADERS and CONTINUATIONs.
+pub(super) struct Assembly {
+    pub(super) stream: u32,
+    pub(super) end_stream: bool,
+    pub(super) buf: Vec<u8>,
+    pub(super) frames: u32,
+}
+
+/// A client-side HTTP/2 connection. See the module doc (mod.rs).
+pub(crate) struct Connection<T> {
+    pub(super) io: T,
+    pub(super) shared: SharedRef,
+    pub(super) rbuf: BytesMut,
+    pub(super) decoder: Decoder,
+    pub(super) block: HeaderBlock,
+    pub(super) names: Names,
+    pub(super) assembling: Option<Assembly>,
+    pub(super) wbuf: Vec<u8>,
+    pub(super) written: usize,
+    /// The app's first SETTINGS came.
+    pub(super) got_settings: bool,
+    /// A connection error: our GOAWAY is queued; reported once flushed.
+    pub(super) closing: Option<Error>,
+    pub(super) finished: bool,
+    pub(super) _counted: super::super::shared::Counted,
+}
+
+impl Shared {
+    pub(super) fn wake_conn(&mut self) {
+        if let Some(w) = self.conn_waker.take() {
+            w.wake();
+        }
+    }
+
+    pub(super) fn wake_slots(&mut self) {
+        for w in self.slot_wakers.drain(..) {
+            w.wake();
+        }
+    }
+
+    /// The error a handle gets once the connection ended.
+    pub(super) fn dead_error(&self, id: u32) -> Option<Error> {
+        self.dead.map(|(code, remote, reason)| match code {
+            Some(code) => Error::Connection {
+                code,
+                reason,
+                remote,
+            },
+            None => Error::Closed { id, reason },
+        })
+    }
+
+    /// Ends `id` both ways: `remote` when the app reset it (or it lies
+    /// above the app's GOAWAY); an RST_STREAM is written when it is ours.
+    pub(super) fn reset_stream(
+        &mut self,
+        id: u32,
+        code: ErrorCode,
+        remote: bool,
+        reason: &'static str,
+    ) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if s.reset.is_some() {
+            return;
+        }
+        let already_done = s.closed();
+        s.reset = Some((code, remote, reason));
+        s.send_state = SendState::Done;
+        s.send.clear();
+        s.send_queued = 0;
+        s.send_trailers = None;
+        s.wake_all();
+        if !remote && !already_done && self.dead.is_none() {
+            Frame::RstStream { stream: id, code }.write(&mut self.out);
+            self.wake_conn();
+        }
+        self.release_body(id);
+        self.gc(id);
+    }
+
+    /// Gives back the connection window the stream's unread data holds.
+    pub(super) fn release_body(&mut self, id: u32) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if !(s.body_dropped || s.reset.is_some()) {
+            return;
+        }
+        let unread: usize = s.recv.drain(..).map(|b| b.len()).sum();
+        self.release_conn(u32::try_from(unread).unwrap_or(u32::MAX));
+    }
+
+    /// `n` bytes of the connection window are free again; a WINDOW_UPDATE
+    /// goes once half the window is.
+    pub(super) fn release_conn(&mut self, n: u32) {
+        self.conn_unreleased = self.conn_unreleased.saturating_add(n);
+        let window = self.settings.connection_window_size;
+        if self.conn_unreleased >= window / 2 && self.dead.is_none() {
+            let inc = self.conn_unreleased.min(MAX_WINDOW);
+            Frame::WindowUpdate {
+                stream: 0,
+                increment: inc,
+            }
+            .write(&mut self.out);
+            self.conn_recv += i64::from(inc);
+            self.conn_unreleased = 0;
+            self.wake_conn();
+        }
+    }
+
+    /// Drops the stream's state once it is closed and no handle is left;
+    /// a closed stream frees its slot at once.
+    pub(super) fn gc(&mut self, id: u32) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let closed = s.closed();
+        let handles = s.handles;
+        if s.counted && closed {
+            s.counted = false;
+            self.open = self.open.saturating_sub(1);
+            self.wake_slots();
+            // The connection may be waiting for the last stream to close.
+            self.wake_conn();
+        }
+        if closed && handles == 0 {
+            self.streams.remove(&id);
+            if self.streams.is_empty() {
+                self.streams = IdMap::default();
+            }
+        }
+    }
+
+    pub(super) fn schedule(&mut self, id: u32) {
+        if let Some(s) = self.streams.get_mut(&id)
+            && !s.scheduled
+            && s.reset.is_none()
+            && (s.send_state == SendState::Ending || (s.send_queued > 0 && s.send_window > 0))
+        {
+            s.scheduled = true;
+            self.ready.push_back(id);
+        }
+    }
+
+    pub(super) fn schedule_all(&mut self) {
+        let Self { streams, ready, .. } = self;
+        for (id, s) in streams.iter_mut() {
+            let sendable =
+                s.send_state == SendState::Ending || (s.send_queued > 0 && s.send_window > 0);
+            if !s.scheduled && s.reset.is_none() && sendable {
+                s.scheduled = true;
+                ready.push_back(*id);
+            }
+        }
+    }
+
+    /// Moves DATA (and trailers) of ready streams into `out` as the
+    /// windows allow, one frame per stream per turn (round robin).
+    pub(super) fn fill(&mut self) {
+        if self.dead.is_some() {
+            return;
+        }
+        while self.out.len() < OUT_HIGH {
+            let Some(id) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(s) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            s.scheduled = false;
+            if s.reset.is_some() || s.send_state == SendState::Done {
+                continue;
+            }
+            let room = s
+                .send_window
+                .min(self.conn_send)
+                .min(i64::from(self.peer_max_frame));
+            let n = usize::try_from(room).unwrap_or(0).min(s.send_queued);
+            let ending = s.send_state == SendState::Ending;
+            if n == 0 && !(s.send_queued == 0 && ending) {
+                // Blocked on a window: a WINDOW_UPDATE schedules it again.
+                continue;
+            }
+            let last = ending && n == s.send_queued;
+            let end_stream = last && s.send_trailers.is_none();
+            FrameHeader {
+                len: n as u32,
+                kind: frame::DATA,
+                flags: if end_stream {
+                    frame::FLAG_END_STREAM
+                } else {
+                    0
+                },
+                stream: id,
+            }
+            .write(&mut self.out);
+            let mut left = n;
+            while left > 0 {
+                let Some(front) = s.send.front_mut() else {
+                    break;
+                };
+                let take = left.min(front.len());
+                self.out.extend_from_slice(&front[..take]);
+                front.advance(take);
+                if front.is_empty() {
+                    s.send.pop_front();
+                }
+                left -= take;
+            }
+            s.send_queued -= n;
+            s.send_window -= n as i64;
+            self.conn_send -= n as i64;
+            if s.send_queued < self.peer_max_frame as usize
+                && let Some(w) = s.writable_waker.take()
+            {
+                w.wake();
+            }
+            if last {
+                if let Some(trailers) = s.send_trailers.take() {
+                    self.block.clear();
+                    self.encoder.encode(
+                        trailers
+                            .iter()
+                            .map(|(k, v)| super::super::shared::field(k, v)),
+                        &mut self.block,
+                    );
+                    frame::write_header_block(
+                        id,
+                        true,
+                        &self.block,
+                        self.peer_max_frame,
+                        &mut self.out,
+                    );
+                }
+                if let Some(s) = self.streams.get_mut(&id) {
+                    s.send_state = SendState::Done;
+                    s.send = VecDeque::new();
+                }
+                self.gc(id);
+            } else {
+                self.schedule(id);
+            }
+        }
+    }
+
+    /// A new SETTINGS_INITIAL_WINDOW_SIZE from the app (§6.9.2); false
+    /// if a stream's window would pass 2^31-1.
+    pub(super) fn set_peer_initial_window(&mut self, size: u32) -> bool {
+        let delta = i64::from(size) - i64::from(self.peer_initial);
+        self.peer_initial = size;
+        for s in self.streams.values_mut() {
+            s.send_window += delta;
+            if s.send_window > i64::from(MAX_WINDOW) {
+                return false;
+            }
+        }
+        if delta > 0 {
+            self.schedule_all();
+        }
+        true
+    }
+
+    /// The connection ended: every handle learns it.
+    pub(super) fn kill(&mut self, code: Option<ErrorCode>, remote: bool, reason: &'static str) {
+        if self.dead.is_some() {
+            return;
+        }
+        self.dead = Some((code, remote, reason));
+        for s in self.streams.values_mut() {
+            s.wake_all();
+        }
+        self.wake_slots();
+        if let Some(w) = self.pong_waker.take() {
+            w.wake();
+        }
+    }
+}

@@ -1,1 +1,274 @@
+//! Raw-frame tests: the test plays the app, writes its frames and reads
+//! ours, for what a conforming server does not do on demand (GOAWAY with
+//! streams above its last id, windows and header lists at and past their
+//! bounds, SETTINGS values).
 
+use std::future::poll_fn;
+use std::task::Poll;
+use std::time::Duration;
+
+use http::Request;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::task::JoinHandle;
+
+use super::super::ErrorCode;
+use super::super::frame::{self, Frame, FrameHeader, HEADER_LEN, MAX_WINDOW, Settings};
+use super::super::hpack::{Encoder, EncoderOptions, FieldRef};
+use super::conn::PREFACE;
+use super::{ClientSettings, Connection, Error, SendRequest};
+
+const T: Duration = Duration::from_secs(10);
+
+struct App {
+    io: DuplexStream,
+    enc: Encoder,
+}
+
+impl App {
+    async fn send(&mut self, f: Frame<'_>) {
+        let mut out = Vec::new();
+        f.write(&mut out);
+        self.io.write_all(&out).await.expect("write");
+    }
+
+    async fn frame(&mut self) -> (FrameHeader, Vec<u8>) {
+        let mut head = [0u8; HEADER_LEN];
+        tokio::time::timeout(T, self.io.read_exact(&mut head))
+            .await
+            .expect("a frame in time")
+            .expect("read");
+        let h = FrameHeader::parse(&head);
+        let mut payload = vec![0u8; h.len as usize];
+        self.io.read_exact(&mut payload).await.expect("payload");
+        (h, payload)
+    }
+
+    /// The next frame of `kind`, the others skipped.
+    async fn next(&mut self, kind: u8) -> (FrameHeader, Vec<u8>) {
+        loop {
+            let (h, p) = self.frame().await;
+            if h.kind == kind {
+                return (h, p);
+            }
+        }
+    }
+
+    async fn answer(&mut self, stream: u32, fields: &[(&[u8], &[u8])], end_stream: bool) {
+        let mut block = Vec::new();
+        self.enc
+            .encode(fields.iter().map(|(n, v)| FieldRef::new(n, v)), &mut block);
+        let mut out = Vec::new();
+        frame::write_header_block(stream, end_stream, &block, 16 << 10, &mut out);
+        self.io.write_all(&out).await.expect("write");
+    }
+}
+
+/// A client on one end of a pipe, the app's SETTINGS (`settings`) sent
+/// and our preface read on the other.
+async fn start(
+    ours: ClientSettings,
+    settings: Settings,
+) -> (App, SendRequest, JoinHandle<Result<(), Error>>) {
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let (mut conn, send) = Connection::new(a, ours);
+    let task = tokio::spawn(async move { poll_fn(|cx| conn.poll(cx)).await });
+    let mut app = App {
+        io: b,
+        enc: Encoder::new(4096, EncoderOptions::default()),
+    };
+    let mut preface = [0u8; 24];
+    app.io.read_exact(&mut preface).await.expect("preface");
+    assert_eq!(&preface, PREFACE);
+    app.send(Frame::Settings {
+        ack: false,
+        settings,
+    })
+    .await;
+    (app, send, task)
+}
+
+fn get() -> Request<()> {
+    Request::get("http://app.test/x").body(()).expect("request")
+}
+
+async fn open(send: &mut SendRequest) -> super::ResponseFuture {
+    poll_fn(|cx| send.poll_ready(cx)).await.expect("slot");
+    send.send_request(get(), true).expect("send").0
+}
+
+#[tokio::test]
+async fn streams_above_the_apps_goaway_are_never_processed_and_the_rest_finish() {
+    let (mut app, mut send, task) = start(ClientSettings::default(), Settings::default()).await;
+    let first = open(&mut send).await;
+    let second = open(&mut send).await;
+    assert_eq!((first.stream_id(), second.stream_id()), (1, 3));
+    app.next(frame::HEADERS).await;
+    app.next(frame::HEADERS).await;
+    app.send(Frame::GoAway {
+        last_stream: 1,
+        code: ErrorCode::NO_ERROR,
+        debug: b"",
+    })
+    .await;
+    let err = tokio::time::timeout(T, second)
+        .await
+        .expect("in time")
+        .err()
+        .expect("stream 3 fails");
+    assert!(err.never_processed(), "{err}");
+    // No new stream after a GOAWAY.
+    let ready = poll_fn(|cx| Poll::Ready(send.poll_ready(cx))).await;
+    assert!(matches!(ready, Poll::Ready(Err(_))));
+    app.answer(1, &[(b":status", b"204")], true).await;
+    let resp = tokio::time::timeout(T, first).await.expect("in time").expect("answer");
+    assert_eq!(resp.status(), 204);
+    drop(resp);
+    let end = tokio::time::timeout(T, task).await.expect("closes").expect("task");
+    assert!(end.is_ok(), "{end:?}");
+}
+
+#[tokio::test]
+async fn a_refused_stream_is_never_processed_and_another_reset_is_not() {
+    let (mut app, mut send, _task) = start(ClientSettings::default(), Settings::default()).await;
+    let refused = open(&mut send).await;
+    let cancelled = open(&mut send).await;
+    app.send(Frame::RstStream {
+        stream: 1,
+        code: ErrorCode::REFUSED_STREAM,
+    })
+    .await;
+    app.send(Frame::RstStream {
+        stream: 3,
+        code: ErrorCode::CANCEL,
+    })
+    .await;
+    let a = refused.await.err().expect("refused");
+    let b = cancelled.await.err().expect("reset");
+    assert!(a.never_processed(), "{a}");
+    assert!(!b.never_processed(), "{b}");
+}
+
+/// The answer's header list at our SETTINGS_MAX_HEADER_LIST_SIZE passes;
+/// one octet more resets the stream (PROTOCOL_ERROR), the connection
+/// stays.
+#[tokio::test]
+async fn the_answers_header_list_is_bounded_at_our_setting() {
+    let ours = ClientSettings {
+        max_header_list_size: 1000,
+        ..ClientSettings::default()
+    };
+    let (mut app, mut send, _task) = start(ours, Settings::default()).await;
+    // :status 200 is 7 + 3 + 32 octets; x-pad is 5 + len + 32.
+    let at = vec![b'a'; 1000 - 42 - 37];
+    let past = vec![b'a'; 1000 - 42 - 37 + 1];
+    for (pad, ok) in [(&at, true), (&past, false), (&at, true)] {
+        let resp = open(&mut send).await;
+        let id = resp.stream_id();
+        app.answer(id, &[(b":status", b"200"), (b"x-pad", pad)], true)
+            .await;
+        let got = tokio::time::timeout(T, resp).await.expect("in time");
+        assert_eq!(got.is_ok(), ok, "pad {}", pad.len());
+        if !ok {
+            let (h, p) = app.next(frame::RST_STREAM).await;
+            assert_eq!(h.stream, id);
+            assert_eq!(p, ErrorCode::PROTOCOL_ERROR.0.to_be_bytes());
+        }
+    }
+}
+
+/// A connection window raised to 2^31-1 is fine; one more octet is a
+/// FLOW_CONTROL_ERROR (§6.9.1): our GOAWAY, the connection ends.
+#[tokio::test]
+async fn the_apps_window_updates_are_bounded_at_two_to_the_31() {
+    let (mut app, _send, task) = start(ClientSettings::default(), Settings::default()).await;
+    app.send(Frame::WindowUpdate {
+        stream: 0,
+        increment: MAX_WINDOW - 65_535,
+    })
+    .await;
+    app.send(Frame::Ping {
+        ack: false,
+        data: *b"12345678",
+    })
+    .await;
+    // The PING's ACK comes and no GOAWAY before it.
+    loop {
+        let (h, _) = app.frame().await;
+        assert_ne!(h.kind, frame::GOAWAY);
+        if h.kind == frame::PING {
+            break;
+        }
+    }
+    app.send(Frame::WindowUpdate {
+        stream: 0,
+        increment: 1,
+    })
+    .await;
+    let (_, p) = app.next(frame::GOAWAY).await;
+    assert_eq!(p[4..8], ErrorCode::FLOW_CONTROL_ERROR.0.to_be_bytes());
+    let end = tokio::time::timeout(T, task).await.expect("ends").expect("task");
+    assert_eq!(
+        end.err().and_then(|e| e.code()),
+        Some(ErrorCode::FLOW_CONTROL_ERROR)
+    );
+}
+
+/// The app's MAX_CONCURRENT_STREAMS holds `poll_ready`; a closed stream
+/// frees the slot; ours caps a larger value.
+#[tokio::test]
+async fn the_apps_max_concurrent_streams_gates_poll_ready() {
+    let settings = Settings {
+        max_concurrent_streams: Some(1),
+        ..Settings::default()
+    };
+    let (mut app, mut send, _task) = start(ClientSettings::default(), settings).await;
+    // Our SETTINGS ACK says theirs were applied.
+    app.next(frame::SETTINGS).await;
+    loop {
+        let (h, _) = app.frame().await;
+        if h.kind == frame::SETTINGS && h.flags & frame::FLAG_ACK != 0 {
+            break;
+        }
+    }
+    let first = open(&mut send).await;
+    let pending = poll_fn(|cx| Poll::Ready(send.poll_ready(cx).is_pending())).await;
+    assert!(pending, "a second stream must wait");
+    assert!(send.send_request(get(), true).is_err());
+    app.answer(1, &[(b":status", b"200")], true).await;
+    let _ = tokio::time::timeout(T, first).await.expect("answer");
+    tokio::time::timeout(T, poll_fn(|cx| send.poll_ready(cx)))
+        .await
+        .expect("a slot again")
+        .expect("slot");
+}
+
+/// A response that §8.3 calls malformed resets its stream.
+#[tokio::test]
+async fn malformed_answers_reset_the_stream() {
+    let (mut app, mut send, _task) = start(ClientSettings::default(), Settings::default()).await;
+    let cases: [&[(&[u8], &[u8])]; 4] = [
+        &[(b"x-no-status", b"1")],
+        &[(b":status", b"200"), (b":path", b"/")],
+        &[(b":status", b"20")],
+        &[(b":status", b"200"), (b"connection", b"close")],
+    ];
+    for fields in cases {
+        let resp = open(&mut send).await;
+        let id = resp.stream_id();
+        app.answer(id, fields, true).await;
+        let err = resp.await.err().expect("malformed");
+        assert_eq!(err.code(), Some(ErrorCode::PROTOCOL_ERROR), "{fields:?}");
+        assert!(!err.never_processed());
+    }
+    // A push is refused: we announced it off.
+    app.send(Frame::Settings {
+        ack: false,
+        settings: Settings {
+            enable_push: Some(true),
+            ..Settings::default()
+        },
+    })
+    .await;
+    let (_, p) = app.next(frame::GOAWAY).await;
+    assert_eq!(p[4..8], ErrorCode::PROTOCOL_ERROR.0.to_be_bytes());
+}

@@ -1,1 +1,148 @@
+//! Against a server we did not write: the h2 crate's server answers
+//! [`Connection`] over an in-memory pipe.
 
+use std::future::poll_fn;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request};
+use http_body_util::BodyExt;
+
+use super::super::ErrorCode;
+use super::{ClientSettings, Connection, SendRequest};
+
+const T: Duration = Duration::from_secs(30);
+
+/// The h2 crate's server: echoes the body and trailers back;
+/// `x-refuse` resets the stream with REFUSED_STREAM unanswered.
+async fn h2_echo(io: tokio::io::DuplexStream) {
+    let Ok(mut conn) = h2::server::Builder::new()
+        .max_concurrent_streams(64)
+        .initial_window_size(64 << 10)
+        .handshake::<_, Bytes>(io)
+        .await
+    else {
+        return;
+    };
+    while let Some(Ok((req, mut respond))) = conn.accept().await {
+        tokio::spawn(async move {
+            if req.headers().contains_key("x-refuse") {
+                respond.send_reset(h2::Reason::REFUSED_STREAM);
+                return;
+            }
+            let mut body = req.into_body();
+            let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
+                return;
+            };
+            while let Some(Ok(chunk)) = body.data().await {
+                let _ = body.flow_control().release_capacity(chunk.len());
+                send.reserve_capacity(chunk.len());
+                if send.send_data(chunk, false).is_err() {
+                    return;
+                }
+            }
+            let trailers = body.trailers().await.ok().flatten().unwrap_or_default();
+            let _ = send.send_trailers(trailers);
+        });
+    }
+}
+
+fn start() -> SendRequest {
+    let (a, b) = tokio::io::duplex(64 << 10);
+    tokio::spawn(h2_echo(b));
+    let (mut conn, send) = Connection::new(a, ClientSettings::default());
+    tokio::spawn(async move { poll_fn(|cx| conn.poll(cx)).await });
+    send
+}
+
+fn request(extra: Option<(&'static str, &'static str)>) -> Request<()> {
+    let mut req = Request::post("http://app.test/echo").body(()).expect("request");
+    if let Some((k, v)) = extra {
+        req.headers_mut().insert(k, http::HeaderValue::from_static(v));
+    }
+    req
+}
+
+/// Sends `len` bytes in 16 KiB pieces, waiting while the stream holds a
+/// frame's worth unsent, then trailers; returns what came back.
+async fn round_trip(mut send: SendRequest, len: usize, tag: u8) -> (Bytes, HeaderMap) {
+    poll_fn(|cx| send.poll_ready(cx)).await.expect("slot");
+    let (resp, body) = send.send_request(request(None), false).expect("send");
+    let mut body = body.expect("body handle");
+    let data = Bytes::from(vec![tag; len]);
+    let mut rest = data.clone();
+    let reader = tokio::spawn(async move {
+        let resp = resp.await.expect("answer");
+        assert_eq!(resp.status(), 200);
+        let got = resp.into_body().collect().await.expect("body");
+        let trailers = got.trailers().cloned().unwrap_or_default();
+        (got.to_bytes(), trailers)
+    });
+    while !rest.is_empty() {
+        poll_fn(|cx| body.poll_writable(cx)).await;
+        let chunk = rest.split_to(rest.len().min(16 << 10));
+        body.send_data(chunk, false).expect("data");
+    }
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", http::HeaderValue::from(u32::from(tag)));
+    body.send_trailers(trailers).expect("trailers");
+    let (got, trailers) = reader.await.expect("reader");
+    assert_eq!(got, data, "echoed body of stream tagged {tag}");
+    (got, trailers)
+}
+
+#[tokio::test]
+async fn many_streams_with_big_bodies_and_trailers_against_the_h2_server() {
+    let send = start();
+    let mut tasks = Vec::new();
+    for i in 0..40u8 {
+        let send = send.clone();
+        // Bodies past every window: the stream's (64 KiB on the h2 side,
+        // 256 KiB on ours) and the connection's.
+        let len = 100_000 + usize::from(i) * 7_919;
+        tasks.push(tokio::spawn(round_trip(send, len, i)));
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (_, trailers) = tokio::time::timeout(T, t).await.expect("in time").expect("task");
+        assert_eq!(
+            trailers.get("grpc-status").map(|v| v.as_bytes().to_vec()),
+            Some(i.to_string().into_bytes())
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_request_without_body_gets_its_answer() {
+    let mut send = start();
+    poll_fn(|cx| send.poll_ready(cx)).await.expect("slot");
+    let (resp, body) = send
+        .send_request(Request::get("http://app.test/").body(()).expect("req"), true)
+        .expect("send");
+    assert!(body.is_none());
+    let resp = tokio::time::timeout(T, resp).await.expect("in time").expect("answer");
+    let got = resp.into_body().collect().await.expect("body");
+    assert!(got.to_bytes().is_empty());
+}
+
+#[tokio::test]
+async fn refused_stream_from_the_h2_server_is_never_processed() {
+    let mut send = start();
+    poll_fn(|cx| send.poll_ready(cx)).await.expect("slot");
+    let (resp, _body) = send
+        .send_request(request(Some(("x-refuse", "1"))), true)
+        .expect("send");
+    let err = tokio::time::timeout(T, resp).await.expect("in time").err().expect("refused");
+    assert!(err.never_processed(), "{err}");
+    assert_eq!(err.code(), Some(ErrorCode::REFUSED_STREAM));
+    // The connection still serves.
+    let (got, _) = round_trip(send.clone(), 10, 7).await;
+    assert_eq!(got.len(), 10);
+}
+
+#[tokio::test]
+async fn pings_are_answered_by_the_h2_server() {
+    let send = start();
+    assert!(send.send_ping());
+    let pong = tokio::time::timeout(T, poll_fn(|cx| send.poll_pong(cx))).await;
+    assert_eq!(pong.ok(), Some(true));
+}

@@ -12,16 +12,14 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::super::ErrorCode;
 use super::super::frame::{self, Frame, FrameHeader, HEADER_LEN, MAX_WINDOW, Scope, Settings};
 use super::super::hpack::{Decoder, Encoder, EncoderOptions, HeaderBlock, Limits};
-use super::super::shared::{Counted, IdMap, spare_room};
-use super::super::validate::{self, Names};
-use super::state::{Assembly, Connection, Head, OUT_HIGH, Shared, lock};
+use super::super::shared::{Counted, IdMap, poll_read_frame, spare_room};
+use super::super::validate::{self, Invalid, Names};
+use super::state::{Assembly, Connection, Head, OUT_HIGH, Shared, Stream, lock};
 use super::{ABOVE_GOAWAY, ClientSettings, Error, SendRequest};
 use crate::spare::{self, OutClass, ReadClass};
 
 pub(super) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 pub(super) const USER_PING: [u8; 8] = *b"kg-cping";
-const READ_CHUNK: usize = 16 << 10;
-const MIN_READ: usize = 1024;
 /// Reads per wake-up before the write: an app that keeps the socket full
 /// still sees our WINDOW_UPDATEs and requests go out.
 const MAX_READS: usize = 8;
@@ -29,6 +27,17 @@ const MAX_READS: usize = 8;
 const MAX_BLOCK_FRAMES: u32 = 32;
 
 type ConnError = (ErrorCode, &'static str);
+
+/// `id` is odd and below `next_id`: a stream we opened.
+fn check_id(id: u32, next_id: u32) -> Result<(), ConnError> {
+    if id.is_multiple_of(2) || id >= next_id {
+        return Err((
+            ErrorCode::PROTOCOL_ERROR,
+            "frame on a stream we never opened",
+        ));
+    }
+    Ok(())
+}
 
 impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// The preface, our SETTINGS and the connection WINDOW_UPDATE are
@@ -130,10 +139,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         }
         let mut reads = 0;
         loop {
-            if self.closing.is_none() {
-                if let Err(e) = self.process() {
-                    self.fail(e);
-                }
+            if self.closing.is_none()
+                && let Err(e) = self.process()
+            {
+                self.fail(e);
             }
             if self.closing.is_none() && reads < MAX_READS && self.backlog() < OUT_HIGH {
                 match self.poll_read(cx) {
@@ -273,23 +282,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     }
 
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        let have = self.rbuf.len();
-        let need = if have < HEADER_LEN {
-            HEADER_LEN - have
-        } else {
-            let b = &self.rbuf;
-            let len = u32::from_be_bytes([0, b[0], b[1], b[2]]);
-            (HEADER_LEN + len as usize).saturating_sub(have)
-        };
-        if self.rbuf.capacity() == 0 {
-            self.rbuf = spare::take_bytes(ReadClass::Http2Client);
-        }
-        let room = self.rbuf.capacity() - have;
-        if room < need || room < MIN_READ {
-            self.rbuf
-                .reserve(need.max(MIN_READ).max(READ_CHUNK.saturating_sub(have)));
-        }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf)
+        poll_read_frame(Pin::new(&mut self.io), &mut self.rbuf, cx)
     }
 
     /// Handles every whole frame in the read buffer.
@@ -415,11 +408,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                     sh.schedule_all();
                     return Ok(());
                 }
-                drop(sh);
-                self.check_id(stream)?;
-                let mut sh = lock(&self.shared);
+                let next = sh.next_id;
                 let Some(s) = sh.streams.get_mut(&stream) else {
-                    return Ok(());
+                    // Ours, closed since: a late update; never ours: wrong.
+                    return check_id(stream, next);
                 };
                 s.send_window += i64::from(increment);
                 if s.send_window > i64::from(MAX_WINDOW) {
@@ -463,13 +455,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// A stream id the app may name: odd, one we opened (§5.1.1);
     /// PUSH_PROMISE is refused before this (we announce push off).
     fn check_id(&self, id: u32) -> Result<(), ConnError> {
-        if id % 2 == 0 || id >= lock(&self.shared).next_id {
-            return Err((
-                ErrorCode::PROTOCOL_ERROR,
-                "frame on a stream we never opened",
-            ));
-        }
-        Ok(())
+        check_id(id, lock(&self.shared).next_id)
     }
 
     fn on_settings(&mut self, ack: bool, s: Settings) -> Result<(), ConnError> {
@@ -613,69 +599,67 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             );
             return Ok(());
         }
-        if matches!(s.head, Head::Waiting) {
-            let (status, headers, content_length) =
-                match validate::response(&self.block, &mut self.names) {
-                    Ok(h) => h,
-                    Err(reason) => {
-                        sh.reset_stream(id, ErrorCode::PROTOCOL_ERROR, false, reason);
-                        return Ok(());
-                    }
-                };
-            if status.is_informational() {
-                if end_stream || status == http::StatusCode::SWITCHING_PROTOCOLS {
-                    sh.reset_stream(id, ErrorCode::PROTOCOL_ERROR, false, "bad 1xx answer");
-                }
-                // 1xx heads are interim (§8.1): the final one follows.
-                return Ok(());
-            }
-            let mut head = http::Response::new(());
-            *head.status_mut() = status;
-            *head.version_mut() = http::Version::HTTP_2;
-            *head.headers_mut() = headers;
-            s.head = Head::Ready(head);
-            s.content_length = content_length;
-            if end_stream && content_length.is_some_and(|l| l != 0) {
-                sh.reset_stream(
-                    id,
-                    ErrorCode::PROTOCOL_ERROR,
-                    false,
-                    "body differs from content-length",
-                );
-                return Ok(());
-            }
+        let taken = if matches!(s.head, Head::Waiting) {
+            answer_head(s, &self.block, &mut self.names, end_stream)
         } else {
-            if !end_stream {
-                sh.reset_stream(
-                    id,
-                    ErrorCode::PROTOCOL_ERROR,
-                    false,
-                    "trailers without END_STREAM",
-                );
-                return Ok(());
-            }
-            match validate::trailers(&self.block, &mut self.names) {
-                Ok(t) => s.recv_trailers = Some(t),
-                Err(reason) => {
-                    sh.reset_stream(id, ErrorCode::PROTOCOL_ERROR, false, reason);
-                    return Ok(());
+            answer_trailers(s, &self.block, &mut self.names, end_stream)
+        };
+        match taken {
+            Err(reason) => sh.reset_stream(id, ErrorCode::PROTOCOL_ERROR, false, reason),
+            Ok(false) => {}
+            Ok(true) => {
+                s.recv_end = end_stream;
+                s.wake_all();
+                if end_stream {
+                    sh.gc(id);
                 }
             }
-            if s.content_length.is_some_and(|l| l != s.recv_total) {
-                sh.reset_stream(
-                    id,
-                    ErrorCode::PROTOCOL_ERROR,
-                    false,
-                    "body differs from content-length",
-                );
-                return Ok(());
-            }
-        }
-        s.recv_end = end_stream;
-        s.wake_all();
-        if end_stream {
-            sh.gc(id);
         }
         Ok(())
     }
+}
+
+/// The answer's head into `s`: Ok(false) for an interim (1xx) one, which
+/// §8.1 says a final one follows; Err for a malformed one (§8.3).
+fn answer_head(
+    s: &mut Stream,
+    block: &HeaderBlock,
+    names: &mut Names,
+    end_stream: bool,
+) -> Result<bool, Invalid> {
+    let (status, headers, content_length) = validate::response(block, names)?;
+    if status.is_informational() {
+        if end_stream || status == http::StatusCode::SWITCHING_PROTOCOLS {
+            return Err("1xx answer ending the stream, or 101");
+        }
+        return Ok(false);
+    }
+    if end_stream && content_length.is_some_and(|l| l != 0) {
+        return Err("body differs from content-length");
+    }
+    let mut head = http::Response::new(());
+    *head.status_mut() = status;
+    *head.version_mut() = http::Version::HTTP_2;
+    *head.headers_mut() = headers;
+    s.head = Head::Ready(head);
+    s.content_length = content_length;
+    Ok(true)
+}
+
+/// The answer's trailers into `s` (§8.1: they end the stream).
+fn answer_trailers(
+    s: &mut Stream,
+    block: &HeaderBlock,
+    names: &mut Names,
+    end_stream: bool,
+) -> Result<bool, Invalid> {
+    if !end_stream {
+        return Err("trailers without END_STREAM");
+    }
+    let trailers = validate::trailers(block, names)?;
+    if s.content_length.is_some_and(|l| l != s.recv_total) {
+        return Err("body differs from content-length");
+    }
+    s.recv_trailers = Some(trailers);
+    Ok(true)
 }

@@ -73,6 +73,22 @@ fn sendable(sh: &mut Shared, id: u32) -> Result<&mut Stream, Error> {
     Ok(s)
 }
 
+/// A handle of stream `id` is gone: `end` marks the stream and names why
+/// it must be reset (CANCEL), if it must; unread data gives its window
+/// back and the stream's state goes once nothing holds it.
+fn drop_handle(shared: &SharedRef, id: u32, end: impl FnOnce(&mut Stream) -> Option<&'static str>) {
+    let mut sh = lock(shared);
+    let Some(s) = sh.streams.get_mut(&id) else {
+        return;
+    };
+    s.handles = s.handles.saturating_sub(1);
+    if let Some(reason) = end(s) {
+        sh.reset_stream(id, ErrorCode::CANCEL, false, reason);
+    }
+    sh.release_body(id);
+    sh.gc(id);
+}
+
 /// Opens streams on one connection; cloneable.
 #[derive(Clone)]
 pub(crate) struct SendRequest {
@@ -253,22 +269,16 @@ impl Future for ResponseFuture {
 
 impl Drop for ResponseFuture {
     fn drop(&mut self) {
-        let mut sh = lock(&self.shared);
-        let Some(s) = sh.streams.get_mut(&self.id) else {
-            return;
-        };
-        if matches!(s.head, Head::Taken) {
-            // The body holds the count now.
-            return;
-        }
-        s.handles = s.handles.saturating_sub(1);
-        s.body_dropped = true;
-        if !s.closed() {
+        drop_handle(&self.shared, self.id, |s| {
+            if matches!(s.head, Head::Taken) {
+                // The body holds the count now.
+                s.handles += 1;
+                return None;
+            }
+            s.body_dropped = true;
             // Nobody waits for the answer: the app may stop.
-            sh.reset_stream(self.id, ErrorCode::CANCEL, false, "response dropped");
-        }
-        sh.release_body(self.id);
-        sh.gc(self.id);
+            (!s.closed()).then_some("response dropped")
+        });
     }
 }
 
@@ -344,16 +354,10 @@ impl SendBody {
 
 impl Drop for SendBody {
     fn drop(&mut self) {
-        let mut sh = lock(&self.shared);
-        let Some(s) = sh.streams.get_mut(&self.id) else {
-            return;
-        };
-        s.handles = s.handles.saturating_sub(1);
-        if s.reset.is_none() && s.send_state == SendState::Open {
+        drop_handle(&self.shared, self.id, |s| {
             // Dropped without an end: the app must not wait for one.
-            sh.reset_stream(self.id, ErrorCode::CANCEL, false, "request body dropped");
-        }
-        sh.gc(self.id);
+            (s.reset.is_none() && s.send_state == SendState::Open).then_some("request body dropped")
+        });
     }
 }
 
@@ -457,18 +461,11 @@ impl http_body::Body for RecvBody {
 
 impl Drop for RecvBody {
     fn drop(&mut self) {
-        let mut sh = lock(&self.shared);
-        let Some(s) = sh.streams.get_mut(&self.id) else {
-            return;
-        };
-        s.handles = s.handles.saturating_sub(1);
-        s.body_dropped = true;
-        s.body_waker = None;
-        if !s.closed() && !s.recv_end {
+        drop_handle(&self.shared, self.id, |s| {
+            s.body_dropped = true;
+            s.body_waker = None;
             // Nobody reads the rest: the app may stop sending it.
-            sh.reset_stream(self.id, ErrorCode::CANCEL, false, "response body dropped");
-        }
-        sh.release_body(self.id);
-        sh.gc(self.id);
+            (!s.closed() && !s.recv_end).then_some("response body dropped")
+        });
     }
 }

@@ -87,6 +87,15 @@ async fn start(
     (app, send, task)
 }
 
+/// The error the answer ends with (within [`T`]).
+pub(super) async fn failure(resp: super::ResponseFuture) -> Error {
+    match tokio::time::timeout(T, resp).await {
+        Ok(Err(e)) => e,
+        Ok(Ok(r)) => panic!("an answer ({}) where an error was expected", r.status()),
+        Err(_) => panic!("neither answer nor error in time"),
+    }
+}
+
 fn get() -> Request<()> {
     Request::get("http://app.test/x").body(()).expect("request")
 }
@@ -110,20 +119,22 @@ async fn streams_above_the_apps_goaway_are_never_processed_and_the_rest_finish()
         debug: b"",
     })
     .await;
-    let err = tokio::time::timeout(T, second)
-        .await
-        .expect("in time")
-        .err()
-        .expect("stream 3 fails");
+    let err = failure(second).await;
     assert!(err.never_processed(), "{err}");
     // No new stream after a GOAWAY.
     let ready = poll_fn(|cx| Poll::Ready(send.poll_ready(cx))).await;
     assert!(matches!(ready, Poll::Ready(Err(_))));
     app.answer(1, &[(b":status", b"204")], true).await;
-    let resp = tokio::time::timeout(T, first).await.expect("in time").expect("answer");
+    let resp = tokio::time::timeout(T, first)
+        .await
+        .expect("in time")
+        .expect("answer");
     assert_eq!(resp.status(), 204);
     drop(resp);
-    let end = tokio::time::timeout(T, task).await.expect("closes").expect("task");
+    let end = tokio::time::timeout(T, task)
+        .await
+        .expect("closes")
+        .expect("task");
     assert!(end.is_ok(), "{end:?}");
 }
 
@@ -142,8 +153,8 @@ async fn a_refused_stream_is_never_processed_and_another_reset_is_not() {
         code: ErrorCode::CANCEL,
     })
     .await;
-    let a = refused.await.err().expect("refused");
-    let b = cancelled.await.err().expect("reset");
+    let a = failure(refused).await;
+    let b = failure(cancelled).await;
     assert!(a.never_processed(), "{a}");
     assert!(!b.never_processed(), "{b}");
 }
@@ -206,7 +217,10 @@ async fn the_apps_window_updates_are_bounded_at_two_to_the_31() {
     .await;
     let (_, p) = app.next(frame::GOAWAY).await;
     assert_eq!(p[4..8], ErrorCode::FLOW_CONTROL_ERROR.0.to_be_bytes());
-    let end = tokio::time::timeout(T, task).await.expect("ends").expect("task");
+    let end = tokio::time::timeout(T, task)
+        .await
+        .expect("ends")
+        .expect("task");
     assert_eq!(
         end.err().and_then(|e| e.code()),
         Some(ErrorCode::FLOW_CONTROL_ERROR)
@@ -256,7 +270,7 @@ async fn malformed_answers_reset_the_stream() {
         let resp = open(&mut send).await;
         let id = resp.stream_id();
         app.answer(id, fields, true).await;
-        let err = resp.await.err().expect("malformed");
+        let err = failure(resp).await;
         assert_eq!(err.code(), Some(ErrorCode::PROTOCOL_ERROR), "{fields:?}");
         assert!(!err.never_processed());
     }

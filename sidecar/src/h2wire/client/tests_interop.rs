@@ -56,9 +56,12 @@ fn start() -> SendRequest {
 }
 
 fn request(extra: Option<(&'static str, &'static str)>) -> Request<()> {
-    let mut req = Request::post("http://app.test/echo").body(()).expect("request");
+    let mut req = Request::post("http://app.test/echo")
+        .body(())
+        .expect("request");
     if let Some((k, v)) = extra {
-        req.headers_mut().insert(k, http::HeaderValue::from_static(v));
+        req.headers_mut()
+            .insert(k, http::HeaderValue::from_static(v));
     }
     req
 }
@@ -103,7 +106,10 @@ async fn many_streams_with_big_bodies_and_trailers_against_the_h2_server() {
         tasks.push(tokio::spawn(round_trip(send, len, i)));
     }
     for (i, t) in tasks.into_iter().enumerate() {
-        let (_, trailers) = tokio::time::timeout(T, t).await.expect("in time").expect("task");
+        let (_, trailers) = tokio::time::timeout(T, t)
+            .await
+            .expect("in time")
+            .expect("task");
         assert_eq!(
             trailers.get("grpc-status").map(|v| v.as_bytes().to_vec()),
             Some(i.to_string().into_bytes())
@@ -116,10 +122,16 @@ async fn a_request_without_body_gets_its_answer() {
     let mut send = start();
     poll_fn(|cx| send.poll_ready(cx)).await.expect("slot");
     let (resp, body) = send
-        .send_request(Request::get("http://app.test/").body(()).expect("req"), true)
+        .send_request(
+            Request::get("http://app.test/").body(()).expect("req"),
+            true,
+        )
         .expect("send");
     assert!(body.is_none());
-    let resp = tokio::time::timeout(T, resp).await.expect("in time").expect("answer");
+    let resp = tokio::time::timeout(T, resp)
+        .await
+        .expect("in time")
+        .expect("answer");
     let got = resp.into_body().collect().await.expect("body");
     assert!(got.to_bytes().is_empty());
 }
@@ -131,7 +143,7 @@ async fn refused_stream_from_the_h2_server_is_never_processed() {
     let (resp, _body) = send
         .send_request(request(Some(("x-refuse", "1"))), true)
         .expect("send");
-    let err = tokio::time::timeout(T, resp).await.expect("in time").err().expect("refused");
+    let err = super::tests::failure(resp).await;
     assert!(err.never_processed(), "{err}");
     assert_eq!(err.code(), Some(ErrorCode::REFUSED_STREAM));
     // The connection still serves.

@@ -10,7 +10,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::super::ErrorCode;
-use super::super::frame::{self, Frame, HEADER_LEN, MAX_WINDOW, Settings};
+use super::super::frame::{self, Frame, MAX_WINDOW, Settings};
 use super::super::hpack::{Decoder, Encoder, EncoderOptions, HeaderBlock, Limits};
 use super::state::{
     Abuse, Connection, Drain, Ends, GoAway, OUT_HIGH, Peer, ReadSide, Sealed, Shared, StreamMap,
@@ -19,14 +19,9 @@ use super::state::{
 use super::{Error, RecvBody, Respond, ServerSettings};
 use crate::spare::{self, OutClass, ReadClass};
 
-pub(super) use super::super::shared::{Counted, spare_room};
+pub(super) use super::super::shared::{Counted, poll_read_frame, spare_room};
 
 pub(super) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// Bytes asked of the socket per read beyond what the current frame needs.
-const READ_CHUNK: usize = 16 << 10;
-/// Less room than this left in the read buffer: a new one is taken rather
-/// than reading a few bytes per call.
-const MIN_READ: usize = 1024;
 /// After the close, the client's last bytes are read for at most this long
 /// (see `poll_linger`).
 const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
@@ -539,33 +534,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         Ok(true)
     }
 
-    /// One read into the buffer's spare room (never zero-filled), sized
-    /// for the frame being read. The buffer comes from this thread's spare
-    /// stack (spare.rs) when the connection has none, and goes back there
-    /// when it goes idle ([`Self::release_idle`]): taking one from malloc
-    /// and zeroing it on every idle-to-busy turn was about 4,000
-    /// instructions a gRPC call (callgrind, `PROFILE_LOAD=grpc`).
+    /// One read for the frame being read ([`poll_read_frame`]).
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        let have = self.rd.buf.len();
-        let need = if have < HEADER_LEN {
-            HEADER_LEN - have
-        } else {
-            let b = &self.rd.buf;
-            let len = u32::from_be_bytes([0, b[0], b[1], b[2]]);
-            (HEADER_LEN + len as usize).saturating_sub(have)
-        };
-        if self.rd.buf.capacity() == 0 {
-            self.rd.buf = spare::take_bytes(ReadClass::Http2Client);
-        }
-        let room = self.rd.buf.capacity() - have;
-        if room < need || room < MIN_READ {
-            // In place when no DATA payload still shares the allocation
-            // (the consumed front is taken back), else a new one; the
-            // partial frame moves over either way.
-            self.rd
-                .buf
-                .reserve(need.max(MIN_READ).max(READ_CHUNK.saturating_sub(have)));
-        }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rd.buf)
+        poll_read_frame(Pin::new(&mut self.io), &mut self.rd.buf, cx)
     }
 }

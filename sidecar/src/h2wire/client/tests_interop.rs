@@ -158,3 +158,89 @@ async fn pings_are_answered_by_the_h2_server() {
     let pong = tokio::time::timeout(T, poll_fn(|cx| send.poll_pong(cx))).await;
     assert_eq!(pong.ok(), Some(true));
 }
+
+/// hyper's HTTP/2 server: echoes the body and trailers back (the body is
+/// streamed through as it comes).
+fn start_hyper() -> SendRequest {
+    let (a, b) = tokio::io::duplex(64 << 10);
+    tokio::spawn(async move {
+        let service =
+            hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
+                Ok::<_, std::convert::Infallible>(http::Response::new(req.into_body()))
+            });
+        let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .serve_connection(hyper_util::rt::TokioIo::new(b), service)
+            .await;
+    });
+    let (mut conn, send) = Connection::new(a, ClientSettings::default());
+    tokio::spawn(async move { poll_fn(|cx| conn.poll(cx)).await });
+    send
+}
+
+#[tokio::test]
+async fn many_streams_with_big_bodies_and_trailers_against_hyper() {
+    let send = start_hyper();
+    let mut tasks = Vec::new();
+    for i in 0..40u8 {
+        let len = 150_000 + usize::from(i) * 3_331;
+        tasks.push(tokio::spawn(round_trip(send.clone(), len, i)));
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (_, trailers) = tokio::time::timeout(T, t)
+            .await
+            .expect("in time")
+            .expect("task");
+        assert_eq!(
+            trailers.get("grpc-status").map(|v| v.as_bytes().to_vec()),
+            Some(i.to_string().into_bytes())
+        );
+    }
+}
+
+/// The h2 server's graceful shutdown (GOAWAY 2^31-1, PING, GOAWAY with
+/// the last stream): the streams it took finish, the connection then
+/// ends cleanly and opens nothing more.
+#[tokio::test]
+async fn the_h2_servers_graceful_shutdown_lets_open_streams_finish() {
+    let (a, b) = tokio::io::duplex(64 << 10);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let Ok(mut conn) = h2::server::Builder::new().handshake::<_, Bytes>(b).await else {
+            return;
+        };
+        let Some(Ok((_req, mut respond))) = conn.accept().await else {
+            return;
+        };
+        conn.graceful_shutdown();
+        let answer = async move {
+            let _ = rx.await;
+            let _ = respond.send_response(http::Response::new(()), true);
+        };
+        tokio::spawn(answer);
+        while let Some(Ok(_)) = conn.accept().await {}
+    });
+    let (mut conn, mut send) = Connection::new(a, ClientSettings::default());
+    let task = tokio::spawn(async move { poll_fn(|cx| conn.poll(cx)).await });
+    poll_fn(|cx| send.poll_ready(cx)).await.expect("slot");
+    let (resp, _) = send.send_request(request(None), true).expect("send");
+    // Once the final GOAWAY came, no stream opens.
+    tokio::time::timeout(T, async {
+        while poll_fn(|cx| send.poll_ready(cx)).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("GOAWAY in time");
+    let _ = tx.send(());
+    let resp = tokio::time::timeout(T, resp)
+        .await
+        .expect("in time")
+        .expect("answer");
+    assert_eq!(resp.status(), 200);
+    drop(resp);
+    let end = tokio::time::timeout(T, task)
+        .await
+        .expect("closes")
+        .expect("task");
+    assert!(end.is_ok(), "{end:?}");
+}

@@ -9,11 +9,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::BytesMut;
+use std::collections::VecDeque;
+use std::task::Waker;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::HeaderMap;
 use tokio::io::AsyncRead;
 
-use super::frame::HEADER_LEN;
-use super::hpack::FieldRef;
+use super::frame::{self, FrameHeader, HEADER_LEN};
+use super::hpack::{Encoder, FieldRef};
 use crate::spare::{self, ReadClass};
 
 /// Bytes asked of the socket per read beyond what the current frame needs.
@@ -119,4 +123,95 @@ pub(crate) fn poll_read_frame<T: AsyncRead>(
         buf.reserve(need.max(MIN_READ).max(READ_CHUNK.saturating_sub(have)));
     }
     tokio_util::io::poll_read_buf(io, cx, buf)
+}
+
+/// A stream's sending side: the data queued, its trailers, its window.
+pub(crate) struct SendQueue {
+    pub(crate) data: VecDeque<Bytes>,
+    pub(crate) queued: usize,
+    pub(crate) trailers: Option<HeaderMap>,
+    pub(crate) window: i64,
+    pub(crate) writable: Option<Waker>,
+}
+
+impl SendQueue {
+    pub(crate) fn new(window: u32) -> Self {
+        Self {
+            data: VecDeque::new(),
+            queued: 0,
+            trailers: None,
+            window: i64::from(window),
+            writable: None,
+        }
+    }
+
+    /// Writes one DATA frame of stream `id` into `out`, as much as the
+    /// stream's window, the connection's (`conn_send`) and the peer's
+    /// frame size allow; END_STREAM on it when `ending`, it carries the
+    /// last of the data and no trailers follow. None if a window blocks
+    /// it, else whether it was the last (trailers, if any, go next).
+    pub(crate) fn write_frame(
+        &mut self,
+        id: u32,
+        ending: bool,
+        conn_send: &mut i64,
+        peer_max_frame: u32,
+        out: &mut Vec<u8>,
+    ) -> Option<bool> {
+        let room = self.window.min(*conn_send).min(i64::from(peer_max_frame));
+        let n = usize::try_from(room).unwrap_or(0).min(self.queued);
+        if n == 0 && !(self.queued == 0 && ending) {
+            return None;
+        }
+        let last = ending && n == self.queued;
+        let end_stream = last && self.trailers.is_none();
+        FrameHeader {
+            len: n as u32,
+            kind: frame::DATA,
+            flags: if end_stream {
+                frame::FLAG_END_STREAM
+            } else {
+                0
+            },
+            stream: id,
+        }
+        .write(out);
+        let mut left = n;
+        while left > 0 {
+            let Some(front) = self.data.front_mut() else {
+                break;
+            };
+            let take = left.min(front.len());
+            out.extend_from_slice(&front[..take]);
+            front.advance(take);
+            if front.is_empty() {
+                self.data.pop_front();
+            }
+            left -= take;
+        }
+        self.queued -= n;
+        self.window -= n as i64;
+        *conn_send -= n as i64;
+        if self.queued < peer_max_frame as usize
+            && let Some(w) = self.writable.take()
+        {
+            w.wake();
+        }
+        Some(last)
+    }
+}
+
+/// Encodes `trailers` and writes them as the stream's last HEADERS (and
+/// CONTINUATIONs).
+pub(crate) fn write_trailers(
+    id: u32,
+    trailers: &HeaderMap,
+    encoder: &mut Encoder,
+    block: &mut Vec<u8>,
+    peer_max_frame: u32,
+    out: &mut Vec<u8>,
+) {
+    block.clear();
+    encoder.encode(trailers.iter().map(|(k, v)| field(k, v)), block);
+    frame::write_header_block(id, true, block, peer_max_frame, out);
 }

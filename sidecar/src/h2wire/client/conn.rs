@@ -413,8 +413,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                     // Ours, closed since: a late update; never ours: wrong.
                     return check_id(stream, next);
                 };
-                s.send_window += i64::from(increment);
-                if s.send_window > i64::from(MAX_WINDOW) {
+                s.tx.window += i64::from(increment);
+                if s.tx.window > i64::from(MAX_WINDOW) {
                     sh.reset_stream(
                         stream,
                         ErrorCode::FLOW_CONTROL_ERROR,

@@ -301,15 +301,15 @@ impl SendBody {
         let sh = &mut *guard;
         let max = sh.settings.max_send_buffer;
         let s = sendable(sh, self.id)?;
-        if s.send_queued + data.len() > max && !data.is_empty() && s.send_queued > 0 {
+        if s.tx.queued + data.len() > max && !data.is_empty() && s.tx.queued > 0 {
             return Err(Error::Closed {
                 id: self.id,
                 reason: "send buffer full (poll_writable first)",
             });
         }
-        s.send_queued += data.len();
+        s.tx.queued += data.len();
         if !data.is_empty() {
-            s.send.push_back(data);
+            s.tx.data.push_back(data);
         }
         if end_of_stream {
             s.send_state = SendState::Ending;
@@ -324,7 +324,7 @@ impl SendBody {
         let mut guard = lock(&self.shared);
         let sh = &mut *guard;
         let s = sendable(sh, self.id)?;
-        s.send_trailers = Some(trailers);
+        s.tx.trailers = Some(trailers);
         s.send_state = SendState::Ending;
         sh.schedule(self.id);
         sh.wake_conn();
@@ -338,8 +338,8 @@ impl SendBody {
         let sh = &mut *guard;
         let frame = sh.peer_max_frame as usize;
         match sendable(sh, self.id) {
-            Ok(s) if s.send_queued >= frame => {
-                s.writable_waker = Some(cx.waker().clone());
+            Ok(s) if s.tx.queued >= frame => {
+                s.tx.writable = Some(cx.waker().clone());
                 Poll::Pending
             }
             _ => Poll::Ready(()),

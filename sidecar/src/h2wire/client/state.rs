@@ -5,11 +5,13 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 
-use bytes::{Buf, Bytes, BytesMut};
+use super::super::shared::{SendQueue, write_trailers};
+
+use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 
 use super::super::ErrorCode;
-use super::super::frame::{self, Frame, FrameHeader, MAX_WINDOW};
+use super::super::frame::{Frame, MAX_WINDOW};
 use super::super::hpack::{Decoder, Encoder, HeaderBlock};
 use super::super::shared::IdMap;
 use super::super::validate::Names;
@@ -61,11 +63,7 @@ pub(super) struct Stream {
     pub(super) recv_trailers: Option<HeaderMap>,
     pub(super) body_waker: Option<Waker>,
     pub(super) send_state: SendState,
-    pub(super) send: VecDeque<Bytes>,
-    pub(super) send_queued: usize,
-    pub(super) send_trailers: Option<HeaderMap>,
-    pub(super) send_window: i64,
-    pub(super) writable_waker: Option<Waker>,
+    pub(super) tx: SendQueue,
     pub(super) scheduled: bool,
     /// Counted in `Shared::open`.
     pub(super) counted: bool,
@@ -92,11 +90,7 @@ impl Stream {
             } else {
                 SendState::Open
             },
-            send: VecDeque::new(),
-            send_queued: 0,
-            send_trailers: None,
-            send_window: i64::from(send_window),
-            writable_waker: None,
+            tx: SendQueue::new(send_window),
             scheduled: false,
             counted: true,
         }
@@ -110,7 +104,7 @@ impl Stream {
         for w in [
             self.head_waker.take(),
             self.body_waker.take(),
-            self.writable_waker.take(),
+            self.tx.writable.take(),
         ]
         .into_iter()
         .flatten()
@@ -218,9 +212,9 @@ impl Shared {
         let already_done = s.closed();
         s.reset = Some((code, remote, reason));
         s.send_state = SendState::Done;
-        s.send.clear();
-        s.send_queued = 0;
-        s.send_trailers = None;
+        s.tx.data.clear();
+        s.tx.queued = 0;
+        s.tx.trailers = None;
         s.wake_all();
         if !remote && !already_done && self.dead.is_none() {
             Frame::RstStream { stream: id, code }.write(&mut self.out);
@@ -287,7 +281,7 @@ impl Shared {
         if let Some(s) = self.streams.get_mut(&id)
             && !s.scheduled
             && s.reset.is_none()
-            && (s.send_state == SendState::Ending || (s.send_queued > 0 && s.send_window > 0))
+            && (s.send_state == SendState::Ending || (s.tx.queued > 0 && s.tx.window > 0))
         {
             s.scheduled = true;
             self.ready.push_back(id);
@@ -298,7 +292,7 @@ impl Shared {
         let Self { streams, ready, .. } = self;
         for (id, s) in streams.iter_mut() {
             let sendable =
-                s.send_state == SendState::Ending || (s.send_queued > 0 && s.send_window > 0);
+                s.send_state == SendState::Ending || (s.tx.queued > 0 && s.tx.window > 0);
             if !s.scheduled && s.reset.is_none() && sendable {
                 s.scheduled = true;
                 ready.push_back(*id);
@@ -323,70 +317,31 @@ impl Shared {
             if s.reset.is_some() || s.send_state == SendState::Done {
                 continue;
             }
-            let room = s
-                .send_window
-                .min(self.conn_send)
-                .min(i64::from(self.peer_max_frame));
-            let n = usize::try_from(room).unwrap_or(0).min(s.send_queued);
             let ending = s.send_state == SendState::Ending;
-            if n == 0 && !(s.send_queued == 0 && ending) {
+            let Some(last) = s.tx.write_frame(
+                id,
+                ending,
+                &mut self.conn_send,
+                self.peer_max_frame,
+                &mut self.out,
+            ) else {
                 // Blocked on a window: a WINDOW_UPDATE schedules it again.
                 continue;
-            }
-            let last = ending && n == s.send_queued;
-            let end_stream = last && s.send_trailers.is_none();
-            FrameHeader {
-                len: n as u32,
-                kind: frame::DATA,
-                flags: if end_stream {
-                    frame::FLAG_END_STREAM
-                } else {
-                    0
-                },
-                stream: id,
-            }
-            .write(&mut self.out);
-            let mut left = n;
-            while left > 0 {
-                let Some(front) = s.send.front_mut() else {
-                    break;
-                };
-                let take = left.min(front.len());
-                self.out.extend_from_slice(&front[..take]);
-                front.advance(take);
-                if front.is_empty() {
-                    s.send.pop_front();
-                }
-                left -= take;
-            }
-            s.send_queued -= n;
-            s.send_window -= n as i64;
-            self.conn_send -= n as i64;
-            if s.send_queued < self.peer_max_frame as usize
-                && let Some(w) = s.writable_waker.take()
-            {
-                w.wake();
-            }
+            };
             if last {
-                if let Some(trailers) = s.send_trailers.take() {
-                    self.block.clear();
-                    self.encoder.encode(
-                        trailers
-                            .iter()
-                            .map(|(k, v)| super::super::shared::field(k, v)),
-                        &mut self.block,
-                    );
-                    frame::write_header_block(
+                if let Some(trailers) = s.tx.trailers.take() {
+                    write_trailers(
                         id,
-                        true,
-                        &self.block,
+                        &trailers,
+                        &mut self.encoder,
+                        &mut self.block,
                         self.peer_max_frame,
                         &mut self.out,
                     );
                 }
                 if let Some(s) = self.streams.get_mut(&id) {
                     s.send_state = SendState::Done;
-                    s.send = VecDeque::new();
+                    s.tx.data = VecDeque::new();
                 }
                 self.gc(id);
             } else {
@@ -401,8 +356,8 @@ impl Shared {
         let delta = i64::from(size) - i64::from(self.peer_initial);
         self.peer_initial = size;
         for s in self.streams.values_mut() {
-            s.send_window += delta;
-            if s.send_window > i64::from(MAX_WINDOW) {
+            s.tx.window += delta;
+            if s.tx.window > i64::from(MAX_WINDOW) {
                 return false;
             }
         }

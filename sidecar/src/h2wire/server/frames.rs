@@ -506,8 +506,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         let Some(s) = sh.streams.get_mut(&id) else {
             return Ok(());
         };
-        s.send_window += i64::from(increment);
-        if s.send_window > i64::from(MAX_WINDOW) {
+        s.tx.window += i64::from(increment);
+        if s.tx.window > i64::from(MAX_WINDOW) {
             sh.reset_stream(id, ErrorCode::FLOW_CONTROL_ERROR, true);
             return Ok(());
         }

@@ -6,16 +6,18 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 
+use super::super::shared::{SendQueue, write_trailers};
+
 /// The streams by id (the client picks the ids, but at most twice the
 /// concurrent-stream limit are in the map at once).
 pub(super) type StreamMap = super::super::shared::IdMap<Stream>;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use std::time::{Duration, Instant};
 
 use super::super::ErrorCode;
-use super::super::frame::{self, Frame, FrameHeader, MAX_WINDOW};
+use super::super::frame::{Frame, MAX_WINDOW};
 use super::super::hpack::{Decoder, Encoder, HeaderBlock};
 use super::conn::Accepted;
 use super::{Error, ServerSettings};
@@ -69,11 +71,7 @@ pub(super) struct Stream {
     pub(super) body_waker: Option<Waker>,
     // Send side.
     pub(super) send_state: SendState,
-    pub(super) send: VecDeque<Bytes>,
-    pub(super) send_queued: usize,
-    pub(super) send_trailers: Option<HeaderMap>,
-    pub(super) send_window: i64,
-    pub(super) writable_waker: Option<Waker>,
+    pub(super) tx: SendQueue,
     pub(super) reset_waker: Option<Waker>,
     /// In `Shared::ready` already.
     pub(super) scheduled: bool,
@@ -95,13 +93,9 @@ impl Stream {
             recv_taken: 0,
             body_waker: None,
             body_dropped: false,
-            send: VecDeque::new(),
-            send_queued: 0,
+            tx: SendQueue::new(send_window),
             send_state: SendState::Idle,
-            send_trailers: None,
-            send_window: i64::from(send_window),
             scheduled: false,
-            writable_waker: None,
             reset_waker: None,
             reset: None,
             counted: true,
@@ -116,15 +110,15 @@ impl Stream {
 
     fn heap_bytes(&self) -> usize {
         self.recv.capacity() * size_of::<Bytes>()
-            + self.send.capacity() * size_of::<Bytes>()
+            + self.tx.data.capacity() * size_of::<Bytes>()
             + self.recv.iter().map(Bytes::len).sum::<usize>()
-            + self.send_queued
+            + self.tx.queued
     }
 
     pub(super) fn wake_all(&mut self) {
         for w in [
             self.body_waker.take(),
-            self.writable_waker.take(),
+            self.tx.writable.take(),
             self.reset_waker.take(),
         ]
         .into_iter()
@@ -452,9 +446,9 @@ impl Shared {
         let was_ending = s.send_state == SendState::Ending;
         s.reset = Some((code, false));
         s.send_state = SendState::Done;
-        s.send.clear();
-        s.send_queued = 0;
-        s.send_trailers = None;
+        s.tx.data.clear();
+        s.tx.queued = 0;
+        s.tx.trailers = None;
         s.wake_all();
         if writable {
             Frame::RstStream { stream: id, code }.write(&mut self.out);
@@ -504,9 +498,9 @@ impl Shared {
             self.ends.dropped += 1;
         }
         s.reset = Some((code, true));
-        s.send.clear();
-        s.send_queued = 0;
-        s.send_trailers = None;
+        s.tx.data.clear();
+        s.tx.queued = 0;
+        s.tx.trailers = None;
         s.wake_all();
         self.release_body(id);
         self.gc(id);
@@ -569,7 +563,7 @@ impl Shared {
         if let Some(s) = self.streams.get_mut(&id)
             && !s.scheduled
             && s.reset.is_none()
-            && (s.send_state == SendState::Ending || (s.send_queued > 0 && s.send_window > 0))
+            && (s.send_state == SendState::Ending || (s.tx.queued > 0 && s.tx.window > 0))
         {
             s.scheduled = true;
             self.ready.push_back(id);
@@ -593,60 +587,24 @@ impl Shared {
             if s.reset.is_some() || s.send_state == SendState::Done {
                 continue;
             }
-            let room = s
-                .send_window
-                .min(self.win.conn_send)
-                .min(i64::from(self.peer_max_frame));
-            let room = usize::try_from(room).unwrap_or(0);
-            let n = room.min(s.send_queued);
             let ending = s.send_state == SendState::Ending;
-            if n == 0 && !(s.send_queued == 0 && ending) {
+            let Some(last) = s.tx.write_frame(
+                id,
+                ending,
+                &mut self.win.conn_send,
+                self.peer_max_frame,
+                &mut self.out,
+            ) else {
                 // Blocked on a window: a WINDOW_UPDATE schedules it again.
                 continue;
-            }
-            let last = ending && n == s.send_queued;
-            let end_stream = last && s.send_trailers.is_none();
-            FrameHeader {
-                len: n as u32,
-                kind: frame::DATA,
-                flags: if end_stream {
-                    frame::FLAG_END_STREAM
-                } else {
-                    0
-                },
-                stream: id,
-            }
-            .write(&mut self.out);
-            let mut left = n;
-            while left > 0 {
-                let Some(front) = s.send.front_mut() else {
-                    break;
-                };
-                let take = left.min(front.len());
-                self.out.extend_from_slice(&front[..take]);
-                front.advance(take);
-                if front.is_empty() {
-                    s.send.pop_front();
-                }
-                left -= take;
-            }
-            s.send_queued -= n;
-            s.send_window -= n as i64;
-            self.win.conn_send -= n as i64;
-            if s.send_queued < self.peer_max_frame as usize
-                && let Some(w) = s.writable_waker.take()
-            {
-                w.wake();
-            }
+            };
             if last {
-                if let Some(trailers) = s.send_trailers.take() {
-                    self.block.clear();
-                    self.encoder
-                        .encode(trailers.iter().map(|(k, v)| field(k, v)), &mut self.block);
-                    frame::write_header_block(
+                if let Some(trailers) = s.tx.trailers.take() {
+                    write_trailers(
                         id,
-                        true,
-                        &self.block,
+                        &trailers,
+                        &mut self.encoder,
+                        &mut self.block,
                         self.peer_max_frame,
                         &mut self.out,
                     );
@@ -665,8 +623,8 @@ impl Shared {
             return;
         };
         s.send_state = SendState::Done;
-        s.send = VecDeque::new();
-        if let Some(w) = s.writable_waker.take() {
+        s.tx.data = VecDeque::new();
+        if let Some(w) = s.tx.writable.take() {
             w.wake();
         }
         // §8.1: the answer is complete and nobody reads the rest of the
@@ -688,8 +646,8 @@ impl Shared {
         let delta = i64::from(size) - i64::from(self.win.peer_initial);
         self.win.peer_initial = size;
         for s in self.streams.values_mut() {
-            s.send_window += delta;
-            if s.send_window > i64::from(MAX_WINDOW) {
+            s.tx.window += delta;
+            if s.tx.window > i64::from(MAX_WINDOW) {
                 return false;
             }
         }
@@ -705,7 +663,7 @@ impl Shared {
         let Self { streams, ready, .. } = self;
         for (id, s) in streams.iter_mut() {
             let sendable =
-                s.send_state == SendState::Ending || (s.send_queued > 0 && s.send_window > 0);
+                s.send_state == SendState::Ending || (s.tx.queued > 0 && s.tx.window > 0);
             if !s.scheduled && s.reset.is_none() && sendable {
                 s.scheduled = true;
                 ready.push_back(*id);

@@ -87,6 +87,26 @@ async fn start(
     (app, send, task)
 }
 
+/// After a GOAWAY: the last stream's answer comes with `status`, then the
+/// connection ends cleanly.
+pub(super) async fn last_answer_then_clean_end(
+    resp: super::ResponseFuture,
+    status: u16,
+    task: JoinHandle<Result<(), Error>>,
+) {
+    let resp = tokio::time::timeout(T, resp)
+        .await
+        .expect("in time")
+        .expect("answer");
+    assert_eq!(resp.status(), status);
+    drop(resp);
+    let end = tokio::time::timeout(T, task)
+        .await
+        .expect("closes")
+        .expect("task");
+    assert!(end.is_ok(), "{end:?}");
+}
+
 /// The error the answer ends with (within [`T`]).
 pub(super) async fn failure(resp: super::ResponseFuture) -> Error {
     match tokio::time::timeout(T, resp).await {
@@ -125,17 +145,7 @@ async fn streams_above_the_apps_goaway_are_never_processed_and_the_rest_finish()
     let ready = poll_fn(|cx| Poll::Ready(send.poll_ready(cx))).await;
     assert!(matches!(ready, Poll::Ready(Err(_))));
     app.answer(1, &[(b":status", b"204")], true).await;
-    let resp = tokio::time::timeout(T, first)
-        .await
-        .expect("in time")
-        .expect("answer");
-    assert_eq!(resp.status(), 204);
-    drop(resp);
-    let end = tokio::time::timeout(T, task)
-        .await
-        .expect("closes")
-        .expect("task");
-    assert!(end.is_ok(), "{end:?}");
+    last_answer_then_clean_end(first, 204, task).await;
 }
 
 #[tokio::test]

@@ -1,7 +1,8 @@
 //! The sidecar's own HTTP/2 codec, written from RFC 9113 (HTTP/2) and RFC
 //! 7541 (HPACK). Clients' connections run on its server side
 //! ([`server`], driven by src/http2/); the connections to the app still run
-//! on the h2 crate's client (src/upstream/), the next part to move.
+//! on the h2 crate's client (src/upstream/), the next part to move: its
+//! replacement, [`client`], exists and is tested but is not wired in yet.
 //!
 //! Why a codec of our own (issue #39): profiles of the h2 path put HPACK
 //! encode (13%) and decode (9%), memcpy (14%) and `http::HeaderMap`
@@ -24,6 +25,13 @@
 //!   header-block assembly with its bounds, flow control both ways, field
 //!   validation for an intermediary, the drain's GOAWAY sequences, abuse
 //!   limits, buffers sized by use (server/mod.rs lists the semantics).
+//! - [`client`]: the client connection layer (a first cut): requests with
+//!   bodies and trailers, answers checked (§8.3), flow control both ways,
+//!   the app's REFUSED_STREAM and streams above its GOAWAY reported as
+//!   never processed (retryable), its MAX_CONCURRENT_STREAMS as stream
+//!   slots, PING. shared.rs holds what both sides use (the send queue and
+//!   DATA writer, the frame read, the stream-id map); validate.rs the
+//!   field checks of requests, answers and trailers.
 //! - [`frame`]: frame headers and every RFC 9113 §6 frame type, parsed from
 //!   a payload slice (borrowing, no copies) and written into a buffer, with
 //!   the length, stream-id, padding and per-setting checks of §4 and §6,

@@ -222,3 +222,68 @@ async fn the_h2_servers_graceful_shutdown_lets_open_streams_finish() {
     let _ = tx.send(());
     super::tests::last_answer_then_clean_end(resp, 200, task).await;
 }
+
+/// For an informal instruction count, not a test: `KG_LOOP_CLIENT=own`
+/// (this client) or `h2` (the h2 crate's) sends `KG_LOOP_N` unary
+/// requests, one at a time, to this crate's server in the same process;
+/// run under callgrind and compare the totals (the server's share is the
+/// same in both).
+#[tokio::test]
+#[ignore]
+async fn callgrind_unary_loop() {
+    let n: usize = std::env::var("KG_LOOP_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let own = std::env::var("KG_LOOP_CLIENT").as_deref() != Ok("h2");
+    let (a, b) = tokio::io::duplex(64 << 10);
+    tokio::spawn(async move {
+        use super::super::server;
+        let mut conn = server::Connection::new(b, server::ServerSettings::default());
+        while let Some(Ok((req, mut respond))) = poll_fn(|cx| conn.poll_accept(cx)).await {
+            tokio::spawn(async move {
+                let Ok(body) = req.into_body().collect().await else {
+                    return;
+                };
+                let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
+                    return;
+                };
+                let _ = send.send_data(body.to_bytes(), false);
+                let mut t = HeaderMap::new();
+                t.insert("grpc-status", http::HeaderValue::from_static("0"));
+                let _ = send.send_trailers(t);
+            });
+        }
+    });
+    let payload = Bytes::from_static(&[7u8; 100]);
+    if own {
+        let (mut conn, mut send) = Connection::new(a, ClientSettings::default());
+        tokio::spawn(async move { poll_fn(|cx| conn.poll(cx)).await });
+        for _ in 0..n {
+            poll_fn(|cx| send.poll_ready(cx)).await.expect("slot");
+            let (resp, body) = send.send_request(request(None), false).expect("send");
+            body.expect("body")
+                .send_data(payload.clone(), true)
+                .expect("data");
+            let got = resp.await.expect("answer").into_body().collect().await;
+            assert_eq!(got.expect("body").to_bytes().len(), 100);
+        }
+    } else {
+        let (mut send, conn) = h2::client::handshake(a).await.expect("handshake");
+        tokio::spawn(conn);
+        for _ in 0..n {
+            send = send.ready().await.expect("ready");
+            let (resp, mut body) = send.send_request(request(None), false).expect("send");
+            body.send_data(payload.clone(), true).expect("data");
+            let mut got = resp.await.expect("answer").into_body();
+            let mut len = 0;
+            while let Some(chunk) = got.data().await {
+                let chunk = chunk.expect("chunk");
+                let _ = got.flow_control().release_capacity(chunk.len());
+                len += chunk.len();
+            }
+            let _ = got.trailers().await;
+            assert_eq!(len, 100);
+        }
+    }
+}

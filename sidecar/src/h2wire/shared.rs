@@ -215,3 +215,46 @@ pub(crate) fn write_trailers(
     encoder.encode(trailers.iter().map(|(k, v)| field(k, v)), block);
     frame::write_header_block(id, true, block, peer_max_frame, out);
 }
+
+/// A stream's receiving side as its reader sees it: the chunks come in,
+/// the window the reader has taken and not given back yet.
+pub(crate) struct RecvWindow<'a> {
+    pub(crate) chunks: &'a mut VecDeque<Bytes>,
+    pub(crate) unreleased: &'a mut u32,
+    pub(crate) window: &'a mut i64,
+    /// END_STREAM came: nothing more is sent, no window goes back.
+    pub(crate) ended: bool,
+    /// SETTINGS_INITIAL_WINDOW_SIZE we announced.
+    pub(crate) initial: u32,
+}
+
+impl RecvWindow<'_> {
+    /// The reader's next chunk. Its window goes back to the stream once
+    /// half the initial window is taken (one WINDOW_UPDATE, written into
+    /// `out` when there is one: None once the connection is over); the
+    /// connection's is the caller's (`release_conn` on both sides).
+    /// Returns the chunk and whether a frame was written.
+    pub(crate) fn take(self, id: u32, out: Option<&mut Vec<u8>>) -> Option<(Bytes, bool)> {
+        let chunk = self.chunks.pop_front()?;
+        if self.chunks.is_empty() {
+            // An idle stream holds no queue's buffer.
+            *self.chunks = VecDeque::new();
+        }
+        *self.unreleased += chunk.len() as u32;
+        if self.ended || *self.unreleased < self.initial / 2 {
+            return Some((chunk, false));
+        }
+        let increment = (*self.unreleased).min(frame::MAX_WINDOW);
+        *self.window += i64::from(increment);
+        *self.unreleased = 0;
+        let Some(out) = out else {
+            return Some((chunk, false));
+        };
+        frame::Frame::WindowUpdate {
+            stream: id,
+            increment,
+        }
+        .write(out);
+        Some((chunk, true))
+    }
+}

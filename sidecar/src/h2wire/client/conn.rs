@@ -75,7 +75,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             open: 0,
             next_id: 1,
             // §5.1.2: no limit until the app's SETTINGS say one; ours holds.
-            max_open: settings.max_concurrent_streams as usize,
+            max_open: settings
+                .initial_max_send_streams
+                .min(settings.max_concurrent_streams) as usize,
             out,
             ready: VecDeque::new(),
             encoder: Encoder::new(4096, EncoderOptions::default()),
@@ -87,6 +89,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             conn_unreleased: 0,
             settings,
             goaway: None,
+            local_close: false,
             dead: None,
             conn_waker: None,
             slot_wakers: Vec::new(),
@@ -175,7 +178,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             };
             let done = self.closing.is_some() || {
                 let sh = lock(&self.shared);
-                sh.goaway.is_some() && sh.open == 0
+                (sh.goaway.is_some() || sh.local_close) && sh.open == 0
             };
             if done {
                 if !flushed {

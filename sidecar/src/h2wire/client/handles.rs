@@ -15,7 +15,7 @@ use http_body::{Frame as BodyFrame, SizeHint};
 use super::super::ErrorCode;
 use super::super::frame::{self, Frame, MAX_WINDOW};
 use super::super::hpack::FieldRef;
-use super::super::shared::field;
+use super::super::shared::{RecvWindow, field};
 use super::Error;
 use super::state::{Head, SendState, Shared, SharedRef, Stream, lock};
 
@@ -36,6 +36,12 @@ fn check_open(sh: &Shared) -> Result<(), Error> {
         return Err(Error::Closed {
             id: 0,
             reason: "the app sent GOAWAY: no new streams on this connection",
+        });
+    }
+    if sh.local_close {
+        return Err(Error::Closed {
+            id: 0,
+            reason: "connection closing: no new streams",
         });
     }
     if sh.next_id > MAX_WINDOW {
@@ -117,7 +123,7 @@ impl SendRequest {
     /// authority); connection-specific fields are dropped (§8.2.2).
     pub fn send_request(
         &mut self,
-        req: http::Request<()>,
+        req: &http::Request<()>,
         end_of_stream: bool,
     ) -> Result<(ResponseFuture, Option<SendBody>), Error> {
         let mut guard = lock(&self.shared);
@@ -179,6 +185,33 @@ impl SendRequest {
             },
             body,
         ))
+    }
+
+    /// The connection takes no new stream: it ended, the app sent
+    /// GOAWAY, or [`SendRequest::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        check_open(&lock(&self.shared)).is_err()
+    }
+
+    /// Nobody will open streams here any more (the last holder is gone):
+    /// a GOAWAY of ours goes out, and the connection ends once its open
+    /// streams are done.
+    pub fn close(&self) {
+        let mut sh = lock(&self.shared);
+        if sh.local_close || sh.dead.is_some() {
+            return;
+        }
+        sh.local_close = true;
+        // Our last-stream-id names the app's streams we processed: none
+        // (push is off). The app goes on with ours that are open.
+        Frame::GoAway {
+            last_stream: 0,
+            code: ErrorCode::NO_ERROR,
+            debug: b"",
+        }
+        .write(&mut sh.out);
+        sh.wake_slots();
+        sh.wake_conn();
     }
 
     /// Queues a PING of ours (keep-alive); false while one is out or once
@@ -289,10 +322,6 @@ pub(crate) struct SendBody {
 }
 
 impl SendBody {
-    pub fn stream_id(&self) -> u32 {
-        self.id
-    }
-
     /// Queues `data`, END_STREAM after it if `end_of_stream`. Fails once
     /// the stream holds `max_send_buffer` unsent bytes (wait on
     /// `poll_writable`).
@@ -331,19 +360,27 @@ impl SendBody {
         Ok(())
     }
 
-    /// Ready once less than one frame of data is unsent (or the stream
-    /// can no longer send: the next call says why).
-    pub fn poll_writable(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    /// Ready(Ok) once less than one frame of data is unsent, Ready(Err)
+    /// once the stream can no longer send (the app reset it, the
+    /// connection ended). The waker stays registered when Ready(Ok): a
+    /// sender waiting on its own source of data learns of a reset too.
+    pub fn poll_writable(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         let mut guard = lock(&self.shared);
         let sh = &mut *guard;
         let frame = sh.peer_max_frame as usize;
-        match sendable(sh, self.id) {
-            Ok(s) if s.tx.queued >= frame => {
-                s.tx.writable = Some(cx.waker().clone());
-                Poll::Pending
-            }
-            _ => Poll::Ready(()),
+        let s = sendable(sh, self.id)?;
+        if !s
+            .tx
+            .writable
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            s.tx.writable = Some(cx.waker().clone());
         }
+        if s.tx.queued >= frame {
+            return Poll::Pending;
+        }
+        Poll::Ready(Ok(()))
     }
 
     /// Resets the stream with `code`.
@@ -368,12 +405,6 @@ pub(crate) struct RecvBody {
     shared: SharedRef,
     id: u32,
     ended: bool,
-}
-
-impl RecvBody {
-    pub fn stream_id(&self) -> u32 {
-        self.id
-    }
 }
 
 impl http_body::Body for RecvBody {
@@ -406,23 +437,19 @@ impl http_body::Body for RecvBody {
                 remote,
             })));
         }
-        if let Some(chunk) = s.recv.pop_front() {
-            let n = chunk.len() as u32;
-            s.recv_unreleased += n;
-            let mut update = 0;
-            if !s.recv_end && s.recv_unreleased >= window / 2 {
-                update = s.recv_unreleased.min(MAX_WINDOW);
-                s.recv_window += i64::from(update);
-                s.recv_unreleased = 0;
-            }
-            if update > 0 && dead.is_none() {
-                Frame::WindowUpdate {
-                    stream: id,
-                    increment: update,
-                }
-                .write(&mut sh.out);
+        let taken = RecvWindow {
+            chunks: &mut s.recv,
+            unreleased: &mut s.recv_unreleased,
+            window: &mut s.recv_window,
+            ended: s.recv_end,
+            initial: window,
+        }
+        .take(id, dead.is_none().then_some(&mut sh.out));
+        if let Some((chunk, wrote)) = taken {
+            if wrote {
                 sh.wake_conn();
             }
+            let n = chunk.len() as u32;
             sh.release_conn(n);
             return Poll::Ready(Some(Ok(BodyFrame::data(chunk))));
         }

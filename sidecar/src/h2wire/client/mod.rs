@@ -61,6 +61,9 @@ use super::ErrorCode;
 pub(crate) struct ClientSettings {
     /// The most streams we open at once, whatever the app allows.
     pub max_concurrent_streams: u32,
+    /// The most before the app's SETTINGS name its limit (§5.1.2 sets
+    /// none; hyper's client assumed 100), capped by the above.
+    pub initial_max_send_streams: u32,
     /// SETTINGS_INITIAL_WINDOW_SIZE: each stream's receive window.
     pub initial_window_size: u32,
     /// The connection's receive window (a WINDOW_UPDATE after SETTINGS).
@@ -78,6 +81,7 @@ impl Default for ClientSettings {
     fn default() -> Self {
         Self {
             max_concurrent_streams: 1024,
+            initial_max_send_streams: u32::MAX,
             initial_window_size: 256 << 10,
             connection_window_size: 1 << 20,
             max_frame_size: 16 << 10,
@@ -89,7 +93,7 @@ impl Default for ClientSettings {
 
 /// Reason given to streams above the app's GOAWAY: matched by
 /// [`Error::never_processed`].
-pub(super) const ABOVE_GOAWAY: &str = "above the app's GOAWAY last-stream-id: never processed";
+pub(crate) const ABOVE_GOAWAY: &str = "above the app's GOAWAY last-stream-id: never processed";
 
 impl Error {
     /// The app never processed the request (REFUSED_STREAM, or a stream

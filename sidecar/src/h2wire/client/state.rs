@@ -133,6 +133,9 @@ pub(super) struct Shared {
     pub(super) settings: ClientSettings,
     /// The app's GOAWAY came (its last-stream-id): no new streams.
     pub(super) goaway: Option<u32>,
+    /// [`super::SendRequest::close`]: our GOAWAY is queued, no stream
+    /// opens, the connection ends when the open ones are done.
+    pub(super) local_close: bool,
     /// The connection ended: handles get this.
     pub(super) dead: Option<(Option<ErrorCode>, bool, &'static str)>,
     pub(super) conn_waker: Option<Waker>,

@@ -122,7 +122,7 @@ fn get() -> Request<()> {
 
 async fn open(send: &mut SendRequest) -> super::ResponseFuture {
     poll_fn(|cx| send.poll_ready(cx)).await.expect("slot");
-    send.send_request(get(), true).expect("send").0
+    send.send_request(&get(), true).expect("send").0
 }
 
 #[tokio::test]
@@ -257,7 +257,7 @@ async fn the_apps_max_concurrent_streams_gates_poll_ready() {
     let first = open(&mut send).await;
     let pending = poll_fn(|cx| Poll::Ready(send.poll_ready(cx).is_pending())).await;
     assert!(pending, "a second stream must wait");
-    assert!(send.send_request(get(), true).is_err());
+    assert!(send.send_request(&get(), true).is_err());
     app.answer(1, &[(b":status", b"200")], true).await;
     let _ = tokio::time::timeout(T, first).await.expect("answer");
     tokio::time::timeout(T, poll_fn(|cx| send.poll_ready(cx)))

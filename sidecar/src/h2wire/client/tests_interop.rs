@@ -70,7 +70,7 @@ fn request(extra: Option<(&'static str, &'static str)>) -> Request<()> {
 /// frame's worth unsent, then trailers; returns what came back.
 async fn round_trip(mut send: SendRequest, len: usize, tag: u8) -> (Bytes, HeaderMap) {
     poll_fn(|cx| send.poll_ready(cx)).await.expect("slot");
-    let (resp, body) = send.send_request(request(None), false).expect("send");
+    let (resp, body) = send.send_request(&request(None), false).expect("send");
     let mut body = body.expect("body handle");
     let data = Bytes::from(vec![tag; len]);
     let mut rest = data.clone();
@@ -82,7 +82,9 @@ async fn round_trip(mut send: SendRequest, len: usize, tag: u8) -> (Bytes, Heade
         (got.to_bytes(), trailers)
     });
     while !rest.is_empty() {
-        poll_fn(|cx| body.poll_writable(cx)).await;
+        poll_fn(|cx| body.poll_writable(cx))
+            .await
+            .expect("writable");
         let chunk = rest.split_to(rest.len().min(16 << 10));
         body.send_data(chunk, false).expect("data");
     }
@@ -126,7 +128,7 @@ async fn a_request_without_body_gets_its_answer() {
     poll_fn(|cx| send.poll_ready(cx)).await.expect("slot");
     let (resp, body) = send
         .send_request(
-            Request::get("http://app.test/").body(()).expect("req"),
+            &Request::get("http://app.test/").body(()).expect("req"),
             true,
         )
         .expect("send");
@@ -144,7 +146,7 @@ async fn refused_stream_from_the_h2_server_is_never_processed() {
     let mut send = start();
     poll_fn(|cx| send.poll_ready(cx)).await.expect("slot");
     let (resp, _body) = send
-        .send_request(request(Some(("x-refuse", "1"))), true)
+        .send_request(&request(Some(("x-refuse", "1"))), true)
         .expect("send");
     let err = super::tests::failure(resp).await;
     assert!(err.never_processed(), "{err}");
@@ -210,7 +212,7 @@ async fn the_h2_servers_graceful_shutdown_lets_open_streams_finish() {
     let (mut conn, mut send) = Connection::new(a, ClientSettings::default());
     let task = tokio::spawn(async move { poll_fn(|cx| conn.poll(cx)).await });
     poll_fn(|cx| send.poll_ready(cx)).await.expect("slot");
-    let (resp, _) = send.send_request(request(None), true).expect("send");
+    let (resp, _) = send.send_request(&request(None), true).expect("send");
     // Once the final GOAWAY came, no stream opens.
     tokio::time::timeout(T, async {
         while poll_fn(|cx| send.poll_ready(cx)).await.is_ok() {
@@ -261,7 +263,7 @@ async fn callgrind_unary_loop() {
         tokio::spawn(async move { poll_fn(|cx| conn.poll(cx)).await });
         for _ in 0..n {
             poll_fn(|cx| send.poll_ready(cx)).await.expect("slot");
-            let (resp, body) = send.send_request(request(None), false).expect("send");
+            let (resp, body) = send.send_request(&request(None), false).expect("send");
             body.expect("body")
                 .send_data(payload.clone(), true)
                 .expect("data");

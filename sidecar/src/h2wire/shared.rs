@@ -7,18 +7,20 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use std::collections::VecDeque;
 use std::task::Waker;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::HeaderMap;
-use tokio::io::AsyncRead;
+use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::ErrorCode;
 use super::frame::{self, FrameHeader, HEADER_LEN};
-use super::hpack::{Encoder, FieldRef};
-use crate::spare::{self, ReadClass};
+use super::hpack::{Decoder, Encoder, FieldRef, Limits};
+use super::server::Error;
+use crate::spare::{self, OutClass, ReadClass};
 
 /// Bytes asked of the socket per read beyond what the current frame needs.
 const READ_CHUNK: usize = 16 << 10;
@@ -256,5 +258,104 @@ impl RecvWindow<'_> {
         }
         .write(out);
         Some((chunk, true))
+    }
+}
+
+/// The buffer on its way to the socket and how much of it is written.
+/// Everything queued (`out` under the shared lock, DATA the windows allow
+/// included) is swapped in whole and written with as few writes as the
+/// socket takes; a partly written buffer is finished first while new
+/// frames wait in `out` (no copy, and the unread output of a peer that
+/// does not read stays within two buffers).
+#[derive(Default)]
+pub(crate) struct OutBuf {
+    pub(crate) buf: Vec<u8>,
+    pub(crate) written: usize,
+}
+
+impl OutBuf {
+    /// Bytes not yet in the socket.
+    pub(crate) fn unwritten(&self) -> usize {
+        self.buf.len() - self.written
+    }
+
+    /// Takes `out` as the next buffer to write, an empty one left there.
+    pub(crate) fn refill(&mut self, out: &mut Vec<u8>) {
+        self.buf.clear();
+        self.written = 0;
+        if self.buf.capacity() == 0 {
+            self.buf = spare::take_out(OutClass::Http2);
+        }
+        std::mem::swap(&mut self.buf, out);
+    }
+
+    /// Writes the rest: Ready(Ok) once all of it is in the socket.
+    pub(crate) fn poll_drain<T: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut T,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        while self.written < self.buf.len() {
+            match ready!(Pin::new(&mut *io).poll_write(cx, &self.buf[self.written..])) {
+                Ok(0) => return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into())),
+                Ok(n) => self.written += n,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// All of it flushed: emptied, and its memory back to the spare stack
+    /// if `give_back` (an idle connection holds no write buffer).
+    pub(crate) fn flushed(&mut self, give_back: bool) {
+        self.buf.clear();
+        self.written = 0;
+        if give_back {
+            spare::give_out(OutClass::Http2, std::mem::take(&mut self.buf), spare_room());
+        }
+    }
+}
+
+/// A connection error of ours: GOAWAY(code) queued in `out` as the last
+/// frame (naming `last_stream`, the peer's last stream we processed), and
+/// the error the connection ends with once it is flushed.
+pub(crate) fn goaway(
+    out: &mut Vec<u8>,
+    last_stream: u32,
+    code: ErrorCode,
+    reason: &'static str,
+) -> Error {
+    frame::Frame::GoAway {
+        last_stream,
+        code,
+        debug: reason.as_bytes(),
+    }
+    .write(out);
+    Error::Connection {
+        code,
+        reason,
+        remote: false,
+    }
+}
+
+/// The HPACK decoder of a connection that announced
+/// `max_header_list_size`: no string and no decoded list past it, the
+/// table at the default 4,096 octets we never raise.
+pub(crate) fn header_decoder(max_header_list_size: u32) -> Decoder {
+    let list = max_header_list_size as usize;
+    Decoder::new(
+        4096,
+        Limits {
+            max_string_len: list,
+            max_list_size: list,
+        },
+    )
+}
+
+/// Puts `cx`'s task in `slot` unless it is there already (a clone is an
+/// atomic increment, and the old waker's drop another).
+pub(crate) fn register(slot: &mut Option<Waker>, cx: &Context<'_>) {
+    if !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+        *slot = Some(cx.waker().clone());
     }
 }

@@ -11,8 +11,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::super::ErrorCode;
 use super::super::frame::{self, Frame, FrameHeader, HEADER_LEN, MAX_WINDOW, Scope, Settings};
-use super::super::hpack::{Decoder, Encoder, EncoderOptions, HeaderBlock, Limits};
-use super::super::shared::{Counted, IdMap, poll_read_frame, spare_room};
+use super::super::hpack::{Encoder, EncoderOptions, HeaderBlock};
+use super::super::shared::{
+    Counted, IdMap, OutBuf, goaway, header_decoder, poll_read_frame, register, spare_room,
+};
 use super::super::validate::{self, Invalid, Names};
 use super::state::{Assembly, Connection, Head, OUT_HIGH, Shared, Stream, lock};
 use super::{ABOVE_GOAWAY, ClientSettings, Error, SendRequest};
@@ -96,24 +98,16 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             pong_waker: None,
             ping_out: false,
         };
-        let list = settings.max_header_list_size as usize;
         let shared = Arc::new(Mutex::new(shared));
         let conn = Self {
             io,
             shared: shared.clone(),
             rbuf: BytesMut::new(),
-            decoder: Decoder::new(
-                4096,
-                Limits {
-                    max_string_len: list,
-                    max_list_size: list,
-                },
-            ),
+            decoder: header_decoder(settings.max_header_list_size),
             block: HeaderBlock::default(),
             names: Names::default(),
             assembling: None,
-            wbuf: Vec::new(),
-            written: 0,
+            wbuf: OutBuf::default(),
             got_settings: false,
             closing: None,
             finished: false,
@@ -132,13 +126,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         }
         {
             let mut sh = lock(&self.shared);
-            if !sh
-                .conn_waker
-                .as_ref()
-                .is_some_and(|w| w.will_wake(cx.waker()))
-            {
-                sh.conn_waker = Some(cx.waker().clone());
-            }
+            register(&mut sh.conn_waker, cx);
         }
         let mut reads = 0;
         loop {
@@ -201,7 +189,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     }
 
     fn backlog(&self) -> usize {
-        self.wbuf.len() - self.written + lock(&self.shared).out.len()
+        self.wbuf.unwritten() + lock(&self.shared).out.len()
     }
 
     fn release_idle(&mut self) {
@@ -220,62 +208,37 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         lock(&self.shared).kill(code, false, reason);
     }
 
-    /// A connection error of ours: GOAWAY(code) as the last frame.
+    /// A connection error of ours: GOAWAY(code) as the last frame. We
+    /// accept no pushed streams: the last one we processed is 0.
     fn fail(&mut self, (code, reason): ConnError) {
         let mut sh = lock(&self.shared);
-        Frame::GoAway {
-            // We accept no pushed streams: the last one we processed is 0.
-            last_stream: 0,
-            code,
-            debug: reason.as_bytes(),
-        }
-        .write(&mut sh.out);
+        self.closing = Some(goaway(&mut sh.out, 0, code, reason));
         sh.kill(Some(code), false, reason);
-        drop(sh);
-        self.closing = Some(Error::Connection {
-            code,
-            reason,
-            remote: false,
-        });
     }
 
     fn poll_write(&mut self, cx: &mut Context<'_>) -> std::io::Result<bool> {
         loop {
-            if self.written == self.wbuf.len() {
+            if self.wbuf.unwritten() == 0 {
                 let mut guard = lock(&self.shared);
                 let sh = &mut *guard;
                 sh.fill();
                 if sh.out.is_empty() {
                     break;
                 }
-                self.wbuf.clear();
-                self.written = 0;
-                if self.wbuf.capacity() == 0 {
-                    self.wbuf = spare::take_out(OutClass::Http2);
-                }
-                std::mem::swap(&mut self.wbuf, &mut sh.out);
+                self.wbuf.refill(&mut sh.out);
             }
-            while self.written < self.wbuf.len() {
-                match Pin::new(&mut self.io).poll_write(cx, &self.wbuf[self.written..]) {
-                    Poll::Pending => return Ok(false),
-                    Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
-                    Poll::Ready(Ok(n)) => self.written += n,
-                    Poll::Ready(Err(e)) => return Err(e),
-                }
+            match self.wbuf.poll_drain(&mut self.io, cx) {
+                Poll::Pending => return Ok(false),
+                Poll::Ready(r) => r?,
             }
         }
         if Pin::new(&mut self.io).poll_flush(cx).is_pending() {
             return Ok(false);
         }
-        self.wbuf.clear();
-        self.written = 0;
         let mut sh = lock(&self.shared);
-        if sh.open == 0 {
-            spare::give_out(
-                OutClass::Http2,
-                std::mem::take(&mut self.wbuf),
-                spare_room(),
-            );
+        let idle = sh.open == 0;
+        self.wbuf.flushed(idle);
+        if idle {
             if sh.out.is_empty() {
                 spare::give_out(OutClass::Http2, std::mem::take(&mut sh.out), spare_room());
             }

@@ -15,7 +15,7 @@ use http_body::{Frame as BodyFrame, SizeHint};
 use super::super::ErrorCode;
 use super::super::frame::{self, Frame, MAX_WINDOW};
 use super::super::hpack::FieldRef;
-use super::super::shared::{RecvWindow, field};
+use super::super::shared::{RecvWindow, field, register};
 use super::Error;
 use super::state::{Head, SendState, Shared, SharedRef, Stream, lock};
 
@@ -369,14 +369,7 @@ impl SendBody {
         let sh = &mut *guard;
         let frame = sh.peer_max_frame as usize;
         let s = sendable(sh, self.id)?;
-        if !s
-            .tx
-            .writable
-            .as_ref()
-            .is_some_and(|w| w.will_wake(cx.waker()))
-        {
-            s.tx.writable = Some(cx.waker().clone());
-        }
+        register(&mut s.tx.writable, cx);
         if s.tx.queued >= frame {
             return Poll::Pending;
         }
@@ -428,7 +421,7 @@ impl http_body::Body for RecvBody {
             })));
         };
         if let Some((code, remote, reason)) = s.reset
-            && !(s.recv_end && s.recv.is_empty() && code == ErrorCode::NO_ERROR)
+            && !s.complete_answer_kept()
         {
             return Poll::Ready(Some(Err(Error::Stream {
                 id,

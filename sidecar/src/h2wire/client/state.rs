@@ -96,6 +96,15 @@ impl Stream {
         }
     }
 
+    /// The app ended its answer and then reset the stream with NO_ERROR
+    /// (§8.1: it wants no more of the request): the answer is whole and
+    /// is read to its end, the reset no error to its reader.
+    pub(super) fn complete_answer_kept(&self) -> bool {
+        self.recv_end
+            && !self.body_dropped
+            && matches!(self.reset, Some((ErrorCode::NO_ERROR, true, _)))
+    }
+
     pub(super) fn closed(&self) -> bool {
         self.reset.is_some() || (self.recv_end && self.send_state == SendState::Done)
     }
@@ -162,8 +171,7 @@ pub(crate) struct Connection<T> {
     pub(super) block: HeaderBlock,
     pub(super) names: Names,
     pub(super) assembling: Option<Assembly>,
-    pub(super) wbuf: Vec<u8>,
-    pub(super) written: usize,
+    pub(super) wbuf: super::super::shared::OutBuf,
     /// The app's first SETTINGS came.
     pub(super) got_settings: bool,
     /// A connection error: our GOAWAY is queued; reported once flushed.
@@ -232,7 +240,7 @@ impl Shared {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
-        if !(s.body_dropped || s.reset.is_some()) {
+        if !(s.body_dropped || s.reset.is_some()) || s.complete_answer_kept() {
             return;
         }
         let unread: usize = s.recv.drain(..).map(|b| b.len()).sum();

@@ -296,3 +296,55 @@ async fn malformed_answers_reset_the_stream() {
     let (_, p) = app.next(frame::GOAWAY).await;
     assert_eq!(p[4..8], ErrorCode::PROTOCOL_ERROR.0.to_be_bytes());
 }
+
+/// §8.1: the app answers whole before the request body ended, then resets
+/// the stream with NO_ERROR (h2's and hyper's servers do on every early
+/// answer, gRPC's included). The answer is read to its end, the reset no
+/// error to its reader, and the request body goes no further. The data
+/// was once dropped with the reset: a gRPC answer without its message.
+#[tokio::test]
+async fn a_whole_answer_then_reset_no_error_is_read_whole() {
+    let (mut app, mut send, _task) = start(ClientSettings::default(), Settings::default()).await;
+    poll_fn(|cx| send.poll_ready(cx)).await.expect("slot");
+    let (resp, body) = send.send_request(&get(), false).expect("send");
+    let mut body = body.expect("a request body");
+    app.next(frame::HEADERS).await;
+    app.answer(1, &[(b":status", b"200")], false).await;
+    app.send(Frame::Data {
+        stream: 1,
+        end_stream: false,
+        data: b"hello",
+        flow_len: 5,
+    })
+    .await;
+    app.answer(1, &[(b"grpc-status", b"0")], true).await;
+    app.send(Frame::RstStream {
+        stream: 1,
+        code: ErrorCode::NO_ERROR,
+    })
+    .await;
+    // The answer is not asked for before the reset is handled.
+    tokio::time::timeout(T, async {
+        while body
+            .send_data(bytes::Bytes::from_static(b"x"), false)
+            .is_ok()
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the request body stops after the reset");
+    let resp = tokio::time::timeout(T, resp)
+        .await
+        .expect("in time")
+        .expect("answer");
+    let got = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .expect("the whole answer, no error");
+    let trailers = got.trailers().cloned().unwrap_or_default();
+    assert_eq!(got.to_bytes(), &b"hello"[..]);
+    assert_eq!(
+        trailers.get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"0"[..])
+    );
+}

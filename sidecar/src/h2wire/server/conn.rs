@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::super::ErrorCode;
 use super::super::frame::{self, Frame, MAX_WINDOW, Settings};
-use super::super::hpack::{Decoder, Encoder, EncoderOptions, HeaderBlock, Limits};
+use super::super::hpack::{Encoder, EncoderOptions, HeaderBlock};
 use super::state::{
     Abuse, Connection, Drain, Ends, GoAway, OUT_HIGH, Peer, ReadSide, Sealed, Shared, StreamMap,
     UserPing, Windows, WriteSide, lock,
@@ -20,6 +20,7 @@ use super::{Error, RecvBody, Respond, ServerSettings};
 use crate::spare::{self, OutClass, ReadClass};
 
 pub(super) use super::super::shared::{Counted, poll_read_frame, spare_room};
+use super::super::shared::{OutBuf, goaway, header_decoder, register};
 
 pub(super) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// After the close, the client's last bytes are read for at most this long
@@ -96,27 +97,19 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             local_error_resets: 0,
             recent_resets: VecDeque::new(),
         };
-        let list = settings.max_header_list_size as usize;
         Self {
             io,
             shared: Arc::new(Mutex::new(shared)),
             settings,
             rd: ReadSide {
                 buf: BytesMut::new(),
-                decoder: Decoder::new(
-                    4096,
-                    Limits {
-                        max_string_len: list,
-                        max_list_size: list,
-                    },
-                ),
+                decoder: header_decoder(settings.max_header_list_size),
                 block: HeaderBlock::default(),
                 names: Default::default(),
                 assembling: None,
             },
             wr: WriteSide {
-                buf: Vec::new(),
-                written: 0,
+                out: OutBuf::default(),
                 ends_in_buf: 0,
                 ends_written: 0,
             },
@@ -249,7 +242,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             + 2 * size_of::<usize>()
             + sh.heap_bytes()
             + self.rd.buf.capacity()
-            + self.wr.buf.capacity()
+            + self.wr.out.buf.capacity()
             + self.rd.decoder.memory()
             + self.rd.block.capacity()
             + self.rd.names.heap_bytes()
@@ -268,7 +261,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             ("ready", sh.ready.capacity()),
             ("encoder", sh.encoder.memory()),
             ("read_buf", self.rd.buf.capacity()),
-            ("writing", self.wr.buf.capacity()),
+            ("writing", self.wr.out.buf.capacity()),
             ("decoder", self.rd.decoder.memory()),
             ("hblock", self.rd.block.capacity()),
             ("accepted", self.accepted.capacity()),
@@ -278,13 +271,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     fn poll_drive(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Accepted, Error>>> {
         {
             let mut sh = lock(&self.shared);
-            if !sh
-                .conn_waker
-                .as_ref()
-                .is_some_and(|w| w.will_wake(cx.waker()))
-            {
-                sh.conn_waker = Some(cx.waker().clone());
-            }
+            register(&mut sh.conn_waker, cx);
             if sh.out.capacity() == 0 {
                 sh.out = spare::take_out(OutClass::Http2);
             }
@@ -422,7 +409,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
 
     /// Output not yet written to the socket.
     fn backlog(&self) -> usize {
-        self.wr.buf.len() - self.wr.written + lock(&self.shared).out.len()
+        self.wr.out.unwritten() + lock(&self.shared).out.len()
     }
 
     /// Nothing buffered, no stream open: the read-side buffers go back
@@ -457,52 +444,27 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// A connection error: GOAWAY(code) queued as the last frame.
     pub(super) fn fail(&mut self, (code, reason): (ErrorCode, &'static str)) {
         let mut sh = lock(&self.shared);
-        Frame::GoAway {
-            last_stream: self.peer.last_id,
-            code,
-            debug: reason.as_bytes(),
-        }
-        .write(&mut sh.out);
+        self.closing = Some(goaway(&mut sh.out, self.peer.last_id, code, reason));
         sh.kill(Some(code), reason);
-        drop(sh);
-        self.closing = Some(Error::Connection {
-            code,
-            reason,
-            remote: false,
-        });
     }
 
     /// Writes what is queued; Ok(true) once all of it reached the socket.
     fn poll_write(&mut self, cx: &mut Context<'_>) -> std::io::Result<bool> {
         loop {
-            if self.wr.written == self.wr.buf.len() {
-                // Everything queued, DATA the windows allow included, goes
-                // in one buffer and one write. A partly written buffer is
-                // finished first while new frames wait in `out` (no copy,
-                // and the unread output of a client that does not read
-                // stays within two buffers).
+            if self.wr.out.unwritten() == 0 {
                 let mut guard = lock(&self.shared);
                 let sh = &mut *guard;
                 sh.fill();
                 if sh.out.is_empty() {
                     break;
                 }
-                self.wr.buf.clear();
-                self.wr.written = 0;
-                if self.wr.buf.capacity() == 0 {
-                    self.wr.buf = spare::take_out(OutClass::Http2);
-                }
-                std::mem::swap(&mut self.wr.buf, &mut sh.out);
+                self.wr.out.refill(&mut sh.out);
                 self.wr.ends_in_buf += sh.ends.in_out;
                 sh.ends.in_out = 0;
             }
-            while self.wr.written < self.wr.buf.len() {
-                match Pin::new(&mut self.io).poll_write(cx, &self.wr.buf[self.wr.written..]) {
-                    Poll::Pending => return Ok(false),
-                    Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
-                    Poll::Ready(Ok(n)) => self.wr.written += n,
-                    Poll::Ready(Err(e)) => return Err(e),
-                }
+            match self.wr.out.poll_drain(&mut self.io, cx) {
+                Poll::Pending => return Ok(false),
+                Poll::Ready(r) => r?,
             }
             self.wr.ends_written += self.wr.ends_in_buf;
             self.wr.ends_in_buf = 0;
@@ -510,17 +472,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         if Pin::new(&mut self.io).poll_flush(cx).is_pending() {
             return Ok(false);
         }
-        self.wr.buf.clear();
-        self.wr.written = 0;
         let mut sh = lock(&self.shared);
-        if sh.open == 0 || self.wr.buf.capacity() > 2 * OUT_HIGH {
-            // Idle: the buffers go back (to this thread's spare stack when
-            // of its size); the next burst takes them again.
-            spare::give_out(
-                OutClass::Http2,
-                std::mem::take(&mut self.wr.buf),
-                spare_room(),
-            );
+        // Idle: the buffers go back (to this thread's spare stack when of
+        // its size); the next burst takes them again.
+        let idle = sh.open == 0 || self.wr.out.buf.capacity() > 2 * OUT_HIGH;
+        self.wr.out.flushed(idle);
+        if idle {
             if sh.out.is_empty() {
                 spare::give_out(OutClass::Http2, std::mem::take(&mut sh.out), spare_room());
             }

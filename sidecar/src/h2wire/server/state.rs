@@ -268,8 +268,7 @@ pub(super) struct ReadSide {
 
 /// The buffer being written, and the streams' ends in it.
 pub(super) struct WriteSide {
-    pub(super) buf: Vec<u8>,
-    pub(super) written: usize,
+    pub(super) out: super::super::shared::OutBuf,
     /// Streams' last frames in `buf`: counted written once it is.
     pub(super) ends_in_buf: u64,
     pub(super) ends_written: u64,

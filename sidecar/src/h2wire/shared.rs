@@ -359,3 +359,91 @@ pub(crate) fn register(slot: &mut Option<Waker>, cx: &Context<'_>) {
         *slot = Some(cx.waker().clone());
     }
 }
+
+/// Frames one header block may take (CONTINUATION flood, CVE-2024-27316
+/// class): cut before HPACK ever runs.
+pub(crate) const MAX_BLOCK_FRAMES: u32 = 32;
+
+type ConnError = (ErrorCode, &'static str);
+
+/// A header block spread over HEADERS and CONTINUATIONs (§6.10), bounded
+/// at [`MAX_BLOCK_FRAMES`] frames and `max` bytes: for a header list of
+/// `max_header_list_size`, 1.5 times it plus 4 KiB (HPACK's literals and
+/// Huffman codes can make a block somewhat larger than the list).
+pub(crate) struct Assembly {
+    pub(crate) stream: u32,
+    pub(crate) end_stream: bool,
+    pub(crate) buf: Vec<u8>,
+    frames: u32,
+}
+
+impl Assembly {
+    pub(crate) fn max_bytes(max_header_list_size: u32) -> usize {
+        let list = max_header_list_size as usize;
+        list + list / 2 + 4096
+    }
+
+    /// A HEADERS frame without END_HEADERS: the block's start.
+    pub(crate) fn start(
+        stream: u32,
+        end_stream: bool,
+        block: &[u8],
+        max: usize,
+    ) -> Result<Self, ConnError> {
+        if block.len() > max {
+            return Err((ErrorCode::ENHANCE_YOUR_CALM, "header block too large"));
+        }
+        Ok(Self {
+            stream,
+            end_stream,
+            buf: block.to_vec(),
+            frames: 1,
+        })
+    }
+
+    /// A CONTINUATION added to the block being assembled: the whole block
+    /// once END_HEADERS came.
+    pub(crate) fn add(
+        assembling: &mut Option<Self>,
+        end_headers: bool,
+        block: &[u8],
+        max: usize,
+    ) -> Result<Option<Self>, ConnError> {
+        let Some(a) = assembling.as_mut() else {
+            return Err((ErrorCode::PROTOCOL_ERROR, "CONTINUATION without HEADERS"));
+        };
+        a.frames += 1;
+        if a.frames > MAX_BLOCK_FRAMES || a.buf.len() + block.len() > max {
+            return Err((
+                ErrorCode::ENHANCE_YOUR_CALM,
+                "header block too large or in too many frames",
+            ));
+        }
+        a.buf.extend_from_slice(block);
+        Ok(if end_headers { assembling.take() } else { None })
+    }
+}
+
+/// Empty DATA frames without END_STREAM a peer may send, net of
+/// non-empty ones: each costs a frame's handling and carries nothing.
+pub(crate) const EMPTY_DATA_LIMIT: u32 = 100;
+
+/// The count against [`EMPTY_DATA_LIMIT`].
+#[derive(Default)]
+pub(crate) struct EmptyData(u32);
+
+impl EmptyData {
+    /// A DATA frame of `len` bytes: Err (ENHANCE_YOUR_CALM) once the
+    /// empty ones are past the limit.
+    pub(crate) fn count(&mut self, len: usize, end_stream: bool) -> Result<(), ConnError> {
+        if len == 0 && !end_stream {
+            self.0 += 1;
+            if self.0 > EMPTY_DATA_LIMIT {
+                return Err((ErrorCode::ENHANCE_YOUR_CALM, "too many empty DATA frames"));
+            }
+        } else if len > 0 {
+            self.0 = self.0.saturating_sub(1);
+        }
+        Ok(())
+    }
+}

@@ -11,24 +11,45 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::super::ErrorCode;
 use super::super::frame::{self, Frame, FrameHeader, HEADER_LEN, MAX_WINDOW, Scope, Settings};
-use super::super::hpack::{Encoder, EncoderOptions, HeaderBlock};
+use super::super::hpack::{Decoder, Encoder, EncoderOptions, HeaderBlock};
 use super::super::shared::{
-    Counted, IdMap, OutBuf, goaway, header_decoder, poll_read_frame, register, spare_room,
+    Assembly, Counted, EmptyData, IdMap, OutBuf, goaway, header_decoder, poll_read_frame, register,
+    spare_room,
 };
 use super::super::validate::{self, Invalid, Names};
-use super::state::{Assembly, Connection, Head, OUT_HIGH, Shared, Stream, lock};
+use super::state::{Head, OUT_HIGH, Shared, SharedRef, Stream, lock};
 use super::{ABOVE_GOAWAY, ClientSettings, Error, SendRequest};
 use crate::spare::{self, OutClass, ReadClass};
 
 pub(super) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// Streams we may reset for the app's errors before the connection ends
+/// with GOAWAY(ENHANCE_YOUR_CALM): h2's client took 1024 (h2conn.rs set it).
+pub(super) const MAX_LOCAL_ERROR_RESETS: usize = 1024;
 pub(super) const USER_PING: [u8; 8] = *b"kg-cping";
 /// Reads per wake-up before the write: an app that keeps the socket full
 /// still sees our WINDOW_UPDATEs and requests go out.
 const MAX_READS: usize = 8;
-/// A header block is cut at this many frames (CONTINUATION flood).
-const MAX_BLOCK_FRAMES: u32 = 32;
 
 type ConnError = (ErrorCode, &'static str);
+
+/// A client-side HTTP/2 connection. See the module doc (mod.rs).
+pub(crate) struct Connection<T> {
+    io: T,
+    shared: SharedRef,
+    rbuf: BytesMut,
+    decoder: Decoder,
+    block: HeaderBlock,
+    names: Names,
+    assembling: Option<Assembly>,
+    wbuf: OutBuf,
+    /// The app's first SETTINGS came.
+    got_settings: bool,
+    empty_data: EmptyData,
+    /// A connection error: our GOAWAY is queued; reported once flushed.
+    closing: Option<Error>,
+    finished: bool,
+    _counted: Counted,
+}
 
 /// `id` is odd and below `next_id`: a stream we opened.
 fn check_id(id: u32, next_id: u32) -> Result<(), ConnError> {
@@ -92,6 +113,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             settings,
             goaway: None,
             local_close: false,
+            local_error_resets: 0,
             dead: None,
             conn_waker: None,
             slot_wakers: Vec::new(),
@@ -109,6 +131,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             assembling: None,
             wbuf: OutBuf::default(),
             got_settings: false,
+            empty_data: EmptyData::default(),
             closing: None,
             finished: false,
             _counted: Counted::new(),
@@ -251,8 +274,22 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         poll_read_frame(Pin::new(&mut self.io), &mut self.rbuf, cx)
     }
 
-    /// Handles every whole frame in the read buffer.
+    /// Handles every whole frame in the read buffer; past
+    /// [`MAX_LOCAL_ERROR_RESETS`] streams reset for the app's errors, the
+    /// connection ends (as h2's client did, and our server does).
     fn process(&mut self) -> Result<(), ConnError> {
+        let handled = self.process_frames();
+        let sh = lock(&self.shared);
+        if sh.local_error_resets > MAX_LOCAL_ERROR_RESETS {
+            return Err((
+                ErrorCode::ENHANCE_YOUR_CALM,
+                "too many streams reset for the app's errors",
+            ));
+        }
+        handled
+    }
+
+    fn process_frames(&mut self) -> Result<(), ConnError> {
         let max_frame = lock(&self.shared).settings.max_frame_size;
         loop {
             if self.rbuf.len() < HEADER_LEN {
@@ -283,7 +320,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 Err(e) => match e.scope {
                     Scope::Connection => return Err((e.code, e.reason)),
                     Scope::Stream(id) => {
-                        lock(&self.shared).reset_stream(id, e.code, false, e.reason);
+                        lock(&self.shared).error_reset(id, e.code, e.reason);
                     }
                 },
             }
@@ -305,47 +342,14 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 }
                 Ok(())
             }
-            Frame::Headers {
-                stream,
-                end_stream,
-                end_headers,
-                block,
-                ..
-            } => {
-                self.check_id(stream)?;
-                let a = Assembly {
-                    stream,
-                    end_stream,
-                    buf: Vec::new(),
-                    frames: 1,
-                };
-                if end_headers {
-                    self.on_block(a.stream, a.end_stream, block)
-                } else {
-                    let mut a = a;
-                    a.buf.extend_from_slice(block);
-                    self.assembling = Some(a);
-                    Ok(())
-                }
-            }
+            f @ Frame::Headers { .. } => self.on_headers(f),
             Frame::Continuation {
                 end_headers, block, ..
             } => {
-                let Some(mut a) = self.assembling.take() else {
-                    return Err((ErrorCode::PROTOCOL_ERROR, "CONTINUATION without HEADERS"));
-                };
-                a.frames += 1;
-                a.buf.extend_from_slice(block);
-                let list = lock(&self.shared).settings.max_header_list_size as usize;
-                if a.frames > MAX_BLOCK_FRAMES || a.buf.len() > list + list / 2 + 4096 {
-                    return Err((ErrorCode::ENHANCE_YOUR_CALM, "header block too long"));
-                }
-                if end_headers {
-                    let buf = std::mem::take(&mut a.buf);
-                    self.on_block(a.stream, a.end_stream, &buf)
-                } else {
-                    self.assembling = Some(a);
-                    Ok(())
+                let max = Assembly::max_bytes(lock(&self.shared).settings.max_header_list_size);
+                match Assembly::add(&mut self.assembling, end_headers, block, max)? {
+                    Some(a) => self.on_block(a.stream, a.end_stream, &a.buf),
+                    None => Ok(()),
                 }
             }
             Frame::Data {
@@ -381,10 +385,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 };
                 s.tx.window += i64::from(increment);
                 if s.tx.window > i64::from(MAX_WINDOW) {
-                    sh.reset_stream(
+                    sh.error_reset(
                         stream,
                         ErrorCode::FLOW_CONTROL_ERROR,
-                        false,
                         "stream window overflow",
                     );
                 } else {
@@ -416,6 +419,27 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             }
             Frame::Priority { .. } | Frame::Unknown { .. } => Ok(()),
         }
+    }
+
+    /// The start of an answer's head or trailers.
+    fn on_headers(&mut self, f: Frame<'_>) -> Result<(), ConnError> {
+        let Frame::Headers {
+            stream,
+            end_stream,
+            end_headers,
+            block,
+            ..
+        } = f
+        else {
+            return Ok(());
+        };
+        self.check_id(stream)?;
+        if end_headers {
+            return self.on_block(stream, end_stream, block);
+        }
+        let max = Assembly::max_bytes(lock(&self.shared).settings.max_header_list_size);
+        self.assembling = Some(Assembly::start(stream, end_stream, block, max)?);
+        Ok(())
     }
 
     /// A stream id the app may name: odd, one we opened (§5.1.1);
@@ -460,74 +484,58 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         Ok(())
     }
 
-    fn on_data(
-        &mut self,
-        id: u32,
-        end_stream: bool,
-        data: Bytes,
-        flow_len: u32,
-    ) -> Result<(), ConnError> {
+    fn on_data(&mut self, id: u32, end: bool, data: Bytes, flow: u32) -> Result<(), ConnError> {
+        self.empty_data.count(data.len(), end)?;
         self.check_id(id)?;
         let mut guard = lock(&self.shared);
         let sh = &mut *guard;
-        sh.conn_recv -= i64::from(flow_len);
+        sh.conn_recv -= i64::from(flow);
         if sh.conn_recv < 0 {
             return Err((ErrorCode::FLOW_CONTROL_ERROR, "connection window exceeded"));
         }
         // Padding is nobody's to read: its window goes back at once.
-        let pad = flow_len - data.len() as u32;
+        let pad = flow - data.len() as u32;
         let Some(s) = sh.streams.get_mut(&id) else {
             // A stream we reset: its window is given back.
-            sh.release_conn(flow_len);
+            sh.release_conn(flow);
             return Ok(());
         };
         if s.reset.is_some() || s.recv_end || s.body_dropped {
-            sh.release_conn(flow_len);
+            sh.release_conn(flow);
             return Ok(());
         }
         if !matches!(s.head, Head::Taken | Head::Ready(_)) {
-            sh.reset_stream(
-                id,
-                ErrorCode::PROTOCOL_ERROR,
-                false,
-                "DATA before the answer",
-            );
-            sh.release_conn(flow_len);
+            sh.error_reset(id, ErrorCode::PROTOCOL_ERROR, "DATA before the answer");
+            sh.release_conn(flow);
             return Ok(());
         }
-        s.recv_window -= i64::from(flow_len);
+        s.recv_window -= i64::from(flow);
         if s.recv_window < 0 {
-            sh.reset_stream(
-                id,
-                ErrorCode::FLOW_CONTROL_ERROR,
-                false,
-                "stream window exceeded",
-            );
-            sh.release_conn(flow_len);
+            sh.error_reset(id, ErrorCode::FLOW_CONTROL_ERROR, "stream window exceeded");
+            sh.release_conn(flow);
             return Ok(());
         }
         s.recv_total += data.len() as u64;
         let over = s
             .content_length
-            .is_some_and(|l| s.recv_total > l || (end_stream && s.recv_total != l));
+            .is_some_and(|l| s.recv_total > l || (end && s.recv_total != l));
         if over {
-            sh.reset_stream(
+            sh.error_reset(
                 id,
                 ErrorCode::PROTOCOL_ERROR,
-                false,
                 "body differs from content-length",
             );
-            sh.release_conn(flow_len);
+            sh.release_conn(flow);
             return Ok(());
         }
         if !data.is_empty() {
             s.recv.push_back(data);
         }
-        s.recv_end = end_stream;
+        s.recv_end = end;
         if let Some(w) = s.body_waker.take() {
             w.wake();
         }
-        if end_stream {
+        if end {
             sh.gc(id);
         }
         if pad > 0 {
@@ -547,7 +555,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             if e.ends_connection() {
                 return Err((e.code(), "HPACK block could not be decoded"));
             }
-            sh.reset_stream(id, e.code(), false, "answer's header list too large");
+            sh.error_reset(id, e.code(), "answer's header list too large");
             return Ok(());
         }
         let Some(s) = sh.streams.get_mut(&id) else {
@@ -557,12 +565,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             return Ok(());
         }
         if s.recv_end {
-            sh.reset_stream(
-                id,
-                ErrorCode::STREAM_CLOSED,
-                false,
-                "HEADERS after END_STREAM",
-            );
+            sh.error_reset(id, ErrorCode::STREAM_CLOSED, "HEADERS after END_STREAM");
             return Ok(());
         }
         let taken = if matches!(s.head, Head::Waiting) {
@@ -571,7 +574,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             answer_trailers(s, &self.block, &mut self.names, end_stream)
         };
         match taken {
-            Err(reason) => sh.reset_stream(id, ErrorCode::PROTOCOL_ERROR, false, reason),
+            Err(reason) => sh.error_reset(id, ErrorCode::PROTOCOL_ERROR, reason),
             Ok(false) => {}
             Ok(true) => {
                 s.recv_end = end_stream;

@@ -50,9 +50,9 @@ mod tests_interop;
 pub(crate) use super::server::Error;
 // Used by the tests until src/upstream/ moves onto this side.
 #[allow(unused_imports)]
-pub(crate) use handles::{RecvBody, ResponseFuture, SendBody, SendRequest};
+pub(crate) use conn::Connection;
 #[allow(unused_imports)]
-pub(crate) use state::Connection;
+pub(crate) use handles::{RecvBody, ResponseFuture, SendBody, SendRequest};
 
 use super::ErrorCode;
 

@@ -7,14 +7,13 @@ use std::task::Waker;
 
 use super::super::shared::{SendQueue, write_trailers};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::HeaderMap;
 
 use super::super::ErrorCode;
 use super::super::frame::{Frame, MAX_WINDOW};
-use super::super::hpack::{Decoder, Encoder, HeaderBlock};
+use super::super::hpack::Encoder;
 use super::super::shared::IdMap;
-use super::super::validate::Names;
 use super::{ClientSettings, Error};
 
 /// Output queued past this stops the filling of DATA for this round and
@@ -53,15 +52,19 @@ pub(super) struct Stream {
     pub(super) handles: u8,
     pub(super) head: Head,
     pub(super) head_waker: Option<Waker>,
+    /// The answer's DATA received and not read yet.
     pub(super) recv: VecDeque<Bytes>,
     pub(super) recv_end: bool,
     pub(super) body_dropped: bool,
+    /// The answer's content-length: a body longer or shorter is reset.
     pub(super) content_length: Option<u64>,
     pub(super) recv_window: i64,
     pub(super) recv_unreleased: u32,
+    /// Bytes of the answer received, read or not.
     pub(super) recv_total: u64,
     pub(super) recv_trailers: Option<HeaderMap>,
     pub(super) body_waker: Option<Waker>,
+    /// The request's side: its state, then the data and trailers queued.
     pub(super) send_state: SendState,
     pub(super) tx: SendQueue,
     pub(super) scheduled: bool,
@@ -130,12 +133,16 @@ pub(super) struct Shared {
     pub(super) next_id: u32,
     /// The app's SETTINGS_MAX_CONCURRENT_STREAMS within ours.
     pub(super) max_open: usize,
+    /// Frames queued for the connection's task to write.
     pub(super) out: Vec<u8>,
     pub(super) ready: VecDeque<u32>,
     pub(super) encoder: Encoder,
     pub(super) block: Vec<u8>,
+    /// The app's SETTINGS: each stream's send window at its start, the
+    /// largest frame it takes.
     pub(super) peer_initial: u32,
     pub(super) peer_max_frame: u32,
+    /// The connection's windows: what we may send, what the app may.
     pub(super) conn_send: i64,
     pub(super) conn_recv: i64,
     pub(super) conn_unreleased: u32,
@@ -145,6 +152,8 @@ pub(super) struct Shared {
     /// [`super::SendRequest::close`]: our GOAWAY is queued, no stream
     /// opens, the connection ends when the open ones are done.
     pub(super) local_close: bool,
+    /// Streams we reset for the app's errors.
+    pub(super) local_error_resets: usize,
     /// The connection ended: handles get this.
     pub(super) dead: Option<(Option<ErrorCode>, bool, &'static str)>,
     pub(super) conn_waker: Option<Waker>,
@@ -152,32 +161,6 @@ pub(super) struct Shared {
     pub(super) slot_wakers: Vec<Waker>,
     pub(super) pong_waker: Option<Waker>,
     pub(super) ping_out: bool,
-}
-
-/// A header block spread over HEADERS and CONTINUATIONs.
-pub(super) struct Assembly {
-    pub(super) stream: u32,
-    pub(super) end_stream: bool,
-    pub(super) buf: Vec<u8>,
-    pub(super) frames: u32,
-}
-
-/// A client-side HTTP/2 connection. See the module doc (mod.rs).
-pub(crate) struct Connection<T> {
-    pub(super) io: T,
-    pub(super) shared: SharedRef,
-    pub(super) rbuf: BytesMut,
-    pub(super) decoder: Decoder,
-    pub(super) block: HeaderBlock,
-    pub(super) names: Names,
-    pub(super) assembling: Option<Assembly>,
-    pub(super) wbuf: super::super::shared::OutBuf,
-    /// The app's first SETTINGS came.
-    pub(super) got_settings: bool,
-    /// A connection error: our GOAWAY is queued; reported once flushed.
-    pub(super) closing: Option<Error>,
-    pub(super) finished: bool,
-    pub(super) _counted: super::super::shared::Counted,
 }
 
 impl Shared {
@@ -233,6 +216,13 @@ impl Shared {
         }
         self.release_body(id);
         self.gc(id);
+    }
+
+    /// Resets `id` for the app's error (a malformed answer, a window
+    /// exceeded): counted against conn.rs's `MAX_LOCAL_ERROR_RESETS`.
+    pub(super) fn error_reset(&mut self, id: u32, code: ErrorCode, reason: &'static str) {
+        self.local_error_resets += 1;
+        self.reset_stream(id, code, false, reason);
     }
 
     /// Gives back the connection window the stream's unread data holds.

@@ -14,7 +14,8 @@ use tokio::task::JoinHandle;
 use super::super::ErrorCode;
 use super::super::frame::{self, Frame, FrameHeader, HEADER_LEN, MAX_WINDOW, Settings};
 use super::super::hpack::{Encoder, EncoderOptions, FieldRef};
-use super::conn::PREFACE;
+use super::super::shared::EMPTY_DATA_LIMIT;
+use super::conn::{MAX_LOCAL_ERROR_RESETS, PREFACE};
 use super::{ClientSettings, Connection, Error, SendRequest};
 
 const T: Duration = Duration::from_secs(10);
@@ -207,12 +208,23 @@ async fn the_apps_window_updates_are_bounded_at_two_to_the_31() {
         increment: MAX_WINDOW - 65_535,
     })
     .await;
+    still_up(&mut app).await;
+    app.send(Frame::WindowUpdate {
+        stream: 0,
+        increment: 1,
+    })
+    .await;
+    ends_with(&mut app, task, ErrorCode::FLOW_CONTROL_ERROR).await;
+}
+
+/// The connection is still up: a PING of the app's is answered, and no
+/// GOAWAY of ours comes before the ACK.
+async fn still_up(app: &mut App) {
     app.send(Frame::Ping {
         ack: false,
         data: *b"12345678",
     })
     .await;
-    // The PING's ACK comes and no GOAWAY before it.
     loop {
         let (h, _) = app.frame().await;
         assert_ne!(h.kind, frame::GOAWAY);
@@ -220,21 +232,72 @@ async fn the_apps_window_updates_are_bounded_at_two_to_the_31() {
             break;
         }
     }
-    app.send(Frame::WindowUpdate {
-        stream: 0,
-        increment: 1,
-    })
-    .await;
+}
+
+/// Our GOAWAY(`code`) comes and the connection ends with that error.
+async fn ends_with(app: &mut App, task: JoinHandle<Result<(), Error>>, code: ErrorCode) {
     let (_, p) = app.next(frame::GOAWAY).await;
-    assert_eq!(p[4..8], ErrorCode::FLOW_CONTROL_ERROR.0.to_be_bytes());
+    assert_eq!(p[4..8], code.0.to_be_bytes());
     let end = tokio::time::timeout(T, task)
         .await
         .expect("ends")
         .expect("task");
-    assert_eq!(
-        end.err().and_then(|e| e.code()),
-        Some(ErrorCode::FLOW_CONTROL_ERROR)
-    );
+    assert_eq!(end.err().and_then(|e| e.code()), Some(code));
+}
+
+/// Empty DATA frames without END_STREAM: [`EMPTY_DATA_LIMIT`] of them
+/// (net of non-empty ones) pass, one more ends the connection with
+/// ENHANCE_YOUR_CALM, as the server bounds its clients.
+#[tokio::test]
+async fn empty_data_from_the_app_is_bounded() {
+    let (mut app, mut send, task) = start(ClientSettings::default(), Settings::default()).await;
+    let _resp = open(&mut send).await;
+    app.next(frame::HEADERS).await;
+    app.answer(1, &[(b":status", b"200")], false).await;
+    let empty = || Frame::Data {
+        stream: 1,
+        end_stream: false,
+        data: b"",
+        flow_len: 0,
+    };
+    // One non-empty frame takes one off the count.
+    app.send(empty()).await;
+    app.send(Frame::Data {
+        stream: 1,
+        end_stream: false,
+        data: b"x",
+        flow_len: 1,
+    })
+    .await;
+    for _ in 0..EMPTY_DATA_LIMIT {
+        app.send(empty()).await;
+    }
+    still_up(&mut app).await;
+    app.send(empty()).await;
+    ends_with(&mut app, task, ErrorCode::ENHANCE_YOUR_CALM).await;
+}
+
+/// Streams we reset for the app's errors (here answers without :status):
+/// [`MAX_LOCAL_ERROR_RESETS`] of them pass, one more ends the connection
+/// with ENHANCE_YOUR_CALM (h2's client had the same bound).
+#[tokio::test]
+async fn streams_reset_for_the_apps_errors_are_bounded() {
+    let (mut app, mut send, task) = start(ClientSettings::default(), Settings::default()).await;
+    let malformed = async |send: &mut SendRequest, app: &mut App| {
+        let resp = open(send).await;
+        app.answer(resp.stream_id(), &[(b"x-no-status", b"1")], true)
+            .await;
+        let err = failure(resp).await;
+        assert_eq!(err.code(), Some(ErrorCode::PROTOCOL_ERROR), "{err}");
+    };
+    for _ in 0..MAX_LOCAL_ERROR_RESETS {
+        malformed(&mut send, &mut app).await;
+    }
+    still_up(&mut app).await;
+    let resp = open(&mut send).await;
+    app.answer(resp.stream_id(), &[(b"x-no-status", b"1")], true)
+        .await;
+    ends_with(&mut app, task, ErrorCode::ENHANCE_YOUR_CALM).await;
 }
 
 /// The app's MAX_CONCURRENT_STREAMS holds `poll_ready`; a closed stream

@@ -223,14 +223,6 @@ pub(super) enum UserPing {
     Acked,
 }
 
-/// A header block spread over HEADERS and CONTINUATIONs.
-pub(super) struct Assembly {
-    pub(super) stream: u32,
-    pub(super) end_stream: bool,
-    pub(super) buf: Vec<u8>,
-    pub(super) frames: u32,
-}
-
 /// A server-side HTTP/2 connection. See the module doc (mod.rs).
 pub(crate) struct Connection<T> {
     pub(super) io: T,
@@ -263,7 +255,7 @@ pub(super) struct ReadSide {
     pub(super) block: HeaderBlock,
     /// Field names outside the standard set, allocated once a connection.
     pub(super) names: super::super::validate::Names,
-    pub(super) assembling: Option<Assembly>,
+    pub(super) assembling: Option<super::super::shared::Assembly>,
 }
 
 /// The buffer being written, and the streams' ends in it.
@@ -368,7 +360,7 @@ pub(super) struct Abuse {
     pub(super) remote_resets: usize,
     pub(super) resets_since: Instant,
     /// Empty DATA frames without END_STREAM, less one per non-empty one.
-    pub(super) empty_data: u32,
+    pub(super) empty_data: super::super::shared::EmptyData,
 }
 
 impl Abuse {
@@ -376,7 +368,7 @@ impl Abuse {
         Self {
             remote_resets: 0,
             resets_since: Instant::now(),
-            empty_data: 0,
+            empty_data: Default::default(),
         }
     }
 

@@ -447,3 +447,50 @@ impl EmptyData {
         Ok(())
     }
 }
+
+impl Windows {
+    /// `n` bytes of the connection window are free again (readers took
+    /// them, or they were dropped unread); once half of `conn_window` is,
+    /// a WINDOW_UPDATE goes into `out` (None: the connection is over) and
+    /// true says the writer must be woken.
+    pub(crate) fn release(&mut self, n: u32, conn_window: u32, out: Option<&mut Vec<u8>>) -> bool {
+        self.conn_unreleased = self.conn_unreleased.saturating_add(n);
+        let Some(out) = out else {
+            return false;
+        };
+        if self.conn_unreleased < conn_window / 2 {
+            return false;
+        }
+        let increment = self.conn_unreleased.min(frame::MAX_WINDOW);
+        frame::Frame::WindowUpdate {
+            stream: 0,
+            increment,
+        }
+        .write(out);
+        self.conn_recv += i64::from(increment);
+        self.conn_unreleased = 0;
+        true
+    }
+
+    /// §6.9.2: 65,535 both ways until SETTINGS and WINDOW_UPDATE say more;
+    /// ours raised to `conn_window` by the WINDOW_UPDATE we send first.
+    pub(crate) fn new(conn_window: u32) -> Self {
+        Self {
+            peer_initial: 65_535,
+            conn_send: 65_535,
+            conn_recv: i64::from(conn_window),
+            conn_unreleased: 0,
+        }
+    }
+}
+
+/// A connection's windows: the peer's initial stream window (its
+/// SETTINGS), what we may still send on the connection, what the peer may
+/// still send on it, and what readers took and we have not given back
+/// yet (a WINDOW_UPDATE goes once it is half the connection window).
+pub(crate) struct Windows {
+    pub(crate) peer_initial: u32,
+    pub(crate) conn_send: i64,
+    pub(crate) conn_recv: i64,
+    pub(crate) conn_unreleased: u32,
+}

@@ -13,8 +13,8 @@ use super::super::ErrorCode;
 use super::super::frame::{self, Frame, FrameHeader, HEADER_LEN, MAX_WINDOW, Scope, Settings};
 use super::super::hpack::{Decoder, Encoder, EncoderOptions, HeaderBlock};
 use super::super::shared::{
-    Assembly, Counted, EmptyData, IdMap, OutBuf, goaway, header_decoder, poll_read_frame, register,
-    spare_room,
+    Assembly, Counted, EmptyData, IdMap, OutBuf, Windows, goaway, header_decoder, poll_read_frame,
+    register, spare_room,
 };
 use super::super::validate::{self, Invalid, Names};
 use super::state::{Head, OUT_HIGH, Shared, SharedRef, Stream, lock};
@@ -105,11 +105,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             ready: VecDeque::new(),
             encoder: Encoder::new(4096, EncoderOptions::default()),
             block: Vec::new(),
-            peer_initial: 65_535,
+            win: Windows::new(settings.connection_window_size),
             peer_max_frame: frame::DEFAULT_MAX_FRAME_SIZE,
-            conn_send: 65_535,
-            conn_recv: i64::from(settings.connection_window_size),
-            conn_unreleased: 0,
             settings,
             goaway: None,
             local_close: false,
@@ -371,8 +368,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             Frame::WindowUpdate { stream, increment } => {
                 let mut sh = lock(&self.shared);
                 if stream == 0 {
-                    sh.conn_send += i64::from(increment);
-                    if sh.conn_send > i64::from(MAX_WINDOW) {
+                    sh.win.conn_send += i64::from(increment);
+                    if sh.win.conn_send > i64::from(MAX_WINDOW) {
                         return Err((ErrorCode::FLOW_CONTROL_ERROR, "connection window overflow"));
                     }
                     sh.schedule_all();
@@ -489,8 +486,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         self.check_id(id)?;
         let mut guard = lock(&self.shared);
         let sh = &mut *guard;
-        sh.conn_recv -= i64::from(flow);
-        if sh.conn_recv < 0 {
+        sh.win.conn_recv -= i64::from(flow);
+        if sh.win.conn_recv < 0 {
             return Err((ErrorCode::FLOW_CONTROL_ERROR, "connection window exceeded"));
         }
         // Padding is nobody's to read: its window goes back at once.

@@ -10,12 +10,12 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::HeaderMap;
-use http_body::{Frame as BodyFrame, SizeHint};
+use http_body::SizeHint;
 
 use super::super::ErrorCode;
 use super::super::frame::{self, Frame, MAX_WINDOW};
 use super::super::hpack::FieldRef;
-use super::super::shared::{RecvWindow, field, register};
+use super::super::shared::{field, register};
 use super::Error;
 use super::state::{Head, SendState, Shared, SharedRef, Stream, lock};
 
@@ -167,7 +167,7 @@ impl SendRequest {
         sh.open += 1;
         let mut s = Stream::new(
             sh.settings.initial_window_size,
-            sh.peer_initial,
+            sh.win.peer_initial,
             end_of_stream,
         );
         s.handles = if end_of_stream { 1 } else { 2 };
@@ -391,7 +391,7 @@ impl Drop for SendBody {
     }
 }
 
-type BodyResult = Result<BodyFrame<Bytes>, Error>;
+use super::state::BodyResult;
 
 /// The answer's body; trailers come as its last frame.
 pub(crate) struct RecvBody {
@@ -406,55 +406,7 @@ impl http_body::Body for RecvBody {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<BodyResult>> {
         let this = self.get_mut();
-        if this.ended {
-            return Poll::Ready(None);
-        }
-        let id = this.id;
-        let mut guard = lock(&this.shared);
-        let sh = &mut *guard;
-        let dead = sh.dead_error(id);
-        let window = sh.settings.initial_window_size;
-        let Some(s) = sh.streams.get_mut(&id) else {
-            return Poll::Ready(Some(Err(Error::Closed {
-                id,
-                reason: "stream closed before its body ended",
-            })));
-        };
-        if let Some((code, remote, reason)) = s.reset
-            && !s.complete_answer_kept()
-        {
-            return Poll::Ready(Some(Err(Error::Stream {
-                id,
-                code,
-                reason,
-                remote,
-            })));
-        }
-        let taken = RecvWindow {
-            chunks: &mut s.recv,
-            unreleased: &mut s.recv_unreleased,
-            window: &mut s.recv_window,
-            ended: s.recv_end,
-            initial: window,
-        }
-        .take(id, dead.is_none().then_some(&mut sh.out));
-        if let Some((chunk, wrote)) = taken {
-            if wrote {
-                sh.wake_conn();
-            }
-            let n = chunk.len() as u32;
-            sh.release_conn(n);
-            return Poll::Ready(Some(Ok(BodyFrame::data(chunk))));
-        }
-        if s.recv_end {
-            this.ended = true;
-            return Poll::Ready(s.recv_trailers.take().map(|t| Ok(BodyFrame::trailers(t))));
-        }
-        if let Some(e) = dead {
-            return Poll::Ready(Some(Err(e)));
-        }
-        s.body_waker = Some(cx.waker().clone());
-        Poll::Pending
+        lock(&this.shared).poll_body(this.id, &mut this.ended, cx)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -3,9 +3,11 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::Waker;
+use std::task::{Context, Poll, Waker};
 
-use super::super::shared::{SendQueue, write_trailers};
+use http_body::Frame as BodyFrame;
+
+use super::super::shared::{RecvWindow, SendQueue, Windows, register, write_trailers};
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -22,6 +24,8 @@ use super::{ClientSettings, Error};
 pub(super) const OUT_HIGH: usize = 64 << 10;
 
 pub(super) type SharedRef = Arc<Mutex<Shared>>;
+
+pub(super) type BodyResult = Result<BodyFrame<Bytes>, Error>;
 
 /// Locks, ignoring poisoning: no code under this lock panics on input.
 pub(super) fn lock(shared: &SharedRef) -> MutexGuard<'_, Shared> {
@@ -138,14 +142,9 @@ pub(super) struct Shared {
     pub(super) ready: VecDeque<u32>,
     pub(super) encoder: Encoder,
     pub(super) block: Vec<u8>,
-    /// The app's SETTINGS: each stream's send window at its start, the
-    /// largest frame it takes.
-    pub(super) peer_initial: u32,
+    /// The largest frame the app takes (its SETTINGS).
     pub(super) peer_max_frame: u32,
-    /// The connection's windows: what we may send, what the app may.
-    pub(super) conn_send: i64,
-    pub(super) conn_recv: i64,
-    pub(super) conn_unreleased: u32,
+    pub(super) win: Windows,
     pub(super) settings: ClientSettings,
     /// The app's GOAWAY came (its last-stream-id): no new streams.
     pub(super) goaway: Option<u32>,
@@ -225,6 +224,67 @@ impl Shared {
         self.reset_stream(id, code, false, reason);
     }
 
+    /// The next frame of stream `id`'s answer body for its reader: data
+    /// (its window given back as it goes), the trailers, the end
+    /// (`ended` set, after which the stream is not looked at again) or
+    /// the error; `cx`'s task is woken when there is more.
+    pub(super) fn poll_body(
+        &mut self,
+        id: u32,
+        ended: &mut bool,
+        cx: &Context<'_>,
+    ) -> Poll<Option<BodyResult>> {
+        if *ended {
+            return Poll::Ready(None);
+        }
+        let dead = self.dead_error(id);
+        let initial = self.settings.initial_window_size;
+        let s = match self.streams.get_mut(&id) {
+            Some(s) => s,
+            None => {
+                return Poll::Ready(Some(Err(Error::Closed {
+                    id,
+                    reason: "stream closed before its body ended",
+                })));
+            }
+        };
+        match s.reset {
+            Some((code, remote, reason)) if !s.complete_answer_kept() => {
+                let failed = Error::Stream {
+                    id,
+                    code,
+                    reason,
+                    remote,
+                };
+                return Poll::Ready(Some(Err(failed)));
+            }
+            _ => {}
+        }
+        let window = RecvWindow {
+            chunks: &mut s.recv,
+            unreleased: &mut s.recv_unreleased,
+            window: &mut s.recv_window,
+            ended: s.recv_end,
+            initial,
+        };
+        if let Some((chunk, wrote)) = window.take(id, dead.is_none().then_some(&mut self.out)) {
+            if wrote {
+                self.wake_conn();
+            }
+            self.release_conn(chunk.len() as u32);
+            return Poll::Ready(Some(Ok(BodyFrame::data(chunk))));
+        }
+        if s.recv_end {
+            *ended = true;
+            return Poll::Ready(s.recv_trailers.take().map(|t| Ok(BodyFrame::trailers(t))));
+        }
+        if let Some(e) = dead {
+            return Poll::Ready(Some(Err(e)));
+        }
+        register(&mut s.body_waker, cx);
+        Poll::Pending
+    }
+
     /// Gives back the connection window the stream's unread data holds.
     pub(super) fn release_body(&mut self, id: u32) {
         let Some(s) = self.streams.get_mut(&id) else {
@@ -240,17 +300,9 @@ impl Shared {
     /// `n` bytes of the connection window are free again; a WINDOW_UPDATE
     /// goes once half the window is.
     pub(super) fn release_conn(&mut self, n: u32) {
-        self.conn_unreleased = self.conn_unreleased.saturating_add(n);
         let window = self.settings.connection_window_size;
-        if self.conn_unreleased >= window / 2 && self.dead.is_none() {
-            let inc = self.conn_unreleased.min(MAX_WINDOW);
-            Frame::WindowUpdate {
-                stream: 0,
-                increment: inc,
-            }
-            .write(&mut self.out);
-            self.conn_recv += i64::from(inc);
-            self.conn_unreleased = 0;
+        let out = self.dead.is_none().then_some(&mut self.out);
+        if self.win.release(n, window, out) {
             self.wake_conn();
         }
     }
@@ -322,7 +374,7 @@ impl Shared {
             let Some(last) = s.tx.write_frame(
                 id,
                 ending,
-                &mut self.conn_send,
+                &mut self.win.conn_send,
                 self.peer_max_frame,
                 &mut self.out,
             ) else {
@@ -354,8 +406,8 @@ impl Shared {
     /// A new SETTINGS_INITIAL_WINDOW_SIZE from the app (§6.9.2); false
     /// if a stream's window would pass 2^31-1.
     pub(super) fn set_peer_initial_window(&mut self, size: u32) -> bool {
-        let delta = i64::from(size) - i64::from(self.peer_initial);
-        self.peer_initial = size;
+        let delta = i64::from(size) - i64::from(self.win.peer_initial);
+        self.win.peer_initial = size;
         for s in self.streams.values_mut() {
             s.tx.window += delta;
             if s.tx.window > i64::from(MAX_WINDOW) {

@@ -54,6 +54,17 @@ impl App {
         }
     }
 
+    async fn data(&mut self, stream: u32, data: &[u8]) {
+        let flow_len = data.len() as u32;
+        self.send(Frame::Data {
+            stream,
+            end_stream: false,
+            data,
+            flow_len,
+        })
+        .await;
+    }
+
     async fn answer(&mut self, stream: u32, fields: &[(&[u8], &[u8])], end_stream: bool) {
         let mut block = Vec::new();
         self.enc
@@ -254,26 +265,14 @@ async fn empty_data_from_the_app_is_bounded() {
     let _resp = open(&mut send).await;
     app.next(frame::HEADERS).await;
     app.answer(1, &[(b":status", b"200")], false).await;
-    let empty = || Frame::Data {
-        stream: 1,
-        end_stream: false,
-        data: b"",
-        flow_len: 0,
-    };
     // One non-empty frame takes one off the count.
-    app.send(empty()).await;
-    app.send(Frame::Data {
-        stream: 1,
-        end_stream: false,
-        data: b"x",
-        flow_len: 1,
-    })
-    .await;
+    app.data(1, b"").await;
+    app.data(1, b"x").await;
     for _ in 0..EMPTY_DATA_LIMIT {
-        app.send(empty()).await;
+        app.data(1, b"").await;
     }
     still_up(&mut app).await;
-    app.send(empty()).await;
+    app.data(1, b"").await;
     ends_with(&mut app, task, ErrorCode::ENHANCE_YOUR_CALM).await;
 }
 
@@ -373,13 +372,7 @@ async fn a_whole_answer_then_reset_no_error_is_read_whole() {
     let mut body = body.expect("a request body");
     app.next(frame::HEADERS).await;
     app.answer(1, &[(b":status", b"200")], false).await;
-    app.send(Frame::Data {
-        stream: 1,
-        end_stream: false,
-        data: b"hello",
-        flow_len: 5,
-    })
-    .await;
+    app.data(1, b"hello").await;
     app.answer(1, &[(b"grpc-status", b"0")], true).await;
     app.send(Frame::RstStream {
         stream: 1,

@@ -14,13 +14,13 @@ use super::super::frame::{self, Frame, MAX_WINDOW, Settings};
 use super::super::hpack::{Encoder, EncoderOptions, HeaderBlock};
 use super::state::{
     Abuse, Connection, Drain, Ends, GoAway, OUT_HIGH, Peer, ReadSide, Sealed, Shared, StreamMap,
-    UserPing, Windows, WriteSide, lock,
+    UserPing, WriteSide, lock,
 };
 use super::{Error, RecvBody, Respond, ServerSettings};
 use crate::spare::{self, OutClass, ReadClass};
 
 pub(super) use super::super::shared::{Counted, poll_read_frame, spare_room};
-use super::super::shared::{OutBuf, goaway, header_decoder, register};
+use super::super::shared::{OutBuf, Windows, goaway, header_decoder, register};
 
 pub(super) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// After the close, the client's last bytes are read for at most this long
@@ -82,12 +82,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             ready: VecDeque::new(),
             encoder: Encoder::new(4096, EncoderOptions::default()),
             block: Vec::new(),
-            win: Windows {
-                peer_initial: 65_535,
-                conn_send: 65_535,
-                conn_recv: i64::from(conn_window),
-                conn_unreleased: 0,
-            },
+            win: Windows::new(conn_window),
             conn_window,
             peer_max_frame: frame::DEFAULT_MAX_FRAME_SIZE,
             stream_window: settings.initial_window_size,

@@ -151,7 +151,7 @@ pub(super) struct Shared {
     pub(super) encoder: Encoder,
     /// Scratch for one header block.
     pub(super) block: Vec<u8>,
-    pub(super) win: Windows,
+    pub(super) win: super::super::shared::Windows,
     pub(super) peer_max_frame: u32,
     /// Our SETTINGS_INITIAL_WINDOW_SIZE and connection window.
     pub(super) stream_window: u32,
@@ -184,18 +184,6 @@ impl Ends {
     pub(super) fn all_written(&self, written: u64) -> bool {
         self.queued <= written + self.dropped
     }
-}
-
-/// The connection's flow-control windows (§5.2, §6.9): the client's
-/// SETTINGS_INITIAL_WINDOW_SIZE; what we may still send and what the
-/// client may still send on the connection; what bodies took and we have
-/// not given back yet (a WINDOW_UPDATE goes once it is half of
-/// `Shared::conn_window`).
-pub(super) struct Windows {
-    pub(super) peer_initial: u32,
-    pub(super) conn_send: i64,
-    pub(super) conn_recv: i64,
-    pub(super) conn_unreleased: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -515,15 +503,8 @@ impl Shared {
     /// `n` bytes of the connection window are free again; a WINDOW_UPDATE
     /// goes out once half the window is.
     pub(super) fn release_conn(&mut self, n: u32) {
-        self.win.conn_unreleased = self.win.conn_unreleased.saturating_add(n);
-        if self.win.conn_unreleased >= self.conn_window / 2 && self.sealed == Sealed::Open {
-            Frame::WindowUpdate {
-                stream: 0,
-                increment: self.win.conn_unreleased.min(MAX_WINDOW),
-            }
-            .write(&mut self.out);
-            self.win.conn_recv += i64::from(self.win.conn_unreleased.min(MAX_WINDOW));
-            self.win.conn_unreleased = 0;
+        let out = (self.sealed == Sealed::Open).then_some(&mut self.out);
+        if self.win.release(n, self.conn_window, out) {
             self.wake_conn();
         }
     }

@@ -497,7 +497,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             sh.release_conn(flow);
             return Ok(());
         };
-        if s.reset.is_some() || s.recv_end || s.body_dropped {
+        if s.reset.is_some() || s.rx.end || s.rx.dropped {
             sh.release_conn(flow);
             return Ok(());
         }
@@ -506,16 +506,16 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             sh.release_conn(flow);
             return Ok(());
         }
-        s.recv_window -= i64::from(flow);
-        if s.recv_window < 0 {
+        s.rx.window -= i64::from(flow);
+        if s.rx.window < 0 {
             sh.error_reset(id, ErrorCode::FLOW_CONTROL_ERROR, "stream window exceeded");
             sh.release_conn(flow);
             return Ok(());
         }
-        s.recv_total += data.len() as u64;
-        let over = s
-            .content_length
-            .is_some_and(|l| s.recv_total > l || (end && s.recv_total != l));
+        s.rx.total += data.len() as u64;
+        let over =
+            s.rx.content_length
+                .is_some_and(|l| s.rx.total > l || (end && s.rx.total != l));
         if over {
             sh.error_reset(
                 id,
@@ -526,10 +526,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             return Ok(());
         }
         if !data.is_empty() {
-            s.recv.push_back(data);
+            s.rx.data.push_back(data);
         }
-        s.recv_end = end;
-        if let Some(w) = s.body_waker.take() {
+        s.rx.end = end;
+        if let Some(w) = s.rx.waker.take() {
             w.wake();
         }
         if end {
@@ -561,7 +561,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         if s.reset.is_some() {
             return Ok(());
         }
-        if s.recv_end {
+        if s.rx.end {
             sh.error_reset(id, ErrorCode::STREAM_CLOSED, "HEADERS after END_STREAM");
             return Ok(());
         }
@@ -574,7 +574,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             Err(reason) => sh.error_reset(id, ErrorCode::PROTOCOL_ERROR, reason),
             Ok(false) => {}
             Ok(true) => {
-                s.recv_end = end_stream;
+                s.rx.end = end_stream;
                 s.wake_all();
                 if end_stream {
                     sh.gc(id);
@@ -608,7 +608,7 @@ fn answer_head(
     *head.version_mut() = http::Version::HTTP_2;
     *head.headers_mut() = headers;
     s.head = Head::Ready(head);
-    s.content_length = content_length;
+    s.rx.content_length = content_length;
     Ok(true)
 }
 
@@ -623,9 +623,9 @@ fn answer_trailers(
         return Err("trailers without END_STREAM");
     }
     let trailers = validate::trailers(block, names)?;
-    if s.content_length.is_some_and(|l| l != s.recv_total) {
+    if s.rx.content_length.is_some_and(|l| l != s.rx.total) {
         return Err("body differs from content-length");
     }
-    s.recv_trailers = Some(trailers);
+    s.rx.trailers = Some(trailers);
     Ok(true)
 }

@@ -308,7 +308,7 @@ impl Drop for ResponseFuture {
                 s.handles += 1;
                 return None;
             }
-            s.body_dropped = true;
+            s.rx.dropped = true;
             // Nobody waits for the answer: the app may stop.
             (!s.closed()).then_some("response dropped")
         });
@@ -414,15 +414,15 @@ impl http_body::Body for RecvBody {
             || lock(&self.shared)
                 .streams
                 .get(&self.id)
-                .is_some_and(|s| s.recv_end && s.recv.is_empty() && s.recv_trailers.is_none())
+                .is_some_and(|s| s.rx.end && s.rx.data.is_empty() && s.rx.trailers.is_none())
     }
 
     fn size_hint(&self) -> SizeHint {
         let sh = lock(&self.shared);
-        match sh.streams.get(&self.id).and_then(|s| s.content_length) {
+        match sh.streams.get(&self.id).and_then(|s| s.rx.content_length) {
             Some(len) if !self.ended => {
                 let s = &sh.streams[&self.id];
-                let read = s.recv_total - s.recv.iter().map(|b| b.len() as u64).sum::<u64>();
+                let read = s.rx.total - s.rx.data.iter().map(|b| b.len() as u64).sum::<u64>();
                 SizeHint::with_exact(len.saturating_sub(read))
             }
             _ if self.ended => SizeHint::with_exact(0),
@@ -434,10 +434,10 @@ impl http_body::Body for RecvBody {
 impl Drop for RecvBody {
     fn drop(&mut self) {
         drop_handle(&self.shared, self.id, |s| {
-            s.body_dropped = true;
-            s.body_waker = None;
+            s.rx.dropped = true;
+            s.rx.waker = None;
             // Nobody reads the rest: the app may stop sending it.
-            (!s.closed() && !s.recv_end).then_some("response body dropped")
+            (!s.closed() && !s.rx.end).then_some("response body dropped")
         });
     }
 }

@@ -49,6 +49,45 @@ pub(super) enum Head {
     Taken,
 }
 
+/// The answer's side of a stream, as the connection fills it and the
+/// body reads it.
+pub(super) struct Answer {
+    /// DATA received and not read yet.
+    pub(super) data: VecDeque<Bytes>,
+    /// END_STREAM came.
+    pub(super) end: bool,
+    pub(super) trailers: Option<HeaderMap>,
+    /// What the app may still send on the stream.
+    pub(super) window: i64,
+    /// Read and not given back to the app yet.
+    pub(super) unreleased: u32,
+    /// The reader's task.
+    pub(super) waker: Option<Waker>,
+    /// Bytes received, read or not.
+    pub(super) total: u64,
+    /// The answer's content-length: a body longer or shorter is reset.
+    pub(super) content_length: Option<u64>,
+    /// Nobody reads it any more: what comes is dropped, its window given
+    /// back.
+    pub(super) dropped: bool,
+}
+
+impl Answer {
+    fn new(window: u32) -> Self {
+        Self {
+            data: VecDeque::new(),
+            trailers: None,
+            waker: None,
+            content_length: None,
+            end: false,
+            dropped: false,
+            window: i64::from(window),
+            unreleased: 0,
+            total: 0,
+        }
+    }
+}
+
 pub(super) struct Stream {
     /// Reset (code, by the app?, why): over both ways.
     pub(super) reset: Option<(ErrorCode, bool, &'static str)>,
@@ -56,18 +95,7 @@ pub(super) struct Stream {
     pub(super) handles: u8,
     pub(super) head: Head,
     pub(super) head_waker: Option<Waker>,
-    /// The answer's DATA received and not read yet.
-    pub(super) recv: VecDeque<Bytes>,
-    pub(super) recv_end: bool,
-    pub(super) body_dropped: bool,
-    /// The answer's content-length: a body longer or shorter is reset.
-    pub(super) content_length: Option<u64>,
-    pub(super) recv_window: i64,
-    pub(super) recv_unreleased: u32,
-    /// Bytes of the answer received, read or not.
-    pub(super) recv_total: u64,
-    pub(super) recv_trailers: Option<HeaderMap>,
-    pub(super) body_waker: Option<Waker>,
+    pub(super) rx: Answer,
     /// The request's side: its state, then the data and trailers queued.
     pub(super) send_state: SendState,
     pub(super) tx: SendQueue,
@@ -83,15 +111,7 @@ impl Stream {
             handles: 0,
             head: Head::Waiting,
             head_waker: None,
-            recv: VecDeque::new(),
-            recv_end: false,
-            body_dropped: false,
-            content_length: None,
-            recv_window: i64::from(recv_window),
-            recv_unreleased: 0,
-            recv_total: 0,
-            recv_trailers: None,
-            body_waker: None,
+            rx: Answer::new(recv_window),
             send_state: if end_of_stream {
                 SendState::Done
             } else {
@@ -107,19 +127,19 @@ impl Stream {
     /// (§8.1: it wants no more of the request): the answer is whole and
     /// is read to its end, the reset no error to its reader.
     pub(super) fn complete_answer_kept(&self) -> bool {
-        self.recv_end
-            && !self.body_dropped
+        self.rx.end
+            && !self.rx.dropped
             && matches!(self.reset, Some((ErrorCode::NO_ERROR, true, _)))
     }
 
     pub(super) fn closed(&self) -> bool {
-        self.reset.is_some() || (self.recv_end && self.send_state == SendState::Done)
+        self.reset.is_some() || (self.rx.end && self.send_state == SendState::Done)
     }
 
     pub(super) fn wake_all(&mut self) {
         for w in [
             self.head_waker.take(),
-            self.body_waker.take(),
+            self.rx.waker.take(),
             self.tx.writable.take(),
         ]
         .into_iter()
@@ -261,10 +281,10 @@ impl Shared {
             _ => {}
         }
         let window = RecvWindow {
-            chunks: &mut s.recv,
-            unreleased: &mut s.recv_unreleased,
-            window: &mut s.recv_window,
-            ended: s.recv_end,
+            chunks: &mut s.rx.data,
+            unreleased: &mut s.rx.unreleased,
+            window: &mut s.rx.window,
+            ended: s.rx.end,
             initial,
         };
         if let Some((chunk, wrote)) = window.take(id, dead.is_none().then_some(&mut self.out)) {
@@ -274,14 +294,14 @@ impl Shared {
             self.release_conn(chunk.len() as u32);
             return Poll::Ready(Some(Ok(BodyFrame::data(chunk))));
         }
-        if s.recv_end {
+        if s.rx.end {
             *ended = true;
-            return Poll::Ready(s.recv_trailers.take().map(|t| Ok(BodyFrame::trailers(t))));
+            return Poll::Ready(s.rx.trailers.take().map(|t| Ok(BodyFrame::trailers(t))));
         }
         if let Some(e) = dead {
             return Poll::Ready(Some(Err(e)));
         }
-        register(&mut s.body_waker, cx);
+        register(&mut s.rx.waker, cx);
         Poll::Pending
     }
 
@@ -290,10 +310,10 @@ impl Shared {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
-        if !(s.body_dropped || s.reset.is_some()) || s.complete_answer_kept() {
+        if !(s.rx.dropped || s.reset.is_some()) || s.complete_answer_kept() {
             return;
         }
-        let unread: usize = s.recv.drain(..).map(|b| b.len()).sum();
+        let unread: usize = s.rx.data.drain(..).map(|b| b.len()).sum();
         self.release_conn(u32::try_from(unread).unwrap_or(u32::MAX));
     }
 

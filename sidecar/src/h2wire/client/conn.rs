@@ -111,6 +111,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             goaway: None,
             local_close: false,
             local_error_resets: 0,
+            dead_io: None,
             dead: None,
             conn_waker: None,
             slot_wakers: Vec::new(),
@@ -159,19 +160,20 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 match self.poll_read(cx) {
                     Poll::Ready(Ok(0)) => {
                         let open = lock(&self.shared).open;
-                        self.finish(None, "the app closed the connection");
-                        return Poll::Ready(if open == 0 {
-                            Ok(())
-                        } else {
-                            Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()))
-                        });
+                        if open == 0 {
+                            self.finish(None, "the app closed the connection");
+                            return Poll::Ready(Ok(()));
+                        }
+                        let eof = std::io::ErrorKind::UnexpectedEof;
+                        self.finish_io(eof, "the app closed the connection");
+                        return Poll::Ready(Err(Error::Io(eof.into())));
                     }
                     Poll::Ready(Ok(_)) => {
                         reads += 1;
                         continue;
                     }
                     Poll::Ready(Err(e)) => {
-                        self.finish(None, "I/O error");
+                        self.finish_io(e.kind(), "I/O error");
                         return Poll::Ready(Err(Error::Io(e)));
                     }
                     Poll::Pending => {}
@@ -180,7 +182,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             let flushed = match self.poll_write(cx) {
                 Ok(f) => f,
                 Err(e) => {
-                    self.finish(None, "I/O error");
+                    self.finish_io(e.kind(), "I/O error");
                     return Poll::Ready(Err(Error::Io(e)));
                 }
             };
@@ -226,6 +228,13 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     fn finish(&mut self, code: Option<ErrorCode>, reason: &'static str) {
         self.finished = true;
         lock(&self.shared).kill(code, false, reason);
+    }
+
+    /// The socket failed (or closed with streams open): the handles get
+    /// an I/O error of `kind`.
+    fn finish_io(&mut self, kind: std::io::ErrorKind, reason: &'static str) {
+        lock(&self.shared).dead_io = Some(kind);
+        self.finish(None, reason);
     }
 
     /// A connection error of ours: GOAWAY(code) as the last frame. We

@@ -1,6 +1,6 @@
 //! The client side of the connection layer (RFC 9113 §5, §6, §8): what
-//! the connections to the app (src/upstream/) are to run on instead of the
-//! h2 crate's client (issue #39). Not wired in yet.
+//! the connections to the app run on (src/upstream/h2conn.rs; issue #39,
+//! in place of the h2 crate's client).
 //!
 //! Shape, as on the server side: one [`Connection`] owns the socket and is
 //! driven by one task (`poll` until it is Ready). [`SendRequest`] is
@@ -13,7 +13,7 @@
 //! more, handles the frames, moves the DATA the windows allow into the
 //! same buffer and writes it all with one `write`.
 //!
-//! Semantics the integration will rely on:
+//! Semantics src/upstream/ relies on:
 //!
 //! - `SendRequest::poll_ready`: Ready(Ok) while fewer streams are open
 //!   than the app's SETTINGS_MAX_CONCURRENT_STREAMS (capped by ours,
@@ -26,7 +26,9 @@
 //!   below its id are done.
 //! - Responses are checked (§8.3.2 and the §8.2 field rules); a malformed
 //!   one resets the stream with PROTOCOL_ERROR and its handles get the
-//!   error. 1xx heads are skipped. Trailers come as the body's last frame.
+//!   error. 1xx heads are skipped (a 101, or a 1xx ending the stream, is
+//!   malformed). Trailers come as the body's last frame. An answer the
+//!   app ends and then resets with NO_ERROR (§8.1) is read whole.
 //! - Flow control both ways: the app's windows bound what `SendBody`
 //!   writes; our receive windows are given back as the body is read (a
 //!   WINDOW_UPDATE once half a window is taken).
@@ -35,7 +37,12 @@
 //!   or 1.5x that plus 4 KiB before HPACK runs), windows past 2^31-1
 //!   (FLOW_CONTROL_ERROR), its MAX_CONCURRENT_STREAMS (capped by ours),
 //!   SETTINGS_MAX_FRAME_SIZE (checked by frame.rs), ENABLE_PUSH=1 and
-//!   PUSH_PROMISE (PROTOCOL_ERROR: we announce push off).
+//!   PUSH_PROMISE (PROTOCOL_ERROR: we announce push off), more than 100
+//!   empty DATA frames net of non-empty ones or more than 1024 streams
+//!   reset for its errors (ENHANCE_YOUR_CALM); frames stop being read
+//!   while 64 KiB of our output is unwritten (PING/SETTINGS floods).
+//! - `SendRequest::close` (the last holder gone): our GOAWAY, no new
+//!   stream, the connection ends once the open ones are done.
 //! - PING: answered; `send_ping`/`poll_pong` for the keep-alive.
 
 mod conn;
@@ -48,10 +55,7 @@ mod tests;
 mod tests_interop;
 
 pub(crate) use super::server::Error;
-// Used by the tests until src/upstream/ moves onto this side.
-#[allow(unused_imports)]
 pub(crate) use conn::Connection;
-#[allow(unused_imports)]
 pub(crate) use handles::{RecvBody, ResponseFuture, SendBody, SendRequest};
 
 use super::ErrorCode;

@@ -173,6 +173,9 @@ pub(super) struct Shared {
     pub(super) local_close: bool,
     /// Streams we reset for the app's errors.
     pub(super) local_error_resets: usize,
+    /// The connection ended on the socket (an I/O error, or the app closed
+    /// it with streams open): handles get an I/O error of this kind.
+    pub(super) dead_io: Option<std::io::ErrorKind>,
     /// The connection ended: handles get this.
     pub(super) dead: Option<(Option<ErrorCode>, bool, &'static str)>,
     pub(super) conn_waker: Option<Waker>,
@@ -197,6 +200,11 @@ impl Shared {
 
     /// The error a handle gets once the connection ended.
     pub(super) fn dead_error(&self, id: u32) -> Option<Error> {
+        if let Some(kind) = self.dead_io {
+            // The socket failed or closed under open streams: the app may
+            // have had them (app.rs counts such a loss, as with h2).
+            return Some(Error::Io(kind.into()));
+        }
         self.dead.map(|(code, remote, reason)| match code {
             Some(code) => Error::Connection {
                 code,

@@ -404,3 +404,25 @@ async fn a_whole_answer_then_reset_no_error_is_read_whole() {
         Some(&b"0"[..])
     );
 }
+
+/// The app closes the connection under an open stream (it crashed): the
+/// stream fails with an I/O error, which app.rs counts as a request lost
+/// in flight (as it did with h2's client), and not as never processed.
+#[tokio::test]
+async fn an_app_that_closes_under_an_open_stream_fails_it_with_an_io_error() {
+    let (mut app, mut send, task) = start(ClientSettings::default(), Settings::default()).await;
+    let resp = open(&mut send).await;
+    app.next(frame::HEADERS).await;
+    drop(app);
+    let err = failure(resp).await;
+    assert!(
+        matches!(&err, Error::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof),
+        "{err}"
+    );
+    assert!(!err.never_processed());
+    assert!(crate::app::is_lost_in_flight(&crate::Error::upstream_h2(
+        err
+    )));
+    let end = tokio::time::timeout(T, task).await.expect("ends");
+    assert!(end.expect("task").is_err());
+}

@@ -178,7 +178,7 @@ impl H2Sender {
     }
 }
 
-/// What h2 refuses to send (RFC 9113 §8.2.2).
+/// Connection-specific fields (RFC 9113 §8.2.2), which the client drops.
 #[cfg(debug_assertions)]
 fn has_connection_headers(headers: &http::HeaderMap) -> bool {
     [

@@ -156,7 +156,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             {
                 self.fail(e);
             }
-            if self.closing.is_none() && reads < MAX_READS && self.backlog() < OUT_HIGH {
+            // Not while our output backs up (an app that reads nothing
+            // cannot make us buffer its PING answers): once it is written,
+            // the loop comes back to read.
+            let backed_up = self.backlog() >= OUT_HIGH;
+            if self.closing.is_none() && reads < MAX_READS && !backed_up {
                 match self.poll_read(cx) {
                     Poll::Ready(Ok(0)) => {
                         let open = lock(&self.shared).open;
@@ -200,6 +204,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 let err = self.closing.take();
                 self.finish(None, "connection closed");
                 return Poll::Ready(err.map_or(Ok(()), Err));
+            }
+            if flushed && backed_up && self.closing.is_none() {
+                // The read was skipped and nothing else would wake us.
+                continue;
             }
             if flushed && reads >= MAX_READS {
                 // The read budget ran out with bytes maybe left: come back.

@@ -426,3 +426,49 @@ async fn an_app_that_closes_under_an_open_stream_fails_it_with_an_io_error() {
     let end = tokio::time::timeout(T, task).await.expect("ends");
     assert!(end.expect("task").is_err());
 }
+
+/// An app that floods PINGs and SETTINGS and reads nothing: the client
+/// stops reading once 64 KiB of its answers wait unwritten (and the pipe
+/// back is full), so the app's writes stall instead of our memory
+/// growing; once the app reads, every answer comes.
+#[tokio::test]
+async fn ping_and_settings_floods_from_the_app_stop_at_the_unread_output() {
+    let (mut app, _send, _task) = start(ClientSettings::default(), Settings::default()).await;
+    let bytes = |f: Frame<'_>| {
+        let mut b = Vec::new();
+        f.write(&mut b);
+        b
+    };
+    let ping = bytes(Frame::Ping {
+        ack: false,
+        data: *b"appflood",
+    });
+    let settings = bytes(Frame::Settings {
+        ack: false,
+        settings: Settings::default(),
+    });
+    let flood = [ping, settings].concat().repeat(256);
+    // Whole chunks the client took; the write that stalls is given up.
+    let mut taken = 0usize;
+    while let Ok(written) =
+        tokio::time::timeout(Duration::from_millis(300), app.io.write_all(&flood)).await
+    {
+        written.expect("write");
+        taken += flood.len();
+        assert!(
+            taken < 8 << 20,
+            "the client read {taken} bytes whose answers nobody read"
+        );
+    }
+    // The pipe's 1 MiB each way, our 64 KiB backlog and read buffer.
+    assert!(taken > 0 && taken < 4 << 20, "{taken} bytes taken");
+    // A PING ACK (17 bytes) for every PING of the whole chunks taken.
+    let want = taken / flood.len() * 256;
+    let mut acks = 0;
+    while acks < want {
+        let (h, p) = app.frame().await;
+        if h.kind == frame::PING && p == b"appflood" {
+            acks += 1;
+        }
+    }
+}

@@ -375,8 +375,12 @@ pub fn is_lost_in_flight(err: &crate::Error) -> bool {
             }
             std::error::Error::source(err)
         }
-        // h2's error keeps its i/o cause out of `source()`.
-        crate::Error::UpstreamH2(err) => return err.get_io().is_some_and(connection_died),
+        crate::Error::UpstreamH2(_) => {
+            return match err.h2wire() {
+                Some(crate::h2wire::client::Error::Io(io)) => connection_died(io),
+                _ => false,
+            };
+        }
         _ => return false,
     };
     while let Some(e) = source {

@@ -48,10 +48,12 @@ pub enum Error {
     /// error, or the request body failed, e.g. over its length limit).
     #[error("upstream: {0}")]
     Upstream(#[source] hyper::Error),
-    /// The same on an HTTP/2 app connection (upstream/h2conn.rs speaks h2
-    /// directly): the stream or the connection failed.
+    /// The same on an HTTP/2 app connection (upstream/h2conn.rs, on the
+    /// crate's own client): the stream or the connection failed. Boxed:
+    /// the codec's error is the crate's own, not part of its public API;
+    /// [`Error::h2wire`] gives it back.
     #[error("upstream: {0}")]
-    UpstreamH2(#[source] h2::Error),
+    UpstreamH2(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -63,6 +65,20 @@ impl Error {
         match self {
             Self::Config(_) | Self::ReadConfig { .. } | Self::Unsupported(_) => 64,
             _ => 1,
+        }
+    }
+}
+
+impl Error {
+    pub(crate) fn upstream_h2(err: crate::h2wire::client::Error) -> Self {
+        Self::UpstreamH2(Box::new(err))
+    }
+
+    /// The HTTP/2 client's error under [`Error::UpstreamH2`].
+    pub(crate) fn h2wire(&self) -> Option<&crate::h2wire::client::Error> {
+        match self {
+            Self::UpstreamH2(err) => err.downcast_ref(),
+            _ => None,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The sidecar's own HTTP/2 codec, written from RFC 9113 (HTTP/2) and RFC
 //! 7541 (HPACK). Clients' connections run on its server side
 //! ([`server`], driven by src/http2/); the connections to the app still run
-//! on the h2 crate's client (src/upstream/), the next part to move.
+//! on the h2 crate's client (src/upstream/), the next part to move: its
+//! replacement, [`client`], exists and is tested but is not wired in yet.
 //!
 //! Why a codec of our own (issue #39): profiles of the h2 path put HPACK
 //! encode (13%) and decode (9%), memcpy (14%) and `http::HeaderMap`
@@ -24,6 +25,15 @@
 //!   header-block assembly with its bounds, flow control both ways, field
 //!   validation for an intermediary, the drain's GOAWAY sequences, abuse
 //!   limits, buffers sized by use (server/mod.rs lists the semantics).
+//! - [`client`]: the client connection layer: requests with bodies and
+//!   trailers, answers checked (§8.3), flow control both ways, the app's
+//!   REFUSED_STREAM and streams above its GOAWAY reported as never
+//!   processed (retryable), its MAX_CONCURRENT_STREAMS as stream slots,
+//!   PING, the same abuse bounds as the server's. shared.rs holds what
+//!   both sides use (the send queue and DATA writer, the receive and
+//!   connection windows, the frame read and the write buffer, header-block
+//!   assembly, the empty-DATA bound, the stream-id map); validate.rs the
+//!   field checks of requests, answers and trailers.
 //! - [`frame`]: frame headers and every RFC 9113 §6 frame type, parsed from
 //!   a payload slice (borrowing, no copies) and written into a buffer, with
 //!   the length, stream-id, padding and per-setting checks of §4 and §6,
@@ -37,9 +47,9 @@
 //! never panic), and interop_tests.rs, where the h2 crate is the client
 //! and this code the server.
 //!
-//! The server layer covers items 1 to 7 below for the server side; the
-//! client side (src/upstream/) needs the same. The list, as written
-//! before the server layer:
+//! The server layer covers items 1 to 7 below for the server side, the
+//! client layer those that apply to a client. The list, as written before
+//! the server layer:
 //!
 //! 1. Stream states (§5.1): idle/open/half-closed/closed per stream id,
 //!    the monotonic stream-id rule, MAX_CONCURRENT_STREAMS and REFUSED_STREAM.
@@ -61,14 +71,17 @@
 //! 7. Buffers sized by use: read into a small buffer and grow only for a
 //!    frame that needs it, so an idle connection holds a few hundred bytes.
 
-// Parts of the codec that only the tests and the client side to come use
-// (error codes the server never sends, encoder options, table and memory
-// accessors); imports are checked.
+// Parts of the codec that only the tests use (error codes neither side
+// sends, encoder options, table and memory accessors); imports are
+// checked.
 #![allow(dead_code)]
 
+pub(crate) mod client;
 pub(crate) mod frame;
 pub(crate) mod hpack;
 pub(crate) mod server;
+mod shared;
+mod validate;
 
 #[cfg(test)]
 mod frame_tests;

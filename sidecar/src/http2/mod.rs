@@ -32,4 +32,3 @@ mod stream;
 mod wire;
 
 pub(crate) use conn::{Ending, H2Conn};
-pub use stream::H2Body;

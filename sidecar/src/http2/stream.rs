@@ -9,10 +9,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use h2::RecvStream;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response};
-use http_body::{Body, Frame, SizeHint};
+use http_body::{Body, Frame};
 
 use super::wire::Wire;
 use crate::h2wire::ErrorCode;
@@ -39,117 +38,6 @@ impl OpenStream {
 impl Drop for OpenStream {
     fn drop(&mut self) {
         self.finish();
-    }
-}
-
-/// The app's HTTP/2 answer as it comes in on the h2 crate's client
-/// (upstream/h2conn.rs). Flow-control capacity goes back to the app for the
-/// chunks taken, as hyper does (upstream/h2.rs counts on it), once per run
-/// of chunks (see [`H2Body::answer`]).
-pub struct H2Body {
-    recv: RecvStream,
-    /// Content-Length still to come, for an exact size hint (the app's
-    /// HTTP/1 request then carries a length instead of chunks).
-    remaining: Option<u64>,
-    data_done: bool,
-    /// Bytes taken whose capacity is not given back yet.
-    unreleased: usize,
-}
-
-/// An answer's most taken and not yet given back: one frame of 16 KiB
-/// (the `max_frame_size` the proxy announces), so a large answer gives
-/// back per frame as before and a stream of small messages (gRPC) once per
-/// run of them. Releasing took h2's connection lock and did its window
-/// bookkeeping for every frame.
-const ANSWER_RELEASE_EVERY: usize = 16 * 1024;
-
-impl H2Body {
-    /// The app's answer: capacity goes back when h2 has no more of it at
-    /// hand, when it ends, or past [`ANSWER_RELEASE_EVERY`] bytes. That is
-    /// never before the chunks were taken, so the app gets no further
-    /// ahead of the client than before; an answer that waits for more has
-    /// given everything back, so the app never waits for a window held
-    /// here; and one that ends unpolled (the pump stops at its last frame)
-    /// is dropped with its stream, when h2 gives back the rest.
-    pub(crate) fn answer(recv: RecvStream, headers: &HeaderMap) -> Self {
-        let remaining = headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        H2Body {
-            recv,
-            remaining,
-            data_done: false,
-            unreleased: 0,
-        }
-    }
-
-    /// Gives the capacity of the chunks taken back to the sender.
-    fn release(&mut self) {
-        if self.unreleased != 0 {
-            let _ = self.recv.flow_control().release_capacity(self.unreleased);
-            self.unreleased = 0;
-        }
-    }
-}
-
-impl Body for H2Body {
-    type Data = Bytes;
-    type Error = h2::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
-        let this = self.get_mut();
-        if !this.data_done {
-            match this.recv.poll_data(cx) {
-                Poll::Ready(Some(Ok(data))) => {
-                    this.unreleased += data.len();
-                    if this.unreleased >= ANSWER_RELEASE_EVERY {
-                        this.release();
-                    }
-                    if let Some(remaining) = this.remaining.as_mut() {
-                        *remaining = remaining.saturating_sub(data.len() as u64);
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Poll::Ready(Some(Err(err))) => return Poll::Ready(Some(Err(err))),
-                Poll::Ready(None) => {
-                    this.data_done = true;
-                    this.release();
-                }
-                Poll::Pending => {
-                    // Nothing more at hand: the sender gets back the window
-                    // of all that was taken, or it might wait for it.
-                    this.release();
-                    return Poll::Pending;
-                }
-            }
-        }
-        match this.recv.poll_trailers(cx) {
-            Poll::Ready(Ok(Some(trailers))) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
-            Poll::Ready(Ok(None)) => Poll::Ready(None),
-            Poll::Ready(Err(err)) => Poll::Ready(Some(Err(err))),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.recv.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        // A declared length first: it needs no look at h2's state (its
-        // connection lock). A stream that ends short of it is an error in
-        // h2 (a reset), not a shorter body.
-        if let Some(n) = self.remaining {
-            return SizeHint::with_exact(n);
-        }
-        if self.recv.is_end_stream() {
-            return SizeHint::with_exact(0);
-        }
-        SizeHint::default()
     }
 }
 

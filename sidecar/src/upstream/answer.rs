@@ -1,5 +1,5 @@
 //! The app's answer body, from whichever connection it came on: hyper's
-//! HTTP/1 client, or an HTTP/2 stream read through h2 directly
+//! HTTP/1 client, or an HTTP/2 stream of the crate's own client
 //! (h2conn.rs).
 
 use std::pin::Pin;
@@ -10,7 +10,19 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::error::Error;
-use crate::http2::H2Body;
+use crate::h2wire::client::RecvBody;
+
+/// The app's HTTP/2 answer body: the client's [`RecvBody`] gives the
+/// app its window back as the chunks are taken (a WINDOW_UPDATE once half
+/// a window is), which upstream/h2.rs counts on, and yields the trailers
+/// as its last frame. A wrapper: the client's types are the crate's own.
+pub struct H2Body(RecvBody);
+
+impl H2Body {
+    pub(crate) fn new(body: RecvBody) -> Self {
+        Self(body)
+    }
+}
 
 pub enum AppBody {
     Http1(Incoming),
@@ -22,7 +34,7 @@ macro_rules! either {
     ($body:expr, $b:ident => $call:expr) => {
         match $body {
             AppBody::Http1($b) => $call,
-            AppBody::Http2($b) => $call,
+            AppBody::Http2(H2Body($b)) => $call,
         }
     };
 }
@@ -46,7 +58,9 @@ impl Body for AppBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
             AppBody::Http1(b) => Pin::new(b).poll_frame(cx).map_err(Error::Upstream),
-            AppBody::Http2(b) => Pin::new(b).poll_frame(cx).map_err(Error::UpstreamH2),
+            AppBody::Http2(b) => Pin::new(&mut b.0)
+                .poll_frame(cx)
+                .map_err(Error::upstream_h2),
         }
     }
 }

@@ -345,7 +345,7 @@ impl Upstream {
                 tracing::debug!(error = %err, "upstream HTTP/2 connection refused the stream; sending on a new one");
                 *req
             }
-            Err(SendError::Failed(err)) => return Err(Error::UpstreamH2(err)),
+            Err(SendError::Failed(err)) => return Err(Error::upstream_h2(err)),
         };
         // The connection closed or refused the stream before it was sent
         // (the app's GOAWAY): retire it and send once more on a new one.
@@ -364,7 +364,7 @@ impl Upstream {
         match sender.send(req).await {
             Ok(response) => Ok(response.map(AppBody::Http2)),
             Err(SendError::Unsent { err, .. } | SendError::Failed(err)) => {
-                Err(Error::UpstreamH2(err))
+                Err(Error::upstream_h2(err))
             }
         }
     }
@@ -403,9 +403,7 @@ impl Upstream {
         // Fixed windows, not an adaptive one (which keeps the stream
         // window equal to the connection's): see super::h2.
         let (stream_window, conn_window) = slot.windows();
-        let sender = H2Sender::handshake(stream, stream_window, conn_window)
-            .await
-            .map_err(Error::UpstreamH2)?;
+        let sender = H2Sender::handshake(stream, stream_window, conn_window);
         // The connection's task writes the preface at once; the app's
         // first bytes say whether it is an HTTP/2 server. A closed channel
         // is a connection that ended before any answer.

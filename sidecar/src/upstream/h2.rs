@@ -3,7 +3,7 @@
 //! (docs/http2.md).
 //!
 //! Isolation. Flow control goes back to the app only as a response body
-//! is read (http2::H2Body), for the stream and the connection together. A client that
+//! is read (upstream::H2Body, h2wire's RecvBody), for the stream and the connection together. A client that
 //! reads nothing of a large answer therefore keeps a stream window's worth
 //! of the app connection's window; enough such streams stop every other
 //! answer on that connection. One app connection per downstream connection

@@ -1,50 +1,48 @@
-//! One HTTP/2 connection to the app, driven through the h2 crate directly.
+//! One HTTP/2 connection to the app, on the sidecar's own HTTP/2 client
+//! (h2wire/client, issue #39).
 //!
-//! hyper's HTTP/2 client put a dispatcher between the caller and h2: every
-//! request went through a channel to the dispatcher's task, which opened
-//! the stream and handed the executor a future of its own to wait for the
-//! response and pass it back through a oneshot (24% of a proxied h2c
-//! request's instructions, inclusive; issue #39). Here the caller opens the
-//! stream itself and awaits h2's response future in its own task; the
-//! connection's task ([`ConnExec`]) runs only h2's connection and the
-//! request bodies still being sent when their answer came.
+//! The caller opens the stream itself and awaits the answer in its own
+//! task (hyper's client put a dispatcher task and two channels between
+//! them: 24% of a proxied h2c request's instructions); the connection's
+//! task ([`ConnExec`]) runs the connection and the request bodies still
+//! being sent when their answer came.
 //!
-//! What hyper did and this keeps: its builder's defaults (100 streams until
-//! the app's SETTINGS say otherwise, 16 KiB frames and header lists, 1 MiB
-//! of send buffer per stream, no push), connection-specific request
-//! headers stripped, `content-length` set from an exact body size, a
-//! request body sent as the app's window allows (one byte reserved, then
-//! the whole chunk, as its `PipeToSendStream`), a failed request body
+//! What hyper's client did and this keeps: its builder's defaults (100
+//! streams until the app's SETTINGS say otherwise, 16 KiB frames and
+//! header lists, 1 MiB of send buffer per stream, no push),
+//! connection-specific request headers stripped, `content-length` set
+//! from an exact body size, `grpc-timeout` never indexed in HPACK, a
+//! request body sent as the app's window allows (a chunk is queued
+//! whenever less than a frame waits unsent), a failed request body
 //! resetting the stream with `INTERNAL_ERROR`, and a connection closed
-//! when nobody holds it any more (h2 0.4 wakes its connection when the
-//! last handle goes; hyper 1's channel for that predates it). A stream
-//! the caller gives up on (its client reset, its timeout) is reset with
-//! `CANCEL` when the response future and the body are dropped.
+//! when nobody holds it any more (the last [`H2Sender`] clone closes it:
+//! our GOAWAY, then the end once its streams are done). A stream the
+//! caller gives up on (its client reset, its timeout) is reset with
+//! `CANCEL` when the response future and the body are dropped
+//! (h2wire/client/handles.rs).
 
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
-use h2::client::{ResponseFuture, SendRequest};
-use h2::{Reason, SendStream};
 use http::header::HeaderName;
 use http::{HeaderValue, Method, Request, Response, header};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::UpstreamBody;
+use super::answer::H2Body;
 use super::exec::ConnExec;
-use crate::http2::H2Body;
+use crate::h2wire::ErrorCode;
+use crate::h2wire::client::{ClientSettings, Connection, Error, SendBody, SendRequest};
 
 /// hyper's client defaults, kept (see the module's comment).
-const MAX_SEND_STREAMS: usize = 100;
+const MAX_SEND_STREAMS: u32 = 100;
 const MAX_FRAME_SIZE: u32 = 16 * 1024;
 const MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
 const MAX_SEND_BUFFER: usize = 1024 * 1024;
-const MAX_LOCAL_ERROR_RESETS: usize = 1024;
 
 static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
@@ -54,11 +52,14 @@ static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 pub(crate) struct H2Sender(Arc<Handle>);
 
 struct Handle {
-    send: SendRequest<Bytes>,
+    send: SendRequest,
     exec: ConnExec,
-    /// The connection ended, or refused a stream (GOAWAY, error); shared
-    /// with the connection's future.
-    closed: Arc<AtomicBool>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.send.close();
+    }
 }
 
 /// A request the connection did not take.
@@ -68,51 +69,43 @@ pub(crate) enum SendError {
     /// case, and it keeps every request's result small.
     Unsent {
         req: Box<Request<UpstreamBody>>,
-        err: h2::Error,
+        err: Error,
     },
     /// The stream failed (reset, refused, connection lost): whether it may
     /// go again is retry.rs's question.
-    Failed(h2::Error),
+    Failed(Error),
 }
 
 impl H2Sender {
-    /// Writes the preface on `io` and starts the connection's task with
-    /// the given (stream, connection) receive windows.
-    pub(crate) async fn handshake<T>(
-        io: T,
-        stream_window: u32,
-        conn_window: u32,
-    ) -> Result<H2Sender, h2::Error>
+    /// Starts the connection on `io` (its task writes the preface at once)
+    /// with the given (stream, connection) receive windows.
+    pub(crate) fn handshake<T>(io: T, stream_window: u32, conn_window: u32) -> H2Sender
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let (send, conn) = h2::client::Builder::new()
-            .initial_max_send_streams(MAX_SEND_STREAMS)
-            .initial_window_size(stream_window)
-            .initial_connection_window_size(conn_window)
-            .max_frame_size(MAX_FRAME_SIZE)
-            .max_header_list_size(MAX_HEADER_LIST_SIZE)
-            .max_send_buffer_size(MAX_SEND_BUFFER)
-            .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
-            .enable_push(false)
-            .handshake::<_, Bytes>(io)
-            .await?;
-        let closed = Arc::new(AtomicBool::new(false));
-        let ended_flag = closed.clone();
+        let settings = ClientSettings {
+            initial_max_send_streams: MAX_SEND_STREAMS,
+            initial_window_size: stream_window,
+            connection_window_size: conn_window,
+            max_frame_size: MAX_FRAME_SIZE,
+            max_header_list_size: MAX_HEADER_LIST_SIZE,
+            max_send_buffer: MAX_SEND_BUFFER,
+            ..ClientSettings::default()
+        };
+        let (mut conn, send) = Connection::new(io, settings);
         let exec = ConnExec::default();
         exec.run(Box::pin(async move {
-            let ended = conn.await;
-            ended_flag.store(true, Ordering::Release);
-            if let Err(err) = ended {
+            if let Err(err) = poll_fn(|cx| conn.poll(cx)).await {
                 tracing::debug!(error = %err, "upstream HTTP/2 connection ended with an error");
             }
         }));
-        Ok(H2Sender(Arc::new(Handle { send, exec, closed })))
+        H2Sender(Arc::new(Handle { send, exec }))
     }
 
-    /// The connection ended or refused a stream: new requests go elsewhere.
+    /// The connection ended or takes no new stream (the app's GOAWAY):
+    /// new requests go elsewhere.
     pub(crate) fn is_closed(&self) -> bool {
-        self.0.closed.load(Ordering::Acquire)
+        self.0.send.is_closed()
     }
 
     /// Sends `req` (absolute URI) and waits for the response head. The
@@ -122,11 +115,8 @@ impl H2Sender {
         &self,
         req: Request<UpstreamBody>,
     ) -> Result<Response<H2Body>, SendError> {
-        // A handle of its own: h2 allows each handle one stream waiting
-        // for the app's concurrency limit, and queues the rest inside.
         let mut send = self.0.send.clone();
         if let Err(err) = poll_fn(|cx| send.poll_ready(cx)).await {
-            self.0.closed.store(true, Ordering::Release);
             return Err(SendError::Unsent {
                 req: Box::new(req),
                 err,
@@ -136,16 +126,13 @@ impl H2Sender {
         let mut head = Request::from_parts(parts, ());
         // No connection-specific headers to strip: the one caller
         // (proxy/handler.rs, `upstream_request`) took every hop-by-hop
-        // header out and left TE only as `trailers`; a second walk over the
-        // names cost about 800 instructions a request. Should one slip
-        // through, h2 refuses the request (MalformedHeaders) rather than
-        // sending a malformed one.
+        // header out and left TE only as `trailers`; should one slip
+        // through, the client drops it (§8.2.2) rather than sending a
+        // malformed request.
         debug_assert!(!has_connection_headers(head.headers()));
         // A gRPC deadline differs on every call: indexed, each one would
-        // enter the connection's HPACK table and evict another, and h2's
-        // encoder walks every kept value of a name before inserting (about
-        // 70 grpc-timeout values once the table is full). Never indexed,
-        // it costs a literal and leaves the table alone.
+        // enter the connection's HPACK table and evict another. Never
+        // indexed, it costs a literal and leaves the table alone.
         if let Some(timeout) = head.headers_mut().get_mut(&GRPC_TIMEOUT) {
             timeout.set_sensitive(true);
         }
@@ -157,13 +144,20 @@ impl H2Sender {
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
         }
         let eos = body.is_end_stream();
-        let (mut response, stream) = send.send_request(head, eos).map_err(SendError::Failed)?;
+        let (mut response, stream) = match send.send_request(&head, eos) {
+            Ok(opened) => opened,
+            // Nothing was written (the app's GOAWAY came since poll_ready,
+            // or the connection ended): the request goes elsewhere whole.
+            Err(err) => {
+                let (parts, ()) = head.into_parts();
+                return Err(SendError::Unsent {
+                    req: Box::new(Request::from_parts(parts, body)),
+                    err,
+                });
+            }
+        };
         drop(send);
-        let mut pipe = (!eos).then_some(Pipe {
-            body,
-            stream,
-            first: true,
-        });
+        let mut pipe = stream.map(|stream| Pipe { body, stream });
         let answer = poll_fn(|cx| {
             if let Some(p) = pipe.as_mut()
                 && Pin::new(p).poll(cx).is_ready()
@@ -180,12 +174,11 @@ impl H2Sender {
             self.0.exec.run(Box::pin(pipe));
         }
         let (parts, recv) = answer.into_parts();
-        let body = H2Body::answer(recv, &parts.headers);
-        Ok(Response::from_parts(parts, body))
+        Ok(Response::from_parts(parts, H2Body::new(recv)))
     }
 }
 
-/// What h2 refuses to send (RFC 9113 §8.2.2).
+/// Connection-specific fields (RFC 9113 §8.2.2), which the client drops.
 #[cfg(debug_assertions)]
 fn has_connection_headers(headers: &http::HeaderMap) -> bool {
     [
@@ -217,9 +210,7 @@ fn has_payload_semantics(method: &Method) -> bool {
 /// A request body on its way to the app, as the app's window allows.
 struct Pipe {
     body: UpstreamBody,
-    stream: SendStream<Bytes>,
-    /// No chunk sent yet: the first goes without waiting for the window.
-    first: bool,
+    stream: SendBody,
 }
 
 impl Future for Pipe {
@@ -228,32 +219,13 @@ impl Future for Pipe {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
         loop {
-            // Some window first (one byte asks for it), then the next
-            // chunk whole: h2 queues what the window does not cover. Not
-            // for the first chunk: the stream is still waiting to open
-            // then, so there is never a window yet, and waiting for one
-            // cost a wake-up and a poll of the whole request (a gRPC
-            // call's one message, callgrind `PROFILE_LOAD=grpc`). h2 holds
-            // that one chunk (at most a frame of the client's) until the
-            // window comes, and the next waits for the window as before.
-            let wait = !this.first && {
-                this.stream.reserve_capacity(1);
-                this.stream.capacity() == 0
-            };
-            if wait {
-                loop {
-                    match ready!(this.stream.poll_capacity(cx)) {
-                        Some(Ok(0)) => {}
-                        Some(Ok(_)) => break,
-                        Some(Err(err)) => {
-                            tracing::debug!(error = %err, "upstream HTTP/2 request body stopped");
-                            return Poll::Ready(());
-                        }
-                        None => return Poll::Ready(()),
-                    }
-                }
-            } else if this.stream.poll_reset(cx).is_ready() {
-                // The app reset the stream: it wants no more.
+            // Room for another chunk (less than a frame waits unsent), or
+            // the stream can no longer send: the app reset it (it wants no
+            // more) or the connection ended. The client registers this
+            // task either way, so a reset wakes it while it waits on the
+            // client's body below.
+            if let Err(err) = ready!(this.stream.poll_writable(cx)) {
+                tracing::debug!(error = %err, "upstream HTTP/2 request body stopped");
                 return Poll::Ready(());
             }
             match ready!(Pin::new(&mut this.body).poll_frame(cx)) {
@@ -263,7 +235,6 @@ impl Future for Pipe {
                         if data.is_empty() && !eos {
                             continue;
                         }
-                        this.first = false;
                         if this.stream.send_data(data, eos).is_err() || eos {
                             return Poll::Ready(());
                         }
@@ -279,7 +250,7 @@ impl Future for Pipe {
                     // The client's body failed (its fault is recorded in
                     // its BodyWatch): the app must not take it as whole.
                     tracing::debug!(error = %err, "request body failed; resetting the app's stream");
-                    this.stream.send_reset(Reason::INTERNAL_ERROR);
+                    this.stream.send_reset(ErrorCode::INTERNAL_ERROR);
                     return Poll::Ready(());
                 }
                 None => {
@@ -292,10 +263,10 @@ impl Future for Pipe {
 }
 
 /// Both are polled through `Pin::new`: checked `Unpin` here, so a change
-/// in h2 or in the body fails the build instead of needing a box.
+/// in the client or in the body fails the build instead of needing a box.
 const _: fn() = || {
     fn unpin<T: Unpin>() {}
-    unpin::<ResponseFuture>();
+    unpin::<crate::h2wire::client::ResponseFuture>();
     unpin::<UpstreamBody>();
 };
 
@@ -317,9 +288,7 @@ mod tests {
                 drop(stream);
             }
         });
-        let sender = H2Sender::handshake(ours, 65_535, 65_535)
-            .await
-            .expect("client handshake");
+        let sender = H2Sender::handshake(ours, 65_535, 65_535);
         let other = sender.clone();
         // Let the connections exchange their SETTINGS.
         tokio::time::sleep(Duration::from_millis(50)).await;

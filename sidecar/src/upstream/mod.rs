@@ -41,7 +41,7 @@ pub mod retry;
 pub mod slots;
 mod stream;
 
-pub use answer::AppBody;
+pub use answer::{AppBody, H2Body};
 pub use body::{BodyError, BodyFault, BodyWatch, DownstreamBody, LimitedBody};
 pub use client::{PoolReturn, Upstream, UpstreamResponse};
 pub use downgrade::protocol_mismatch_response;

@@ -20,6 +20,7 @@ use http::Method;
 
 use crate::config::RetryBudgetConfig;
 use crate::error::Error;
+use crate::h2wire::client::{ABOVE_GOAWAY, Error as H2Error};
 
 /// Why a request went to the app again (the `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,15 +69,12 @@ impl RetryDenied {
 pub fn retry_reason(err: &Error, method: &Method, idempotent_route: bool) -> Option<RetryReason> {
     // Connect errors were held already; AppDown and the rest are final.
     let user_error = match err {
-        Error::Upstream(err) => {
-            if let Some(reason) = hyper_h2_error(err).and_then(never_reached_app) {
-                return Some(reason);
-            }
-            err.is_user()
-        }
-        // The HTTP/2 client (h2conn.rs) reports h2's errors as they are.
-        Error::UpstreamH2(err) => {
-            if let Some(reason) = never_reached_app(err) {
+        // hyper's HTTP/1 client: a user error is ours (the request body).
+        Error::Upstream(err) => err.is_user(),
+        // The HTTP/2 client (h2conn.rs): never processed, or not retried
+        // unless the route allows it.
+        Error::UpstreamH2(_) => {
+            if let Some(reason) = err.h2wire().and_then(never_reached_app) {
                 return Some(reason);
             }
             false
@@ -86,30 +84,19 @@ pub fn retry_reason(err: &Error, method: &Method, idempotent_route: bool) -> Opt
     (idempotent_route && is_idempotent(method) && !user_error).then_some(RetryReason::Idempotent)
 }
 
-/// The h2 error under a hyper error, if any.
-fn hyper_h2_error(err: &hyper::Error) -> Option<&h2::Error> {
-    let mut source = std::error::Error::source(err);
-    while let Some(cause) = source {
-        if let Some(h2) = cause.downcast_ref::<h2::Error>() {
-            return Some(h2);
-        }
-        source = cause.source();
+/// The app provably never processed the request (RFC 9113 §8.7): it
+/// refused the stream, or the stream was above the last-stream-id of its
+/// GOAWAY (§6.8; the client reports those as refused, and a GOAWAY with
+/// an error code fails the streams below it too, as connection errors,
+/// which are no proof).
+fn never_reached_app(err: &H2Error) -> Option<RetryReason> {
+    if !err.never_processed() {
+        return None;
     }
-    None
-}
-
-/// The app provably never processed the request (RFC 9113 §8.7).
-fn never_reached_app(h2: &h2::Error) -> Option<RetryReason> {
-    if h2.reason() == Some(h2::Reason::REFUSED_STREAM) {
-        return Some(RetryReason::RefusedStream);
+    match err {
+        H2Error::Stream { reason, .. } if *reason == ABOVE_GOAWAY => Some(RetryReason::GoAway),
+        _ => Some(RetryReason::RefusedStream),
     }
-    // A graceful GOAWAY fails only the streams above its last stream id
-    // (an erroring GOAWAY fails every stream, processed or not, so it is
-    // not proof).
-    if h2.is_go_away() && h2.is_remote() && h2.reason() == Some(h2::Reason::NO_ERROR) {
-        return Some(RetryReason::GoAway);
-    }
-    None
 }
 
 /// RFC 9110 §9.2.2: GET, HEAD, OPTIONS, TRACE, PUT and DELETE.
@@ -206,6 +193,7 @@ impl Window {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::h2wire::ErrorCode;
 
     fn settings(ratio: f64, min_per_second: u32) -> RetryBudgetConfig {
         RetryBudgetConfig {
@@ -256,6 +244,52 @@ mod tests {
         w.advance(start + Duration::from_secs(11));
         assert_eq!(w.requests.iter().sum::<u64>(), 0);
         assert_eq!(w.retries.iter().sum::<u64>(), 0);
+    }
+
+    fn stream_error(code: ErrorCode, remote: bool, reason: &'static str) -> Error {
+        Error::upstream_h2(H2Error::Stream {
+            id: 3,
+            code,
+            reason,
+            remote,
+        })
+    }
+
+    /// Only the two proofs of §8.7 retry a POST; a reset of ours, another
+    /// code or a lost connection do not (unless the route allows
+    /// idempotent retries and the method is one).
+    #[test]
+    fn the_h2_clients_never_processed_errors_are_retried() {
+        let post = Method::POST;
+        let refused = stream_error(ErrorCode::REFUSED_STREAM, true, "refused by the app");
+        let above = stream_error(ErrorCode::REFUSED_STREAM, true, ABOVE_GOAWAY);
+        assert_eq!(
+            retry_reason(&refused, &post, false),
+            Some(RetryReason::RefusedStream)
+        );
+        assert_eq!(
+            retry_reason(&above, &post, false),
+            Some(RetryReason::GoAway)
+        );
+        for err in [
+            stream_error(ErrorCode::REFUSED_STREAM, false, "refused by us"),
+            stream_error(ErrorCode::CANCEL, true, "reset by the app"),
+            stream_error(ErrorCode::INTERNAL_ERROR, true, "reset by the app"),
+            Error::upstream_h2(H2Error::Connection {
+                code: ErrorCode::NO_ERROR,
+                reason: "GOAWAY from the app",
+                remote: true,
+            }),
+            Error::upstream_h2(H2Error::Io(std::io::ErrorKind::ConnectionReset.into())),
+        ] {
+            assert_eq!(retry_reason(&err, &post, true), None, "{err}");
+            assert_eq!(
+                retry_reason(&err, &Method::GET, true),
+                Some(RetryReason::Idempotent),
+                "{err}"
+            );
+            assert_eq!(retry_reason(&err, &Method::GET, false), None, "{err}");
+        }
     }
 
     #[test]

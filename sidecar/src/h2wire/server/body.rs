@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http_body::{Frame as BodyFrame, SizeHint};
 
 use super::super::ErrorCode;
-use super::super::frame::{Frame, MAX_WINDOW};
+use super::super::shared::RecvWindow;
 use super::Error;
 use super::state::{Sealed, SharedRef, lock};
 
@@ -63,25 +63,18 @@ impl http_body::Body for RecvBody {
                 })));
             }
         }
-        if let Some(chunk) = s.recv.pop_front() {
+        let taken = RecvWindow {
+            chunks: &mut s.recv,
+            unreleased: &mut s.recv_unreleased,
+            window: &mut s.recv_window,
+            ended: s.recv_end,
+            initial: stream_window,
+        }
+        .take(id, (sealed == Sealed::Open).then_some(&mut sh.out));
+        if let Some((chunk, wrote)) = taken {
             let n = chunk.len() as u32;
             s.recv_taken += u64::from(n);
-            s.recv_unreleased += n;
-            let mut update = 0;
-            if !s.recv_end && s.recv_unreleased >= stream_window / 2 {
-                update = s.recv_unreleased.min(MAX_WINDOW);
-                s.recv_window += i64::from(update);
-                s.recv_unreleased = 0;
-            }
-            if s.recv.is_empty() {
-                s.recv = Default::default();
-            }
-            if update > 0 && sealed == Sealed::Open {
-                Frame::WindowUpdate {
-                    stream: id,
-                    increment: update,
-                }
-                .write(&mut sh.out);
+            if wrote {
                 sh.wake_conn();
             }
             sh.release_conn(n);

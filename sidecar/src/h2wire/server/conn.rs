@@ -3,7 +3,6 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -11,50 +10,19 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::super::ErrorCode;
-use super::super::frame::{self, Frame, HEADER_LEN, MAX_WINDOW, Settings};
-use super::super::hpack::{Decoder, Encoder, EncoderOptions, HeaderBlock, Limits};
+use super::super::frame::{self, Frame, MAX_WINDOW, Settings};
+use super::super::hpack::{Encoder, EncoderOptions, HeaderBlock};
 use super::state::{
     Abuse, Connection, Drain, Ends, GoAway, OUT_HIGH, Peer, ReadSide, Sealed, Shared, StreamMap,
-    UserPing, Windows, WriteSide, lock,
+    UserPing, WriteSide, lock,
 };
 use super::{Error, RecvBody, Respond, ServerSettings};
 use crate::spare::{self, OutClass, ReadClass};
 
-/// Connections open, on all threads: the spare stacks keep no more of
-/// these buffers than that (so the last connection to close leaves at most
-/// one behind), and at most [`H2_SPARE`] each.
-static OPEN: AtomicUsize = AtomicUsize::new(0);
-/// A spare stack's most HTTP/2 buffers (16 KiB each): a few busy
-/// connections turning idle and busy again reuse them; thousands of idle
-/// ones hold none.
-const H2_SPARE: usize = 16;
-
-fn spare_room() -> usize {
-    OPEN.load(Ordering::Relaxed).min(H2_SPARE)
-}
-
-/// Counts a connection in [`OPEN`] while it lives.
-pub(super) struct Counted(());
-
-impl Counted {
-    pub(super) fn new() -> Self {
-        OPEN.fetch_add(1, Ordering::Relaxed);
-        Counted(())
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        OPEN.fetch_sub(1, Ordering::Relaxed);
-    }
-}
+pub(super) use super::super::shared::{Counted, poll_read_frame, spare_room};
+use super::super::shared::{OutBuf, Windows, goaway, header_decoder, register};
 
 pub(super) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// Bytes asked of the socket per read beyond what the current frame needs.
-const READ_CHUNK: usize = 16 << 10;
-/// Less room than this left in the read buffer: a new one is taken rather
-/// than reading a few bytes per call.
-const MIN_READ: usize = 1024;
 /// After the close, the client's last bytes are read for at most this long
 /// (see `poll_linger`).
 const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
@@ -114,12 +82,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             ready: VecDeque::new(),
             encoder: Encoder::new(4096, EncoderOptions::default()),
             block: Vec::new(),
-            win: Windows {
-                peer_initial: 65_535,
-                conn_send: 65_535,
-                conn_recv: i64::from(conn_window),
-                conn_unreleased: 0,
-            },
+            win: Windows::new(conn_window),
             conn_window,
             peer_max_frame: frame::DEFAULT_MAX_FRAME_SIZE,
             stream_window: settings.initial_window_size,
@@ -129,27 +92,19 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             local_error_resets: 0,
             recent_resets: VecDeque::new(),
         };
-        let list = settings.max_header_list_size as usize;
         Self {
             io,
             shared: Arc::new(Mutex::new(shared)),
             settings,
             rd: ReadSide {
                 buf: BytesMut::new(),
-                decoder: Decoder::new(
-                    4096,
-                    Limits {
-                        max_string_len: list,
-                        max_list_size: list,
-                    },
-                ),
+                decoder: header_decoder(settings.max_header_list_size),
                 block: HeaderBlock::default(),
                 names: Default::default(),
                 assembling: None,
             },
             wr: WriteSide {
-                buf: Vec::new(),
-                written: 0,
+                out: OutBuf::default(),
                 ends_in_buf: 0,
                 ends_written: 0,
             },
@@ -282,7 +237,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             + 2 * size_of::<usize>()
             + sh.heap_bytes()
             + self.rd.buf.capacity()
-            + self.wr.buf.capacity()
+            + self.wr.out.buf.capacity()
             + self.rd.decoder.memory()
             + self.rd.block.capacity()
             + self.rd.names.heap_bytes()
@@ -301,7 +256,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             ("ready", sh.ready.capacity()),
             ("encoder", sh.encoder.memory()),
             ("read_buf", self.rd.buf.capacity()),
-            ("writing", self.wr.buf.capacity()),
+            ("writing", self.wr.out.buf.capacity()),
             ("decoder", self.rd.decoder.memory()),
             ("hblock", self.rd.block.capacity()),
             ("accepted", self.accepted.capacity()),
@@ -311,13 +266,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     fn poll_drive(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Accepted, Error>>> {
         {
             let mut sh = lock(&self.shared);
-            if !sh
-                .conn_waker
-                .as_ref()
-                .is_some_and(|w| w.will_wake(cx.waker()))
-            {
-                sh.conn_waker = Some(cx.waker().clone());
-            }
+            register(&mut sh.conn_waker, cx);
             if sh.out.capacity() == 0 {
                 sh.out = spare::take_out(OutClass::Http2);
             }
@@ -455,7 +404,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
 
     /// Output not yet written to the socket.
     fn backlog(&self) -> usize {
-        self.wr.buf.len() - self.wr.written + lock(&self.shared).out.len()
+        self.wr.out.unwritten() + lock(&self.shared).out.len()
     }
 
     /// Nothing buffered, no stream open: the read-side buffers go back
@@ -490,52 +439,27 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// A connection error: GOAWAY(code) queued as the last frame.
     pub(super) fn fail(&mut self, (code, reason): (ErrorCode, &'static str)) {
         let mut sh = lock(&self.shared);
-        Frame::GoAway {
-            last_stream: self.peer.last_id,
-            code,
-            debug: reason.as_bytes(),
-        }
-        .write(&mut sh.out);
+        self.closing = Some(goaway(&mut sh.out, self.peer.last_id, code, reason));
         sh.kill(Some(code), reason);
-        drop(sh);
-        self.closing = Some(Error::Connection {
-            code,
-            reason,
-            remote: false,
-        });
     }
 
     /// Writes what is queued; Ok(true) once all of it reached the socket.
     fn poll_write(&mut self, cx: &mut Context<'_>) -> std::io::Result<bool> {
         loop {
-            if self.wr.written == self.wr.buf.len() {
-                // Everything queued, DATA the windows allow included, goes
-                // in one buffer and one write. A partly written buffer is
-                // finished first while new frames wait in `out` (no copy,
-                // and the unread output of a client that does not read
-                // stays within two buffers).
+            if self.wr.out.unwritten() == 0 {
                 let mut guard = lock(&self.shared);
                 let sh = &mut *guard;
                 sh.fill();
                 if sh.out.is_empty() {
                     break;
                 }
-                self.wr.buf.clear();
-                self.wr.written = 0;
-                if self.wr.buf.capacity() == 0 {
-                    self.wr.buf = spare::take_out(OutClass::Http2);
-                }
-                std::mem::swap(&mut self.wr.buf, &mut sh.out);
+                self.wr.out.refill(&mut sh.out);
                 self.wr.ends_in_buf += sh.ends.in_out;
                 sh.ends.in_out = 0;
             }
-            while self.wr.written < self.wr.buf.len() {
-                match Pin::new(&mut self.io).poll_write(cx, &self.wr.buf[self.wr.written..]) {
-                    Poll::Pending => return Ok(false),
-                    Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
-                    Poll::Ready(Ok(n)) => self.wr.written += n,
-                    Poll::Ready(Err(e)) => return Err(e),
-                }
+            match self.wr.out.poll_drain(&mut self.io, cx) {
+                Poll::Pending => return Ok(false),
+                Poll::Ready(r) => r?,
             }
             self.wr.ends_written += self.wr.ends_in_buf;
             self.wr.ends_in_buf = 0;
@@ -543,17 +467,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         if Pin::new(&mut self.io).poll_flush(cx).is_pending() {
             return Ok(false);
         }
-        self.wr.buf.clear();
-        self.wr.written = 0;
         let mut sh = lock(&self.shared);
-        if sh.open == 0 || self.wr.buf.capacity() > 2 * OUT_HIGH {
-            // Idle: the buffers go back (to this thread's spare stack when
-            // of its size); the next burst takes them again.
-            spare::give_out(
-                OutClass::Http2,
-                std::mem::take(&mut self.wr.buf),
-                spare_room(),
-            );
+        // Idle: the buffers go back (to this thread's spare stack when of
+        // its size); the next burst takes them again.
+        let idle = sh.open == 0 || self.wr.out.buf.capacity() > 2 * OUT_HIGH;
+        self.wr.out.flushed(idle);
+        if idle {
             if sh.out.is_empty() {
                 spare::give_out(OutClass::Http2, std::mem::take(&mut sh.out), spare_room());
             }
@@ -567,33 +486,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         Ok(true)
     }
 
-    /// One read into the buffer's spare room (never zero-filled), sized
-    /// for the frame being read. The buffer comes from this thread's spare
-    /// stack (spare.rs) when the connection has none, and goes back there
-    /// when it goes idle ([`Self::release_idle`]): taking one from malloc
-    /// and zeroing it on every idle-to-busy turn was about 4,000
-    /// instructions a gRPC call (callgrind, `PROFILE_LOAD=grpc`).
+    /// One read for the frame being read ([`poll_read_frame`]).
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        let have = self.rd.buf.len();
-        let need = if have < HEADER_LEN {
-            HEADER_LEN - have
-        } else {
-            let b = &self.rd.buf;
-            let len = u32::from_be_bytes([0, b[0], b[1], b[2]]);
-            (HEADER_LEN + len as usize).saturating_sub(have)
-        };
-        if self.rd.buf.capacity() == 0 {
-            self.rd.buf = spare::take_bytes(ReadClass::Http2Client);
-        }
-        let room = self.rd.buf.capacity() - have;
-        if room < need || room < MIN_READ {
-            // In place when no DATA payload still shares the allocation
-            // (the consumed front is taken back), else a new one; the
-            // partial frame moves over either way.
-            self.rd
-                .buf
-                .reserve(need.max(MIN_READ).max(READ_CHUNK.saturating_sub(have)));
-        }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rd.buf)
+        poll_read_frame(Pin::new(&mut self.io), &mut self.rd.buf, cx)
     }
 }

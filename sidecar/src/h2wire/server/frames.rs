@@ -10,21 +10,22 @@ use super::super::ErrorCode;
 use super::super::frame::{
     self, Frame, FrameError, FrameHeader, HEADER_LEN, MAX_WINDOW, Scope, Settings,
 };
+use super::super::shared::Assembly;
+use super::super::validate;
 use super::Error;
 use super::body::RecvBody;
 use super::conn::{GRACEFUL_PING, PREFACE, USER_PING};
 use super::handles::Respond;
-use super::state::{Assembly, Connection, GoAway, Phase, SendState, UserPing};
+use super::state::{Connection, GoAway, Phase, SendState, UserPing};
 use super::state::{HeldAck, Sealed, Stream, lock};
-use super::validate;
 
 /// A connection error: the GOAWAY's code and debug text.
 pub(super) type ConnError = (ErrorCode, &'static str);
 
 /// Empty DATA frames without END_STREAM tolerated (net of non-empty ones).
-pub(super) const EMPTY_DATA_LIMIT: u32 = 100;
 /// Frames one header block may span (HEADERS included).
-pub(super) const MAX_BLOCK_FRAMES: u32 = 32;
+#[cfg(test)]
+pub(super) use super::super::shared::{EMPTY_DATA_LIMIT, MAX_BLOCK_FRAMES};
 /// A client reset this soon after the stream opened counts as rapid.
 const RAPID_RESET_AGE: Duration = Duration::from_millis(100);
 
@@ -37,8 +38,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// Encoded header block bytes accepted before HPACK runs: the list
     /// limit plus slack (HPACK rarely encodes larger than it decodes).
     pub(super) fn max_block_bytes(&self) -> usize {
-        let list = self.settings.max_header_list_size as usize;
-        list + list / 2 + 4096
+        Assembly::max_bytes(self.settings.max_header_list_size)
     }
 
     /// Handles every complete frame in the read buffer.
@@ -136,39 +136,18 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 if end_headers {
                     return self.on_block(stream, end_stream, block);
                 }
-                if block.len() > self.max_block_bytes() {
-                    return Err((ErrorCode::ENHANCE_YOUR_CALM, "header block too large"));
-                }
-                self.rd.assembling = Some(Assembly {
-                    stream,
-                    end_stream,
-                    buf: block.to_vec(),
-                    frames: 1,
-                });
+                let max = self.max_block_bytes();
+                self.rd.assembling = Some(Assembly::start(stream, end_stream, block, max)?);
                 Ok(())
             }
             Frame::Continuation {
                 end_headers, block, ..
             } => {
                 let max = self.max_block_bytes();
-                let Some(a) = self.rd.assembling.as_mut() else {
-                    return Err((ErrorCode::PROTOCOL_ERROR, "CONTINUATION without HEADERS"));
-                };
-                a.frames += 1;
-                if a.frames > MAX_BLOCK_FRAMES || a.buf.len() + block.len() > max {
-                    return Err((
-                        ErrorCode::ENHANCE_YOUR_CALM,
-                        "header block too large or in too many frames",
-                    ));
+                match Assembly::add(&mut self.rd.assembling, end_headers, block, max)? {
+                    Some(a) => self.on_block(a.stream, a.end_stream, &a.buf),
+                    None => Ok(()),
                 }
-                a.buf.extend_from_slice(block);
-                if !end_headers {
-                    return Ok(());
-                }
-                let Some(a) = self.rd.assembling.take() else {
-                    return Ok(());
-                };
-                self.on_block(a.stream, a.end_stream, &a.buf)
             }
             // Validated by the parser; RFC 9113 deprecates the scheme.
             Frame::Priority { .. } | Frame::Unknown { .. } => Ok(()),
@@ -215,14 +194,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         len: usize,
     ) -> Result<(), ConnError> {
         self.check_idle(id)?;
-        if len == 0 && !end_stream {
-            self.abuse.empty_data += 1;
-            if self.abuse.empty_data > EMPTY_DATA_LIMIT {
-                return Err((ErrorCode::ENHANCE_YOUR_CALM, "too many empty DATA frames"));
-            }
-        } else if len > 0 {
-            self.abuse.empty_data = self.abuse.empty_data.saturating_sub(1);
-        }
+        self.abuse.empty_data.count(len, end_stream)?;
         let mut guard = lock(&self.shared);
         let sh = &mut *guard;
         sh.win.conn_recv -= i64::from(flow_len);
@@ -506,8 +478,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         let Some(s) = sh.streams.get_mut(&id) else {
             return Ok(());
         };
-        s.send_window += i64::from(increment);
-        if s.send_window > i64::from(MAX_WINDOW) {
+        s.tx.window += i64::from(increment);
+        if s.tx.window > i64::from(MAX_WINDOW) {
             sh.reset_stream(id, ErrorCode::FLOW_CONTROL_ERROR, true);
             return Ok(());
         }

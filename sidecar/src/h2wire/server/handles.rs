@@ -205,15 +205,15 @@ impl SendBody {
         let mut sh = lock(&self.shared);
         let max = sh.max_send_buffer;
         let s = sendable(&mut sh, self.id, SendState::Open, "body already ended")?;
-        if s.send_queued >= max {
+        if s.tx.queued >= max {
             return Err(Error::Closed {
                 id: self.id,
                 reason: "send buffer full (wait for poll_writable)",
             });
         }
         if !data.is_empty() {
-            s.send_queued += data.len();
-            s.send.push_back(data);
+            s.tx.queued += data.len();
+            s.tx.data.push_back(data);
         }
         if end_of_stream {
             s.send_state = SendState::Ending;
@@ -238,10 +238,10 @@ impl SendBody {
                 reason: "stream closed",
             }));
         };
-        if s.send_queued < limit {
+        if s.tx.queued < limit {
             return Poll::Ready(Ok(()));
         }
-        s.writable_waker = Some(cx.waker().clone());
+        s.tx.writable = Some(cx.waker().clone());
         Poll::Pending
     }
 
@@ -249,7 +249,7 @@ impl SendBody {
     pub fn send_trailers(&mut self, trailers: HeaderMap) -> Result<(), Error> {
         let mut sh = lock(&self.shared);
         let s = sendable(&mut sh, self.id, SendState::Open, "trailers after the end")?;
-        s.send_trailers = Some(trailers);
+        s.tx.trailers = Some(trailers);
         s.send_state = SendState::Ending;
         sh.ends.queued += 1;
         sh.schedule(self.id);

@@ -65,7 +65,6 @@ mod conn;
 mod frames;
 mod handles;
 mod state;
-mod validate;
 
 #[cfg(test)]
 mod tests;

@@ -2,47 +2,23 @@
 //! one mutex: the streams, the output buffer (so HEADERS are encoded in
 //! the order they reach the wire) and the send windows.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 
-/// The streams by id. Looked up for every frame and every handle call
-/// (about 27 hashes a gRPC call), where SipHash cost about 100 instructions
-/// each. The client picks the ids, but at most twice the concurrent-stream
-/// limit are in the map at once, so even ids chosen to collide cost a
-/// short scan, never more.
-pub(super) type StreamMap = HashMap<u32, Stream, BuildHasherDefault<IdHasher>>;
+use super::super::shared::{SendQueue, write_trailers};
 
-/// One multiplication (Fibonacci hashing), its high half folded into the
-/// low one so that both hashbrown's bucket bits and its tag bits vary.
-#[derive(Default)]
-pub(super) struct IdHasher(u64);
+/// The streams by id (the client picks the ids, but at most twice the
+/// concurrent-stream limit are in the map at once).
+pub(super) type StreamMap = super::super::shared::IdMap<Stream>;
 
-impl Hasher for IdHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u32(u32::from(b) ^ (self.0 as u32).rotate_left(8));
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        let h = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = h ^ (h >> 32);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use std::time::{Duration, Instant};
 
 use super::super::ErrorCode;
-use super::super::frame::{self, Frame, FrameHeader, MAX_WINDOW};
-use super::super::hpack::{Decoder, Encoder, FieldRef, HeaderBlock};
+use super::super::frame::{Frame, MAX_WINDOW};
+use super::super::hpack::{Decoder, Encoder, HeaderBlock};
 use super::conn::Accepted;
 use super::{Error, ServerSettings};
 
@@ -95,11 +71,7 @@ pub(super) struct Stream {
     pub(super) body_waker: Option<Waker>,
     // Send side.
     pub(super) send_state: SendState,
-    pub(super) send: VecDeque<Bytes>,
-    pub(super) send_queued: usize,
-    pub(super) send_trailers: Option<HeaderMap>,
-    pub(super) send_window: i64,
-    pub(super) writable_waker: Option<Waker>,
+    pub(super) tx: SendQueue,
     pub(super) reset_waker: Option<Waker>,
     /// In `Shared::ready` already.
     pub(super) scheduled: bool,
@@ -121,13 +93,9 @@ impl Stream {
             recv_taken: 0,
             body_waker: None,
             body_dropped: false,
-            send: VecDeque::new(),
-            send_queued: 0,
+            tx: SendQueue::new(send_window),
             send_state: SendState::Idle,
-            send_trailers: None,
-            send_window: i64::from(send_window),
             scheduled: false,
-            writable_waker: None,
             reset_waker: None,
             reset: None,
             counted: true,
@@ -142,15 +110,15 @@ impl Stream {
 
     fn heap_bytes(&self) -> usize {
         self.recv.capacity() * size_of::<Bytes>()
-            + self.send.capacity() * size_of::<Bytes>()
+            + self.tx.data.capacity() * size_of::<Bytes>()
             + self.recv.iter().map(Bytes::len).sum::<usize>()
-            + self.send_queued
+            + self.tx.queued
     }
 
     pub(super) fn wake_all(&mut self) {
         for w in [
             self.body_waker.take(),
-            self.writable_waker.take(),
+            self.tx.writable.take(),
             self.reset_waker.take(),
         ]
         .into_iter()
@@ -183,7 +151,7 @@ pub(super) struct Shared {
     pub(super) encoder: Encoder,
     /// Scratch for one header block.
     pub(super) block: Vec<u8>,
-    pub(super) win: Windows,
+    pub(super) win: super::super::shared::Windows,
     pub(super) peer_max_frame: u32,
     /// Our SETTINGS_INITIAL_WINDOW_SIZE and connection window.
     pub(super) stream_window: u32,
@@ -218,18 +186,6 @@ impl Ends {
     }
 }
 
-/// The connection's flow-control windows (§5.2, §6.9): the client's
-/// SETTINGS_INITIAL_WINDOW_SIZE; what we may still send and what the
-/// client may still send on the connection; what bodies took and we have
-/// not given back yet (a WINDOW_UPDATE goes once it is half of
-/// `Shared::conn_window`).
-pub(super) struct Windows {
-    pub(super) peer_initial: u32,
-    pub(super) conn_send: i64,
-    pub(super) conn_recv: i64,
-    pub(super) conn_unreleased: u32,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
     Preface,
@@ -253,14 +209,6 @@ pub(super) enum UserPing {
     None,
     Sent,
     Acked,
-}
-
-/// A header block spread over HEADERS and CONTINUATIONs.
-pub(super) struct Assembly {
-    pub(super) stream: u32,
-    pub(super) end_stream: bool,
-    pub(super) buf: Vec<u8>,
-    pub(super) frames: u32,
 }
 
 /// A server-side HTTP/2 connection. See the module doc (mod.rs).
@@ -294,14 +242,13 @@ pub(super) struct ReadSide {
     /// The decoded block of the request being built (reused).
     pub(super) block: HeaderBlock,
     /// Field names outside the standard set, allocated once a connection.
-    pub(super) names: super::validate::Names,
-    pub(super) assembling: Option<Assembly>,
+    pub(super) names: super::super::validate::Names,
+    pub(super) assembling: Option<super::super::shared::Assembly>,
 }
 
 /// The buffer being written, and the streams' ends in it.
 pub(super) struct WriteSide {
-    pub(super) buf: Vec<u8>,
-    pub(super) written: usize,
+    pub(super) out: super::super::shared::OutBuf,
     /// Streams' last frames in `buf`: counted written once it is.
     pub(super) ends_in_buf: u64,
     pub(super) ends_written: u64,
@@ -401,7 +348,7 @@ pub(super) struct Abuse {
     pub(super) remote_resets: usize,
     pub(super) resets_since: Instant,
     /// Empty DATA frames without END_STREAM, less one per non-empty one.
-    pub(super) empty_data: u32,
+    pub(super) empty_data: super::super::shared::EmptyData,
 }
 
 impl Abuse {
@@ -409,7 +356,7 @@ impl Abuse {
         Self {
             remote_resets: 0,
             resets_since: Instant::now(),
-            empty_data: 0,
+            empty_data: Default::default(),
         }
     }
 
@@ -478,9 +425,9 @@ impl Shared {
         let was_ending = s.send_state == SendState::Ending;
         s.reset = Some((code, false));
         s.send_state = SendState::Done;
-        s.send.clear();
-        s.send_queued = 0;
-        s.send_trailers = None;
+        s.tx.data.clear();
+        s.tx.queued = 0;
+        s.tx.trailers = None;
         s.wake_all();
         if writable {
             Frame::RstStream { stream: id, code }.write(&mut self.out);
@@ -530,9 +477,9 @@ impl Shared {
             self.ends.dropped += 1;
         }
         s.reset = Some((code, true));
-        s.send.clear();
-        s.send_queued = 0;
-        s.send_trailers = None;
+        s.tx.data.clear();
+        s.tx.queued = 0;
+        s.tx.trailers = None;
         s.wake_all();
         self.release_body(id);
         self.gc(id);
@@ -556,15 +503,8 @@ impl Shared {
     /// `n` bytes of the connection window are free again; a WINDOW_UPDATE
     /// goes out once half the window is.
     pub(super) fn release_conn(&mut self, n: u32) {
-        self.win.conn_unreleased = self.win.conn_unreleased.saturating_add(n);
-        if self.win.conn_unreleased >= self.conn_window / 2 && self.sealed == Sealed::Open {
-            Frame::WindowUpdate {
-                stream: 0,
-                increment: self.win.conn_unreleased.min(MAX_WINDOW),
-            }
-            .write(&mut self.out);
-            self.win.conn_recv += i64::from(self.win.conn_unreleased.min(MAX_WINDOW));
-            self.win.conn_unreleased = 0;
+        let out = (self.sealed == Sealed::Open).then_some(&mut self.out);
+        if self.win.release(n, self.conn_window, out) {
             self.wake_conn();
         }
     }
@@ -595,7 +535,7 @@ impl Shared {
         if let Some(s) = self.streams.get_mut(&id)
             && !s.scheduled
             && s.reset.is_none()
-            && (s.send_state == SendState::Ending || (s.send_queued > 0 && s.send_window > 0))
+            && (s.send_state == SendState::Ending || (s.tx.queued > 0 && s.tx.window > 0))
         {
             s.scheduled = true;
             self.ready.push_back(id);
@@ -619,60 +559,24 @@ impl Shared {
             if s.reset.is_some() || s.send_state == SendState::Done {
                 continue;
             }
-            let room = s
-                .send_window
-                .min(self.win.conn_send)
-                .min(i64::from(self.peer_max_frame));
-            let room = usize::try_from(room).unwrap_or(0);
-            let n = room.min(s.send_queued);
             let ending = s.send_state == SendState::Ending;
-            if n == 0 && !(s.send_queued == 0 && ending) {
+            let Some(last) = s.tx.write_frame(
+                id,
+                ending,
+                &mut self.win.conn_send,
+                self.peer_max_frame,
+                &mut self.out,
+            ) else {
                 // Blocked on a window: a WINDOW_UPDATE schedules it again.
                 continue;
-            }
-            let last = ending && n == s.send_queued;
-            let end_stream = last && s.send_trailers.is_none();
-            FrameHeader {
-                len: n as u32,
-                kind: frame::DATA,
-                flags: if end_stream {
-                    frame::FLAG_END_STREAM
-                } else {
-                    0
-                },
-                stream: id,
-            }
-            .write(&mut self.out);
-            let mut left = n;
-            while left > 0 {
-                let Some(front) = s.send.front_mut() else {
-                    break;
-                };
-                let take = left.min(front.len());
-                self.out.extend_from_slice(&front[..take]);
-                front.advance(take);
-                if front.is_empty() {
-                    s.send.pop_front();
-                }
-                left -= take;
-            }
-            s.send_queued -= n;
-            s.send_window -= n as i64;
-            self.win.conn_send -= n as i64;
-            if s.send_queued < self.peer_max_frame as usize
-                && let Some(w) = s.writable_waker.take()
-            {
-                w.wake();
-            }
+            };
             if last {
-                if let Some(trailers) = s.send_trailers.take() {
-                    self.block.clear();
-                    self.encoder
-                        .encode(trailers.iter().map(|(k, v)| field(k, v)), &mut self.block);
-                    frame::write_header_block(
+                if let Some(trailers) = s.tx.trailers.take() {
+                    write_trailers(
                         id,
-                        true,
-                        &self.block,
+                        &trailers,
+                        &mut self.encoder,
+                        &mut self.block,
                         self.peer_max_frame,
                         &mut self.out,
                     );
@@ -691,8 +595,8 @@ impl Shared {
             return;
         };
         s.send_state = SendState::Done;
-        s.send = VecDeque::new();
-        if let Some(w) = s.writable_waker.take() {
+        s.tx.data = VecDeque::new();
+        if let Some(w) = s.tx.writable.take() {
             w.wake();
         }
         // §8.1: the answer is complete and nobody reads the rest of the
@@ -714,8 +618,8 @@ impl Shared {
         let delta = i64::from(size) - i64::from(self.win.peer_initial);
         self.win.peer_initial = size;
         for s in self.streams.values_mut() {
-            s.send_window += delta;
-            if s.send_window > i64::from(MAX_WINDOW) {
+            s.tx.window += delta;
+            if s.tx.window > i64::from(MAX_WINDOW) {
                 return false;
             }
         }
@@ -731,7 +635,7 @@ impl Shared {
         let Self { streams, ready, .. } = self;
         for (id, s) in streams.iter_mut() {
             let sendable =
-                s.send_state == SendState::Ending || (s.send_queued > 0 && s.send_window > 0);
+                s.send_state == SendState::Ending || (s.tx.queued > 0 && s.tx.window > 0);
             if !s.scheduled && s.reset.is_none() && sendable {
                 s.scheduled = true;
                 ready.push_back(*id);
@@ -754,20 +658,13 @@ impl Shared {
     }
 }
 
-pub(super) fn field<'a>(name: &'a http::HeaderName, value: &'a http::HeaderValue) -> FieldRef<'a> {
-    let f = FieldRef::new(name.as_str().as_bytes(), value.as_bytes());
-    if value.is_sensitive() {
-        f.sensitive()
-    } else {
-        f
-    }
-}
+pub(super) use super::super::shared::field;
 
 #[cfg(test)]
 mod tests {
-    use std::hash::BuildHasher;
+    use std::hash::{BuildHasher, BuildHasherDefault};
 
-    use super::*;
+    use super::super::super::shared::IdHasher;
 
     /// Client stream ids are odd and consecutive: their hashes must still
     /// spread over hashbrown's bucket bits (low) and tag bits (high 7).

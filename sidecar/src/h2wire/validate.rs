@@ -1,20 +1,21 @@
-//! RFC 9113 §8.2 and §8.3 checks of a decoded request for an intermediary,
-//! and the `http::Request` parts built in the same pass (one HeaderMap).
+//! RFC 9113 §8.2 and §8.3 checks of a decoded request (server side) or
+//! response (client side) for an intermediary, and the `http` parts built
+//! in the same pass (one HeaderMap).
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, Method, Uri, Version};
 
-use super::super::hpack::{FieldRef, HeaderBlock};
+use super::hpack::{FieldRef, HeaderBlock};
 
 /// A request head, checked.
-pub(super) struct Head {
-    pub(super) parts: http::request::Parts,
-    pub(super) content_length: Option<u64>,
+pub(crate) struct Head {
+    pub(crate) parts: http::request::Parts,
+    pub(crate) content_length: Option<u64>,
 }
 
-type Invalid = &'static str;
+pub(crate) type Invalid = &'static str;
 
 /// §8.2.1: a value must not carry NUL, CR or LF (HeaderValue checks
 /// controls) nor start or end with whitespace. `v` is a slice of the
@@ -31,7 +32,7 @@ fn value(v: Bytes) -> Result<HeaderValue, Invalid> {
 /// so that each is allocated once, not once per request (gRPC's `grpc-*`
 /// fields, most of all).
 #[derive(Default)]
-pub(super) struct Names(Vec<HeaderName>);
+pub(crate) struct Names(Vec<HeaderName>);
 
 impl Names {
     /// Names kept, at most: a client that sends many distinct names gets
@@ -52,7 +53,7 @@ impl Names {
         Ok(name)
     }
 
-    pub(super) fn heap_bytes(&self) -> usize {
+    pub(crate) fn heap_bytes(&self) -> usize {
         self.0.capacity() * size_of::<HeaderName>()
             + self.0.iter().map(|n| n.as_str().len()).sum::<usize>()
     }
@@ -73,9 +74,17 @@ fn name(f: &FieldRef<'_>, names: &mut Names) -> Result<HeaderName, Invalid> {
     Ok(name)
 }
 
+/// Which block `fields` reads: the pseudo-headers each may carry differ.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Request,
+    Response,
+    Trailers,
+}
+
 fn fields(
     block: &HeaderBlock,
-    trailers: bool,
+    kind: Kind,
     names: &mut Names,
 ) -> Result<(HeaderMap, Pseudo), Invalid> {
     // One copy of the block; every value is a slice of it.
@@ -88,15 +97,19 @@ fn fields(
             if regular_seen {
                 return Err("pseudo-header after a regular field");
             }
-            if trailers {
-                return Err("pseudo-header in trailers");
-            }
-            let slot = match p {
-                b"method" => &mut pseudo.method,
-                b"scheme" => &mut pseudo.scheme,
-                b"authority" => &mut pseudo.authority,
-                b"path" => &mut pseudo.path,
-                b"protocol" => return Err(":protocol without SETTINGS_ENABLE_CONNECT_PROTOCOL"),
+            let slot = match (kind, p) {
+                (Kind::Trailers, _) => return Err("pseudo-header in trailers"),
+                (Kind::Response, b"status") => &mut pseudo.status,
+                (Kind::Response, _) => {
+                    return Err("request or unknown pseudo-header in a response");
+                }
+                (_, b"method") => &mut pseudo.method,
+                (_, b"scheme") => &mut pseudo.scheme,
+                (_, b"authority") => &mut pseudo.authority,
+                (_, b"path") => &mut pseudo.path,
+                (_, b"protocol") => {
+                    return Err(":protocol without SETTINGS_ENABLE_CONNECT_PROTOCOL");
+                }
                 _ => return Err("unknown or response pseudo-header"),
             };
             if slot.is_some() {
@@ -123,11 +136,12 @@ struct Pseudo {
     scheme: Option<Bytes>,
     authority: Option<Bytes>,
     path: Option<Bytes>,
+    status: Option<Bytes>,
 }
 
 /// Checks a request's block and builds its head.
-pub(super) fn request(block: &HeaderBlock, names: &mut Names) -> Result<Head, Invalid> {
-    let (headers, p) = fields(block, false, names)?;
+pub(crate) fn request(block: &HeaderBlock, names: &mut Names) -> Result<Head, Invalid> {
+    let (headers, p) = fields(block, Kind::Request, names)?;
     let method = Method::from_bytes(p.method.as_deref().ok_or(":method missing")?)
         .map_err(|_| "invalid :method")?;
     let mut parts = http::uri::Parts::default();
@@ -170,6 +184,22 @@ pub(super) fn request(block: &HeaderBlock, names: &mut Names) -> Result<Head, In
     })
 }
 
+/// Checks a response's block (§8.3.2: `:status` once, three digits, no
+/// other pseudo-header) and returns its status, fields and content-length.
+pub(crate) fn response(
+    block: &HeaderBlock,
+    names: &mut Names,
+) -> Result<(http::StatusCode, HeaderMap, Option<u64>), Invalid> {
+    let (headers, p) = fields(block, Kind::Response, names)?;
+    let status = p.status.ok_or(":status missing")?;
+    if status.len() != 3 || !status.iter().all(u8::is_ascii_digit) {
+        return Err("invalid :status");
+    }
+    let status = http::StatusCode::from_bytes(&status).map_err(|_| "invalid :status")?;
+    let content_length = content_length(&headers)?;
+    Ok((status, headers, content_length))
+}
+
 /// content-length, all values equal (§8.1.1 makes a mismatch malformed).
 fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Invalid> {
     let mut found = None;
@@ -188,8 +218,8 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Invalid> {
 }
 
 /// Checks a trailer block (no pseudo-headers) and builds its map.
-pub(super) fn trailers(block: &HeaderBlock, names: &mut Names) -> Result<HeaderMap, Invalid> {
-    fields(block, true, names).map(|(map, _)| map)
+pub(crate) fn trailers(block: &HeaderBlock, names: &mut Names) -> Result<HeaderMap, Invalid> {
+    fields(block, Kind::Trailers, names).map(|(map, _)| map)
 }
 
 #[cfg(test)]

@@ -276,6 +276,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         // was queued: one `write` per wake-up unless DATA is still ready.
         let mut reads = 0;
         let mut rounds = 0;
+        let mut read_skipped = false;
         loop {
             if let Some(a) = self.accepted.pop_front() {
                 return Poll::Ready(Some(Ok(a)));
@@ -293,7 +294,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 }
             }
             let ending = self.closing.is_some() || self.drain.goaway == GoAway::Final;
-            if !ending && reads < MAX_READS && self.backlog() < OUT_HIGH {
+            // Not reading while the output is backed up: once it is
+            // written, the read must be tried again from here, since
+            // bytes already in the socket wake nothing.
+            let backed_up = self.backlog() >= OUT_HIGH;
+            read_skipped |= !ending && reads < MAX_READS && backed_up;
+            if !ending && reads < MAX_READS && !backed_up {
                 match self.poll_read(cx) {
                     Poll::Ready(Ok(0)) => {
                         // Best effort: what is queued may still reach a
@@ -341,7 +347,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             }
             // More to do without waiting for the socket: DATA the round's
             // output cap left in the queue, or reads cut by their budget.
-            let more = flushed && (reads >= MAX_READS || !lock(&self.shared).ready.is_empty());
+            let more = flushed
+                && (reads >= MAX_READS
+                    || std::mem::take(&mut read_skipped)
+                    || !lock(&self.shared).ready.is_empty());
             if more {
                 if rounds < WRITE_ROUNDS {
                     reads = 0;

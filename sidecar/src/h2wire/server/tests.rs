@@ -133,7 +133,15 @@ impl Client {
     pub(super) async fn connect(
         settings: ServerSettings,
     ) -> (Self, mpsc::Sender<Cmd>, JoinHandle<Result<(), Error>>) {
-        let (client_io, server_io) = tokio::io::duplex(64 << 10);
+        Self::connect_piped(settings, 64 << 10).await
+    }
+
+    /// As [`Client::connect`], with `pipe` bytes of buffer each way.
+    pub(super) async fn connect_piped(
+        settings: ServerSettings,
+        pipe: usize,
+    ) -> (Self, mpsc::Sender<Cmd>, JoinHandle<Result<(), Error>>) {
+        let (client_io, server_io) = tokio::io::duplex(pipe);
         let (cmds, task) = spawn_server(server_io, settings);
         let mut c = Self {
             io: client_io,

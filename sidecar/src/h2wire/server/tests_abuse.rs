@@ -228,6 +228,43 @@ async fn ping_and_settings_floods_are_bounded_by_the_unread_output() {
     writer.await.expect("writer");
 }
 
+/// A client that floods until the server stops reading, and only then
+/// reads, all at once: the backed-up answers then go in one write, and
+/// the server must read the rest of the flood after it (nothing else
+/// wakes it: those bytes were in the socket before it stopped looking),
+/// so every PING gets its ACK. A pipe of 1 MiB each way, as a loopback
+/// socket's buffers, so one write can empty the backlog.
+#[tokio::test]
+async fn a_flood_read_late_is_answered_whole() {
+    let (mut c, _cmds, _task) = Client::connect_piped(Default::default(), 1 << 20).await;
+    let mut one = Vec::new();
+    Frame::Ping {
+        ack: false,
+        data: *b"latelate",
+    }
+    .write(&mut one);
+    let chunk = one.repeat(256);
+    let mut sent = 0usize;
+    while let Ok(r) = tokio::time::timeout(Duration::from_millis(200), c.io.write_all(&chunk)).await
+    {
+        r.expect("write");
+        sent += chunk.len();
+        assert!(sent < 16 << 20, "the server never stopped reading");
+    }
+    // A PING ACK is 17 bytes, as the PING; nothing else is sent.
+    let want = sent / chunk.len() * chunk.len();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 4 << 20];
+    while got < want {
+        let n = tokio::time::timeout(T, tokio::io::AsyncReadExt::read(&mut c.io, &mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("{got} of {want} bytes of PING ACKs, then nothing"))
+            .expect("read");
+        assert!(n > 0, "EOF after {got} bytes");
+        got += n;
+    }
+}
+
 /// A connection with stream 1 open, the graceful shutdown's first step
 /// read (GOAWAY(2^31-1) and the PING), then stream 3 opened and the PING
 /// acknowledged (`end_stream`: both requests complete).

@@ -339,11 +339,11 @@ impl Upstream {
                 None => return Box::pin(self.send_as_http1(super::unbox(req))).await,
             },
         };
-        let req = match sender.send(super::unbox(req)).await {
+        let req = match sender.send(req).await {
             Ok(response) => return Ok(response.map(AppBody::Http2)),
             Err(SendError::Unsent { req, err }) => {
                 tracing::debug!(error = %err, "upstream HTTP/2 connection refused the stream; sending on a new one");
-                *req
+                req
             }
             Err(SendError::Failed(err)) => return Err(Error::upstream_h2(err)),
         };
@@ -356,10 +356,10 @@ impl Upstream {
     async fn send_h2_again(
         &self,
         slot: &H2Slot,
-        req: Request<UpstreamBody>,
+        req: super::SentRequest,
     ) -> Result<Response<AppBody>> {
         let Some((_, sender)) = self.h2_sender(slot).await? else {
-            return self.send_as_http1(req).await;
+            return self.send_as_http1(super::unbox(req)).await;
         };
         match sender.send(req).await {
             Ok(response) => Ok(response.map(AppBody::Http2)),

@@ -32,9 +32,9 @@ use http::{HeaderValue, Method, Request, Response, header};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::UpstreamBody;
 use super::answer::H2Body;
 use super::exec::ConnExec;
+use super::{SentRequest, UpstreamBody, unbox};
 use crate::h2wire::ErrorCode;
 use crate::h2wire::client::{ClientSettings, Connection, Error, SendBody, SendRequest};
 
@@ -67,10 +67,7 @@ pub(crate) enum SendError {
     /// Refused before any of it was written (the connection closed or
     /// is going away): it may go on another connection. Boxed: the rare
     /// case, and it keeps every request's result small.
-    Unsent {
-        req: Box<Request<UpstreamBody>>,
-        err: Error,
-    },
+    Unsent { req: SentRequest, err: Error },
     /// The stream failed (reset, refused, connection lost): whether it may
     /// go again is retry.rs's question.
     Failed(Error),
@@ -111,18 +108,17 @@ impl H2Sender {
     /// Sends `req` (absolute URI) and waits for the response head. The
     /// request body goes out from this future while it waits, and from the
     /// connection's task if it is still going when the answer comes.
-    pub(crate) async fn send(
-        &self,
-        req: Request<UpstreamBody>,
-    ) -> Result<Response<H2Body>, SendError> {
+    ///
+    /// The request comes boxed and stays so until it is written (it goes
+    /// back whole, in its box, if it was not): this future is part of
+    /// every waiting stream's, and by value the request would stay in it,
+    /// dead, for the whole wait.
+    pub(crate) async fn send(&self, req: SentRequest) -> Result<Response<H2Body>, SendError> {
         let mut send = self.0.send.clone();
         if let Err(err) = poll_fn(|cx| send.poll_ready(cx)).await {
-            return Err(SendError::Unsent {
-                req: Box::new(req),
-                err,
-            });
+            return Err(SendError::Unsent { req, err });
         }
-        let (parts, body) = req.into_parts();
+        let (parts, body) = unbox(req).into_parts();
         let mut head = Request::from_parts(parts, ());
         // No connection-specific headers to strip: the one caller
         // (proxy/handler.rs, `upstream_request`) took every hop-by-hop
@@ -156,6 +152,9 @@ impl H2Sender {
                 });
             }
         };
+        // Written: its header map (the whole request head) is not kept
+        // for the wait.
+        drop(head);
         drop(send);
         let mut pipe = stream.map(|stream| Pipe { body, stream });
         let answer = poll_fn(|cx| {

@@ -67,9 +67,7 @@ impl Error {
             _ => 1,
         }
     }
-}
 
-impl Error {
     pub(crate) fn upstream_h2(err: crate::h2wire::client::Error) -> Self {
         Self::UpstreamH2(Box::new(err))
     }

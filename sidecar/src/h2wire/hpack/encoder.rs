@@ -10,6 +10,13 @@
 //! cookies) and anything marked sensitive go as never-indexed literals
 //! (§7.1.3), so no later hop indexes them either: an indexed secret can be
 //! probed through compression ratios (CRIME-style, §7.1).
+//!
+//! Under that policy only what is indexed is Huffman-coded: it is coded
+//! once per connection and referenced by one octet after, while a literal
+//! not indexed would be coded again on every request, to save a fifth of
+//! its octets. Coding those cost 4.7% of the instructions of a relayed
+//! gRPC streaming call (bench/README.md, #39). HAProxy sends every literal
+//! raw.
 
 use super::decoder::DEFAULT_TABLE_SIZE;
 use super::table::{self, DYNAMIC_BASE, DynamicTable, ENTRY_OVERHEAD};
@@ -159,10 +166,10 @@ impl Encoder {
             Some(i) => encode_int(out, flags, prefix, i),
             None => {
                 out.push(flags);
-                self.string(f.name, out);
+                self.string(f.name, index, out);
             }
         }
-        self.string(f.value, out);
+        self.string(f.value, index, out);
         if index {
             self.table.insert(f.name, f.value);
         }
@@ -179,9 +186,15 @@ impl Encoder {
         }
     }
 
-    /// §5.2: raw or Huffman-coded, as the options say.
-    fn string(&self, s: &[u8], out: &mut Vec<u8>) {
-        let huffman = match self.options.strings {
+    /// §5.2: raw or Huffman-coded, as the options say; raw when the proxy
+    /// policy leaves the field out of the table (see the module doc).
+    fn string(&self, s: &[u8], index: bool, out: &mut Vec<u8>) {
+        let coding = if index || self.options.policy != IndexPolicy::Proxy {
+            self.options.strings
+        } else {
+            StringCoding::Raw
+        };
+        let huffman = match coding {
             StringCoding::Raw => None,
             StringCoding::HuffmanIfShorter => {
                 Some(huffman::encoded_len(s)).filter(|&n| n < s.len())
@@ -215,6 +228,7 @@ fn repeats(name: &[u8], value: &[u8]) -> bool {
         | b"server"
         | b"vary"
         | b"te"
+        | b"x-forwarded-proto"
         | b"grpc-status"
         | b"grpc-encoding"
         | b"grpc-accept-encoding" => true,

@@ -551,6 +551,46 @@ fn the_proxy_policy_indexes_what_repeats_only() {
 }
 
 #[test]
+fn the_proxy_policy_huffman_codes_what_it_indexes_only() {
+    let mut encoder = Encoder::new(4096, EncoderOptions::default());
+    let mut out = Vec::new();
+    encoder.encode(
+        [
+            FieldRef::new(b"content-type", b"application/grpc"),
+            FieldRef::new(b"grpc-timeout", b"99m"),
+            FieldRef::new(b"x-forwarded-for", b"10.0.0.7"),
+        ],
+        &mut out,
+    );
+    let huffman = |s: &[u8]| {
+        let mut coded = Vec::new();
+        super::huffman::encode(s, &mut coded);
+        coded
+    };
+    let mut want = vec![0x5f, 0x80 | 11];
+    want.extend(huffman(b"application/grpc"));
+    want.extend([0x00, 12]);
+    want.extend(b"grpc-timeout");
+    want.extend([3]);
+    want.extend(b"99m");
+    want.extend([0x00, 15]);
+    want.extend(b"x-forwarded-for");
+    want.extend([8]);
+    want.extend(b"10.0.0.7");
+    assert_eq!(huffman(b"application/grpc").len(), 11);
+    assert_eq!(out, want);
+    assert_eq!(encoder.table().len(), 1);
+    // The RFC's policy (every field indexed) codes them all.
+    let options = EncoderOptions {
+        policy: IndexPolicy::All,
+        ..EncoderOptions::default()
+    };
+    let mut all = Vec::new();
+    Encoder::new(4096, options).encode([FieldRef::new(b"grpc-timeout", b"99m")], &mut all);
+    assert_eq!(all[..2], [0x40, 0x80 | 9]);
+}
+
+#[test]
 fn the_encoder_signals_the_smallest_then_the_final_table_size() {
     let mut encoder = Encoder::new(4096, EncoderOptions::default());
     encoder.encode(

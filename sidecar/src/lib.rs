@@ -31,6 +31,7 @@
 //!   termination message.
 
 pub mod admin;
+pub mod allocator;
 pub mod app;
 pub mod app_readiness;
 pub mod circuit;

@@ -6,7 +6,9 @@ use clap::Parser;
 use kubegrace_sidecar::cli::{self, Cli, EXIT_USAGE, LogFormat};
 
 fn main() {
-    tune_allocator();
+    // First: on success this process image is replaced (allocator.rs).
+    let untuned = kubegrace_sidecar::allocator::exec_tuned();
+    kubegrace_sidecar::allocator::tune_heap();
     let args = match Cli::try_parse() {
         Ok(args) => args,
         Err(err) => {
@@ -33,6 +35,9 @@ fn main() {
     let termination_log =
         kubegrace_sidecar::termination::target(settings.termination_log.as_deref());
     init_logging(settings.log_format);
+    if let Some(err) = untuned {
+        tracing::warn!(error = %err, "cannot start again with glibc's malloc tuned ({}); going on with its defaults", kubegrace_sidecar::allocator::TUNABLES_ENV);
+    }
 
     let startup = match cli::load_at_start(settings.config_file.as_deref(), &settings.overrides) {
         Ok(startup) => startup,
@@ -97,50 +102,6 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
             .build()
     }
 }
-
-/// glibc's heap: keep what a loaded sidecar frees for its next requests.
-/// With the current-thread runtime every allocation is on the main arena,
-/// and glibc gives its top back (`brk`) whenever more than
-/// `M_TRIM_THRESHOLD` (128 KiB) is free there, to fault it in again on the
-/// next requests: 0.3-0.6 page faults per request at 256 keep-alive
-/// connections or with a connection per request (bench/README.md, "Issue
-/// #14, third pass"). Of the two values tried, 1 MiB did not stop that at
-/// 256 connections and 4 MiB did (0.015 faults per request: the heap's
-/// first growth). It bounds what a sidecar whose connections went quiet
-/// keeps unused; after a spike of closed connections `memory.rs` hands
-/// everything free back with `malloc_trim`, which ignores the threshold.
-/// Setting a threshold turns off glibc's dynamic one, which would
-/// otherwise raise the mmap threshold (128 KiB) to the largest mapped block
-/// freed so far (and the trim threshold to twice that), so the mmap
-/// threshold is set too: 1 MiB, blocks up to that come from the heap as
-/// they would once the dynamic threshold had moved, larger ones are mapped
-/// and unmapped on their own (none was, under the loads measured).
-/// `GLIBC_TUNABLES` with `glibc.malloc.` settings (an operator tuning it)
-/// wins over all this.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
-fn tune_allocator() {
-    const M_TRIM_THRESHOLD: std::ffi::c_int = -1;
-    const M_MMAP_THRESHOLD: std::ffi::c_int = -3;
-    const TRIM_THRESHOLD: std::ffi::c_int = 4 << 20;
-    const MMAP_THRESHOLD: std::ffi::c_int = 1 << 20;
-    unsafe extern "C" {
-        fn mallopt(param: std::ffi::c_int, value: std::ffi::c_int) -> std::ffi::c_int;
-    }
-    if std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc.")) {
-        return;
-    }
-    // SAFETY: mallopt takes two integers and changes glibc's own malloc
-    // parameters under its lock; it is called before any other thread exists.
-    unsafe {
-        mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD);
-        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD);
-    }
-}
-
-/// Other allocators (musl's) return memory by themselves.
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn tune_allocator() {}
 
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::{fmt, prelude::*};

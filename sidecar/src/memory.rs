@@ -12,7 +12,7 @@
 //! closed since the last trim and the count no longer rising, checked every
 //! [`TICK`]; and once more when the idle app connections the spike left in
 //! the upstream pool have aged out (see [`TrimPlan`]). It ignores the trim
-//! threshold main.rs raises to 4 MiB so that a loaded sidecar keeps its
+//! threshold allocator.rs raises to 4 MiB so that a loaded sidecar keeps its
 //! heap between requests. The release images link glibc statically, so
 //! this runs there too; other C libraries (musl) have no `malloc_trim`, and
 //! there only the fast path's spare buffers are released.
@@ -155,43 +155,42 @@ fn trim_supported() -> bool {
     true
 }
 
-/// glibc's per-thread cache (tcache): the last 7 chunks freed in each of
-/// its 64 size classes up to 1,032 bytes stay with the thread that freed
-/// them, for its next allocations of that size. To the heap they are in
-/// use, so `malloc_trim` cannot return the pages they sit on, and after a
-/// spike they are the spike's last frees, scattered over pages that are
-/// otherwise free: up to 448 pages, 1.75 MiB. glibc has no call to flush
-/// the cache (jemalloc's `thread.tcache.flush`, mimalloc's `mi_collect`);
-/// it is emptied when the thread exits. So the chunks are taken out of it
-/// by allocating them (an allocation of a cached size is served from the
+/// glibc's per-thread cache (tcache): the last chunks freed in each of its
+/// 64 size classes up to 1,032 bytes (64 each as allocator.rs sets it, 7
+/// by glibc's default) stay with the thread that freed them, for its next
+/// allocations of that size. To the heap they are in use, so `malloc_trim`
+/// cannot return the pages they sit on, and after a spike they are the
+/// spike's last frees, scattered over pages that are otherwise free: up to
+/// 448 pages, 1.75 MiB, at 7 a class. glibc has no call to flush the cache
+/// (jemalloc's `thread.tcache.flush`, mimalloc's `mi_collect`); it is
+/// emptied when the thread exits. So the chunks are taken out of it by
+/// allocating them (an allocation of a cached size is served from the
 /// cache first) and freed on a short-lived thread, whose exit hands them
 /// to the heap's free lists before the trim. Measured with 10,000
-/// connections closed and then 256 for 3 s, 30 s later (two runs each):
-/// the heap's resident pages 524-528 KiB without, 184-200 KiB with; VmRSS
-/// +10-11% of idle without, +4-6% with.
+/// connections closed and then 256 for 3 s, 30 s later (two runs each, 7 a
+/// class): the heap's resident pages 524-528 KiB without, 184-200 KiB
+/// with; VmRSS +10-11% of idle without, +4-6% with.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 struct ThreadCacheChunks(Vec<usize>);
 
-/// glibc's defaults: 64 size classes, 16 bytes apart, the smallest chunk 32
-/// bytes (24 usable), 7 chunks each.
+/// glibc's size classes: 64, 16 bytes apart, the smallest chunk 32 bytes
+/// (24 usable).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const TCACHE_CLASSES: usize = 64;
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const TCACHE_PER_CLASS: usize = 7;
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 fn take_thread_cache() -> ThreadCacheChunks {
-    // An operator who tuned the cache through GLIBC_TUNABLES (its size,
-    // its count, or off) has other numbers than these; taking too few
-    // would leave chunks behind, and too many is no use with it off.
-    if std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc.tcache")) {
+    // An operator who changed the cache's classes through GLIBC_TUNABLES
+    // has other numbers than these; taking too few would leave chunks
+    // behind. Its depth is read: ours, glibc's, or an operator's.
+    let Some(per_class) = crate::allocator::thread_cache_per_class() else {
         return ThreadCacheChunks(Vec::new());
-    }
-    let mut chunks = Vec::with_capacity(TCACHE_CLASSES * TCACHE_PER_CLASS);
+    };
+    let mut chunks = Vec::with_capacity(TCACHE_CLASSES * per_class);
     for class in 0..TCACHE_CLASSES {
         let usable = 24 + 16 * class;
-        for _ in 0..TCACHE_PER_CLASS {
+        for _ in 0..per_class {
             // SAFETY: malloc takes a size and returns a pointer owned by
             // the returned value, whose Drop frees it; nothing reads or
             // writes through it. A null (out of memory) is skipped.
@@ -279,14 +278,8 @@ mod tests {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[test]
     fn the_thread_cache_is_taken_and_freed_on_a_passing_thread() {
-        let tuned =
-            std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc.tcache"));
+        let expected = crate::allocator::thread_cache_per_class().map_or(0, |n| n * TCACHE_CLASSES);
         let cached = take_thread_cache();
-        let expected = if tuned {
-            0
-        } else {
-            TCACHE_CLASSES * TCACHE_PER_CLASS
-        };
         assert_eq!(cached.0.len(), expected);
         // glibc aborts the process on a double or foreign free.
         trim(cached);

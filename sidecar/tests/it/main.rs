@@ -44,6 +44,7 @@ mod h2_shared;
 mod hardening;
 mod header_rules;
 mod local_answers;
+mod malloc_tuned;
 mod probes_never_wait;
 mod proxy_basics;
 mod requests_by_route;

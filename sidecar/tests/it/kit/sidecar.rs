@@ -441,6 +441,7 @@ pub fn command(args: &[String]) -> Command {
             || key.starts_with("LISTEN_")
             || key == "SERVER_STARTER_PORT"
             || key == "NOTIFY_SOCKET"
+            || key == kubegrace_sidecar::allocator::TUNABLES_ENV
         {
             cmd.env_remove(key);
         }

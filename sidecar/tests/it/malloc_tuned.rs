@@ -5,8 +5,8 @@
 use crate::kit::app::TestApp;
 use crate::kit::http as client;
 use crate::kit::sidecar::{Sidecar, SidecarSpec};
-use anyhow::{Context, Result, ensure};
 use ::http::StatusCode;
+use anyhow::{Context, Result, ensure};
 use kubegrace_sidecar::allocator::{TUNABLES, TUNABLES_ENV};
 
 /// `GLIBC_TUNABLES` as the process's initial environment holds it. glibc

@@ -148,6 +148,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         {
             let mut sh = lock(&self.shared);
             register(&mut sh.conn_waker, cx);
+            if sh.out.capacity() == 0 {
+                sh.out = spare::take_out(OutClass::Http2);
+            }
         }
         let mut reads = 0;
         loop {

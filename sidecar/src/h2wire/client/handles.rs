@@ -18,6 +18,7 @@ use super::super::hpack::FieldRef;
 use super::super::shared::{field, register};
 use super::Error;
 use super::state::{Head, SendState, Shared, SharedRef, Stream, lock};
+use crate::spare::{self, OutClass};
 
 /// Request fields §8.2.2 forbids in HTTP/2: dropped rather than sent.
 fn connection_specific(name: &http::HeaderName) -> bool {
@@ -162,6 +163,11 @@ impl SendRequest {
                 .map(|(k, v)| field(k, v)),
         );
         sh.encoder.encode(fields, &mut sh.block);
+        if sh.out.capacity() == 0 {
+            // Given back while the connection was idle (conn.rs): a spare
+            // one rather than one grown from nothing frame by frame.
+            sh.out = spare::take_out(OutClass::Http2);
+        }
         frame::write_header_block(id, end_of_stream, &sh.block, sh.peer_max_frame, &mut sh.out);
         sh.next_id += 2;
         sh.open += 1;

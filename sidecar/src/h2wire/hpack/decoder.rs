@@ -87,6 +87,7 @@ impl Decoder {
     /// the connection layer decides when a large one is given back.
     pub(crate) fn decode(&mut self, block: &[u8], out: &mut HeaderBlock) -> Result<(), HpackError> {
         out.clear();
+        out.presize(block.len());
         let mut cur = Cursor::new(block);
         let mut fields_seen = false;
         let mut too_large = false;

@@ -64,6 +64,10 @@ impl Default for EncoderOptions {
     }
 }
 
+/// Room for a block encoded into an empty buffer: a gRPC request's head
+/// with its literals raw is 100-200 octets.
+const FIRST_BLOCK: usize = 256;
+
 /// A field bigger than this share of the table is not indexed: it would
 /// evict most of what is there for one entry.
 const MAX_ENTRY_SHARE: usize = 4;
@@ -115,6 +119,11 @@ impl Encoder {
         fields: impl IntoIterator<Item = FieldRef<'a>>,
         out: &mut Vec<u8>,
     ) {
+        if out.capacity() == 0 {
+            // The connections give their block buffer back when idle: one
+            // allocation for a usual head, not one per doubling.
+            out.reserve(FIRST_BLOCK);
+        }
         if let Some((low, last)) = self.pending.take() {
             if low < last {
                 self.size_update(low, out);

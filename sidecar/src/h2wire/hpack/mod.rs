@@ -125,7 +125,31 @@ pub(crate) struct HeaderBlock {
     list_size: usize,
 }
 
+/// Room a [`HeaderBlock`] takes at once when its buffers were given back
+/// (an idle connection's are): decoded octets per encoded one, the
+/// octets at least and at most, and fields. A usual request decodes to
+/// 200-400 octets in about 10 fields; growing to that from nothing took
+/// ten reallocations, a tenth of a lone gRPC call's instructions with
+/// the rest of the first-use growth (bench/README.md, #39).
+const FIRST_BYTES_PER_ENCODED: usize = 2;
+const FIRST_BYTES_MIN: usize = 512;
+const FIRST_BYTES_MAX: usize = 4096;
+const FIRST_FIELDS: usize = 16;
+
 impl HeaderBlock {
+    /// Sizes empty buffers for a block of `encoded` octets in one step
+    /// each; buffers that have room already are left alone.
+    pub(crate) fn presize(&mut self, encoded: usize) {
+        if self.bytes.capacity() == 0 {
+            let guess = encoded.saturating_mul(FIRST_BYTES_PER_ENCODED);
+            self.bytes
+                .reserve(guess.clamp(FIRST_BYTES_MIN, FIRST_BYTES_MAX));
+        }
+        if self.fields.capacity() == 0 {
+            self.fields.reserve(FIRST_FIELDS);
+        }
+    }
+
     pub(crate) fn clear(&mut self) {
         self.bytes.clear();
         self.fields.clear();

@@ -579,6 +579,7 @@ fn the_proxy_policy_huffman_codes_what_it_indexes_only() {
     want.extend(b"10.0.0.7");
     assert_eq!(huffman(b"application/grpc").len(), 11);
     assert_eq!(out, want);
+    assert_eq!(out.capacity(), 256, "an empty buffer is sized once");
     assert_eq!(encoder.table().len(), 1);
     // The RFC's policy (every field indexed) codes them all.
     let options = EncoderOptions {
@@ -723,4 +724,29 @@ proptest! {
         }
         prop_assert!(decoder.table().size() <= 256);
     }
+}
+
+#[test]
+fn an_empty_block_is_sized_once_within_its_bounds() {
+    let fields = 16 * size_of::<Field>();
+    for (encoded, bytes) in [
+        (0, 512),
+        (100, 512),
+        (1000, 2000),
+        (2048, 4096),
+        (usize::MAX, 4096),
+    ] {
+        let mut block = HeaderBlock::default();
+        block.presize(encoded);
+        assert_eq!(block.capacity(), bytes + fields, "{encoded} encoded octets");
+        // Buffers with room are left as they are.
+        block.presize(usize::MAX);
+        assert_eq!(block.capacity(), bytes + fields);
+    }
+    // The decoder sizes the block it decodes into.
+    let mut block = HeaderBlock::default();
+    Decoder::new(4096, Limits::default())
+        .decode(&[0x82], &mut block)
+        .expect("decodes");
+    assert_eq!(block.capacity(), 512 + fields);
 }

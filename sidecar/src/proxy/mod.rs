@@ -37,7 +37,7 @@
 //!    connections are joined and left to the drain's deadline.
 
 mod body;
-mod conn;
+pub(crate) mod conn;
 mod decide;
 mod grpc_health;
 pub(crate) mod h1;

@@ -31,7 +31,7 @@ pub(super) mod socket;
 mod hyper;
 mod serve;
 mod sniff;
-mod woken;
+pub(crate) mod woken;
 
 pub(crate) use activity::ConnCtx;
 pub(crate) use serve::serve_connection;

@@ -1,5 +1,6 @@
 //! [`PolledWhenWoken`]: the connection loop's drain watch, polled only
-//! when it has news.
+//! when it has news; [`WakeGate`], the same for a part of a task that is
+//! not a future of its own.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,13 +22,22 @@ pin_project_lite::pin_project! {
     /// wake-up left over from the change just handled can use up the
     /// registration, and the force close was then missed.
     pub(super) struct PolledWhenWoken<F> {
-        flag: Arc<WokenFlag>,
-        inner_waker: std::task::Waker,
-        // The task waker the flag forwards to, to notice a new one.
-        task_waker: Option<std::task::Waker>,
+        gate: WakeGate,
         #[pin]
         inner: F,
     }
+}
+
+/// The flag behind [`PolledWhenWoken`], for a part of a task that is not a
+/// future of its own (the HTTP/2 connection beside its streams, in
+/// `http2/conn.rs`): poll the part with [`WakeGate::waker`] only when
+/// [`WakeGate::take_wake`] says it was woken, and [`WakeGate::open`] it for
+/// news that reaches it by another way than its waker.
+pub(crate) struct WakeGate {
+    flag: Arc<WokenFlag>,
+    inner_waker: std::task::Waker,
+    // The task waker the flag forwards to, to notice a new one.
+    task_waker: Option<std::task::Waker>,
 }
 
 struct WokenFlag {
@@ -53,17 +63,57 @@ impl std::task::Wake for WokenFlag {
     }
 }
 
-impl<F> PolledWhenWoken<F> {
-    pub(super) fn new(inner: F) -> Self {
+impl WakeGate {
+    pub(crate) fn new() -> Self {
         let flag = Arc::new(WokenFlag {
-            // The first poll always reaches the inner future.
+            // The first poll always reaches the part.
             woken: AtomicBool::new(true),
             task: std::sync::Mutex::new(None),
         });
-        PolledWhenWoken {
+        WakeGate {
             inner_waker: std::task::Waker::from(flag.clone()),
             flag,
             task_waker: None,
+        }
+    }
+
+    /// Whether the part was woken (or opened) since it was last let
+    /// through, clearing that; a wake from now on wakes `cx`'s task.
+    pub(crate) fn take_wake(&mut self, cx: &Context<'_>) -> bool {
+        if !self
+            .task_waker
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            // Set before the check below, so a wake from now on reaches it.
+            *self
+                .flag
+                .task
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(cx.waker().clone());
+            self.task_waker = Some(cx.waker().clone());
+        }
+        // A plain load first: most polls find it unset, and a wake racing
+        // with it wakes the task again.
+        self.flag.woken.load(Ordering::Acquire) && self.flag.woken.swap(false, Ordering::AcqRel)
+    }
+
+    /// The waker to poll the part with.
+    pub(crate) fn waker(&self) -> &std::task::Waker {
+        &self.inner_waker
+    }
+
+    /// The next [`WakeGate::take_wake`] says yes: the part has news that
+    /// did not come through its waker.
+    pub(crate) fn open(&self) {
+        self.flag.woken.store(true, Ordering::Release);
+    }
+}
+
+impl<F> PolledWhenWoken<F> {
+    pub(super) fn new(inner: F) -> Self {
+        PolledWhenWoken {
+            gate: WakeGate::new(),
             inner,
         }
     }
@@ -74,27 +124,10 @@ impl<F: Future> Future for PolledWhenWoken<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        if !this
-            .task_waker
-            .as_ref()
-            .is_some_and(|w| w.will_wake(cx.waker()))
-        {
-            // Set before the check below, so a wake from now on reaches it.
-            *this
-                .flag
-                .task
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(cx.waker().clone());
-            *this.task_waker = Some(cx.waker().clone());
-        }
-        // A plain load first: most polls find it unset, and a wake racing
-        // with it wakes the task again.
-        if !this.flag.woken.load(Ordering::Acquire)
-            || !this.flag.woken.swap(false, Ordering::AcqRel)
-        {
+        if !this.gate.take_wake(cx) {
             return Poll::Pending;
         }
-        this.inner.poll(&mut Context::from_waker(this.inner_waker))
+        this.inner.poll(&mut Context::from_waker(this.gate.waker()))
     }
 }
 

@@ -145,12 +145,24 @@ impl Encoder {
             i @ 1..=61 if table::STATIC[usize::from(i) - 1].0 == f.name => Some(i),
             _ => table::static_name_index(f.name),
         };
-        let never = f.sensitive || always_sensitive(f.name, f.value);
-        if !never && let Some(i) = static_name.and_then(|n| table::static_field_index(n, f.value)) {
+        let kind = name_kind(static_name, f.name);
+        let never = f.sensitive
+            || match kind {
+                NameKind::Credential => true,
+                NameKind::Cookie => f.value.len() < SHORT_COOKIE,
+                _ => false,
+            };
+        if !never
+            && matches!(
+                kind,
+                NameKind::StaticValues | NameKind::RepeatsWithStaticValues | NameKind::Path
+            )
+            && let Some(i) = static_name.and_then(|n| table::static_field_index(n, f.value))
+        {
             encode_int(out, 0x80, 7, usize::from(i));
             return;
         }
-        let index = !never && self.worth_indexing(f.name, f.value);
+        let index = !never && self.worth_indexing(kind, f.name, f.value);
         // Only fields the policy indexes are ever in the table.
         let (full, name_only) = if index || self.options.policy == IndexPolicy::All {
             self.table.find(f.name, f.value)
@@ -184,13 +196,18 @@ impl Encoder {
         }
     }
 
-    fn worth_indexing(&self, name: &[u8], value: &[u8]) -> bool {
+    fn worth_indexing(&self, kind: NameKind, name: &[u8], value: &[u8]) -> bool {
         let size = name.len() + value.len() + ENTRY_OVERHEAD;
         match self.options.policy {
             IndexPolicy::None => false,
             IndexPolicy::All => true,
             IndexPolicy::Proxy => {
-                size <= self.table.max_size() / MAX_ENTRY_SHARE && repeats(name, value)
+                size <= self.table.max_size() / MAX_ENTRY_SHARE
+                    && match kind {
+                        NameKind::Repeats | NameKind::RepeatsWithStaticValues => true,
+                        NameKind::Path => is_grpc_method(value),
+                        _ => false,
+                    }
             }
         }
     }
@@ -222,27 +239,58 @@ impl Encoder {
     }
 }
 
-/// Fields that repeat across a connection's requests or responses.
-fn repeats(name: &[u8], value: &[u8]) -> bool {
-    match name {
-        b":authority"
-        | b":status"
-        | b"content-type"
-        | b"content-encoding"
-        | b"accept"
-        | b"accept-encoding"
-        | b"accept-language"
-        | b"cache-control"
-        | b"user-agent"
-        | b"server"
-        | b"vary"
-        | b"te"
-        | b"x-forwarded-proto"
-        | b"grpc-status"
-        | b"grpc-encoding"
-        | b"grpc-accept-encoding" => true,
-        b":path" => is_grpc_method(value),
-        _ => false,
+/// What the encoder does with a field by its name, decided by one lookup
+/// (the static table's index where the name has one) rather than a
+/// comparison of the name per rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NameKind {
+    /// Repeats across a connection's requests or responses: indexed.
+    Repeats,
+    /// Repeats, and has values in the static table, looked up there first
+    /// (`:status`, `accept-encoding`).
+    RepeatsWithStaticValues,
+    /// `:path`: its static values first (`/`), then indexed when a gRPC
+    /// method (see [`is_grpc_method`]).
+    Path,
+    /// Has values in the static table, looked up there first; a literal
+    /// otherwise (`:method`, `:scheme`).
+    StaticValues,
+    /// Credentials, never indexed whatever the caller says.
+    Credential,
+    /// Cookies: never indexed when short (see [`SHORT_COOKIE`]).
+    Cookie,
+    Other,
+}
+
+/// A cookie shorter than this is never indexed: a long cookie is hard to
+/// guess by compression probing, and RFC 7541 §7.1.3 names short cookies
+/// as the ones at risk.
+const SHORT_COOKIE: usize = 20;
+
+/// Indexes follow RFC 7541 Appendix A (`table::STATIC`).
+fn name_kind(static_name: Option<u8>, name: &[u8]) -> NameKind {
+    match static_name {
+        // :authority, content-type, content-encoding, accept,
+        // accept-language, cache-control, user-agent, server, vary.
+        Some(1 | 31 | 26 | 19 | 17 | 24 | 58 | 54 | 59) => NameKind::Repeats,
+        // :status, accept-encoding.
+        Some(8..=14 | 16) => NameKind::RepeatsWithStaticValues,
+        // :method, :scheme.
+        Some(2 | 3 | 6 | 7) => NameKind::StaticValues,
+        Some(4 | 5) => NameKind::Path,
+        // authorization, proxy-authorization.
+        Some(23 | 49) => NameKind::Credential,
+        // cookie, set-cookie.
+        Some(32 | 55) => NameKind::Cookie,
+        Some(_) => NameKind::Other,
+        None => match name {
+            b"te"
+            | b"x-forwarded-proto"
+            | b"grpc-status"
+            | b"grpc-encoding"
+            | b"grpc-accept-encoding" => NameKind::Repeats,
+            _ => NameKind::Other,
+        },
     }
 }
 
@@ -259,13 +307,37 @@ fn is_grpc_method(path: &[u8]) -> bool {
     service.contains(&b'.') && !method.is_empty() && !path.contains(&b'?')
 }
 
-/// Credentials are never indexed whatever the caller says. Cookies only
-/// when short: a long cookie is hard to guess by compression probing, and
-/// RFC 7541 §7.1.3 names short cookies as the ones at risk.
-fn always_sensitive(name: &[u8], value: &[u8]) -> bool {
-    match name {
-        b"authorization" | b"proxy-authorization" => true,
-        b"cookie" | b"set-cookie" => value.len() < 20,
-        _ => false,
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kinds keyed by index agree with the names: every index of a name
+    /// has its kind, every static value is looked up, and the names with
+    /// no index are classed by the bytes.
+    #[test]
+    fn name_kinds_follow_the_static_table() {
+        for (at, (name, value)) in table::STATIC.iter().enumerate() {
+            let index = u8::try_from(at + 1).expect("61 entries");
+            let first = table::static_name_index(name).expect("a static name");
+            assert_eq!(
+                name_kind(Some(index), name),
+                name_kind(Some(first), name),
+                "{index}"
+            );
+            let looked_up = matches!(
+                name_kind(Some(index), name),
+                NameKind::StaticValues | NameKind::RepeatsWithStaticValues | NameKind::Path
+            );
+            assert_eq!(looked_up, !value.is_empty(), "{index}");
+        }
+        let kind = |n: &[u8]| name_kind(table::static_name_index(n), n);
+        assert_eq!(kind(b"authorization"), NameKind::Credential);
+        assert_eq!(kind(b"proxy-authorization"), NameKind::Credential);
+        assert_eq!(kind(b"set-cookie"), NameKind::Cookie);
+        assert_eq!(kind(b"user-agent"), NameKind::Repeats);
+        assert_eq!(kind(b":status"), NameKind::RepeatsWithStaticValues);
+        assert_eq!(kind(b"grpc-status"), NameKind::Repeats);
+        assert_eq!(kind(b"grpc-timeout"), NameKind::Other);
+        assert_eq!(kind(b"content-length"), NameKind::Other);
     }
 }
